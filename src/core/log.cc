@@ -1,0 +1,74 @@
+#include "core/log.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/status.h"
+
+namespace mx {
+namespace {
+
+std::atomic<int> g_log_level{static_cast<int>(LogLevel::kInfo)};
+
+const char* level_letter(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "D";
+    case LogLevel::kInfo: return "I";
+    case LogLevel::kWarning: return "W";
+    case LogLevel::kError: return "E";
+  }
+  return "?";
+}
+
+const char* base_name(const char* path) {
+  const char* slash = std::strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+}  // namespace
+
+void set_log_level(LogLevel level) { g_log_level.store(static_cast<int>(level)); }
+LogLevel log_level() { return static_cast<LogLevel>(g_log_level.load(std::memory_order_relaxed)); }
+
+bool parse_log_level(const std::string& name, LogLevel* out) {
+  if (name == "debug") *out = LogLevel::kDebug;
+  else if (name == "info") *out = LogLevel::kInfo;
+  else if (name == "warning") *out = LogLevel::kWarning;
+  else if (name == "error") *out = LogLevel::kError;
+  else return false;
+  return true;
+}
+
+namespace detail {
+
+LogLine::LogLine(LogLevel level, const char* file, int line) {
+  using namespace std::chrono;
+  const double t = duration<double>(system_clock::now().time_since_epoch()).count();
+  char prefix[96];
+  std::snprintf(prefix, sizeof(prefix), "%s %.3f %s:%d] ", level_letter(level), t, base_name(file), line);
+  stream_ << prefix;
+}
+
+LogLine::~LogLine() {
+  stream_ << '\n';
+  const std::string text = stream_.str();
+  std::fwrite(text.data(), 1, text.size(), stderr);
+}
+
+CheckFailure::CheckFailure(const char* condition, const char* file, int line) {
+  stream_ << "CHECK failed at " << base_name(file) << ":" << line << ": " << condition << " ";
+}
+
+CheckFailure::~CheckFailure() {
+  stream_ << '\n';
+  const std::string text = stream_.str();
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace detail
+}  // namespace mx

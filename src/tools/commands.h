@@ -1,0 +1,9 @@
+// Entry points of the mxserve subcommands. Each returns the process exit code; argv[0] is "mxserve" and
+// argv[1] the subcommand name. One file per subcommand: <name>_cmd.cc.
+#pragma once
+
+namespace mx {
+
+int run_generate_command(int argc, char** argv);
+
+}  // namespace mx

@@ -1,0 +1,38 @@
+// mxserve: dispatch to a subcommand. Errors from user input print one line and exit non-zero.
+#include <cstdio>
+#include <cstring>
+
+#include "tools/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int argc, char** argv);
+  const char* summary;
+};
+
+constexpr Command kCommands[] = {
+    {"generate", mx::run_generate_command, "run prompts (token ids) through a model and print the output ids"},
+};
+
+void print_usage() {
+  std::fprintf(stderr, "usage: mxserve <command> [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(stderr, "  %-12s %s\n", c.name, c.summary);
+  std::fprintf(stderr, "\n`mxserve <command> --help` lists a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : kCommands) {
+    if (!std::strcmp(argv[1], c.name)) return c.run(argc, argv);
+  }
+  std::fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
+  print_usage();
+  return 2;
+}
