@@ -1,10 +1,166 @@
+// `mxserve generate`: prompts given as token ids in, generated ids out (one JSON line per prompt).
+// The contract other checks rely on: see README. User errors print one line and exit 1.
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "runtime/static_generator.h"
+#include "tools/cli_args.h"
 #include "tools/commands.h"
 
 namespace mx {
-int run_generate_command(int, char**) {
-  std::fprintf(stderr, "error: generate is being built\n");
-  return 1;
+namespace {
+
+const std::vector<CliOption> kOptions = {
+    {"model", true, "model directory (config.json + safetensors)"},
+    {"backend", true, "cpu (default) or cuda"},
+    {"prompt-ids", true, "one prompt as comma-separated token ids"},
+    {"prompt-ids-file", true, "JSONL file: one JSON array of token ids per line"},
+    {"max-new-tokens", true, "tokens to generate per prompt (default 16)"},
+    {"temperature", true, "0 (default) is greedy"},
+    {"top-k", true, "sample among the k most likely tokens (0 = all)"},
+    {"top-p", true, "nucleus sampling mass (default 1)"},
+    {"min-p", true, "drop tokens below min-p times the most likely (default 0)"},
+    {"seed", true, "sampling seed (default 0)"},
+    {"logits-out", true, "write prompt_{i}_logits (f32 [T_i, vocab]) to this safetensors file"},
+    {"threads", true, "CPU backend threads (default: all cores)"},
+    {"page-size", true, "KV cache page size in tokens (default 16)"},
+    {"log-level", true, "debug, info, warning (default) or error"},
+    {"help", false, "show this help"},
+};
+
+Result<std::vector<int32_t>> ids_from_json(const nlohmann::json& value, const std::string& where) {
+  if (!value.is_array()) return invalid_argument(where + ": expected a JSON array of token ids");
+  std::vector<int32_t> ids;
+  for (const auto& v : value) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return invalid_argument(where + ": token ids must be integers in [0, 2^31)");
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return ids;
 }
+
+Result<std::vector<std::vector<int32_t>>> read_prompts(const CliArgs& args) {
+  std::vector<std::vector<int32_t>> prompts;
+  if (args.has("prompt-ids") == args.has("prompt-ids-file"))
+    return invalid_argument("give exactly one of --prompt-ids or --prompt-ids-file");
+  if (args.has("prompt-ids")) {
+    MX_ASSIGN_OR_RETURN(auto list, parse_int_list(args.get("prompt-ids")));
+    std::vector<int32_t> ids;
+    for (int64_t v : list) {
+      if (v < 0 || v > INT32_MAX) return invalid_argument("--prompt-ids: token id " + std::to_string(v) + " is out of range");
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    prompts.push_back(std::move(ids));
+    return prompts;
+  }
+  const std::string path = args.get("prompt-ids-file");
+  std::ifstream in(path);
+  if (!in) return io_error("cannot open " + path);
+  std::string line;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    auto value = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) return invalid_argument(where + ": not valid JSON");
+    MX_ASSIGN_OR_RETURN(auto ids, ids_from_json(value, where));
+    prompts.push_back(std::move(ids));
+  }
+  if (prompts.empty()) return invalid_argument(path + " holds no prompts");
+  return prompts;
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const CliArgs& args) {
+  const std::string name = args.get("backend", "cpu");
+  if (name == "cpu") {
+    MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
+    return make_cpu_backend(CpuBackendOptions{static_cast<int>(threads)});
+  }
+  if (name == "cuda") return unimplemented("the CUDA backend is not available in this build yet");
+  return invalid_argument("unknown backend '" + name + "' (cpu or cuda)");
+}
+
+Status run(const CliArgs& args) {
+  if (!args.has("model")) return invalid_argument("--model is required");
+  if (args.has("log-level")) {
+    LogLevel level;
+    if (!parse_log_level(args.get("log-level"), &level)) return invalid_argument("unknown --log-level");
+    set_log_level(level);
+  }
+  MX_ASSIGN_OR_RETURN(auto prompts, read_prompts(args));
+  MX_ASSIGN_OR_RETURN(int64_t max_new, args.get_int("max-new-tokens", 16));
+  MX_ASSIGN_OR_RETURN(double temperature, args.get_double("temperature", 0.0));
+  MX_ASSIGN_OR_RETURN(int64_t top_k, args.get_int("top-k", 0));
+  MX_ASSIGN_OR_RETURN(double top_p, args.get_double("top-p", 1.0));
+  MX_ASSIGN_OR_RETURN(double min_p, args.get_double("min-p", 0.0));
+  MX_ASSIGN_OR_RETURN(int64_t seed, args.get_int("seed", 0));
+  MX_ASSIGN_OR_RETURN(int64_t page_size, args.get_int("page-size", 16));
+  if (max_new < 0) return invalid_argument("--max-new-tokens must be >= 0");
+  if (temperature < 0) return invalid_argument("--temperature must be >= 0");
+  if (top_k < 0) return invalid_argument("--top-k must be >= 0");
+  if (!(top_p > 0 && top_p <= 1)) return invalid_argument("--top-p must be in (0, 1]");
+  if (!(min_p >= 0 && min_p <= 1)) return invalid_argument("--min-p must be in [0, 1]");
+  if (page_size < 1 || page_size > 4096) return invalid_argument("--page-size must be in [1, 4096]");
+
+  MX_ASSIGN_OR_RETURN(auto backend, make_backend(args));
+  MX_ASSIGN_OR_RETURN(auto model, GptOssModel::load(args.get("model"), *backend));
+  const bool want_logits = args.has("logits-out");
+  std::vector<GenerateRequest> requests;
+  for (auto& ids : prompts) {
+    GenerateRequest r;
+    r.prompt = std::move(ids);
+    r.max_new_tokens = max_new;
+    r.sampling = SamplingParams{static_cast<float>(temperature), top_k, static_cast<float>(top_p),
+                                static_cast<float>(min_p), static_cast<uint64_t>(seed)};
+    r.want_prompt_logits = want_logits;
+    requests.push_back(std::move(r));
+  }
+  StaticGeneratorOptions options;
+  options.page_size = page_size;
+  options.stop_ids = model->generation_config().eos_token_ids;
+  MX_ASSIGN_OR_RETURN(auto results, generate_static(*model, requests, options));
+
+  for (size_t i = 0; i < results.size(); ++i) {
+    nlohmann::ordered_json line = {{"prompt_index", i}, {"output_ids", results[i].output_ids}};
+    std::cout << line.dump() << "\n";
+  }
+  std::cout.flush();
+  if (want_logits) {
+    const int64_t vocab = model->config().vocab_size;
+    std::vector<NamedTensor> tensors;
+    for (size_t i = 0; i < results.size(); ++i) {
+      auto& logits = results[i].prompt_logits;
+      tensors.push_back({"prompt_" + std::to_string(i) + "_logits",
+                         TensorView(logits.data(), DType::kF32, {static_cast<int64_t>(logits.size()) / vocab, vocab})});
+    }
+    MX_RETURN_IF_ERROR(write_safetensors(args.get("logits-out"), tensors));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int run_generate_command(int argc, char** argv) {
+  auto args = CliArgs::parse(argc, argv, 2, kOptions);
+  if (!args.is_ok()) {
+    std::fprintf(stderr, "error: %s\n%s", args.status().message().c_str(), cli_usage("generate", kOptions).c_str());
+    return 2;
+  }
+  if (args->has("help")) {
+    std::fprintf(stdout, "%s", cli_usage("generate", kOptions).c_str());
+    return 0;
+  }
+  set_log_level(LogLevel::kWarning);
+  const Status status = run(*args);
+  if (!status.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace mx

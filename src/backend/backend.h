@@ -1,0 +1,140 @@
+// Backend: the ops a model needs, implemented by the CPU reference (fp32) and CUDA (bf16 + fp32 accumulation).
+// Ops take plain parameter structs of TensorViews in the backend's memory and write into preallocated
+// outputs, so a forward pass allocates nothing (CUDA captures it in a graph). Sizes are validated by the
+// model at load time; ops CHECK their invariants, they never see raw user input.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/buffer.h"
+#include "core/status.h"
+#include "core/tensor_view.h"
+
+namespace mx {
+
+// One forward pass's tokens, flattened over its sequences, in backend memory.
+// Prefill, chunked prefill and decode all use it: a token at `position` p attends to keys 0..p of its
+// sequence (those before this batch are already in the KV cache).
+struct BatchView {
+  int64_t num_tokens = 0;   // T
+  int64_t num_seqs = 0;     // S
+  TensorView token_ids;     // i32 [T]
+  TensorView positions;     // i32 [T] absolute position of each token within its sequence
+  TensorView token_seq;     // i32 [T] index of each token's sequence in [0, S)
+  TensorView page_table;    // i32 [S, max_pages_per_seq] physical page of each logical page
+  TensorView logit_rows;    // i32 [R] token rows whose logits are wanted, in output order
+  int64_t num_logit_rows = 0;  // R
+  int64_t max_position = 0;    // largest value in `positions` (host copy, sizes grids)
+};
+
+// One layer's paged KV cache: page p holds positions [p*P, (p+1)*P) of the sequence that owns it.
+struct KvLayerView {
+  TensorView k;  // [num_pages, page_size, n_kv, head_dim], RoPE already applied
+  TensorView v;  // [num_pages, page_size, n_kv, head_dim]
+  int64_t page_size = 0;
+};
+
+struct QkvRopeParams {
+  TensorView qkv;        // [T, (n_q + 2 n_kv) * head_dim] output of the fused q|k|v projection
+  TensorView q_out;      // [T, n_q * head_dim] queries after RoPE
+  KvLayerView kv;        // keys (after RoPE) and values are written at each token's position
+  TensorView inv_freq;   // f32 [head_dim / 2] YaRN-adjusted inverse frequencies
+  float rope_scale = 1;  // YaRN concentration: multiplies cos and sin (so q.k carries its square)
+  int64_t n_q = 0, n_kv = 0, head_dim = 0;
+};
+
+struct AttentionParams {
+  TensorView q;          // [T, n_q * head_dim] after RoPE
+  KvLayerView kv;
+  TensorView sinks;      // bf16 [n_q]: one extra logit per head in the softmax denominator, no value
+  TensorView out;        // [T, n_q * head_dim]
+  int64_t n_q = 0, n_kv = 0, head_dim = 0;
+  int64_t window = 0;    // keys visible to a query, itself included; 0 = all earlier keys
+  float softmax_scale = 1;
+};
+
+struct RouterParams {
+  TensorView x;             // [T, H]
+  TensorView weight;        // bf16 [E, H]
+  TensorView bias;          // bf16 [E]
+  TensorView logits;        // f32 [T, E] (written; fp32 so top-k is not decided by bf16 rounding)
+  TensorView topk_ids;      // i32 [T, k], descending by logit
+  TensorView topk_weights;  // f32 [T, k] softmax over the k selected logits
+  int64_t top_k = 0;
+};
+
+enum class ExpertLayout : uint8_t {
+  kMxfp4Checkpoint,  // as stored: blocks [E, R, K/32, 16] (low nibble = even element), e8m0 scales [E, R, K/32]
+};
+
+// MXFP4 experts of one layer. W1 rows interleave gate (even) and up/linear (odd).
+struct ExpertWeights {
+  ExpertLayout layout = ExpertLayout::kMxfp4Checkpoint;
+  TensorView w1_blocks;  // u8 [E, 2I, H/32, 16]
+  TensorView w1_scales;  // u8 [E, 2I, H/32]
+  TensorView w1_bias;    // bf16 [E, 2I]
+  TensorView w2_blocks;  // u8 [E, H, I/32, 16]
+  TensorView w2_scales;  // u8 [E, H, I/32]
+  TensorView w2_bias;    // bf16 [E, H]
+  int64_t num_experts = 0, hidden = 0, intermediate = 0;
+};
+
+struct MoeParams {
+  TensorView x;             // [T, H] normed input
+  TensorView topk_ids;      // i32 [T, k]
+  TensorView topk_weights;  // f32 [T, k]
+  const ExpertWeights* experts = nullptr;
+  TensorView out;           // [T, H] = sum over k of weight * (W2 act + b2)
+  int64_t top_k = 0;
+  float swiglu_limit = 7.0f;
+  float swiglu_alpha = 1.702f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;  // f32 on the CPU reference, bf16 on CUDA
+  virtual DType kv_dtype() const = 0;
+
+  // Memory.
+  virtual Result<Buffer> allocate(int64_t bytes) = 0;
+  virtual Status copy_from_host(TensorView dst, const void* src) = 0;
+  virtual Status copy_to_host(void* dst, const TensorView& src) = 0;
+  virtual Status synchronize() = 0;
+
+  // Weights. The result lives in backend memory; a copy, if one is made, is appended to `owner`.
+  // The CPU backend returns `host` itself (checkpoint mmap): the caller keeps the host memory alive.
+  virtual Result<TensorView> upload_weight(const TensorView& host, std::vector<Buffer>* owner) = 0;
+  // Experts may be repacked into a backend-specific layout (reported in the result's `layout`).
+  virtual Result<ExpertWeights> upload_experts(const ExpertWeights& host, std::vector<Buffer>* owner) = 0;
+
+  // Ops.
+  // out[t] = table[token_ids[t]]; table [V, H] bf16.
+  virtual Status embedding(const TensorView& table, const TensorView& token_ids, TensorView out) = 0;
+  // out = rms_norm(x) * weight (fp32 math); weight bf16 [H].
+  virtual Status rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) = 0;
+  // residual += delta, then out = rms_norm(residual) * weight.
+  virtual Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                              TensorView out) = 0;
+  // out[t, n] = sum_k x[t, k] * weight[n, k] + bias[n]; weight bf16 [N, K], bias bf16 [N] or empty.
+  // out may be f32 or the activation dtype.
+  virtual Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) = 0;
+  virtual Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) = 0;
+  virtual Status attention(const AttentionParams& p, const BatchView& batch) = 0;
+  virtual Status router_topk(const RouterParams& p) = 0;
+  virtual Status moe_experts(const MoeParams& p) = 0;
+  // out[r] = x[rows[r]]; rows i32 [R].
+  virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
+};
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // 0 = all hardware threads
+};
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
+
+}  // namespace mx

@@ -1,0 +1,268 @@
+#include "backend/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace mx::cpu {
+namespace {
+
+// Dot product with several partial sums: lets the compiler vectorize and keeps fp32 rounding small.
+float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+}
+
+void widen_row(const TensorView& t, int64_t offset, int64_t n, float* out) {
+  if (t.dtype() == DType::kF32) {
+    std::copy_n(t.ptr<const float>() + offset, n, out);
+  } else {
+    MX_CHECK(t.dtype() == DType::kBF16) << dtype_name(t.dtype());
+    const uint16_t* src = t.ptr<const uint16_t>() + offset;
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
+  }
+}
+
+void normalize_row(const float* x, const TensorView& weight, float eps, int64_t h, float* out) {
+  double sum_sq = 0;
+  for (int64_t i = 0; i < h; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(sum_sq / static_cast<double>(h)) + eps);
+  for (int64_t i = 0; i < h; ++i) out[i] = load_f32(weight, i) * (x[i] * inv);
+}
+
+int64_t cache_offset(const KvLayerView& kv, const BatchView& batch, int64_t seq, int64_t pos, int64_t n_kv,
+                     int64_t head_dim) {
+  const int64_t max_pages = batch.page_table.dim(1);
+  const int64_t logical_page = pos / kv.page_size;
+  MX_CHECK_LT(logical_page, max_pages);
+  const int64_t page = batch.page_table.ptr<const int32_t>()[seq * max_pages + logical_page];
+  MX_CHECK(page >= 0 && page < kv.k.dim(0)) << "page " << page;
+  return ((page * kv.page_size) + pos % kv.page_size) * n_kv * head_dim;
+}
+
+float silu_alpha(float gate, float alpha) { return gate / (1.0f + std::exp(-alpha * gate)); }
+
+}  // namespace
+
+float load_f32(const TensorView& t, int64_t i) {
+  if (t.dtype() == DType::kF32) return t.ptr<const float>()[i];
+  MX_CHECK(t.dtype() == DType::kBF16) << dtype_name(t.dtype());
+  return bf16_to_f32(t.ptr<const uint16_t>()[i]);
+}
+
+void embedding(const TensorView& table, const TensorView& token_ids, TensorView out) {
+  const int64_t vocab = table.dim(0), h = table.dim(1);
+  for (int64_t t = 0; t < token_ids.numel(); ++t) {
+    const int32_t id = token_ids.ptr<const int32_t>()[t];
+    MX_CHECK(id >= 0 && id < vocab) << "token id " << id;
+    widen_row(table, id * h, h, out.ptr<float>() + t * h);
+  }
+}
+
+void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) {
+  const int64_t h = x.dim(-1), rows = x.numel() / h;
+  for (int64_t r = 0; r < rows; ++r) normalize_row(x.ptr<const float>() + r * h, weight, eps, h, out.ptr<float>() + r * h);
+}
+
+void add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps, TensorView out) {
+  const int64_t h = residual.dim(-1), rows = residual.numel() / h;
+  float* res = residual.ptr<float>();
+  const float* d = delta.ptr<const float>();
+  for (int64_t i = 0; i < rows * h; ++i) res[i] += d[i];
+  for (int64_t r = 0; r < rows; ++r) normalize_row(res + r * h, weight, eps, h, out.ptr<float>() + r * h);
+}
+
+void linear(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) {
+  const int64_t n = weight.dim(0), k = weight.dim(1), t_count = x.numel() / k;
+  MX_CHECK_EQ(out.numel(), t_count * n);
+  MX_CHECK(out.dtype() == DType::kF32) << "CPU activations are f32";
+  const float* xs = x.ptr<const float>();
+  float* ys = out.ptr<float>();
+  // Each weight row is widened once and applied to every token.
+  pool.parallel_for(n, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(static_cast<size_t>(k));
+    for (int64_t row = begin; row < end; ++row) {
+      widen_row(weight, row * k, k, w.data());
+      const float b = bias.empty() ? 0.0f : load_f32(bias, row);
+      for (int64_t t = 0; t < t_count; ++t) ys[t * n + row] = dot(xs + t * k, w.data(), k) + b;
+    }
+  });
+}
+
+void qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
+  const int64_t hd = p.head_dim, half = hd / 2, width = (p.n_q + 2 * p.n_kv) * hd;
+  const float* inv_freq = p.inv_freq.ptr<const float>();
+  std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+  auto rotate = [&](const float* x, float* y) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half];
+      y[i] = a * cos_t[i] - b * sin_t[i];
+      y[i + half] = b * cos_t[i] + a * sin_t[i];
+    }
+  };
+  for (int64_t t = 0; t < batch.num_tokens; ++t) {
+    const int32_t pos = batch.positions.ptr<const int32_t>()[t];
+    const int32_t seq = batch.token_seq.ptr<const int32_t>()[t];
+    for (int64_t i = 0; i < half; ++i) {
+      // The angle is an fp32 product as in the reference; cos/sin rounded once from double.
+      const float angle = static_cast<float>(pos) * inv_freq[i];
+      cos_t[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * p.rope_scale;
+      sin_t[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * p.rope_scale;
+    }
+    const float* row = p.qkv.ptr<const float>() + t * width;
+    for (int64_t h = 0; h < p.n_q; ++h) rotate(row + h * hd, p.q_out.ptr<float>() + (t * p.n_q + h) * hd);
+    const int64_t off = cache_offset(p.kv, batch, seq, pos, p.n_kv, hd);
+    for (int64_t h = 0; h < p.n_kv; ++h) {
+      rotate(row + (p.n_q + h) * hd, p.kv.k.ptr<float>() + off + h * hd);
+      std::copy_n(row + (p.n_q + p.n_kv + h) * hd, hd, p.kv.v.ptr<float>() + off + h * hd);
+    }
+  }
+}
+
+void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batch) {
+  const int64_t hd = p.head_dim, group = p.n_q / p.n_kv;
+  pool.parallel_for(batch.num_tokens * p.n_q, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> acc(static_cast<size_t>(hd));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / p.n_q, h = item % p.n_q, g = h / group;
+      const int32_t pos = batch.positions.ptr<const int32_t>()[t];
+      const int32_t seq = batch.token_seq.ptr<const int32_t>()[t];
+      const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      const float* q = p.q.ptr<const float>() + (t * p.n_q + h) * hd;
+      const float sink = load_f32(p.sinks, h);
+      scores.resize(static_cast<size_t>(pos - first + 1));
+      float max_logit = sink;
+      for (int64_t j = first; j <= pos; ++j) {
+        const float* k = p.kv.k.ptr<const float>() + cache_offset(p.kv, batch, seq, j, p.n_kv, hd) + g * hd;
+        const float s = dot(q, k, hd) * p.softmax_scale;
+        scores[j - first] = s;
+        max_logit = std::max(max_logit, s);
+      }
+      float denom = std::exp(sink - max_logit);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = first; j <= pos; ++j) {
+        const float w = std::exp(scores[j - first] - max_logit);
+        denom += w;
+        const float* v = p.kv.v.ptr<const float>() + cache_offset(p.kv, batch, seq, j, p.n_kv, hd) + g * hd;
+        for (int64_t d = 0; d < hd; ++d) acc[d] += w * v[d];
+      }
+      float* o = p.out.ptr<float>() + (t * p.n_q + h) * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] = acc[d] / denom;
+    }
+  });
+}
+
+void router_topk(const RouterParams& p) {
+  const int64_t e_count = p.weight.dim(0), h = p.weight.dim(1), t_count = p.x.numel() / h;
+  std::vector<float> w(static_cast<size_t>(h));
+  float* logits = p.logits.ptr<float>();
+  for (int64_t e = 0; e < e_count; ++e) {
+    widen_row(p.weight, e * h, h, w.data());
+    const float b = load_f32(p.bias, e);
+    for (int64_t t = 0; t < t_count; ++t) logits[t * e_count + e] = dot(p.x.ptr<const float>() + t * h, w.data(), h) + b;
+  }
+  std::vector<int32_t> order(static_cast<size_t>(e_count));
+  for (int64_t t = 0; t < t_count; ++t) {
+    const float* row = logits + t * e_count;
+    std::iota(order.begin(), order.end(), 0);
+    // Highest logit first; equal logits keep the lower expert index first.
+    std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    const float top = row[order[0]];
+    float sum = 0;
+    for (int64_t i = 0; i < p.top_k; ++i) sum += std::exp(row[order[i]] - top);
+    for (int64_t i = 0; i < p.top_k; ++i) {
+      p.topk_ids.ptr<int32_t>()[t * p.top_k + i] = order[i];
+      p.topk_weights.ptr<float>()[t * p.top_k + i] = std::exp(row[order[i]] - top) / sum;
+    }
+  }
+}
+
+void dequantize_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t k, float* out) {
+  for (int64_t g = 0; g < k / 32; ++g) {
+    const float scale = e8m0_to_f32(scales[g]);
+    const uint8_t* b = blocks + g * 16;
+    for (int j = 0; j < 16; ++j) {
+      out[g * 32 + 2 * j] = fp4e2m1_to_f32(b[j] & 0xf) * scale;
+      out[g * 32 + 2 * j + 1] = fp4e2m1_to_f32(b[j] >> 4) * scale;
+    }
+  }
+}
+
+void moe_experts(ThreadPool& pool, const MoeParams& p) {
+  const ExpertWeights& w = *p.experts;
+  MX_CHECK(w.layout == ExpertLayout::kMxfp4Checkpoint);
+  const int64_t h = w.hidden, inter = w.intermediate, k = p.top_k, t_count = p.x.numel() / h;
+  const int32_t* ids = p.topk_ids.ptr<const int32_t>();
+  // Slots (token, k) routed to each expert, so each expert's weight rows are dequantized once.
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(w.num_experts));
+  for (int64_t s = 0; s < t_count * k; ++s) {
+    MX_CHECK(ids[s] >= 0 && ids[s] < w.num_experts) << "expert " << ids[s];
+    slots[static_cast<size_t>(ids[s])].push_back(s);
+  }
+  std::vector<float> act(static_cast<size_t>(t_count * k * inter));
+  std::vector<float> y(static_cast<size_t>(t_count * k * h));
+  const float* x = p.x.ptr<const float>();
+  const int64_t w1_row_bytes = h / 2, w2_row_bytes = inter / 2;
+  for (int64_t e = 0; e < w.num_experts; ++e) {
+    const auto& mine = slots[static_cast<size_t>(e)];
+    if (mine.empty()) continue;
+    // First GEMM: 2I interleaved rows, then the clamped SwiGLU with +1 on the linear half.
+    pool.parallel_for(inter, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> gate_w(static_cast<size_t>(h)), up_w(static_cast<size_t>(h));
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t gate_row = e * 2 * inter + 2 * j, up_row = gate_row + 1;
+        dequantize_mxfp4_row(w.w1_blocks.ptr<const uint8_t>() + gate_row * w1_row_bytes,
+                             w.w1_scales.ptr<const uint8_t>() + gate_row * (h / 32), h, gate_w.data());
+        dequantize_mxfp4_row(w.w1_blocks.ptr<const uint8_t>() + up_row * w1_row_bytes,
+                             w.w1_scales.ptr<const uint8_t>() + up_row * (h / 32), h, up_w.data());
+        const float gate_b = load_f32(w.w1_bias, gate_row), up_b = load_f32(w.w1_bias, up_row);
+        for (int64_t s : mine) {
+          const float* xt = x + (s / k) * h;
+          const float gate = std::min(dot(xt, gate_w.data(), h) + gate_b, p.swiglu_limit);
+          const float up = std::clamp(dot(xt, up_w.data(), h) + up_b, -p.swiglu_limit, p.swiglu_limit);
+          act[s * inter + j] = silu_alpha(gate, p.swiglu_alpha) * (up + 1.0f);
+        }
+      }
+    });
+    // Second GEMM with its bias; the routing weight is applied in the combine below.
+    pool.parallel_for(h, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(inter));
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t w_row = e * h + r;
+        dequantize_mxfp4_row(w.w2_blocks.ptr<const uint8_t>() + w_row * w2_row_bytes,
+                             w.w2_scales.ptr<const uint8_t>() + w_row * (inter / 32), inter, row.data());
+        const float b = load_f32(w.w2_bias, w_row);
+        for (int64_t s : mine) y[s * h + r] = dot(act.data() + s * inter, row.data(), inter) + b;
+      }
+    });
+  }
+  // Deterministic combine: the k slots of a token in router order, whatever the threading.
+  float* out = p.out.ptr<float>();
+  const float* weights = p.topk_weights.ptr<const float>();
+  for (int64_t t = 0; t < t_count; ++t) {
+    for (int64_t i = 0; i < h; ++i) {
+      float sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += weights[t * k + j] * y[(t * k + j) * h + i];
+      out[t * h + i] = sum;
+    }
+  }
+}
+
+void gather_rows(const TensorView& x, const TensorView& rows, TensorView out) {
+  const int64_t width = x.numel() / x.dim(0);
+  for (int64_t r = 0; r < rows.numel(); ++r) {
+    const int32_t src = rows.ptr<const int32_t>()[r];
+    MX_CHECK(src >= 0 && src < x.dim(0)) << "row " << src;
+    std::copy_n(x.ptr<const float>() + src * width, width, out.ptr<float>() + r * width);
+  }
+}
+
+}  // namespace mx::cpu

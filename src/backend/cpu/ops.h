@@ -1,0 +1,27 @@
+// The fp32 CPU reference of every op gpt-oss needs (ref-gpt-oss-model.md section 1 is the spec).
+// Activations are f32; weights are read as stored (bf16, MXFP4) and widened exactly. These functions are
+// the twins the CUDA kernels are tested against. Loops over rows, heads and experts use the thread pool.
+#pragma once
+
+#include "backend/backend.h"
+#include "backend/cpu/thread_pool.h"
+
+namespace mx::cpu {
+
+// Reads element i of a bf16 or f32 tensor as f32.
+float load_f32(const TensorView& t, int64_t i);
+
+void embedding(const TensorView& table, const TensorView& token_ids, TensorView out);
+void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out);
+void add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps, TensorView out);
+void linear(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out);
+void qkv_rope(const QkvRopeParams& p, const BatchView& batch);
+void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batch);
+void router_topk(const RouterParams& p);
+void moe_experts(ThreadPool& pool, const MoeParams& p);
+void gather_rows(const TensorView& x, const TensorView& rows, TensorView out);
+
+// Dequantizes one MXFP4 row of K elements (K/32 blocks of 16 bytes plus K/32 e8m0 scales) to f32.
+void dequantize_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t k, float* out);
+
+}  // namespace mx::cpu

@@ -1,0 +1,191 @@
+#include "model/gpt_oss.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "model/rope.h"
+#include "model/weight_loader.h"
+
+namespace mx {
+namespace {
+
+// Concatenates bf16 tensors along dimension 0 into one host vector.
+std::vector<uint16_t> concat_rows(std::initializer_list<TensorView> parts) {
+  std::vector<uint16_t> out;
+  for (const auto& p : parts) {
+    const auto* src = p.ptr<const uint16_t>();
+    out.insert(out.end(), src, src + p.numel());
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_dir, Backend& backend) {
+  MX_ASSIGN_OR_RETURN(GptOssConfig config, load_gpt_oss_config(model_dir));
+  std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend));
+  MX_ASSIGN_OR_RETURN(model->generation_config_, load_generation_config(model_dir));
+  MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open_dir(model_dir));
+  model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  MX_RETURN_IF_ERROR(model->bind(*model->checkpoint_).with_context(model_dir));
+  MX_RETURN_IF_ERROR(model->upload());
+  return model;
+}
+
+Status GptOssModel::bind(const Checkpoint& checkpoint) {
+  const GptOssConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.num_experts, V = c.vocab_size;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  const DType bf16 = DType::kBF16, u8 = DType::kU8;
+  layers_.resize(static_cast<size_t>(c.num_layers));
+  std::vector<WeightSpec> specs = {
+      {"model.embed_tokens.weight", bf16, {V, H}, &embed_},
+      {"model.norm.weight", bf16, {H}, &final_norm_},
+      {"lm_head.weight", bf16, {V, H}, &lm_head_},
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Layer& L = layers_[static_cast<size_t>(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    ExpertWeights& x = L.experts;
+    std::vector<WeightSpec> layer_specs = {
+        {p + "input_layernorm.weight", bf16, {H}, &L.input_norm},
+        {p + "post_attention_layernorm.weight", bf16, {H}, &L.post_attention_norm},
+        {p + "self_attn.q_proj.weight", bf16, {q_dim, H}, &L.q_weight},
+        {p + "self_attn.q_proj.bias", bf16, {q_dim}, &L.q_bias},
+        {p + "self_attn.k_proj.weight", bf16, {kv_dim, H}, &L.k_weight},
+        {p + "self_attn.k_proj.bias", bf16, {kv_dim}, &L.k_bias},
+        {p + "self_attn.v_proj.weight", bf16, {kv_dim, H}, &L.v_weight},
+        {p + "self_attn.v_proj.bias", bf16, {kv_dim}, &L.v_bias},
+        {p + "self_attn.o_proj.weight", bf16, {H, q_dim}, &L.o_weight},
+        {p + "self_attn.o_proj.bias", bf16, {H}, &L.o_bias},
+        {p + "self_attn.sinks", bf16, {c.num_heads}, &L.sinks},
+        {p + "mlp.router.weight", bf16, {E, H}, &L.router_weight},
+        {p + "mlp.router.bias", bf16, {E}, &L.router_bias},
+        {p + "mlp.experts.gate_up_proj_blocks", u8, {E, 2 * I, H / 32, 16}, &x.w1_blocks},
+        {p + "mlp.experts.gate_up_proj_scales", u8, {E, 2 * I, H / 32}, &x.w1_scales},
+        {p + "mlp.experts.gate_up_proj_bias", bf16, {E, 2 * I}, &x.w1_bias},
+        {p + "mlp.experts.down_proj_blocks", u8, {E, H, I / 32, 16}, &x.w2_blocks},
+        {p + "mlp.experts.down_proj_scales", u8, {E, H, I / 32}, &x.w2_scales},
+        {p + "mlp.experts.down_proj_bias", bf16, {E, H}, &x.w2_bias},
+    };
+    specs.insert(specs.end(), layer_specs.begin(), layer_specs.end());
+    x.num_experts = E;
+    x.hidden = H;
+    x.intermediate = I;
+  }
+  return bind_weights(checkpoint, specs);
+}
+
+Status GptOssModel::upload() {
+  const GptOssConfig& c = config_;
+  auto put = [&](const TensorView& host) { return backend_.upload_weight(host, &device_weights_); };
+  MX_ASSIGN_OR_RETURN(embed_, put(embed_));
+  MX_ASSIGN_OR_RETURN(final_norm_, put(final_norm_));
+  MX_ASSIGN_OR_RETURN(lm_head_, put(lm_head_));
+  const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
+  rope_scale_ = rope.attention_scale;
+  MX_ASSIGN_OR_RETURN(Buffer freq, backend_.allocate(static_cast<int64_t>(rope.inv_freq.size() * sizeof(float))));
+  inv_freq_ = freq.view(DType::kF32, {static_cast<int64_t>(rope.inv_freq.size())});
+  MX_RETURN_IF_ERROR(backend_.copy_from_host(inv_freq_, rope.inv_freq.data()));
+  device_weights_.push_back(std::move(freq));
+
+  const int64_t qkv_rows = c.q_dim() + 2 * c.kv_dim();
+  for (Layer& L : layers_) {
+    // q, k and v run as one projection: one weight read and one launch instead of three.
+    host_fused_.push_back(concat_rows({L.q_weight, L.k_weight, L.v_weight}));
+    L.qkv_weight = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows, c.hidden_size});
+    host_fused_.push_back(concat_rows({L.q_bias, L.k_bias, L.v_bias}));
+    L.qkv_bias = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows});
+    MX_ASSIGN_OR_RETURN(L.qkv_weight, put(L.qkv_weight));
+    MX_ASSIGN_OR_RETURN(L.qkv_bias, put(L.qkv_bias));
+    for (TensorView* w : {&L.input_norm, &L.post_attention_norm, &L.o_weight, &L.o_bias, &L.sinks, &L.router_weight,
+                          &L.router_bias}) {
+      MX_ASSIGN_OR_RETURN(*w, put(*w));
+    }
+    MX_ASSIGN_OR_RETURN(L.experts, backend_.upload_experts(L.experts, &device_weights_));
+  }
+  return Status::ok();
+}
+
+KvCacheShape GptOssModel::kv_cache_shape(int64_t num_pages, int64_t page_size) const {
+  return KvCacheShape{config_.num_layers, num_pages, page_size, config_.num_kv_heads, config_.head_dim};
+}
+
+Result<ForwardWorkspace> GptOssModel::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
+  const GptOssConfig& c = config_;
+  ForwardWorkspace ws;
+  ws.max_tokens = max_tokens;
+  ws.max_logit_rows = max_logit_rows;
+  const DType act = backend_.activation_dtype();
+  auto make = [&](DType dtype, Shape shape) -> Result<TensorView> {
+    MX_ASSIGN_OR_RETURN(Buffer b, backend_.allocate(dtype_bytes(dtype, shape.numel())));
+    TensorView v = b.view(dtype, shape);
+    ws.buffers.push_back(std::move(b));
+    return v;
+  };
+  const int64_t T = max_tokens, H = c.hidden_size;
+  MX_ASSIGN_OR_RETURN(ws.residual, make(act, {T, H}));
+  MX_ASSIGN_OR_RETURN(ws.normed, make(act, {T, H}));
+  MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T, c.q_dim() + 2 * c.kv_dim()}));
+  MX_ASSIGN_OR_RETURN(ws.q, make(act, {T, c.q_dim()}));
+  MX_ASSIGN_OR_RETURN(ws.attn, make(act, {T, c.q_dim()}));
+  MX_ASSIGN_OR_RETURN(ws.proj, make(act, {T, H}));
+  MX_ASSIGN_OR_RETURN(ws.router_logits, make(DType::kF32, {T, c.num_experts}));
+  MX_ASSIGN_OR_RETURN(ws.topk_ids, make(DType::kI32, {T, c.experts_per_token}));
+  MX_ASSIGN_OR_RETURN(ws.topk_weights, make(DType::kF32, {T, c.experts_per_token}));
+  MX_ASSIGN_OR_RETURN(ws.gathered, make(act, {max_logit_rows, H}));
+  return ws;
+}
+
+Status GptOssModel::forward(const BatchView& batch, const KvCache& kv, ForwardWorkspace& ws, TensorView logits,
+                            const HiddenObserver* observer) const {
+  const GptOssConfig& c = config_;
+  const int64_t T = batch.num_tokens, R = batch.num_logit_rows;
+  if (T <= 0 || T > ws.max_tokens || R > ws.max_logit_rows)
+    return invalid_argument("batch of " + std::to_string(T) + " tokens / " + std::to_string(R) +
+                            " logit rows exceeds the workspace");
+  Backend& b = backend_;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  TensorView residual = ws.residual.rows(0, T), normed = ws.normed.rows(0, T), proj = ws.proj.rows(0, T);
+  auto observe = [&](int64_t index, const TensorView& t) {
+    if (observer) (*observer)(index, t);
+  };
+
+  MX_RETURN_IF_ERROR(b.embedding(embed_, batch.token_ids, residual));
+  observe(0, residual);
+  MX_RETURN_IF_ERROR(b.rms_norm(residual, layers_[0].input_norm, eps, normed));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    const KvLayerView cache = kv.layer(l);
+
+    MX_RETURN_IF_ERROR(b.linear(normed, L.qkv_weight, L.qkv_bias, ws.qkv.rows(0, T)));
+    QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), cache, inv_freq_, rope_scale_,
+                       c.num_heads, c.num_kv_heads, c.head_dim};
+    MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
+    AttentionParams attn{ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T), c.num_heads, c.num_kv_heads, c.head_dim,
+                         c.layer_is_sliding[static_cast<size_t>(l)] ? c.sliding_window : 0,
+                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+    MX_RETURN_IF_ERROR(b.attention(attn, batch));
+    MX_RETURN_IF_ERROR(b.linear(ws.attn.rows(0, T), L.o_weight, L.o_bias, proj));
+    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, L.post_attention_norm, eps, normed));
+
+    RouterParams router{normed, L.router_weight, L.router_bias, ws.router_logits.rows(0, T),
+                        ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token};
+    MX_RETURN_IF_ERROR(b.router_topk(router));
+    MoeParams moe{normed, router.topk_ids, router.topk_weights, &L.experts, proj, c.experts_per_token,
+                  static_cast<float>(c.swiglu_limit), static_cast<float>(c.swiglu_alpha)};
+    MX_RETURN_IF_ERROR(b.moe_experts(moe));
+
+    // The residual add is fused with the next norm: the next layer's input norm, or the final norm.
+    const bool last = l + 1 == c.num_layers;
+    const TensorView& next_norm = last ? final_norm_ : layers_[static_cast<size_t>(l + 1)].input_norm;
+    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, next_norm, eps, normed));
+    observe(last ? c.num_layers : l + 1, last ? normed : residual);
+  }
+  if (R == 0) return Status::ok();
+  TensorView gathered = ws.gathered.rows(0, R);
+  MX_RETURN_IF_ERROR(b.gather_rows(normed, batch.logit_rows, gathered));
+  return b.linear(gathered, lm_head_, TensorView(), logits);
+}
+
+}  // namespace mx

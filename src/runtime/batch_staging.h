@@ -1,0 +1,43 @@
+// Turns a step's sequences (host arrays) into a BatchView in backend memory. The staging buffers are
+// allocated once for the largest batch, so building a batch allocates nothing on the device.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace mx {
+
+struct BatchSequence {
+  std::span<const int32_t> tokens;  // the tokens computed this step
+  int64_t start_position = 0;       // position of tokens[0]; earlier positions are in the KV cache
+  std::span<const int32_t> pages;   // the sequence's page table row (logical -> physical page)
+  bool all_logits = false;          // logits for every token of this step, else only for the last one
+  bool no_logits = false;           // a middle chunk of a prefill needs none
+};
+
+struct BatchLimits {
+  int64_t max_tokens = 0;
+  int64_t max_seqs = 0;
+  int64_t max_pages_per_seq = 0;
+  int64_t max_logit_rows = 0;
+};
+
+class BatchStaging {
+ public:
+  static Result<BatchStaging> create(Backend& backend, const BatchLimits& limits);
+
+  const BatchLimits& limits() const { return limits_; }
+  // Fails (without touching the device) when the batch exceeds the limits.
+  Result<BatchView> stage(const std::vector<BatchSequence>& seqs);
+
+ private:
+  Backend* backend_ = nullptr;
+  BatchLimits limits_;
+  Buffer device_;                 // token_ids | positions | token_seq | page_table | logit_rows, all i32
+  std::vector<int32_t> host_;     // the same layout on the host
+};
+
+}  // namespace mx
