@@ -132,9 +132,18 @@ class Backend {
   virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
 };
 
+struct BackendOptions {
+  std::string name = "cpu";  // "cpu" or "cuda"
+  int num_threads = 0;       // CPU: worker threads, 0 = all hardware threads
+  int device = 0;            // CUDA: device ordinal
+};
+
 struct CpuBackendOptions {
   int num_threads = 0;  // 0 = all hardware threads
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
+
+// The backend named in `options`; "cuda" in a build without CUDA is an error, not a crash.
+Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
 
 }  // namespace mx

@@ -74,14 +74,13 @@ Result<std::vector<std::vector<int32_t>>> read_prompts(const CliArgs& args) {
   return prompts;
 }
 
-Result<std::unique_ptr<Backend>> make_backend(const CliArgs& args) {
-  const std::string name = args.get("backend", "cpu");
-  if (name == "cpu") {
-    MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
-    return make_cpu_backend(CpuBackendOptions{static_cast<int>(threads)});
-  }
-  if (name == "cuda") return unimplemented("the CUDA backend is not available in this build yet");
-  return invalid_argument("unknown backend '" + name + "' (cpu or cuda)");
+Result<std::unique_ptr<Backend>> backend_from_args(const CliArgs& args) {
+  BackendOptions options;
+  options.name = args.get("backend", "cpu");
+  MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
+  if (threads < 0 || threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
+  options.num_threads = static_cast<int>(threads);
+  return make_backend(options);
 }
 
 Status run(const CliArgs& args) {
@@ -106,7 +105,7 @@ Status run(const CliArgs& args) {
   if (!(min_p >= 0 && min_p <= 1)) return invalid_argument("--min-p must be in [0, 1]");
   if (page_size < 1 || page_size > 4096) return invalid_argument("--page-size must be in [1, 4096]");
 
-  MX_ASSIGN_OR_RETURN(auto backend, make_backend(args));
+  MX_ASSIGN_OR_RETURN(auto backend, backend_from_args(args));
   MX_ASSIGN_OR_RETURN(auto model, GptOssModel::load(args.get("model"), *backend));
   const bool want_logits = args.has("logits-out");
   std::vector<GenerateRequest> requests;
