@@ -168,6 +168,50 @@ Result<GptOssConfig> load_gpt_oss_config(const std::string& model_dir) {
   return parse_gpt_oss_config(text, path);
 }
 
+std::string gpt_oss_config_to_json(const GptOssConfig& c) {
+  json layer_types = json::array();
+  for (bool sliding : c.layer_is_sliding) layer_types.push_back(sliding ? "sliding_attention" : "full_attention");
+  json rope_scaling = {{"beta_fast", c.rope.beta_fast},
+                       {"beta_slow", c.rope.beta_slow},
+                       {"factor", c.rope.factor},
+                       {"original_max_position_embeddings", c.rope.original_max_position},
+                       {"rope_type", "yarn"},
+                       {"truncate", c.rope.truncate}};
+  json root = {
+      {"architectures", {"GptOssForCausalLM"}},
+      {"attention_bias", true},
+      {"attention_dropout", 0.0},
+      {"eos_token_id", 200002},
+      {"experts_per_token", c.experts_per_token},
+      {"head_dim", c.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", c.hidden_size},
+      {"initial_context_length", c.rope.original_max_position},
+      {"intermediate_size", c.intermediate_size},
+      {"layer_types", layer_types},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"model_type", "gpt_oss"},
+      {"num_attention_heads", c.num_heads},
+      {"num_experts_per_tok", c.experts_per_token},
+      {"num_hidden_layers", c.num_layers},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"num_local_experts", c.num_experts},
+      {"pad_token_id", 199999},
+      {"quantization_config",
+       {{"modules_to_not_convert",
+         {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}},
+        {"quant_method", "mxfp4"}}},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_scaling", rope_scaling},
+      {"rope_theta", c.rope.theta},
+      {"sliding_window", c.sliding_window},
+      {"swiglu_limit", c.swiglu_limit},
+      {"tie_word_embeddings", false},
+      {"vocab_size", c.vocab_size},
+  };
+  return root.dump(2) + "\n";
+}
+
 Result<GenerationConfig> parse_generation_config(const std::string& text, const std::string& source) {
   MX_ASSIGN_OR_RETURN(json root, parse_json_object(text, source));
   GenerationConfig g;

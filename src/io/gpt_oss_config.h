@@ -47,6 +47,8 @@ struct GptOssConfig {
 // Parses config.json text; `source` names the file in error messages.
 Result<GptOssConfig> parse_gpt_oss_config(const std::string& text, const std::string& source);
 Result<GptOssConfig> load_gpt_oss_config(const std::string& model_dir);
+// config.json text in the released checkpoints' spelling (rope_scaling + rope_theta, mxfp4 quantization).
+std::string gpt_oss_config_to_json(const GptOssConfig& config);
 
 struct GenerationConfig {
   std::vector<int64_t> eos_token_ids;

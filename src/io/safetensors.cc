@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <set>
 
@@ -212,33 +211,71 @@ int64_t Checkpoint::total_bytes() const {
   return total;
 }
 
-Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::open(const std::string& path,
+                                                                   const std::vector<TensorSpec>& specs,
+                                                                   const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
   int64_t offset = 0;
   std::set<std::string> seen;
-  for (const auto& t : tensors) {
+  for (const auto& t : specs) {
     if (!seen.insert(t.name).second) return invalid_argument("duplicate tensor name '" + t.name + "'");
-    const char* dtype = dtype_to_safetensors(t.view.dtype());
-    if (!dtype) return invalid_argument(std::string("dtype ") + dtype_name(t.view.dtype()) + " has no safetensors name");
+    const char* dtype = dtype_to_safetensors(t.dtype);
+    if (!dtype) return invalid_argument(std::string("dtype ") + dtype_name(t.dtype) + " has no safetensors name");
     json shape = json::array();
-    for (int i = 0; i < t.view.rank(); ++i) shape.push_back(t.view.dim(i));
-    header[t.name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + t.view.bytes()}}};
-    offset += t.view.bytes();
+    for (int i = 0; i < t.shape.rank; ++i) shape.push_back(t.shape.dims[i]);
+    const int64_t bytes = dtype_bytes(t.dtype, t.shape.numel());
+    header[t.name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    writer->sizes_.push_back(bytes);
   }
   std::string header_text = header.dump();
   header_text.resize((header_text.size() + 7) / 8 * 8, ' ');  // keep tensor data 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return io_error("cannot create " + path + ": " + std::strerror(errno));
+  writer->path_ = path;
+  writer->file_ = std::fopen(path.c_str(), "wb");
+  if (!writer->file_) return io_error("cannot create " + path + ": " + std::strerror(errno));
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-  for (const auto& t : tensors) out.write(static_cast<const char*>(t.view.data()), t.view.bytes());
-  out.close();
-  if (!out) return io_error("cannot write " + path);
+  if (std::fwrite(len, 1, 8, writer->file_) != 8 ||
+      std::fwrite(header_text.data(), 1, header_text.size(), writer->file_) != header_text.size())
+    return io_error("cannot write " + path);
+  return writer;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+Status SafetensorsWriter::write_next(const void* data, int64_t bytes) {
+  if (!file_ || next_ >= sizes_.size()) return internal_error(path_ + ": no tensor left to write");
+  if (bytes != sizes_[next_])
+    return internal_error(path_ + ": tensor " + std::to_string(next_) + " has " + std::to_string(bytes) +
+                          " bytes, expected " + std::to_string(sizes_[next_]));
+  if (std::fwrite(data, 1, static_cast<size_t>(bytes), file_) != static_cast<size_t>(bytes))
+    return io_error("cannot write " + path_ + ": " + std::strerror(errno));
+  ++next_;
   return Status::ok();
+}
+
+Status SafetensorsWriter::close() {
+  if (!file_) return internal_error(path_ + ": already closed");
+  const bool complete = next_ == sizes_.size();
+  const bool flushed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!complete) return internal_error(path_ + ": closed after " + std::to_string(next_) + " of " +
+                                       std::to_string(sizes_.size()) + " tensors");
+  if (!flushed) return io_error("cannot write " + path_);
+  return Status::ok();
+}
+
+Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.view.dtype(), t.view.shape()});
+  MX_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::open(path, specs, metadata));
+  for (const auto& t : tensors) MX_RETURN_IF_ERROR(writer->write_next(t.view.data(), t.view.bytes()));
+  return writer->close();
 }
 
 }  // namespace mx

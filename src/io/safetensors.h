@@ -3,6 +3,7 @@
 // ranges, ranges inside the file and not overlapping. Every error names the file and the tensor.
 #pragma once
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,6 +63,32 @@ class Checkpoint {
 struct NamedTensor {
   std::string name;
   TensorView view;  // host memory
+};
+
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+// Streams a safetensors file whose tensor list is known up front: the header is written at open, then
+// each tensor's bytes in order. Lets multi-gigabyte checkpoints be written without holding them in memory.
+class SafetensorsWriter {
+ public:
+  static Result<std::unique_ptr<SafetensorsWriter>> open(const std::string& path, const std::vector<TensorSpec>& specs,
+                                                         const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  // Appends the next tensor's bytes; `bytes` must equal that tensor's size.
+  Status write_next(const void* data, int64_t bytes);
+  // Checks every tensor was written and flushes.
+  Status close();
+
+ private:
+  SafetensorsWriter() = default;
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::vector<int64_t> sizes_;
+  size_t next_ = 0;
 };
 
 // Writes tensors (in the order given) with optional string metadata. Fails on duplicate names.

@@ -27,61 +27,18 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_
   MX_ASSIGN_OR_RETURN(model->generation_config_, load_generation_config(model_dir));
   MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open_dir(model_dir));
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
-  MX_RETURN_IF_ERROR(model->bind(*model->checkpoint_).with_context(model_dir));
+  MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gpt_oss_weight_specs(model->config_, model->weights_))
+                         .with_context(model_dir));
   MX_RETURN_IF_ERROR(model->upload());
   return model;
-}
-
-Status GptOssModel::bind(const Checkpoint& checkpoint) {
-  const GptOssConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.num_experts, V = c.vocab_size;
-  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
-  const DType bf16 = DType::kBF16, u8 = DType::kU8;
-  layers_.resize(static_cast<size_t>(c.num_layers));
-  std::vector<WeightSpec> specs = {
-      {"model.embed_tokens.weight", bf16, {V, H}, &embed_},
-      {"model.norm.weight", bf16, {H}, &final_norm_},
-      {"lm_head.weight", bf16, {V, H}, &lm_head_},
-  };
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    Layer& L = layers_[static_cast<size_t>(l)];
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    ExpertWeights& x = L.experts;
-    std::vector<WeightSpec> layer_specs = {
-        {p + "input_layernorm.weight", bf16, {H}, &L.input_norm},
-        {p + "post_attention_layernorm.weight", bf16, {H}, &L.post_attention_norm},
-        {p + "self_attn.q_proj.weight", bf16, {q_dim, H}, &L.q_weight},
-        {p + "self_attn.q_proj.bias", bf16, {q_dim}, &L.q_bias},
-        {p + "self_attn.k_proj.weight", bf16, {kv_dim, H}, &L.k_weight},
-        {p + "self_attn.k_proj.bias", bf16, {kv_dim}, &L.k_bias},
-        {p + "self_attn.v_proj.weight", bf16, {kv_dim, H}, &L.v_weight},
-        {p + "self_attn.v_proj.bias", bf16, {kv_dim}, &L.v_bias},
-        {p + "self_attn.o_proj.weight", bf16, {H, q_dim}, &L.o_weight},
-        {p + "self_attn.o_proj.bias", bf16, {H}, &L.o_bias},
-        {p + "self_attn.sinks", bf16, {c.num_heads}, &L.sinks},
-        {p + "mlp.router.weight", bf16, {E, H}, &L.router_weight},
-        {p + "mlp.router.bias", bf16, {E}, &L.router_bias},
-        {p + "mlp.experts.gate_up_proj_blocks", u8, {E, 2 * I, H / 32, 16}, &x.w1_blocks},
-        {p + "mlp.experts.gate_up_proj_scales", u8, {E, 2 * I, H / 32}, &x.w1_scales},
-        {p + "mlp.experts.gate_up_proj_bias", bf16, {E, 2 * I}, &x.w1_bias},
-        {p + "mlp.experts.down_proj_blocks", u8, {E, H, I / 32, 16}, &x.w2_blocks},
-        {p + "mlp.experts.down_proj_scales", u8, {E, H, I / 32}, &x.w2_scales},
-        {p + "mlp.experts.down_proj_bias", bf16, {E, H}, &x.w2_bias},
-    };
-    specs.insert(specs.end(), layer_specs.begin(), layer_specs.end());
-    x.num_experts = E;
-    x.hidden = H;
-    x.intermediate = I;
-  }
-  return bind_weights(checkpoint, specs);
 }
 
 Status GptOssModel::upload() {
   const GptOssConfig& c = config_;
   auto put = [&](const TensorView& host) { return backend_.upload_weight(host, &device_weights_); };
-  MX_ASSIGN_OR_RETURN(embed_, put(embed_));
-  MX_ASSIGN_OR_RETURN(final_norm_, put(final_norm_));
-  MX_ASSIGN_OR_RETURN(lm_head_, put(lm_head_));
+  MX_ASSIGN_OR_RETURN(weights_.embed, put(weights_.embed));
+  MX_ASSIGN_OR_RETURN(weights_.final_norm, put(weights_.final_norm));
+  MX_ASSIGN_OR_RETURN(weights_.lm_head, put(weights_.lm_head));
   const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
   rope_scale_ = rope.attention_scale;
   MX_ASSIGN_OR_RETURN(Buffer freq, backend_.allocate(static_cast<int64_t>(rope.inv_freq.size() * sizeof(float))));
@@ -90,7 +47,7 @@ Status GptOssModel::upload() {
   device_weights_.push_back(std::move(freq));
 
   const int64_t qkv_rows = c.q_dim() + 2 * c.kv_dim();
-  for (Layer& L : layers_) {
+  for (GptOssLayerWeights& L : weights_.layers) {
     // q, k and v run as one projection: one weight read and one launch instead of three.
     host_fused_.push_back(concat_rows({L.q_weight, L.k_weight, L.v_weight}));
     L.qkv_weight = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows, c.hidden_size});
@@ -151,11 +108,11 @@ Status GptOssModel::forward(const BatchView& batch, const KvCache& kv, ForwardWo
     if (observer) (*observer)(index, t);
   };
 
-  MX_RETURN_IF_ERROR(b.embedding(embed_, batch.token_ids, residual));
+  MX_RETURN_IF_ERROR(b.embedding(weights_.embed, batch.token_ids, residual));
   observe(0, residual);
-  MX_RETURN_IF_ERROR(b.rms_norm(residual, layers_[0].input_norm, eps, normed));
+  MX_RETURN_IF_ERROR(b.rms_norm(residual, weights_.layers[0].input_norm, eps, normed));
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const Layer& L = layers_[static_cast<size_t>(l)];
+    const GptOssLayerWeights& L = weights_.layers[static_cast<size_t>(l)];
     const KvLayerView cache = kv.layer(l);
 
     MX_RETURN_IF_ERROR(b.linear(normed, L.qkv_weight, L.qkv_bias, ws.qkv.rows(0, T)));
@@ -178,14 +135,14 @@ Status GptOssModel::forward(const BatchView& batch, const KvCache& kv, ForwardWo
 
     // The residual add is fused with the next norm: the next layer's input norm, or the final norm.
     const bool last = l + 1 == c.num_layers;
-    const TensorView& next_norm = last ? final_norm_ : layers_[static_cast<size_t>(l + 1)].input_norm;
+    const TensorView& next_norm = last ? weights_.final_norm : weights_.layers[static_cast<size_t>(l + 1)].input_norm;
     MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, next_norm, eps, normed));
     observe(last ? c.num_layers : l + 1, last ? normed : residual);
   }
   if (R == 0) return Status::ok();
   TensorView gathered = ws.gathered.rows(0, R);
   MX_RETURN_IF_ERROR(b.gather_rows(normed, batch.logit_rows, gathered));
-  return b.linear(gathered, lm_head_, TensorView(), logits);
+  return b.linear(gathered, weights_.lm_head, TensorView(), logits);
 }
 
 }  // namespace mx

@@ -12,6 +12,7 @@
 #include "backend/kv_cache.h"
 #include "io/gpt_oss_config.h"
 #include "io/safetensors.h"
+#include "model/gpt_oss_weights.h"
 
 namespace mx {
 
@@ -51,17 +52,7 @@ class GptOssModel {
                  const HiddenObserver* observer = nullptr) const;
 
  private:
-  struct Layer {
-    TensorView input_norm, post_attention_norm;
-    TensorView q_weight, k_weight, v_weight, q_bias, k_bias, v_bias;  // host views, fused below
-    TensorView qkv_weight, qkv_bias;                                  // [(n_q + 2 n_kv) hd, H], backend
-    TensorView o_weight, o_bias, sinks;
-    TensorView router_weight, router_bias;
-    ExpertWeights experts;
-  };
-
   GptOssModel(GptOssConfig config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
-  Status bind(const Checkpoint& checkpoint);
   Status upload();
 
   GptOssConfig config_;
@@ -70,9 +61,9 @@ class GptOssModel {
   std::unique_ptr<Checkpoint> checkpoint_;      // owns the mmap the CPU backend reads weights from
   std::vector<std::vector<uint16_t>> host_fused_;  // fused qkv weights and biases (bf16) on the host
   std::vector<Buffer> device_weights_;
-  TensorView embed_, final_norm_, lm_head_, inv_freq_;
+  GptOssWeights weights_;  // host views after binding, backend views after upload
+  TensorView inv_freq_;    // f32 [head_dim / 2]
   float rope_scale_ = 1.0f;
-  std::vector<Layer> layers_;
 };
 
 }  // namespace mx
