@@ -5,5 +5,6 @@
 namespace mx {
 
 int run_generate_command(int argc, char** argv);
+int run_make_model_command(int argc, char** argv);
 
 }  // namespace mx

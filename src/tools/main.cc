@@ -14,6 +14,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"generate", mx::run_generate_command, "run prompts (token ids) through a model and print the output ids"},
+    {"make-model", mx::run_make_model_command, "write a synthetic gpt-oss checkpoint (random weights, real layout)"},
 };
 
 void print_usage() {

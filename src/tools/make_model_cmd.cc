@@ -1,0 +1,62 @@
+// `mxserve make-model`: writes a synthetic gpt-oss checkpoint in the released layout (see
+// model/synthetic_checkpoint.h) for benchmarks, tests and the demo model.
+#include <chrono>
+#include <cstdio>
+
+#include "model/synthetic_checkpoint.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+
+namespace mx {
+namespace {
+
+const std::vector<CliOption> kOptions = {
+    {"preset", true, "gpt-oss-20b, gpt-oss-120b, demo or tiny"},
+    {"out", true, "output directory"},
+    {"seed", true, "random seed (default 0)"},
+    {"threads", true, "generator threads (default: all cores)"},
+    {"max-shard-mb", true, "shard size cap in MiB (default 4096)"},
+    {"help", false, "show this help"},
+};
+
+Status run(const CliArgs& args) {
+  if (!args.has("preset") || !args.has("out")) return invalid_argument("--preset and --out are required");
+  MX_ASSIGN_OR_RETURN(GptOssConfig config, synthetic_preset(args.get("preset")));
+  SyntheticOptions options;
+  MX_ASSIGN_OR_RETURN(int64_t seed, args.get_int("seed", 0));
+  MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
+  MX_ASSIGN_OR_RETURN(int64_t shard_mb, args.get_int("max-shard-mb", 4096));
+  if (threads < 0 || threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
+  if (shard_mb < 1) return invalid_argument("--max-shard-mb must be >= 1");
+  options.seed = static_cast<uint64_t>(seed);
+  options.threads = static_cast<int>(threads);
+  options.max_shard_bytes = shard_mb << 20;
+  const auto start = std::chrono::steady_clock::now();
+  MX_RETURN_IF_ERROR(write_synthetic_checkpoint(config, args.get("out"), options));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "wrote %s (%s, seed %lld) in %.1f s\n", args.get("out").c_str(), args.get("preset").c_str(),
+               static_cast<long long>(seed), seconds);
+  return Status::ok();
+}
+
+}  // namespace
+
+int run_make_model_command(int argc, char** argv) {
+  auto args = CliArgs::parse(argc, argv, 2, kOptions);
+  if (!args.is_ok()) {
+    std::fprintf(stderr, "error: %s\n%s", args.status().message().c_str(), cli_usage("make-model", kOptions).c_str());
+    return 2;
+  }
+  if (args->has("help")) {
+    std::fprintf(stdout, "%s", cli_usage("make-model", kOptions).c_str());
+    return 0;
+  }
+  const Status status = run(*args);
+  if (!status.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace mx
