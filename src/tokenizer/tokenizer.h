@@ -1,0 +1,100 @@
+// The o200k byte-level BPE tokenizer with tiktoken semantics, plus the Harmony special tokens.
+//
+// Text is split into pre-tokens by the o200k regex (Pretokenizer), each pre-token is merged by rank
+// (BpeRanks), and special tokens are recognised only when the caller allows them: text that arrives from
+// users is encoded with SpecialTokens::kAsText so "<|start|>" typed by a user stays plain text. A Tokenizer
+// is immutable after loading except for its bounded pre-token cache (sharded, each shard behind a mutex),
+// so one instance serves every thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "tokenizer/bpe_ranks.h"
+#include "tokenizer/pretokenizer.h"
+
+namespace mx {
+
+enum class SpecialTokens {
+  kAsText,  // special-token strings in the text are ordinary text (tiktoken's encode_ordinary)
+  kAllow,   // every special-token string in the text becomes its id
+};
+
+struct SpecialToken {
+  std::string text;
+  int32_t id;
+};
+
+class Tokenizer {
+ public:
+  // Loads a tokenizer.json (optionally .json.gz), a .tiktoken rank file, or a model directory (tokenizer.json,
+  // tokenizer.json.gz, else its single *.tiktoken). The Harmony special tokens are added when missing.
+  static Result<std::shared_ptr<const Tokenizer>> load(const std::string& path);
+  static Result<std::shared_ptr<const Tokenizer>> load_tiktoken(const std::string& path);
+  static Result<std::shared_ptr<const Tokenizer>> load_hf_json(const std::string& path);
+  // From parts already in memory: ranks (tokens[r] = bytes of rank r), specials and the split pattern.
+  static Result<std::shared_ptr<const Tokenizer>> create(std::vector<std::string> tokens,
+                                                         std::vector<SpecialToken> specials,
+                                                         const std::string& pattern);
+
+  // Appends the ids of `text`. Ill-formed UTF-8 is first replaced by U+FFFD (maximal subparts).
+  void encode_into(std::string_view text, SpecialTokens specials, std::vector<int32_t>* out) const;
+  std::vector<int32_t> encode(std::string_view text, SpecialTokens specials = SpecialTokens::kAsText) const;
+
+  // Appends the bytes of one id (a special token's text for a special id). False for an unknown id.
+  bool append_token_bytes(int32_t id, std::string* out) const;
+  // The bytes of `ids` (not necessarily valid UTF-8). Fails on an unknown id.
+  Result<std::string> decode_bytes(std::span<const int32_t> ids) const;
+  // decode_bytes with ill-formed UTF-8 replaced by U+FFFD (tiktoken's errors="replace").
+  Result<std::string> decode(std::span<const int32_t> ids) const;
+
+  // Largest id + 1 (201088 for gpt-oss: reserved ids included).
+  int32_t vocab_size() const { return vocab_size_; }
+  int32_t num_ranks() const { return ranks_.size(); }
+  bool is_special(int32_t id) const;
+  std::optional<int32_t> special_id(std::string_view text) const;
+  // The token that represents `bytes` exactly (a rank), or nullopt.
+  std::optional<int32_t> rank_of(std::string_view bytes) const;
+  const std::string& pattern() const { return pretokenizer_->pattern(); }
+
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+  Tokenizer() = default;  // use the factories
+
+ private:
+  void encode_ordinary(std::string_view text, std::vector<int32_t>* out) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>* out) const;
+
+  // A bounded memo of pre-token -> ids for pieces that needed merging. Each shard is cleared when full,
+  // which keeps memory bounded without per-entry bookkeeping; hot pieces come back on the next hit.
+  struct CacheShard {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<int32_t>> entries;
+  };
+  static constexpr size_t kCacheShards = 32;
+  static constexpr size_t kCacheEntriesPerShard = 8192;
+  static constexpr size_t kCacheMaxPieceBytes = 64;
+  mutable std::array<CacheShard, kCacheShards> cache_;
+
+  BpeRanks ranks_;
+  std::shared_ptr<const Pretokenizer> pretokenizer_;
+  std::unordered_map<std::string, int32_t> special_ids_;
+  std::unordered_map<int32_t, std::string> special_text_;  // first text registered for each special id
+  size_t max_special_len_ = 0;
+  int32_t vocab_size_ = 0;
+};
+
+// Adds the o200k_harmony specials (named ones, and <|reserved_N|> for every other id up to 201087) that
+// `specials` lacks; fails when `specials` gives a Harmony name a different id.
+Status add_harmony_specials(std::vector<SpecialToken>* specials);
+
+}  // namespace mx
