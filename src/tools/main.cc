@@ -15,6 +15,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"generate", mx::run_generate_command, "run prompts (token ids) through a model and print the output ids"},
     {"make-model", mx::run_make_model_command, "write a synthetic gpt-oss checkpoint (random weights, real layout)"},
+    {"tokenize", mx::run_tokenize_command, "text <-> token ids, one JSON value per line (stdin -> stdout)"},
 };
 
 void print_usage() {
