@@ -19,21 +19,23 @@ std::string read_fixture(const std::string& relative) {
   return s.str();
 }
 
+namespace {
+
+std::shared_ptr<const Tokenizer> load_fixture_tokenizer(const std::string& name) {
+  auto r = Tokenizer::load(fixture_path("tokenizer/" + name));
+  MX_CHECK(r.is_ok()) << r.status().to_string();
+  return *r;
+}
+
+}  // namespace
+
 const Tokenizer& o200k() {
-  static const std::shared_ptr<const Tokenizer> tok = [] {
-    auto r = Tokenizer::load(fixture_path("tokenizer/o200k_base.tiktoken"));
-    MX_CHECK(r.is_ok()) << r.status().to_string();
-    return *r;
-  }();
+  static const auto tok = load_fixture_tokenizer("o200k_base.tiktoken");
   return *tok;
 }
 
 const Tokenizer& o200k_from_hf_json() {
-  static const std::shared_ptr<const Tokenizer> tok = [] {
-    auto r = Tokenizer::load(fixture_path("tokenizer/gpt-oss.tokenizer.json.gz"));
-    MX_CHECK(r.is_ok()) << r.status().to_string();
-    return *r;
-  }();
+  static const auto tok = load_fixture_tokenizer("gpt-oss.tokenizer.json.gz");
   return *tok;
 }
 
