@@ -4,6 +4,7 @@
 // model at load time; ops CHECK their invariants, they never see raw user input.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,10 @@ struct RouterParams {
 
 enum class ExpertLayout : uint8_t {
   kMxfp4Checkpoint,  // as stored: blocks [E, R, K/32, 16] (low nibble = even element), e8m0 scales [E, R, K/32]
+  // CUDA: weights as the 16-row mma.sync A operand, one 16-byte fragment per lane per 16-row strip and
+  // 64-wide k tile (backend/cuda/expert_repack.h documents the permutation). blocks [E, R/16, K/64, 32, 16],
+  // scales [E, R/16, K/64, 2, 16] pre-biased by +126; W1's strips pair gate row r with up row r + 8.
+  kMxfp4SwapAb,
 };
 
 // MXFP4 experts of one layer. W1 rows interleave gate (even) and up/linear (odd).
@@ -90,6 +95,25 @@ struct MoeParams {
   int64_t top_k = 0;
   float swiglu_limit = 7.0f;
   float swiglu_alpha = 1.702f;
+};
+
+// Sizes a backend's private scratch (MoE routing and intermediates, attention split partials) once, before
+// the first forward, so that forward passes allocate nothing and can be captured in a graph.
+struct WorkspaceSpec {
+  int64_t max_tokens = 0;        // tokens in one forward pass
+  int64_t hidden = 0;            // H
+  int64_t intermediate = 0;      // I (per expert)
+  int64_t num_experts = 0;       // E
+  int64_t top_k = 0;
+  int64_t n_q = 0, n_kv = 0, head_dim = 0;
+};
+
+// A recorded sequence of ops that can be replayed without re-issuing them (a CUDA graph). Replays read
+// whatever the captured ops' input buffers hold at replay time.
+class ReplayGraph {
+ public:
+  virtual ~ReplayGraph() = default;
+  virtual Status replay() = 0;
 };
 
 class Backend {
@@ -130,6 +154,14 @@ class Backend {
   virtual Status moe_experts(const MoeParams& p) = 0;
   // out[r] = x[rows[r]]; rows i32 [R].
   virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
+
+  // Scratch and graphs. Backends without private scratch or graph support keep these defaults.
+  virtual Status prepare(const WorkspaceSpec&) { return Status::ok(); }
+  // Runs `body` once in capture mode and returns its replayable recording. Nothing runs during capture.
+  virtual Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) {
+    (void)body;
+    return unimplemented(name() + " backend cannot capture graphs");
+  }
 };
 
 struct BackendOptions {

@@ -1,9 +1,414 @@
 #include "backend/cuda/cuda_backend.h"
 
-namespace mx {
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int) {
-  return unimplemented("the CUDA backend's ops are not implemented yet");
+#include "backend/cuda/cublaslt_linear.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/expert_repack.h"
+#include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace mx {
+namespace {
+
+using namespace mx::cuda;
+
+constexpr int64_t kLtWorkspaceBytes = 32ll << 20;
+// Router batches up to this size run the fused GEMV + top-k kernel; larger ones use cuBLASLt for logits.
+constexpr int64_t kFusedRouterMaxTokens = 32;
+
+void free_device(void* p) { cudaFree(p); }
+
+template <typename T>
+T* ptr(const TensorView& t) {
+  return static_cast<T*>(t.data());
 }
+
+void expect(const TensorView& t, DType dtype, const char* what) {
+  MX_CHECK(t.device() == Device::kCuda) << what << " is not in device memory";
+  MX_CHECK(t.dtype() == dtype) << what << ": " << dtype_name(t.dtype()) << ", expected " << dtype_name(dtype);
+}
+
+class CudaReplayGraph final : public ReplayGraph {
+ public:
+  CudaReplayGraph(CudaGraphExec exec, cudaStream_t stream) : exec_(std::move(exec)), stream_(stream) {}
+  Status replay() override {
+    MX_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_.get(), stream_));
+    return Status::ok();
+  }
+
+ private:
+  CudaGraphExec exec_;
+  cudaStream_t stream_;
+};
+
+// Private scratch, grown only outside graph capture.
+struct Scratch {
+  Buffer moe_h, moe_y, moe_meta, tickets, partials;
+  int64_t max_slots = 0, max_tiles = 0, experts = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<Backend>> create(int device) {
+    MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
+    MX_ASSIGN_OR_RETURN(b->dev_, query_device_info(device));
+    cudaStream_t s = nullptr;
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    b->stream_ = CudaStream(s);
+    MX_ASSIGN_OR_RETURN(LtLinear lt, LtLinear::create(kLtWorkspaceBytes));
+    b->lt_ = std::make_unique<LtLinear>(std::move(lt));
+    MX_LOG(Info) << "CUDA backend on " << b->dev_.name << " (sm_" << b->dev_.sm_major << b->dev_.sm_minor << ", "
+                 << b->dev_.sm_count << " SMs, " << b->dev_.max_smem_per_block_optin << " B smem/block)";
+    return std::unique_ptr<Backend>(std::move(b));
+  }
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+  DType activation_dtype() const override { return DType::kBF16; }
+  DType kv_dtype() const override { return DType::kBF16; }
+
+  Result<Buffer> allocate(int64_t bytes) override {
+    if (capturing_) return internal_error("allocate during graph capture");
+    if (bytes < 0) return invalid_argument("negative allocation");
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 256)));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return resource_exhausted("cannot allocate " + std::to_string(bytes) + " bytes of GPU memory: " +
+                                cudaGetErrorString(err));
+    }
+    return Buffer(p, bytes, Device::kCuda, free_device);
+  }
+  Status copy_from_host(TensorView dst, const void* src) override {
+    if (capturing_) return internal_error("host copy during graph capture");
+    MX_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), src, static_cast<size_t>(dst.bytes()), cudaMemcpyHostToDevice,
+                                            stream_.get()));
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    return Status::ok();
+  }
+  Status copy_to_host(void* dst, const TensorView& src) override {
+    if (capturing_) return internal_error("host copy during graph capture");
+    MX_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src.data(), static_cast<size_t>(src.bytes()), cudaMemcpyDeviceToHost,
+                                            stream_.get()));
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    return Status::ok();
+  }
+  Status synchronize() override {
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    return Status::ok();
+  }
+
+  Result<TensorView> upload_weight(const TensorView& host, std::vector<Buffer>* owner) override {
+    if (host.device() != Device::kCpu) return internal_error("upload_weight: source is not host memory");
+    MX_ASSIGN_OR_RETURN(Buffer b, allocate(host.bytes()));
+    TensorView view(b.data(), host.dtype(), host.shape(), Device::kCuda);
+    MX_RETURN_IF_ERROR(copy_from_host(view, host.data()));
+    owner->push_back(std::move(b));
+    return view;
+  }
+
+  Result<ExpertWeights> upload_experts(const ExpertWeights& host, std::vector<Buffer>* owner) override {
+    if (host.layout != ExpertLayout::kMxfp4Checkpoint) return internal_error("upload_experts: checkpoint layout expected");
+    const int64_t E = host.num_experts, H = host.hidden, I = host.intermediate;
+    MX_RETURN_IF_ERROR(check_swap_ab(2 * I, H, host.w1_scales.ptr<const uint8_t>()).with_context("gate_up_proj"));
+    MX_RETURN_IF_ERROR(check_swap_ab(H, I, host.w2_scales.ptr<const uint8_t>()).with_context("down_proj"));
+    ExpertWeights out = host;
+    out.layout = ExpertLayout::kMxfp4SwapAb;
+    auto repack = [&](const TensorView& blocks, const TensorView& scales, int64_t rows, int64_t k, bool pairs,
+                      TensorView* out_blocks, TensorView* out_scales) -> Status {
+      const int64_t block_bytes = rows * k / 2, scale_bytes = rows * k / 32;
+      std::vector<uint8_t> pb(static_cast<size_t>(E * block_bytes)), ps(static_cast<size_t>(E * scale_bytes));
+      // Experts are independent: repack them on all cores (this is most of the load time on big models).
+      const int64_t workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, E);
+      std::vector<std::thread> threads;
+      for (int64_t w = 0; w < workers; ++w)
+        threads.emplace_back([&, w] {
+          for (int64_t e = w; e < E; e += workers)
+            repack_mxfp4_swap_ab(blocks.ptr<const uint8_t>() + e * block_bytes,
+                                 scales.ptr<const uint8_t>() + e * scale_bytes, rows, k, pairs,
+                                 pb.data() + e * block_bytes, ps.data() + e * scale_bytes);
+        });
+      for (auto& t : threads) t.join();
+      MX_ASSIGN_OR_RETURN(*out_blocks, upload_weight(TensorView(pb.data(), DType::kU8, {E, rows / 16, k / 64, 32, 16}),
+                                                     owner));
+      MX_ASSIGN_OR_RETURN(*out_scales,
+                          upload_weight(TensorView(ps.data(), DType::kU8, {E, rows / 16, k / 64, 2, 16}), owner));
+      return Status::ok();
+    };
+    MX_RETURN_IF_ERROR(repack(host.w1_blocks, host.w1_scales, 2 * I, H, true, &out.w1_blocks, &out.w1_scales));
+    MX_RETURN_IF_ERROR(repack(host.w2_blocks, host.w2_scales, H, I, false, &out.w2_blocks, &out.w2_scales));
+    MX_ASSIGN_OR_RETURN(out.w1_bias, upload_weight(host.w1_bias, owner));
+    MX_ASSIGN_OR_RETURN(out.w2_bias, upload_weight(host.w2_bias, owner));
+    return out;
+  }
+
+  Status embedding(const TensorView& table, const TensorView& token_ids, TensorView out) override {
+    expect(table, DType::kBF16, "embedding table");
+    expect(out, DType::kBF16, "embedding out");
+    return launch_embedding({ptr<const uint16_t>(table), ptr<const int32_t>(token_ids), ptr<uint16_t>(out),
+                             token_ids.numel(), table.dim(1), table.dim(0)},
+                            stream_.get());
+  }
+
+  Status rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) override {
+    expect(x, DType::kBF16, "rms_norm x");
+    expect(out, DType::kBF16, "rms_norm out");
+    const int64_t h = x.dim(-1);
+    RmsNormParams p;
+    p.x = ptr<const uint16_t>(x);
+    p.weight = ptr<const uint16_t>(weight);
+    p.out = ptr<uint16_t>(out);
+    p.rows = x.numel() / h;
+    p.hidden = h;
+    p.eps = eps;
+    return launch_rms_norm(p, stream_.get());
+  }
+
+  Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                      TensorView out) override {
+    expect(residual, DType::kBF16, "residual");
+    expect(delta, DType::kBF16, "delta");
+    const int64_t h = residual.dim(-1);
+    RmsNormParams p;
+    p.residual = ptr<uint16_t>(residual);
+    p.delta = ptr<const uint16_t>(delta);
+    p.weight = ptr<const uint16_t>(weight);
+    p.out = ptr<uint16_t>(out);
+    p.rows = residual.numel() / h;
+    p.hidden = h;
+    p.eps = eps;
+    return launch_rms_norm(p, stream_.get());
+  }
+
+  Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) override {
+    expect(x, DType::kBF16, "linear x");
+    expect(weight, DType::kBF16, "linear weight");
+    const int64_t n = weight.dim(0), k = weight.dim(1), m = x.numel() / k;
+    MX_CHECK_EQ(out.numel(), m * n);
+    const bool out_f32 = out.dtype() == DType::kF32;
+    MX_CHECK(out_f32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
+    if (m == 0) return Status::ok();
+    // cuBLASLt's bias epilogue takes a bias of the output type; an f32 output gets its bf16 bias separately.
+    const bool fused_bias = !bias.empty() && !out_f32;
+    MX_RETURN_IF_ERROR(lt_->run(x.data(), weight.data(), fused_bias ? bias.data() : nullptr, out.data(), m, n, k,
+                                out_f32, stream_.get()));
+    if (!bias.empty() && out_f32)
+      return launch_add_bias_f32({ptr<float>(out), ptr<const uint16_t>(bias), m, n}, stream_.get());
+    return Status::ok();
+  }
+
+  static PagedKv paged(const KvLayerView& kv, const BatchView& batch) {
+    PagedKv p;
+    p.k = ptr<uint16_t>(kv.k);
+    p.v = ptr<uint16_t>(kv.v);
+    p.positions = ptr<const int32_t>(batch.positions);
+    p.token_seq = ptr<const int32_t>(batch.token_seq);
+    p.page_table = ptr<const int32_t>(batch.page_table);
+    p.page_size = kv.page_size;
+    p.max_pages = batch.page_table.dim(1);
+    p.num_pages = kv.k.dim(0);
+    return p;
+  }
+
+  Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override {
+    expect(p.qkv, DType::kBF16, "qkv");
+    expect(p.kv.k, DType::kBF16, "k cache");
+    RopeParams r;
+    r.qkv = ptr<const uint16_t>(p.qkv);
+    r.q_out = ptr<uint16_t>(p.q_out);
+    r.inv_freq = ptr<const float>(p.inv_freq);
+    r.kv = paged(p.kv, batch);
+    r.tokens = batch.num_tokens;
+    r.n_q = p.n_q;
+    r.n_kv = p.n_kv;
+    r.head_dim = p.head_dim;
+    r.rope_scale = p.rope_scale;
+    return launch_qkv_rope(r, stream_.get());
+  }
+
+  Status attention(const AttentionParams& p, const BatchView& batch) override {
+    expect(p.q, DType::kBF16, "attention q");
+    expect(p.kv.k, DType::kBF16, "k cache");
+    AttentionKernelParams a;
+    a.q = ptr<const uint16_t>(p.q);
+    a.sinks = ptr<const uint16_t>(p.sinks);
+    a.out = ptr<uint16_t>(p.out);
+    a.kv = paged(p.kv, batch);
+    a.tokens = batch.num_tokens;
+    a.n_q = p.n_q;
+    a.n_kv = p.n_kv;
+    a.head_dim = p.head_dim;
+    a.window = p.window;
+    a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+    // One query per sequence: decode (split-KV). Otherwise the FlashAttention-2 prefill kernel.
+    if (batch.num_tokens == batch.num_seqs) {
+      const int64_t capacity = a.kv.max_pages * a.kv.page_size;
+      const int64_t max_keys = p.window > 0 ? std::min(p.window, capacity) : capacity;
+      const int64_t group = p.n_q / p.n_kv, head_blocks = (group + 15) / 16;
+      const AttentionDecodeConfig c =
+          choose_attention_decode_config(dev_, p.head_dim, batch.num_tokens, p.n_kv, head_blocks, max_keys);
+      if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention decode config does not fit");
+      if (c.num_splits > 1) {
+        const int64_t need = batch.num_tokens * p.n_q * c.num_splits * (p.head_dim + 2) * 4;
+        MX_RETURN_IF_ERROR(ensure(scratch_.partials, need, "attention partials"));
+        a.partials = ptr_of<float>(scratch_.partials);
+      }
+      return launch_attention_decode(a, c, stream_.get());
+    }
+    const AttentionPrefillConfig c = choose_attention_prefill_config(dev_, p.head_dim);
+    if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention prefill config does not fit");
+    return launch_attention_prefill(a, c, stream_.get());
+  }
+
+  Status router_topk(const RouterParams& p) override {
+    expect(p.x, DType::kBF16, "router x");
+    expect(p.logits, DType::kF32, "router logits");
+    const int64_t e = p.weight.dim(0), h = p.weight.dim(1), t = p.x.numel() / h;
+    RouterKernelParams r;
+    r.x = ptr<const uint16_t>(p.x);
+    r.weight = ptr<const uint16_t>(p.weight);
+    r.bias = ptr<const uint16_t>(p.bias);
+    r.logits = ptr<float>(p.logits);
+    r.topk_ids = ptr<int32_t>(p.topk_ids);
+    r.topk_weights = ptr<float>(p.topk_weights);
+    r.tokens = t;
+    r.hidden = h;
+    r.experts = e;
+    r.top_k = p.top_k;
+    if (t <= kFusedRouterMaxTokens) {
+      MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", /*zero=*/true));
+      r.tickets = ptr_of<uint32_t>(scratch_.tickets);
+      return launch_router_topk(r, stream_.get());
+    }
+    MX_RETURN_IF_ERROR(lt_->run(p.x.data(), p.weight.data(), nullptr, p.logits.data(), t, e, h, true, stream_.get()));
+    return launch_topk_softmax(r, stream_.get());
+  }
+
+  Status moe_experts(const MoeParams& p) override {
+    const ExpertWeights& w = *p.experts;
+    if (w.layout != ExpertLayout::kMxfp4SwapAb) return internal_error("moe_experts: weights were not uploaded by CUDA");
+    expect(p.x, DType::kBF16, "moe x");
+    expect(p.out, DType::kBF16, "moe out");
+    const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
+    if (T == 0) return Status::ok();
+    const int64_t slots = T * k;
+    const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
+    const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
+    if (!fits(dev_, c1.smem_bytes, 1) || !fits(dev_, c2.smem_bytes, 1)) return internal_error("MoE config does not fit");
+    const int64_t max_tiles = moe_max_tiles(slots, E, c1.tile_tokens);
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
+    MoeRouting r;
+    int32_t* meta = ptr_of<int32_t>(scratch_.moe_meta);
+    r.offsets = meta;
+    r.sorted_slots = r.offsets + E + 1;
+    r.slot_pos = r.sorted_slots + slots;
+    r.tile_expert = r.slot_pos + slots;
+    r.tile_start = r.tile_expert + max_tiles;
+    r.tile_rows = r.tile_start + max_tiles;
+    r.num_tiles = r.tile_rows + max_tiles;
+    MX_RETURN_IF_ERROR(launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c1.tile_tokens, max_tiles},
+                                          stream_.get()));
+    MoeGemmParams g1;
+    g1.blocks = ptr<const uint8_t>(w.w1_blocks);
+    g1.scales = ptr<const uint8_t>(w.w1_scales);
+    g1.bias = ptr<const uint16_t>(w.w1_bias);
+    g1.in = ptr<const uint16_t>(p.x);
+    g1.out = ptr_of<uint16_t>(scratch_.moe_h);
+    g1.r = r;
+    g1.rows = 2 * I;
+    g1.k = H;
+    g1.top_k = k;
+    g1.max_tiles = max_tiles;
+    g1.gated = true;
+    g1.swiglu_limit = p.swiglu_limit;
+    g1.swiglu_alpha = p.swiglu_alpha;
+    MX_RETURN_IF_ERROR(launch_moe_gemm(g1, c1, stream_.get()));
+    MoeGemmParams g2 = g1;
+    g2.blocks = ptr<const uint8_t>(w.w2_blocks);
+    g2.scales = ptr<const uint8_t>(w.w2_scales);
+    g2.bias = ptr<const uint16_t>(w.w2_bias);
+    g2.in = ptr_of<const uint16_t>(scratch_.moe_h);
+    g2.out = ptr_of<uint16_t>(scratch_.moe_y);
+    g2.topk_weights = ptr<const float>(p.topk_weights);
+    g2.rows = H;
+    g2.k = I;
+    g2.gated = false;
+    MX_RETURN_IF_ERROR(launch_moe_gemm(g2, c2, stream_.get()));
+    return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
+                              stream_.get());
+  }
+
+  Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) override {
+    const int64_t row_bytes = x.bytes() / x.dim(0);
+    return launch_gather_rows({ptr<const uint8_t>(x), ptr<const int32_t>(rows), ptr<uint8_t>(out), rows.numel(),
+                               x.dim(0), row_bytes},
+                              stream_.get());
+  }
+
+  Status prepare(const WorkspaceSpec& s) override {
+    const int64_t slots = s.max_tokens * s.top_k;
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * s.intermediate * 2, "MoE h"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * s.hidden * 2, "MoE y"));
+    const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((s.num_experts + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", true));
+    // Decode splits shrink as the batch grows: tokens * splits <= tokens + 3 * SMs (kernel_configs.cc).
+    MX_RETURN_IF_ERROR(ensure(scratch_.partials, (s.max_tokens + 3 * dev_.sm_count + 1) * s.n_q * (s.head_dim + 2) * 4,
+                              "attention partials"));
+    return Status::ok();
+  }
+
+  Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    const Status st = body();
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_.get(), &graph);
+    CudaGraph graph_owner(graph);
+    MX_RETURN_IF_ERROR(st.with_context("graph capture"));
+    MX_CUDA_RETURN_IF_ERROR(end);
+    cudaGraphExec_t exec = nullptr;
+    MX_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    return std::unique_ptr<ReplayGraph>(new CudaReplayGraph(CudaGraphExec(exec), stream_.get()));
+  }
+
+ private:
+  CudaBackend() = default;
+
+  template <typename T>
+  static T* ptr_of(const Buffer& b) {
+    return static_cast<T*>(b.data());
+  }
+
+  // Grows a scratch buffer outside capture; inside capture a too-small buffer is an error (prepare() sizes it).
+  Status ensure(Buffer& b, int64_t bytes, const char* what, bool zero = false) {
+    if (b.bytes() >= bytes && b.data()) return Status::ok();
+    if (capturing_)
+      return internal_error(std::string(what) + " scratch too small inside graph capture: call prepare() first");
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    b = Buffer();
+    MX_ASSIGN_OR_RETURN(b, allocate(bytes));
+    if (zero) MX_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.data(), 0, static_cast<size_t>(bytes), stream_.get()));
+    return Status::ok();
+  }
+
+  DeviceInfo dev_;
+  CudaStream stream_;
+  std::unique_ptr<LtLinear> lt_;
+  Scratch scratch_;
+  bool capturing_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return CudaBackend::create(device); }
 
 }  // namespace mx

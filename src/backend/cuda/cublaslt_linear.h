@@ -1,0 +1,42 @@
+// Dense linears through cuBLASLt: out[M, N] = x[M, K] W[N, K]^T (+ bias), bf16 operands, fp32 accumulation
+// and scale, bf16 or f32 output, the bias in the epilogue for bf16 outputs. Row-major is handled as the
+// column-major product out^T = W x^T ("TN": A = W transposed, B = x). The algorithm of each shape is chosen
+// once by the heuristic and cached; the workspace is allocated once, so calls are graph-capturable.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace mx::cuda {
+
+class LtLinear {
+ public:
+  static Result<LtLinear> create(int64_t workspace_bytes);
+
+  // out: f32 when `out_f32`, else bf16. bias may be null (then no epilogue).
+  Status run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k, bool out_f32,
+             cudaStream_t stream);
+
+ private:
+  struct Plan {
+    LtMatmulDesc desc;
+    LtLayout a, b, d;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // m, n, k, out_f32, has_bias
+  Result<Plan*> plan(const Key& key);
+
+  LtHandle handle_;
+  void* workspace_ = nullptr;
+  int64_t workspace_bytes_ = 0;
+  struct FreeDevice {
+    void operator()(void* p) const { cudaFree(p); }
+  };
+  std::unique_ptr<void, FreeDevice> workspace_owner_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace mx::cuda

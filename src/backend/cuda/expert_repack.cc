@@ -1,0 +1,87 @@
+#include "backend/cuda/expert_repack.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace mx::cuda {
+
+Status check_swap_ab(int64_t rows, int64_t k, const uint8_t* scales) {
+  if (rows % 16 != 0 || k % 64 != 0)
+    return unimplemented("MXFP4 experts of " + std::to_string(rows) + " x " + std::to_string(k) +
+                         ": the CUDA kernels need rows % 16 == 0 and k % 64 == 0");
+  for (int64_t i = 0; i < rows * (k / 32); ++i)
+    if (scales[i] > kSwapAbMaxScale)
+      return unimplemented("MXFP4 block scale 2^" + std::to_string(int{scales[i]} - 127) +
+                           " is above 2^1, which the CUDA expert kernels do not support");
+  return Status::ok();
+}
+
+int64_t swap_ab_source_row(int64_t strip, int rr, bool gate_up_pairs) {
+  if (!gate_up_pairs) return strip * 16 + rr;
+  const int64_t channel = strip * 8 + (rr & 7);
+  return 2 * channel + (rr >= 8 ? 1 : 0);
+}
+
+void repack_mxfp4_swap_ab(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t k, bool gate_up_pairs,
+                          uint8_t* out_blocks, uint8_t* out_scales) {
+  const int64_t tiles = k / 64, row_bytes = k / 2, row_scales = k / 32;
+  auto nibble = [&](int64_t row, int64_t col) -> uint32_t {
+    const uint8_t byte = blocks[row * row_bytes + col / 2];
+    return (col & 1) ? (byte >> 4) : (byte & 0xf);
+  };
+  for (int64_t s = 0; s < rows / 16; ++s) {
+    int64_t src[16];
+    for (int rr = 0; rr < 16; ++rr) src[rr] = swap_ab_source_row(s, rr, gate_up_pairs);
+    for (int64_t t = 0; t < tiles; ++t) {
+      for (int lane = 0; lane < 32; ++lane) {
+        const int r = lane / 4, q = lane % 4;
+        for (int kk = 0; kk < 4; ++kk) {
+          const int64_t b = 64 * t + 16 * q + 4 * kk;
+          const int64_t lo = src[r], hi = src[r + 8];
+          uint32_t nib[8];
+          nib[3] = nibble(lo, b);
+          nib[7] = nibble(lo, b + 1);
+          nib[2] = nibble(hi, b);
+          nib[6] = nibble(hi, b + 1);
+          nib[1] = nibble(lo, b + 2);
+          nib[5] = nibble(lo, b + 3);
+          nib[0] = nibble(hi, b + 2);
+          nib[4] = nibble(hi, b + 3);
+          uint32_t word = 0;
+          for (int i = 0; i < 8; ++i) word |= nib[i] << (4 * i);
+          std::memcpy(out_blocks + (((s * tiles + t) * 32 + lane) * 16 + kk * 4), &word, 4);
+        }
+      }
+      for (int blk = 0; blk < 2; ++blk)
+        for (int rr = 0; rr < 16; ++rr)
+          out_scales[((s * tiles + t) * 2 + blk) * 16 + rr] =
+              static_cast<uint8_t>(scales[src[rr] * row_scales + 2 * t + blk] + 126);
+    }
+  }
+}
+
+float swap_ab_weight(const uint8_t* out_blocks, const uint8_t* out_scales, int64_t rows, int64_t k, int64_t packed_row,
+                     int64_t col) {
+  (void)rows;
+  const int64_t tiles = k / 64, s = packed_row / 16, t = col / 64;
+  const int rr = static_cast<int>(packed_row % 16), r = rr & 7;
+  const int64_t within = col % 64;
+  const int q = static_cast<int>(within / 16), kk = static_cast<int>((within % 16) / 4), j = static_cast<int>(within % 4);
+  const int lane = r * 4 + q;
+  uint32_t word;
+  std::memcpy(&word, out_blocks + (((s * tiles + t) * 32 + lane) * 16 + kk * 4), 4);
+  // Register p of the kernel's extraction reads nibbles (3 - p) and (7 - p): p = 0 row r slots 0/1, p = 1 row
+  // r+8 slots 0/1, p = 2 row r slots 2/3, p = 3 row r+8 slots 2/3.
+  const bool upper = rr >= 8;
+  const int p = (j < 2 ? 0 : 2) + (upper ? 1 : 0);
+  const int nib_index = (j % 2 == 0) ? 3 - p : 7 - p;
+  const uint8_t code = static_cast<uint8_t>((word >> (4 * nib_index)) & 0xf);
+  const int blk = q / 2;
+  const int sc = out_scales[((s * tiles + t) * 2 + blk) * 16 + rr] - 126;
+  return fp4e2m1_to_f32(code) * std::ldexp(1.0f, sc - 127);
+}
+
+}  // namespace mx::cuda

@@ -1,0 +1,106 @@
+#include "backend/cuda/kernel_configs.h"
+
+#include <algorithm>
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kMaxStages = 2;  // the kernels' cp.async rings are written for 1 or 2 stages
+constexpr int64_t kStaticSmemReserve = 1024;  // static __shared__ of the kernels (row bounds, reductions)
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// Deepest ring (<= kMaxStages) whose stages fit next to `fixed` bytes; 0 when none fits.
+int stages_that_fit(const DeviceInfo& dev, int64_t fixed, int64_t per_stage) {
+  const int64_t room = dev.max_smem_per_block_optin - kStaticSmemReserve - fixed;
+  if (room < per_stage) return 0;
+  return static_cast<int>(std::min<int64_t>(kMaxStages, room / per_stage));
+}
+
+}  // namespace
+
+bool fits(const DeviceInfo& dev, int64_t smem_bytes, int stages) {
+  return stages >= 1 && smem_bytes + kStaticSmemReserve <= dev.max_smem_per_block_optin;
+}
+
+AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, int64_t head_dim) {
+  AttentionPrefillConfig c;
+  c.threads = 128;
+  c.rows_per_cta = 64;
+  c.keys_per_tile = 64;
+  const int64_t q_bytes = c.rows_per_cta * head_dim * 2;
+  const int64_t kv_stage = 2 * c.keys_per_tile * head_dim * 2;  // K and V tiles, bf16
+  c.stages = stages_that_fit(dev, q_bytes, kv_stage);
+  c.smem_bytes = q_bytes + c.stages * kv_stage;
+  return c;
+}
+
+AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int64_t head_dim, int64_t num_tokens,
+                                                     int64_t n_kv, int64_t head_blocks, int64_t max_keys) {
+  AttentionDecodeConfig c;
+  c.threads = 128;
+  c.keys_per_tile = 64;
+  const int64_t q_bytes = 16 * head_dim * 2;
+  const int64_t kv_stage = 2 * c.keys_per_tile * head_dim * 2;
+  // The 4 warps' partial states are merged through shared memory: m, l and 16 x head_dim accumulators each.
+  const int64_t merge_bytes = 4 * 16 * (head_dim + 2) * 4;
+  c.stages = stages_that_fit(dev, q_bytes + merge_bytes, kv_stage);
+  c.smem_bytes = q_bytes + merge_bytes + c.stages * kv_stage;
+  // Enough CTAs to cover the SMs about three times, but no split shorter than 4 key tiles.
+  const int64_t ctas = std::max<int64_t>(1, num_tokens * n_kv * head_blocks);
+  const int64_t want = ceil_div(3 * std::max(1, dev.sm_count), ctas);
+  const int64_t most = std::max<int64_t>(1, ceil_div(max_keys, 4 * c.keys_per_tile));
+  c.num_splits = static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
+  return c;
+}
+
+MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts, int64_t rows) {
+  MoeConfig c;
+  c.tile_tokens = 8;
+  // Tiles that will be busy: one per expert at decode, up to one per 8 routed tokens.
+  const int64_t busy_tiles = std::max<int64_t>(1, std::min(num_slots, num_experts + num_slots / c.tile_tokens));
+  const int64_t ctas = (rows / 16) * busy_tiles;
+  // About 40 resident warps per SM keep enough 16-byte loads in flight (measured, ref-kernels.md 2.6).
+  const int64_t want = next_pow2(ceil_div(40 * std::max(1, dev.sm_count), std::max<int64_t>(ctas, 1)));
+  c.k_split = static_cast<int>(std::clamp<int64_t>(want, 2, 16));
+  c.threads = 32 * c.k_split;
+  c.smem_bytes = static_cast<int64_t>(c.k_split - 1) * 4 * 32 * 4 * (c.tile_tokens / 8);
+  while (!fits(dev, c.smem_bytes, 1) && c.k_split > 1) {
+    c.k_split /= 2;
+    c.threads = 32 * c.k_split;
+    c.smem_bytes = static_cast<int64_t>(c.k_split - 1) * 4 * 32 * 4 * (c.tile_tokens / 8);
+  }
+  return c;
+}
+
+int64_t moe_max_tiles(int64_t num_slots, int64_t num_experts, int64_t tile_tokens) {
+  // sum_e ceil(c_e / b) <= sum_e (c_e / b) + (experts with c_e > 0) <= slots / b + min(E, slots).
+  return ceil_div(num_slots, tile_tokens) + std::min(num_experts, num_slots);
+}
+
+namespace {
+DeviceInfo make_device(const char* name, int major, int minor, int sms, int64_t smem, int64_t l2) {
+  DeviceInfo d;
+  d.name = name;
+  d.sm_major = major;
+  d.sm_minor = minor;
+  d.sm_count = sms;
+  d.max_smem_per_block_optin = smem;
+  d.l2_cache_bytes = l2;
+  return d;
+}
+}  // namespace
+
+DeviceInfo sm90_h100() { return make_device("H100 SXM", 9, 0, 132, 232448, 50 << 20); }
+DeviceInfo sm90_h200() { return make_device("H200", 9, 0, 132, 232448, 60 << 20); }
+DeviceInfo sm100_b200() { return make_device("B200", 10, 0, 148, 232448, 126 << 20); }
+DeviceInfo sm120_rtx_pro_6000() { return make_device("RTX PRO 6000", 12, 0, 188, 101376, 128 << 20); }
+DeviceInfo sm121_gb10() { return make_device("GB10", 12, 1, 48, 101376, 24 << 20); }
+
+}  // namespace mx::cuda

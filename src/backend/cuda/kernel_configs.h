@@ -1,0 +1,59 @@
+// Launch configurations of the CUDA kernels, chosen at run time from the device's shared-memory limit
+// (opt-in per block) and SM count, never fixed at compile time for one chip. Plain C++ without CUDA
+// headers: CPU unit tests check every config for SM90, SM100 and SM120/121 (a pipeline that does not fit
+// the 99 KB of SM12x is the bug that crashed SGLang on RTX PRO 6000, ref-kernels.md 2.1).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/device_info.h"
+
+namespace mx::cuda {
+
+// Prefill attention (FlashAttention-2 on mma.sync): 4 warps of 16 query rows, the rows packing the
+// (token, q head) pairs of one kv head; K/V tiles of `keys_per_tile` keys in a cp.async ring.
+struct AttentionPrefillConfig {
+  int threads = 0;
+  int rows_per_cta = 0;
+  int keys_per_tile = 0;
+  int stages = 0;           // K/V ring depth (1 or 2)
+  int64_t smem_bytes = 0;   // dynamic shared memory per block
+};
+AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, int64_t head_dim);
+
+// Decode attention: one CTA per (token, kv head, head block, KV split); the 4 warps split each key tile.
+struct AttentionDecodeConfig {
+  int threads = 0;
+  int keys_per_tile = 0;
+  int stages = 0;
+  int num_splits = 0;       // KV splits per (token, head); > 1 adds the merge kernel
+  int64_t smem_bytes = 0;
+};
+// `max_keys`: the most keys a query can see (window, or the page table's capacity): a static bound, so
+// the split count is the same for every replay of a captured graph.
+AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int64_t head_dim, int64_t num_tokens,
+                                                     int64_t n_kv, int64_t head_blocks, int64_t max_keys);
+
+// MXFP4 experts, "swap AB" (weights as the mma A operand, routed tokens as the 8-wide N side).
+struct MoeConfig {
+  int tile_tokens = 0;      // routed tokens per tile (8 * n_tiles)
+  int k_split = 0;          // warps per CTA, each taking a share of K; reduced in shared memory
+  int threads = 0;
+  int64_t smem_bytes = 0;   // dynamic: the cross-warp reduction buffer
+};
+// `rows`: output rows of the GEMM (2I for the first, H for the second); `num_slots` = tokens * top_k.
+MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts, int64_t rows);
+// Upper bound of the tiles of a routing with this tile size: sizes the grid for graphs.
+int64_t moe_max_tiles(int64_t num_slots, int64_t num_experts, int64_t tile_tokens);
+
+// True when a config's shared memory fits the device and its pipeline has at least one stage.
+bool fits(const DeviceInfo& dev, int64_t smem_bytes, int stages);
+
+// Known chips for tests and offline planning.
+DeviceInfo sm90_h100();
+DeviceInfo sm90_h200();
+DeviceInfo sm100_b200();
+DeviceInfo sm120_rtx_pro_6000();
+DeviceInfo sm121_gb10();
+
+}  // namespace mx::cuda

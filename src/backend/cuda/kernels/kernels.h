@@ -1,0 +1,146 @@
+// Parameter structs and launchers of the CUDA kernels. Params are plain structs of raw device pointers
+// with int64 sizes; each launcher validates what it can and returns a Status (launch errors included).
+// Included by host code compiled without nvcc: no device code here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernel_configs.h"
+#include "core/status.h"
+
+namespace mx::cuda {
+
+struct EmbeddingParams {
+  const uint16_t* table = nullptr;  // bf16 [vocab, hidden]
+  const int32_t* ids = nullptr;     // [tokens]
+  uint16_t* out = nullptr;          // bf16 [tokens, hidden]
+  int64_t tokens = 0, hidden = 0, vocab = 0;
+};
+Status launch_embedding(const EmbeddingParams& p, cudaStream_t stream);
+
+// out = rms_norm(x) * weight. With `residual` set: residual += delta first, then the norm of the result
+// (x is ignored). fp32 math, bf16 storage.
+struct RmsNormParams {
+  const uint16_t* x = nullptr;       // bf16 [rows, hidden]
+  uint16_t* residual = nullptr;      // bf16 [rows, hidden] or null
+  const uint16_t* delta = nullptr;   // bf16 [rows, hidden] with residual
+  const uint16_t* weight = nullptr;  // bf16 [hidden]
+  uint16_t* out = nullptr;           // bf16 [rows, hidden]
+  int64_t rows = 0, hidden = 0;
+  float eps = 1e-5f;
+};
+Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
+
+struct GatherRowsParams {
+  const uint8_t* x = nullptr;     // [src_rows, row_bytes]
+  const int32_t* rows = nullptr;  // [num_rows]
+  uint8_t* out = nullptr;         // [num_rows, row_bytes]
+  int64_t num_rows = 0, src_rows = 0, row_bytes = 0;
+};
+Status launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream);
+
+// out[r, n] += bias[n] for an f32 output (cuBLASLt's bias epilogue is used for bf16 outputs).
+struct AddBiasParams {
+  float* out = nullptr;             // f32 [rows, cols]
+  const uint16_t* bias = nullptr;   // bf16 [cols]
+  int64_t rows = 0, cols = 0;
+};
+Status launch_add_bias_f32(const AddBiasParams& p, cudaStream_t stream);
+
+// The paged KV cache and the batch, as the attention-side kernels see them.
+struct PagedKv {
+  uint16_t* k = nullptr;             // bf16 [num_pages, page_size, n_kv, head_dim]
+  uint16_t* v = nullptr;             // bf16 [num_pages, page_size, n_kv, head_dim]
+  const int32_t* positions = nullptr;   // [tokens]
+  const int32_t* token_seq = nullptr;   // [tokens]
+  const int32_t* page_table = nullptr;  // [seqs, max_pages]
+  int64_t page_size = 0, max_pages = 0, num_pages = 0;
+};
+
+struct RopeParams {
+  const uint16_t* qkv = nullptr;   // bf16 [tokens, (n_q + 2 n_kv) head_dim]
+  uint16_t* q_out = nullptr;       // bf16 [tokens, n_q head_dim]
+  const float* inv_freq = nullptr; // [head_dim / 2]
+  PagedKv kv;
+  int64_t tokens = 0, n_q = 0, n_kv = 0, head_dim = 0;
+  float rope_scale = 1.0f;
+};
+Status launch_qkv_rope(const RopeParams& p, cudaStream_t stream);
+
+struct AttentionKernelParams {
+  const uint16_t* q = nullptr;      // bf16 [tokens, n_q, head_dim]
+  const uint16_t* sinks = nullptr;  // bf16 [n_q]
+  uint16_t* out = nullptr;          // bf16 [tokens, n_q, head_dim]
+  PagedKv kv;
+  int64_t tokens = 0, n_q = 0, n_kv = 0, head_dim = 0;
+  int64_t window = 0;               // 0 = full causal
+  float scale_log2 = 0;             // softmax_scale * log2(e)
+  float* partials = nullptr;        // decode split-KV scratch: f32 [tokens, n_q, splits, head_dim + 2]
+};
+// Many queries per sequence: FlashAttention-2 on mma.sync. Tokens of a sequence must be contiguous.
+Status launch_attention_prefill(const AttentionKernelParams& p, const AttentionPrefillConfig& c, cudaStream_t stream);
+// Any batch, one CTA per (token, kv head, head block, split); merges splits when there are several.
+Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDecodeConfig& c, cudaStream_t stream);
+
+struct RouterKernelParams {
+  const uint16_t* x = nullptr;       // bf16 [tokens, hidden]
+  const uint16_t* weight = nullptr;  // bf16 [experts, hidden]
+  const uint16_t* bias = nullptr;    // bf16 [experts]
+  float* logits = nullptr;           // f32 [tokens, experts]
+  int32_t* topk_ids = nullptr;       // [tokens, top_k]
+  float* topk_weights = nullptr;     // [tokens, top_k]
+  uint32_t* tickets = nullptr;       // [tokens] zeroed once; the last CTA of a token resets its ticket
+  int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
+};
+// Logits (fp32 accumulation), then top-k and softmax over the k by the last CTA of each token.
+Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream);
+// Top-k + softmax when `logits` already hold x W^T without the bias (large batches through cuBLASLt):
+// adds the bias in fp32 and writes the biased logits back.
+Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream);
+
+// Routing metadata for the expert GEMMs, built on the GPU, deterministic (stable by slot index).
+struct MoeRouting {
+  int32_t* offsets = nullptr;       // [experts + 1] exclusive scan of per-expert slot counts
+  int32_t* sorted_slots = nullptr;  // [slots] slot (token * top_k + j) at each expert-sorted position
+  int32_t* slot_pos = nullptr;      // [slots] inverse of sorted_slots
+  int32_t* tile_expert = nullptr;   // [max_tiles]
+  int32_t* tile_start = nullptr;    // [max_tiles] first sorted position of the tile
+  int32_t* tile_rows = nullptr;     // [max_tiles] routed tokens in the tile (<= tile_tokens)
+  int32_t* num_tiles = nullptr;     // [1]
+};
+struct MoeRoutingParams {
+  const int32_t* topk_ids = nullptr;  // [slots]
+  MoeRouting r;
+  int64_t slots = 0, experts = 0, tile_tokens = 0, max_tiles = 0;
+};
+Status launch_moe_routing(const MoeRoutingParams& p, cudaStream_t stream);
+
+// One expert GEMM over all tiles. Gated (first GEMM): in = x rows gathered by token, out = h [slots, rows/2]
+// after bias + clamped SwiGLU. Second GEMM: in = h by sorted position, out = y [slots, rows] =
+// routing weight * (acc + bias).
+struct MoeGemmParams {
+  const uint8_t* blocks = nullptr;   // kMxfp4SwapAb [E, rows/16, k/64, 32, 16]
+  const uint8_t* scales = nullptr;   // [E, rows/16, k/64, 2, 16]
+  const uint16_t* bias = nullptr;    // bf16 [E, rows] in checkpoint row order
+  const uint16_t* in = nullptr;      // bf16 [*, k]
+  uint16_t* out = nullptr;           // bf16 [slots, gated ? rows / 2 : rows] by sorted position
+  const float* topk_weights = nullptr;  // [slots] (second GEMM)
+  MoeRouting r;
+  int64_t rows = 0, k = 0, top_k = 0, max_tiles = 0;
+  bool gated = false;
+  float swiglu_limit = 7.0f, swiglu_alpha = 1.702f;
+};
+Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t stream);
+
+// out[t] = sum over j < top_k (in router order) of y[slot_pos[t * top_k + j]]: a fixed-order fp32 sum.
+struct MoeCombineParams {
+  const uint16_t* y = nullptr;       // bf16 [slots, hidden]
+  const int32_t* slot_pos = nullptr; // [slots]
+  uint16_t* out = nullptr;           // bf16 [tokens, hidden]
+  int64_t tokens = 0, hidden = 0, top_k = 0;
+};
+Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
+
+}  // namespace mx::cuda

@@ -1,0 +1,233 @@
+// MXFP4 experts on the GPU: routing metadata, the expert GEMMs and the combine.
+//
+// Routing (one CTA): per-expert counts, their scan, tiles of at most 8 routed tokens per expert, and a
+// stable expert sort of the (token, k) slots (ranks from warp match + per-warp counts, so the order inside
+// an expert is by slot index and the whole thing is deterministic). The grid of the GEMMs is sized for the
+// worst case (moe_max_tiles); tiles past the device-side count exit, so captured graphs stay valid.
+// GEMMs ("swap AB", ref-kernels.md 2.6): the weights are the mma A operand (16 rows x 16 k), loaded
+// straight from global memory in the kExpertLayout::kMxfp4SwapAb fragment order, dequantized in registers
+// (two ALU ops per bf16 pair and a bf16x2 multiply by the pre-biased scale); the tile's tokens are the
+// 8-wide B side. A CTA's warps split K and reduce through shared memory in a fixed order.
+// First GEMM epilogue: bias + clamped SwiGLU (gate and up of a channel sit in rows r and r + 8 of a strip).
+// Second GEMM epilogue: (acc + bias) * routing weight. The combine sums a token's k rows in router order.
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kRoutingThreads = 1024;
+constexpr int kMaxExperts = 256;
+constexpr int kTileTokens = 8;
+
+__global__ void __launch_bounds__(kRoutingThreads) moe_routing_kernel(MoeRoutingParams p) {
+  __shared__ int counts[kMaxExperts];
+  __shared__ int cursor[kMaxExperts];
+  __shared__ int tile_base[kMaxExperts];
+  __shared__ int warp_counts[kRoutingThreads / 32][kMaxExperts];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int experts = static_cast<int>(p.experts);
+  const int bm = static_cast<int>(p.tile_tokens);
+  for (int e = tid; e < experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  auto expert_of = [&](int64_t i) {
+    const int e = p.topk_ids[i];
+    return e < 0 || e >= experts ? 0 : e;  // ids come from our router; never index out of bounds
+  };
+  for (int64_t i = tid; i < p.slots; i += blockDim.x) atomicAdd(&counts[expert_of(i)], 1);
+  __syncthreads();
+  if (tid == 0) {
+    int off = 0, tiles = 0;
+    for (int e = 0; e < experts; ++e) {
+      p.r.offsets[e] = off;
+      cursor[e] = off;
+      tile_base[e] = tiles;
+      off += counts[e];
+      tiles += (counts[e] + bm - 1) / bm;
+    }
+    p.r.offsets[experts] = off;
+    *p.r.num_tiles = tiles;
+  }
+  __syncthreads();
+  for (int e = tid; e < experts; e += blockDim.x) {
+    const int n = counts[e], base = tile_base[e], off = cursor[e];
+    for (int j = 0; j * bm < n; ++j) {
+      p.r.tile_expert[base + j] = e;
+      p.r.tile_start[base + j] = off + j * bm;
+      p.r.tile_rows[base + j] = min(bm, n - j * bm);
+    }
+  }
+  // Stable scatter, 1024 slots at a time.
+  for (int64_t chunk = 0; chunk < p.slots; chunk += blockDim.x) {
+    const int64_t i = chunk + tid;
+    const bool valid = i < p.slots;
+    const int e = valid ? expert_of(i) : -1;
+    for (int idx = tid; idx < (kRoutingThreads / 32) * experts; idx += blockDim.x)
+      warp_counts[idx / experts][idx % experts] = 0;
+    __syncthreads();
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    if (valid && rank == 0) warp_counts[warp][e] = __popc(peers);
+    __syncthreads();
+    int total = 0;
+    if (tid < experts) {
+      for (int w = 0; w < kRoutingThreads / 32; ++w) {
+        const int c = warp_counts[w][tid];
+        warp_counts[w][tid] = total;
+        total += c;
+      }
+    }
+    __syncthreads();
+    if (valid) {
+      const int dst = cursor[e] + warp_counts[warp][e] + rank;
+      p.r.sorted_slots[dst] = static_cast<int32_t>(i);
+      p.r.slot_pos[i] = dst;
+    }
+    __syncthreads();
+    if (tid < experts) cursor[tid] += total;
+    __syncthreads();
+  }
+}
+
+template <bool kGated>
+__global__ void moe_gemm_kernel(MoeGemmParams p) {
+  extern __shared__ float red[];  // [k_split - 1][4][32]
+  const int tile = blockIdx.y;
+  if (tile >= *p.r.num_tiles) return;
+  const int e = p.r.tile_expert[tile];
+  const int start = p.r.tile_start[tile];
+  const int n = p.r.tile_rows[tile];
+  const int64_t strip = blockIdx.x, strips = p.rows / 16, n_k = p.k / 64;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k_split = blockDim.x / 32;
+  const int r = lane / 4, q = lane % 4;
+
+  const int64_t per = (n_k + k_split - 1) / k_split;
+  const int64_t t_begin = warp * per, t_end = min(n_k, t_begin + per);
+  const uint8_t* wp = p.blocks + ((e * strips + strip) * n_k) * 512 + lane * 16;
+  const uint8_t* sp = p.scales + ((e * strips + strip) * n_k) * 32 + (q >> 1) * 16 + r;
+  const bool has_token = r < n;
+  const uint16_t* in_row = p.in;
+  if (has_token) {
+    const int64_t src = kGated ? p.r.sorted_slots[start + r] / p.top_k : start + r;
+    in_row = p.in + src * p.k;
+  }
+  const uint4* xr = reinterpret_cast<const uint4*>(in_row) + 2 * q;
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint4 wq = ldg_stream(wp + t * 512);
+    const uint32_t s0 = sp[t * 32], s8 = sp[t * 32 + 8];
+    const uint32_t sc0 = (s0 << 7) | (s0 << 23), sc8 = (s8 << 7) | (s8 << 23);
+    uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
+    if (has_token) {
+      xa = __ldg(xr + t * 8);
+      xb = __ldg(xr + t * 8 + 1);
+    }
+    const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
+    const uint32_t bx[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t v = w4[kk], a[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t bits = (v & 0x80008000u) | ((v & 0x70007000u) >> 6);
+        v <<= 4;
+        a[j] = bf16x2_mul(bits, (j & 1) ? sc8 : sc0);
+      }
+      mma_bf16_16816(acc, a, bx[2 * kk], bx[2 * kk + 1]);
+    }
+  }
+
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[((warp - 1) * 4 + i) * 32 + lane] = acc[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  for (int w = 1; w < k_split; ++w)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += red[((w - 1) * 4 + i) * 32 + lane];
+
+  // acc[0], acc[1]: strip row r, tokens 2q and 2q + 1; acc[2], acc[3]: strip row r + 8, same tokens.
+  if constexpr (kGated) {
+    const int64_t channel = strip * 8 + r, half = p.rows / 2;
+    const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
+    const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = 2 * q + c;
+      if (tok >= n) continue;
+      const float gate = fminf(acc[c] + gate_b, p.swiglu_limit);
+      const float up = fminf(fmaxf(acc[2 + c] + up_b, -p.swiglu_limit), p.swiglu_limit);
+      const float h = gate / (1.0f + expf(-p.swiglu_alpha * gate)) * (up + 1.0f);
+      p.out[(start + tok) * half + channel] = f32_to_bf16_bits(h);
+    }
+  } else {
+    const int64_t row0 = strip * 16 + r;
+    const float b0 = bf16_bits_to_f32(p.bias[e * p.rows + row0]);
+    const float b8 = bf16_bits_to_f32(p.bias[e * p.rows + row0 + 8]);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = 2 * q + c;
+      if (tok >= n) continue;
+      const float w = p.topk_weights[p.r.sorted_slots[start + tok]];
+      uint16_t* out = p.out + (start + tok) * p.rows;
+      out[row0] = f32_to_bf16_bits((acc[c] + b0) * w);
+      out[row0 + 8] = f32_to_bf16_bits((acc[2 + c] + b8) * w);
+    }
+  }
+}
+
+__global__ void moe_combine_kernel(MoeCombineParams p) {
+  const int64_t t = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < p.hidden / 8; i += blockDim.x) {
+    float sum[8] = {};
+    for (int64_t j = 0; j < p.top_k; ++j) {
+      const int64_t pos = p.slot_pos[t * p.top_k + j];
+      const uint4 v = reinterpret_cast<const uint4*>(p.y + pos * p.hidden)[i];
+      const uint16_t* vs = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) sum[c] += bf16_bits_to_f32(vs[c]);
+    }
+    uint16_t o[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) o[c] = f32_to_bf16_bits(sum[c]);
+    reinterpret_cast<uint4*>(p.out + t * p.hidden)[i] = *reinterpret_cast<const uint4*>(o);
+  }
+}
+
+}  // namespace
+
+Status launch_moe_routing(const MoeRoutingParams& p, cudaStream_t stream) {
+  if (p.experts > kMaxExperts) return unimplemented("MoE: at most 256 experts");
+  if (p.tile_tokens != kTileTokens) return internal_error("MoE routing: tiles of 8 tokens expected");
+  if (p.slots == 0) return Status::ok();
+  moe_routing_kernel<<<1, kRoutingThreads, 0, stream>>>(p);
+  return launch_status("moe_routing_kernel");
+}
+
+Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t stream) {
+  if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE GEMM: rows % 16 and k % 64 must be 0");
+  if (c.tile_tokens != kTileTokens || c.k_split < 1 || c.k_split > 32) return internal_error("MoE GEMM: bad config");
+  if (p.max_tiles == 0) return Status::ok();
+  const dim3 grid(static_cast<unsigned>(p.rows / 16), static_cast<unsigned>(p.max_tiles));
+  if (p.gated) {
+    moe_gemm_kernel<true><<<grid, c.threads, c.smem_bytes, stream>>>(p);
+  } else {
+    moe_gemm_kernel<false><<<grid, c.threads, c.smem_bytes, stream>>>(p);
+  }
+  return launch_status("moe_gemm_kernel");
+}
+
+Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
+  if (p.hidden % 8 != 0) return unimplemented("MoE combine: hidden size must be a multiple of 8");
+  if (p.tokens == 0) return Status::ok();
+  moe_combine_kernel<<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
+  return launch_status("moe_combine_kernel");
+}
+
+}  // namespace mx::cuda

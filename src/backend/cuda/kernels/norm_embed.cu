@@ -1,0 +1,126 @@
+// Row-wise kernels: embedding gather, RMSNorm (optionally fused with the residual add), row gather, and the
+// f32 bias add. One CTA per row, 16-byte accesses, fp32 math.
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kRowThreads = 256;
+
+__global__ void embedding_kernel(EmbeddingParams p) {
+  const int64_t t = blockIdx.x;
+  int32_t id = p.ids[t];
+  if (id < 0 || id >= p.vocab) id = 0;  // validated on the host; never read out of bounds
+  const uint4* src = reinterpret_cast<const uint4*>(p.table + id * p.hidden);
+  uint4* dst = reinterpret_cast<uint4*>(p.out + t * p.hidden);
+  for (int64_t i = threadIdx.x; i < p.hidden / 8; i += blockDim.x) dst[i] = src[i];
+}
+
+__device__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += scratch[w];
+  return total;
+}
+
+// Each thread keeps its 8-element chunks in registers between the two passes (hidden <= 8 * 256 * kMaxChunks).
+constexpr int kMaxChunks = 4;
+
+__global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) {
+  __shared__ float scratch[kRowThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int64_t chunks = p.hidden / 8;
+  float v[kMaxChunks][8];
+  float sum_sq = 0;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    if (i >= chunks) break;
+    uint4 a;
+    if (p.residual) {
+      uint4* res = reinterpret_cast<uint4*>(p.residual + row * p.hidden) + i;
+      const uint4 r = *res, d = reinterpret_cast<const uint4*>(p.delta + row * p.hidden)[i];
+      const uint16_t* rs = reinterpret_cast<const uint16_t*>(&r);
+      const uint16_t* ds = reinterpret_cast<const uint16_t*>(&d);
+      uint16_t sum[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum[j] = f32_to_bf16_bits(bf16_bits_to_f32(rs[j]) + bf16_bits_to_f32(ds[j]));
+      a = *reinterpret_cast<const uint4*>(sum);
+      *res = a;
+    } else {
+      a = reinterpret_cast<const uint4*>(p.x + row * p.hidden)[i];
+    }
+    const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[c][j] = bf16_bits_to_f32(as[j]);
+      sum_sq += v[c][j] * v[c][j];
+    }
+  }
+  const float total = block_sum(sum_sq, scratch);
+  const float inv = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    if (i >= chunks) break;
+    const uint4 w = reinterpret_cast<const uint4*>(p.weight)[i];
+    const uint16_t* ws = reinterpret_cast<const uint16_t*>(&w);
+    uint16_t o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(bf16_bits_to_f32(ws[j]) * (v[c][j] * inv));
+    reinterpret_cast<uint4*>(p.out + row * p.hidden)[i] = *reinterpret_cast<const uint4*>(o);
+  }
+}
+
+__global__ void gather_rows_kernel(GatherRowsParams p) {
+  const int64_t r = blockIdx.x;
+  int32_t src = p.rows[r];
+  if (src < 0 || src >= p.src_rows) src = 0;
+  const uint4* s = reinterpret_cast<const uint4*>(p.x + src * p.row_bytes);
+  uint4* d = reinterpret_cast<uint4*>(p.out + r * p.row_bytes);
+  for (int64_t i = threadIdx.x; i < p.row_bytes / 16; i += blockDim.x) d[i] = s[i];
+}
+
+__global__ void add_bias_f32_kernel(AddBiasParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= p.rows * p.cols) return;
+  p.out[i] += bf16_bits_to_f32(p.bias[i % p.cols]);
+}
+
+}  // namespace
+
+Status launch_embedding(const EmbeddingParams& p, cudaStream_t stream) {
+  if (p.hidden % 8 != 0) return unimplemented("embedding: hidden size must be a multiple of 8");
+  if (p.tokens == 0) return Status::ok();
+  embedding_kernel<<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
+  return launch_status("embedding_kernel");
+}
+
+Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
+  if (p.hidden % 8 != 0 || p.hidden > 8 * kRowThreads * kMaxChunks)
+    return unimplemented("rms_norm: hidden size must be a multiple of 8 and at most 8192");
+  if (p.rows == 0) return Status::ok();
+  rms_norm_kernel<<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(p);
+  return launch_status("rms_norm_kernel");
+}
+
+Status launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
+  if (p.row_bytes % 16 != 0) return unimplemented("gather_rows: rows must be a multiple of 16 bytes");
+  if (p.num_rows == 0) return Status::ok();
+  gather_rows_kernel<<<static_cast<unsigned>(p.num_rows), 128, 0, stream>>>(p);
+  return launch_status("gather_rows_kernel");
+}
+
+Status launch_add_bias_f32(const AddBiasParams& p, cudaStream_t stream) {
+  const int64_t n = p.rows * p.cols;
+  if (n == 0) return Status::ok();
+  add_bias_f32_kernel<<<static_cast<unsigned>(ceil_div64(n, 256)), 256, 0, stream>>>(p);
+  return launch_status("add_bias_f32_kernel");
+}
+
+}  // namespace mx::cuda

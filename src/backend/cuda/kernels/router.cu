@@ -1,0 +1,139 @@
+// Router: fp32 logits of x W^T + b (bf16 products, fp32 accumulation), then top-k and a softmax over the
+// k selected logits, ties to the lower expert index (the CPU twin's order).
+// Small batches run one fused launch: CTA (expert block, token) computes 8 logits, and the last CTA of a
+// token to finish (an atomic ticket, reset by that CTA so graph replays start from zero) selects the top-k.
+// Large batches take their logits from cuBLASLt and run the top-k kernel alone.
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kExpertsPerCta = 8;
+constexpr int kMaxExperts = 256;
+constexpr int kMaxTopK = 16;
+
+// Warp-level top-k over `row` (length e_count, in shared or global memory), lane 0 writes the results.
+__device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x % 32;
+  constexpr int kPerLane = kMaxExperts / 32;
+  float v[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < e_count ? row[e] : -INFINITY;
+  }
+  float chosen[kMaxTopK];
+  int chosen_id[kMaxTopK];
+  for (int j = 0; j < top_k; ++j) {
+    float best = -INFINITY;
+    int best_id = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < e_count && (v[i] > best || (v[i] == best && e < best_id))) {
+        best = v[i];
+        best_id = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oid = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oid < best_id)) {
+        best = ob;
+        best_id = oid;
+      }
+    }
+    if (best_id == INT_MAX) best_id = j;  // NaN logits: keep the ids valid; the weights show the NaN
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i == best_id) v[i] = -INFINITY;
+    chosen[j] = best;
+    chosen_id[j] = best_id;
+  }
+  if (lane != 0) return;
+  float sum = 0.f;
+  for (int j = 0; j < top_k; ++j) sum += expf(chosen[j] - chosen[0]);
+  for (int j = 0; j < top_k; ++j) {
+    ids[j] = chosen_id[j];
+    weights[j] = expf(chosen[j] - chosen[0]) / sum;
+  }
+}
+
+__global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(RouterKernelParams p) {
+  const int64_t t = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kExpertsPerCta + warp;
+  if (e < p.experts) {
+    const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
+    const uint4* w = reinterpret_cast<const uint4*>(p.weight + e * p.hidden);
+    float acc = 0.f;
+    for (int64_t i = lane; i < p.hidden / 8; i += 32) {
+      const uint4 xv = x[i], wv = w[i];
+      const uint16_t* xs = reinterpret_cast<const uint16_t*>(&xv);
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(&wv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc = fmaf(bf16_bits_to_f32(xs[j]), bf16_bits_to_f32(ws[j]), acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) p.logits[t * p.experts + e] = acc + bf16_bits_to_f32(p.bias[e]);
+  }
+  // The last CTA of this token selects the top-k.
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned ticket = atomicAdd(p.tickets + t, 1u);
+    last = ticket == gridDim.x - 1;
+    if (last) p.tickets[t] = 0;
+  }
+  __syncthreads();
+  if (!last || warp != 0) return;
+  __threadfence();
+  // Other CTAs' logits are read through L2 (volatile) after their fences.
+  __shared__ float row[kMaxExperts];
+  for (int64_t i = lane; i < p.experts; i += 32) row[i] = *reinterpret_cast<volatile float*>(p.logits + t * p.experts + i);
+  __syncwarp();
+  warp_topk(row, static_cast<int>(p.experts), static_cast<int>(p.top_k), p.topk_ids + t * p.top_k,
+            p.topk_weights + t * p.top_k);
+}
+
+__global__ void topk_softmax_kernel(RouterKernelParams p) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= p.tokens) return;
+  float* row = p.logits + t * p.experts;
+  for (int64_t i = threadIdx.x % 32; i < p.experts; i += 32) row[i] += bf16_bits_to_f32(p.bias[i]);
+  __syncwarp();
+  warp_topk(row, static_cast<int>(p.experts), static_cast<int>(p.top_k), p.topk_ids + t * p.top_k,
+            p.topk_weights + t * p.top_k);
+}
+
+Status check(const RouterKernelParams& p) {
+  if (p.experts > kMaxExperts || p.top_k > kMaxTopK || p.top_k > p.experts || p.top_k < 1)
+    return unimplemented("router: at most 256 experts and top-k in [1, 16]");
+  if (p.hidden % 8 != 0) return unimplemented("router: hidden size must be a multiple of 8");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
+  MX_RETURN_IF_ERROR(check(p));
+  if (p.tokens == 0) return Status::ok();
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.experts, kExpertsPerCta)), static_cast<unsigned>(p.tokens));
+  router_topk_kernel<<<grid, 32 * kExpertsPerCta, 0, stream>>>(p);
+  return launch_status("router_topk_kernel");
+}
+
+Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream) {
+  MX_RETURN_IF_ERROR(check(p));
+  if (p.tokens == 0) return Status::ok();
+  topk_softmax_kernel<<<static_cast<unsigned>(ceil_div64(p.tokens, 8)), 256, 0, stream>>>(p);
+  return launch_status("topk_softmax_kernel");
+}
+
+}  // namespace mx::cuda
