@@ -1,0 +1,319 @@
+// Every CUDA op against its CPU twin on fresh random inputs: outputs poisoned with NaN first, odd sizes,
+// page-boundary shapes, long contexts past the sliding window, decode (split-KV) and prefill paths.
+#include <algorithm>
+#include <numeric>
+
+#include "backend/kv_cache.h"
+#include "core/dtype.h"
+#include "gpu_test_util.h"
+#include "model/rope.h"
+#include "runtime/batch_staging.h"
+
+namespace mx::gpu_test {
+namespace {
+
+std::string shape_str(std::initializer_list<int64_t> dims) {
+  std::string s;
+  for (int64_t d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s;
+}
+
+class KernelTest : public ::testing::Test {
+ protected:
+  KernelTest() : cpu_(cpu_backend()), cuda_(cuda_backend()), rng_(std::random_device{}()) {}
+  Arena cpu_, cuda_;
+  std::mt19937 rng_;
+};
+
+TEST_F(KernelTest, EmbeddingAndGather) {
+  const int64_t vocab = 1000, h = 320, t = 37;
+  Bf16Data table = random_bf16(rng_, vocab * h, 1.0f);
+  std::vector<int32_t> ids(t);
+  for (auto& id : ids) id = static_cast<int32_t>(rng_() % vocab);
+  Pair tab = upload_activation(cpu_, cuda_, table, {vocab, h});
+  TensorView ids_c = cpu_.upload(DType::kI32, {t}, ids.data()), ids_g = cuda_.upload(DType::kI32, {t}, ids.data());
+  // The CPU embedding reads a bf16 table; give both the bf16 bits.
+  TensorView tab_cpu = cpu_.upload(DType::kBF16, {vocab, h}, table.bits.data());
+  TensorView out_c = cpu_.make(DType::kF32, {t, h}), out_g = cuda_.make(DType::kBF16, {t, h});
+  ASSERT_TRUE(cpu_backend().embedding(tab_cpu, ids_c, out_c).is_ok());
+  ASSERT_TRUE(cuda_backend().embedding(tab.cuda, ids_g, out_g).is_ok());
+  check("embedding", shape_str({vocab, h, t}), cuda_.download_f32(out_g), cpu_.download_f32(out_c), 0.0);
+
+  std::vector<int32_t> rows = {5, 0, 36, 17, 17};
+  TensorView rows_c = cpu_.upload(DType::kI32, {5}, rows.data()), rows_g = cuda_.upload(DType::kI32, {5}, rows.data());
+  TensorView g_c = cpu_.make(DType::kF32, {5, h}), g_g = cuda_.make(DType::kBF16, {5, h});
+  ASSERT_TRUE(cpu_backend().gather_rows(out_c, rows_c, g_c).is_ok());
+  ASSERT_TRUE(cuda_backend().gather_rows(out_g, rows_g, g_g).is_ok());
+  check("gather_rows", "5 of 37 rows", cuda_.download_f32(g_g), cpu_.download_f32(g_c), 0.0);
+}
+
+TEST_F(KernelTest, RmsNormAndResidualAdd) {
+  for (int64_t h : {320, 2880}) {
+    const int64_t rows = 33;
+    Bf16Data x = random_bf16(rng_, rows * h, 2.0f), d = random_bf16(rng_, rows * h, 1.0f), w = random_bf16(rng_, h, 1.0f);
+    Pair px = upload_activation(cpu_, cuda_, x, {rows, h}), pd = upload_activation(cpu_, cuda_, d, {rows, h});
+    TensorView w_c = cpu_.upload(DType::kBF16, {h}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {h}, w.bits.data());
+    TensorView o_c = cpu_.make(DType::kF32, {rows, h}), o_g = cuda_.make(DType::kBF16, {rows, h});
+    ASSERT_TRUE(cpu_backend().rms_norm(px.cpu, w_c, 1e-5f, o_c).is_ok());
+    ASSERT_TRUE(cuda_backend().rms_norm(px.cuda, w_g, 1e-5f, o_g).is_ok());
+    check("rms_norm", shape_str({rows, h}), cuda_.download_f32(o_g), cpu_.download_f32(o_c), 5e-3);
+    ASSERT_TRUE(cpu_backend().add_rms_norm(px.cpu, pd.cpu, w_c, 1e-5f, o_c).is_ok());
+    ASSERT_TRUE(cuda_backend().add_rms_norm(px.cuda, pd.cuda, w_g, 1e-5f, o_g).is_ok());
+    check("add_rms_norm out", shape_str({rows, h}), cuda_.download_f32(o_g), cpu_.download_f32(o_c), 5e-3);
+    check("add_rms_norm residual", shape_str({rows, h}), cuda_.download_f32(px.cuda), cpu_.download_f32(px.cpu), 5e-3);
+  }
+}
+
+TEST_F(KernelTest, Linear) {
+  struct Case {
+    int64_t m, n, k;
+    bool bias, f32;
+  };
+  for (const Case& c : {Case{1, 5120, 2880, true, false}, Case{7, 640, 320, true, false}, Case{64, 2880, 4096, true, false},
+                        Case{3, 1024, 256, false, true}, Case{33, 200, 320, true, true}}) {
+    Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
+    Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
+    TensorView w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()),
+               w_g = cuda_.upload(DType::kBF16, {c.n, c.k}, w.bits.data());
+    TensorView b_c, b_g;
+    if (c.bias) {
+      b_c = cpu_.upload(DType::kBF16, {c.n}, b.bits.data());
+      b_g = cuda_.upload(DType::kBF16, {c.n}, b.bits.data());
+    }
+    TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n}), o_g = cuda_.make(c.f32 ? DType::kF32 : DType::kBF16, {c.m, c.n});
+    ASSERT_TRUE(cpu_backend().linear(px.cpu, w_c, b_c, o_c).is_ok());
+    ASSERT_TRUE(cuda_backend().linear(px.cuda, w_g, b_g, o_g).is_ok());
+    check("linear", shape_str({c.m, c.n, c.k}) + (c.bias ? " bias" : "") + (c.f32 ? " f32-out" : " bf16-out"),
+          cuda_.download_f32(o_g), cpu_.download_f32(o_c), c.f32 ? 1e-4 : 5e-3);
+  }
+}
+
+// Builds the same batch and paged cache on both backends.
+struct PagedSetup {
+  std::vector<std::vector<int32_t>> tokens, pages;
+  std::vector<BatchSequence> seqs;
+  int64_t num_pages = 0, max_pages = 0, total = 0;
+};
+
+PagedSetup make_paged(std::mt19937& rng, const std::vector<std::pair<int64_t, int64_t>>& spans, int64_t page_size) {
+  PagedSetup s;
+  for (auto [start, len] : spans) {
+    const int64_t pages = (start + len + page_size - 1) / page_size;
+    s.max_pages = std::max(s.max_pages, pages);
+    s.num_pages += pages;
+    s.total += len;
+  }
+  s.num_pages += 3;  // spare pages nobody owns
+  std::vector<int32_t> perm(static_cast<size_t>(s.num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  for (auto [start, len] : spans) {
+    const int64_t pages = (start + len + page_size - 1) / page_size;
+    s.pages.emplace_back(perm.begin() + next, perm.begin() + next + pages);
+    next += pages;
+    s.tokens.emplace_back(static_cast<size_t>(len), 0);
+  }
+  for (size_t i = 0; i < spans.size(); ++i) s.seqs.push_back({s.tokens[i], spans[i].first, s.pages[i], false, false});
+  return s;
+}
+
+struct AttnCase {
+  std::string name;
+  int64_t n_q, n_kv, hd, window, page_size;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (cached tokens, new tokens) per sequence
+};
+
+void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c) {
+  PagedSetup s = make_paged(rng, c.spans, c.page_size);
+  const int64_t T = s.total, S = static_cast<int64_t>(c.spans.size());
+  const BatchLimits lim{T, S, s.max_pages, T};
+  auto st_c = BatchStaging::create(cpu.backend(), lim);
+  auto st_g = BatchStaging::create(cuda.backend(), lim);
+  ASSERT_TRUE(st_c.is_ok() && st_g.is_ok());
+  auto batch_c = st_c->stage(s.seqs);
+  auto batch_g = st_g->stage(s.seqs);
+  ASSERT_TRUE(batch_c.is_ok() && batch_g.is_ok());
+  const Shape cache_shape{s.num_pages, c.page_size, c.n_kv, c.hd};
+  Bf16Data k = random_bf16(rng, cache_shape.numel(), 1.0f), v = random_bf16(rng, cache_shape.numel(), 1.0f);
+  Bf16Data q = random_bf16(rng, T * c.n_q * c.hd, 1.0f), sinks = random_bf16(rng, c.n_q, 1.0f);
+  Pair pk = upload_activation(cpu, cuda, k, cache_shape), pv = upload_activation(cpu, cuda, v, cache_shape);
+  Pair pq = upload_activation(cpu, cuda, q, {T, c.n_q * c.hd});
+  TensorView sk_c = cpu.upload(DType::kBF16, {c.n_q}, sinks.bits.data()),
+             sk_g = cuda.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+  TensorView o_c = cpu.make(DType::kF32, {T, c.n_q * c.hd}), o_g = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  AttentionParams a_c{pq.cpu, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
+  AttentionParams a_g{pq.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
+  ASSERT_TRUE(cpu.backend().attention(a_c, *batch_c).is_ok());
+  const Status st = cuda.backend().attention(a_g, *batch_g);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  check("attention " + std::string(T == S ? "decode" : "prefill"), c.name, cuda.download_f32(o_g), cpu.download_f32(o_c),
+        1e-2);
+}
+
+TEST_F(KernelTest, AttentionPrefill) {
+  const std::vector<AttnCase> cases = {
+      {"gpt-oss hd64 g8 full, 3 seqs, P16", 16, 2, 64, 0, 16, {{0, 37}, {0, 64}, {0, 5}}},
+      {"hd64 g8 window 16, chunked (cached ctx)", 16, 2, 64, 16, 16, {{100, 20}, {0, 70}, {33, 1}}},
+      {"hd64 g8 window 128, 300 tok, P32", 64, 8, 64, 128, 32, {{0, 300}}},
+      {"hd32 g2 full, odd page 5", 6, 3, 32, 0, 5, {{0, 23}, {7, 40}, {0, 1}}},
+      {"hd32 g2 window 8, mixed decode+prefill", 6, 3, 32, 8, 4, {{50, 1}, {0, 19}, {9, 1}, {3, 12}}},
+      {"hd64 g3 (odd group) full", 6, 2, 64, 0, 16, {{0, 45}, {20, 30}}},
+      {"hd64 g8 long ctx 2000+64, window 128", 16, 2, 64, 128, 16, {{2000, 64}}},
+  };
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
+}
+
+TEST_F(KernelTest, AttentionDecode) {
+  const std::vector<AttnCase> cases = {
+      {"gpt-oss hd64 g8 full, 1 seq ctx 1000", 64, 8, 64, 0, 16, {{999, 1}}},
+      {"hd64 g8 full, 4 seqs ctx 1..5000 (splits)", 16, 2, 64, 0, 16, {{0, 1}, {63, 1}, {64, 1}, {4999, 1}}},
+      {"hd64 g8 window 128, ctx 20000", 16, 2, 64, 128, 32, {{19999, 1}, {127, 1}, {128, 1}}},
+      {"hd32 g2 window 8, page 4", 6, 3, 32, 8, 4, {{0, 1}, {7, 1}, {8, 1}, {100, 1}}},
+      {"hd32 g2 full ctx 3001, odd page 5", 6, 3, 32, 0, 5, {{3000, 1}, {1, 1}}},
+      {"hd64 g8 full, 40 seqs ctx 10000", 16, 2, 64, 0, 16, std::vector<std::pair<int64_t, int64_t>>(40, {9999, 1})},
+  };
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
+}
+
+TEST_F(KernelTest, QkvRope) {
+  YarnRope rope;
+  rope.factor = 32;
+  const int64_t n_q = 16, n_kv = 2, hd = 64, page = 16;
+  const RopeTables tables = compute_yarn_rope(rope, hd);
+  PagedSetup s = make_paged(rng_, {{0, 20}, {100000, 3}, {5, 1}, {4095, 9}}, page);
+  const int64_t T = s.total, S = 4, width = (n_q + 2 * n_kv) * hd;
+  const BatchLimits lim{T, S, s.max_pages, T};
+  auto st_c = BatchStaging::create(cpu_backend(), lim);
+  auto st_g = BatchStaging::create(cuda_backend(), lim);
+  auto b_c = st_c->stage(s.seqs);
+  auto b_g = st_g->stage(s.seqs);
+  ASSERT_TRUE(b_c.is_ok() && b_g.is_ok());
+  Bf16Data qkv = random_bf16(rng_, T * width, 1.0f);
+  Pair p = upload_activation(cpu_, cuda_, qkv, {T, width});
+  const Shape cache{s.num_pages, page, n_kv, hd};
+  TensorView k_c = cpu_.make(DType::kF32, cache), v_c = cpu_.make(DType::kF32, cache);
+  TensorView k_g = cuda_.make(DType::kBF16, cache), v_g = cuda_.make(DType::kBF16, cache);
+  TensorView q_c = cpu_.make(DType::kF32, {T, n_q * hd}), q_g = cuda_.make(DType::kBF16, {T, n_q * hd});
+  const int64_t half = hd / 2;
+  TensorView f_c = cpu_.upload(DType::kF32, {half}, tables.inv_freq.data()),
+             f_g = cuda_.upload(DType::kF32, {half}, tables.inv_freq.data());
+  ASSERT_TRUE(cpu_backend().qkv_rope({p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd}, *b_c).is_ok());
+  ASSERT_TRUE(cuda_backend().qkv_rope({p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd}, *b_g).is_ok());
+  check("qkv_rope q", "4 seqs, positions to 100002", cuda_.download_f32(q_g), cpu_.download_f32(q_c), 5e-3);
+  // Only the written slots of the cache are defined.
+  const auto kc = cpu_.download_f32(k_c), vc = cpu_.download_f32(v_c), kg = cuda_.download_f32(k_g), vg = cuda_.download_f32(v_g);
+  std::vector<float> wk_c, wk_g, wv_c, wv_g;
+  for (size_t i = 0; i < s.seqs.size(); ++i)
+    for (int64_t j = 0; j < static_cast<int64_t>(s.tokens[i].size()); ++j) {
+      const int64_t pos = s.seqs[i].start_position + j;
+      const int64_t off = (s.pages[i][pos / page] * page + pos % page) * n_kv * hd;
+      wk_c.insert(wk_c.end(), kc.begin() + off, kc.begin() + off + n_kv * hd);
+      wk_g.insert(wk_g.end(), kg.begin() + off, kg.begin() + off + n_kv * hd);
+      wv_c.insert(wv_c.end(), vc.begin() + off, vc.begin() + off + n_kv * hd);
+      wv_g.insert(wv_g.end(), vg.begin() + off, vg.begin() + off + n_kv * hd);
+    }
+  check("qkv_rope k cache", "rotated keys at token slots", wk_g, wk_c, 5e-3);
+  check("qkv_rope v cache", "values at token slots", wv_g, wv_c, 0.0);
+}
+
+TEST_F(KernelTest, RouterTopK) {
+  const int64_t e = 32, h = 2880, k = 4;
+  for (int64_t t : {1, 5, 32, 77}) {
+    Bf16Data x = random_bf16(rng_, t * h, 1.0f), w = random_bf16(rng_, e * h, 0.05f), b = random_bf16(rng_, e, 0.5f);
+    Pair px = upload_activation(cpu_, cuda_, x, {t, h});
+    TensorView w_c = cpu_.upload(DType::kBF16, {e, h}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {e, h}, w.bits.data());
+    TensorView b_c = cpu_.upload(DType::kBF16, {e}, b.bits.data()), b_g = cuda_.upload(DType::kBF16, {e}, b.bits.data());
+    RouterParams r_c{px.cpu, w_c, b_c, cpu_.make(DType::kF32, {t, e}), cpu_.make(DType::kI32, {t, k}),
+                     cpu_.make(DType::kF32, {t, k}), k};
+    RouterParams r_g{px.cuda, w_g, b_g, cuda_.make(DType::kF32, {t, e}), cuda_.make(DType::kI32, {t, k}),
+                     cuda_.make(DType::kF32, {t, k}), k};
+    ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
+    ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok());
+    const std::string what = std::to_string(t) + " tokens, 32 experts, top-4" + (t > 32 ? " (cuBLASLt logits)" : " (fused)");
+    check("router logits", what, cuda_.download_f32(r_g.logits), cpu_.download_f32(r_c.logits), 1e-4);
+    check("router weights", what, cuda_.download_f32(r_g.topk_weights), cpu_.download_f32(r_c.topk_weights), 1e-4);
+    const auto ids_c = cpu_.download_bytes(r_c.topk_ids), ids_g = cuda_.download_bytes(r_g.topk_ids);
+    const bool same = ids_c == ids_g;
+    record("router ids", what + (same ? " identical" : " DIFFER"), same ? 0 : 1, 0, 0, same);
+    EXPECT_TRUE(same);
+  }
+}
+
+// Random MXFP4 experts in the checkpoint layout (host memory).
+struct HostExperts {
+  std::vector<uint8_t> w1b, w1s, w2b, w2s;
+  Bf16Data b1, b2;
+  ExpertWeights view;
+};
+
+void make_experts(std::mt19937& rng, int64_t E, int64_t H, int64_t I, HostExperts* x) {
+  auto bytes = [&](int64_t n, int lo, int hi) {
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    for (auto& b : v) b = static_cast<uint8_t>(lo + static_cast<int>(rng() % (hi - lo + 1)));
+    return v;
+  };
+  x->w1b = bytes(E * 2 * I * H / 2, 0, 255);
+  x->w1s = bytes(E * 2 * I * H / 32, 118, 128);
+  x->w2b = bytes(E * H * I / 2, 0, 255);
+  x->w2s = bytes(E * H * I / 32, 118, 128);
+  x->b1 = random_bf16(rng, E * 2 * I, 0.5f);
+  x->b2 = random_bf16(rng, E * H, 0.5f);
+  ExpertWeights& w = x->view;
+  w.w1_blocks = TensorView(x->w1b.data(), DType::kU8, {E, 2 * I, H / 32, 16});
+  w.w1_scales = TensorView(x->w1s.data(), DType::kU8, {E, 2 * I, H / 32});
+  w.w1_bias = TensorView(x->b1.bits.data(), DType::kBF16, {E, 2 * I});
+  w.w2_blocks = TensorView(x->w2b.data(), DType::kU8, {E, H, I / 32, 16});
+  w.w2_scales = TensorView(x->w2s.data(), DType::kU8, {E, H, I / 32});
+  w.w2_bias = TensorView(x->b2.bits.data(), DType::kBF16, {E, H});
+  w.num_experts = E;
+  w.hidden = H;
+  w.intermediate = I;
+}
+
+TEST_F(KernelTest, MoeExperts) {
+  struct Case {
+    int64_t E, H, I, k, T;
+    bool skewed;  // every token to the same experts: many 8-token tiles per expert
+  };
+  for (const Case& c : {Case{8, 256, 192, 4, 1, false}, Case{8, 256, 192, 4, 3, false}, Case{8, 320, 192, 2, 17, false},
+                        Case{8, 256, 256, 4, 64, true}, Case{6, 320, 192, 2, 301, false}, Case{32, 2880, 2880, 4, 8, false}}) {
+    HostExperts hx;
+    make_experts(rng_, c.E, c.H, c.I, &hx);
+    std::vector<Buffer> owner;
+    auto up = cuda_backend().upload_experts(hx.view, &owner);
+    ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+    std::vector<int32_t> ids(static_cast<size_t>(c.T * c.k));
+    std::vector<float> weights(ids.size());
+    std::vector<int32_t> order(static_cast<size_t>(c.E));
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t t = 0; t < c.T; ++t) {
+      if (!c.skewed) std::shuffle(order.begin(), order.end(), rng_);
+      float sum = 0;
+      for (int64_t j = 0; j < c.k; ++j) {
+        ids[t * c.k + j] = order[j];
+        weights[t * c.k + j] = 0.1f + static_cast<float>(rng_() % 1000) / 1000.0f;
+        sum += weights[t * c.k + j];
+      }
+      for (int64_t j = 0; j < c.k; ++j) weights[t * c.k + j] /= sum;
+    }
+    Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
+    Pair px = upload_activation(cpu_, cuda_, x, {c.T, c.H});
+    TensorView id_c = cpu_.upload(DType::kI32, {c.T, c.k}, ids.data()), id_g = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data());
+    TensorView w_c = cpu_.upload(DType::kF32, {c.T, c.k}, weights.data()),
+               w_g = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
+    TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H}), o_g = cuda_.make(DType::kBF16, {c.T, c.H});
+    MoeParams m_c{px.cpu, id_c, w_c, &hx.view, o_c, c.k, 7.0f, 1.702f};
+    MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
+    ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
+    const Status st = cuda_backend().moe_experts(m_g);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                             (c.skewed ? " skewed" : ""),
+          cuda_.download_f32(o_g), cpu_.download_f32(o_c), 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace mx::gpu_test
