@@ -123,6 +123,9 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
   virtual DType activation_dtype() const = 0;  // f32 on the CPU reference, bf16 on CUDA
+  // The residual stream's dtype (embedding output, rms_norm input, add_rms_norm's residual). CUDA keeps it
+  // in f32: a bf16 residual perturbs router logits enough to flip near-tied experts (tiny fixture, layer 0).
+  virtual DType residual_dtype() const { return activation_dtype(); }
   virtual DType kv_dtype() const = 0;
 
   // Memory.
@@ -138,9 +141,9 @@ class Backend {
   virtual Result<ExpertWeights> upload_experts(const ExpertWeights& host, std::vector<Buffer>* owner) = 0;
 
   // Ops.
-  // out[t] = table[token_ids[t]]; table [V, H] bf16.
+  // out[t] = table[token_ids[t]]; table [V, H] bf16; out in residual_dtype().
   virtual Status embedding(const TensorView& table, const TensorView& token_ids, TensorView out) = 0;
-  // out = rms_norm(x) * weight (fp32 math); weight bf16 [H].
+  // out = rms_norm(x) * weight (fp32 math); weight bf16 [H]; x in residual_dtype(), out in activation_dtype().
   virtual Status rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) = 0;
   // residual += delta, then out = rms_norm(residual) * weight.
   virtual Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,

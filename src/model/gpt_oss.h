@@ -21,7 +21,7 @@ struct ForwardWorkspace {
   int64_t max_tokens = 0;
   int64_t max_logit_rows = 0;
   std::vector<Buffer> buffers;
-  TensorView residual;      // [max_tokens, H] the residual stream
+  TensorView residual;      // [max_tokens, H] the residual stream (backend residual_dtype)
   TensorView normed;        // [max_tokens, H] norm output feeding the next projection
   TensorView qkv;           // [max_tokens, (n_q + 2 n_kv) * head_dim]
   TensorView q;             // [max_tokens, n_q * head_dim]

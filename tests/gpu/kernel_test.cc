@@ -37,7 +37,10 @@ TEST_F(KernelTest, EmbeddingAndGather) {
   TensorView out_c = cpu_.make(DType::kF32, {t, h}), out_g = cuda_.make(DType::kBF16, {t, h});
   ASSERT_TRUE(cpu_backend().embedding(tab_cpu, ids_c, out_c).is_ok());
   ASSERT_TRUE(cuda_backend().embedding(tab.cuda, ids_g, out_g).is_ok());
-  check("embedding", shape_str({vocab, h, t}), cuda_.download_f32(out_g), cpu_.download_f32(out_c), 0.0);
+  check("embedding", shape_str({vocab, h, t}) + " bf16 out", cuda_.download_f32(out_g), cpu_.download_f32(out_c), 0.0);
+  TensorView out_f = cuda_.make(DType::kF32, {t, h});
+  ASSERT_TRUE(cuda_backend().embedding(tab.cuda, ids_g, out_f).is_ok());
+  check("embedding", shape_str({vocab, h, t}) + " f32 out", cuda_.download_f32(out_f), cpu_.download_f32(out_c), 0.0);
 
   std::vector<int32_t> rows = {5, 0, 36, 17, 17};
   TensorView rows_c = cpu_.upload(DType::kI32, {5}, rows.data()), rows_g = cuda_.upload(DType::kI32, {5}, rows.data());
@@ -48,19 +51,29 @@ TEST_F(KernelTest, EmbeddingAndGather) {
 }
 
 TEST_F(KernelTest, RmsNormAndResidualAdd) {
-  for (int64_t h : {320, 2880}) {
+  for (int64_t h : {320, 2880, 4096}) {
     const int64_t rows = 33;
+    const bool f32_residual = h != 320;  // the CUDA backend's residual stream is f32; bf16 is supported too
     Bf16Data x = random_bf16(rng_, rows * h, 2.0f), d = random_bf16(rng_, rows * h, 1.0f), w = random_bf16(rng_, h, 1.0f);
-    Pair px = upload_activation(cpu_, cuda_, x, {rows, h}), pd = upload_activation(cpu_, cuda_, d, {rows, h});
+    if (f32_residual) {
+      std::normal_distribution<float> dist(0.0f, 2.0f);
+      for (auto& v : x.values) v = dist(rng_);  // not bf16-representable: the f32 path must keep the bits
+    }
+    Pair px = f32_residual ? Pair{cpu_.upload(DType::kF32, {rows, h}, x.values.data()),
+                                  cuda_.upload(DType::kF32, {rows, h}, x.values.data())}
+                           : upload_activation(cpu_, cuda_, x, {rows, h});
+    Pair pd = upload_activation(cpu_, cuda_, d, {rows, h});
     TensorView w_c = cpu_.upload(DType::kBF16, {h}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {h}, w.bits.data());
     TensorView o_c = cpu_.make(DType::kF32, {rows, h}), o_g = cuda_.make(DType::kBF16, {rows, h});
     ASSERT_TRUE(cpu_backend().rms_norm(px.cpu, w_c, 1e-5f, o_c).is_ok());
     ASSERT_TRUE(cuda_backend().rms_norm(px.cuda, w_g, 1e-5f, o_g).is_ok());
-    check("rms_norm", shape_str({rows, h}), cuda_.download_f32(o_g), cpu_.download_f32(o_c), 5e-3);
+    const std::string res = f32_residual ? " f32 residual" : " bf16 residual";
+    check("rms_norm", shape_str({rows, h}) + res, cuda_.download_f32(o_g), cpu_.download_f32(o_c), 5e-3);
     ASSERT_TRUE(cpu_backend().add_rms_norm(px.cpu, pd.cpu, w_c, 1e-5f, o_c).is_ok());
     ASSERT_TRUE(cuda_backend().add_rms_norm(px.cuda, pd.cuda, w_g, 1e-5f, o_g).is_ok());
-    check("add_rms_norm out", shape_str({rows, h}), cuda_.download_f32(o_g), cpu_.download_f32(o_c), 5e-3);
-    check("add_rms_norm residual", shape_str({rows, h}), cuda_.download_f32(px.cuda), cpu_.download_f32(px.cpu), 5e-3);
+    check("add_rms_norm out", shape_str({rows, h}) + res, cuda_.download_f32(o_g), cpu_.download_f32(o_c), 5e-3);
+    check("add_rms_norm residual", shape_str({rows, h}) + res, cuda_.download_f32(px.cuda), cpu_.download_f32(px.cpu),
+          f32_residual ? 1e-6 : 5e-3);
   }
 }
 

@@ -4,6 +4,7 @@
 // bucket) equal to eager execution bit for bit.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <numeric>
 
 #include "gpu_test_util.h"
@@ -85,7 +86,20 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
   auto logits_buf = b.allocate(total * c.vocab_size * 4);
   ASSERT_TRUE(logits_buf.is_ok());
   TensorView logits = logits_buf->view(DType::kF32, {total, c.vocab_size});
-  const Status st = model_->forward(*batch, *kv, *ws, logits);
+  // Hidden states after each layer, for localizing an error (the reference has them all).
+  std::map<int64_t, std::vector<float>> hidden;
+  HiddenObserver observer = [&](int64_t index, const TensorView& h) {
+    auto& dst = hidden[index];
+    dst.resize(static_cast<size_t>(h.numel()));
+    if (h.dtype() == DType::kF32) {
+      MX_CHECK_OK(b.copy_to_host(dst.data(), h));
+      return;
+    }
+    std::vector<uint16_t> bits(static_cast<size_t>(h.numel()));
+    MX_CHECK_OK(b.copy_to_host(bits.data(), h));
+    for (size_t j = 0; j < bits.size(); ++j) dst[j] = bf16_to_f32(bits[j]);
+  };
+  const Status st = model_->forward(*batch, *kv, *ws, logits, &observer);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   std::vector<float> host(static_cast<size_t>(total * c.vocab_size));
   ASSERT_TRUE(b.copy_to_host(host.data(), logits).is_ok());
@@ -101,6 +115,22 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
     const double err = rel_l2(host.data() + row * c.vocab_size, want.ptr<const float>(), want.numel());
     const double tol = 1.25 * ref_err;
     const bool pass = err <= tol;
+    std::string layers;
+    for (int64_t l = 0; l <= c.num_layers; ++l) {
+      const TensorView want_h = ref(p + "_hidden_" + std::to_string(l));
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %.2e", rel_l2(hidden[l].data() + row * c.hidden_size, want_h.ptr<const float>(), want_h.numel()));
+      layers += buf;
+    }
+    std::string worst;
+    for (int64_t t = 0; t < len; ++t) {
+      const double e = rel_l2(host.data() + (row + t) * c.vocab_size, want.ptr<const float>() + t * c.vocab_size, c.vocab_size);
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %lld:%.3f", static_cast<long long>(t), e);
+      worst += buf;
+    }
+    std::printf("[fixture] %s %s hidden rel-L2 by layer:%s\n  per-position logits rel-L2:%s\n", GetParam().c_str(), p.c_str(),
+                layers.c_str(), worst.c_str());
     record("fixture logits", GetParam() + " " + p + " (" + std::to_string(len) + " tok), tol 1.25x bf16 ref", err, 0, tol, pass);
     EXPECT_TRUE(pass) << p << ": rel-L2 " << err << " vs transformers-bf16 " << ref_err;
     row += len;

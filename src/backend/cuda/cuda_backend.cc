@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
   DType activation_dtype() const override { return DType::kBF16; }
+  DType residual_dtype() const override { return DType::kF32; }
   DType kv_dtype() const override { return DType::kBF16; }
 
   Result<Buffer> allocate(int64_t bytes) override {
@@ -149,18 +150,19 @@ class CudaBackend final : public Backend {
 
   Status embedding(const TensorView& table, const TensorView& token_ids, TensorView out) override {
     expect(table, DType::kBF16, "embedding table");
-    expect(out, DType::kBF16, "embedding out");
-    return launch_embedding({ptr<const uint16_t>(table), ptr<const int32_t>(token_ids), ptr<uint16_t>(out),
-                             token_ids.numel(), table.dim(1), table.dim(0)},
+    MX_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
+    return launch_embedding({ptr<const uint16_t>(table), ptr<const int32_t>(token_ids), out.data(), token_ids.numel(),
+                             table.dim(1), table.dim(0), out.dtype() == DType::kF32},
                             stream_.get());
   }
 
   Status rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) override {
-    expect(x, DType::kBF16, "rms_norm x");
+    MX_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) << dtype_name(x.dtype());
     expect(out, DType::kBF16, "rms_norm out");
     const int64_t h = x.dim(-1);
     RmsNormParams p;
-    p.x = ptr<const uint16_t>(x);
+    p.x = x.data();
+    p.residual_f32 = x.dtype() == DType::kF32;
     p.weight = ptr<const uint16_t>(weight);
     p.out = ptr<uint16_t>(out);
     p.rows = x.numel() / h;
@@ -171,11 +173,13 @@ class CudaBackend final : public Backend {
 
   Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                       TensorView out) override {
-    expect(residual, DType::kBF16, "residual");
+    MX_CHECK(residual.dtype() == DType::kF32 || residual.dtype() == DType::kBF16) << dtype_name(residual.dtype());
     expect(delta, DType::kBF16, "delta");
+    expect(out, DType::kBF16, "add_rms_norm out");
     const int64_t h = residual.dim(-1);
     RmsNormParams p;
-    p.residual = ptr<uint16_t>(residual);
+    p.residual = residual.data();
+    p.residual_f32 = residual.dtype() == DType::kF32;
     p.delta = ptr<const uint16_t>(delta);
     p.weight = ptr<const uint16_t>(weight);
     p.out = ptr<uint16_t>(out);

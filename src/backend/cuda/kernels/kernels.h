@@ -15,21 +15,23 @@ namespace mx::cuda {
 struct EmbeddingParams {
   const uint16_t* table = nullptr;  // bf16 [vocab, hidden]
   const int32_t* ids = nullptr;     // [tokens]
-  uint16_t* out = nullptr;          // bf16 [tokens, hidden]
+  void* out = nullptr;              // [tokens, hidden], f32 when out_f32 else bf16
   int64_t tokens = 0, hidden = 0, vocab = 0;
+  bool out_f32 = false;
 };
 Status launch_embedding(const EmbeddingParams& p, cudaStream_t stream);
 
 // out = rms_norm(x) * weight. With `residual` set: residual += delta first, then the norm of the result
-// (x is ignored). fp32 math, bf16 storage.
+// (x is ignored). fp32 math; x and residual are f32 when `residual_f32`, else bf16; out is bf16.
 struct RmsNormParams {
-  const uint16_t* x = nullptr;       // bf16 [rows, hidden]
-  uint16_t* residual = nullptr;      // bf16 [rows, hidden] or null
+  const void* x = nullptr;           // [rows, hidden]
+  void* residual = nullptr;          // [rows, hidden] or null
   const uint16_t* delta = nullptr;   // bf16 [rows, hidden] with residual
   const uint16_t* weight = nullptr;  // bf16 [hidden]
   uint16_t* out = nullptr;           // bf16 [rows, hidden]
   int64_t rows = 0, hidden = 0;
   float eps = 1e-5f;
+  bool residual_f32 = false;
 };
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 

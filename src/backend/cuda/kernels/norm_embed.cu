@@ -9,13 +9,40 @@ namespace {
 
 constexpr int kRowThreads = 256;
 
+// 8 consecutive elements of a bf16 or f32 row as floats, and back.
+__device__ __forceinline__ void load8(const uint16_t* p, int64_t i, float (&v)[8]) {
+  const uint4 a = reinterpret_cast<const uint4*>(p)[i];
+  const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = bf16_bits_to_f32(as[j]);
+}
+__device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[2 * i], b = reinterpret_cast<const float4*>(p)[2 * i + 1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(uint16_t* p, int64_t i, const float (&v)[8]) {
+  uint16_t o[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(v[j]);
+  reinterpret_cast<uint4*>(p)[i] = *reinterpret_cast<const uint4*>(o);
+}
+__device__ __forceinline__ void store8(float* p, int64_t i, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[2 * i] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[2 * i + 1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+template <typename Out>
 __global__ void embedding_kernel(EmbeddingParams p) {
   const int64_t t = blockIdx.x;
   int32_t id = p.ids[t];
   if (id < 0 || id >= p.vocab) id = 0;  // validated on the host; never read out of bounds
-  const uint4* src = reinterpret_cast<const uint4*>(p.table + id * p.hidden);
-  uint4* dst = reinterpret_cast<uint4*>(p.out + t * p.hidden);
-  for (int64_t i = threadIdx.x; i < p.hidden / 8; i += blockDim.x) dst[i] = src[i];
+  const uint16_t* src = p.table + id * p.hidden;
+  Out* dst = static_cast<Out*>(p.out) + t * p.hidden;
+  for (int64_t i = threadIdx.x; i < p.hidden / 8; i += blockDim.x) {
+    float v[8];
+    load8(src, i, v);
+    store8(dst, i, v);
+  }
 }
 
 __device__ float block_sum(float v, float* scratch) {
@@ -31,6 +58,8 @@ __device__ float block_sum(float v, float* scratch) {
 // Each thread keeps its 8-element chunks in registers between the two passes (hidden <= 8 * 256 * kMaxChunks).
 constexpr int kMaxChunks = 4;
 
+// Res: the residual stream's element type (float or bf16 bits).
+template <typename Res>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) {
   __shared__ float scratch[kRowThreads / 32];
   const int64_t row = blockIdx.x;
@@ -41,26 +70,21 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) 
   for (int c = 0; c < kMaxChunks; ++c) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
     if (i >= chunks) break;
-    uint4 a;
     if (p.residual) {
-      uint4* res = reinterpret_cast<uint4*>(p.residual + row * p.hidden) + i;
-      const uint4 r = *res, d = reinterpret_cast<const uint4*>(p.delta + row * p.hidden)[i];
-      const uint16_t* rs = reinterpret_cast<const uint16_t*>(&r);
-      const uint16_t* ds = reinterpret_cast<const uint16_t*>(&d);
-      uint16_t sum[8];
+      Res* res = static_cast<Res*>(p.residual) + row * p.hidden;
+      float d[8];
+      load8(res, i, v[c]);
+      load8(p.delta + row * p.hidden, i, d);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum[j] = f32_to_bf16_bits(bf16_bits_to_f32(rs[j]) + bf16_bits_to_f32(ds[j]));
-      a = *reinterpret_cast<const uint4*>(sum);
-      *res = a;
+      for (int j = 0; j < 8; ++j) v[c][j] += d[j];
+      store8(res, i, v[c]);
+      // The norm sees what the residual now holds (rounded to bf16 when the stream is bf16).
+      load8(res, i, v[c]);
     } else {
-      a = reinterpret_cast<const uint4*>(p.x + row * p.hidden)[i];
+      load8(static_cast<const Res*>(p.x) + row * p.hidden, i, v[c]);
     }
-    const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      v[c][j] = bf16_bits_to_f32(as[j]);
-      sum_sq += v[c][j] * v[c][j];
-    }
+    for (int j = 0; j < 8; ++j) sum_sq += v[c][j] * v[c][j];
   }
   const float total = block_sum(sum_sq, scratch);
   const float inv = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
@@ -68,12 +92,11 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) 
   for (int c = 0; c < kMaxChunks; ++c) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
     if (i >= chunks) break;
-    const uint4 w = reinterpret_cast<const uint4*>(p.weight)[i];
-    const uint16_t* ws = reinterpret_cast<const uint16_t*>(&w);
-    uint16_t o[8];
+    float w[8], o[8];
+    load8(p.weight, i, w);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(bf16_bits_to_f32(ws[j]) * (v[c][j] * inv));
-    reinterpret_cast<uint4*>(p.out + row * p.hidden)[i] = *reinterpret_cast<const uint4*>(o);
+    for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv);
+    store8(p.out + row * p.hidden, i, o);
   }
 }
 
@@ -97,7 +120,11 @@ __global__ void add_bias_f32_kernel(AddBiasParams p) {
 Status launch_embedding(const EmbeddingParams& p, cudaStream_t stream) {
   if (p.hidden % 8 != 0) return unimplemented("embedding: hidden size must be a multiple of 8");
   if (p.tokens == 0) return Status::ok();
-  embedding_kernel<<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
+  if (p.out_f32) {
+    embedding_kernel<float><<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
+  } else {
+    embedding_kernel<uint16_t><<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
+  }
   return launch_status("embedding_kernel");
 }
 
@@ -105,7 +132,11 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.hidden % 8 != 0 || p.hidden > 8 * kRowThreads * kMaxChunks)
     return unimplemented("rms_norm: hidden size must be a multiple of 8 and at most 8192");
   if (p.rows == 0) return Status::ok();
-  rms_norm_kernel<<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(p);
+  if (p.residual_f32) {
+    rms_norm_kernel<float><<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(p);
+  } else {
+    rms_norm_kernel<uint16_t><<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(p);
+  }
   return launch_status("rms_norm_kernel");
 }
 
