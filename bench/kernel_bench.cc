@@ -1,0 +1,279 @@
+// Microbenchmarks of the CUDA backend's ops on gpt-oss-20b shapes with random weights: MoE decode
+// (1/8/64 tokens), decode attention (1K/8K/32K context), prefill attention (8K), qkv/o/lm_head linears at
+// M = 1 and 8192. Each op is recorded N times into a graph (inputs rotated so that weights come from HBM,
+// not L2), the graph replayed after a warm-up; the median replay over N is the time per op. Each line
+// gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both measured on an
+// H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to argv[1] when given.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "backend/kv_cache.h"
+#include "core/dtype.h"
+#include "runtime/batch_staging.h"
+
+namespace mx {
+namespace {
+
+constexpr double kHbmReadBytesPerSecond = 4.58e12;  // H200, streaming read (kernel-probes/lt_bench.h200.log)
+constexpr double kBf16FlopsPerSecond = 790e12;      // H200, cuBLAS 8192^3 bf16 on random data (KINDS.md)
+
+struct Row {
+  std::string name;
+  double us = 0, floor_us = 0;
+  std::string floor_kind, note;
+};
+std::vector<Row> g_rows;
+
+Backend* g_b = nullptr;
+std::vector<Buffer> g_keep;
+std::mt19937 g_rng(1234);
+
+#define CHECK_OK(expr)                                                   \
+  do {                                                                   \
+    Status s_ = (expr);                                                  \
+    if (!s_.is_ok()) {                                                   \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.to_string().c_str());   \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+TensorView make(DType dtype, Shape shape) {
+  auto buf = g_b->allocate(dtype_bytes(dtype, shape.numel()));
+  CHECK_OK(buf.status().is_ok() ? Status::ok() : buf.status());
+  TensorView v = buf->view(dtype, shape);
+  g_keep.push_back(std::move(*buf));
+  return v;
+}
+
+TensorView random_bf16(Shape shape, float stddev) {
+  std::vector<uint16_t> host(static_cast<size_t>(shape.numel()));
+  std::normal_distribution<float> d(0.0f, stddev);
+  for (auto& h : host) h = f32_to_bf16(d(g_rng));
+  TensorView v = make(DType::kBF16, shape);
+  CHECK_OK(g_b->copy_from_host(v, host.data()));
+  return v;
+}
+
+// Median microseconds per op of `op(i)` for i in [0, n), recorded as one graph.
+double time_graph(int n, const std::function<Status(int)>& op) {
+  auto graph = g_b->capture([&]() -> Status {
+    for (int i = 0; i < n; ++i) MX_RETURN_IF_ERROR(op(i));
+    return Status::ok();
+  });
+  CHECK_OK(graph.is_ok() ? Status::ok() : graph.status());
+  CHECK_OK((*graph)->replay());
+  CHECK_OK(g_b->synchronize());
+  std::vector<double> us;
+  for (int r = 0; r < 15; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_OK((*graph)->replay());
+    CHECK_OK(g_b->synchronize());
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n);
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+void report(const std::string& name, double us, double bytes, double flops, const std::string& note = "") {
+  const double bw_floor = bytes / kHbmReadBytesPerSecond * 1e6, fl_floor = flops / kBf16FlopsPerSecond * 1e6;
+  Row r{name, us, std::max(bw_floor, fl_floor), bw_floor >= fl_floor ? "HBM" : "bf16", note};
+  std::printf("%-44s %10.2f us  floor %9.2f us (%s)  %5.1f%% of floor  %s\n", name.c_str(), us, r.floor_us,
+              r.floor_kind.c_str(), 100 * r.floor_us / us, note.c_str());
+  std::fflush(stdout);
+  g_rows.push_back(r);
+}
+
+// ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4).
+void bench_moe() {
+  const int64_t E = 32, H = 2880, I = 2880, k = 4;
+  const int copies = 3;  // 3 x 425 MB of experts: rotating defeats the 60 MB L2
+  std::vector<ExpertWeights> experts;
+  for (int c = 0; c < copies; ++c) {
+    std::vector<uint8_t> w1b(E * 2 * I * H / 2), w1s(E * 2 * I * H / 32), w2b(E * H * I / 2), w2s(E * H * I / 32);
+    for (auto& b : w1b) b = static_cast<uint8_t>(g_rng());
+    for (auto& b : w2b) b = static_cast<uint8_t>(g_rng());
+    for (auto& b : w1s) b = static_cast<uint8_t>(118 + g_rng() % 8);
+    for (auto& b : w2s) b = static_cast<uint8_t>(118 + g_rng() % 8);
+    std::vector<uint16_t> b1(E * 2 * I), b2(E * H);
+    for (auto& b : b1) b = f32_to_bf16(0.01f * static_cast<float>(g_rng() % 100));
+    for (auto& b : b2) b = f32_to_bf16(0.01f * static_cast<float>(g_rng() % 100));
+    ExpertWeights host;
+    host.w1_blocks = TensorView(w1b.data(), DType::kU8, {E, 2 * I, H / 32, 16});
+    host.w1_scales = TensorView(w1s.data(), DType::kU8, {E, 2 * I, H / 32});
+    host.w1_bias = TensorView(b1.data(), DType::kBF16, {E, 2 * I});
+    host.w2_blocks = TensorView(w2b.data(), DType::kU8, {E, H, I / 32, 16});
+    host.w2_scales = TensorView(w2s.data(), DType::kU8, {E, H, I / 32});
+    host.w2_bias = TensorView(b2.data(), DType::kBF16, {E, H});
+    host.num_experts = E;
+    host.hidden = H;
+    host.intermediate = I;
+    auto up = g_b->upload_experts(host, &g_keep);
+    CHECK_OK(up.is_ok() ? Status::ok() : up.status());
+    experts.push_back(*up);
+  }
+  const double expert_bytes = (2.0 * I * H / 2 + 2.0 * I * H / 32 + 2.0 * I * 2) + (1.0 * H * I / 2 + 1.0 * H * I / 32 + H * 2.0);
+  for (int64_t T : {1, 8, 64}) {
+    CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));
+    const int routings = 6;
+    std::vector<TensorView> ids, weights;
+    double touched = 0;
+    for (int r = 0; r < routings; ++r) {
+      std::vector<int32_t> h_ids(T * k);
+      std::vector<float> h_w(T * k, 0.25f);
+      std::set<int32_t> distinct;
+      std::vector<int32_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      for (int64_t t = 0; t < T; ++t) {
+        std::shuffle(order.begin(), order.end(), g_rng);
+        for (int64_t j = 0; j < k; ++j) {
+          h_ids[t * k + j] = order[j];
+          distinct.insert(order[j]);
+        }
+      }
+      touched += static_cast<double>(distinct.size()) / routings;
+      TensorView iv = make(DType::kI32, {T, k}), wv = make(DType::kF32, {T, k});
+      CHECK_OK(g_b->copy_from_host(iv, h_ids.data()));
+      CHECK_OK(g_b->copy_from_host(wv, h_w.data()));
+      ids.push_back(iv);
+      weights.push_back(wv);
+    }
+    TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
+    const double us = time_graph(24, [&](int i) {
+      MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
+      return g_b->moe_experts(p);
+    });
+    report("moe decode T=" + std::to_string(T), us, touched * expert_bytes, 0,
+           std::to_string(static_cast<int>(touched + 0.5)) + " experts touched, " +
+               std::to_string(static_cast<int>(touched * expert_bytes / 1e6)) + " MB");
+  }
+}
+
+// ---- Attention: 64 q heads, 8 kv heads, head_dim 64, page 16.
+struct AttnSetup {
+  KvCache kv;
+  BatchStaging staging;
+  BatchView batch;
+  TensorView q, out, sinks;
+};
+
+AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens) {
+  const int64_t page = 16, pages_per_seq = (ctx + page - 1) / page;
+  KvCacheShape shape{1, seqs * pages_per_seq, page, 8, 64};
+  auto kv = KvCache::allocate(*g_b, shape);
+  CHECK_OK(kv.is_ok() ? Status::ok() : kv.status());
+  // Random K/V (never zeros).
+  const KvLayerView l = kv->layer(0);
+  std::vector<uint16_t> host(static_cast<size_t>(l.k.numel()));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto& h : host) h = f32_to_bf16(d(g_rng));
+  CHECK_OK(g_b->copy_from_host(l.k, host.data()));
+  CHECK_OK(g_b->copy_from_host(l.v, host.data()));
+  auto staging = BatchStaging::create(*g_b, {seqs * new_tokens, seqs, pages_per_seq, seqs});
+  CHECK_OK(staging.is_ok() ? Status::ok() : staging.status());
+  std::vector<std::vector<int32_t>> pages(seqs), tokens(seqs, std::vector<int32_t>(new_tokens, 0));
+  std::vector<BatchSequence> list;
+  for (int64_t s = 0; s < seqs; ++s) {
+    pages[s].resize(pages_per_seq);
+    std::iota(pages[s].begin(), pages[s].end(), static_cast<int32_t>(s * pages_per_seq));
+    list.push_back({tokens[s], ctx - new_tokens, pages[s], false, false});
+  }
+  auto batch = staging->stage(list);
+  CHECK_OK(batch.is_ok() ? Status::ok() : batch.status());
+  const int64_t T = seqs * new_tokens;
+  AttnSetup a{std::move(*kv), std::move(*staging), *batch, random_bf16({T, 64 * 64}, 1.0f), make(DType::kBF16, {T, 64 * 64}),
+              random_bf16({64}, 1.0f)};
+  return a;
+}
+
+void bench_attention() {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
+  for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1}, {8192, 1}, {32768, 1}, {1024, 32}, {8192, 8}, {32768, 2}}) {
+    AttnSetup a = make_attention(seqs, ctx, 1);
+    const double us = time_graph(50, [&](int) {
+      AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, 0, 0.125f};
+      return g_b->attention(p, a.batch);
+    });
+    const double bytes = static_cast<double>(seqs) * ctx * 8 * 64 * 2 * 2;
+    report("decode attention ctx=" + std::to_string(ctx) + " batch=" + std::to_string(seqs), us, bytes, 0,
+           std::to_string(static_cast<int>(bytes / 1e6)) + " MB KV");
+  }
+  for (int64_t window : {0, 128}) {
+    AttnSetup a = make_attention(1, 8192, 8192);
+    const double us = time_graph(4, [&](int) {
+      AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, window, 0.125f};
+      return g_b->attention(p, a.batch);
+    });
+    const double keys = window == 0 ? 8192.0 * 8193 / 2 : 8192.0 * 128;
+    const double flops = 4.0 * 64 * 64 * keys;
+    char note[64];
+    std::snprintf(note, sizeof note, "%.0f TFLOP/s", flops / us / 1e6);
+    report("prefill attention 8K " + std::string(window ? "window 128" : "causal"), us, 0, flops, note);
+  }
+}
+
+// ---- Dense linears through cuBLASLt.
+void bench_linear() {
+  struct Shape3 {
+    const char* name;
+    int64_t n, k;
+    int copies;
+  };
+  for (const Shape3& s : {Shape3{"qkv 2880->5120", 5120, 2880, 4}, Shape3{"o_proj 4096->2880", 2880, 4096, 4},
+                          Shape3{"lm_head 2880->201088", 201088, 2880, 1}}) {
+    std::vector<TensorView> w;
+    for (int c = 0; c < s.copies; ++c) w.push_back(random_bf16({s.n, s.k}, 0.02f));
+    TensorView bias = s.n == 201088 ? TensorView() : random_bf16({s.n}, 0.1f);
+    for (int64_t m : {1, 8192}) {
+      if (s.n == 201088 && m == 8192) continue;  // logits are only computed for sampled rows
+      TensorView x = random_bf16({m, s.k}, 1.0f);
+      TensorView out = make(s.n == 201088 ? DType::kF32 : DType::kBF16, {m, s.n});
+      const int n = m == 1 ? 40 : 6;
+      const double us = time_graph(n, [&](int i) { return g_b->linear(x, w[i % s.copies], bias, out); });
+      const double bytes = 2.0 * s.n * s.k + 2.0 * m * s.k + (s.n == 201088 ? 4.0 : 2.0) * m * s.n;
+      const double flops = 2.0 * m * s.n * s.k;
+      char note[64];
+      std::snprintf(note, sizeof note, "%.0f GB/s, %.0f TFLOP/s", bytes / us / 1e3, flops / us / 1e6);
+      report(std::string(s.name) + " M=" + std::to_string(m), us, bytes, flops, note);
+    }
+  }
+  // lm_head for a batch of sampled rows.
+  TensorView w = random_bf16({201088, 2880}, 0.02f);
+  TensorView x = random_bf16({64, 2880}, 1.0f), out = make(DType::kF32, {64, 201088});
+  const double us = time_graph(10, [&](int) { return g_b->linear(x, w, TensorView(), out); });
+  report("lm_head 2880->201088 M=64", us, 2.0 * 201088 * 2880 + 4.0 * 64 * 201088, 2.0 * 64 * 201088 * 2880);
+}
+
+}  // namespace
+}  // namespace mx
+
+int main(int argc, char** argv) {
+  using namespace mx;
+  auto backend = make_backend(BackendOptions{"cuda", 0, 0});
+  if (!backend.is_ok()) {
+    std::fprintf(stderr, "%s\n", backend.status().to_string().c_str());
+    return 1;
+  }
+  g_b = backend->get();
+  std::printf("%-44s %13s  %26s  %s\n", "op (gpt-oss-20b shapes)", "time", "floor", "fraction");
+  bench_moe();
+  bench_attention();
+  bench_linear();
+  if (argc > 1) {
+    nlohmann::json j;
+    j["floors"] = {{"hbm_read_bytes_per_s", kHbmReadBytesPerSecond}, {"bf16_flops_per_s", kBf16FlopsPerSecond}};
+    for (const auto& r : g_rows)
+      j["results"].push_back({{"op", r.name}, {"us", r.us}, {"floor_us", r.floor_us}, {"floor", r.floor_kind},
+                              {"fraction_of_floor", r.floor_us / r.us}, {"note", r.note}});
+    std::ofstream(argv[1]) << j.dump(2) << "\n";
+  }
+  return 0;
+}

@@ -1,0 +1,80 @@
+// The CUDA kernels' launch configurations, checked on the CPU for every chip we target: each must fit the
+// chip's opt-in shared memory and have at least one pipeline stage (SM120/SM121 have 99 KB per block).
+#include <gtest/gtest.h>
+
+#include "backend/cuda/kernel_configs.h"
+
+namespace mx::cuda {
+namespace {
+
+std::vector<DeviceInfo> chips() {
+  return {sm90_h100(), sm90_h200(), sm100_b200(), sm120_rtx_pro_6000(), sm121_gb10()};
+}
+
+TEST(CudaKernelConfigs, AttentionPrefillFitsEveryChip) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t hd : {32, 64}) {
+      const AttentionPrefillConfig c = choose_attention_prefill_config(d, hd);
+      EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " hd " << hd << " smem " << c.smem_bytes;
+      EXPECT_GE(c.stages, 1) << d.name;
+      EXPECT_EQ(c.threads, 128);
+    }
+}
+
+TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t hd : {32, 64})
+      for (int64_t tokens : {1, 8, 256})
+        for (int64_t max_keys : {128, 1024, 131072}) {
+          const AttentionDecodeConfig c = choose_attention_decode_config(d, hd, tokens, 8, 1, max_keys);
+          EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
+          EXPECT_GE(c.num_splits, 1);
+          EXPECT_LE(c.num_splits, 64);
+          // No split shorter than 4 tiles of 64 keys.
+          EXPECT_LE((c.num_splits - 1) * 256, max_keys) << d.name << " splits " << c.num_splits;
+          // The split scratch bound prepare() allocates: tokens * splits <= tokens + 3 * SMs.
+          EXPECT_LE(tokens * c.num_splits, tokens + 3 * d.sm_count) << d.name;
+        }
+}
+
+TEST(CudaKernelConfigs, AttentionDecodeSplitsLongContextAtBatchOne) {
+  const AttentionDecodeConfig c = choose_attention_decode_config(sm90_h200(), 64, 1, 8, 1, 32768);
+  EXPECT_GE(c.num_splits, 16);  // 8 kv heads alone would leave most of 132 SMs idle
+  const AttentionDecodeConfig w = choose_attention_decode_config(sm90_h200(), 64, 1, 8, 1, 128);
+  EXPECT_EQ(w.num_splits, 1);  // a 128-key window is one CTA's work
+}
+
+TEST(CudaKernelConfigs, MoeFitsEveryChip) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t slots : {4, 32, 256, 32768})
+      for (int64_t rows : {2880, 5760}) {
+        const MoeConfig c = choose_moe_config(d, slots, 32, rows);
+        EXPECT_TRUE(fits(d, c.smem_bytes, 1)) << d.name;
+        EXPECT_GE(c.k_split, 1);
+        EXPECT_LE(c.k_split, 16);
+        EXPECT_EQ(c.threads, 32 * c.k_split);
+        EXPECT_EQ(c.tile_tokens, 8);
+      }
+}
+
+TEST(CudaKernelConfigs, MoeTileBoundCoversWorstRouting) {
+  // Every expert gets one token more than a multiple of the tile: the worst case of sum ceil(c_e / 8).
+  const int64_t experts = 32, tile = 8;
+  for (int64_t slots : {1, 4, 31, 32, 33, 288, 4096}) {
+    int64_t worst = 0;
+    const int64_t used = std::min(experts, slots);
+    const int64_t base = slots / used, extra = slots % used;
+    for (int64_t e = 0; e < used; ++e) worst += (base + (e < extra ? 1 : 0) + tile - 1) / tile;
+    EXPECT_GE(moe_max_tiles(slots, experts, tile), worst) << slots;
+  }
+}
+
+TEST(CudaKernelConfigs, NothingFitsWithoutSharedMemory) {
+  DeviceInfo tiny = sm120_rtx_pro_6000();
+  tiny.max_smem_per_block_optin = 8 * 1024;
+  const AttentionPrefillConfig c = choose_attention_prefill_config(tiny, 64);
+  EXPECT_FALSE(fits(tiny, c.smem_bytes, c.stages));  // the backend returns an error instead of launching
+}
+
+}  // namespace
+}  // namespace mx::cuda
