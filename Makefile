@@ -3,8 +3,12 @@ BUILD ?= build
 BUILD_ASAN ?= build-asan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# CI builds the CUDA code for Hopper, Blackwell and RTX Blackwell / DGX Spark so that nothing arch-specific
+# leaks into portable code (no GPU needed to compile). Device runs use `make build-gpu`.
+CUDA_ARCHS ?= 90a;100a;120a
+BUILD_GPU ?= build-gpu
 
-.PHONY: all bootstrap build run test asan clean
+.PHONY: all bootstrap build build-gpu gpu-bundle run test asan clean
 
 all: build
 
@@ -12,8 +16,20 @@ bootstrap:
 	@./scripts/bootstrap
 
 build: bootstrap
-	@cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DMX_CUDA_ARCHS="$(CUDA_ARCHS)" $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# Binaries to carry to a GPU machine: sm_90a only, libstdc++/libgcc linked statically.
+build-gpu: bootstrap
+	@cmake -S . -B $(BUILD_GPU) -G Ninja -DMX_CUDA=ON -DMX_CUDA_ARCHS=90a -DMX_STATIC_RUNTIME=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD_GPU) -j $(JOBS) --target mxserve mx_gpu_tests mx_kernel_bench
+
+# build-gpu plus the run script in one folder (default .devgpu/): `cd .devgpu && ./run.sh` on the GPU machine,
+# from the repository root of a checkout (the fixtures are read from tests/fixtures).
+GPU_BUNDLE ?= .devgpu
+gpu-bundle: build-gpu
+	@mkdir -p $(GPU_BUNDLE)
+	@cp $(BUILD_GPU)/mxserve $(BUILD_GPU)/mx_gpu_tests $(BUILD_GPU)/mx_kernel_bench tests/gpu/run.sh $(GPU_BUNDLE)/
 
 # Runs mxserve on the bundled tiny model until the HTTP server lands (issue: OpenAI-compatible server).
 run: build
@@ -29,4 +45,4 @@ asan: bootstrap
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_GPU)
