@@ -14,7 +14,10 @@ namespace {
 
 std::string shape_str(std::initializer_list<int64_t> dims) {
   std::string s;
-  for (int64_t d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  for (int64_t d : dims) {
+    if (!s.empty()) s += "x";
+    s += std::to_string(d);
+  }
   return s;
 }
 

@@ -32,7 +32,10 @@ std::vector<int32_t> ids_of(const TensorView& t) {
 
 std::string join(const std::vector<int32_t>& v) {
   std::string s;
-  for (int32_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int32_t x : v) {
+    if (!s.empty()) s += ",";
+    s += std::to_string(x);
+  }
   return s;
 }
 
