@@ -10,7 +10,6 @@
 // 8-wide B side. A CTA's warps split K and reduce through shared memory in a fixed order.
 // First GEMM epilogue: bias + clamped SwiGLU (gate and up of a channel sit in rows r and r + 8 of a strip).
 // Second GEMM epilogue: (acc + bias) * routing weight. The combine sums a token's k rows in router order.
-#include <algorithm>
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
@@ -207,11 +206,7 @@ Status launch_moe_routing(const MoeRoutingParams& p, cudaStream_t stream) {
   if (p.experts > kMaxExperts) return unimplemented("MoE: at most 256 experts");
   if (p.tile_tokens != kTileTokens) return internal_error("MoE routing: tiles of 8 tokens expected");
   if (p.slots == 0) return Status::ok();
-  // One thread per slot (the scatter's chunk) and per expert (the scans), rounded to warps: a decode step of
-  // a few tokens syncs one or two warps instead of 32.
-  const int64_t want = std::max<int64_t>(std::min<int64_t>(p.slots, kRoutingThreads), p.experts);
-  const unsigned threads = static_cast<unsigned>(std::min<int64_t>(kRoutingThreads, (want + 31) / 32 * 32));
-  moe_routing_kernel<<<1, threads, 0, stream>>>(p);
+  moe_routing_kernel<<<1, kRoutingThreads, 0, stream>>>(p);
   return launch_status("moe_routing_kernel");
 }
 
