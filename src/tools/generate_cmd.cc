@@ -1,5 +1,6 @@
-// `mxserve generate`: prompts given as token ids in, generated ids out (one JSON line per prompt).
-// The contract other checks rely on: see README. User errors print one line and exit 1.
+// `mxserve generate`: prompts given as token ids in, generated ids out (one JSON line per prompt, in prompt
+// order). Every prompt goes through the continuous-batching Engine at once, with the engine flags `serve`
+// takes. The contract other checks rely on: see README. User errors print one line and exit 1.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
-#include "runtime/static_generator.h"
+#include "runtime/engine.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 
@@ -29,6 +30,12 @@ const std::vector<CliOption> kOptions = {
     {"logits-out", true, "write prompt_{i}_logits (f32 [T_i, vocab]) to this safetensors file"},
     {"threads", true, "CPU backend threads (default: all cores)"},
     {"page-size", true, "KV cache page size in tokens (default 16)"},
+    {"num-kv-pages", true, "KV pool size in pages (default: from a 256 MiB budget on the CPU)"},
+    {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
+    {"max-running-requests", true, "requests decoded together (default 64)"},
+    {"max-model-len", true, "longest prompt + output per request (default: the model's context)"},
+    {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes"},
+    {"stats", false, "print engine counters (steps, preemptions, prefix hits) to stderr at the end"},
     {"log-level", true, "debug, info, warning (default) or error"},
     {"help", false, "show this help"},
 };
@@ -105,26 +112,53 @@ Status run(const CliArgs& args) {
   if (!(min_p >= 0 && min_p <= 1)) return invalid_argument("--min-p must be in [0, 1]");
   if (page_size < 1 || page_size > 4096) return invalid_argument("--page-size must be in [1, 4096]");
 
+  EngineConfig config;
+  config.page_size = page_size;
+  MX_ASSIGN_OR_RETURN(config.num_kv_pages, args.get_int("num-kv-pages", 0));
+  MX_ASSIGN_OR_RETURN(config.max_num_batched_tokens, args.get_int("max-num-batched-tokens", config.max_num_batched_tokens));
+  MX_ASSIGN_OR_RETURN(config.max_running_requests, args.get_int("max-running-requests", config.max_running_requests));
+  MX_ASSIGN_OR_RETURN(config.max_model_len, args.get_int("max-model-len", 0));
+  config.enable_prefix_cache = !args.has("no-prefix-cache");
+  const bool want_logits = args.has("logits-out");
+  if (want_logits) config.max_prompt_logit_rows = config.max_num_batched_tokens;
+
   MX_ASSIGN_OR_RETURN(auto backend, backend_from_args(args));
   MX_ASSIGN_OR_RETURN(auto model, GptOssModel::load(args.get("model"), *backend));
-  const bool want_logits = args.has("logits-out");
-  std::vector<GenerateRequest> requests;
-  for (auto& ids : prompts) {
-    GenerateRequest r;
-    r.prompt = std::move(ids);
-    r.max_new_tokens = max_new;
-    r.sampling = SamplingParams{static_cast<float>(temperature), top_k, static_cast<float>(top_p),
-                                static_cast<float>(min_p), static_cast<uint64_t>(seed)};
+  MX_ASSIGN_OR_RETURN(auto engine, Engine::start(*model, config));
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestInput r;
+    r.prompt = std::move(prompts[i]);
+    r.max_tokens = max_new;
+    r.sampling.temperature = static_cast<float>(temperature);
+    r.sampling.top_k = top_k;
+    r.sampling.top_p = static_cast<float>(top_p);
+    r.sampling.min_p = static_cast<float>(min_p);
+    r.sampling.seed = static_cast<uint64_t>(seed);
     r.want_prompt_logits = want_logits;
-    requests.push_back(std::move(r));
+    auto stream = engine->add_request(std::move(r));
+    if (!stream.is_ok()) return stream.status().with_context("prompt " + std::to_string(i));
+    streams.push_back(std::move(*stream));
   }
-  StaticGeneratorOptions options;
-  options.page_size = page_size;
-  options.stop_ids = model->generation_config().eos_token_ids;
-  MX_ASSIGN_OR_RETURN(auto results, generate_static(*model, requests, options));
+  std::vector<RequestOutput> results(streams.size());
+  RequestOutput delta;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    while (!results[i].finished()) {
+      if (streams[i]->wait(&delta, std::chrono::milliseconds(100))) results[i].merge(std::move(delta));
+    }
+    if (results[i].finish == FinishReason::kError)
+      return internal_error("prompt " + std::to_string(i) + ": " + results[i].error);
+  }
+  if (args.has("stats")) {
+    const EngineStats st = engine->stats();
+    std::fprintf(stderr, "engine: %lld steps, %lld tokens computed, %lld prefix-cache hit tokens, %lld preemptions\n",
+                 static_cast<long long>(st.scheduler.steps), static_cast<long long>(st.scheduler.computed_tokens),
+                 static_cast<long long>(st.scheduler.prefix_hit_tokens), static_cast<long long>(st.scheduler.preemptions));
+  }
+  engine.reset();
 
   for (size_t i = 0; i < results.size(); ++i) {
-    nlohmann::ordered_json line = {{"prompt_index", i}, {"output_ids", results[i].output_ids}};
+    nlohmann::ordered_json line = {{"prompt_index", i}, {"output_ids", results[i].token_ids}};
     std::cout << line.dump() << "\n";
   }
   std::cout.flush();

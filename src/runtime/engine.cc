@@ -1,0 +1,112 @@
+// The engine thread. Everything here but add_request/abort/shutdown runs on it; the queues it shares with
+// other threads are in engine_queues.cc.
+#include "runtime/engine.h"
+
+#include "core/log.h"
+
+namespace mx {
+
+Result<std::unique_ptr<Engine>> Engine::start(const GptOssModel& model, const EngineConfig& config,
+                                              DetokenizeFn detokenize) {
+  MX_ASSIGN_OR_RETURN(auto core, EngineCore::create(model, config, std::move(detokenize)));
+  std::unique_ptr<Engine> engine(new Engine(std::move(core)));
+  engine->stats_.set(engine->core_->stats());
+  engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
+  return engine;
+}
+
+Engine::~Engine() { shutdown(); }
+
+Result<std::shared_ptr<RequestStream>> Engine::add_request(RequestInput input) {
+  MX_RETURN_IF_ERROR(core_->validate(input));
+  const EngineConfig& c = core_->config();
+  const int64_t live = live_.fetch_add(1) + 1;
+  if (c.max_queued_requests > 0 && live > c.max_running_requests + c.max_queued_requests) {
+    live_.fetch_sub(1);
+    return resource_exhausted("the engine is full (" + std::to_string(c.max_running_requests) + " running + " +
+                              std::to_string(c.max_queued_requests) + " queued requests); retry later");
+  }
+  EngineCommand command;
+  command.kind = EngineCommand::Kind::kAdd;
+  command.id = next_id_.fetch_add(1);
+  command.input = std::move(input);
+  command.stream = std::make_shared<RequestStream>(command.id);
+  auto stream = command.stream;
+  if (!inbox_.push(std::move(command))) {
+    live_.fetch_sub(1);
+    return Status(StatusCode::kResourceExhausted, "the engine is shutting down");
+  }
+  return stream;
+}
+
+void Engine::abort(RequestId id) {
+  EngineCommand command;
+  command.kind = EngineCommand::Kind::kAbort;
+  command.id = id;
+  (void)inbox_.push(std::move(command));  // after shutdown everything is aborted anyway
+}
+
+void Engine::shutdown() {
+  inbox_.stop();
+  if (thread_.joinable() && !joined_.exchange(true)) thread_.join();
+}
+
+void Engine::apply(EngineCommand& command) {
+  if (command.kind == EngineCommand::Kind::kAbort) {
+    core_->abort(command.id);
+    return;
+  }
+  const Status status = core_->add_request(command.id, std::move(command.input));
+  if (!status.is_ok()) {  // validated already; only a core-side refusal can land here
+    RequestOutput out;
+    out.id = command.id;
+    out.finish = FinishReason::kError;
+    out.error = status.to_string();
+    command.stream->push(std::move(out));
+    live_.fetch_sub(1);
+    return;
+  }
+  streams_.emplace(command.id, std::move(command.stream));
+}
+
+void Engine::deliver(std::vector<RequestOutput>& outputs) {
+  for (RequestOutput& out : outputs) {
+    auto it = streams_.find(out.id);
+    if (it == streams_.end()) continue;
+    const bool done = out.finished();
+    it->second->push(std::move(out));
+    if (done) {
+      streams_.erase(it);
+      live_.fetch_sub(1);
+    }
+  }
+}
+
+void Engine::loop() {
+  std::vector<EngineCommand> commands;
+  std::vector<RequestOutput> outputs;
+  bool running = true;
+  while (running) {
+    running = inbox_.take(&commands, /*block=*/!core_->has_work());
+    for (EngineCommand& c : commands) apply(c);
+    commands.clear();
+    if (!running) break;
+    // A reader that dropped its stream will never read: abort its request rather than compute for nobody.
+    abandoned_.clear();
+    for (const auto& [id, stream] : streams_)
+      if (stream.use_count() == 1) abandoned_.push_back(id);
+    for (RequestId id : abandoned_) core_->abort(id);
+    if (core_->has_work()) {
+      core_->step(&outputs);
+      deliver(outputs);
+    }
+    stats_.set(core_->stats());
+  }
+  // Shutdown: every live request ends with kAbort.
+  for (const auto& [id, stream] : streams_) core_->abort(id);
+  core_->step(&outputs);  // schedules nothing: every request is finished; collects the final outputs
+  deliver(outputs);
+  stats_.set(core_->stats());
+}
+
+}  // namespace mx

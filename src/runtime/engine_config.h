@@ -1,0 +1,69 @@
+// EngineConfig: the engine's knobs, validated once and resolved against the model (auto values filled
+// in and logged at start-up), then immutable. Also the KV memory plan: how many pages fit.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace mx {
+
+class GptOssModel;
+
+struct EngineConfig {
+  int64_t page_size = 16;               // tokens per KV page
+  int64_t num_kv_pages = 0;             // 0 = from the memory plan
+  int64_t cpu_kv_cache_bytes = 256ll << 20;  // CPU backend: KV budget when num_kv_pages is 0
+  double mem_fraction = 0.9;            // CUDA: share of device memory for weights + activations + KV
+  int64_t max_num_batched_tokens = 2048;  // tokens computed per step, over all requests
+  int64_t max_running_requests = 64;
+  int64_t max_queued_requests = 0;      // requests waiting beyond the running ones; 0 = unbounded
+  int64_t max_model_len = 0;            // 0 = the model's context length (always capped by the KV pool)
+  bool enable_prefix_cache = true;
+  int64_t max_prompt_logit_rows = 0;    // > 0 allows want_prompt_logits; rows of prompt logits per step
+  int64_t max_top_logprobs = 20;
+  std::optional<std::vector<int32_t>> eos_token_ids;  // unset: the model's generation_config eos ids
+
+  // Filled by resolve_engine_config.
+  int64_t vocab_size = 0;
+  int64_t model_context_len = 0;        // the model's own limit (max_position_embeddings)
+};
+
+// Checks ranges (one clear message per bad field) and fills the auto values from the model.
+Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const GptOssModel& model);
+
+// One line for the start-up log: every resolved knob.
+std::string describe_engine_config(const EngineConfig& config);
+
+// Stop ids from a model's generation_config: gpt-oss lists <|return|> 200002, <|endoftext|> 199999 and
+// <|call|> 200012. <|end|> 200007 closes a Harmony message (e.g. the analysis channel) and must never stop
+// generation, so it is dropped even if a config lists it.
+std::vector<int32_t> default_eos_token_ids(const GptOssModel& model);
+
+// How device memory is split (CUDA; sized after weights are loaded and a worst-case warm-up batch ran).
+struct KvMemoryInputs {
+  int64_t device_bytes = 0;      // total device memory
+  int64_t weights_bytes = 0;
+  int64_t activation_bytes = 0;  // peak of the warm-up pass: workspace, staging, logits, graph pools
+  double mem_fraction = 0.9;
+  int64_t bytes_per_token = 0;   // KV bytes of one token over all layers (K and V)
+  int64_t page_size = 16;
+  int64_t max_model_len = 0;
+};
+
+struct KvMemoryPlan {
+  int64_t kv_bytes = 0;
+  int64_t num_pages = 0;
+  int64_t kv_tokens = 0;
+  int64_t full_context_requests = 0;  // requests that fit at max_model_len tokens each
+};
+
+Result<KvMemoryPlan> plan_kv_memory(const KvMemoryInputs& inputs);
+// "memory plan: weights 12.8 GiB, activations 1.1 GiB, KV 52.0 GiB = 1136000 tokens (71000 pages of 16),
+//  8 requests at full context (131072 tokens)"
+std::string describe_kv_memory_plan(const KvMemoryInputs& inputs, const KvMemoryPlan& plan);
+
+}  // namespace mx

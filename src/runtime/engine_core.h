@@ -1,0 +1,73 @@
+// EngineCore: the single-threaded engine. Owns the scheduler (with the page pool) and the model runner,
+// and steps them: schedule -> execute -> update -> outputs. It is deterministic for a given sequence of
+// add/abort/step calls, which is how the tests drive it (checking invariants after every step); Engine
+// (engine.h) runs one on its own thread for servers and the CLI.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "model/gpt_oss.h"
+#include "runtime/engine_config.h"
+#include "runtime/model_runner.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace mx {
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_pages = 0;
+  int64_t pages_used = 0;
+  int64_t pages_free = 0;
+  int64_t pages_cached = 0;
+  SchedulerStats scheduler;
+};
+
+class EngineCore {
+ public:
+  // `config` is resolved here (see resolve_engine_config); `detokenize` may be empty (then requests
+  // cannot use stop strings or return_text). The model must outlive the engine.
+  static Result<std::unique_ptr<EngineCore>> create(const GptOssModel& model, const EngineConfig& config,
+                                                    DetokenizeFn detokenize = {});
+
+  const EngineConfig& config() const { return config_; }
+
+  // Checks a request against the model and the engine's limits; thread-safe (reads immutable state only).
+  // Every error is the caller's (invalid_argument), never a crash.
+  Status validate(const RequestInput& input) const;
+  // Validates and queues; `id` must be unique among live requests.
+  Status add_request(RequestId id, RequestInput input);
+  // Aborts a live request (queued or running): its pages are free when this returns, and its final
+  // output (finish kAbort) comes with the next step's outputs. Unknown ids are ignored.
+  void abort(RequestId id);
+
+  // One engine step. `outputs` receives one delta per request that produced something (tokens, text or a
+  // finish), including aborts since the previous step. A failed forward pass finishes the requests of
+  // that batch with kError; the engine itself keeps going.
+  void step(std::vector<RequestOutput>* outputs);
+
+  bool has_work() const { return scheduler_.has_work() || !touched_.empty(); }
+  int64_t num_live() const { return static_cast<int64_t>(requests_.size()); }
+  EngineStats stats() const;
+  Status check_invariants() const { return scheduler_.check_invariants(); }
+
+ private:
+  EngineCore(const GptOssModel& model, EngineConfig config, DetokenizeFn detokenize);
+  void collect_outputs(std::vector<RequestOutput>* outputs);
+
+  const GptOssModel& model_;
+  const EngineConfig config_;
+  DetokenizeFn detokenize_;
+  Scheduler scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::vector<Request*> touched_;
+  std::vector<RequestId> finished_ids_;
+  std::vector<SampledToken> sampled_;
+  int64_t next_arrival_ = 0;
+};
+
+}  // namespace mx

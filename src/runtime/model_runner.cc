@@ -1,0 +1,75 @@
+// One step on the device: stage -> forward -> logits to host -> sample per request.
+#include "runtime/model_runner.h"
+
+#include <algorithm>
+
+namespace mx {
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const GptOssModel& model, const EngineConfig& config) {
+  Backend& backend = model.backend();
+  const int64_t vocab = model.config().vocab_size;
+  // Logits rows: one sampled row per running request, plus the prompt-logits rows a step may carry.
+  const int64_t rows = config.max_running_requests + config.max_prompt_logit_rows;
+  const int64_t max_tokens = config.max_num_batched_tokens;
+  const BatchLimits limits{max_tokens, config.max_running_requests,
+                           (config.max_model_len + config.page_size - 1) / config.page_size, rows};
+  MX_ASSIGN_OR_RETURN(KvCache kv, KvCache::allocate(backend, model.kv_cache_shape(config.num_kv_pages, config.page_size)));
+  MX_ASSIGN_OR_RETURN(BatchStaging staging, BatchStaging::create(backend, limits));
+  MX_ASSIGN_OR_RETURN(ForwardWorkspace ws, model.make_workspace(max_tokens, rows));
+  MX_ASSIGN_OR_RETURN(Buffer logits, backend.allocate(rows * vocab * static_cast<int64_t>(sizeof(float))));
+  std::unique_ptr<ModelRunner> runner(
+      new ModelRunner(model, config, std::move(kv), std::move(staging), std::move(ws), std::move(logits)));
+  runner->max_logit_rows_ = rows;
+  runner->logits_host_.assign(static_cast<size_t>(rows * vocab), 0.0f);
+  runner->seqs_.reserve(static_cast<size_t>(config.max_running_requests));
+  return runner;
+}
+
+Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
+  const int64_t vocab = model_.config().vocab_size;
+  seqs_.clear();
+  for (const ScheduledEntry& e : batch.entries) {
+    const Request& r = *e.request;
+    BatchSequence s;
+    s.tokens = std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(e.start), static_cast<size_t>(e.num_tokens));
+    s.start_position = e.start;
+    s.pages = r.pages;
+    s.all_logits = e.all_logits;
+    s.no_logits = !e.all_logits && !e.sample;
+    seqs_.push_back(s);
+  }
+  MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
+  if (view.num_logit_rows > max_logit_rows_) return internal_error("step needs more logits rows than allocated");
+  TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, vocab});
+  MX_RETURN_IF_ERROR(model_.forward(view, kv_, ws_, logits));
+  if (view.num_logit_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits));
+
+  sampled->resize(static_cast<size_t>(batch.num_samples));
+  int64_t row = 0, k = 0;
+  for (const ScheduledEntry& e : batch.entries) {
+    Request& r = *e.request;
+    int64_t sample_row = row;
+    if (e.all_logits) {
+      // Rows are positions start .. start + n - 1; keep the prompt's, once (recomputation repeats them).
+      const int64_t first = std::max(e.start, r.prompt_logits_filled);
+      const int64_t last = std::min(e.start + e.num_tokens, r.prompt_len);
+      for (int64_t pos = first; pos < last; ++pos) {
+        const float* src = logits_host_.data() + (row + pos - e.start) * vocab;
+        std::copy(src, src + vocab, r.prompt_logits.begin() + pos * vocab);
+      }
+      r.prompt_logits_filled = std::max(r.prompt_logits_filled, last);
+      row += e.num_tokens;
+      sample_row = row - 1;
+    } else if (e.sample) {
+      ++row;
+    }
+    if (!e.sample) continue;
+    const PenaltyContext penalties{std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.prompt_len)),
+                                   r.generated()};
+    sampler_.sample(logits_host_.data() + sample_row * vocab, r.input.sampling, penalties, r.rng,
+                    &(*sampled)[static_cast<size_t>(k++)]);
+  }
+  return Status::ok();
+}
+
+}  // namespace mx

@@ -1,0 +1,233 @@
+// Scheduling, preemption and the per-step update. See scheduler.h for the policy.
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+
+namespace mx {
+
+Scheduler::Scheduler(const EngineConfig& config)
+    : config_(config), pool_(config.num_kv_pages, config.page_size, config.enable_prefix_cache) {
+  batch_.entries.reserve(static_cast<size_t>(config.max_running_requests));
+  running_.reserve(static_cast<size_t>(config.max_running_requests));
+}
+
+void Scheduler::add(Request* request) { waiting_.push_back(request); }
+
+int64_t Scheduler::chunk_size(const Request& r, int64_t budget, int64_t rows_left) const {
+  int64_t n = std::min(r.num_tokens() - r.num_computed, budget);
+  // Prompt logits take one logits row per token of the chunk, up to the prompt's end.
+  if (r.input.want_prompt_logits && r.num_computed < r.prompt_len) n = std::min(n, rows_left);
+  return std::max<int64_t>(n, 0);
+}
+
+void Scheduler::add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_left) {
+  ScheduledEntry e;
+  e.request = r;
+  e.start = r->num_computed;
+  e.num_tokens = n;
+  e.sample = e.start + n == r->num_tokens() && r->num_generated() < r->max_new_tokens;
+  e.all_logits = r->input.want_prompt_logits && e.start < r->prompt_len;
+  if (e.all_logits) *rows_left -= n;
+  *budget -= n;
+  batch_.entries.push_back(e);
+  batch_.num_tokens += n;
+  batch_.num_samples += e.sample ? 1 : 0;
+}
+
+const ScheduledBatch& Scheduler::schedule() {
+  batch_.entries.clear();
+  batch_.num_tokens = 0;
+  batch_.num_samples = 0;
+  int64_t budget = config_.max_num_batched_tokens;
+  int64_t rows_left = config_.max_prompt_logit_rows;
+  bool preempted = false;
+
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Request* r = running_[i];
+    const int64_t n = chunk_size(*r, budget, rows_left);
+    if (n == 0) {
+      ++i;
+      continue;
+    }
+    const int64_t need = pool_.pages_for_tokens(r->num_computed + n) - static_cast<int64_t>(r->pages.size());
+    bool self_preempted = false;
+    while (!pool_.allocate(need, &r->pages)) {
+      Request* victim = running_.back();
+      preempt(victim);
+      preempted = true;
+      if (victim == r) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // r was the newest: nothing after it is left to schedule
+    add_entry(r, n, &budget, &rows_left);
+    ++i;
+  }
+
+  while (!preempted && !waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < config_.max_running_requests) {
+    Request* r = waiting_.front();
+    int64_t hit = 0;
+    if (!r->input.want_prompt_logits)
+      hit = pool_.acquire_prefix(r->tokens, (r->num_tokens() - 1) / config_.page_size, &r->pages);
+    r->num_computed = hit * config_.page_size;
+    r->num_registered_pages = hit;
+    const int64_t n = chunk_size(*r, budget, rows_left);
+    const int64_t need = pool_.pages_for_tokens(r->num_computed + n) - static_cast<int64_t>(r->pages.size());
+    if (n == 0 || !pool_.allocate(need, &r->pages)) {
+      pool_.release(r->pages);
+      r->pages.clear();
+      r->num_computed = 0;
+      r->num_registered_pages = 0;
+      break;
+    }
+    if (!r->admitted_once) r->usage.cached_prompt_tokens = std::min(r->num_computed, r->prompt_len);
+    r->admitted_once = true;
+    stats_.prefix_hit_tokens += r->num_computed;
+    waiting_.pop_front();
+    r->running = true;
+    running_.push_back(r);
+    add_entry(r, n, &budget, &rows_left);
+  }
+  if (!batch_.empty()) {
+    ++stats_.steps;
+    stats_.computed_tokens += batch_.num_tokens;
+  }
+  return batch_;
+}
+
+void Scheduler::preempt(Request* r) {
+  MX_CHECK(!running_.empty() && running_.back() == r) << "only the newest running request is preempted";
+  running_.pop_back();
+  pool_.release(r->pages);
+  r->pages.clear();
+  r->num_computed = 0;
+  r->num_registered_pages = 0;
+  r->running = false;
+  ++r->num_preemptions;
+  ++stats_.preemptions;
+  waiting_.push_front(r);
+  MX_LOG(Debug) << "request " << r->id << ": preempted (KV pool full), " << r->num_tokens() << " tokens to recompute";
+}
+
+void Scheduler::register_full_pages(Request* r) {
+  if (!pool_.prefix_cache_enabled()) return;
+  const int64_t full = r->num_computed / config_.page_size;
+  for (int64_t i = r->num_registered_pages; i < full; ++i) {
+    auto tokens = std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(i * config_.page_size),
+                                                              static_cast<size_t>(config_.page_size));
+    pool_.register_page(r->pages, i, tokens);
+  }
+  r->num_registered_pages = std::max(r->num_registered_pages, full);
+}
+
+void Scheduler::finish(Request* r, FinishReason reason) {
+  r->finish = reason;
+  if (r->has_matcher) r->stop_matcher.finish();
+  pool_.release(r->pages);
+  r->pages.clear();
+  r->running = false;
+  r->touched = true;
+  ++stats_.finished;
+}
+
+void Scheduler::append_token(Request* r, const SampledToken& s) {
+  r->tokens.push_back(s.token);
+  if (r->input.sampling.logprobs) r->logprobs.push_back(s);
+  r->usage.completion_tokens = r->num_generated();
+  r->touched = true;
+  ++stats_.generated_tokens;
+  const auto& eos = *config_.eos_token_ids;
+  const auto& extra = r->input.stop_token_ids;
+  const bool is_eos = !r->input.ignore_eos && std::find(eos.begin(), eos.end(), s.token) != eos.end();
+  if (is_eos || std::find(extra.begin(), extra.end(), s.token) != extra.end()) {
+    r->stop_token = s.token;
+    finish(r, FinishReason::kStop);
+    return;
+  }
+  if (r->has_matcher && r->stop_matcher.append(r->generated())) {
+    finish(r, FinishReason::kStop);
+    return;
+  }
+  if (r->num_generated() >= r->max_new_tokens || r->num_tokens() >= config_.max_model_len)
+    finish(r, FinishReason::kLength);
+}
+
+void Scheduler::update(const ScheduledBatch& batch, std::span<const SampledToken> sampled) {
+  size_t k = 0;
+  for (const ScheduledEntry& e : batch.entries) {
+    Request* r = e.request;
+    r->num_computed += e.num_tokens;
+    register_full_pages(r);
+    if (e.sample) {
+      MX_CHECK(k < sampled.size()) << "fewer sampled tokens than sampling entries";
+      append_token(r, sampled[k++]);
+    } else if (r->num_computed == r->num_tokens() && r->num_generated() >= r->max_new_tokens) {
+      finish(r, FinishReason::kLength);  // max_tokens 0: the prompt ran (for its logits), nothing to sample
+    }
+    if (r->touched && r->finish == FinishReason::kNone) touched_.push_back(r);
+  }
+  // Finished requests leave the running list (order kept) and are reported once.
+  size_t kept = 0;
+  for (Request* r : running_) {
+    if (r->finish == FinishReason::kNone) running_[kept++] = r;
+    else touched_.push_back(r);
+  }
+  running_.resize(kept);
+}
+
+void Scheduler::abort(Request* r) {
+  if (r->finish != FinishReason::kNone) return;
+  if (r->running) {
+    running_.erase(std::find(running_.begin(), running_.end(), r));
+  } else {
+    auto it = std::find(waiting_.begin(), waiting_.end(), r);
+    if (it != waiting_.end()) waiting_.erase(it);
+  }
+  finish(r, FinishReason::kAbort);
+  ++stats_.aborted;
+  touched_.push_back(r);
+}
+
+void Scheduler::fail(const ScheduledBatch& batch, const std::string& message) {
+  for (const ScheduledEntry& e : batch.entries) {
+    Request* r = e.request;
+    if (r->finish != FinishReason::kNone) continue;
+    running_.erase(std::find(running_.begin(), running_.end(), r));
+    r->error = message;
+    finish(r, FinishReason::kError);
+    touched_.push_back(r);
+  }
+}
+
+void Scheduler::take_touched(std::vector<Request*>* out) {
+  out->clear();
+  out->swap(touched_);
+}
+
+Status Scheduler::check_invariants() const {
+  std::vector<int32_t> refs(static_cast<size_t>(pool_.num_pages()), 0);
+  if (static_cast<int64_t>(running_.size()) > config_.max_running_requests)
+    return internal_error("more running requests than max_running_requests");
+  for (const Request* r : running_) {
+    if (!r->running || r->finish != FinishReason::kNone) return internal_error("request " + std::to_string(r->id) + " is listed as running but is not");
+    if (pool_.pages_for_tokens(r->num_computed) > static_cast<int64_t>(r->pages.size()))
+      return internal_error("request " + std::to_string(r->id) + " computed tokens beyond its pages");
+    if (static_cast<int64_t>(r->pages.size()) > pool_.pages_for_tokens(r->num_tokens()))
+      return internal_error("request " + std::to_string(r->id) + " holds more pages than its tokens need");
+    for (int32_t p : r->pages) {
+      if (p < 0 || p >= pool_.num_pages()) return internal_error("page number out of range");
+      ++refs[static_cast<size_t>(p)];
+    }
+  }
+  for (const Request* r : waiting_) {
+    if (r->running || r->finish != FinishReason::kNone || !r->pages.empty() || r->num_computed != 0)
+      return internal_error("waiting request " + std::to_string(r->id) + " holds pages or progress");
+  }
+  return pool_.check(refs);
+}
+
+}  // namespace mx

@@ -1,0 +1,106 @@
+// The scheduler: decides which tokens of which requests run in the next forward pass, owns the page
+// tables (through the PagePool) and applies each step's sampled tokens (stop checks, finishing, freeing).
+// It never touches device memory and never sees logits.
+//
+// Policy, per step, under a token budget (max_num_batched_tokens):
+//  1. Running requests, oldest admission first, each gets min(tokens left to compute, budget left): one
+//     token for a decode, a chunk for a prefill, so decodes and prefill chunks share a batch. When a
+//     request's next pages cannot be allocated, the newest running request is preempted (its pages
+//     released, its progress dropped, recomputed later; counted), until the pages fit or it was itself
+//     the newest.
+//  2. Then, if nothing was preempted this step, waiting requests in FCFS order (preempted ones first)
+//     while running < max_running_requests: a prefix-cache lookup (at most (tokens - 1) / P full pages,
+//     so a full hit still recomputes the last token), then a chunk like above. The first one that does
+//     not fit stops admission (no overtaking).
+// The oldest running request can always progress: everything newer can be preempted and any request fits
+// the pool alone (EngineConfig caps max_model_len by the pool), so the engine never deadlocks.
+#pragma once
+
+#include <deque>
+#include <span>
+#include <vector>
+
+#include "runtime/engine_config.h"
+#include "runtime/page_pool.h"
+#include "runtime/request.h"
+
+namespace mx {
+
+// One request's share of a step: compute tokens[start, start + num_tokens) and, when `sample`, sample the
+// next token from the last one's logits. `all_logits`: logits for every token (prompt logits).
+struct ScheduledEntry {
+  Request* request = nullptr;
+  int64_t start = 0;
+  int64_t num_tokens = 0;
+  bool sample = false;
+  bool all_logits = false;
+};
+
+struct ScheduledBatch {
+  std::vector<ScheduledEntry> entries;
+  int64_t num_tokens = 0;
+  int64_t num_samples = 0;
+  bool empty() const { return entries.empty(); }
+};
+
+struct SchedulerStats {
+  int64_t steps = 0;
+  int64_t computed_tokens = 0;     // every token run through the model, recomputation included
+  int64_t prefix_hit_tokens = 0;   // tokens whose keys came from the prefix cache instead
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t finished = 0;
+  int64_t aborted = 0;
+};
+
+class Scheduler {
+ public:
+  // `config` is resolved and must outlive the scheduler.
+  explicit Scheduler(const EngineConfig& config);
+
+  // Queues a validated request (its vectors already reserved).
+  void add(Request* request);
+  // Finishes a queued or running request with kAbort and frees its pages now.
+  void abort(Request* request);
+  // Finishes every request of `batch` with kError (the forward pass failed).
+  void fail(const ScheduledBatch& batch, const std::string& message);
+
+  const ScheduledBatch& schedule();
+  // `sampled` holds one token per entry with `sample`, in entry order.
+  void update(const ScheduledBatch& batch, std::span<const SampledToken> sampled);
+
+  // Requests that produced output (tokens, text or a finish) since the last call; finished ones have
+  // left the scheduler and hold no pages.
+  void take_touched(std::vector<Request*>* out);
+
+  const PagePool& pool() const { return pool_; }
+  PagePool& pool() { return pool_; }
+  const std::vector<Request*>& running() const { return running_; }
+  const std::deque<Request*>& waiting() const { return waiting_; }
+  const SchedulerStats& stats() const { return stats_; }
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+
+  // Every invariant the scheduler and pool promise: reference counts equal page-table references, free +
+  // used == total, waiting requests hold no pages, running ones hold exactly the pages their computed
+  // tokens need (or more for a chunk in flight), running <= max_running_requests.
+  Status check_invariants() const;
+
+ private:
+  // Tokens the request may compute this step under the budgets (0 when none).
+  int64_t chunk_size(const Request& r, int64_t budget, int64_t rows_left) const;
+  void add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_left);
+  void preempt(Request* r);
+  void finish(Request* r, FinishReason reason);
+  void append_token(Request* r, const SampledToken& sampled);
+  void register_full_pages(Request* r);
+
+  const EngineConfig& config_;
+  PagePool pool_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order
+  ScheduledBatch batch_;
+  std::vector<Request*> touched_;
+  SchedulerStats stats_;
+};
+
+}  // namespace mx
