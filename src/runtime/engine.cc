@@ -62,8 +62,8 @@ void Engine::apply(EngineCommand& command) {
     out.id = command.id;
     out.finish = FinishReason::kError;
     out.error = status.to_string();
-    command.stream->push(std::move(out));
     live_.fetch_sub(1);
+    command.stream->push(std::move(out));
     return;
   }
   streams_.emplace(command.id, std::move(command.stream));
@@ -74,11 +74,10 @@ void Engine::deliver(std::vector<RequestOutput>& outputs) {
     auto it = streams_.find(out.id);
     if (it == streams_.end()) continue;
     const bool done = out.finished();
+    // A reader that sees the finish may add a request at once: it must no longer count as live by then.
+    if (done) live_.fetch_sub(1);
     it->second->push(std::move(out));
-    if (done) {
-      streams_.erase(it);
-      live_.fetch_sub(1);
-    }
+    if (done) streams_.erase(it);
   }
 }
 

@@ -77,3 +77,77 @@ TEST(ThreadPool, EveryIndexOnceInContiguousChunks) {
 
 }  // namespace
 }  // namespace mx
+
+namespace mx {
+namespace {
+
+TEST(Sampler, PenaltiesFollowTheirDefinitions) {
+  // Logits 2, 1, -1, 0.5 over 4 tokens; the output so far is [0, 0, 2], the prompt [3].
+  const std::vector<float> logits = {2.0f, 1.0f, -1.0f, 0.5f};
+  const std::vector<int32_t> prompt = {3}, output = {0, 0, 2};
+  Sampler sampler(4);
+  Rng rng(0);
+  SampledToken out;
+  SamplingParams p;
+  // Frequency 0.8 per occurrence: token 0 drops to 2 - 1.6 = 0.4, so token 1 (1.0) wins greedily.
+  p.frequency_penalty = 0.8f;
+  sampler.sample(logits.data(), p, {prompt, output}, rng, &out);
+  EXPECT_EQ(out.token, 1);
+  // Presence 0.9 once: token 0 at 1.1 still beats 1.0.
+  p = SamplingParams{};
+  p.presence_penalty = 0.9f;
+  sampler.sample(logits.data(), p, {prompt, output}, rng, &out);
+  EXPECT_EQ(out.token, 0);
+  p.presence_penalty = 1.1f;
+  sampler.sample(logits.data(), p, {prompt, output}, rng, &out);
+  EXPECT_EQ(out.token, 1);
+  // Repetition 3 divides positive logits of seen tokens (prompt included): 2/3 and 0.5/3; token 1 wins.
+  p = SamplingParams{};
+  p.repetition_penalty = 3.0f;
+  sampler.sample(logits.data(), p, {prompt, output}, rng, &out);
+  EXPECT_EQ(out.token, 1);
+  // Negative penalties reward repeats.
+  p = SamplingParams{};
+  p.presence_penalty = -2.0f;
+  const std::vector<int32_t> out2 = {2};
+  sampler.sample(logits.data(), p, {prompt, out2}, rng, &out);
+  EXPECT_EQ(out.token, 0);  // -1 + 2 = 1 < 2
+  // Scratch counts are left clean: a penalty-free call after penalised ones is plain greedy.
+  sampler.sample(logits.data(), SamplingParams{}, {prompt, output}, rng, &out);
+  EXPECT_EQ(out.token, 0);
+}
+
+TEST(Sampler, LogprobsAreTheRawLogSoftmaxWithTopN) {
+  const std::vector<float> logits = {std::log(0.1f), std::log(0.6f), std::log(0.3f)};
+  Sampler sampler(3);
+  Rng rng(5);
+  SamplingParams p;
+  p.logprobs = true;
+  p.top_logprobs = 2;
+  p.frequency_penalty = 2.0f;  // penalties change the choice, not the reported distribution
+  const std::vector<int32_t> output = {1};
+  SampledToken out;
+  sampler.sample(logits.data(), p, {{}, output}, rng, &out);
+  EXPECT_EQ(out.token, 2);
+  EXPECT_NEAR(out.logprob, std::log(0.3), 1e-5);
+  ASSERT_EQ(out.top.size(), 2u);
+  EXPECT_EQ(out.top[0].token, 1);
+  EXPECT_NEAR(out.top[0].logprob, std::log(0.6), 1e-5);
+  EXPECT_EQ(out.top[1].token, 2);
+}
+
+TEST(Sampler, MinPAndTopKTogether) {
+  std::vector<float> logits = {std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 3;
+  p.min_p = 0.6f;  // of the top 3, keeps p >= 0.24: tokens 0 and 1
+  Rng rng(9);
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 2000; ++i) ++seen[sample_token(logits.data(), 4, p, rng)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.count(0) && seen.count(1));
+}
+
+}  // namespace
+}  // namespace mx

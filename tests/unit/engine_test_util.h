@@ -1,0 +1,47 @@
+// Shared by the engine tests: the tiny fixtures (model, prompts, transformers' greedy tokens) and a driver
+// that runs an EngineCore to completion, checking the scheduler's invariants after every step.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/gpt_oss.h"
+#include "runtime/engine_core.h"
+
+namespace mx::test {
+
+struct Fixture {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<GptOssModel> model;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> greedy;  // transformers' greedy continuation of each prompt
+};
+
+// Loaded once per process and shared (read-only after loading).
+const Fixture& fixture_model(const std::string& name);
+
+struct Arrival {
+  int64_t step = 0;  // added just before this engine step (0 = before the first)
+  RequestInput input;
+};
+
+struct DriveResult {
+  std::vector<RequestOutput> outputs;  // merged, one per arrival, in arrival order
+  EngineStats stats;
+  int64_t steps = 0;
+  std::string error;  // first invariant violation or add failure; empty when all went well
+};
+
+// Runs the arrivals through `core` until every request has finished. `each_step` (optional) runs after
+// every step with the step index and may add or abort requests through the core.
+using StepHook = std::function<void(EngineCore& core, int64_t step)>;
+DriveResult drive(EngineCore& core, std::vector<Arrival> arrivals, const StepHook& each_step = {});
+
+// Greedy, max_tokens n, no stop ids.
+RequestInput greedy_request(const std::vector<int32_t>& prompt, int64_t n);
+
+}  // namespace mx::test
