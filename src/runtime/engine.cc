@@ -81,6 +81,20 @@ void Engine::deliver(std::vector<RequestOutput>& outputs) {
   }
 }
 
+void Engine::log_stats() {
+  // At most one line per kStatsInterval at INFO, and only when something ran since the last one.
+  constexpr auto kStatsInterval = std::chrono::seconds(5);
+  const auto now = std::chrono::steady_clock::now();
+  const EngineStats s = core_->stats();
+  if (now - last_log_ < kStatsInterval || s.scheduler.steps == last_logged_steps_) return;
+  MX_LOG(Info) << "engine: running " << s.num_running << ", waiting " << s.num_waiting << ", KV pages used "
+               << s.pages_used << "/" << s.num_pages << " (" << s.pages_cached << " cached), steps "
+               << s.scheduler.steps << ", generated " << s.scheduler.generated_tokens << ", prefix-hit tokens "
+               << s.scheduler.prefix_hit_tokens << ", preemptions " << s.scheduler.preemptions;
+  last_log_ = now;
+  last_logged_steps_ = s.scheduler.steps;
+}
+
 void Engine::loop() {
   std::vector<EngineCommand> commands;
   std::vector<RequestOutput> outputs;
@@ -100,6 +114,7 @@ void Engine::loop() {
       deliver(outputs);
     }
     stats_.set(core_->stats());
+    log_stats();
   }
   // Shutdown: every live request ends with kAbort.
   for (const auto& [id, stream] : streams_) core_->abort(id);

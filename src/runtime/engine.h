@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -44,6 +45,7 @@ class Engine {
   void loop();
   void apply(EngineCommand& command);
   void deliver(std::vector<RequestOutput>& outputs);
+  void log_stats();
 
   std::unique_ptr<EngineCore> core_;
   EngineInbox inbox_;
@@ -55,6 +57,8 @@ class Engine {
   // Engine thread only.
   std::unordered_map<RequestId, std::shared_ptr<RequestStream>> streams_;
   std::vector<RequestId> abandoned_;
+  std::chrono::steady_clock::time_point last_log_{};
+  int64_t last_logged_steps_ = 0;
 };
 
 }  // namespace mx

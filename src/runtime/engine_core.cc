@@ -95,9 +95,7 @@ void EngineCore::abort(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   scheduler_.abort(it->second.get());
-  std::vector<Request*> touched;
-  scheduler_.take_touched(&touched);
-  touched_.insert(touched_.end(), touched.begin(), touched.end());
+  scheduler_.take_touched(&touched_);
 }
 
 void EngineCore::step(std::vector<RequestOutput>* outputs) {
@@ -116,9 +114,7 @@ void EngineCore::step(std::vector<RequestOutput>* outputs) {
 }
 
 void EngineCore::collect_outputs(std::vector<RequestOutput>* outputs) {
-  std::vector<Request*> touched;
-  scheduler_.take_touched(&touched);
-  touched_.insert(touched_.end(), touched.begin(), touched.end());
+  scheduler_.take_touched(&touched_);
   for (Request* r : touched_) {
     if (!r->touched) continue;  // listed twice
     r->touched = false;

@@ -69,8 +69,8 @@ class Scheduler {
   // `sampled` holds one token per entry with `sample`, in entry order.
   void update(const ScheduledBatch& batch, std::span<const SampledToken> sampled);
 
-  // Requests that produced output (tokens, text or a finish) since the last call; finished ones have
-  // left the scheduler and hold no pages.
+  // Appends the requests that produced output (tokens, text or a finish) since the last call; finished
+  // ones have left the scheduler and hold no pages.
   void take_touched(std::vector<Request*>* out);
 
   const PagePool& pool() const { return pool_; }

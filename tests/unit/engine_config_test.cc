@@ -1,0 +1,96 @@
+// EngineConfig resolution (auto KV pool on the CPU, context capped by the pool, eos ids without <|end|>),
+// the KV memory plan's arithmetic, and `mxserve generate` driving the engine with its flags.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine_test_util.h"
+#include "runtime/engine_config.h"
+#include "test_util.h"
+
+namespace mx {
+namespace {
+
+TEST(EngineConfig, ResolvesAutoValuesAndRejectsBadRanges) {
+  const auto& fx = test::fixture_model("tiny-gpt-oss");
+  EngineConfig c;
+  c.page_size = 16;
+  c.cpu_kv_cache_bytes = 1 << 20;  // tiny: 4 layers x K,V x 2 kv heads x 64 x f32 = 4 KiB per token
+  auto r = resolve_engine_config(c, *fx.model);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->num_kv_pages, 16);       // 256 tokens
+  EXPECT_EQ(r->max_model_len, 256);     // a request must fit the pool alone
+  EXPECT_EQ(r->model_context_len, 131072);
+  EXPECT_EQ(*r->eos_token_ids, (std::vector<int32_t>{200002, 199999, 200012}));
+  EXPECT_FALSE(describe_engine_config(*r).empty());
+
+  c.max_model_len = 100;
+  EXPECT_EQ(resolve_engine_config(c, *fx.model)->max_model_len, 100);
+  using Edit = void (*)(EngineConfig&);
+  for (Edit bad : {Edit([](EngineConfig& e) { e.page_size = 0; }), Edit([](EngineConfig& e) { e.max_num_batched_tokens = 0; }),
+                   Edit([](EngineConfig& e) { e.max_running_requests = 0; }), Edit([](EngineConfig& e) { e.mem_fraction = 1.5; }),
+                   Edit([](EngineConfig& e) { e.num_kv_pages = -1; })}) {
+    EngineConfig e;
+    bad(e);
+    EXPECT_EQ(resolve_engine_config(e, *fx.model).status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(EngineConfig, MemoryPlan) {
+  KvMemoryInputs in;
+  in.device_bytes = 80ll << 30;
+  in.weights_bytes = 13ll << 30;
+  in.activation_bytes = 3ll << 30;
+  in.mem_fraction = 0.9;
+  in.bytes_per_token = 24 * 2 * 8 * 64 * 2;  // gpt-oss-20b, bf16: 48 KiB
+  in.page_size = 16;
+  in.max_model_len = 131072;
+  auto plan = plan_kv_memory(in);
+  ASSERT_TRUE(plan.is_ok());
+  const int64_t kv = static_cast<int64_t>(0.9 * (80ll << 30)) - (16ll << 30);
+  EXPECT_EQ(plan->num_pages, kv / (in.bytes_per_token * 16));
+  EXPECT_EQ(plan->kv_tokens, plan->num_pages * 16);
+  EXPECT_EQ(plan->full_context_requests, plan->num_pages / (131072 / 16));
+  EXPECT_NE(describe_kv_memory_plan(in, *plan).find("requests at full context"), std::string::npos);
+  in.weights_bytes = 80ll << 30;
+  EXPECT_EQ(plan_kv_memory(in).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(GenerateCliEngine, EngineFlagsKeepTheGreedyTokens) {
+  const auto& fx = test::fixture_model("tiny-gpt-oss");
+  test::TempDir dir;
+  std::string jsonl;
+  for (const auto& p : fx.prompts) jsonl += nlohmann::json(p).dump() + "\n";
+  test::write_file(dir.file("prompts.jsonl"), jsonl);
+  // 5-token chunks, pages of 4 and a pool for one request and a page: chunking and preemption.
+  const auto r = test::run_mxserve("generate --model " + test::fixture("tiny-gpt-oss") + " --prompt-ids-file " +
+                                   dir.file("prompts.jsonl") + " --max-new-tokens 24 --page-size 4 --num-kv-pages 17" +
+                                   " --max-num-batched-tokens 5 --max-running-requests 3 --stats");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  std::istringstream lines(r.stdout_text);
+  std::string line;
+  size_t i = 0;
+  for (; std::getline(lines, line); ++i) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["prompt_index"], i);
+    EXPECT_EQ(j["output_ids"].get<std::vector<int32_t>>(), fx.greedy[i]) << "prompt " << i;
+  }
+  EXPECT_EQ(i, fx.prompts.size());
+  EXPECT_NE(r.stderr_text.find("preemptions"), std::string::npos);
+  EXPECT_EQ(r.stderr_text.find(" 0 preemptions"), std::string::npos) << r.stderr_text;
+
+  const auto bad = test::run_mxserve("generate --model " + test::fixture("tiny-gpt-oss") +
+                                     " --prompt-ids 1,2 --max-num-batched-tokens 0");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.stderr_text.find("max-num-batched-tokens must be in"), std::string::npos) << bad.stderr_text;
+  const auto too_long = test::run_mxserve("generate --model " + test::fixture("tiny-gpt-oss") +
+                                          " --prompt-ids 1,2 --num-kv-pages 2 --max-new-tokens 40");
+  EXPECT_EQ(too_long.exit_code, 1);
+  EXPECT_NE(too_long.stderr_text.find("prompt 0: 2 prompt tokens + 40 new tokens exceed this engine's limit of 32"),
+            std::string::npos)
+      << too_long.stderr_text;
+}
+
+}  // namespace
+}  // namespace mx
