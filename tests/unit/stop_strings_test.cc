@@ -102,3 +102,54 @@ TEST(StopStrings, ContextDependentDecodingUsesTheWindow) {
 
 }  // namespace
 }  // namespace mx
+
+// The same matcher over the real o200k tokenizer (tests/fixtures/tokenizer).
+#include "runtime/tokenizer_detokenize.h"
+#include "tokenizer_util.h"
+
+namespace mx {
+namespace {
+
+std::shared_ptr<const Tokenizer> shared_o200k() {
+  static std::shared_ptr<const Tokenizer> tok = [] {
+    auto t = Tokenizer::load(testing::fixture_path("tokenizer/o200k_base.tiktoken"));
+    EXPECT_TRUE(t.is_ok()) << t.status().to_string();
+    return *t;
+  }();
+  return tok;
+}
+
+TEST(StopStringsO200k, StopsInsideATokenAndHoldsBackMultiTokenCharacters) {
+  const DetokenizeFn detok = make_detokenize_fn(shared_o200k());
+  const std::string text = "The answer is 42, said the 🦙 model. Done.";
+  const std::vector<int32_t> ids = shared_o200k()->encode(text);
+  Fed f{{}, StopStringMatcher(&detok, {"🦙 mo"}, 64)};
+  std::string streamed;
+  int64_t released = 0;
+  bool matched = false;
+  for (int32_t id : ids) {
+    matched = f.feed(id);
+    const std::string safe = f.safe_text();
+    ASSERT_GE(static_cast<int64_t>(safe.size()), released);  // never takes text back
+    streamed += safe.substr(static_cast<size_t>(released));
+    released = static_cast<int64_t>(safe.size());
+    if (matched) break;
+  }
+  EXPECT_TRUE(matched);
+  EXPECT_EQ(streamed, "The answer is 42, said the ");
+  EXPECT_EQ(f.m.text().substr(0, text.find(" model") + 3), text.substr(0, text.find(" model") + 3));
+}
+
+TEST(StopStringsO200k, SpecialTokensAreSkippedInText) {
+  const auto tok = shared_o200k();
+  const DetokenizeFn detok = make_detokenize_fn(tok);
+  std::vector<int32_t> ids = tok->encode("Hi");
+  ids.push_back(200007);  // <|end|> (a Harmony special added on load)
+  const auto more = tok->encode(" there");
+  ids.insert(ids.end(), more.begin(), more.end());
+  EXPECT_EQ(detok(ids), "Hi there");
+  EXPECT_EQ(make_detokenize_fn(tok, false)(ids), "Hi<|end|> there");
+}
+
+}  // namespace
+}  // namespace mx
