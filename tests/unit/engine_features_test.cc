@@ -208,7 +208,7 @@ TEST(EngineAbort, AbortStormLeavesNothingBehind) {
   const auto& fx = fixture_model("tiny-gpt-oss-b");
   EngineConfig config;
   config.page_size = 4;
-  config.num_kv_pages = 24;
+  config.num_kv_pages = 16;
   config.max_num_batched_tokens = 32;
   config.max_running_requests = 16;
   auto core_or = EngineCore::create(*fx.model, config);
@@ -230,10 +230,12 @@ TEST(EngineAbort, AbortStormLeavesNothingBehind) {
     }
   };
   for (int64_t step = 0; next <= kRequests || core.has_work(); ++step) {
-    for (int k = 0; k < 4 && next <= kRequests; ++k) {
+    for (int k = 0; k < 10 && next <= kRequests; ++k) {
+      // Short prompts cut from the fixture prompts: many share their first pages.
       const auto& base = fx.prompts[static_cast<size_t>(rng() % fx.prompts.size())];
-      std::vector<int32_t> prompt(base.begin(), base.begin() + 1 + static_cast<long>(rng() % base.size()));
-      RequestInput in = greedy_request(prompt, 1 + static_cast<int64_t>(rng() % 12));
+      const size_t len = 1 + rng() % std::min<size_t>(base.size(), 14);
+      std::vector<int32_t> prompt(base.begin(), base.begin() + static_cast<long>(len));
+      RequestInput in = greedy_request(prompt, 1 + static_cast<int64_t>(rng() % 8));
       ASSERT_TRUE(core.add_request(next, in).is_ok());
       live.push_back(next++);
       if (rng() % 8 == 0) {  // aborted before it ever runs
@@ -264,7 +266,7 @@ TEST(EngineAbort, AbortStormLeavesNothingBehind) {
   EXPECT_EQ(s.num_running, 0);
   EXPECT_EQ(s.num_waiting, 0);
   EXPECT_EQ(core.num_live(), 0);
-  std::printf("[engine] abort storm: %lld aborted, %lld finished, %lld preemptions, %lld prefix-hit tokens\n",
+  std::printf("[engine] abort storm: %lld steps, %lld tokens computed, %lld aborted, %lld finished, %lld preemptions, %lld prefix-hit tokens\n", static_cast<long long>(s.scheduler.steps), static_cast<long long>(s.scheduler.computed_tokens),
               static_cast<long long>(aborted), static_cast<long long>(kRequests - aborted),
               static_cast<long long>(s.scheduler.preemptions), static_cast<long long>(s.scheduler.prefix_hit_tokens));
 }
