@@ -7,5 +7,6 @@ namespace mx {
 int run_generate_command(int argc, char** argv);
 int run_make_model_command(int argc, char** argv);
 int run_tokenize_command(int argc, char** argv);
+int run_serve_command(int argc, char** argv);
 
 }  // namespace mx

@@ -16,6 +16,7 @@ constexpr Command kCommands[] = {
     {"generate", mx::run_generate_command, "run prompts (token ids) through a model and print the output ids"},
     {"make-model", mx::run_make_model_command, "write a synthetic gpt-oss checkpoint (random weights, real layout)"},
     {"tokenize", mx::run_tokenize_command, "text <-> token ids, one JSON value per line (stdin -> stdout)"},
+    {"serve", mx::run_serve_command, "OpenAI-compatible HTTP server (generation not wired to the engine yet)"},
 };
 
 void print_usage() {

@@ -1,0 +1,258 @@
+// Routing, auth, admission and the generation endpoints' request path:
+//   parse JSON (UTF-8, depth) -> typed request (400 naming the field) -> model and context checks ->
+//   admission (503) -> GenerationStream with the endpoint's formatter -> CompletionService.
+#include "server/api_server.h"
+
+#include <ctime>
+#include <thread>
+
+#include "core/log.h"
+#include "server/openai_request.h"
+
+namespace mx::server {
+
+bool constant_time_equal(std::string_view given, std::string_view secret) {
+  unsigned char diff = given.size() != secret.size() ? 1 : 0;
+  for (size_t i = 0; i < secret.size(); ++i)
+    diff |= static_cast<unsigned char>((i < given.size() ? given[i] : 0) ^ secret[i]);
+  return diff == 0;
+}
+
+// State that requests reach from their end callbacks, which may run after the server object is gone.
+// The registry of live streams is the one lock of the server: shutdown must reach every request to cancel
+// it, and requests come and go on every io thread.
+struct ApiServer::Shared {
+  explicit Shared(const std::string& model) : registry(model), metrics(&registry) {}
+  MetricsRegistry registry;
+  ServerMetrics metrics;
+  std::atomic<int64_t> in_flight{0};
+  std::mutex mu;
+  uint64_t next_key = 0;                                                  // guarded by mu
+  std::unordered_map<uint64_t, std::weak_ptr<GenerationStream>> streams;  // guarded by mu
+};
+
+ApiServer::ApiServer(const ApiServerOptions& options, CompletionService* service)
+    : options_(options), service_(service), shared_(std::make_shared<Shared>(options.served_model_name)),
+      created_(static_cast<int64_t>(std::time(nullptr))) {}
+
+Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& options, CompletionService* service) {
+  if (options.served_model_name.empty()) return invalid_argument("the served model name must not be empty");
+  if (options.context_length < 1) return invalid_argument("the context length must be at least 1");
+  if (options.max_running_requests < 1 || options.max_queued_requests < 0)
+    return invalid_argument("max running requests must be >= 1 and max queued requests >= 0");
+  std::unique_ptr<ApiServer> server(new ApiServer(options, service));
+  ApiServer* self = server.get();
+  MX_ASSIGN_OR_RETURN(server->http_, HttpServer::start(options.http, [self](HttpRequest&& r, std::shared_ptr<ResponseChannel> c) {
+                        self->handle(std::move(r), std::move(c));
+                      }));
+  return server;
+}
+
+ApiServer::~ApiServer() { drain_and_stop(); }
+
+void ApiServer::set_ready() {
+  ServerState expected = ServerState::kLoading;
+  state_.compare_exchange_strong(expected, ServerState::kReady);
+}
+
+int64_t ApiServer::in_flight() const { return shared_->in_flight.load(); }
+MetricsRegistry& ApiServer::registry() { return shared_->registry; }
+
+bool ApiServer::authorized(const HttpRequest& request) const {
+  if (options_.api_key.empty()) return true;
+  const std::string_view header = to_std(request[http::field::authorization]);
+  constexpr std::string_view kBearer = "bearer ";
+  if (header.size() < kBearer.size() || !beast::iequals(beast::string_view(header.data(), kBearer.size()), beast::string_view(kBearer.data(), kBearer.size()))) return false;
+  return constant_time_equal(header.substr(kBearer.size()), options_.api_key);
+}
+
+std::string ApiServer::metrics_text() {
+  const ServiceStats stats = service_->stats();
+  ServerMetrics& m = shared_->metrics;
+  m.requests_running->set(static_cast<double>(stats.running));
+  m.requests_waiting->set(static_cast<double>(stats.waiting));
+  m.kv_cache_usage->set(stats.kv_cache_usage);
+  m.preemptions->set(static_cast<double>(stats.preemptions_total));
+  return shared_->registry.render();
+}
+
+void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> channel) {
+  const unsigned version = request.version();
+  const std::string_view target = to_std(request.target());
+  const std::string path(target.substr(0, target.find('?')));
+  const std::string method(request.method_string());
+  auto reply = [&](const ApiError& error, const std::string& allow = "") {
+    channel->respond(make_error_response(error, version, allow));
+  };
+  auto require = [&](http::verb verb) {
+    if (request.method() == verb) return true;
+    reply(ApiError::method_not_allowed(method, path), std::string(http::to_string(verb)));
+    return false;
+  };
+
+  if (path == "/health" || path == "/v1/health") {  // open even with an API key: load balancers probe it
+    if (!require(http::verb::get)) return;
+    const ServerState state = state_.load();
+    if (state == ServerState::kLoading) return reply(ApiError::unavailable("Loading model", "loading"));
+    if (state == ServerState::kDraining) return reply(ApiError::unavailable("Server is shutting down", "draining"));
+    return channel->respond(make_json_response(http::status::ok, R"({"status":"ok"})", version));
+  }
+  if (!authorized(request)) return reply(ApiError::unauthorized());
+
+  const ModelCard card{options_.served_model_name, created_, options_.context_length};
+  if (path == "/metrics") {
+    if (!require(http::verb::get)) return;
+    HttpResponse res = make_json_response(http::status::ok, metrics_text(), version);
+    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    return channel->respond(std::move(res));
+  }
+  if (path == "/v1/models") {
+    if (!require(http::verb::get)) return;
+    return channel->respond(make_json_response(http::status::ok, models_body({card}), version));
+  }
+  if (path.rfind("/v1/models/", 0) == 0) {
+    if (!require(http::verb::get)) return;
+    const std::string id = path.substr(std::string("/v1/models/").size());
+    if (id != card.id) return reply(ApiError::not_found("The model `" + id + "` does not exist.", "model_not_found"));
+    return channel->respond(make_json_response(http::status::ok, json_text(model_json(card)), version));
+  }
+  const std::pair<const char*, Endpoint> kGeneration[] = {
+      {"/v1/chat/completions", Endpoint::kChat}, {"/v1/completions", Endpoint::kCompletions}, {"/v1/responses", Endpoint::kResponses}};
+  for (const auto& [route, endpoint] : kGeneration) {
+    if (path != route) continue;
+    if (!require(http::verb::post)) return;
+    return generate(endpoint, request, channel);
+  }
+  reply(ApiError::not_found("Unknown route: " + method + " " + path, "unknown_route"));
+}
+
+void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel) {
+  const unsigned version = request.version();
+  ServerMetrics& metrics = shared_->metrics;
+  auto reply = [&](const ApiError& error) { channel->respond(make_error_response(error, version)); };
+
+  const ServerState state = state_.load();
+  if (state != ServerState::kReady) {
+    metrics.rejected_requests->add();
+    return reply(state == ServerState::kLoading ? ApiError::unavailable("The model is still loading.", "loading")
+                                                : ApiError::unavailable("The server is shutting down.", "draining"));
+  }
+
+  Json body;
+  if (auto error = parse_json_object(request.body(), &body)) return reply(*error);
+  ChatRequest chat;
+  CompletionRequest completion;
+  std::optional<ApiError> error;
+  switch (endpoint) {
+    case Endpoint::kChat: error = parse_chat_request(body, &chat); break;
+    case Endpoint::kCompletions: error = parse_completion_request(body, &completion); break;
+    case Endpoint::kResponses: {
+      ResponsesRequest responses;
+      error = parse_responses_request(body, &responses);
+      chat = std::move(responses.chat);
+      break;
+    }
+  }
+  if (error) return reply(*error);
+  const bool is_chat = endpoint != Endpoint::kCompletions;
+  const std::string& model = is_chat ? chat.model : completion.model;
+  const SamplingOptions& sampling = is_chat ? chat.sampling : completion.sampling;
+  const StreamOptions& stream_options = is_chat ? chat.stream : completion.stream;
+  if (!model.empty() && model != options_.served_model_name) {
+    ApiError e = ApiError::not_found("The model `" + model + "` does not exist.", "model_not_found");
+    e.param = "model";
+    return reply(e);
+  }
+  if (sampling.max_tokens && *sampling.max_tokens > options_.context_length) {
+    // Clients parse this sentence to shrink max_tokens and retry (litellm, agent frameworks).
+    return reply(ApiError::invalid_request("This model's maximum context length is " + std::to_string(options_.context_length) +
+                                               " tokens. However, you requested " + std::to_string(*sampling.max_tokens) +
+                                               " output tokens.",
+                                           endpoint == Endpoint::kResponses ? "max_output_tokens" : "max_tokens",
+                                           "context_length_exceeded"));
+  }
+
+  // Admission: take a slot first, give it back if over the limit, so concurrent arrivals never overshoot.
+  const int64_t limit = options_.max_running_requests + options_.max_queued_requests;
+  if (shared_->in_flight.fetch_add(1) >= limit) {
+    shared_->in_flight.fetch_sub(1);
+    metrics.rejected_requests->add();
+    return reply(ApiError::unavailable("The server is at capacity (" + std::to_string(limit) +
+                                           " requests running or queued); retry later.",
+                                       "queue_full"));
+  }
+  metrics.http_inflight->add(1);
+
+  ResponseIdentity identity{"", options_.served_model_name, static_cast<int64_t>(std::time(nullptr))};
+  std::unique_ptr<ResponseFormatter> formatter;
+  switch (endpoint) {
+    case Endpoint::kChat:
+      identity.id = random_id("chatcmpl-");
+      formatter = make_chat_formatter(identity, stream_options, sampling.n);
+      break;
+    case Endpoint::kCompletions:
+      identity.id = random_id("cmpl-");
+      formatter = make_completion_formatter(identity, stream_options,
+                                            static_cast<int64_t>(completion.prompts.size()) * sampling.n);
+      break;
+    case Endpoint::kResponses:
+      identity.id = random_id("resp_");
+      formatter = make_responses_formatter(identity, chat);
+      break;
+  }
+
+  std::shared_ptr<Shared> shared = shared_;
+  uint64_t key;
+  {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    key = shared->next_key++;
+  }
+  auto stream = make_generation_stream(channel, std::move(formatter), stream_options.stream, &shared->metrics, [shared, key] {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->streams.erase(key);
+    }
+    shared->metrics.http_inflight->add(-1);
+    shared->in_flight.fetch_sub(1);
+  });
+  {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->streams.emplace(key, stream);
+  }
+  error = is_chat ? service_->start_chat(chat, stream) : service_->start_completion(completion, stream);
+  if (error) stream->fail(std::move(*error));
+}
+
+void ApiServer::cancel_all() {
+  std::vector<std::shared_ptr<GenerationStream>> live;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    for (auto& [key, weak] : shared_->streams)
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+  }
+  for (auto& s : live) s->cancel();
+}
+
+void ApiServer::drain_and_stop() {
+  if (stopped_.exchange(true) || !http_) return;
+  state_.store(ServerState::kDraining);
+  http_->stop_accepting();
+  using Clock = std::chrono::steady_clock;
+  auto wait_until_idle = [this](Clock::time_point deadline) {
+    while (shared_->in_flight.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return shared_->in_flight.load() == 0;
+  };
+  if (!wait_until_idle(Clock::now() + options_.shutdown_timeout)) {
+    MX_LOG(Warning) << "shutdown: " << shared_->in_flight.load() << " requests still running after "
+                    << options_.shutdown_timeout.count() << " ms; aborting them";
+    cancel_all();
+    if (!wait_until_idle(Clock::now() + std::chrono::seconds(5))) {
+      MX_LOG(Warning) << "shutdown: " << shared_->in_flight.load() << " requests did not end after the abort";
+    }
+  }
+  // The last responses were queued on their strands; let the io threads write them out.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  http_->stop();
+}
+
+}  // namespace mx::server

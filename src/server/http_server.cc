@@ -1,0 +1,376 @@
+// Beast sessions: read a request (header first, so `Expect: 100-continue` is answered), hand it to the
+// handler, write what the ResponseChannel produces, then read the next one on a kept-alive connection.
+// All session state is touched only on the connection's strand.
+#include "server/http_server.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <future>
+#include <optional>
+#include <sstream>
+
+#include "core/log.h"
+
+namespace mx::server {
+
+using tcp = net::ip::tcp;
+
+HttpResponse make_json_response(http::status status, std::string body, unsigned version) {
+  HttpResponse res{status, version};
+  res.set(http::field::server, "mxserve");
+  res.set(http::field::content_type, "application/json");
+  res.body() = std::move(body);
+  return res;
+}
+
+HttpResponse make_error_response(const ApiError& error, unsigned version, const std::string& allow) {
+  HttpResponse res = make_json_response(static_cast<http::status>(error.status), error_body(error), version);
+  if (error.status == 503) res.set(http::field::retry_after, "1");
+  if (error.status == 405 && !allow.empty()) res.set(http::field::allow, allow);
+  return res;
+}
+
+class HttpSession : public std::enable_shared_from_this<HttpSession> {
+ public:
+  HttpSession(tcp::socket&& socket, const HttpServerOptions& options, HttpHandler handler)
+      : stream_(std::move(socket)), options_(options), handler_(std::move(handler)) {}
+
+  void start() { post([self = shared_from_this()] { self->read_request(); }); }
+  void post(std::function<void()> fn) { net::post(stream_.get_executor(), std::move(fn)); }
+
+  // ---- called on the strand by ResponseChannel ----
+  bool is_active(const ResponseChannel* ch) const { return ch == active_.get() && !ch->complete_; }
+
+  void respond(ResponseChannel* ch, HttpResponse res) {
+    if (!is_active(ch) || ch->streaming_) return;
+    ch->complete_ = true;
+    res.version(version_);
+    res.keep_alive(keep_alive_);
+    res.prepare_payload();
+    std::ostringstream os;
+    os << res;
+    enqueue(os.str());
+  }
+
+  void begin_stream(ResponseChannel* ch, HttpResponse head) {
+    if (!is_active(ch) || ch->streaming_) return;
+    ch->streaming_ = true;
+    chunked_ = version_ >= 11;  // HTTP/1.0 has no chunks: the body ends when the connection closes
+    if (!chunked_) keep_alive_ = false;
+    head.version(version_);
+    head.keep_alive(keep_alive_);
+    head.body().clear();
+    head.erase(http::field::content_length);
+    if (chunked_) head.chunked(true);
+    std::string out = "HTTP/" + std::to_string(version_ / 10) + "." + std::to_string(version_ % 10) + " " +
+                      std::to_string(head.result_int()) + " " + std::string(head.reason()) + "\r\n";
+    for (const auto& field : head) out += std::string(field.name_string()) + ": " + std::string(field.value()) + "\r\n";
+    enqueue(out + "\r\n");
+  }
+
+  void write_chunk(ResponseChannel* ch, std::string data) {
+    if (!is_active(ch) || !ch->streaming_ || data.empty()) return;
+    if (!chunked_) return enqueue(std::move(data));
+    char size[20];
+    std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+    enqueue(size + data + "\r\n");
+  }
+
+  void end_stream(ResponseChannel* ch) {
+    if (!is_active(ch) || !ch->streaming_) return;
+    ch->complete_ = true;
+    if (chunked_) enqueue("0\r\n\r\n");
+    else if (!writing_) after_response();
+  }
+
+ private:
+  void read_request() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->body_limit(options_.max_body_bytes);
+    parser_->header_limit(options_.max_header_bytes);
+    stream_.expires_after(options_.request_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read_error(ec);
+    if (parser_->is_done()) return on_request();
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      // curl sends this for bodies over 1 KiB and waits a second for the answer if it gets none.
+      continue_ = "HTTP/1.1 100 Continue\r\n\r\n";
+      net::async_write(stream_, net::buffer(continue_), [self = shared_from_this()](beast::error_code ec, size_t) {
+        if (ec) return self->peer_gone();
+        self->read_body();
+      });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->on_read_error(ec);
+      self->on_request();
+    });
+  }
+
+  void on_read_error(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::operation_aborted ||
+        ec == net::error::eof || ec == net::error::connection_reset) {
+      return close_now();
+    }
+    if (ec == http::error::body_limit) {
+      return fail_and_close(ApiError::payload_too_large(static_cast<long long>(options_.max_body_bytes)));
+    }
+    if (ec == http::error::header_limit) return fail_and_close(ApiError::headers_too_large());
+    if (ec.category() == http::make_error_code(http::error::bad_method).category()) {
+      return fail_and_close(ApiError::invalid_request("Malformed HTTP request: " + ec.message() + "."));
+    }
+    close_now();  // a socket error: nobody to answer
+  }
+
+  void on_request() {
+    HttpRequest request = parser_->release();
+    parser_.reset();
+    keep_alive_ = request.keep_alive();
+    version_ = request.version();
+    chunked_ = true;
+    stream_.expires_never();
+    auto channel = std::make_shared<ResponseChannel>(shared_from_this());
+    active_ = channel;
+    handler_(std::move(request), channel);
+    if (active_ == channel && !channel->complete_) watch_disconnect();
+  }
+
+  // ---- writing ----
+  void enqueue(std::string bytes) {
+    if (closed_) return;
+    pending_ += bytes;
+    if (!writing_) do_write();
+  }
+
+  void do_write() {
+    writing_ = true;
+    out_.clear();
+    out_.swap(pending_);
+    stream_.expires_after(options_.write_timeout);
+    net::async_write(stream_, net::buffer(out_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_write(ec);
+    });
+  }
+
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    if (ec) return peer_gone();
+    if (!pending_.empty()) return do_write();
+    stream_.expires_never();
+    if (closing_) return lingering_close();
+    if (active_ && active_->complete_) after_response();
+  }
+
+  void after_response() {
+    active_.reset();
+    stop_watch();
+    if (!keep_alive_) return lingering_close();
+    read_request();
+  }
+
+  void fail_and_close(const ApiError& error) {
+    active_.reset();
+    closing_ = true;
+    HttpResponse res = make_error_response(error, version_, "");
+    res.keep_alive(false);
+    res.prepare_payload();
+    std::ostringstream os;
+    os << res;
+    enqueue(os.str());
+  }
+
+  // ---- noticing a client that left ----
+  void watch_disconnect() {
+    if (watching_ || closed_ || buffer_.size() > 0) return;  // bytes already buffered: a pipelined request
+    watching_ = true;
+    const uint64_t id = ++watch_id_;
+    stream_.socket().async_wait(tcp::socket::wait_read,
+                                net::bind_executor(stream_.get_executor(), [self = shared_from_this(), id](
+                                                                               beast::error_code ec) { self->on_readable(ec, id); }));
+  }
+
+  void on_readable(beast::error_code ec, uint64_t id) {
+    if (id != watch_id_) return;  // a watch cancelled since
+    watching_ = false;
+    if (ec == net::error::operation_aborted) return;
+    if (ec) return peer_gone();
+    char byte;
+    const ssize_t n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return peer_gone();  // orderly shutdown by the client
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return watch_disconnect();
+      return peer_gone();
+    }
+    // n > 0: the client sent more (a pipelined request); it is still there. Stop watching: a disconnect
+    // will now show up as a failed write.
+  }
+
+  void stop_watch() {
+    if (!watching_) return;
+    watching_ = false;
+    ++watch_id_;
+    beast::error_code ec;
+    stream_.socket().cancel(ec);
+  }
+
+  void peer_gone() {
+    if (closed_) return;
+    if (active_) {
+      auto channel = std::move(active_);
+      channel->disconnected_.store(true, std::memory_order_release);
+      if (!channel->complete_ && channel->disconnect_fn_) {
+        auto fn = std::move(channel->disconnect_fn_);
+        fn();
+      }
+    }
+    close_now();
+  }
+
+  void close_now() {
+    if (closed_) return;
+    closed_ = true;
+    active_.reset();
+    pending_.clear();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+  }
+
+  // Half-close, then drain what the client still sends for a moment: closing with unread data would send
+  // a reset that can destroy our response (a 413 while the client is still uploading) before it is read.
+  void lingering_close() {
+    if (closed_) return;
+    stop_watch();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(std::chrono::seconds(2));
+    drain();
+  }
+
+  void drain() {
+    stream_.async_read_some(net::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->close_now();
+      self->drain();
+    });
+  }
+
+  beast::tcp_stream stream_;
+  HttpServerOptions options_;
+  HttpHandler handler_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<ResponseChannel> active_;  // the request being answered
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool chunked_ = true;
+  std::string pending_, out_, continue_;
+  char discard_[4096];
+  bool writing_ = false, closing_ = false, closed_ = false, watching_ = false;
+  uint64_t watch_id_ = 0;
+};
+
+// ---- ResponseChannel: hop to the strand, then act if still current ----
+
+void ResponseChannel::respond(HttpResponse response) {
+  session_->post([self = shared_from_this(), r = std::move(response)]() mutable { self->session_->respond(self.get(), std::move(r)); });
+}
+
+void ResponseChannel::begin_stream(HttpResponse head) {
+  session_->post([self = shared_from_this(), h = std::move(head)]() mutable { self->session_->begin_stream(self.get(), std::move(h)); });
+}
+
+void ResponseChannel::write_chunk(std::string data) {
+  session_->post([self = shared_from_this(), d = std::move(data)]() mutable { self->session_->write_chunk(self.get(), std::move(d)); });
+}
+
+void ResponseChannel::end_stream() {
+  session_->post([self = shared_from_this()] { self->session_->end_stream(self.get()); });
+}
+
+void ResponseChannel::run(std::function<void()> fn) { session_->post(std::move(fn)); }
+
+void ResponseChannel::on_disconnect(std::function<void()> fn) {
+  session_->post([self = shared_from_this(), fn = std::move(fn)]() mutable {
+    if (self->disconnected()) return fn();
+    if (!self->complete_) self->disconnect_fn_ = std::move(fn);
+  });
+}
+
+// ---- HttpServer ----
+
+HttpServer::HttpServer(const HttpServerOptions& options, HttpHandler handler)
+    : options_(options), handler_(std::move(handler)), work_(net::make_work_guard(ioc_)), acceptor_(net::make_strand(ioc_)) {}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, HttpHandler handler) {
+  if (options.io_threads < 1) return invalid_argument("the HTTP server needs at least one io thread");
+  std::unique_ptr<HttpServer> server(new HttpServer(options, std::move(handler)));
+  const std::string where = options.host + ":" + std::to_string(options.port);
+  beast::error_code ec;
+  tcp::resolver resolver(server->ioc_);
+  auto endpoints = resolver.resolve(options.host, std::to_string(options.port), tcp::resolver::passive, ec);
+  if (ec || endpoints.empty()) return invalid_argument("cannot resolve host " + where + ": " + ec.message());
+  const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+  auto& acceptor = server->acceptor_;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return io_error("cannot listen on " + where + ": " + ec.message());
+  server->port_ = acceptor.local_endpoint().port();
+  server->do_accept();
+  for (int i = 0; i < options.io_threads; ++i) server->threads_.emplace_back([s = server.get()] { s->ioc_.run(); });
+  return server;
+}
+
+void HttpServer::do_accept() {
+  acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+    if (!acceptor_.is_open()) return;
+    if (ec) {
+      // Out of file descriptors and the like: back off instead of spinning, then keep accepting.
+      MX_LOG(Warning) << "accept failed: " << ec.message();
+      auto timer = std::make_shared<net::steady_timer>(acceptor_.get_executor(), std::chrono::milliseconds(50));
+      timer->async_wait([this, timer](beast::error_code) {
+        if (acceptor_.is_open()) do_accept();
+      });
+      return;
+    }
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);  // SSE events must not wait for Nagle
+    std::make_shared<HttpSession>(std::move(socket), options_, handler_)->start();
+    do_accept();
+  });
+}
+
+void HttpServer::stop_accepting() {
+  if (stopped_.load()) return;
+  std::promise<void> closed;
+  net::post(acceptor_.get_executor(), [this, &closed] {
+    beast::error_code ec;
+    acceptor_.close(ec);
+    closed.set_value();
+  });
+  closed.get_future().wait();
+}
+
+void HttpServer::stop() {
+  if (stopped_.exchange(true)) return;
+  work_.reset();
+  ioc_.stop();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+}  // namespace mx::server

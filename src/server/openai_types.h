@@ -1,0 +1,130 @@
+// Native C++ forms of the OpenAI requests we serve, and of the output a CompletionService reports.
+// The HTTP layer turns JSON into these once, at the door; nothing behind it sees JSON. Defaults are
+// gpt-oss's recommended sampling (temperature 1, top_p 1), not llama.cpp's (llama.cpp#27720).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mx::server {
+
+enum class ChatRole { kSystem, kDeveloper, kUser, kAssistant, kTool };
+// gpt-oss cannot turn reasoning off: "none" and "minimal" clamp to kLow.
+enum class ReasoningEffort { kLow, kMedium, kHigh };
+
+const char* chat_role_name(ChatRole role);
+const char* reasoning_effort_name(ReasoningEffort effort);
+
+struct ToolCall {
+  std::string id;         // "call_..." as the client received it
+  std::string name;
+  std::string arguments;  // JSON text, as OpenAI carries it
+};
+
+struct ChatMessage {
+  ChatRole role = ChatRole::kUser;
+  std::string content;    // text parts joined; "" when null
+  std::string reasoning;  // assistant: `reasoning` or `reasoning_content` (clients send either)
+  std::vector<ToolCall> tool_calls;  // assistant
+  std::string tool_call_id;          // tool
+  std::string name;  // tool: the function answered (from the matching assistant call when not given)
+};
+
+struct FunctionTool {
+  std::string name;
+  std::string description;
+  nlohmann::json parameters = nlohmann::json::object();  // JSON Schema; rendered by the Harmony renderer
+};
+
+struct ToolChoice {
+  enum class Mode { kAuto, kNone, kRequired, kNamed };
+  Mode mode = Mode::kAuto;
+  std::string name;  // kNamed
+};
+
+struct SamplingOptions {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;  // 0 = off (-1 is accepted as off too, vLLM's spelling)
+  double min_p = 0.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  std::optional<int64_t> max_tokens;  // unset: what the context leaves
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;
+  int64_t n = 1;
+  bool logprobs = false;
+  int64_t top_logprobs = 0;
+  bool ignore_eos = false;  // extension benchmarks rely on (vllm/sglang bench --ignore-eos)
+};
+
+struct StreamOptions {
+  bool stream = false;
+  bool include_usage = false;  // one extra chunk with `choices: []` and usage before [DONE]
+};
+
+// POST /v1/chat/completions, and /v1/responses after translation (see ResponsesRequest).
+struct ChatRequest {
+  std::string model;
+  std::vector<ChatMessage> messages;
+  std::vector<FunctionTool> tools;
+  ToolChoice tool_choice;
+  ReasoningEffort reasoning_effort = ReasoningEffort::kMedium;
+  SamplingOptions sampling;
+  StreamOptions stream;
+};
+
+// One prompt of /v1/completions: text, or token ids given by the client.
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int64_t> token_ids;
+  bool is_tokens = false;
+};
+
+struct CompletionRequest {
+  std::string model;
+  std::vector<CompletionPrompt> prompts;  // choice index = prompt index * n + sample index
+  SamplingOptions sampling;
+  StreamOptions stream;
+  bool echo = false;
+};
+
+// POST /v1/responses: the conversation becomes a ChatRequest (instructions as the developer message,
+// input items as messages), so the service serves one kind of chat.
+struct ResponsesRequest {
+  ChatRequest chat;
+  std::string instructions;
+};
+
+// ---- What a CompletionService reports (see generation_stream.h) ----
+
+enum class FinishReason { kStop, kLength, kToolCalls, kAbort, kError };
+const char* finish_reason_name(FinishReason reason);
+
+struct ToolCallDelta {
+  int64_t index = 0;      // which call of this choice
+  std::string id;         // first fragment of a call only
+  std::string name;       // first fragment of a call only
+  std::string arguments;  // a piece of the JSON text
+};
+
+struct GenerationDelta {
+  int64_t choice = 0;
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallDelta> tool_calls;
+  int64_t num_tokens = 0;  // generated tokens this delta covers (latency metrics)
+};
+
+struct GenerationUsage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t reasoning_tokens = 0;
+};
+
+}  // namespace mx::server
