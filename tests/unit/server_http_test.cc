@@ -1,0 +1,405 @@
+// The HTTP server on loopback with a scripted service: keep-alive, routing errors, auth, SSE framing as
+// OpenAI streams it, errors after the stream started, client disconnects, admission, draining, metrics.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "server_test_util.h"
+
+namespace mx::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Json = nlohmann::json;
+
+std::string chat_body(const std::string& text, const std::string& extra = "") {
+  return R"({"model":"test-model","messages":[{"role":"user","content":")" + text + "\"}]" + extra + "}";
+}
+
+void expect_error_envelope(const HttpReply& r, int status, const std::string& type) {
+  EXPECT_EQ(r.status, status) << r.body;
+  EXPECT_EQ(r.header("content-type"), "application/json");
+  const Json j = Json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_EQ(j["error"]["type"], type);
+  EXPECT_TRUE(j["error"].contains("param"));
+  EXPECT_TRUE(j["error"].contains("code"));
+}
+
+// Waits for `pred` up to `limit`; returns whether it came true.
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 3000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return pred();
+}
+
+TEST(ServerHttp, KeepAliveServesManyRequestsOnOneConnection) {
+  TestServer server;
+  RawClient client(server.port());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(client.send(make_request("GET", "/health")));
+    EXPECT_EQ(client.read_reply().status, 200);
+    ASSERT_TRUE(client.send(make_request("GET", "/v1/models")));
+    const HttpReply models = client.read_reply();
+    EXPECT_EQ(models.status, 200);
+    EXPECT_EQ(Json::parse(models.body)["data"][0]["id"], "test-model");
+    ASSERT_TRUE(client.send(make_request("POST", "/v1/chat/completions", chat_body("hi"))));
+    EXPECT_EQ(client.read_reply().status, 200);
+  }
+  // Pipelined: two requests in one write, two answers in order.
+  ASSERT_TRUE(client.send(make_request("GET", "/health") + make_request("GET", "/v1/models/test-model")));
+  EXPECT_EQ(client.read_reply().status, 200);
+  const HttpReply model = client.read_reply();
+  EXPECT_EQ(model.status, 200);
+  EXPECT_EQ(Json::parse(model.body)["id"], "test-model");
+}
+
+TEST(ServerHttp, RoutingErrors) {
+  TestServer server;
+  expect_error_envelope(http_call(server.port(), "GET", "/v1/nope"), 404, "not_found_error");
+  expect_error_envelope(http_call(server.port(), "GET", "/v1/models/other"), 404, "not_found_error");
+  const HttpReply wrong_method = http_call(server.port(), "GET", "/v1/chat/completions");
+  expect_error_envelope(wrong_method, 405, "invalid_request_error");
+  EXPECT_EQ(wrong_method.header("allow"), "POST");
+  expect_error_envelope(http_call(server.port(), "POST", "/health", "{}"), 405, "invalid_request_error");
+  const HttpReply wrong_model = http_call(server.port(), "POST", "/v1/chat/completions",
+                                          R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})");
+  expect_error_envelope(wrong_model, 404, "not_found_error");
+  EXPECT_EQ(Json::parse(wrong_model.body)["error"]["code"], "model_not_found");
+}
+
+TEST(ServerHttp, BodyTooLargeIs413AndServerGoesOn) {
+  TestServer server;
+  const std::string big(100 * 1024, 'x');
+  RawClient client(server.port());
+  client.send(make_request("POST", "/v1/chat/completions", chat_body(big)));
+  expect_error_envelope(client.read_reply(), 413, "invalid_request_error");
+  EXPECT_TRUE(client.closed_by_peer());
+  EXPECT_EQ(http_call(server.port(), "GET", "/health").status, 200);
+}
+
+TEST(ServerHttp, ApiKey) {
+  auto options = TestServer::default_options();
+  options.api_key = "sk-secret";
+  TestServer server(options);
+  expect_error_envelope(http_call(server.port(), "GET", "/v1/models"), 401, "authentication_error");
+  expect_error_envelope(http_call(server.port(), "GET", "/v1/models", "", {"Authorization: Bearer sk-wrong"}), 401,
+                        "authentication_error");
+  expect_error_envelope(http_call(server.port(), "GET", "/v1/models", "", {"Authorization: Bearer sk-secret2"}), 401,
+                        "authentication_error");
+  expect_error_envelope(http_call(server.port(), "GET", "/metrics", "", {"Authorization: sk-secret"}), 401,
+                        "authentication_error");
+  expect_error_envelope(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi")), 401,
+                        "authentication_error");
+  EXPECT_EQ(http_call(server.port(), "GET", "/v1/models", "", {"Authorization: Bearer sk-secret"}).status, 200);
+  EXPECT_EQ(http_call(server.port(), "GET", "/v1/models", "", {"authorization: bearer sk-secret"}).status, 200);
+  EXPECT_EQ(http_call(server.port(), "GET", "/health").status, 200);  // open for load balancers
+  EXPECT_TRUE(server::constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("abd", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("ab", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("abcd", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("", "abc"));
+}
+
+TEST(ServerHttp, ChatNonStreaming) {
+  TestServer server;
+  const HttpReply r = http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi", R"(,"n":2)"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["model"], "test-model");
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (int c = 0; c < 2; ++c) {
+    const Json& choice = j["choices"][c];
+    EXPECT_EQ(choice["index"], c);
+    EXPECT_EQ(choice["message"]["role"], "assistant");
+    EXPECT_EQ(choice["message"]["content"], "Hello world!");
+    EXPECT_EQ(choice["message"]["reasoning"], "Thinking.");
+    EXPECT_EQ(choice["message"]["reasoning_content"], "Thinking.");
+    EXPECT_FALSE(choice["message"].contains("tool_calls"));
+    EXPECT_EQ(choice["finish_reason"], "stop");
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(j["usage"]["total_tokens"], 18);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+}
+
+TEST(ServerHttp, ChatStreamingFramesLikeOpenAI) {
+  TestServer server;
+  const HttpReply r = http_call(server.port(), "POST", "/v1/chat/completions",
+                                chat_body("hi", R"(,"stream":true,"stream_options":{"include_usage":true})"));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("content-type"), "text/event-stream");
+  EXPECT_EQ(r.header("transfer-encoding"), "chunked");
+  // Every event is exactly `data: <payload>\n\n`.
+  const auto events = sse_payloads(r.body);
+  std::string rebuilt;
+  for (const auto& e : events) rebuilt += "data: " + e + "\n\n";
+  EXPECT_EQ(rebuilt, r.body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json first = Json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(first.contains("usage") && first["usage"].is_null());
+  std::string content, reasoning, finish;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    const Json chunk = Json::parse(events[i]);
+    EXPECT_EQ(chunk["id"], first["id"]);
+    const Json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+    if (delta.contains("reasoning")) {
+      reasoning += delta["reasoning"].get<std::string>();
+      EXPECT_EQ(delta["reasoning"], delta["reasoning_content"]);
+    }
+    if (!chunk["choices"][0]["finish_reason"].is_null()) {
+      finish = chunk["choices"][0]["finish_reason"];
+      EXPECT_EQ(delta, Json::object());  // the finish chunk carries an empty delta
+      EXPECT_EQ(i + 3, events.size());   // and is the last before usage and [DONE]
+    }
+  }
+  EXPECT_EQ(content, "Hello world!");  // deltas concatenate to the non-streamed text
+  EXPECT_EQ(reasoning, "Thinking.");
+  EXPECT_EQ(finish, "stop");
+  const Json usage = Json::parse(events[events.size() - 2]);
+  EXPECT_EQ(usage["choices"], Json::array());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 14);
+}
+
+TEST(ServerHttp, ToolCallsStreamedAndNot) {
+  TestServer server;
+  const std::string tools =
+      R"(,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  const HttpReply plain = http_call(server.port(), "POST", "/v1/chat/completions", chat_body("tool", tools));
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const Json message = Json::parse(plain.body)["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());
+  ASSERT_EQ(message["tool_calls"].size(), 1u);
+  EXPECT_EQ(message["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(message["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"city", "Paris"}}));
+  EXPECT_EQ(Json::parse(plain.body)["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(server.service().last_chat().tools.at(0).name, "get_weather");
+
+  const HttpReply streamed = http_call(server.port(), "POST", "/v1/chat/completions", chat_body("tool", tools + R"(,"stream":true)"));
+  std::string arguments, id, finish;
+  for (const auto& e : sse_payloads(streamed.body)) {
+    if (e == "[DONE]") continue;
+    const Json c = Json::parse(e)["choices"][0];
+    if (c["delta"].contains("tool_calls")) {
+      const Json& call = c["delta"]["tool_calls"][0];
+      EXPECT_EQ(call["index"], 0);
+      if (call.contains("id")) {
+        id = call["id"];
+        EXPECT_EQ(call["function"]["name"], "get_weather");
+      }
+      arguments += call["function"]["arguments"].get<std::string>();
+    }
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_FALSE(id.empty());
+  EXPECT_EQ(arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+TEST(ServerHttp, ErrorAfterStreamStartIsAnSseEventThenDone) {
+  TestServer server;
+  const HttpReply r = http_call(server.port(), "POST", "/v1/chat/completions", chat_body("fail-late", R"(,"stream":true)"));
+  EXPECT_EQ(r.status, 200);
+  const auto events = sse_payloads(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json error = Json::parse(events[events.size() - 2]);
+  EXPECT_EQ(error["error"]["type"], "server_error");
+  // Not streaming: the same failure is a plain 500 with the envelope.
+  expect_error_envelope(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("fail-late")), 500, "server_error");
+  // Refused at start: the service's status and param.
+  const HttpReply rejected = http_call(server.port(), "POST", "/v1/chat/completions", chat_body("reject", R"(,"stream":true)"));
+  expect_error_envelope(rejected, 400, "invalid_request_error");
+  EXPECT_EQ(Json::parse(rejected.body)["error"]["code"], "context_length_exceeded");
+}
+
+TEST(ServerHttp, ClientDisconnectMidStreamCancelsTheRequest) {
+  TestServer server;
+  {
+    RawClient client(server.port());
+    client.send(make_request("POST", "/v1/chat/completions", chat_body("forever", R"(,"stream":true)")));
+    EXPECT_EQ(client.read_head().status, 200);
+    EXPECT_NE(client.read_some().find("tick"), std::string::npos);
+  }  // closes the socket mid-stream
+  EXPECT_TRUE(eventually([&] { return server.service().cancellations.load() == 1; }));
+  EXPECT_TRUE(eventually([&] { return server.api().in_flight() == 0; }));
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi")).status, 200);
+
+  // Non-streaming requests are watched too: nothing is written while they run, the socket tells.
+  {
+    RawClient client(server.port());
+    client.send(make_request("POST", "/v1/chat/completions", chat_body("forever")));
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(eventually([&] { return server.service().cancellations.load() == 2; }));
+  EXPECT_TRUE(eventually([&] { return server.api().in_flight() == 0; }));
+}
+
+TEST(ServerHttp, AdmissionGivesRetryAfter503WhenFull) {
+  auto options = TestServer::default_options();
+  options.max_running_requests = 1;
+  options.max_queued_requests = 1;
+  TestServer server(options);
+  RawClient a(server.port()), b(server.port());
+  a.send(make_request("POST", "/v1/chat/completions", chat_body("forever", R"(,"stream":true)")));
+  b.send(make_request("POST", "/v1/chat/completions", chat_body("forever", R"(,"stream":true)")));
+  EXPECT_EQ(a.read_head().status, 200);
+  EXPECT_EQ(b.read_head().status, 200);
+  const HttpReply full = http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi"));
+  expect_error_envelope(full, 503, "unavailable_error");
+  EXPECT_EQ(full.header("retry-after"), "1");
+  a.close();
+  b.close();
+  EXPECT_TRUE(eventually([&] { return server.api().in_flight() == 0; }));
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi")).status, 200);
+  const std::string metrics = http_call(server.port(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("mxserve:rejected_requests_total{model_name=\"test-model\"} 1\n"), std::string::npos) << metrics;
+}
+
+TEST(ServerHttp, DrainingFinishesInFlightThenAbortsAndRefusesNewWork) {
+  auto options = TestServer::default_options();
+  options.shutdown_timeout = 300ms;
+  TestServer server(options);
+  RawClient idle(server.port());  // an open keep-alive connection: still answered while draining
+  idle.send(make_request("GET", "/health"));
+  EXPECT_EQ(idle.read_reply().status, 200);
+  RawClient streaming(server.port());
+  streaming.send(make_request("POST", "/v1/chat/completions", chat_body("forever", R"(,"stream":true)")));
+  EXPECT_EQ(streaming.read_head().status, 200);
+
+  std::thread drain([&] { server.api().drain_and_stop(); });
+  EXPECT_TRUE(eventually([&] { return server.api().state() == server::ServerState::kDraining; }));
+  idle.send(make_request("GET", "/health"));
+  expect_error_envelope(idle.read_reply(), 503, "unavailable_error");
+  idle.send(make_request("POST", "/v1/chat/completions", chat_body("hi")));
+  const HttpReply refused = idle.read_reply();
+  expect_error_envelope(refused, 503, "unavailable_error");
+  EXPECT_EQ(refused.header("retry-after"), "1");
+  // The stream outlives the timeout: it is aborted, and ends properly.
+  std::string rest;
+  for (std::string piece; !(piece = streaming.read_some()).empty();) rest += piece;
+  EXPECT_NE(rest.find("\"finish_reason\":\"abort\""), std::string::npos);
+  EXPECT_NE(rest.find("data: [DONE]\n\n"), std::string::npos);
+  drain.join();
+  EXPECT_EQ(server.service().cancellations.load(), 1);
+  EXPECT_EQ(server.api().in_flight(), 0);
+}
+
+TEST(ServerHttp, MetricsUseTheNamesDashboardsChart) {
+  TestServer server;
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi")).status, 200);
+  const HttpReply r = http_call(server.port(), "GET", "/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("content-type").rfind("text/plain; version=0.0.4", 0), 0u);
+  for (const char* name :
+       {"# TYPE mxserve:time_to_first_token_seconds histogram", "# TYPE mxserve:time_per_output_token_seconds histogram",
+        "# TYPE mxserve:e2e_request_latency_seconds histogram", "mxserve:prompt_tokens_total{model_name=\"test-model\"} 10\n",
+        "mxserve:generation_tokens_total{model_name=\"test-model\"} 4\n", "mxserve:num_requests_running{",
+        "mxserve:num_requests_waiting{", "mxserve:kv_cache_usage_perc{", "mxserve:num_preemptions_total{",
+        "mxserve:request_success_total{model_name=\"test-model\",finished_reason=\"stop\"} 1\n",
+        "mxserve:e2e_request_latency_seconds_count{model_name=\"test-model\"} 1\n",
+        "mxserve:time_to_first_token_seconds_bucket{model_name=\"test-model\",le=\"+Inf\"} 1\n",
+        "mxserve:rejected_requests_total{"}) {
+    EXPECT_NE(r.body.find(name), std::string::npos) << name;
+  }
+}
+
+TEST(ServerHttp, CompletionsTextAndTokenPrompts) {
+  TestServer server;
+  const HttpReply r = http_call(server.port(), "POST", "/v1/completions",
+                                R"({"model":"test-model","prompt":["one","two"],"n":2,"max_tokens":2})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  ASSERT_EQ(j["choices"].size(), 4u);
+  EXPECT_EQ(j["choices"][0]["text"], " after one");
+  EXPECT_EQ(j["choices"][3]["text"], " after two");
+  EXPECT_EQ(j["choices"][3]["finish_reason"], "length");
+  const HttpReply s = http_call(server.port(), "POST", "/v1/completions",
+                                R"({"prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true}})");
+  const auto events = sse_payloads(s.body);
+  ASSERT_EQ(events.size(), 5u);  // two text chunks, finish, usage, [DONE]
+  EXPECT_EQ(Json::parse(events[0])["choices"][0]["text"], " after");
+  EXPECT_EQ(Json::parse(events[2])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(Json::parse(events[3])["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(events[4], "[DONE]");
+}
+
+TEST(ServerHttp, ResponsesItemsAndStreamingEvents) {
+  TestServer server;
+  const HttpReply r = http_call(server.port(), "POST", "/v1/responses",
+                                R"({"model":"test-model","input":"hi","instructions":"Be brief.","reasoning":{"effort":"high"}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Json::parse(r.body);
+  EXPECT_EQ(j["object"], "response");
+  EXPECT_EQ(j["status"], "completed");
+  ASSERT_EQ(j["output"].size(), 2u);
+  EXPECT_EQ(j["output"][0]["type"], "reasoning");
+  EXPECT_EQ(j["output"][1]["type"], "message");
+  EXPECT_EQ(j["output"][1]["content"][0]["text"], "Hello world!");
+  EXPECT_EQ(j["usage"]["input_tokens"], 10);
+  const auto chat = server.service().last_chat();
+  EXPECT_EQ(chat.reasoning_effort, server::ReasoningEffort::kHigh);
+  ASSERT_EQ(chat.messages.size(), 2u);
+  EXPECT_EQ(chat.messages[0].role, server::ChatRole::kDeveloper);
+
+  const HttpReply tool = http_call(server.port(), "POST", "/v1/responses",
+                                   R"({"input":[{"role":"user","content":"tool"}],"stream":true,
+                                       "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}]})");
+  const std::vector<std::string> expected = {
+      "response.created", "response.in_progress", "response.output_item.added", "response.reasoning_text.delta",
+      "response.reasoning_text.done", "response.output_item.done", "response.output_item.added",
+      "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+      "response.function_call_arguments.done", "response.output_item.done", "response.completed"};
+  EXPECT_EQ(sse_event_names(tool.body), expected);
+  const auto payloads = sse_payloads(tool.body);
+  const Json done = Json::parse(payloads.back());
+  EXPECT_EQ(done["sequence_number"], 11);
+  EXPECT_EQ(done["response"]["output"][1]["type"], "function_call");
+  EXPECT_EQ(done["response"]["output"][1]["arguments"], R"({"city":"Paris"})");
+}
+
+// Many open streams on two io threads, a third of the clients vanishing mid-stream.
+TEST(ServerHttp, ManyConcurrentStreamsWithRandomDisconnects) {
+  TestServer server;
+  constexpr int kClients = 200;
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<RawClient>(server.port()));
+    const std::string script = i % 3 == 0 ? "forever" : "hi";
+    clients.back()->send(make_request("POST", "/v1/chat/completions", chat_body(script, R"(,"stream":true)")));
+  }
+  int completed = 0;
+  for (int i = 0; i < kClients; ++i) {
+    if (i % 3 == 0) {
+      EXPECT_EQ(clients[i]->read_head().status, 200);
+      clients[i]->close();
+    } else {
+      const HttpReply r = clients[i]->read_reply();
+      completed += r.status == 200 && r.body.size() >= 14 && r.body.compare(r.body.size() - 14, 14, "data: [DONE]\n\n") == 0;
+    }
+  }
+  EXPECT_EQ(completed, kClients - (kClients + 2) / 3);
+  EXPECT_TRUE(eventually([&] { return server.api().in_flight() == 0; }, 5000ms));
+  EXPECT_EQ(server.service().cancellations.load(), (kClients + 2) / 3);
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi")).status, 200);
+}
+
+}  // namespace
+}  // namespace mx::test

@@ -1,0 +1,324 @@
+#include "server_test_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <sstream>
+
+namespace mx::test {
+
+using namespace std::chrono_literals;
+using server::ApiError;
+using server::FinishReason;
+using server::GenerationDelta;
+using server::GenerationUsage;
+
+// ---- ScriptedService ----
+
+ScriptedService::~ScriptedService() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.join();
+}
+
+void ScriptedService::spawn(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  threads_.emplace_back(std::move(fn));
+}
+
+server::ChatRequest ScriptedService::last_chat() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_chat_;
+}
+
+server::ServiceStats ScriptedService::stats() const {
+  server::ServiceStats s;
+  s.running = running.load();
+  return s;
+}
+
+namespace {
+
+GenerationDelta text_delta(int64_t choice, std::string content, std::string reasoning = "") {
+  GenerationDelta d;
+  d.choice = choice;
+  d.content = std::move(content);
+  d.reasoning = std::move(reasoning);
+  d.num_tokens = 1;
+  return d;
+}
+
+}  // namespace
+
+std::optional<ApiError> ScriptedService::start_chat(const server::ChatRequest& request,
+                                                    std::shared_ptr<server::GenerationStream> stream) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_chat_ = request;
+  }
+  const std::string script = request.messages.back().content;
+  const int64_t n = request.sampling.n;
+  if (script == "reject")
+    return ApiError::invalid_request("This model's maximum context length is 64 tokens.", "messages", "context_length_exceeded");
+  running.fetch_add(1);
+  if (script == "forever") {
+    stream->on_cancel([this] { cancellations.fetch_add(1); });
+    spawn([this, stream] {
+      while (!stream->cancelled()) {
+        stream->delta(text_delta(0, "tick "));
+        std::this_thread::sleep_for(5ms);
+      }
+      stream->finish_choice(0, FinishReason::kAbort);
+      stream->done({5, 1, 0, 0});
+      running.fetch_sub(1);
+    });
+    return std::nullopt;
+  }
+  spawn([this, stream, script, n] {
+    if (script == "slow") std::this_thread::sleep_for(300ms);
+    if (script == "fail-late") {
+      stream->delta(text_delta(0, "partial"));
+      std::this_thread::sleep_for(20ms);
+      stream->fail(ApiError::internal("The engine failed this request."));
+    } else if (script == "tool") {
+      stream->delta(text_delta(0, "", "Need the weather."));
+      GenerationDelta call;
+      call.tool_calls.push_back({0, "", "get_weather", "{\"city\":"});
+      call.num_tokens = 3;
+      stream->delta(call);
+      GenerationDelta rest;
+      rest.tool_calls.push_back({0, "", "", "\"Paris\"}"});
+      rest.num_tokens = 2;
+      stream->delta(rest);
+      stream->finish_choice(0, FinishReason::kStop);
+      stream->done({20, 6, 0, 1});
+    } else if (script == "slow") {
+      stream->delta(text_delta(0, "ok"));
+      stream->done({3, 1, 0, 0});
+    } else {
+      for (int64_t c = 0; c < n; ++c) {
+        stream->delta(text_delta(c, "", "Thinking."));
+        for (const char* piece : {"Hello", " world", "!"}) stream->delta(text_delta(c, piece));
+        stream->finish_choice(c, FinishReason::kStop);
+      }
+      stream->done({10, 4 * n, 2, n});
+    }
+    running.fetch_sub(1);
+  });
+  return std::nullopt;
+}
+
+std::optional<ApiError> ScriptedService::start_completion(const server::CompletionRequest& request,
+                                                          std::shared_ptr<server::GenerationStream> stream) {
+  running.fetch_add(1);
+  spawn([this, request, stream] {
+    const int64_t n = request.sampling.n;
+    int64_t prompt_tokens = 0;
+    for (size_t p = 0; p < request.prompts.size(); ++p) {
+      const auto& prompt = request.prompts[p];
+      prompt_tokens += prompt.is_tokens ? static_cast<int64_t>(prompt.token_ids.size()) : 1;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t choice = static_cast<int64_t>(p) * n + i;
+        stream->delta(text_delta(choice, " after"));
+        stream->delta(text_delta(choice, prompt.is_tokens ? " ids" : " " + prompt.text));
+        stream->finish_choice(choice, FinishReason::kLength);
+      }
+    }
+    stream->done({prompt_tokens, 2 * n * static_cast<int64_t>(request.prompts.size()), 0, 0});
+    running.fetch_sub(1);
+  });
+  return std::nullopt;
+}
+
+// ---- TestServer ----
+
+server::ApiServerOptions TestServer::default_options() {
+  server::ApiServerOptions o;
+  o.http.port = 0;
+  o.http.io_threads = 2;
+  o.http.max_body_bytes = 64 * 1024;
+  o.http.max_header_bytes = 8 * 1024;
+  o.http.request_timeout = std::chrono::milliseconds(3000);
+  o.served_model_name = "test-model";
+  o.context_length = 4096;
+  o.max_running_requests = 64;
+  o.max_queued_requests = 512;
+  o.shutdown_timeout = std::chrono::milliseconds(2000);
+  return o;
+}
+
+TestServer::TestServer(server::ApiServerOptions options) {
+  auto started = server::ApiServer::start(options, &service_);
+  if (!started.is_ok()) throw std::runtime_error(started.status().to_string());
+  server_ = std::move(started).value();
+  server_->set_ready();
+}
+
+// ---- RawClient ----
+
+RawClient::RawClient(int port, int timeout_ms) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) close();
+}
+
+RawClient::~RawClient() { close(); }
+
+void RawClient::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+bool RawClient::send(const std::string& bytes) {
+  size_t sent = 0;
+  while (fd_ >= 0 && sent < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return fd_ >= 0;
+}
+
+void RawClient::shutdown_write() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+}
+
+std::string RawClient::read_some() {
+  if (!buffered_.empty()) return std::exchange(buffered_, "");
+  if (fd_ < 0) return "";
+  char buf[16384];
+  const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+bool RawClient::closed_by_peer() {
+  if (fd_ < 0) return true;
+  char c;
+  while (true) {
+    const ssize_t n = ::recv(fd_, &c, 1, 0);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;  // a timeout means the connection is still open
+  }
+}
+
+HttpReply RawClient::read_head() {
+  HttpReply reply;
+  while (true) {
+    size_t end;
+    while ((end = buffered_.find("\r\n\r\n")) == std::string::npos) {
+      std::string more = read_some();
+      if (more.empty()) return reply;
+      buffered_ += more;
+    }
+    std::string head = buffered_.substr(0, end);
+    buffered_.erase(0, end + 4);
+    std::istringstream in(head);
+    std::string line, version;
+    std::getline(in, line);
+    std::istringstream status_line(line);
+    status_line >> version >> reply.status;
+    reply.headers.clear();
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon), value = line.substr(colon + 1);
+      for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+      reply.headers[name] = value;
+    }
+    if (reply.status != 100) return reply;  // skip interim "100 Continue"
+  }
+}
+
+HttpReply RawClient::read_reply() {
+  HttpReply reply = read_head();
+  if (reply.status == 0) return reply;
+  auto need = [&](size_t n) {
+    while (buffered_.size() < n) {
+      std::string more = read_some();
+      if (more.empty()) return false;
+      buffered_ += more;
+    }
+    return true;
+  };
+  if (reply.header("transfer-encoding") == "chunked") {
+    while (true) {
+      size_t eol;
+      while ((eol = buffered_.find("\r\n")) == std::string::npos)
+        if (!need(buffered_.size() + 1)) return HttpReply{};
+      const size_t size = std::stoul(buffered_.substr(0, eol), nullptr, 16);
+      buffered_.erase(0, eol + 2);
+      if (!need(size + 2)) return HttpReply{};
+      reply.body += buffered_.substr(0, size);
+      buffered_.erase(0, size + 2);
+      if (size == 0) return reply;
+    }
+  }
+  if (!reply.header("content-length").empty()) {
+    const size_t size = std::stoul(reply.header("content-length"));
+    if (!need(size)) return HttpReply{};
+    reply.body = buffered_.substr(0, size);
+    buffered_.erase(0, size);
+    return reply;
+  }
+  while (true) {  // until the server closes
+    std::string more = read_some();
+    if (more.empty()) break;
+    reply.body += more;
+  }
+  return reply;
+}
+
+std::string make_request(const std::string& method, const std::string& target, const std::string& body,
+                         const std::vector<std::string>& extra_headers) {
+  std::string r = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  for (const auto& h : extra_headers) r += h + "\r\n";
+  if (!body.empty() || method == "POST") r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  return r + "\r\n" + body;
+}
+
+HttpReply http_call(int port, const std::string& method, const std::string& target, const std::string& body,
+                    const std::vector<std::string>& extra_headers) {
+  RawClient client(port);
+  client.send(make_request(method, target, body, extra_headers));
+  return client.read_reply();
+}
+
+std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    out.push_back(body.substr(pos + 6, end - pos - 6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+std::vector<std::string> sse_event_names(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = body.find("event: ", pos)) != std::string::npos) {
+    const size_t end = body.find('\n', pos);
+    out.push_back(body.substr(pos + 7, end - pos - 7));
+    pos = end;
+  }
+  return out;
+}
+
+}  // namespace mx::test
