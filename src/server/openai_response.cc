@@ -67,6 +67,12 @@ class ChoiceFormatter : public ResponseFormatter {
     if (stream_.include_usage) c["usage"] = nullptr;  // OpenAI: null on every chunk but the usage chunk
     return c;
   }
+  // Choices the producer left open finish with "stop"; then the usage chunk (when asked) and [DONE].
+  void done(const GenerationUsage& usage, std::string* sse) override {
+    for (size_t i = 0; i < choices_.size(); ++i)
+      if (!choices_[i].finished) finish(static_cast<int64_t>(i), FinishReason::kStop, sse);
+    close_stream(usage, sse);
+  }
   void close_stream(const GenerationUsage& usage, std::string* sse) {
     if (stream_.include_usage) {
       *sse += sse_data({{"id", id_.id}, {"object", chunk_object_}, {"created", id_.created}, {"model", id_.model},
@@ -129,12 +135,6 @@ class ChatFormatter final : public ChoiceFormatter {
                             {"finish_reason", finish_reason_name(c->finish)}}));
   }
 
-  void done(const GenerationUsage& usage, std::string* sse) override {
-    for (size_t i = 0; i < choices_.size(); ++i)
-      if (!choices_[i].finished) finish(static_cast<int64_t>(i), FinishReason::kStop, sse);
-    close_stream(usage, sse);
-  }
-
   std::string body(const GenerationUsage& usage) const override {
     Json choices = Json::array();
     for (size_t i = 0; i < choices_.size(); ++i) {
@@ -185,12 +185,6 @@ class CompletionFormatter final : public ChoiceFormatter {
     c->finished = true;
     c->finish = reason;
     *sse += sse_data(chunk({{"index", index}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}}));
-  }
-
-  void done(const GenerationUsage& usage, std::string* sse) override {
-    for (size_t i = 0; i < choices_.size(); ++i)
-      if (!choices_[i].finished) finish(static_cast<int64_t>(i), FinishReason::kStop, sse);
-    close_stream(usage, sse);
   }
 
   std::string body(const GenerationUsage& usage) const override {
