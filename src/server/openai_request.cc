@@ -19,15 +19,6 @@ const char* chat_role_name(ChatRole role) {
   return "user";
 }
 
-const char* reasoning_effort_name(ReasoningEffort effort) {
-  switch (effort) {
-    case ReasoningEffort::kLow: return "low";
-    case ReasoningEffort::kMedium: return "medium";
-    case ReasoningEffort::kHigh: return "high";
-  }
-  return "medium";
-}
-
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop: return "stop";

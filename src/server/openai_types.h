@@ -10,14 +10,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/harmony_renderer.h"
+
 namespace mx::server {
 
 enum class ChatRole { kSystem, kDeveloper, kUser, kAssistant, kTool };
-// gpt-oss cannot turn reasoning off: "none" and "minimal" clamp to kLow.
-enum class ReasoningEffort { kLow, kMedium, kHigh };
+// The renderer's effort levels; gpt-oss cannot turn reasoning off: "none" and "minimal" clamp to kLow.
+using ReasoningEffort = ::mx::ReasoningEffort;
 
 const char* chat_role_name(ChatRole role);
-const char* reasoning_effort_name(ReasoningEffort effort);
 
 struct ToolCall {
   std::string id;         // "call_..." as the client received it
