@@ -1,6 +1,7 @@
 #include "tools/cli_args.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -70,6 +71,25 @@ std::string cli_usage(const std::string& command, const std::vector<CliOption>& 
     out << lhs << " " << o.help << "\n";
   }
   return out.str();
+}
+
+int run_cli_command(int argc, char** argv, const std::string& command, const std::vector<CliOption>& options,
+                    const std::function<Status(const CliArgs&)>& run) {
+  auto args = CliArgs::parse(argc, argv, 2, options);
+  if (!args.is_ok()) {
+    std::fprintf(stderr, "error: %s\n%s", args.status().message().c_str(), cli_usage(command, options).c_str());
+    return 2;
+  }
+  if (args->has("help")) {
+    std::fprintf(stdout, "%s", cli_usage(command, options).c_str());
+    return 0;
+  }
+  const Status status = run(*args);
+  if (!status.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 Result<std::vector<int64_t>> parse_int_list(const std::string& text) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +34,11 @@ class CliArgs {
 
 // "usage: mxserve <command> [options]" followed by one line per option.
 std::string cli_usage(const std::string& command, const std::vector<CliOption>& options);
+
+// The shared frame of a subcommand: parse (usage + exit 2 on a bad option), --help (exit 0), then `run`;
+// a failed Status prints one "error:" line and exits 1.
+int run_cli_command(int argc, char** argv, const std::string& command, const std::vector<CliOption>& options,
+                    const std::function<Status(const CliArgs&)>& run);
 
 // Parses "1,2,3" into integers; rejects empty items and non-numbers.
 Result<std::vector<int64_t>> parse_int_list(const std::string& text);

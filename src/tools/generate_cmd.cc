@@ -91,6 +91,7 @@ Result<std::unique_ptr<Backend>> backend_from_args(const CliArgs& args) {
 }
 
 Status run(const CliArgs& args) {
+  set_log_level(LogLevel::kWarning);
   if (!args.has("model")) return invalid_argument("--model is required");
   if (args.has("log-level")) {
     LogLevel level;
@@ -178,22 +179,7 @@ Status run(const CliArgs& args) {
 }  // namespace
 
 int run_generate_command(int argc, char** argv) {
-  auto args = CliArgs::parse(argc, argv, 2, kOptions);
-  if (!args.is_ok()) {
-    std::fprintf(stderr, "error: %s\n%s", args.status().message().c_str(), cli_usage("generate", kOptions).c_str());
-    return 2;
-  }
-  if (args->has("help")) {
-    std::fprintf(stdout, "%s", cli_usage("generate", kOptions).c_str());
-    return 0;
-  }
-  set_log_level(LogLevel::kWarning);
-  const Status status = run(*args);
-  if (!status.is_ok()) {
-    std::fprintf(stderr, "error: %s\n", status.message().c_str());
-    return 1;
-  }
-  return 0;
+  return run_cli_command(argc, argv, "generate", kOptions, run);
 }
 
 }  // namespace mx

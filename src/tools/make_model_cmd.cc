@@ -42,21 +42,7 @@ Status run(const CliArgs& args) {
 }  // namespace
 
 int run_make_model_command(int argc, char** argv) {
-  auto args = CliArgs::parse(argc, argv, 2, kOptions);
-  if (!args.is_ok()) {
-    std::fprintf(stderr, "error: %s\n%s", args.status().message().c_str(), cli_usage("make-model", kOptions).c_str());
-    return 2;
-  }
-  if (args->has("help")) {
-    std::fprintf(stdout, "%s", cli_usage("make-model", kOptions).c_str());
-    return 0;
-  }
-  const Status status = run(*args);
-  if (!status.is_ok()) {
-    std::fprintf(stderr, "error: %s\n", status.message().c_str());
-    return 1;
-  }
-  return 0;
+  return run_cli_command(argc, argv, "make-model", kOptions, run);
 }
 
 }  // namespace mx
