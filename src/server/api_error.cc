@@ -37,6 +37,12 @@ ApiError ApiError::headers_too_large() {
           "headers_too_large"};
 }
 
+ApiError ApiError::unsupported_media_type(const std::string& content_type) {
+  return {415, "invalid_request_error",
+          "Content-Type '" + content_type + "' is not supported: send the body as JSON with `Content-Type: application/json`.",
+          "", "unsupported_media_type"};
+}
+
 ApiError ApiError::unavailable(std::string message, std::string code) {
   return {503, "unavailable_error", std::move(message), "", std::move(code)};
 }

@@ -20,6 +20,7 @@ struct ApiError {
   static ApiError method_not_allowed(const std::string& method, const std::string& path);
   static ApiError payload_too_large(long long limit_bytes);
   static ApiError headers_too_large();
+  static ApiError unsupported_media_type(const std::string& content_type);
   // 503: the queue is full, the model is loading or the server is draining. Sent with Retry-After.
   static ApiError unavailable(std::string message, std::string code = "");
   static ApiError not_implemented(std::string message);

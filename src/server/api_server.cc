@@ -18,6 +18,19 @@ bool constant_time_equal(std::string_view given, std::string_view secret) {
   return diff == 0;
 }
 
+namespace {
+
+// Generation bodies are JSON (vLLM answers 415 for anything else too); a missing Content-Type is taken
+// as JSON, since some clients send none.
+bool is_json_content_type(std::string_view content_type) {
+  std::string_view media = content_type.substr(0, content_type.find(';'));
+  while (!media.empty() && (media.front() == ' ' || media.front() == '\t')) media.remove_prefix(1);
+  while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.remove_suffix(1);
+  return media.empty() || beast::iequals(beast::string_view(media.data(), media.size()), "application/json");
+}
+
+}  // namespace
+
 // State that requests reach from their end callbacks, which may run after the server object is gone.
 // The registry of live streams is the one lock of the server: shutdown must reach every request to cancel
 // it, and requests come and go on every io thread.
@@ -138,6 +151,9 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
                                                 : ApiError::unavailable("The server is shutting down.", "draining"));
   }
 
+  const std::string_view content_type = to_std(request[http::field::content_type]);
+  if (!is_json_content_type(content_type))
+    return reply(ApiError::unsupported_media_type(std::string(content_type.substr(0, 100))));
   Json body;
   if (auto error = parse_json_object(request.body(), &body)) return reply(*error);
   ChatRequest chat;

@@ -57,6 +57,13 @@ std::vector<BadCase> bad_cases() {
        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n20000\r\n" +
            std::string(0x20000, 'a') + "\r\n0\r\n\r\n",
        413, ""},
+      {"Content-Type text/plain", make_request("POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})",
+                                                {"Content-Type: text/plain"}),
+       415, ""},
+      {"Content-Type form-urlencoded (curl -d without -H)",
+       make_request("POST", "/v1/completions", R"({"prompt":"hi"})", {"Content-Type: application/x-www-form-urlencoded"}), 415, ""},
+      {"Content-Type multipart", make_request("POST", "/v1/responses", R"({"input":"hi"})", {"Content-Type: multipart/form-data; boundary=x"}),
+       415, ""},
       // ---- bytes and JSON ----
       {"empty body", post("/v1/chat/completions", ""), 400, ""},
       {"truncated JSON", post("/v1/chat/completions", R"({"messages":[{"role":"user")"), 400, ""},
@@ -168,6 +175,18 @@ TEST(ServerBadInput, UnknownFieldsAndNullsAreAccepted) {
   const HttpReply r = http_call(server.port(), "POST", "/v1/chat/completions", body);
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(server.service().last_chat().reasoning_effort, server::ReasoningEffort::kLow);
+}
+
+TEST(ServerBadInput, JsonContentTypesWithParametersOrNoneAreAccepted) {
+  TestServer server;
+  const std::string body = R"({"messages":[{"role":"user","content":"hi"}]})";
+  for (const std::string type : {"Content-Type: application/json; charset=utf-8", "Content-Type: Application/JSON",
+                                 "Content-Type:  application/json ;charset=UTF-8"}) {
+    EXPECT_EQ(http_call(server.port(), "POST", "/v1/chat/completions", body, {type}).status, 200) << type;
+  }
+  RawClient client(server.port());  // no Content-Type at all
+  client.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(client.read_reply().status, 200);
 }
 
 TEST(ServerBadInput, TruncatedBodyThenHalfClose) {

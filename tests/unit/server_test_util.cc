@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -286,8 +287,15 @@ HttpReply RawClient::read_reply() {
 std::string make_request(const std::string& method, const std::string& target, const std::string& body,
                          const std::vector<std::string>& extra_headers) {
   std::string r = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
-  for (const auto& h : extra_headers) r += h + "\r\n";
-  if (!body.empty() || method == "POST") r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  bool has_type = false;
+  for (const auto& h : extra_headers) {
+    r += h + "\r\n";
+    has_type = has_type || strncasecmp(h.c_str(), "content-type:", 13) == 0;
+  }
+  if (!body.empty() || method == "POST") {
+    if (!has_type) r += "Content-Type: application/json\r\n";
+    r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  }
   return r + "\r\n" + body;
 }
 
