@@ -52,6 +52,16 @@ export async function startServer({ args = [], startupMs = 120_000 } = {}) {
     });
   });
 
+  // The server listens before the model is loaded (/health says 503 "loading" meanwhile).
+  const deadline = Date.now() + startupMs;
+  for (;;) {
+    const res = await fetch(`http://127.0.0.1:${port}/health`).catch(() => null);
+    if (res && (await res.text(), res.status === 200)) break;
+    if (child.exitCode !== null || Date.now() > deadline)
+      throw new Error(`mxserve did not become ready (last /health ${res?.status})\n${stderr}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+
   return {
     port,
     url: `http://127.0.0.1:${port}`,
