@@ -27,6 +27,7 @@ after(async () => {
 
 const post = (target, body, headers = [AUTH]) => makeRequest('POST', target, body, headers);
 const chat = (extra) => post('/v1/chat/completions', `{"messages":[{"role":"user","content":"hi"}]${extra}}`);
+const chat_with = (content, extra = '') => post('/v1/chat/completions', `{"messages":[{"role":"user","content":${content}}]${extra}}`);
 const raw = (text) => Buffer.from(text, 'latin1');
 
 function cases() {
@@ -98,6 +99,10 @@ function cases() {
     { name: 'completions negative token id', bytes: post('/v1/completions', '{"prompt":[-1]}'), status: 400, param: 'prompt[0]' },
     { name: 'completions prompt an object', bytes: post('/v1/completions', '{"prompt":{"text":"x"}}'), status: 400, param: 'prompt' },
     { name: 'responses previous_response_id', bytes: post('/v1/responses', '{"input":"x","previous_response_id":"resp_1"}'), status: 400, param: 'previous_response_id' },
+    // ---- checked by the generation service (tokens, context) ----
+    { name: 'token id beyond the vocabulary', bytes: post('/v1/completions', '{"prompt":[1,2,300000]}'), status: 400, generation: true },
+    { name: 'prompt longer than the context', bytes: chat_with(`"${'hello '.repeat(5000)}"`), status: 400, code: 'context_length_exceeded', generation: true },
+    { name: 'prompt + max_tokens over the context', bytes: chat_with(`"${'hello '.repeat(2000)}"`, ',"max_tokens":4000'), status: 400, code: 'context_length_exceeded', generation: true },
     { name: 'responses input a number', bytes: post('/v1/responses', '{"input":7}'), status: 400, param: 'input' },
   ];
 }
@@ -126,6 +131,7 @@ test('every hostile request gets its status and the OpenAI envelope, and the ser
   assert.ok(list.length >= 30, `only ${list.length} cases`);
   assert.equal(new Set(list.map((c) => c.name)).size, list.length, 'case names must be distinct');
   for (const c of list) {
+    if (c.generation && !wired) continue;
     const reply = await rawExchange(server.port, c.bytes, { endWrite: c.endWrite });
     checkEnvelope(c.name, reply, c);
     const health = await fetch(`${server.url}/health`);  // open without a key

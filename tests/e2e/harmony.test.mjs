@@ -139,6 +139,22 @@ check('chat: analysis then final -> reasoning + content, finish stop, no tool_ca
   assert.equal(streamed.calls.length, 0);
 });
 
+check('chat: logprobs cover the content tokens, streamed and not', async () => {
+  const params = { messages: ask('FORCE-FINAL'), logprobs: true, top_logprobs: 3 };
+  const r = await client.chat.completions.create(params);
+  const entries = r.choices[0].logprobs.content;
+  const bytes = Buffer.from(entries.flatMap((e) => e.bytes));
+  assert.equal(bytes.toString('utf8'), r.choices[0].message.content, 'the tokens spell the content');
+  for (const e of entries) {
+    assert.ok(e.logprob <= 0);
+    assert.equal(e.top_logprobs.length, 3);
+  }
+  const streamed = [];
+  for await (const chunk of await client.chat.completions.create({ ...params, stream: true }))
+    for (const c of chunk.choices) streamed.push(...(c.logprobs?.content ?? []));
+  assert.deepEqual(streamed, entries);
+});
+
 check('chat: malformed Harmony never fails the request; nothing is lost', async () => {
   const { whole, streamed } = await chatBoth('FORCE-STRAY');
   const c = whole.choices[0];
@@ -166,7 +182,6 @@ check('chat: the tool result goes back and the next turn is answered', async () 
   const call = first.choices[0].message.tool_calls[0];
   const second = await client.chat.completions.create({
     tools,
-    max_tokens: 8,
     messages: [
       ...ask('FORCE-TOOL'),
       { role: 'assistant', content: null, reasoning: first.choices[0].message.reasoning, tool_calls: [call] },

@@ -236,6 +236,45 @@ gen('chat stop strings apply to the content', async () => {
   assert.equal(r.choices[0].finish_reason, 'stop');
 });
 
+gen('logprobs: chat content tokens and completions tokens, with alternatives', async () => {
+  const r = await client.chat.completions.create({ model, messages: hi, max_tokens: 8, seed: 21, logprobs: true, top_logprobs: 2 });
+  // The demo model's gibberish has no Harmony header, so its text only becomes content when the turn ends
+  // and carries no per-token logprobs; tests/e2e/harmony.test.mjs checks them on a real transcript.
+  assert.ok(Array.isArray(r.choices[0].logprobs?.content), JSON.stringify(r.choices[0].logprobs));
+  const entries = r.choices[0].logprobs.content;
+  assert.ok(entries.length <= r.usage.completion_tokens);
+  for (const e of entries) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0, `logprob ${e.logprob}`);
+    assert.deepEqual(e.bytes, [...Buffer.from(e.token, 'utf8')]);
+    assert.equal(e.top_logprobs.length, 2);
+    for (const t of e.top_logprobs) assert.ok(t.logprob <= 0);
+  }
+  const plain = await client.chat.completions.create({ model, messages: hi, max_tokens: 4, seed: 21 });
+  assert.equal(plain.choices[0].logprobs, null, 'no logprobs unless asked');
+
+  const params = { model, prompt: 'Logprobs please', max_tokens: 6, seed: 4, logprobs: 2 };
+  const c = await client.completions.create(params);
+  const lp = c.choices[0].logprobs;
+  assert.equal(lp.tokens.length, c.usage.completion_tokens);
+  assert.equal(lp.token_logprobs.length, lp.tokens.length);
+  assert.equal(lp.top_logprobs.length, lp.tokens.length);
+  assert.equal(lp.text_offset.length, lp.tokens.length);
+  assert.equal(lp.text_offset[0], 0);
+  for (const top of lp.top_logprobs) assert.equal(Object.keys(top).length <= 2, true);
+  const streamed = [];
+  for await (const chunk of await client.completions.create({ ...params, stream: true }))
+    for (const ch of chunk.choices) streamed.push(...(ch.logprobs?.tokens ?? []));
+  assert.deepEqual(streamed, lp.tokens);
+});
+
+gen('completions echo returns the prompt before the completion', async () => {
+  const params = { model, prompt: 'Echo this:', max_tokens: 4, seed: 8 };
+  const plain = await client.completions.create(params);
+  const echoed = await client.completions.create({ ...params, echo: true });
+  assert.equal(echoed.choices[0].text, 'Echo this:' + plain.choices[0].text);
+});
+
 // ---- responses ----
 
 gen('responses: plain request returns output items and usage', async () => {
