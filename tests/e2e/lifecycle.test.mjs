@@ -17,7 +17,7 @@ test('admission: 1 running + 1 queued slot, 10 concurrent requests -> 2 answers,
   try {
     if (!(await generationWired(server.url))) return t.skip('generation answers 501 in this build');
     // Long enough that all ten arrive while the first two still run.
-    const replies = await Promise.all(Array.from({ length: 10 }, () => post(server.url, chatBody({ max_tokens: 64, ignore_eos: true }))));
+    const replies = await Promise.all(Array.from({ length: 10 }, () => post(server.url, chatBody({ max_tokens: 256, ignore_eos: true }))));
     const statuses = replies.map((r) => r.status).sort();
     assert.deepEqual(statuses, [200, 200, 503, 503, 503, 503, 503, 503, 503, 503]);
     for (const r of replies) {
