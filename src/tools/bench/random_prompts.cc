@@ -1,0 +1,70 @@
+#include "tools/bench/random_prompts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "tokenizer/utf8.h"
+
+namespace mx::bench {
+namespace {
+
+// Ordinary tokens whose bytes are whole UTF-8 text on their own: decoding a sequence of them needs no U+FFFD.
+std::vector<int32_t> text_token_pool(const Tokenizer& tokenizer) {
+  std::vector<int32_t> pool;
+  std::string bytes;
+  for (int32_t id = 0; id < tokenizer.num_ranks(); ++id) {
+    bytes.clear();
+    if (tokenizer.is_special(id) || !tokenizer.append_token_bytes(id, &bytes)) continue;
+    if (!bytes.empty() && utf8_is_valid(bytes)) pool.push_back(id);
+  }
+  return pool;
+}
+
+int64_t draw_length(int64_t len, double ratio, std::mt19937_64& rng) {
+  const int64_t low = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(len) * ratio)));
+  if (low >= len) return len;
+  return std::uniform_int_distribution<int64_t>(low, len)(rng);
+}
+
+// Random text that encodes to `target` tokens (or as close as a few rounds of fixing get).
+Result<BenchPrompt> make_prompt(const Tokenizer& tokenizer, const std::vector<int32_t>& pool, int64_t target,
+                                std::mt19937_64& rng) {
+  std::uniform_int_distribution<size_t> pick(0, pool.size() - 1);
+  std::vector<int32_t> ids;
+  BenchPrompt prompt;
+  for (int round = 0; round < 16; ++round) {
+    while (static_cast<int64_t>(ids.size()) < target) ids.push_back(pool[pick(rng)]);
+    ids.resize(target);
+    MX_ASSIGN_OR_RETURN(prompt.text, tokenizer.decode(ids));
+    ids = tokenizer.encode(prompt.text);
+    if (static_cast<int64_t>(ids.size()) == target) break;
+  }
+  prompt.prompt_tokens = static_cast<int64_t>(ids.size());
+  return prompt;
+}
+
+}  // namespace
+
+Result<std::vector<BenchPrompt>> make_random_prompts(const Tokenizer& tokenizer, const RandomPromptOptions& options) {
+  if (options.num_prompts < 1) return invalid_argument("the number of prompts must be at least 1");
+  if (options.input_len < 1) return invalid_argument("the random input length must be at least 1");
+  if (options.output_len < 1) return invalid_argument("the random output length must be at least 1");
+  if (!(options.range_ratio >= 0.0 && options.range_ratio <= 1.0))
+    return invalid_argument("the random range ratio must be in [0, 1]");
+  const std::vector<int32_t> pool = text_token_pool(tokenizer);
+  if (pool.empty()) return invalid_argument("the tokenizer has no ordinary text tokens");
+  std::mt19937_64 rng(options.seed);
+  std::vector<BenchPrompt> prompts;
+  prompts.reserve(options.num_prompts);
+  for (int64_t i = 0; i < options.num_prompts; ++i) {
+    const int64_t input_len = draw_length(options.input_len, options.range_ratio, rng);
+    const int64_t output_len = draw_length(options.output_len, options.range_ratio, rng);
+    MX_ASSIGN_OR_RETURN(BenchPrompt prompt, make_prompt(tokenizer, pool, input_len, rng));
+    prompt.output_len = output_len;
+    prompts.push_back(std::move(prompt));
+  }
+  return prompts;
+}
+
+}  // namespace mx::bench
