@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -30,6 +31,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kReadChunk = 16 * 1024;
 constexpr size_t kErrorBodyLimit = 64 * 1024;  // of a non-200 body, kept for the error message
+constexpr double kDrainTimeoutS = 10;          // for the rest of a body after [DONE] or an error event
 
 // CPU time of the calling thread, the one that runs the io_context: the client's own cost, even when a test
 // runs a server in the same process.
@@ -123,7 +125,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Sends request `index`, connecting first when this connection is new.
   void start(size_t index) {
     index_ = index;
-    finished_ = false;
+    decided_ = false;
+    reported_ = false;
     bytes_received_ = 0;
     status_ = 0;
     error_body_.clear();
@@ -136,7 +139,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     arm_timeout();
     if (connected_) return write();
     stream_.async_connect(gen_->endpoints(), [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
-      if (ec) return self->fail("cannot connect to " + self->gen_->options().url.host_header + ": " + ec.message());
+      if (ec) return self->abandon("cannot connect to " + self->gen_->options().url.host_header + ": " + ec.message());
       self->connected_ = true;
       beast::error_code ignored;
       self->stream_.socket().set_option(tcp::no_delay(true), ignored);
@@ -146,8 +149,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 
  private:
+  // After the outcome is known only the end of the body is awaited, and a server that holds it open (or one
+  // that never answers at all) cannot hold a concurrency slot for longer than this.
   void arm_timeout() {
-    stream_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(gen_->options().idle_timeout_s * 1000.0)));
+    const double seconds = decided_ ? std::min(kDrainTimeoutS, gen_->options().idle_timeout_s) : gen_->options().idle_timeout_s;
+    stream_.expires_after(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0)));
   }
 
   void build_request() {
@@ -213,16 +219,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
         error_body_.append(bytes.substr(0, kErrorBodyLimit - error_body_.size()));
       return;
     }
-    if (finished_) return;  // draining what follows [DONE] or an error event
+    if (decided_) return;  // draining what follows [DONE] or an error event
     events_.clear();
     const bool ok = sse_.feed(bytes, &events_);
     take_events(now);
-    if (!ok && !finished_) fail(sse_.error());
+    if (!ok && !decided_) abandon(sse_.error());
   }
 
   void take_events(double now) {
     for (const SseEvent& event : events_) {
-      if (finished_) return;
+      if (decided_) return;
       switch (reader_.read(event)) {
         case OpenAiStreamReader::Kind::kTokens:
           if (reader_.token_chunks() == 1) result_.ttft_s = now - result_.start_s;
@@ -241,13 +247,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
+  // The response is complete: the request's outcome is reported now (not at [DONE]), after the connection is
+  // back in the pool, so the next request reuses it instead of opening another.
   void end_of_body(double now) {
-    if (status_ == 200 && !finished_) {
+    if (reported_) return;  // abandoned already
+    if (status_ == 200 && !decided_) {
       events_.clear();
       sse_.finish(&events_);
       take_events(now);
     }
-    if (!finished_) {
+    if (!decided_) {
       if (status_ == 200 && reader_.finish_reason_seen()) succeed(now);
       else if (status_ == 200) fail("the stream ended before data: [DONE] after " + std::to_string(reader_.token_chunks()) + " chunks with text");
       else if (status_ == -1) fail(error_body_);
@@ -259,29 +268,40 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else {
       close();
     }
+    report();
   }
 
   void on_transport_error(beast::error_code ec) {
-    close();
-    if (finished_) return;
+    if (reported_) return;
+    if (decided_) {  // the outcome came before the connection failed: keep it
+      close();
+      return report();
+    }
     const bool stale = reused_ && bytes_received_ == 0 &&
                        (ec == http::error::end_of_stream || ec == net::error::eof ||
                         ec == net::error::connection_reset || ec == net::error::broken_pipe);
     if (stale) {
-      finished_ = true;
+      close();
+      reported_ = true;  // reported by the connection it is resent on
       gen_->resend(index_);
       return;
     }
-    if (ec == beast::error::timeout) {
-      return fail("no data from the server for " + std::to_string(gen_->options().idle_timeout_s) + " s");
-    }
+    if (ec == beast::error::timeout)
+      return abandon("no data from the server for " + std::to_string(gen_->options().idle_timeout_s) + " s");
     if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof ||
         ec == net::error::connection_reset) {
-      if (status_ == 0) return fail("the server closed the connection before answering");
-      return fail("the server closed the connection mid-stream after " + std::to_string(reader_.token_chunks()) +
-                  " chunks with text");
+      if (status_ == 0) return abandon("the server closed the connection before answering");
+      return abandon("the server closed the connection mid-stream after " + std::to_string(reader_.token_chunks()) +
+                     " chunks with text");
     }
-    fail(ec.message());
+    abandon(ec.message());
+  }
+
+  // Fails the request at once and drops the connection.
+  void abandon(std::string error) {
+    fail(std::move(error));
+    close();
+    report();
   }
 
   void close() {
@@ -302,14 +322,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     conclude(gen_->now_s());
   }
 
+  // Fixes the outcome and the end time; report() hands it over once the connection is settled.
   void conclude(double now) {
-    if (finished_) return;
-    finished_ = true;
+    if (decided_) return;
+    decided_ = true;
     result_.e2e_s = now - result_.start_s;
     result_.token_chunks = reader_.token_chunks();
     result_.server_prompt_tokens = reader_.usage_prompt_tokens();
     result_.output_tokens_from_usage = reader_.usage_completion_tokens() >= 0;
     result_.output_tokens = result_.output_tokens_from_usage ? reader_.usage_completion_tokens() : reader_.token_chunks();
+  }
+
+  void report() {
+    if (reported_) return;
+    reported_ = true;
     gen_->finish(index_, std::move(result_));
   }
 
@@ -322,7 +348,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t index_ = 0;
   bool connected_ = false;
   bool reused_ = false;
-  bool finished_ = true;
+  bool decided_ = true;   // the request's outcome and end time are fixed
+  bool reported_ = true;  // ... and handed to the generator
   size_t bytes_received_ = 0;
   int status_ = 0;  // 0 before the head, -1 for a 200 that is not a stream
   std::string error_body_;
