@@ -169,6 +169,9 @@ std::string format_report(const BenchConfig& config, const BenchSummary& s, size
   w.number("Client CPU (% of one core)", s.client_cpu_percent);
   w.title("", '=');
   std::string out = w.take();
+  if (s.client_cpu_percent > 80)
+    out += "Warning: the client thread was busy " + std::to_string(static_cast<int>(s.client_cpu_percent)) +
+           "% of the run; latencies may include time spent waiting for it.\n";
   if (!s.errors.empty()) {
     out += "Errors (" + std::to_string(s.errors.size()) + " distinct";
     out += s.errors.size() > max_errors ? ", first " + std::to_string(max_errors) + " shown):\n" : "):\n";
