@@ -136,9 +136,6 @@ Status run(const CliArgs& args, const std::string& command) {
                plan.serve.url.to_string().c_str(), bench::endpoint_path(plan.serve.endpoint).c_str(),
                plan.serve.model.c_str());
   MX_ASSIGN_OR_RETURN(bench::ServeBenchRun result, bench::run_serve_bench(plan.serve, prompts));
-  if (result.warmup_failed > 0)
-    std::fprintf(stderr, "warning: %lld of %lld warm-up requests failed: %s\n", static_cast<long long>(result.warmup_failed),
-                 static_cast<long long>(plan.serve.warmup_requests), result.warmup_error.c_str());
 
   bench::BenchConfig config;
   config.command_line = command;

@@ -25,12 +25,11 @@ std::string rate_text(double rate) {
 
 class ReportWriter {
  public:
+  // `text` centred in a 50-column rule, extra fill on the right (bench_serving's layout).
   void title(const std::string& text, char fill) {
     const size_t width = 50;
-    const size_t pad = text.size() + 2 >= width ? 0 : width - text.size() - 2;
-    const std::string left(pad / 2, fill), right(pad - pad / 2, fill);
-    out_ += text.empty() ? std::string(width, fill) : left + " " + text + " " + right;
-    out_ += "\n";
+    const size_t pad = text.size() >= width ? 0 : width - text.size();
+    out_ += std::string(pad / 2, fill) + text + std::string(pad - pad / 2, fill) + "\n";
   }
   void line(const std::string& label, const std::string& value) {
     char buffer[256];
@@ -125,7 +124,7 @@ BenchSummary summarize_run(const LoadRun& run) {
 
 std::string format_report(const BenchConfig& config, const BenchSummary& s, size_t max_errors) {
   ReportWriter w;
-  w.title("Serving Benchmark Result", '=');
+  w.title(" Serving Benchmark Result ", '=');
   w.line("Backend", "openai-" + config.endpoint + " (" + config.base_url + ")");
   w.line("Model", config.model);
   w.line("Traffic request rate", rate_text(config.request_rate));
@@ -136,7 +135,8 @@ std::string format_report(const BenchConfig& config, const BenchSummary& s, size
   w.integer("Total input tokens", s.total_input_tokens);
   w.integer("Total generated tokens", s.total_output_tokens);
   w.line("Generated token counts from",
-         s.output_counts_from_usage == s.completed
+         s.completed == 0 ? std::string("-")
+         : s.output_counts_from_usage == s.completed
              ? std::string("server usage")
              : (s.output_counts_from_usage == 0 ? std::string("counting chunks (no usage sent)")
                                                 : "server usage for " + std::to_string(s.output_counts_from_usage) + " of " +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -87,6 +88,9 @@ Result<ServeBenchRun> run_serve_bench(const ServeBenchOptions& options, const st
       if (r.success) continue;
       if (out.warmup_failed++ == 0) out.warmup_error = r.error;
     }
+    if (options.progress && out.warmup_failed > 0)
+      std::fprintf(stderr, "warning: %lld of %lld warm-up requests failed: %s\n", static_cast<long long>(out.warmup_failed),
+                   static_cast<long long>(options.warmup_requests), out.warmup_error.c_str());
   }
   std::vector<LoadRequest> requests;
   requests.reserve(prompts.size());

@@ -28,7 +28,7 @@ struct ServeBenchOptions {
   int64_t warmup_requests = 1;
   nlohmann::json extra_body;  // an object merged into every request body, or null
   double idle_timeout_s = 600;
-  bool progress = false;
+  bool progress = false;  // progress lines and warm-up failures on stderr
 };
 
 // "/v1/completions" or "/v1/chat/completions".
@@ -47,7 +47,8 @@ struct ServeBenchRun {
 };
 
 // Sends the warm-up requests (the first prompt, at most 32 output tokens, all at once; their results are
-// dropped), then every prompt once under the options' arrival rate and concurrency.
+// dropped, failures are counted and, with `progress`, printed to stderr), then every prompt once under the
+// options' arrival rate and concurrency.
 Result<ServeBenchRun> run_serve_bench(const ServeBenchOptions& options, const std::vector<BenchPrompt>& prompts);
 
 }  // namespace mx::bench
