@@ -1,9 +1,11 @@
 // Microbenchmarks of the CUDA backend's ops on gpt-oss-20b shapes with random weights: MoE decode
-// (1/8/64 tokens), decode attention (1K/8K/32K context), prefill attention (8K), qkv/o/lm_head linears at
+// (1/8/64 tokens), MoE prefill (32..8192 tokens, decode vs grouped expert GEMMs), decode attention
+// (1K/8K/32K context), prefill attention (8K), qkv/o/lm_head linears at
 // M = 1 and 8192. Each op is recorded N times into a graph (inputs rotated so that weights come from HBM,
 // not L2), the graph replayed after a warm-up; the median replay over N is the time per op. Each line
 // gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both measured on an
-// H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to argv[1] when given.
+// H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last argument when given
+// (`mx_kernel_bench [--moe-prefill-only[=T,T,...]] [out.json]`).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "runtime/batch_staging.h"
@@ -36,6 +39,7 @@ std::vector<Row> g_rows;
 Backend* g_b = nullptr;
 std::vector<Buffer> g_keep;
 std::mt19937 g_rng(1234);
+std::vector<int64_t> bench_only_prefill_sizes;
 
 #define CHECK_OK(expr)                                                   \
   do {                                                                   \
@@ -92,10 +96,13 @@ void report(const std::string& name, double us, double bytes, double flops, cons
   g_rows.push_back(r);
 }
 
-// ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4).
-void bench_moe() {
-  const int64_t E = 32, H = 2880, I = 2880, k = 4;
-  const int copies = 3;  // 3 x 425 MB of experts: rotating defeats the 60 MB L2
+constexpr int64_t kMoeE = 32, kMoeH = 2880, kMoeI = 2880, kMoeK = 4;
+constexpr int kExpertCopies = 3;  // 3 x 425 MB of experts: rotating defeats the 60 MB L2
+
+// Random 20b-layer experts (32 experts, H = I = 2880).
+std::vector<ExpertWeights> upload_bench_experts() {
+  const int64_t E = kMoeE, H = kMoeH, I = kMoeI;
+  const int copies = kExpertCopies;
   std::vector<ExpertWeights> experts;
   for (int c = 0; c < copies; ++c) {
     std::vector<uint8_t> w1b(E * 2 * I * H / 2), w1s(E * 2 * I * H / 32), w2b(E * H * I / 2), w2s(E * H * I / 32);
@@ -120,32 +127,53 @@ void bench_moe() {
     CHECK_OK(up.is_ok() ? Status::ok() : up.status());
     experts.push_back(*up);
   }
+  return experts;
+}
+
+// Uploaded once, shared by the MoE benchmarks.
+const std::vector<ExpertWeights>& bench_experts() {
+  static const std::vector<ExpertWeights> experts = upload_bench_experts();
+  return experts;
+}
+
+// Top-k routings of T tokens, k distinct experts each, uniformly at random; returns the mean number of
+// distinct experts touched.
+double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::vector<TensorView>* weights) {
+  double touched = 0;
+  for (int r = 0; r < count; ++r) {
+    std::vector<int32_t> h_ids(T * kMoeK);
+    std::vector<float> h_w(T * kMoeK, 1.0f / kMoeK);
+    std::set<int32_t> distinct;
+    std::vector<int32_t> order(kMoeE);
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::shuffle(order.begin(), order.end(), g_rng);
+      for (int64_t j = 0; j < kMoeK; ++j) {
+        h_ids[t * kMoeK + j] = order[j];
+        distinct.insert(order[j]);
+      }
+    }
+    touched += static_cast<double>(distinct.size()) / count;
+    TensorView iv = make(DType::kI32, {T, kMoeK}), wv = make(DType::kF32, {T, kMoeK});
+    CHECK_OK(g_b->copy_from_host(iv, h_ids.data()));
+    CHECK_OK(g_b->copy_from_host(wv, h_w.data()));
+    ids->push_back(iv);
+    weights->push_back(wv);
+  }
+  return touched;
+}
+
+// ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4).
+void bench_moe() {
+  const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
+  const int copies = kExpertCopies;
+  const std::vector<ExpertWeights>& experts = bench_experts();
   const double expert_bytes = (2.0 * I * H / 2 + 2.0 * I * H / 32 + 2.0 * I * 2) + (1.0 * H * I / 2 + 1.0 * H * I / 32 + H * 2.0);
   for (int64_t T : {1, 8, 64}) {
     CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));
     const int routings = 6;
     std::vector<TensorView> ids, weights;
-    double touched = 0;
-    for (int r = 0; r < routings; ++r) {
-      std::vector<int32_t> h_ids(T * k);
-      std::vector<float> h_w(T * k, 0.25f);
-      std::set<int32_t> distinct;
-      std::vector<int32_t> order(E);
-      std::iota(order.begin(), order.end(), 0);
-      for (int64_t t = 0; t < T; ++t) {
-        std::shuffle(order.begin(), order.end(), g_rng);
-        for (int64_t j = 0; j < k; ++j) {
-          h_ids[t * k + j] = order[j];
-          distinct.insert(order[j]);
-        }
-      }
-      touched += static_cast<double>(distinct.size()) / routings;
-      TensorView iv = make(DType::kI32, {T, k}), wv = make(DType::kF32, {T, k});
-      CHECK_OK(g_b->copy_from_host(iv, h_ids.data()));
-      CHECK_OK(g_b->copy_from_host(wv, h_w.data()));
-      ids.push_back(iv);
-      weights.push_back(wv);
-    }
+    const double touched = make_routings(T, routings, &ids, &weights);
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
     const double us = time_graph(24, [&](int i) {
       MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
@@ -154,6 +182,44 @@ void bench_moe() {
     report("moe decode T=" + std::to_string(T), us, touched * expert_bytes, 0,
            std::to_string(static_cast<int>(touched + 0.5)) + " experts touched, " +
                std::to_string(static_cast<int>(touched * expert_bytes / 1e6)) + " MB");
+  }
+}
+
+// ---- MoE prefill: the same layer at T tokens through each expert-GEMM path: decode = swap-AB kernels
+// with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128.
+void bench_moe_prefill() {
+  const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
+  const std::vector<ExpertWeights>& experts = bench_experts();
+  const std::vector<int64_t> sizes = bench_only_prefill_sizes.empty()
+                                         ? std::vector<int64_t>{32, 64, 128, 256, 512, 1024, 2048, 8192}
+                                         : bench_only_prefill_sizes;
+  for (int64_t T : sizes) {
+    CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));
+    const int routings = 2;
+    std::vector<TensorView> ids, weights;
+    make_routings(T, routings, &ids, &weights);
+    TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
+    const double flops = 2.0 * T * k * 3.0 * H * I;
+    struct Variant {
+      CudaMoePath path;
+      int tile;
+      const char* label;
+    };
+    for (const Variant& v : {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kGrouped, 64, "grouped/64"},
+                             Variant{CudaMoePath::kGrouped, 128, "grouped/128"}}) {
+      set_cuda_moe_path(v.path, v.tile);
+      // About 20 ms of work per graph.
+      const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
+      const double us = time_graph(n, [&](int i) {
+        MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % kExpertCopies], out, k, 7.0f, 1.702f};
+        return g_b->moe_experts(p);
+      });
+      char note[96];
+      std::snprintf(note, sizeof note, "%.0f TFLOP/s, %.0f tokens/expert", flops / us / 1e6,
+                    static_cast<double>(T * k) / E);
+      report("moe prefill T=" + std::to_string(T) + " " + v.label, us, 0, flops, note);
+    }
+    set_cuda_moe_path(CudaMoePath::kAuto);
   }
 }
 
@@ -264,16 +330,33 @@ int main(int argc, char** argv) {
   }
   g_b = backend->get();
   std::printf("%-44s %13s  %26s  %s\n", "op (gpt-oss-20b shapes)", "time", "floor", "fraction");
-  bench_moe();
-  bench_attention();
-  bench_linear();
-  if (argc > 1) {
+  // `--moe-prefill-only[=T,T,...]`: just the MoE prefill sweep (quick comparisons of the two paths).
+  int arg = 1;
+  bool prefill_only = false;
+  const std::string flag = "--moe-prefill-only";
+  if (argc > arg && std::string(argv[arg]).rfind(flag, 0) == 0) {
+    prefill_only = true;
+    const std::string v = std::string(argv[arg]).substr(flag.size());
+    for (size_t i = v.empty() ? std::string::npos : 1; i < v.size();) {
+      const size_t end = std::min(v.find(',', i), v.size());
+      bench_only_prefill_sizes.push_back(std::stoll(v.substr(i, end - i)));
+      i = end + 1;
+    }
+    ++arg;
+  }
+  if (!prefill_only) bench_moe();
+  bench_moe_prefill();
+  if (!prefill_only) {
+    bench_attention();
+    bench_linear();
+  }
+  if (argc > arg) {
     nlohmann::json j;
     j["floors"] = {{"hbm_read_bytes_per_s", kHbmReadBytesPerSecond}, {"bf16_flops_per_s", kBf16FlopsPerSecond}};
     for (const auto& r : g_rows)
       j["results"].push_back({{"op", r.name}, {"us", r.us}, {"floor_us", r.floor_us}, {"floor", r.floor_kind},
                               {"fraction_of_floor", r.floor_us / r.us}, {"note", r.note}});
-    std::ofstream(argv[1]) << j.dump(2) << "\n";
+    std::ofstream(argv[arg]) << j.dump(2) << "\n";
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
@@ -301,47 +302,133 @@ void make_experts(std::mt19937& rng, int64_t E, int64_t H, int64_t I, HostExpert
   w.intermediate = I;
 }
 
-TEST_F(KernelTest, MoeExperts) {
-  struct Case {
-    int64_t E, H, I, k, T;
-    bool skewed;  // every token to the same experts: many 8-token tiles per expert
-  };
-  for (const Case& c : {Case{8, 256, 192, 4, 1, false}, Case{8, 256, 192, 4, 3, false}, Case{8, 320, 192, 2, 17, false},
-                        Case{8, 256, 256, 4, 64, true}, Case{6, 320, 192, 2, 301, false}, Case{32, 2880, 2880, 4, 8, false}}) {
-    HostExperts hx;
-    make_experts(rng_, c.E, c.H, c.I, &hx);
-    std::vector<Buffer> owner;
-    auto up = cuda_backend().upload_experts(hx.view, &owner);
-    ASSERT_TRUE(up.is_ok()) << up.status().to_string();
-    std::vector<int32_t> ids(static_cast<size_t>(c.T * c.k));
-    std::vector<float> weights(ids.size());
-    std::vector<int32_t> order(static_cast<size_t>(c.E));
-    std::iota(order.begin(), order.end(), 0);
-    for (int64_t t = 0; t < c.T; ++t) {
-      if (!c.skewed) std::shuffle(order.begin(), order.end(), rng_);
-      float sum = 0;
-      for (int64_t j = 0; j < c.k; ++j) {
-        ids[t * c.k + j] = order[j];
-        weights[t * c.k + j] = 0.1f + static_cast<float>(rng_() % 1000) / 1000.0f;
-        sum += weights[t * c.k + j];
-      }
-      for (int64_t j = 0; j < c.k; ++j) weights[t * c.k + j] /= sum;
-    }
-    Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
-    Pair px = upload_activation(cpu_, cuda_, x, {c.T, c.H});
-    TensorView id_c = cpu_.upload(DType::kI32, {c.T, c.k}, ids.data()), id_g = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data());
-    TensorView w_c = cpu_.upload(DType::kF32, {c.T, c.k}, weights.data()),
-               w_g = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
-    TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H}), o_g = cuda_.make(DType::kBF16, {c.T, c.H});
-    MoeParams m_c{px.cpu, id_c, w_c, &hx.view, o_c, c.k, 7.0f, 1.702f};
-    MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
-    ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
-    const Status st = cuda_backend().moe_experts(m_g);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
-                             (c.skewed ? " skewed" : ""),
-          cuda_.download_f32(o_g), cpu_.download_f32(o_c), 1e-2);
+enum class Routing {
+  kUniform,  // k distinct experts per token, uniformly at random
+  kSame,     // every token to experts 0..k-1: many full tiles, the other experts get no tokens
+  kHalf,     // only the first half of the experts, at random: half of them get no tokens
+  kHot,      // expert 0 in every token's top-k, the rest at random: one expert with T tokens
+};
+const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::kUniform: return "uniform";
+    case Routing::kSame: return "same experts";
+    case Routing::kHalf: return "half the experts";
+    case Routing::kHot: return "one hot expert";
   }
+  return "?";
+}
+
+struct MoeCase {
+  int64_t E, H, I, k, T;
+  Routing routing;
+};
+
+// Routed ids and normalized weights of one case.
+void make_routing(std::mt19937& rng, const MoeCase& c, std::vector<int32_t>* ids, std::vector<float>* weights) {
+  ids->assign(static_cast<size_t>(c.T * c.k), 0);
+  weights->assign(ids->size(), 0.f);
+  std::vector<int32_t> order(static_cast<size_t>(c.E));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t pool = c.routing == Routing::kHalf ? c.E / 2 : c.E;
+  for (int64_t t = 0; t < c.T; ++t) {
+    if (c.routing != Routing::kSame) std::shuffle(order.begin(), order.begin() + pool, rng);
+    if (c.routing == Routing::kHot) std::swap(order[0], *std::find(order.begin(), order.end(), 0));
+    float sum = 0;
+    for (int64_t j = 0; j < c.k; ++j) {
+      (*ids)[t * c.k + j] = order[j];
+      (*weights)[t * c.k + j] = 0.1f + static_cast<float>(rng() % 1000) / 1000.0f;
+      sum += (*weights)[t * c.k + j];
+    }
+    for (int64_t j = 0; j < c.k; ++j) (*weights)[t * c.k + j] /= sum;
+  }
+}
+
+const char* path_name(CudaMoePath p) {
+  return p == CudaMoePath::kDecode ? "decode" : p == CudaMoePath::kGrouped ? "grouped" : "auto";
+}
+
+// One routing of random experts through the CPU twin and through each CUDA path in `paths`.
+void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
+                    std::initializer_list<CudaMoePath> paths) {
+  HostExperts hx;
+  make_experts(rng, c.E, c.H, c.I, &hx);
+  std::vector<Buffer> owner;
+  auto up = cuda_backend().upload_experts(hx.view, &owner);
+  ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  make_routing(rng, c, &ids, &weights);
+  Bf16Data x = random_bf16(rng, c.T * c.H, 1.0f);
+  Pair px = upload_activation(cpu, cuda, x, {c.T, c.H});
+  TensorView id_c = cpu.upload(DType::kI32, {c.T, c.k}, ids.data()), id_g = cuda.upload(DType::kI32, {c.T, c.k}, ids.data());
+  TensorView w_c = cpu.upload(DType::kF32, {c.T, c.k}, weights.data()),
+             w_g = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
+  TensorView o_c = cpu.make(DType::kF32, {c.T, c.H});
+  MoeParams m_c{px.cpu, id_c, w_c, &hx.view, o_c, c.k, 7.0f, 1.702f};
+  ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
+  const std::vector<float> want = cpu.download_f32(o_c);
+  for (CudaMoePath path : paths) {
+    TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
+    MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
+    set_cuda_moe_path(path);
+    const Status st = cuda_backend().moe_experts(m_g);
+    set_cuda_moe_path(CudaMoePath::kAuto);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
+                             routing_name(c.routing) + ", " + path_name(path),
+          cuda.download_f32(o_g), want, 1e-2);
+  }
+}
+
+TEST_F(KernelTest, MoeExperts) {
+  // Small and odd shapes through both expert-GEMM paths: one token, tokens not a multiple of any tile,
+  // weight rows not a multiple of the grouped kernel's 128 (H 320, 2I 384), experts without tokens.
+  for (const MoeCase& c : {MoeCase{8, 256, 192, 4, 1, Routing::kUniform}, MoeCase{8, 256, 192, 4, 3, Routing::kUniform},
+                           MoeCase{8, 320, 192, 2, 17, Routing::kUniform}, MoeCase{8, 256, 256, 4, 64, Routing::kSame},
+                           MoeCase{6, 320, 192, 2, 301, Routing::kUniform}, MoeCase{8, 320, 192, 4, 200, Routing::kSame},
+                           MoeCase{16, 256, 320, 4, 777, Routing::kHalf}, MoeCase{16, 320, 192, 4, 1000, Routing::kHot}})
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode, CudaMoePath::kGrouped});
+  // Decode shape of the real model.
+  check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8, Routing::kUniform}, {CudaMoePath::kAuto});
+}
+
+TEST_F(KernelTest, MoeExpertsPrefill) {
+  // Many tokens per expert (the grouped kernel's regime), the automatic choice too.
+  for (const MoeCase& c : {MoeCase{32, 256, 192, 4, 5000, Routing::kUniform}, MoeCase{32, 320, 256, 4, 4099, Routing::kHot},
+                           MoeCase{16, 256, 192, 2, 2500, Routing::kHalf}})
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped, CudaMoePath::kAuto});
+  // gpt-oss-20b layer at a 2048-token prefill, both paths.
+  check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 2048, Routing::kUniform},
+                 {CudaMoePath::kGrouped, CudaMoePath::kDecode});
+}
+
+// A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,
+// the k order is fixed, the combine sums in router order): the first tokens alone give the same bits.
+TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
+  const MoeCase c{8, 256, 192, 4, 600, Routing::kUniform};
+  HostExperts hx;
+  make_experts(rng_, c.E, c.H, c.I, &hx);
+  std::vector<Buffer> owner;
+  auto up = cuda_backend().upload_experts(hx.view, &owner);
+  ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  make_routing(rng_, c, &ids, &weights);
+  Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
+  set_cuda_moe_path(CudaMoePath::kGrouped);
+  std::vector<std::vector<uint8_t>> outs;
+  for (int64_t T : {c.T, int64_t{37}}) {
+    TensorView xg = cuda_.upload(DType::kBF16, {T, c.H}, x.bits.data());
+    TensorView id = cuda_.upload(DType::kI32, {T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {T, c.k}, weights.data());
+    TensorView o = cuda_.make(DType::kBF16, {T, c.H});
+    const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, o, c.k, 7.0f, 1.702f});
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    outs.push_back(cuda_.download_bytes(o));
+  }
+  set_cuda_moe_path(CudaMoePath::kAuto);
+  const bool same = std::equal(outs[1].begin(), outs[1].end(), outs[0].begin());
+  record("moe_experts", "grouped: 37 tokens alone vs in a batch of 600, bitwise", same ? 0 : 1, 0, 0, same);
+  EXPECT_TRUE(same);
 }
 
 }  // namespace

@@ -69,6 +69,38 @@ TEST(CudaKernelConfigs, MoeTileBoundCoversWorstRouting) {
   }
 }
 
+TEST(CudaKernelConfigs, MoeGroupedFitsEveryChip) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t slots : {256, 2048, 8192, 32768})
+      for (int64_t experts : {32, 128}) {
+        const MoeGroupedConfig c = choose_moe_grouped_config(d, slots, experts);
+        EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
+        EXPECT_GE(c.stages, 2) << d.name;  // the ring needs one tile in flight while another is consumed
+        EXPECT_LE(c.stages, kMoeGroupedMaxStages);
+        EXPECT_EQ(c.smem_bytes, kMoeGroupedBf16Bytes + c.stages * moe_grouped_stage_bytes(c.tile_tokens));
+        EXPECT_EQ(c.threads, kMoeGroupedThreads);
+        EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 128);
+      }
+  // SM12x's 99 KB still holds 3 stages of 128-token tiles.
+  EXPECT_GE(choose_moe_grouped_config(sm120_rtx_pro_6000(), 32768, 32).stages, 3);
+  EXPECT_GE(choose_moe_grouped_config(sm121_gb10(), 32768, 32).stages, 3);
+}
+
+TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
+  EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 512 * 4, 32).tile_tokens, 64);     // 64 per expert
+  EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 2048 * 4, 32).tile_tokens, 128);   // 256 per expert
+  EXPECT_FALSE(use_grouped_moe(64 * 4, 32));  // decode batches stay on the swap-AB kernels
+  EXPECT_TRUE(use_grouped_moe(2048 * 4, 32));
+  EXPECT_TRUE(use_grouped_moe(2048 * 4, 128));
+}
+
+TEST(CudaKernelConfigs, MoeGroupedRefusesTooLittleSharedMemory) {
+  DeviceInfo tiny = sm120_rtx_pro_6000();
+  tiny.max_smem_per_block_optin = 48 * 1024;
+  const MoeGroupedConfig c = choose_moe_grouped_config(tiny, 32768, 32);
+  EXPECT_FALSE(fits(tiny, c.smem_bytes, c.stages));  // moe_experts returns an error instead of launching
+}
+
 TEST(CudaKernelConfigs, NothingFitsWithoutSharedMemory) {
   DeviceInfo tiny = sm120_rtx_pro_6000();
   tiny.max_smem_per_block_optin = 8 * 1024;

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -21,6 +22,9 @@ constexpr int64_t kLtWorkspaceBytes = 32ll << 20;
 constexpr int64_t kFusedRouterMaxTokens = 32;
 
 void free_device(void* p) { cudaFree(p); }
+
+std::atomic<CudaMoePath> g_moe_path{CudaMoePath::kAuto};
+std::atomic<int> g_moe_grouped_tile{0};
 
 template <typename T>
 T* ptr(const TensorView& t) {
@@ -301,10 +305,18 @@ class CudaBackend final : public Backend {
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     if (T == 0) return Status::ok();
     const int64_t slots = T * k;
+    const CudaMoePath path = g_moe_path.load();
+    const bool grouped = path == CudaMoePath::kGrouped || (path == CudaMoePath::kAuto && use_grouped_moe(slots, E));
     const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
     const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
-    if (!fits(dev_, c1.smem_bytes, 1) || !fits(dev_, c2.smem_bytes, 1)) return internal_error("MoE config does not fit");
-    const int64_t max_tiles = moe_max_tiles(slots, E, c1.tile_tokens);
+    MoeGroupedConfig cg = choose_moe_grouped_config(dev_, slots, E);
+    if (const int tile = g_moe_grouped_tile.load(); tile != 0 && tile != cg.tile_tokens)
+      cg = choose_moe_grouped_config(dev_, tile == 64 ? E : 128 * E, E);  // a routing that picks `tile`
+    if (grouped ? !fits(dev_, cg.smem_bytes, cg.stages) : (!fits(dev_, c1.smem_bytes, 1) || !fits(dev_, c2.smem_bytes, 1)))
+      return internal_error("MoE config does not fit");
+    // prepare() sized the routing scratch for 8-token tiles, the most tiles any path needs.
+    const int64_t tile_tokens = grouped ? cg.tile_tokens : c1.tile_tokens;
+    const int64_t max_tiles = moe_max_tiles(slots, E, tile_tokens);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
@@ -317,8 +329,8 @@ class CudaBackend final : public Backend {
     r.tile_start = r.tile_expert + max_tiles;
     r.tile_rows = r.tile_start + max_tiles;
     r.num_tiles = r.tile_rows + max_tiles;
-    MX_RETURN_IF_ERROR(launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c1.tile_tokens, max_tiles},
-                                          stream_.get()));
+    MX_RETURN_IF_ERROR(
+        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, tile_tokens, max_tiles}, stream_.get()));
     MoeGemmParams g1;
     g1.blocks = ptr<const uint8_t>(w.w1_blocks);
     g1.scales = ptr<const uint8_t>(w.w1_scales);
@@ -333,7 +345,7 @@ class CudaBackend final : public Backend {
     g1.gated = true;
     g1.swiglu_limit = p.swiglu_limit;
     g1.swiglu_alpha = p.swiglu_alpha;
-    MX_RETURN_IF_ERROR(launch_moe_gemm(g1, c1, stream_.get()));
+    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g1, cg, stream_.get()) : launch_moe_gemm(g1, c1, stream_.get()));
     MoeGemmParams g2 = g1;
     g2.blocks = ptr<const uint8_t>(w.w2_blocks);
     g2.scales = ptr<const uint8_t>(w.w2_scales);
@@ -344,7 +356,7 @@ class CudaBackend final : public Backend {
     g2.rows = H;
     g2.k = I;
     g2.gated = false;
-    MX_RETURN_IF_ERROR(launch_moe_gemm(g2, c2, stream_.get()));
+    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g2, cg, stream_.get()) : launch_moe_gemm(g2, c2, stream_.get()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());
   }
@@ -414,5 +426,10 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return CudaBackend::create(device); }
+
+void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens) {
+  g_moe_path.store(path);
+  g_moe_grouped_tile.store(grouped_tile_tokens);
+}
 
 }  // namespace mx

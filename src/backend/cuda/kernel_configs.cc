@@ -82,6 +82,26 @@ MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t nu
   return c;
 }
 
+MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts) {
+  MoeGroupedConfig c;
+  // 64-token tiles waste less on partly filled tiles while experts hold <= ~96 tokens; 128 halves the
+  // weight re-reads (and the dequantization) per token beyond that.
+  const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
+  c.tile_tokens = per_expert <= 96 ? 64 : 128;
+  c.threads = kMoeGroupedThreads;
+  const int64_t room = dev.max_smem_per_block_optin - kStaticSmemReserve - kMoeGroupedBf16Bytes;
+  const int64_t per_stage = moe_grouped_stage_bytes(c.tile_tokens);
+  const int64_t n = room < 0 ? 0 : room / per_stage;
+  // The ring prefetches one tile while another is consumed: fewer than 2 stages cannot run.
+  c.stages = n < 2 ? 0 : static_cast<int>(std::min<int64_t>(kMoeGroupedMaxStages, n));
+  c.smem_bytes = kMoeGroupedBf16Bytes + std::max(c.stages, 2) * per_stage;
+  return c;
+}
+
+bool use_grouped_moe(int64_t num_slots, int64_t num_experts) {
+  return num_slots >= kMoeGroupedMinTokensPerExpert * std::max<int64_t>(1, num_experts);
+}
+
 int64_t moe_max_tiles(int64_t num_slots, int64_t num_experts, int64_t tile_tokens) {
   // sum_e ceil(c_e / b) <= sum_e (c_e / b) + (experts with c_e > 0) <= slots / b + min(E, slots).
   return ceil_div(num_slots, tile_tokens) + std::min(num_experts, num_slots);

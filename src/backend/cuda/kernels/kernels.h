@@ -136,6 +136,10 @@ struct MoeGemmParams {
 };
 Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t stream);
 
+// The same two GEMMs for many tokens per expert: tokens as the mma M side in tiles of c.tile_tokens (the
+// routing must have been built with that tile size), same inputs, outputs and epilogues.
+Status launch_moe_grouped_gemm(const MoeGemmParams& p, const MoeGroupedConfig& c, cudaStream_t stream);
+
 // out[t] = sum over j < top_k (in router order) of y[slot_pos[t * top_k + j]]: a fixed-order fp32 sum.
 struct MoeCombineParams {
   const uint16_t* y = nullptr;       // bf16 [slots, hidden]

@@ -1,6 +1,7 @@
 // MXFP4 experts on the GPU: routing metadata, the expert GEMMs and the combine.
 //
-// Routing (one CTA): per-expert counts, their scan, tiles of at most 8 routed tokens per expert, and a
+// Routing (one CTA): per-expert counts, their scan, tiles of at most 8 routed tokens per expert (64 or 128
+// for the grouped GEMM of moe_grouped.cu, used at prefill), and a
 // stable expert sort of the (token, k) slots (ranks from warp match + per-warp counts, so the order inside
 // an expert is by slot index and the whole thing is deterministic). The grid of the GEMMs is sized for the
 // worst case (moe_max_tiles); tiles past the device-side count exit, so captured graphs stay valid.
@@ -204,7 +205,9 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
 
 Status launch_moe_routing(const MoeRoutingParams& p, cudaStream_t stream) {
   if (p.experts > kMaxExperts) return unimplemented("MoE: at most 256 experts");
-  if (p.tile_tokens != kTileTokens) return internal_error("MoE routing: tiles of 8 tokens expected");
+  // 8-token tiles for the swap-AB kernels, 64 or 128 for the grouped GEMM (moe_grouped.cu).
+  if (p.tile_tokens != kTileTokens && p.tile_tokens != 64 && p.tile_tokens != 128)
+    return internal_error("MoE routing: tiles of 8, 64 or 128 tokens expected");
   if (p.slots == 0) return Status::ok();
   moe_routing_kernel<<<1, kRoutingThreads, 0, stream>>>(p);
   return launch_status("moe_routing_kernel");
