@@ -191,7 +191,7 @@ void bench_moe_prefill() {
   const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
   const std::vector<ExpertWeights>& experts = bench_experts();
   const std::vector<int64_t> sizes = bench_only_prefill_sizes.empty()
-                                         ? std::vector<int64_t>{32, 64, 128, 256, 512, 1024, 2048, 8192}
+                                         ? std::vector<int64_t>{32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 8192}
                                          : bench_only_prefill_sizes;
   for (int64_t T : sizes) {
     CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));

@@ -75,15 +75,19 @@ TEST(CudaKernelConfigs, MoeGroupedFitsEveryChip) {
       for (int64_t experts : {32, 128}) {
         const MoeGroupedConfig c = choose_moe_grouped_config(d, slots, experts);
         EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
-        EXPECT_GE(c.stages, 2) << d.name;  // the ring needs one tile in flight while another is consumed
+        // The ring holds the tile being multiplied, the next one (dequantized now) and one in flight.
+        EXPECT_GE(c.stages, 3) << d.name;
         EXPECT_LE(c.stages, kMoeGroupedMaxStages);
-        EXPECT_EQ(c.smem_bytes, kMoeGroupedBf16Bytes + c.stages * moe_grouped_stage_bytes(c.tile_tokens));
+        EXPECT_EQ(c.smem_bytes, 2 * kMoeGroupedBf16Bytes + c.stages * moe_grouped_stage_bytes(c.tile_tokens));
         EXPECT_EQ(c.threads, kMoeGroupedThreads);
         EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 128);
       }
-  // SM12x's 99 KB still holds 3 stages of 128-token tiles.
-  EXPECT_GE(choose_moe_grouped_config(sm120_rtx_pro_6000(), 32768, 32).stages, 3);
-  EXPECT_GE(choose_moe_grouped_config(sm121_gb10(), 32768, 32).stages, 3);
+  // SM12x's 99 KB holds 3 stages of 64-token tiles, not of 128; SM90 runs 128 with two CTAs per SM.
+  EXPECT_EQ(choose_moe_grouped_config(sm120_rtx_pro_6000(), 32768, 32).tile_tokens, 64);
+  EXPECT_EQ(choose_moe_grouped_config(sm121_gb10(), 32768, 32).tile_tokens, 64);
+  const MoeGroupedConfig h200 = choose_moe_grouped_config(sm90_h200(), 32768, 32);
+  EXPECT_EQ(h200.tile_tokens, 128);
+  EXPECT_LE(2 * (h200.smem_bytes + 2048), 233472);  // 228 KB of shared memory per SM
 }
 
 TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {

@@ -84,17 +84,19 @@ MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t nu
 
 MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts) {
   MoeGroupedConfig c;
-  // 64-token tiles waste less on partly filled tiles while experts hold <= ~96 tokens; 128 halves the
-  // weight re-reads (and the dequantization) per token beyond that.
-  const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
-  c.tile_tokens = per_expert <= 96 ? 64 : 128;
   c.threads = kMoeGroupedThreads;
-  const int64_t room = dev.max_smem_per_block_optin - kStaticSmemReserve - kMoeGroupedBf16Bytes;
-  const int64_t per_stage = moe_grouped_stage_bytes(c.tile_tokens);
-  const int64_t n = room < 0 ? 0 : room / per_stage;
-  // The ring prefetches one tile while another is consumed: fewer than 2 stages cannot run.
-  c.stages = n < 2 ? 0 : static_cast<int>(std::min<int64_t>(kMoeGroupedMaxStages, n));
-  c.smem_bytes = kMoeGroupedBf16Bytes + std::max(c.stages, 2) * per_stage;
+  const int64_t room = dev.max_smem_per_block_optin - kStaticSmemReserve - 2 * kMoeGroupedBf16Bytes;
+  auto stages_for = [&](int tile) {
+    const int64_t n = room < 0 ? 0 : room / moe_grouped_stage_bytes(tile);
+    return n < kMoeGroupedMinStages ? 0 : static_cast<int>(std::min<int64_t>(kMoeGroupedMaxStages, n));
+  };
+  // 64-token tiles waste less on partly filled tiles while experts hold <= ~96 tokens; 128 halves the
+  // weight re-reads (and the dequantization) per token beyond that, where it fits (not in SM12x's 99 KB).
+  const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
+  c.tile_tokens = per_expert > 96 && stages_for(128) > 0 ? 128 : 64;
+  c.stages = stages_for(c.tile_tokens);
+  c.smem_bytes =
+      2 * kMoeGroupedBf16Bytes + std::max(c.stages, kMoeGroupedMinStages) * moe_grouped_stage_bytes(c.tile_tokens);
   return c;
 }
 

@@ -48,13 +48,16 @@ int64_t moe_max_tiles(int64_t num_slots, int64_t num_experts, int64_t tile_token
 
 // MXFP4 experts for many tokens per expert (prefill): grouped GEMM with the expert-sorted tokens as the
 // mma M side in tiles of 64 or 128 rows, 128 weight rows per CTA, 4 warps, k in tiles of 64 through a
-// cp.async ring; the MXFP4 tile is dequantized once per CTA into a bf16 buffer in fragment order.
-// The shared-memory layout lives here so the kernel and the config agree on it.
+// cp.async ring; the MXFP4 tile is dequantized once per CTA into one of two bf16 buffers in fragment
+// order. The shared-memory layout lives here so the kernel and the config agree on it.
 inline constexpr int kMoeGroupedThreads = 128;
 inline constexpr int kMoeGroupedWeightRows = 128;                           // N per CTA: 8 strips of 16
 inline constexpr int kMoeGroupedRowPitch = 64 * 2 + 16;                     // bytes per token row of a k tile
-inline constexpr int64_t kMoeGroupedBf16Bytes = kMoeGroupedWeightRows * 64 * 2;  // dequantized weights
-inline constexpr int kMoeGroupedMaxStages = 4;
+inline constexpr int64_t kMoeGroupedBf16Bytes = kMoeGroupedWeightRows * 64 * 2;  // one dequantized buffer
+// The ring keeps tile t + 1 landed while t is multiplied and t + 2 is in flight: 3 stages, which also
+// keeps two 128-token CTAs per SM on SM90/SM100 (2 x 101 KB).
+inline constexpr int kMoeGroupedMinStages = 3;
+inline constexpr int kMoeGroupedMaxStages = 3;
 inline constexpr int64_t moe_grouped_stage_bytes(int tile_tokens) {
   return static_cast<int64_t>(tile_tokens) * kMoeGroupedRowPitch + kMoeGroupedWeightRows * 32  // fp4 values
          + kMoeGroupedWeightRows * 2;                                                          // e8m0 scales
@@ -62,8 +65,8 @@ inline constexpr int64_t moe_grouped_stage_bytes(int tile_tokens) {
 struct MoeGroupedConfig {
   int tile_tokens = 0;      // 64 or 128 expert-sorted tokens per tile
   int threads = 0;
-  int stages = 0;           // cp.async ring depth (>= 2 to launch)
-  int64_t smem_bytes = 0;   // dynamic: dequantized buffer + stages
+  int stages = 0;           // cp.async ring depth (0: does not fit this GPU)
+  int64_t smem_bytes = 0;   // dynamic: two dequantized buffers + stages
 };
 MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts);
 // Decode (swap-AB, 8-token tiles re-reading the weights) below this many routed tokens per expert,

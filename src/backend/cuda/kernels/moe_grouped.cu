@@ -6,7 +6,8 @@
 // tokens x 64 rows. K goes in tiles of 64 through a cp.async ring: per stage the tile's activation rows
 // (gathered through the routing permutation for the first GEMM), its 4 KB of packed fp4 and 256 B of
 // scales. Each stage's fp4 is dequantized once per CTA into a bf16 buffer in fragment order, so the cost
-// is shared by all the tile's tokens and every warp reads its B fragments with one 16-byte load.
+// is shared by all the tile's tokens and every warp reads its B fragments with one 16-byte load; two such
+// buffers let the dequantization of tile t + 1 run beside the mma of tile t.
 //
 // Why the swap-AB layout works unchanged as the B operand: lane (r, q) of the packed strip holds, per
 // k-step, A registers {row r, row r+8} x {k pair 0, k pair 1}; the B fragment of m16n8k16 for column
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
   const int tile = blockIdx.y;
   if (tile >= *p.r.num_tiles) return;
   const int e = p.r.tile_expert[tile], start = p.r.tile_start[tile], n = p.r.tile_rows[tile];
-  const int64_t strips = p.rows / 16, n_k = p.k / 64;
+  const int64_t strips = p.rows / 16, n_k64 = p.k / 64;
   const int strip0 = blockIdx.x * kStrips;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const int wm = warp / 2, wn = warp % 2;
@@ -60,13 +61,15 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
     src_row[i] = i >= n ? -1 : (p.gated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i);
   __syncthreads();
 
-  uint8_t* bf = smem;  // [strip][kk][lane][4 bf16x2 registers]
-  const int64_t stage_bytes = moe_grouped_stage_bytes(kTileTokens);
-  auto a_tile = [&](int s) { return smem + kMoeGroupedBf16Bytes + s * stage_bytes; };
+  // Two dequantized buffers [strip][kk][lane][4 bf16x2 registers]: tile t + 1 is dequantized while tile t
+  // is multiplied, so the ALU work overlaps the tensor work and one barrier per k tile suffices.
+  auto bf = [&](int t) { return smem + (t & 1) * kMoeGroupedBf16Bytes; };
+  const int stage_bytes = static_cast<int>(moe_grouped_stage_bytes(kTileTokens));
+  auto a_tile = [&](int s) { return smem + 2 * kMoeGroupedBf16Bytes + s * stage_bytes; };
   auto w_tile = [&](int s) { return a_tile(s) + kTileTokens * kPitch; };
   auto s_tile = [&](int s) { return w_tile(s) + kWeightBytes; };
 
-  auto load = [&](int64_t t, int s) {
+  auto load = [&](int t, int s) {
     uint8_t* a = a_tile(s);
     const int col = tid % 8;
 #pragma unroll
@@ -81,20 +84,20 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
       const int c = tid + kMoeGroupedThreads * j, st = c / 32, l = c % 32;
       const int64_t gs = strip0 + st;
       const bool ok = gs < strips;
-      const uint8_t* g = ok ? p.blocks + ((e * strips + gs) * n_k + t) * 512 + l * 16 : p.blocks;
+      const uint8_t* g = ok ? p.blocks + ((e * strips + gs) * n_k64 + t) * 512 + l * 16 : p.blocks;
       cp_async_16(w_tile(s) + c * 16, g, ok);
     }
     if (tid < 2 * kStrips) {
       const int64_t gs = strip0 + tid / 2;
       const bool ok = gs < strips;
-      const uint8_t* g = ok ? p.scales + ((e * strips + gs) * n_k + t) * 32 + (tid % 2) * 16 : p.scales;
+      const uint8_t* g = ok ? p.scales + ((e * strips + gs) * n_k64 + t) * 32 + (tid % 2) * 16 : p.scales;
       cp_async_16(s_tile(s) + tid * 16, g, ok);
     }
   };
 
   // fp4 -> bf16 as in moe.cu: sign and magnitude bits into a bf16 (a 2^-126 factor), times the pre-biased
   // scale. Strips past the matrix were zero-filled: zero scale, zero weights.
-  auto dequant = [&](int s) {
+  auto dequant = [&](int s, uint8_t* out) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int c = tid + kMoeGroupedThreads * j, st = c / 32, l = c % 32, lr = l / 4, lq = l % 4;
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
           v <<= 4;
           a[i] = bf16x2_mul(bits, (i & 1) ? sc8 : sc0);
         }
-        *reinterpret_cast<uint4*>(bf + ((st * 4 + kk) * 32 + l) * 16) = make_uint4(a[0], a[1], a[2], a[3]);
+        *reinterpret_cast<uint4*>(out + ((st * 4 + kk) * 32 + l) * 16) = make_uint4(a[0], a[1], a[2], a[3]);
       }
     }
   };
@@ -125,21 +128,27 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
 
+  // Ring of `stages` (>= 3) k tiles, prefetch distance stages - 1; at iteration t tile t + 1 must have
+  // landed (it is dequantized), tile t was dequantized in the previous iteration.
+  const int n_k = static_cast<int>(p.k / 64);
   for (int s = 0; s < stages - 1; ++s) {
     if (s < n_k) load(s, s);
     cp_async_commit();
   }
-  for (int64_t t = 0; t < n_k; ++t) {
-    const int slot = static_cast<int>(t % stages);
-    cp_async_wait_upto(stages - 2);  // this thread's copies of tile t landed
-    __syncthreads();                 // everyone's did, and the previous tile's mma is done with `bf`
+  cp_async_wait_upto(stages - 2);
+  __syncthreads();
+  dequant(0, bf(0));
+  for (int t = 0; t < n_k; ++t) {
+    const int slot = t % stages;
+    cp_async_wait_upto(stages - 3);  // this thread's copies of tile t + 1 landed
+    __syncthreads();  // everyone's did; bf(t) is complete; iteration t - 1 is done with bf(t + 1) and its slot
     {
-      const int64_t next = t + stages - 1;
-      if (next < n_k) load(next, static_cast<int>(next % stages));
+      const int next = t + stages - 1;
+      if (next < n_k) load(next, next % stages);
       cp_async_commit();
     }
-    dequant(slot);
-    __syncthreads();
+    if (t + 1 < n_k) dequant((t + 1) % stages, bf(t + 1));
+    const uint8_t* b_tile = bf(t);
     const uint8_t* a = a_tile(slot) + (wm * 16 * kMTiles + r) * kPitch + q * 32;
 #pragma unroll
     for (int kk2 = 0; kk2 < 2; ++kk2) {
@@ -155,7 +164,7 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
         const int kk = 2 * kk2 + kh;
         uint4 b[4];
 #pragma unroll
-        for (int sl = 0; sl < 4; ++sl) b[sl] = lds128(bf + (((wn * 4 + sl) * 4 + kk) * 32 + lane) * 16);
+        for (int sl = 0; sl < 4; ++sl) b[sl] = lds128(b_tile + (((wn * 4 + sl) * 4 + kk) * 32 + lane) * 16);
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
           const uint32_t af[4] = {kh ? lo[i].z : lo[i].x, kh ? hi[i].z : hi[i].x, kh ? lo[i].w : lo[i].y,
@@ -214,17 +223,22 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
   }
 }
 
+// Also asks for the largest shared-memory carveout: the default may leave room for one CTA per SM only.
 template <typename Kernel>
 Status set_smem(Kernel kernel, int64_t bytes) {
-  return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-                     "cudaFuncSetAttribute(moe grouped smem)");
+  MX_RETURN_IF_ERROR(
+      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                  "cudaFuncSetAttribute(moe grouped smem)"));
+  return cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+      "cudaFuncSetAttribute(moe grouped carveout)");
 }
 
 }  // namespace
 
 Status launch_moe_grouped_gemm(const MoeGemmParams& p, const MoeGroupedConfig& c, cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE grouped GEMM: rows % 16 and k % 64 must be 0");
-  if (c.stages < 2 || c.stages > kMoeGroupedMaxStages || c.threads != kMoeGroupedThreads)
+  if (c.stages < 3 || c.stages > kMoeGroupedMaxStages || c.threads != kMoeGroupedThreads)
     return internal_error("MoE grouped GEMM: config does not fit this GPU");
   if (c.tile_tokens != 64 && c.tile_tokens != 128) return internal_error("MoE grouped GEMM: tiles of 64 or 128");
   if (p.max_tiles == 0) return Status::ok();
