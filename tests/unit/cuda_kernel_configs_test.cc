@@ -85,15 +85,18 @@ TEST(CudaKernelConfigs, MoeGroupedFitsEveryChip) {
   // SM12x's 99 KB holds 3 stages of 64-token tiles, not of 128; SM90 runs 128 with two CTAs per SM.
   EXPECT_EQ(choose_moe_grouped_config(sm120_rtx_pro_6000(), 32768, 32).tile_tokens, 64);
   EXPECT_EQ(choose_moe_grouped_config(sm121_gb10(), 32768, 32).tile_tokens, 64);
-  const MoeGroupedConfig h200 = choose_moe_grouped_config(sm90_h200(), 32768, 32);
+  const MoeGroupedConfig h200 = choose_moe_grouped_config(sm90_h200(), 8192 * 4, 32);
   EXPECT_EQ(h200.tile_tokens, 128);
   EXPECT_LE(2 * (h200.smem_bytes + 2048), 233472);  // 228 KB of shared memory per SM
 }
 
 TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
-  EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 512 * 4, 32).tile_tokens, 64);     // 64 per expert
-  EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 2048 * 4, 32).tile_tokens, 128);   // 256 per expert
-  EXPECT_FALSE(use_grouped_moe(64 * 4, 32));  // decode batches stay on the swap-AB kernels
+  EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 512 * 4, 32).tile_tokens, 64);    // 64 per expert
+  EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 2048 * 4, 32).tile_tokens, 64);   // 256 per expert
+  EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 8192 * 4, 32).tile_tokens, 128);  // 1024 per expert
+  EXPECT_FALSE(use_grouped_moe(64 * 4, 32));   // decode batches stay on the swap-AB kernels
+  EXPECT_FALSE(use_grouped_moe(256 * 4, 32));  // 32 per expert: the two paths tie, keep decode
+  EXPECT_TRUE(use_grouped_moe(384 * 4, 32));
   EXPECT_TRUE(use_grouped_moe(2048 * 4, 32));
   EXPECT_TRUE(use_grouped_moe(2048 * 4, 128));
 }

@@ -90,10 +90,11 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
     const int64_t n = room < 0 ? 0 : room / moe_grouped_stage_bytes(tile);
     return n < kMoeGroupedMinStages ? 0 : static_cast<int>(std::min<int64_t>(kMoeGroupedMaxStages, n));
   };
-  // 64-token tiles waste less on partly filled tiles while experts hold <= ~96 tokens; 128 halves the
-  // weight re-reads (and the dequantization) per token beyond that, where it fits (not in SM12x's 99 KB).
+  // 64-token tiles waste less on partly filled tiles and run 3 CTAs per SM; 128 halves the weight
+  // re-reads and the dequantization per token, which pays only with many tokens per expert (measured),
+  // and only where it fits (not in SM12x's 99 KB).
   const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
-  c.tile_tokens = per_expert > 96 && stages_for(128) > 0 ? 128 : 64;
+  c.tile_tokens = per_expert >= kMoeGroupedLargeTileTokensPerExpert && stages_for(128) > 0 ? 128 : 64;
   c.stages = stages_for(c.tile_tokens);
   c.smem_bytes =
       2 * kMoeGroupedBf16Bytes + std::max(c.stages, kMoeGroupedMinStages) * moe_grouped_stage_bytes(c.tile_tokens);

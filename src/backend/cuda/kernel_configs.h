@@ -70,8 +70,11 @@ struct MoeGroupedConfig {
 };
 MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts);
 // Decode (swap-AB, 8-token tiles re-reading the weights) below this many routed tokens per expert,
-// grouped GEMM from there on (crossover measured on H200, docs/PERF.md).
-inline constexpr int64_t kMoeGroupedMinTokensPerExpert = 32;
+// grouped GEMM from there on. Measured on H200 at the 20b shape (docs/PERF.md): equal at 32 tokens per
+// expert (604 vs 623 us), grouped 28% faster at 48.
+inline constexpr int64_t kMoeGroupedMinTokensPerExpert = 40;
+// 128-token tiles from this many tokens per expert (5% faster at 1024, tied at 256, slower below).
+inline constexpr int64_t kMoeGroupedLargeTileTokensPerExpert = 512;
 bool use_grouped_moe(int64_t num_slots, int64_t num_experts);
 
 // True when a config's shared memory fits the device and its pipeline has at least one stage.
