@@ -96,6 +96,7 @@ void run_against_fake(const std::string& endpoint) {
   EXPECT_EQ(s.total_output_tokens, 6 * 8 + 5 + 3);
   EXPECT_EQ(s.total_input_tokens, 8 * 7);
   EXPECT_EQ(s.output_counts_from_usage, 7);
+  EXPECT_EQ(s.server_input_tokens, -1);  // the no-usage stream has none
   EXPECT_GT(s.itl.mean, 0.0005);  // tokens are written 2 ms apart
   EXPECT_LT(s.itl.mean, 0.5);
   EXPECT_GT(s.tpot.mean, 0.0005);
@@ -206,6 +207,7 @@ TEST(BenchServeCli, RunsAgainstFakeServerAndWritesJson) {
   EXPECT_EQ(j["input_lens"].size(), 12u);
   for (const auto& len : j["input_lens"]) EXPECT_EQ(len, 40);
   EXPECT_EQ(j["itls"][0].size(), 5u);
+  EXPECT_GT(j["total_input_tokens_server"].get<int64_t>(), 0);  // the fake counts prompt bytes
   EXPECT_NE(j["command_line"].get<std::string>().find("mxserve bench serve --base-url"), std::string::npos);
   EXPECT_EQ(j["date"].get<std::string>().size(), 20u);
   EXPECT_GT(j["mean_ttft_ms"].get<double>(), 0);

@@ -87,6 +87,8 @@ BenchSummary summarize_run(const LoadRun& run) {
   std::vector<double> ttfts, tpots, itls, e2es;
   std::map<std::string, size_t> error_slot;
   double e2e_sum = 0;
+  int64_t server_input = 0;
+  bool all_server_input = true;
   for (const RequestResult& r : run.results) {
     if (!r.success) {
       ++s.failed;
@@ -97,6 +99,8 @@ BenchSummary summarize_run(const LoadRun& run) {
     }
     ++s.completed;
     s.total_input_tokens += r.prompt_tokens;
+    all_server_input = all_server_input && r.server_prompt_tokens >= 0;
+    server_input += std::max<int64_t>(0, r.server_prompt_tokens);
     s.total_output_tokens += r.output_tokens;
     if (r.output_tokens_from_usage) ++s.output_counts_from_usage;
     if (r.token_chunks > 0) ttfts.push_back(r.ttft_s);
@@ -105,6 +109,7 @@ BenchSummary summarize_run(const LoadRun& run) {
     e2es.push_back(r.e2e_s);
     e2e_sum += r.e2e_s;
   }
+  if (s.completed > 0 && all_server_input) s.server_input_tokens = server_input;
   s.duration_s = run.duration_s;
   if (run.duration_s > 0) {
     s.request_throughput = static_cast<double>(s.completed) / run.duration_s;
@@ -133,6 +138,8 @@ std::string format_report(const BenchConfig& config, const BenchSummary& s, size
   w.integer("Failed requests", s.failed);
   w.number("Benchmark duration (s)", s.duration_s);
   w.integer("Total input tokens", s.total_input_tokens);
+  // The server's count differs from the client's by the chat template (and any tokenizer difference).
+  if (s.server_input_tokens >= 0) w.integer("Total input tokens (server usage)", s.server_input_tokens);
   w.integer("Total generated tokens", s.total_output_tokens);
   w.line("Generated token counts from",
          s.completed == 0 ? std::string("-")
@@ -206,6 +213,7 @@ nlohmann::json report_json(const BenchConfig& config, const BenchSummary& s, con
   j["failed"] = s.failed;
   j["total_input_tokens"] = s.total_input_tokens;
   j["total_output_tokens"] = s.total_output_tokens;
+  j["total_input_tokens_server"] = s.server_input_tokens >= 0 ? nlohmann::json(s.server_input_tokens) : nlohmann::json(nullptr);
   j["output_counts_from_usage"] = s.output_counts_from_usage;
   j["request_throughput"] = s.request_throughput;
   j["input_throughput"] = s.input_throughput;

@@ -44,6 +44,7 @@ struct BenchSummary {
   int64_t completed = 0;
   int64_t failed = 0;
   int64_t total_input_tokens = 0;   // of the successful requests, the client's count
+  int64_t server_input_tokens = -1;  // the same from the servers' usage.prompt_tokens; -1 unless all sent it
   int64_t total_output_tokens = 0;  // of the successful requests
   int64_t output_counts_from_usage = 0;  // successful requests whose output count came from usage
   double duration_s = 0;
