@@ -196,6 +196,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const size_t produced = sizeof(read_chunk_) - parser_->get().body().size;
     if (status_ == 0 && parser_->is_header_done() && !check_head()) return;
     if (produced > 0) take_body(std::string_view(read_chunk_, produced), now);
+    if (reported_) return;  // abandoned while taking the body
     if (!parser_->is_done()) return read_more();
     end_of_body(now);
   }
