@@ -128,6 +128,20 @@ TEST(BenchServe, ResendsWhenAKeptAliveConnectionWasClosed) {
   EXPECT_EQ(server.generation_requests.load(), 12);
 }
 
+TEST(BenchServe, AStalledStreamTimesOutAndFreesItsSlot) {
+  FakeOpenAiServer server(FakeOpenAiOptions{.token_gap_ms = 0});
+  auto options = options_for(server.base_url(), "completions", 1);
+  options.idle_timeout_s = 0.3;
+  auto run = bench::run_serve_bench(options, {prompt("stall", 4), prompt("p", 4)});
+  ASSERT_TRUE(run.is_ok());
+  const auto& r = run->run.results;
+  EXPECT_FALSE(r[0].success);
+  EXPECT_EQ(r[0].error, "no data from the server for 0.3 s");
+  EXPECT_EQ(r[0].token_chunks, 1);
+  EXPECT_GE(r[0].e2e_s, 0.29);
+  EXPECT_TRUE(r[1].success) << r[1].error;
+}
+
 TEST(BenchServe, PoissonArrivalsAreSpreadAndInOrder) {
   FakeOpenAiServer server(FakeOpenAiOptions{.token_gap_ms = 0});
   auto options = options_for(server.base_url(), "completions", 0);

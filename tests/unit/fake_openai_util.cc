@@ -117,6 +117,12 @@ awaitable<bool> stream_generation(tcp::socket& socket, State* st, bool chat, con
   // A comment first, then (chat) the role-only chunk with empty content, split inside "data:".
   co_await body.send(": ping\r\n\r\n", 0, false);
   if (chat) co_await body.send(event(chunk_json(true, R"({"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null})"), false), 3, true);
+  if (prompt.find("stall") != std::string::npos) {
+    co_await body.send(event(chunk_json(chat, text_choice(chat, "x")), false), 0, false);
+    co_await pause_ms(3000);
+    st->open_streams--;
+    co_return false;
+  }
   const int64_t tokens = (close_early || mid_error) ? std::min<int64_t>(2, max_tokens) : max_tokens;
   for (int64_t i = 0; i < tokens; ++i) {
     if (gap > 0) co_await pause_ms(gap);

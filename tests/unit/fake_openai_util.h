@@ -10,6 +10,7 @@
 //   contains "close-early"  two text chunks, then the connection closes
 //   contains "no-usage"     the normal stream without the usage chunk
 //   contains "eof-body"     no chunked encoding: Connection: close and the body ends at EOF
+//   contains "stall"        one text chunk, then nothing for 3 s
 //   anything else           max_tokens text chunks `token_gap_ms` apart, finish_reason "length"
 #pragma once
 

@@ -287,8 +287,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       gen_->resend(index_);
       return;
     }
-    if (ec == beast::error::timeout)
-      return abandon("no data from the server for " + std::to_string(gen_->options().idle_timeout_s) + " s");
+    if (ec == beast::error::timeout) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%g", gen_->options().idle_timeout_s);
+      return abandon(std::string("no data from the server for ") + seconds + " s");
+    }
     if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof ||
         ec == net::error::connection_reset) {
       if (status_ == 0) return abandon("the server closed the connection before answering");
