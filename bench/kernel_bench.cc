@@ -1,11 +1,11 @@
 // Microbenchmarks of the CUDA backend's ops on gpt-oss-20b shapes with random weights: MoE decode
 // (1/8/64 tokens), MoE prefill (32..8192 tokens, decode vs grouped expert GEMMs), decode attention
-// (1K/8K/32K context), prefill attention (8K), qkv/o/lm_head linears at
-// M = 1 and 8192. Each op is recorded N times into a graph (inputs rotated so that weights come from HBM,
-// not L2), the graph replayed after a warm-up; the median replay over N is the time per op. Each line
-// gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both measured on an
-// H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last argument when given
-// (`mx_kernel_bench [--moe-prefill-only[=T,T,...]] [out.json]`).
+// (1K/8K/32K context), prefill attention (8K), qkv/o/lm_head linears at M = 1 and 8192, sampling 1/8/64
+// rows of the 201,088-token vocabulary. Each op is recorded N times into a graph (inputs rotated so that
+// weights come from HBM, not L2), the graph replayed after a warm-up; the median replay over N is the time
+// per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
+// measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only] [out.json]`).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -318,6 +318,51 @@ void bench_linear() {
   report("lm_head 2880->201088 M=64", us, 2.0 * 201088 * 2880 + 4.0 * 64 * 201088, 2.0 * 64 * 201088 * 2880);
 }
 
+// ---- Sampling: rows of gpt-oss's 201,088-token vocabulary; floor = reading the f32 logits once.
+void bench_sampling() {
+  const int64_t V = 201088;
+  struct Mode {
+    const char* name;
+    float temperature, top_p;
+    int32_t top_k;
+  };
+  const Mode modes[] = {{"greedy", 0.0f, 1.0f, 0},
+                        {"temp 1.0", 1.0f, 1.0f, 0},
+                        {"temp 0.7 top-k 50 top-p 0.9", 0.7f, 0.9f, 50},
+                        {"temp 1.0 top-p 0.9", 1.0f, 0.9f, 0}};
+  const int copies = 4;  // rotated so that the logits come from HBM, as after the lm_head
+  for (int64_t R : {1, 8, 64}) {
+    std::vector<TensorView> logits;
+    std::normal_distribution<float> d(0.0f, 2.0f);
+    std::vector<float> host(static_cast<size_t>(R * V));
+    for (int c = 0; c < copies; ++c) {
+      for (auto& f : host) f = d(g_rng);
+      for (int64_t r = 0; r < R; ++r)  // a peaked head, as language models have
+        for (int j = 0; j < 20; ++j) host[static_cast<size_t>(r * V + g_rng() % V)] += 12.0f;
+      TensorView t = make(DType::kF32, {R, V});
+      CHECK_OK(g_b->copy_from_host(t, host.data()));
+      logits.push_back(t);
+    }
+    TensorView tokens = make(DType::kI32, {R}), logprobs = make(DType::kF32, {R});
+    for (const Mode& m : modes) {
+      std::vector<SampleRowParams> rows(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) {
+        rows[static_cast<size_t>(r)].temperature = m.temperature;
+        rows[static_cast<size_t>(r)].top_p = m.top_p;
+        rows[static_cast<size_t>(r)].top_k = m.top_k;
+        rows[static_cast<size_t>(r)].seed = static_cast<uint64_t>(r);
+      }
+      TensorView params = make(DType::kU8, {R, static_cast<int64_t>(sizeof(SampleRowParams))});
+      CHECK_OK(g_b->copy_from_host(params, rows.data()));
+      auto op = [&](int i) { return g_b->sample({logits[i % copies], params, tokens, logprobs}); };
+      CHECK_OK(op(0));  // sizes the scratch outside the graph
+      const double us = time_graph(20, op);
+      report("sample " + std::string(m.name) + " R=" + std::to_string(R), us, 4.0 * R * V, 0,
+             std::to_string(R * V * 4 / 1000000) + " MB logits");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mx
 
@@ -331,10 +376,14 @@ int main(int argc, char** argv) {
   g_b = backend->get();
   std::printf("%-44s %13s  %26s  %s\n", "op (gpt-oss-20b shapes)", "time", "floor", "fraction");
   // `--moe-prefill-only[=T,T,...]`: just the MoE prefill sweep (quick comparisons of the two paths).
+  // `--sampling-only`: just the sampling rows.
   int arg = 1;
-  bool prefill_only = false;
+  bool prefill_only = false, sampling_only = false;
   const std::string flag = "--moe-prefill-only";
-  if (argc > arg && std::string(argv[arg]).rfind(flag, 0) == 0) {
+  if (argc > arg && std::string(argv[arg]) == "--sampling-only") {
+    sampling_only = true;
+    ++arg;
+  } else if (argc > arg && std::string(argv[arg]).rfind(flag, 0) == 0) {
     prefill_only = true;
     const std::string v = std::string(argv[arg]).substr(flag.size());
     for (size_t i = v.empty() ? std::string::npos : 1; i < v.size();) {
@@ -344,11 +393,16 @@ int main(int argc, char** argv) {
     }
     ++arg;
   }
-  if (!prefill_only) bench_moe();
-  bench_moe_prefill();
-  if (!prefill_only) {
-    bench_attention();
-    bench_linear();
+  if (sampling_only) {
+    bench_sampling();
+  } else {
+    if (!prefill_only) bench_moe();
+    bench_moe_prefill();
+    if (!prefill_only) {
+      bench_attention();
+      bench_linear();
+      bench_sampling();
+    }
   }
   if (argc > arg) {
     nlohmann::json j;

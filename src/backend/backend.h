@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/buffer.h"
+#include "backend/sampling_math.h"
 #include "core/status.h"
 #include "core/tensor_view.h"
 
@@ -97,6 +98,15 @@ struct MoeParams {
   float swiglu_alpha = 1.702f;
 };
 
+// One token per row of logits, by the algorithm in backend/sampling_math.h (greedy, temperature, top-k,
+// top-p, min-p, per-row seed and step); both backends pick the same tokens.
+struct SampleParams {
+  TensorView logits;    // f32 [R, V]
+  TensorView params;    // u8 [R, sizeof(SampleRowParams)]: one SampleRowParams per row
+  TensorView tokens;    // i32 [R] out
+  TensorView logprobs;  // f32 [R] out: the chosen token's log-softmax of the raw logits; may be empty
+};
+
 // Sizes a backend's private scratch (MoE routing and intermediates, attention split partials) once, before
 // the first forward, so that forward passes allocate nothing and can be captured in a graph.
 struct WorkspaceSpec {
@@ -106,6 +116,7 @@ struct WorkspaceSpec {
   int64_t num_experts = 0;       // E
   int64_t top_k = 0;
   int64_t n_q = 0, n_kv = 0, head_dim = 0;
+  int64_t max_sample_rows = 0, vocab = 0;  // rows of one sample() call and their length
 };
 
 // A recorded sequence of ops that can be replayed without re-issuing them (a CUDA graph). Replays read
@@ -157,6 +168,7 @@ class Backend {
   virtual Status moe_experts(const MoeParams& p) = 0;
   // out[r] = x[rows[r]]; rows i32 [R].
   virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
+  virtual Status sample(const SampleParams& p) = 0;
 
   // Scratch and graphs. Backends without private scratch or graph support keep these defaults.
   virtual Status prepare(const WorkspaceSpec&) { return Status::ok(); }

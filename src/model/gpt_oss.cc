@@ -81,9 +81,11 @@ Result<ForwardWorkspace> GptOssModel::make_workspace(int64_t max_tokens, int64_t
     return v;
   };
   const int64_t T = max_tokens, H = c.hidden_size;
-  // The backend sizes its own scratch (MoE intermediates, attention partials) for this many tokens.
+  // The backend sizes its own scratch (MoE intermediates, attention partials, sampling) for this many
+  // tokens and logits rows.
   MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, c.intermediate_size, c.num_experts, c.experts_per_token,
-                                                    c.num_heads, c.num_kv_heads, c.head_dim}));
+                                                    c.num_heads, c.num_kv_heads, c.head_dim, max_logit_rows,
+                                                    c.vocab_size}));
   MX_ASSIGN_OR_RETURN(ws.residual, make(backend_.residual_dtype(), {T, H}));
   MX_ASSIGN_OR_RETURN(ws.normed, make(act, {T, H}));
   MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T, c.q_dim() + 2 * c.kv_dim()}));

@@ -1,6 +1,4 @@
-// Sampling order: penalties -> (greedy | temperature -> top-k -> softmax -> min-p -> top-p -> draw).
-// The filters' semantics match the static generator this replaced: probabilities are normalised over the
-// top-k set, min-p compares against the most likely token, top-p keeps the smallest prefix reaching p.
+// Penalties and logprobs on the host; the draw itself is the backends' algorithm (cpu::sample_row).
 #include "runtime/sampler.h"
 
 #include <algorithm>
@@ -9,36 +7,19 @@
 #include <numeric>
 
 namespace mx {
-namespace {
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+SampleRowParams sample_row_params(const SamplingParams& params, const Rng& rng) {
+  SampleRowParams row;
+  row.temperature = params.temperature;
+  row.top_p = params.top_p;
+  row.min_p = params.min_p;
+  row.top_k = params.top_k > 0 && params.top_k < std::numeric_limits<int32_t>::max()
+                  ? static_cast<int32_t>(params.top_k)
+                  : 0;
+  row.seed = rng.seed();
+  row.step = rng.step();
+  return row;
 }
-
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-}  // namespace
-
-Rng::Rng(uint64_t seed) {
-  for (auto& s : s_) s = splitmix64(seed);
-}
-
-uint64_t Rng::next() {
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
-
-double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
 Sampler::Sampler(int64_t vocab)
     : vocab_(vocab),
@@ -100,66 +81,8 @@ void Sampler::sample(const float* logits, const SamplingParams& params, const Pe
     apply_penalties(params, penalties);
     scores = work_.data();
   }
-  if (params.temperature <= 0.0f) {
-    out->token = static_cast<int32_t>(std::max_element(scores, scores + vocab_) - scores);
-  } else {
-    // Candidates: all ids in id order, or sorted by score (highest first, ties lower id first) when a
-    // filter needs the order.
-    auto by_score = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
-    std::iota(ids_.begin(), ids_.end(), 0);
-    int64_t n = vocab_;
-    const bool sorted = (params.top_k > 0 && params.top_k < vocab_) || params.top_p < 1.0f;
-    if (params.top_k > 0 && params.top_k < vocab_) {
-      n = params.top_k;
-      std::nth_element(ids_.begin(), ids_.begin() + (n - 1), ids_.end(), by_score);
-      std::sort(ids_.begin(), ids_.begin() + n, by_score);
-    } else if (sorted) {
-      std::sort(ids_.begin(), ids_.end(), by_score);
-    }
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < n; ++i) top = std::max(top, scores[ids_[static_cast<size_t>(i)]]);
-    // Unnormalised probabilities exp((s - top) / T) in [0, 1]; the most likely token has 1.
-    std::vector<float>& prob = work_;  // indexed by id; safe to overwrite scores now
-    const float* s = scores;
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t id = ids_[static_cast<size_t>(i)];
-      const float p = static_cast<float>(std::exp((static_cast<double>(s[id]) - top) / params.temperature));
-      prob[static_cast<size_t>(id)] = p;
-      sum += p;
-    }
-    // min-p: drop tokens below min_p times the most likely one (keeps order).
-    if (params.min_p > 0.0f) {
-      int64_t kept = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t id = ids_[static_cast<size_t>(i)];
-        if (prob[static_cast<size_t>(id)] >= params.min_p) ids_[static_cast<size_t>(kept++)] = id;
-      }
-      n = std::max<int64_t>(kept, 1);
-    }
-    // top-p: the smallest prefix (in descending order) whose mass, normalised over the top-k set, reaches p.
-    if (params.top_p < 1.0f) {
-      double mass = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        mass += prob[static_cast<size_t>(ids_[static_cast<size_t>(i)])] / sum;
-        if (mass >= params.top_p) {
-          n = i + 1;
-          break;
-        }
-      }
-    }
-    double total = 0;
-    for (int64_t i = 0; i < n; ++i) total += prob[static_cast<size_t>(ids_[static_cast<size_t>(i)])];
-    double u = rng.uniform() * total;
-    out->token = ids_[static_cast<size_t>(n - 1)];
-    for (int64_t i = 0; i < n; ++i) {
-      u -= prob[static_cast<size_t>(ids_[static_cast<size_t>(i)])];
-      if (u < 0) {
-        out->token = ids_[static_cast<size_t>(i)];
-        break;
-      }
-    }
-  }
+  out->token = cpu::sample_row(scores, vocab_, sample_row_params(params, rng), &scratch_, false).token;
+  rng.advance();
   if (params.logprobs) fill_logprobs(logits, params, out);
 }
 

@@ -1,12 +1,15 @@
-// Token sampling on host logits: penalties (repetition, presence, frequency), then greedy at temperature 0
-// or temperature with top-k, top-p and min-p filters, driven by a per-request seeded generator so a seed
-// reproduces its output whatever else is in the batch. Logprobs come from the raw model distribution
+// Token sampling on host logits: penalties (repetition, presence, frequency), then the backends' sampling
+// algorithm (backend/sampling_math.h: greedy, or temperature with top-k, top-p and min-p and a Gumbel-max
+// draw from a counter-based generator), so a seed reproduces its output whatever else is in the batch and
+// the CPU engine picks what the CUDA sample op picks. Logprobs come from the raw model distribution
 // (log-softmax of the logits before penalties and temperature), as vLLM reports them by default.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include "backend/cpu/sampling.h"
 
 namespace mx {
 
@@ -28,16 +31,22 @@ struct SamplingParams {
   }
 };
 
-// xoshiro256** seeded through splitmix64: the same seed gives the same stream on every platform.
+// A request's random stream: draw n uses Philox keyed by (seed, n), so the n-th sampled token depends only
+// on the seed and n, never on the batch or on which backend sampled it.
 class Rng {
  public:
-  explicit Rng(uint64_t seed = 0);
-  uint64_t next();
-  double uniform();  // [0, 1) with 53 random bits
+  explicit Rng(uint64_t seed = 0) : seed_(seed) {}
+  uint64_t seed() const { return seed_; }
+  uint64_t step() const { return step_; }  // draws taken so far
+  void advance() { ++step_; }
 
  private:
-  uint64_t s_[4];
+  uint64_t seed_ = 0;
+  uint64_t step_ = 0;
 };
+
+// The sample op's row parameters for a request's next draw (penalties are not part of them).
+SampleRowParams sample_row_params(const SamplingParams& params, const Rng& rng);
 
 struct TokenLogprob {
   int32_t token = 0;
@@ -64,8 +73,7 @@ class Sampler {
   explicit Sampler(int64_t vocab);
 
   int64_t vocab() const { return vocab_; }
-  // Greedy returns the first index of the maximum (as torch.argmax does). Without top-k and top-p the
-  // draw walks the kept tokens in id order (no sort); with them, in descending probability.
+  // Greedy returns the first index of the maximum (as torch.argmax does). Takes one draw from `rng`.
   void sample(const float* logits, const SamplingParams& params, const PenaltyContext& penalties, Rng& rng,
               SampledToken* out);
 
@@ -74,8 +82,9 @@ class Sampler {
   void fill_logprobs(const float* logits, const SamplingParams& params, SampledToken* out);
 
   int64_t vocab_;
-  std::vector<float> work_;       // [vocab] logits after penalties, then probabilities
-  std::vector<int32_t> ids_;      // [vocab] candidate ids
+  std::vector<float> work_;       // [vocab] logits after penalties
+  std::vector<int32_t> ids_;      // [vocab] candidates of the top logprobs
+  cpu::SampleScratch scratch_;
   std::vector<int32_t> counts_;   // [vocab] occurrences in the output (zero between calls)
   std::vector<uint32_t> stamp_;   // [vocab] "seen in this call" marks for the repetition penalty
   uint32_t stamp_value_ = 0;

@@ -100,6 +100,16 @@ Pair upload_activation(Arena& cpu, Arena& cuda, const Bf16Data& d, Shape shape) 
   return {cpu.upload(DType::kF32, shape, d.values.data()), cuda.upload(DType::kBF16, shape, d.bits.data())};
 }
 
+uint32_t test_seed() {
+  static const uint32_t seed = [] {
+    const char* env = std::getenv("MX_GPU_TEST_SEED");
+    const uint32_t s = env && *env ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+    std::printf("[gpu tests] seed %u (replay with MX_GPU_TEST_SEED=%u)\n", s, s);
+    return s;
+  }();
+  return seed;
+}
+
 Backend& cuda_backend() {
   static std::unique_ptr<Backend> b = [] {
     auto r = make_backend(BackendOptions{"cuda", 0, 0});

@@ -60,6 +60,9 @@ struct Pair {
 };
 Pair upload_activation(Arena& cpu, Arena& cuda, const Bf16Data& d, Shape shape);
 
+// Fresh inputs every run; the seed is printed so a failure can be replayed with MX_GPU_TEST_SEED=<seed>.
+uint32_t test_seed();
+
 Backend& cuda_backend();
 Backend& cpu_backend();
 

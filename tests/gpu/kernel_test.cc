@@ -24,17 +24,6 @@ std::string shape_str(std::initializer_list<int64_t> dims) {
   return s;
 }
 
-// Fresh inputs every run; the seed is printed so a failure can be replayed with MX_GPU_TEST_SEED=<seed>.
-uint32_t test_seed() {
-  static const uint32_t seed = [] {
-    const char* env = std::getenv("MX_GPU_TEST_SEED");
-    const uint32_t s = env && *env ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-    std::printf("[gpu tests] seed %u (replay with MX_GPU_TEST_SEED=%u)\n", s, s);
-    return s;
-  }();
-  return seed;
-}
-
 class KernelTest : public ::testing::Test {
  protected:
   KernelTest() : cpu_(cpu_backend()), cuda_(cuda_backend()), rng_(test_seed()) {}

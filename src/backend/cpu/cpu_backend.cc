@@ -89,6 +89,10 @@ class CpuBackend final : public Backend {
     cpu::gather_rows(x, rows, out);
     return Status::ok();
   }
+  Status sample(const SampleParams& p) override {
+    cpu::sample(pool_, p);
+    return Status::ok();
+  }
 
  private:
   cpu::ThreadPool pool_;

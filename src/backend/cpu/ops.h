@@ -20,6 +20,7 @@ void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batc
 void router_topk(const RouterParams& p);
 void moe_experts(ThreadPool& pool, const MoeParams& p);
 void gather_rows(const TensorView& x, const TensorView& rows, TensorView out);
+void sample(ThreadPool& pool, const SampleParams& p);  // rows in parallel; cpu/sampling.cc
 
 // Dequantizes one MXFP4 row of K elements (K/32 blocks of 16 bytes plus K/32 e8m0 scales) to f32.
 void dequantize_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t k, float* out);

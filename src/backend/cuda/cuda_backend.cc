@@ -51,7 +51,7 @@ class CudaReplayGraph final : public ReplayGraph {
 
 // Private scratch, grown only outside graph capture.
 struct Scratch {
-  Buffer moe_h, moe_y, moe_meta, tickets, partials;
+  Buffer moe_h, moe_y, moe_meta, tickets, partials, sampling;
   int64_t max_slots = 0, max_tiles = 0, experts = 0;
 };
 
@@ -368,7 +368,35 @@ class CudaBackend final : public Backend {
                               stream_.get());
   }
 
+  Status sample(const SampleParams& p) override {
+    expect(p.logits, DType::kF32, "sample logits");
+    MX_CHECK_EQ(p.logits.rank(), 2);
+    const int64_t rows = p.logits.dim(0), vocab = p.logits.dim(1);
+    expect(p.params, DType::kU8, "sample params");
+    MX_CHECK_EQ(p.params.bytes(), rows * static_cast<int64_t>(sizeof(SampleRowParams)));
+    expect(p.tokens, DType::kI32, "sample tokens");
+    MX_CHECK_EQ(p.tokens.numel(), rows);
+    if (!p.logprobs.empty()) {
+      expect(p.logprobs, DType::kF32, "sample logprobs");
+      MX_CHECK_EQ(p.logprobs.numel(), rows);
+    }
+    const int64_t bytes = sample_scratch_bytes(rows, vocab);
+    MX_RETURN_IF_ERROR(ensure(scratch_.sampling, bytes, "sampling"));
+    SampleKernelParams k;
+    k.logits = ptr<const float>(p.logits);
+    k.params = ptr<const SampleRowParams>(p.params);
+    k.tokens = ptr<int32_t>(p.tokens);
+    k.logprobs = p.logprobs.empty() ? nullptr : ptr<float>(p.logprobs);
+    k.scratch = scratch_.sampling.data();
+    k.scratch_bytes = scratch_.sampling.bytes();
+    k.rows = rows;
+    k.vocab = vocab;
+    return launch_sample(k, stream_.get());
+  }
+
   Status prepare(const WorkspaceSpec& s) override {
+    if (s.max_sample_rows > 0 && s.vocab > 0)
+      MX_RETURN_IF_ERROR(ensure(scratch_.sampling, sample_scratch_bytes(s.max_sample_rows, s.vocab), "sampling"));
     const int64_t slots = s.max_tokens * s.top_k;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * s.intermediate * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * s.hidden * 2, "MoE y"));

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernel_configs.h"
+#include "backend/sampling_math.h"
 #include "core/status.h"
 
 namespace mx::cuda {
@@ -148,5 +149,17 @@ struct MoeCombineParams {
   int64_t tokens = 0, hidden = 0, top_k = 0;
 };
 Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
+
+// One token per row (backend/sampling_math.h); kernels/sampling.cu describes the four launches.
+struct SampleKernelParams {
+  const float* logits = nullptr;            // f32 [rows, vocab]
+  const SampleRowParams* params = nullptr;  // [rows]
+  int32_t* tokens = nullptr;                // [rows]
+  float* logprobs = nullptr;                // [rows] or null
+  void* scratch = nullptr;                  // sample_scratch_bytes(rows, vocab)
+  int64_t scratch_bytes = 0, rows = 0, vocab = 0;
+};
+int64_t sample_scratch_bytes(int64_t rows, int64_t vocab);
+Status launch_sample(const SampleKernelParams& p, cudaStream_t stream);
 
 }  // namespace mx::cuda

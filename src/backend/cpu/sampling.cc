@@ -1,0 +1,132 @@
+// Compiled with -ffp-contract=off (src/backend/CMakeLists.txt): sampling_math.h's arithmetic must round
+// exactly as the CUDA kernels' explicitly rounded operations do.
+#include "backend/cpu/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backend/cpu/ops.h"
+
+namespace mx::cpu {
+namespace {
+
+using namespace mx::sampling;
+
+uint32_t key_at(const float* x, int64_t i) { return order_key(sanitize(x[i])); }
+
+// Rank order: higher logit first, then lower id.
+struct RanksBefore {
+  const float* x;
+  bool operator()(int32_t a, int32_t b) const {
+    const uint32_t ka = key_at(x, a), kb = key_at(x, b);
+    return ka > kb || (ka == kb && a < b);
+  }
+};
+
+Cut top_k_cut(const float* x, int64_t vocab, int32_t k, SampleScratch* s) {
+  s->ids.resize(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) s->ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::nth_element(s->ids.begin(), s->ids.begin() + (k - 1), s->ids.end(), RanksBefore{x});
+  const int32_t last = s->ids[static_cast<size_t>(k - 1)];
+  return {key_at(x, last), last};
+}
+
+// The shortest rank-order prefix of the top-k set whose integer mass reaches the target. Zero-mass tokens
+// cannot complete a prefix, so only tokens with mass take part in the sort.
+Cut top_p_cut(const float* x, int64_t vocab, float m, float inv_t, float top_p, const Cut& k_cut, SampleScratch* s) {
+  s->ids.clear();
+  s->mass.resize(static_cast<size_t>(vocab));
+  uint64_t total = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = sanitize(x[i]);
+    if (!within(order_key(v), static_cast<int32_t>(i), k_cut)) continue;
+    const uint64_t w = mass_of(exp_nonpositive(scaled(v, m, inv_t)));
+    if (w == 0) continue;
+    s->mass[static_cast<size_t>(i)] = w;
+    total += w;
+    s->ids.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(s->ids.begin(), s->ids.end(), RanksBefore{x});
+  const uint64_t target = top_p_target(total, top_p);
+  uint64_t acc = 0;
+  for (int32_t id : s->ids) {
+    acc += s->mass[static_cast<size_t>(id)];
+    if (acc >= target) return {key_at(x, id), id};
+  }
+  return {};  // unreachable: target <= total
+}
+
+}  // namespace
+
+SampledRow sample_row(const float* x, int64_t vocab, const SampleRowParams& p, SampleScratch* scratch,
+                      bool with_logprob) {
+  float m = -std::numeric_limits<float>::infinity();
+  int32_t argmax = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = sanitize(x[i]);
+    if (v > m) {
+      m = v;
+      argmax = static_cast<int32_t>(i);
+    }
+  }
+  SampledRow out;
+  out.token = argmax;
+  const float inv_t = inverse_temperature(p.temperature);
+  if (inv_t > 0.0f && m > -std::numeric_limits<float>::infinity()) {
+    Cut k_cut, p_cut;
+    if (has_top_k(p.top_k, vocab)) k_cut = top_k_cut(x, vocab, p.top_k, scratch);
+    if (has_top_p(p.top_p)) p_cut = top_p_cut(x, vocab, m, inv_t, p.top_p, k_cut, scratch);
+    const float min_e = min_p_threshold(p.min_p);
+    float best = -std::numeric_limits<float>::infinity();
+    int32_t best_id = std::numeric_limits<int32_t>::max();
+    Philox4 words{};
+    int64_t group = -1;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float v = sanitize(x[i]);
+      const uint32_t key = order_key(v);
+      const auto id = static_cast<int32_t>(i);
+      if (!within(key, id, k_cut) || !within(key, id, p_cut)) continue;
+      const float s = scaled(v, m, inv_t);
+      if (add_rn(s, kGumbelMax) < best) continue;
+      if (min_e > 0.0f && exp_nonpositive(s) < min_e) continue;
+      if (i / 4 != group) {
+        group = i / 4;
+        words = token_words(p.seed, p.step, static_cast<uint64_t>(group));
+      }
+      const float g = gumbel_key(s, words.w[i % 4]);
+      if (g > best || (g == best && id < best_id)) {
+        best = g;
+        best_id = id;
+      }
+    }
+    if (best_id != std::numeric_limits<int32_t>::max()) out.token = best_id;  // always: the argmax is kept
+  }
+  if (!with_logprob) return out;
+  if (m == -std::numeric_limits<float>::infinity()) {
+    out.logprob = -std::numeric_limits<float>::infinity();
+  } else {
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(sanitize(x[i])) - m);
+    out.logprob = static_cast<float>(static_cast<double>(sanitize(x[out.token])) - m - std::log(sum));
+  }
+  return out;
+}
+
+void sample(ThreadPool& pool, const SampleParams& p) {
+  const int64_t rows = p.logits.dim(0), vocab = p.logits.dim(1);
+  MX_CHECK_EQ(p.params.bytes(), rows * static_cast<int64_t>(sizeof(SampleRowParams)));
+  MX_CHECK_EQ(p.tokens.numel(), rows);
+  const float* logits = p.logits.ptr<const float>();
+  const auto* params = p.params.ptr<const SampleRowParams>();
+  pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+    SampleScratch scratch;
+    for (int64_t r = begin; r < end; ++r) {
+      const SampledRow s = sample_row(logits + r * vocab, vocab, params[r], &scratch, !p.logprobs.empty());
+      p.tokens.ptr<int32_t>()[r] = s.token;
+      if (!p.logprobs.empty()) p.logprobs.ptr<float>()[r] = s.logprob;
+    }
+  });
+}
+
+}  // namespace mx::cpu

@@ -1,0 +1,29 @@
+// The CPU twin of the sample op (backend/sampling_math.h defines the algorithm). It finds the top-k and
+// top-p cuts by sorting, where the CUDA kernels use radix selects, and must land on the same cuts. The
+// runtime's host Sampler calls sample_row directly (after penalties) so that CPU and CUDA engines sample
+// alike.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/sampling_math.h"
+
+namespace mx::cpu {
+
+// Reused between calls so that sampling a row allocates nothing once warm.
+struct SampleScratch {
+  std::vector<int32_t> ids;
+  std::vector<uint64_t> mass;  // by id
+};
+
+struct SampledRow {
+  int32_t token = 0;
+  float logprob = 0.0f;  // log-softmax of the raw logits at `token`; -inf when no logit is finite
+};
+
+// Without `with_logprob` the row's log-sum-exp pass is skipped and `logprob` is left at 0.
+SampledRow sample_row(const float* logits, int64_t vocab, const SampleRowParams& params, SampleScratch* scratch,
+                      bool with_logprob = true);
+
+}  // namespace mx::cpu
