@@ -52,52 +52,30 @@ inline constexpr float kGumbelMax = 17.0f;
 inline constexpr uint32_t kPhiloxDomain = 0x53414d50u;  // "SAMP": separates these draws from other uses
 inline constexpr float kMassScale = 1099511627776.0f;   // 2^40
 
-MX_HD float add_rn(float a, float b) {
+// Explicitly rounded float operations and bit casts (nvcc's device pass sees the intrinsics).
 #ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
+MX_HD float add_rn(float a, float b) { return __fadd_rn(a, b); }
+MX_HD float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+MX_HD float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+MX_HD float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+MX_HD uint32_t float_bits(float f) { return __float_as_uint(f); }
+MX_HD float bits_float(uint32_t u) { return __uint_as_float(u); }
 #else
-  return a + b;
-#endif
-}
-MX_HD float sub_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-MX_HD float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-MX_HD float div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+MX_HD float add_rn(float a, float b) { return a + b; }
+MX_HD float sub_rn(float a, float b) { return a - b; }
+MX_HD float mul_rn(float a, float b) { return a * b; }
+MX_HD float div_rn(float a, float b) { return a / b; }
 MX_HD uint32_t float_bits(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
-#endif
 }
 MX_HD float bits_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
-#endif
 }
+#endif
 
 MX_HD float sanitize(float x) {
   if (x != x) return -INFINITY;
