@@ -81,6 +81,7 @@ class RoutingProbe final : public Backend {
   Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) override {
     return inner_.gather_rows(x, rows, out);
   }
+  Status sample(const SampleParams& p) override { return inner_.sample(p); }
   Status prepare(const WorkspaceSpec& spec) override { return inner_.prepare(spec); }
 
  private:
