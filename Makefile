@@ -31,9 +31,10 @@ gpu-bundle: build-gpu
 	@mkdir -p $(GPU_BUNDLE)
 	@cp $(BUILD_GPU)/mxserve $(BUILD_GPU)/mx_gpu_tests $(BUILD_GPU)/mx_kernel_bench tests/gpu/run.sh $(GPU_BUNDLE)/
 
-# Runs mxserve on the bundled tiny model until the HTTP server lands (issue: OpenAI-compatible server).
+# Serves the demo model (random weights, real tokenizer; made once in ~/.cache/mxserve) on the CPU at
+# http://127.0.0.1:8000 until Ctrl-C.
 run: build
-	./$(BUILD)/mxserve generate --model tests/fixtures/tiny-gpt-oss --backend cpu --prompt-ids 1,2,3,4 --max-new-tokens 16
+	./$(BUILD)/mxserve serve
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

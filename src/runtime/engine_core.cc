@@ -53,6 +53,9 @@ Status EngineCore::validate(const RequestInput& in) const {
     return invalid_argument("stop strings and text output need a tokenizer, and this engine has none");
   for (const auto& stop : in.stop)
     if (stop.empty()) return invalid_argument("stop strings must not be empty");
+  for (int32_t id : in.forced_tokens)
+    if (id < 0 || id >= vocab)
+      return invalid_argument("forced token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
   if (in.want_prompt_logits && config_.max_prompt_logit_rows == 0)
     return invalid_argument("prompt logits are not enabled on this engine");
   return Status::ok();
@@ -66,6 +69,8 @@ Status EngineCore::add_request(RequestId id, RequestInput input) {
   r->arrival = next_arrival_++;
   r->prompt_len = static_cast<int64_t>(input.prompt.size());
   r->max_new_tokens = input.max_tokens.value_or(config_.max_model_len - r->prompt_len);
+  if (!input.forced_tokens.empty())
+    r->max_new_tokens = std::min(r->max_new_tokens, static_cast<int64_t>(input.forced_tokens.size()));
   const int64_t max_len = r->prompt_len + r->max_new_tokens;
   r->tokens.reserve(static_cast<size_t>(max_len));
   r->tokens = input.prompt;

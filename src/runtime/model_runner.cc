@@ -2,8 +2,24 @@
 #include "runtime/model_runner.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace mx {
+namespace {
+
+// Test-only forced output: the id replaces the sampled one; its logprob is the model's (log-softmax of the
+// raw logits, as the sampler reports logprobs), the alternatives stay the model's top ones.
+void force_token(const float* logits, int64_t vocab, int32_t id, bool logprobs, SampledToken* out) {
+  out->token = id;
+  if (!logprobs) return;
+  float max_logit = logits[0];
+  for (int64_t i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - max_logit));
+  out->logprob = static_cast<float>(static_cast<double>(logits[id] - max_logit) - std::log(sum));
+}
+
+}  // namespace
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const GptOssModel& model, const EngineConfig& config) {
   Backend& backend = model.backend();
@@ -66,8 +82,11 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     if (!e.sample) continue;
     const PenaltyContext penalties{std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.prompt_len)),
                                    r.generated()};
-    sampler_.sample(logits_host_.data() + sample_row * vocab, r.input.sampling, penalties, r.rng,
-                    &(*sampled)[static_cast<size_t>(k++)]);
+    const float* row_logits = logits_host_.data() + sample_row * vocab;
+    SampledToken& out = (*sampled)[static_cast<size_t>(k++)];
+    sampler_.sample(row_logits, r.input.sampling, penalties, r.rng, &out);
+    const size_t g = static_cast<size_t>(r.num_generated());
+    if (g < r.input.forced_tokens.size()) force_token(row_logits, vocab, r.input.forced_tokens[g], r.input.sampling.logprobs, &out);
   }
   return Status::ok();
 }

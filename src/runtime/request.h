@@ -40,6 +40,10 @@ struct RequestInput {
   bool return_text = false;                // stream decoded text too (implied by `stop`)
   bool want_prompt_logits = false;         // f32 logits at every prompt position, in the final output
                                            // (needs EngineConfig::max_prompt_logit_rows; skips the prefix cache)
+  // Test only: emit these ids in order instead of sampling (the forward passes still run, logprobs are the
+  // model's for the forced ids). The request ends with kLength when they run out before a stop. This is how
+  // server tests play real Harmony transcripts through the engine on a random-weight model.
+  std::vector<int32_t> forced_tokens;
 };
 
 struct Usage {

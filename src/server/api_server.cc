@@ -45,7 +45,7 @@ struct ApiServer::Shared {
 };
 
 ApiServer::ApiServer(const ApiServerOptions& options, CompletionService* service)
-    : options_(options), service_(service), shared_(std::make_shared<Shared>(options.served_model_name)),
+    : options_(options), service_(service), context_length_(options.context_length), shared_(std::make_shared<Shared>(options.served_model_name)),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& options, CompletionService* service) {
@@ -63,7 +63,9 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& opti
 
 ApiServer::~ApiServer() { drain_and_stop(); }
 
-void ApiServer::set_ready() {
+void ApiServer::set_ready(CompletionService* service, int64_t context_length) {
+  if (service) service_.store(service);
+  if (context_length > 0) context_length_.store(context_length);
   ServerState expected = ServerState::kLoading;
   state_.compare_exchange_strong(expected, ServerState::kReady);
 }
@@ -80,7 +82,7 @@ bool ApiServer::authorized(const HttpRequest& request) const {
 }
 
 std::string ApiServer::metrics_text() {
-  const ServiceStats stats = service_->stats();
+  const ServiceStats stats = service_.load()->stats();
   ServerMetrics& m = shared_->metrics;
   m.requests_running->set(static_cast<double>(stats.running));
   m.requests_waiting->set(static_cast<double>(stats.waiting));
@@ -112,7 +114,7 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> c
   }
   if (!authorized(request)) return reply(ApiError::unauthorized());
 
-  const ModelCard card{options_.served_model_name, created_, options_.context_length};
+  const ModelCard card{options_.served_model_name, created_, context_length_.load()};
   if (path == "/metrics") {
     if (!require(http::verb::get)) return;
     HttpResponse res = make_json_response(http::status::ok, metrics_text(), version);
@@ -179,9 +181,10 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
     e.param = "model";
     return reply(e);
   }
-  if (sampling.max_tokens && *sampling.max_tokens > options_.context_length) {
+  const int64_t context_length = context_length_.load();
+  if (sampling.max_tokens && *sampling.max_tokens > context_length) {
     // Clients parse this sentence to shrink max_tokens and retry (litellm, agent frameworks).
-    return reply(ApiError::invalid_request("This model's maximum context length is " + std::to_string(options_.context_length) +
+    return reply(ApiError::invalid_request("This model's maximum context length is " + std::to_string(context_length) +
                                                " tokens. However, you requested " + std::to_string(*sampling.max_tokens) +
                                                " output tokens.",
                                            endpoint == Endpoint::kResponses ? "max_output_tokens" : "max_tokens",
@@ -204,12 +207,12 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
   switch (endpoint) {
     case Endpoint::kChat:
       identity.id = random_id("chatcmpl-");
-      formatter = make_chat_formatter(identity, stream_options, sampling.n);
+      formatter = make_chat_formatter(identity, stream_options, sampling.n, sampling.logprobs);
       break;
     case Endpoint::kCompletions:
       identity.id = random_id("cmpl-");
       formatter = make_completion_formatter(identity, stream_options,
-                                            static_cast<int64_t>(completion.prompts.size()) * sampling.n);
+                                            static_cast<int64_t>(completion.prompts.size()) * sampling.n, sampling.logprobs);
       break;
     case Endpoint::kResponses:
       identity.id = random_id("resp_");
@@ -235,7 +238,8 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
     std::lock_guard<std::mutex> lock(shared->mu);
     shared->streams.emplace(key, stream);
   }
-  error = is_chat ? service_->start_chat(chat, stream) : service_->start_completion(completion, stream);
+  CompletionService* service = service_.load();
+  error = is_chat ? service->start_chat(chat, stream) : service->start_completion(completion, stream);
   if (error) stream->fail(std::move(*error));
 }
 

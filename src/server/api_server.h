@@ -35,14 +35,16 @@ enum class ServerState { kLoading, kReady, kDraining };
 
 class ApiServer {
  public:
-  // Starts listening at once, in kLoading (health 503) until set_ready(). `service` must outlive the server.
+  // Starts listening at once, in kLoading (health 503) until set_ready(). Services must outlive the server.
   static Result<std::unique_ptr<ApiServer>> start(const ApiServerOptions& options, CompletionService* service);
   ~ApiServer();  // drain_and_stop()
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;
 
   int port() const { return http_->port(); }
-  void set_ready();
+  // Health turns 200 and generation opens. A server started before the model was loaded gets its real
+  // service and context length here (both optional).
+  void set_ready(CompletionService* service = nullptr, int64_t context_length = 0);
   ServerState state() const { return state_.load(); }
   // Generation requests admitted and not yet ended.
   int64_t in_flight() const;
@@ -65,7 +67,8 @@ class ApiServer {
   void cancel_all();
 
   ApiServerOptions options_;
-  CompletionService* service_;
+  std::atomic<CompletionService*> service_;
+  std::atomic<int64_t> context_length_;
   std::shared_ptr<Shared> shared_;  // outlives the server while requests still hold it
   std::unique_ptr<HttpServer> http_;
   std::atomic<ServerState> state_{ServerState::kLoading};

@@ -43,6 +43,9 @@ class GenerationStream : public std::enable_shared_from_this<GenerationStream> {
   void cancel();
 
   bool streaming() const { return streaming_; }
+  // Runs `fn` on the connection's strand, in order with the events above (producers that keep per-request
+  // state without locks, e.g. the engine service draining its request streams).
+  void post(std::function<void()> fn) { channel_->run(std::move(fn)); }
 
  private:
   void start();  // registers the disconnect callback; called by the factory

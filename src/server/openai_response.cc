@@ -42,11 +42,43 @@ Json usage_json(const GenerationUsage& u) {
 
 Json string_or_null(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); }
 
+Json utf8_bytes(const std::string& text) {
+  Json bytes = Json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+// Chat: `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}`.
+Json chat_logprob_json(const TokenLogprobInfo& info) {
+  Json top = Json::array();
+  for (const auto& [token, logprob] : info.top)
+    top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", utf8_bytes(token)}});
+  return {{"token", info.token}, {"logprob", info.logprob}, {"bytes", utf8_bytes(info.token)}, {"top_logprobs", std::move(top)}};
+}
+
+// Completions: parallel lists, `top_logprobs` one {token: logprob} object per token.
+Json completion_logprobs_json(const std::vector<TokenLogprobInfo>& infos, int64_t first_offset) {
+  Json tokens = Json::array(), logprobs = Json::array(), top = Json::array(), offsets = Json::array();
+  int64_t offset = first_offset;
+  for (const auto& info : infos) {
+    tokens.push_back(info.token);
+    logprobs.push_back(info.logprob);
+    Json alternatives = Json::object();
+    for (const auto& [token, logprob] : info.top) alternatives[token] = logprob;
+    top.push_back(std::move(alternatives));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(info.token.size());
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(logprobs)}, {"top_logprobs", std::move(top)},
+          {"text_offset", std::move(offsets)}};
+}
+
 struct ChoiceState {
   bool started = false;  // chat: the role chunk went out
   std::string reasoning;
   std::string content;
   std::vector<ToolCall> tool_calls;
+  std::vector<TokenLogprobInfo> logprobs;
   bool finished = false;
   FinishReason finish = FinishReason::kStop;
 };
@@ -93,8 +125,8 @@ class ChoiceFormatter : public ResponseFormatter {
 
 class ChatFormatter final : public ChoiceFormatter {
  public:
-  ChatFormatter(ResponseIdentity identity, StreamOptions stream, int64_t choices)
-      : ChoiceFormatter(std::move(identity), stream, choices, "chat.completion.chunk") {}
+  ChatFormatter(ResponseIdentity identity, StreamOptions stream, int64_t choices, bool logprobs)
+      : ChoiceFormatter(std::move(identity), stream, choices, "chat.completion.chunk"), logprobs_(logprobs) {}
 
   void delta(const GenerationDelta& d, std::string* sse) override {
     ChoiceState* c = choice(d.choice);
@@ -104,9 +136,15 @@ class ChatFormatter final : public ChoiceFormatter {
       c->reasoning += d.reasoning;
       emit(d.choice, {{"reasoning", d.reasoning}, {"reasoning_content", d.reasoning}}, sse);
     }
-    if (!d.content.empty()) {
+    if (!d.content.empty() || !d.logprobs.empty()) {
       c->content += d.content;
-      emit(d.choice, {{"content", d.content}}, sse);
+      Json logprobs = nullptr;
+      if (!d.logprobs.empty()) {
+        logprobs = {{"content", Json::array()}};
+        for (const auto& info : d.logprobs) logprobs["content"].push_back(chat_logprob_json(info));
+        c->logprobs.insert(c->logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+      }
+      emit(d.choice, {{"content", d.content}}, sse, std::move(logprobs));
     }
     for (const auto& t : d.tool_calls) {
       if (t.index < 0 || t.index > static_cast<int64_t>(c->tool_calls.size())) continue;  // calls arrive in order
@@ -150,7 +188,12 @@ class ChatFormatter final : public ChoiceFormatter {
           calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
         message["tool_calls"] = std::move(calls);
       }
-      choices.push_back({{"index", i}, {"message", std::move(message)}, {"logprobs", nullptr},
+      Json logprobs = nullptr;
+      if (logprobs_) {
+        logprobs = {{"content", Json::array()}};
+        for (const auto& info : c.logprobs) logprobs["content"].push_back(chat_logprob_json(info));
+      }
+      choices.push_back({{"index", i}, {"message", std::move(message)}, {"logprobs", std::move(logprobs)},
                          {"finish_reason", finish_reason_name(c.finish)}});
     }
     return json_text(envelope("chat.completion", std::move(choices), usage));
@@ -162,21 +205,28 @@ class ChatFormatter final : public ChoiceFormatter {
     c->started = true;
     emit(index, {{"role", "assistant"}, {"content", ""}}, sse);
   }
-  void emit(int64_t index, Json delta, std::string* sse) const {
-    *sse += sse_data(chunk({{"index", index}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  void emit(int64_t index, Json delta, std::string* sse, Json logprobs = nullptr) const {
+    *sse += sse_data(chunk({{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}));
   }
+
+  const bool logprobs_;
 };
 
 class CompletionFormatter final : public ChoiceFormatter {
  public:
-  CompletionFormatter(ResponseIdentity identity, StreamOptions stream, int64_t choices)
-      : ChoiceFormatter(std::move(identity), stream, choices, "text_completion") {}
+  CompletionFormatter(ResponseIdentity identity, StreamOptions stream, int64_t choices, bool logprobs)
+      : ChoiceFormatter(std::move(identity), stream, choices, "text_completion"), logprobs_(logprobs) {}
 
   void delta(const GenerationDelta& d, std::string* sse) override {
     ChoiceState* c = choice(d.choice);
-    if (!c || c->finished || d.content.empty()) return;
+    if (!c || c->finished || (d.content.empty() && d.logprobs.empty())) return;
+    Json logprobs = nullptr;
+    if (!d.logprobs.empty()) {
+      logprobs = completion_logprobs_json(d.logprobs, logprob_offset(*c));
+      c->logprobs.insert(c->logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    }
     c->content += d.content;
-    *sse += sse_data(chunk({{"index", d.choice}, {"text", d.content}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    *sse += sse_data(chunk({{"index", d.choice}, {"text", d.content}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}}));
   }
 
   void finish(int64_t index, FinishReason reason, std::string* sse) override {
@@ -189,22 +239,39 @@ class CompletionFormatter final : public ChoiceFormatter {
 
   std::string body(const GenerationUsage& usage) const override {
     Json choices = Json::array();
-    for (size_t i = 0; i < choices_.size(); ++i)
-      choices.push_back({{"index", i}, {"text", choices_[i].content}, {"logprobs", nullptr},
-                         {"finish_reason", finish_reason_name(choices_[i].finish)}});
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const ChoiceState& c = choices_[i];
+      // Offsets count from the start of the choice's text (after an echoed prompt, which has no logprobs).
+      const int64_t first = static_cast<int64_t>(c.content.size()) - logprob_text_size(c);
+      choices.push_back({{"index", i}, {"text", c.content},
+                         {"logprobs", logprobs_ ? completion_logprobs_json(c.logprobs, first) : Json(nullptr)},
+                         {"finish_reason", finish_reason_name(c.finish)}});
+    }
     return json_text(envelope("text_completion", std::move(choices), usage));
   }
+
+ private:
+  static int64_t logprob_text_size(const ChoiceState& c) {
+    int64_t n = 0;
+    for (const auto& info : c.logprobs) n += static_cast<int64_t>(info.token.size());
+    return n;
+  }
+  // Where the next token's text starts: right after the text sent so far.
+  static int64_t logprob_offset(const ChoiceState& c) { return static_cast<int64_t>(c.content.size()); }
+
+  const bool logprobs_;
 };
 
 }  // namespace
 
-std::unique_ptr<ResponseFormatter> make_chat_formatter(ResponseIdentity identity, StreamOptions stream, int64_t choices) {
-  return std::make_unique<ChatFormatter>(std::move(identity), stream, choices);
+std::unique_ptr<ResponseFormatter> make_chat_formatter(ResponseIdentity identity, StreamOptions stream, int64_t choices,
+                                                       bool logprobs) {
+  return std::make_unique<ChatFormatter>(std::move(identity), stream, choices, logprobs);
 }
 
 std::unique_ptr<ResponseFormatter> make_completion_formatter(ResponseIdentity identity, StreamOptions stream,
-                                                             int64_t choices) {
-  return std::make_unique<CompletionFormatter>(std::move(identity), stream, choices);
+                                                             int64_t choices, bool logprobs) {
+  return std::make_unique<CompletionFormatter>(std::move(identity), stream, choices, logprobs);
 }
 
 }  // namespace mx::server

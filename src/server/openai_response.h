@@ -38,9 +38,11 @@ class ResponseFormatter {
   virtual std::string stream_error(const ApiError& error);
 };
 
-std::unique_ptr<ResponseFormatter> make_chat_formatter(ResponseIdentity identity, StreamOptions stream, int64_t choices);
+// `logprobs`: the request asked for them (the body then carries a logprobs object even when empty).
+std::unique_ptr<ResponseFormatter> make_chat_formatter(ResponseIdentity identity, StreamOptions stream, int64_t choices,
+                                                       bool logprobs = false);
 std::unique_ptr<ResponseFormatter> make_completion_formatter(ResponseIdentity identity, StreamOptions stream,
-                                                             int64_t choices);
+                                                             int64_t choices, bool logprobs = false);
 std::unique_ptr<ResponseFormatter> make_responses_formatter(ResponseIdentity identity, const ChatRequest& request);
 
 // `data: <json>\n\n`

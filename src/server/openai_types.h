@@ -113,11 +113,19 @@ struct ToolCallDelta {
   std::string arguments;  // a piece of the JSON text
 };
 
+// One generated token's logprob as OpenAI reports it (`bytes` are derived from `token` by the formatter).
+struct TokenLogprobInfo {
+  std::string token;  // the token's text (U+FFFD for a partial UTF-8 sequence)
+  double logprob = 0.0;
+  std::vector<std::pair<std::string, double>> top;  // most likely first
+};
+
 struct GenerationDelta {
   int64_t choice = 0;
   std::string reasoning;
   std::string content;
   std::vector<ToolCallDelta> tool_calls;
+  std::vector<TokenLogprobInfo> logprobs;  // the tokens of `content`, when the request asked for logprobs
   int64_t num_tokens = 0;  // generated tokens this delta covers (latency metrics)
 };
 

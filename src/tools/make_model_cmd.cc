@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "model/synthetic_checkpoint.h"
+#include "model/demo_model.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 
@@ -32,7 +32,12 @@ Status run(const CliArgs& args) {
   options.threads = static_cast<int>(threads);
   options.max_shard_bytes = shard_mb << 20;
   const auto start = std::chrono::steady_clock::now();
-  MX_RETURN_IF_ERROR(write_synthetic_checkpoint(config, args.get("out"), options));
+  // The demo also gets its tokenizer, so that `serve --model` takes the directory as it is.
+  if (args.get("preset") == "demo") {
+    MX_RETURN_IF_ERROR(write_demo_model(args.get("out"), options));
+  } else {
+    MX_RETURN_IF_ERROR(write_synthetic_checkpoint(config, args.get("out"), options));
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "wrote %s (%s, seed %lld) in %.1f s\n", args.get("out").c_str(), args.get("preset").c_str(),
                static_cast<long long>(seed), seconds);

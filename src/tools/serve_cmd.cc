@@ -1,9 +1,10 @@
-// `mxserve serve`: the OpenAI-compatible HTTP server. SIGTERM/SIGINT drains (503 to new requests,
-// in-flight ones finish for up to --shutdown-timeout, the rest are aborted); a second signal exits at once.
+// `mxserve serve`: the OpenAI-compatible HTTP server on the continuous-batching engine. SIGTERM/SIGINT
+// drains (503 to new requests, in-flight ones finish for up to --shutdown-timeout, the rest are aborted);
+// a second signal exits at once.
 //
-// Phase 1 (this file today): the server, its limits, auth, admission, metrics and request validation
-// run for real, but generation answers 501: no CompletionService backed by the engine and tokenizer
-// exists yet (issue 6, phase 2), and the demo model made on first use without --model is not built yet.
+// Start-up: bind first (health answers 503 "loading"), then load the model, its tokenizer and the engine,
+// then open generation. Without --model, the demo model (random weights, the real o200k tokenizer) is
+// written to the user's cache directory on first use and served.
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -13,7 +14,12 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "core/log.h"
+#include "model/demo_model.h"
+#include "model/gpt_oss.h"
+#include "runtime/engine.h"
+#include "runtime/tokenizer_detokenize.h"
 #include "server/api_server.h"
+#include "server/engine_completion_service.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 
@@ -21,18 +27,25 @@ namespace mx {
 namespace {
 
 const std::vector<CliOption> kOptions = {
-    {"model", true, "model directory (config.json + safetensors); without it, the demo model (not wired yet)"},
+    {"model", true, "model directory (config.json, safetensors, tokenizer); without it, the demo model: random "
+                    "weights (it speaks gibberish), made once in $XDG_CACHE_HOME/mxserve or ~/.cache/mxserve"},
     {"host", true, "address to listen on (default 127.0.0.1)"},
     {"port", true, "TCP port (default 8000; 0 picks a free one)"},
-    {"backend", true, "cuda or cpu (default cuda when built with CUDA, else cpu)"},
+    {"backend", true, "cpu (default) or cuda"},
+    {"threads", true, "CPU backend threads (default: all cores)"},
     {"api-key", true, "require `Authorization: Bearer KEY` on every route but /health"},
-    {"served-model-name", true, "the model id clients use (default: the model directory's name)"},
-    {"context-length", true, "maximum prompt + output tokens per request (default 131072)"},
-    {"max-running-requests", true, "requests the engine runs at once (default 256)"},
+    {"served-model-name", true, "the model id clients use (default: the model directory's name, or mxserve-demo)"},
+    {"context-length", true, "maximum prompt + output tokens per request (default: the model's, capped by the KV pool)"},
+    {"max-running-requests", true, "requests the engine runs at once (default 64)"},
     {"max-queued-requests", true, "requests waiting beyond those; more get 503 (default 1024)"},
+    {"num-kv-pages", true, "KV pool size in pages of 16 tokens (default: a 256 MiB budget on the CPU; needed with cuda)"},
+    {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
+    {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes"},
     {"shutdown-timeout", true, "seconds in-flight requests may finish after SIGTERM (default 30)"},
     {"io-threads", true, "HTTP io threads (default 2)"},
     {"log-level", true, "debug, info (default), warning or error"},
+    {"test-forced-tokens", true, "TEST ONLY: JSON file of transcripts the engine emits instead of sampling "
+                                 "(see src/server/forced_transcripts.h)"},
     {"help", false, "show this help"},
 };
 
@@ -52,6 +65,8 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
   o.http.io_threads = static_cast<int>(io_threads);
   const std::string backend = args.get("backend", "cpu");
   if (backend != "cpu" && backend != "cuda") return invalid_argument("unknown backend '" + backend + "' (cpu or cuda)");
+  if (args.has("test-forced-tokens") && !std::filesystem::is_regular_file(args.get("test-forced-tokens")))
+    return invalid_argument("--test-forced-tokens " + args.get("test-forced-tokens") + ": no such file");
   o.api_key = args.get("api-key");
   if (args.has("api-key") && o.api_key.empty()) return invalid_argument("--api-key must not be empty");
   std::string model_dir = args.get("model");
@@ -62,9 +77,10 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
   }
   o.served_model_name = args.get("served-model-name", model_dir.empty() ? std::string("mxserve-demo")
                                                                         : std::filesystem::path(model_dir).filename().string());
+  // Until the model is loaded, the most any model allows; the engine's limit replaces it (set_ready).
   MX_ASSIGN_OR_RETURN(o.context_length, args.get_int("context-length", 131072));
   if (o.context_length < 16) return invalid_argument("--context-length must be at least 16");
-  MX_ASSIGN_OR_RETURN(o.max_running_requests, args.get_int("max-running-requests", 256));
+  MX_ASSIGN_OR_RETURN(o.max_running_requests, args.get_int("max-running-requests", 64));
   if (o.max_running_requests < 1) return invalid_argument("--max-running-requests must be at least 1");
   MX_ASSIGN_OR_RETURN(o.max_queued_requests, args.get_int("max-queued-requests", 1024));
   if (o.max_queued_requests < 0) return invalid_argument("--max-queued-requests must be >= 0");
@@ -72,6 +88,67 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
   if (!(timeout >= 0.0 && timeout <= 86400.0)) return invalid_argument("--shutdown-timeout must be between 0 and 86400 seconds");
   o.shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
   return o;
+}
+
+// Everything generation needs, built after the server is listening. Destroyed in reverse: the service
+// (its jobs release their engine streams), then the engine (aborts what is left), then the model.
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<GptOssModel> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::unique_ptr<server::ForcedTranscripts> forced;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<server::EngineCompletionService> service;
+
+  ~LoadedModel() {
+    service.reset();
+    engine.reset();
+  }
+};
+
+Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const server::ApiServerOptions& server_options) {
+  auto loaded = std::make_unique<LoadedModel>();
+  std::string model_dir = args.get("model");
+  if (model_dir.empty()) {
+    MX_ASSIGN_OR_RETURN(std::string dir, default_demo_model_dir());
+    MX_ASSIGN_OR_RETURN(model_dir, ensure_demo_model(dir));
+    MX_LOG(Warning) << "no --model given: serving the demo model from " << model_dir
+                    << ". It has random weights and speaks gibberish; it is for trying the API, not for answers.";
+  }
+  BackendOptions backend_options;
+  backend_options.name = args.get("backend", "cpu");
+  MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
+  if (threads < 0 || threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
+  backend_options.num_threads = static_cast<int>(threads);
+  MX_ASSIGN_OR_RETURN(loaded->backend, make_backend(backend_options));
+
+  auto tokenizer = Tokenizer::load(model_dir);
+  if (!tokenizer.is_ok()) return tokenizer.status().with_context("the model's tokenizer");
+  loaded->tokenizer = std::move(tokenizer).value();
+  MX_ASSIGN_OR_RETURN(loaded->model, GptOssModel::load(model_dir, *loaded->backend));
+  const int64_t vocab = loaded->model->config().vocab_size;
+  if (loaded->tokenizer->vocab_size() > vocab)
+    return invalid_argument("the tokenizer's vocabulary (" + std::to_string(loaded->tokenizer->vocab_size()) +
+                            " ids) is larger than the model's (" + std::to_string(vocab) + ")");
+  if (args.has("test-forced-tokens")) {
+    MX_ASSIGN_OR_RETURN(auto forced, server::ForcedTranscripts::load(args.get("test-forced-tokens"), *loaded->tokenizer));
+    loaded->forced = std::make_unique<server::ForcedTranscripts>(std::move(forced));
+    MX_LOG(Warning) << "TEST ONLY: --test-forced-tokens replaces sampling with scripted transcripts";
+  }
+
+  EngineConfig config;
+  config.max_running_requests = server_options.max_running_requests;
+  config.max_queued_requests = server_options.max_queued_requests;
+  MX_ASSIGN_OR_RETURN(config.num_kv_pages, args.get_int("num-kv-pages", 0));
+  MX_ASSIGN_OR_RETURN(config.max_num_batched_tokens, args.get_int("max-num-batched-tokens", config.max_num_batched_tokens));
+  if (args.has("context-length")) config.max_model_len = server_options.context_length;
+  config.enable_prefix_cache = !args.has("no-prefix-cache");
+  MX_ASSIGN_OR_RETURN(loaded->engine, Engine::start(*loaded->model, config, make_detokenize_fn(loaded->tokenizer)));
+  server::EngineServiceOptions service_options;
+  service_options.context_length = loaded->engine->config().max_model_len;
+  service_options.forced = loaded->forced.get();
+  loaded->service = std::make_unique<server::EngineCompletionService>(*loaded->engine, loaded->tokenizer, service_options);
+  return loaded;
 }
 
 }  // namespace
@@ -108,27 +185,37 @@ int run_serve_command(int argc, char** argv) {
     });
   });
   std::thread signal_thread([&] { signal_ioc.run(); });
-
-  server::UnwiredCompletionService service;
-  auto server = server::ApiServer::start(*options, &service);
-  if (!server.is_ok()) {
+  auto stop_signals = [&] {
     signal_ioc.stop();
     signal_thread.join();
+  };
+
+  // Generation answers 503 "loading" until the engine is up; /health says the same.
+  server::UnwiredCompletionService loading_service;
+  auto server = server::ApiServer::start(*options, &loading_service);
+  if (!server.is_ok()) {
+    stop_signals();
     return fail(server.status().message());
   }
-  MX_LOG(Warning) << "generation is not wired to the engine yet: /v1/chat/completions, /v1/completions and "
-                     "/v1/responses validate requests and then answer 501";
-  (*server)->set_ready();
+  MX_LOG(Info) << "listening on http://" << options->http.host << ":" << (*server)->port() << " (loading the model)";
+  auto loaded = load_model(args, *options);
+  if (!loaded.is_ok()) {
+    server->reset();
+    stop_signals();
+    return fail(loaded.status().message());
+  }
+  (*server)->set_ready((*loaded)->service.get(), (*loaded)->service->context_length());
   MX_LOG(Info) << "serving " << options->served_model_name << " on http://" << options->http.host << ":"
-               << (*server)->port();
+               << (*server)->port() << " (context " << (*loaded)->service->context_length() << " tokens)";
   std::fprintf(stdout, "listening on http://%s:%d\n", options->http.host.c_str(), (*server)->port());
   std::fflush(stdout);
 
   first_signal.get_future().wait();
   MX_LOG(Info) << "draining (up to " << options->shutdown_timeout.count() << " ms)";
   (*server)->drain_and_stop();
-  signal_ioc.stop();
-  signal_thread.join();
+  server->reset();  // before the service it points to
+  loaded->reset();
+  stop_signals();
   return 0;
 }
 

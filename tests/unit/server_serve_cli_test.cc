@@ -1,7 +1,10 @@
 // `mxserve serve` as users run it: binds, answers, drains on SIGTERM and exits 0; bad flags are one line.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,16 +14,23 @@
 namespace mx::test {
 namespace {
 
-TEST(ServeCli, ServesThenDrainsOnSigterm) {
+// Starts `mxserve serve` on a free port with the demo model (cached under the build tree, shared with the
+// engine tests) and returns its pid and port.
+std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra) {
   int out[2];
-  ASSERT_EQ(pipe(out), 0);
+  EXPECT_EQ(pipe(out), 0);
   const std::string binary = std::string(MX_BINARY_DIR) + "/mxserve";
+  std::vector<std::string> args = {binary, "serve", "--port", "0", "--log-level", "error", "--threads", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(out[1], 1);
     ::close(out[0]);
-    execl(binary.c_str(), binary.c_str(), "serve", "--port", "0", "--api-key", "k", "--served-model-name", "demo",
-          "--shutdown-timeout", "1", "--log-level", "error", static_cast<char*>(nullptr));
+    setenv("XDG_CACHE_HOME", (std::string(MX_BINARY_DIR) + "/test-cache").c_str(), 1);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
     _exit(127);
   }
   ::close(out[1]);
@@ -29,20 +39,55 @@ TEST(ServeCli, ServesThenDrainsOnSigterm) {
   while (line.find('\n') == std::string::npos && ::read(out[0], &c, 1) == 1) line += c;
   ::close(out[0]);
   const size_t colon = line.rfind(':');
-  ASSERT_NE(colon, std::string::npos) << line;
-  const int port = std::stoi(line.substr(colon + 1));
+  EXPECT_NE(colon, std::string::npos) << line;
+  return {pid, colon == std::string::npos ? 0 : std::stoi(line.substr(colon + 1))};
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(ServeCli, ServesTheDemoModelThenDrainsOnSigterm) {
+  const auto [pid, port] = start_serve({"--api-key", "k", "--served-model-name", "demo", "--shutdown-timeout", "1"});
+  ASSERT_GT(port, 0);
   EXPECT_EQ(http_call(port, "GET", "/health").status, 200);
   EXPECT_EQ(http_call(port, "GET", "/v1/models").status, 401);
   const HttpReply models = http_call(port, "GET", "/v1/models", "", {"Authorization: Bearer k"});
   EXPECT_NE(models.body.find("\"id\":\"demo\""), std::string::npos) << models.body;
-  // Generation is not wired yet: validated, then 501 (never a 200 with an error inside).
-  const HttpReply chat = http_call(port, "POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}]})",
-                                   {"Authorization: Bearer k"});
-  EXPECT_EQ(chat.status, 501) << chat.body;
+  const HttpReply chat = http_call(port, "POST", "/v1/chat/completions",
+                                   R"({"messages":[{"role":"user","content":"x"}],"max_tokens":8})", {"Authorization: Bearer k"});
+  EXPECT_EQ(chat.status, 200) << chat.body;
+  EXPECT_NE(chat.body.find("\"completion_tokens\":"), std::string::npos) << chat.body;
+
+  // SIGTERM with a stream in flight: it is aborted after the timeout, ends with [DONE], and the process exits 0.
+  RawClient stream(port, 20000);
+  stream.send(make_request("POST", "/v1/chat/completions",
+                           R"({"messages":[{"role":"user","content":"x"}],"stream":true,"max_tokens":50000,"ignore_eos":true})",
+                           {"Authorization: Bearer k"}));
+  EXPECT_EQ(stream.read_head().status, 200);
   kill(pid, SIGTERM);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::string rest;
+  for (std::string piece; rest.find("[DONE]") == std::string::npos && !(piece = stream.read_some()).empty();) rest += piece;
+  EXPECT_NE(rest.find("\"finish_reason\":\"abort\""), std::string::npos);
+  EXPECT_EQ(wait_exit(pid), 0);
+}
+
+TEST(ServeCli, ForcedTranscriptsOptionPlaysHarmony) {
+  const std::string path = std::string(MX_BINARY_DIR) + "/serve_cli_forced.json";
+  {
+    std::ofstream f(path);
+    f << R"({"transcripts":[{"text":"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>"}]})";
+  }
+  const auto [pid, port] = start_serve({"--test-forced-tokens", path});
+  ASSERT_GT(port, 0);
+  const HttpReply chat = http_call(port, "POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(chat.status, 200);
+  EXPECT_NE(chat.body.find("\"content\":\"Done.\""), std::string::npos) << chat.body;
+  EXPECT_NE(chat.body.find("\"reasoning_content\":\"Think.\""), std::string::npos) << chat.body;
+  kill(pid, SIGTERM);
+  EXPECT_EQ(wait_exit(pid), 0);
 }
 
 TEST(ServeCli, BadFlagsAreOneLineErrors) {
@@ -52,6 +97,8 @@ TEST(ServeCli, BadFlagsAreOneLineErrors) {
       {"serve --max-running-requests 0", "--max-running-requests must be at least 1"},
       {"serve --shutdown-timeout -1", "--shutdown-timeout must be between"},
       {"serve --model /nonexistent", "no config.json there"},
+      {"serve --test-forced-tokens /nonexistent", "--test-forced-tokens /nonexistent: no such file"},
+      {"serve --port 0 --model " + fixture("tiny-gpt-oss"), "tokenizer"},
       {"serve --host 256.1.1.1 --port 0", "cannot"},
   };
   for (const auto& [args, expected] : cases) {

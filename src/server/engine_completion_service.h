@@ -1,0 +1,61 @@
+// EngineCompletionService: the CompletionService backed by the continuous-batching Engine.
+//
+// On the io thread that received the request (no waiting): chat and responses requests are rendered to
+// Harmony prompt ids (completions: the text tokenized, or the client's ids), checked against the context
+// length (400 with the numbers), and submitted as one engine request per choice (n > 1: n requests; the
+// seed, when given, is seed + choice). The engine's RequestStream notify callback, which runs on the
+// engine thread, only posts a drain to the connection's strand; there a GenerationJob turns new token ids
+// into reasoning, content and tool-call deltas (one HarmonyStreamParser per choice) and ends the
+// response with usage. A client that disconnects aborts its engine requests (freed within one step).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "runtime/engine.h"
+#include "server/completion_service.h"
+#include "server/forced_transcripts.h"
+#include "server/generation_job.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mx::server {
+
+struct EngineServiceOptions {
+  int64_t context_length = 0;  // prompt + output tokens per request; 0 = the engine's max_model_len
+  const ForcedTranscripts* forced = nullptr;  // test only; must outlive the service
+};
+
+class EngineCompletionService final : public CompletionService {
+ public:
+  // `engine` and `tokenizer` must outlive the service; the service must outlive the server using it.
+  EngineCompletionService(Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, EngineServiceOptions options);
+  ~EngineCompletionService() override;
+
+  std::optional<ApiError> start_chat(const ChatRequest& request, std::shared_ptr<GenerationStream> stream) override;
+  std::optional<ApiError> start_completion(const CompletionRequest& request,
+                                           std::shared_ptr<GenerationStream> stream) override;
+  ServiceStats stats() const override;
+
+  int64_t context_length() const { return context_length_; }
+  // Jobs started and not yet ended (tests).
+  int64_t live_jobs() const;
+
+ private:
+  friend class GenerationJob;
+  std::optional<ApiError> launch(GenerationJob::Kind kind, std::vector<JobChoice> choices,
+                                 std::shared_ptr<GenerationStream> stream);
+  void adopt(const std::shared_ptr<GenerationJob>& job);
+  void release(const GenerationJob* job);
+
+  Engine& engine_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  EngineServiceOptions options_;
+  int64_t context_length_;
+  // Jobs own their engine streams; the engine's notify callbacks hold them only weakly, so the service
+  // keeps each job alive until it ends.
+  mutable std::mutex mu_;
+  std::unordered_map<const GenerationJob*, std::shared_ptr<GenerationJob>> jobs_;
+};
+
+}  // namespace mx::server

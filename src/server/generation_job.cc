@@ -1,0 +1,205 @@
+// Engine output -> GenerationStream events, on the connection's strand.
+#include "server/generation_job.h"
+
+#include "server/engine_completion_service.h"
+#include "server/openai_response.h"
+
+namespace mx::server {
+namespace {
+
+ApiError refusal(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument: return ApiError::invalid_request(status.message());
+    case StatusCode::kResourceExhausted: return ApiError::unavailable("The engine is at capacity: " + status.message() + ".", "queue_full");
+    default: return ApiError::unavailable("The engine cannot take requests: " + status.message() + ".");
+  }
+}
+
+FinishReason finish_reason(mx::FinishReason reason) {
+  switch (reason) {
+    case mx::FinishReason::kLength: return FinishReason::kLength;
+    case mx::FinishReason::kAbort: return FinishReason::kAbort;
+    case mx::FinishReason::kError: return FinishReason::kError;
+    default: return FinishReason::kStop;
+  }
+}
+
+// What kind of text a delta carries: one kind per delta keeps the order of reasoning, content and tool
+// calls as the model wrote them (the Responses formatter opens output items in delta order).
+enum class DeltaKind { kNone, kReasoning, kContent, kTool };
+
+}  // namespace
+
+GenerationJob::GenerationJob(EngineCompletionService* service, Kind kind, std::shared_ptr<GenerationStream> stream)
+    : service_(service), kind_(kind), stream_(std::move(stream)) {}
+
+std::optional<ApiError> GenerationJob::start(std::vector<JobChoice> specs) {
+  Engine& engine = service_->engine_;
+  choices_.reserve(specs.size());
+  for (JobChoice& spec : specs) {
+    Choice c;
+    c.logprobs = spec.input.sampling.logprobs;
+    auto added = engine.add_request(std::move(spec.input));
+    if (!added.is_ok()) {
+      abort_all();
+      return refusal(added.status());
+    }
+    c.spec = std::move(spec);
+    c.id = (*added)->id();
+    c.stream = std::move(added).value();
+    if (kind_ == Kind::kChat) c.parser = std::make_unique<HarmonyStreamParser>(*service_->tokenizer_);
+    choices_.push_back(std::move(c));
+  }
+  // Weak: the engine keeps its streams (and so their callbacks) until the requests finish.
+  std::weak_ptr<GenerationJob> weak = weak_from_this();
+  for (Choice& c : choices_)
+    c.stream->set_notify([weak] {
+      if (auto self = weak.lock()) self->schedule_drain();
+    });
+  stream_->on_cancel([weak] {
+    if (auto self = weak.lock()) self->abort_all();
+  });
+  schedule_drain();  // output delivered before the callbacks were set
+  return std::nullopt;
+}
+
+void GenerationJob::schedule_drain() {
+  if (drain_pending_.exchange(true)) return;
+  stream_->post([self = shared_from_this()] { self->drain(); });
+}
+
+void GenerationJob::drain() {
+  drain_pending_.store(false);  // before polling: a delivery from now on posts another drain
+  if (ended_) return;
+  RequestOutput out;
+  bool all_finished = true;
+  for (Choice& c : choices_) {
+    if (!c.finished && c.stream->poll(&out)) {
+      process(c, out);
+      if (ended_) return;
+    }
+    all_finished = all_finished && c.finished;
+  }
+  if (!all_finished) return;
+  GenerationUsage usage;
+  for (const Choice& c : choices_) {
+    if (c.spec.counts_prompt) {
+      usage.prompt_tokens += c.usage.prompt_tokens;
+      usage.cached_tokens += c.usage.cached_prompt_tokens;
+    }
+    usage.completion_tokens += c.usage.completion_tokens;
+    usage.reasoning_tokens += c.reasoning_tokens;
+  }
+  stream_->done(usage);
+  end();
+}
+
+void GenerationJob::process(Choice& c, RequestOutput& out) {
+  if (out.finish == mx::FinishReason::kError) return fail("Generation failed: " + out.error);
+  c.usage = out.usage;
+  if (kind_ == Kind::kChat) {
+    chat_tokens(c, out);
+  } else {
+    GenerationDelta d;
+    d.choice = c.spec.index;
+    d.num_tokens = static_cast<int64_t>(out.token_ids.size());
+    d.content = std::move(c.spec.echo);
+    c.spec.echo.clear();
+    d.content += out.text;
+    if (c.logprobs)
+      for (const SampledToken& s : out.logprobs) d.logprobs.push_back(logprob_info(s));
+    if (d.num_tokens > 0 || !d.content.empty()) stream_->delta(std::move(d));
+  }
+  if (out.finished()) {
+    c.finished = true;
+    stream_->finish_choice(c.spec.index, finish_reason(out.finish));
+  }
+}
+
+void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
+  std::vector<GenerationDelta> deltas;
+  DeltaKind kind = DeltaKind::kNone;
+  auto delta_for = [&](DeltaKind k) -> GenerationDelta& {
+    if (deltas.empty() || kind != k) {
+      deltas.emplace_back();
+      deltas.back().choice = c.spec.index;
+      kind = k;
+    }
+    return deltas.back();
+  };
+  auto apply = [&](const HarmonyEvent& e, const SampledToken* logprob) {
+    switch (e.type) {
+      case HarmonyEventType::kReasoningDelta: delta_for(DeltaKind::kReasoning).reasoning += e.text; break;
+      case HarmonyEventType::kContentDelta: {
+        GenerationDelta& d = delta_for(DeltaKind::kContent);
+        d.content += e.text;
+        if (logprob) d.logprobs.push_back(logprob_info(*logprob));
+        break;
+      }
+      case HarmonyEventType::kToolCallStart:
+        delta_for(DeltaKind::kTool).tool_calls.push_back({e.tool_index, random_id("call_"), e.text, ""});
+        break;
+      case HarmonyEventType::kToolCallArgumentsDelta: {
+        GenerationDelta& d = delta_for(DeltaKind::kTool);
+        if (d.tool_calls.empty() || d.tool_calls.back().index != e.tool_index) d.tool_calls.push_back({e.tool_index, "", "", ""});
+        d.tool_calls.back().arguments += e.text;
+        break;
+      }
+      case HarmonyEventType::kMessageEnd: break;
+    }
+  };
+  for (size_t j = 0; j < out.token_ids.size(); ++j) {
+    events_.clear();
+    c.parser->push(out.token_ids[j], &events_);
+    const SampledToken* logprob = c.logprobs && j < out.logprobs.size() ? &out.logprobs[j] : nullptr;
+    bool reasoning = false;
+    for (const HarmonyEvent& e : events_) {
+      reasoning = reasoning || e.type == HarmonyEventType::kReasoningDelta;
+      apply(e, logprob);
+      if (e.type == HarmonyEventType::kContentDelta) logprob = nullptr;  // once per token
+    }
+    if (reasoning) ++c.reasoning_tokens;
+  }
+  if (out.finished()) {
+    events_.clear();
+    c.parser->finish(&events_);
+    for (const HarmonyEvent& e : events_) apply(e, nullptr);
+  }
+  const int64_t tokens = static_cast<int64_t>(out.token_ids.size());
+  if (deltas.empty() && tokens > 0) delta_for(DeltaKind::kNone);  // header tokens: still counted for latency
+  if (!deltas.empty()) deltas.front().num_tokens = tokens;
+  for (GenerationDelta& d : deltas) stream_->delta(std::move(d));
+}
+
+TokenLogprobInfo GenerationJob::logprob_info(const SampledToken& s) const {
+  const Tokenizer& tok = *service_->tokenizer_;
+  auto text = [&](int32_t id) {
+    auto decoded = tok.decode(std::span<const int32_t>(&id, 1));
+    return decoded.is_ok() ? std::move(decoded).value() : std::string();
+  };
+  TokenLogprobInfo info{text(s.token), s.logprob, {}};
+  for (const TokenLogprob& t : s.top) info.top.emplace_back(text(t.token), t.logprob);
+  return info;
+}
+
+void GenerationJob::fail(const std::string& message) {
+  stream_->fail(ApiError::internal(message));
+  abort_all();
+  end();
+}
+
+void GenerationJob::abort_all() {
+  for (const Choice& c : choices_)
+    if (!c.finished) service_->engine_.abort(c.id);
+}
+
+void GenerationJob::end() {
+  ended_ = true;
+  for (Choice& c : choices_) {
+    c.stream->set_notify(nullptr);
+    c.stream.reset();
+  }
+  service_->release(this);
+}
+
+}  // namespace mx::server

@@ -1,0 +1,383 @@
+// The HTTP server on the real engine: the demo model (real o200k vocabulary, random weights) on the CPU,
+// with forced transcripts (RequestInput::forced_tokens) playing real Harmony outputs through the engine,
+// the Harmony parser, the formatters and the socket. Checks reasoning, content and tool calls, streamed
+// and not, that streamed deltas add up to the non-streamed answer, n > 1, completions, the context
+// check, logprobs, disconnect -> abort, the engine's queue limit, and draining.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "model/demo_model.h"
+#include "runtime/tokenizer_detokenize.h"
+#include "server/engine_completion_service.h"
+#include "server_test_util.h"
+
+namespace mx::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Json = nlohmann::json;
+
+constexpr char kToolTranscript[] =
+    "<|channel|>analysis<|message|>The user wants the weather in Paris. I should call get_weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    "{\"city\": \"Paris\", \"unit\": \"celsius\"}<|call|>";
+constexpr char kFinalTranscript[] =
+    "<|channel|>analysis<|message|>Simple greeting; answer briefly.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Hello! How can I help you today?<|return|>";
+// No stop token, and a header that is not one: the parser keeps the text, the transcript runs out (length).
+constexpr char kMalformedTranscript[] = "<|channel|>final<|message|>Partial answer<|end|><|start|>bogus words<|message|>tail";
+
+std::string forced_json() {
+  return Json({{"transcripts",
+                {{{"match", "weather"}, {"text", kToolTranscript}},
+                 {{"match", "hello"}, {"text", kFinalTranscript}},
+                 {{"match", "malformed"}, {"text", kMalformedTranscript}}}}})
+      .dump();
+}
+
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 5000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return pred();
+}
+
+// The demo model and tokenizer, made once per build tree and loaded once per process.
+struct DemoModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<GptOssModel> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+
+  static DemoModel& get() {
+    static DemoModel* demo = [] {
+      auto* d = new DemoModel;
+      auto dir = ensure_demo_model(std::string(MX_BINARY_DIR) + "/test-cache/mxserve/" + kDemoModelName);
+      if (!dir.is_ok()) throw std::runtime_error(dir.status().to_string());
+      BackendOptions options;
+      options.num_threads = 2;
+      d->backend = std::move(make_backend(options)).value();
+      d->tokenizer = std::move(Tokenizer::load(*dir)).value();
+      d->model = std::move(GptOssModel::load(*dir, *d->backend)).value();
+      return d;
+    }();
+    return *demo;
+  }
+};
+
+// Engine + service + server on a free port.
+class EngineServer {
+ public:
+  explicit EngineServer(EngineConfig config = default_config(), server::ApiServerOptions options = TestServer::default_options()) {
+    DemoModel& demo = DemoModel::get();
+    forced_ = std::move(server::ForcedTranscripts::parse(forced_json(), *demo.tokenizer)).value();
+    engine_ = std::move(Engine::start(*demo.model, config, make_detokenize_fn(demo.tokenizer))).value();
+    server::EngineServiceOptions service_options;
+    service_options.context_length = options.context_length;
+    service_options.forced = &forced_;
+    service_ = std::make_unique<server::EngineCompletionService>(*engine_, demo.tokenizer, service_options);
+    server_ = std::move(server::ApiServer::start(options, service_.get())).value();
+    server_->set_ready(nullptr, service_->context_length());
+  }
+  ~EngineServer() {
+    server_.reset();
+    service_.reset();
+    engine_.reset();
+  }
+  static EngineConfig default_config() {
+    EngineConfig c;
+    c.num_kv_pages = 512;
+    c.max_num_batched_tokens = 1024;
+    c.max_running_requests = 16;
+    return c;
+  }
+  int port() const { return server_->port(); }
+  server::ApiServer& api() { return *server_; }
+  Engine& engine() { return *engine_; }
+  server::EngineCompletionService& service() { return *service_; }
+
+ private:
+  server::ForcedTranscripts forced_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<server::EngineCompletionService> service_;
+  std::unique_ptr<server::ApiServer> server_;
+};
+
+const char kWeatherTool[] =
+    R"([{"type":"function","function":{"name":"get_weather","description":"Current weather",)"
+    R"("parameters":{"type":"object","properties":{"city":{"type":"string"},"unit":{"type":"string"}},"required":["city"]}}}])";
+
+std::string chat(const std::string& text, const std::string& extra = "") {
+  return R"({"model":"test-model","messages":[{"role":"user","content":")" + text + "\"}]" + extra + "}";
+}
+
+Json post_json(int port, const std::string& path, const std::string& body, int expected_status = 200) {
+  const HttpReply r = http_call(port, "POST", path, body);
+  EXPECT_EQ(r.status, expected_status) << r.body;
+  Json j = Json::parse(r.body, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.body;
+  return j;
+}
+
+// A streamed chat answer put back together: per choice reasoning, content, tool calls and finish reason.
+struct Assembled {
+  std::string reasoning, content, finish;
+  Json tool_calls = Json::array();
+  Json usage;
+  bool done = false;
+};
+
+std::vector<Assembled> assemble_chat_stream(const std::string& body, size_t choices = 1) {
+  std::vector<Assembled> out(choices);
+  for (const std::string& payload : sse_payloads(body)) {
+    if (payload == "[DONE]") {
+      for (auto& a : out) a.done = true;
+      continue;
+    }
+    const Json chunk = Json::parse(payload);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    if (chunk.contains("usage") && !chunk["usage"].is_null()) out[0].usage = chunk["usage"];
+    for (const Json& c : chunk["choices"]) {
+      Assembled& a = out.at(c["index"].get<size_t>());
+      const Json& d = c["delta"];
+      if (d.contains("reasoning_content")) {
+        a.reasoning += d["reasoning_content"].get<std::string>();
+        EXPECT_EQ(d["reasoning"], d["reasoning_content"]);
+      }
+      if (d.contains("content") && d["content"].is_string()) a.content += d["content"].get<std::string>();
+      if (d.contains("tool_calls")) {
+        for (const Json& t : d["tool_calls"]) {
+          const size_t i = t["index"].get<size_t>();
+          if (i == a.tool_calls.size()) {
+            EXPECT_TRUE(t.contains("id") && t["id"].get<std::string>().rfind("call_", 0) == 0) << t;
+            a.tool_calls.push_back({{"id", t["id"]}, {"type", "function"},
+                                    {"function", {{"name", t["function"]["name"]}, {"arguments", ""}}}});
+          }
+          a.tool_calls[i]["function"]["arguments"] =
+              a.tool_calls[i]["function"]["arguments"].get<std::string>() + t["function"]["arguments"].get<std::string>();
+        }
+      }
+      if (!c["finish_reason"].is_null()) a.finish = c["finish_reason"];
+    }
+  }
+  return out;
+}
+
+std::string str_or_empty(const Json& j) { return j.is_string() ? j.get<std::string>() : ""; }
+
+TEST(ServerEngine, AnalysisThenToolCall) {
+  EngineServer server;
+  const std::string body = chat("What is the weather in Paris?", std::string(R"(,"tools":)") + kWeatherTool);
+  const Json r = post_json(server.port(), "/v1/chat/completions", body);
+  const Json& choice = r["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["reasoning_content"], "The user wants the weather in Paris. I should call get_weather.");
+  EXPECT_EQ(choice["message"]["reasoning"], choice["message"]["reasoning_content"]);
+  EXPECT_TRUE(choice["message"]["content"].is_null()) << choice;
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << choice;
+  const Json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(call["function"]["arguments"].get<std::string>()), Json::parse(R"({"city":"Paris","unit":"celsius"})"));
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_GT(r["usage"]["prompt_tokens"].get<int64_t>(), 50);  // the Harmony system + developer messages
+  EXPECT_GT(r["usage"]["completion_tokens"].get<int64_t>(), 20);
+  EXPECT_GT(r["usage"]["completion_tokens_details"]["reasoning_tokens"].get<int64_t>(), 5);
+
+  // Streamed: the same answer, fragment by fragment, then the finish chunk, usage and [DONE].
+  const HttpReply s = http_call(server.port(), "POST", "/v1/chat/completions",
+                                body.substr(0, body.size() - 1) + R"(,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(s.header("content-type"), "text/event-stream");
+  const Assembled a = assemble_chat_stream(s.body)[0];
+  EXPECT_TRUE(a.done);
+  EXPECT_EQ(a.finish, "tool_calls");
+  EXPECT_EQ(a.reasoning, str_or_empty(choice["message"]["reasoning_content"]));
+  EXPECT_EQ(a.content, "");
+  ASSERT_EQ(a.tool_calls.size(), 1u);
+  EXPECT_EQ(a.tool_calls[0]["function"], call["function"]);
+  EXPECT_EQ(a.usage["completion_tokens"], r["usage"]["completion_tokens"]);
+}
+
+TEST(ServerEngine, AnalysisThenFinalStreamedEqualsNonStreamed) {
+  EngineServer server;
+  const Json r = post_json(server.port(), "/v1/chat/completions", chat("hello there", R"(,"n":2)"));
+  ASSERT_EQ(r["choices"].size(), 2u);
+  for (const Json& choice : r["choices"]) {
+    EXPECT_EQ(choice["finish_reason"], "stop");
+    EXPECT_EQ(choice["message"]["content"], "Hello! How can I help you today?");
+    EXPECT_EQ(choice["message"]["reasoning_content"], "Simple greeting; answer briefly.");
+    EXPECT_FALSE(choice["message"].contains("tool_calls"));
+  }
+  const HttpReply s = http_call(server.port(), "POST", "/v1/chat/completions", chat("hello there", R"(,"n":2,"stream":true)"));
+  ASSERT_EQ(s.status, 200);
+  const auto streamed = assemble_chat_stream(s.body, 2);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(streamed[i].content, r["choices"][i]["message"]["content"]);
+    EXPECT_EQ(streamed[i].reasoning, r["choices"][i]["message"]["reasoning_content"]);
+    EXPECT_EQ(streamed[i].finish, "stop");
+  }
+}
+
+TEST(ServerEngine, MalformedTranscriptKeepsTextAndEndsWithLength) {
+  EngineServer server;
+  const Json r = post_json(server.port(), "/v1/chat/completions", chat("malformed please"));
+  const Json& choice = r["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "length");
+  const std::string content = str_or_empty(choice["message"]["content"]);
+  EXPECT_NE(content.find("Partial answer"), std::string::npos) << choice;
+  EXPECT_NE(content.find("tail"), std::string::npos) << choice;
+  const HttpReply s = http_call(server.port(), "POST", "/v1/chat/completions", chat("malformed please", R"(,"stream":true)"));
+  const Assembled a = assemble_chat_stream(s.body)[0];
+  EXPECT_EQ(a.content, content);
+  EXPECT_EQ(a.finish, "length");
+}
+
+// Sampling (no transcript matches): the same seed gives the same tokens, streamed or not.
+TEST(ServerEngine, SampledStreamMatchesNonStreamedForTheSameSeed) {
+  EngineServer server;
+  const std::string extra = R"(,"seed":1234,"max_tokens":24,"temperature":1.0,"top_p":0.9)";
+  const Json r = post_json(server.port(), "/v1/chat/completions", chat("Tell me a story", extra));
+  const Json& m = r["choices"][0]["message"];
+  EXPECT_EQ(r["usage"]["completion_tokens"].get<int64_t>() <= 24, true);
+  const HttpReply s = http_call(server.port(), "POST", "/v1/chat/completions", chat("Tell me a story", extra + R"(,"stream":true)"));
+  const Assembled a = assemble_chat_stream(s.body)[0];
+  EXPECT_EQ(a.content, str_or_empty(m["content"]));
+  EXPECT_EQ(a.reasoning, str_or_empty(m["reasoning_content"]));
+  EXPECT_EQ(a.finish, r["choices"][0]["finish_reason"]);
+  // Another seed: (almost surely) other gibberish.
+  const Json other = post_json(server.port(), "/v1/chat/completions",
+                               chat("Tell me a story", R"(,"seed":99,"max_tokens":24,"temperature":1.0,"logprobs":true,"top_logprobs":2)"));
+  EXPECT_NE(other["choices"][0]["message"].dump(), m.dump());
+  // Logprobs cover the content tokens (Harmony headers and reasoning are not content).
+  const Json& lp = other["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << other;
+  for (const Json& t : lp["content"]) {
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(t["top_logprobs"].size(), 2u);
+  }
+}
+
+TEST(ServerEngine, CompletionsTextTokensEchoAndLogprobs) {
+  EngineServer server;
+  const Json r = post_json(server.port(), "/v1/completions",
+                           R"({"prompt":["Once upon a time", [17, 2000, 3000]],"max_tokens":5,"n":2,"seed":5,"temperature":0,"logprobs":2,"echo":true})");
+  ASSERT_EQ(r["choices"].size(), 4u) << r;
+  EXPECT_EQ(r["object"], "text_completion");
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r["choices"][i]["index"], i);
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>().rfind("Once upon a time", 0), 0u);
+  // Greedy: both samples of a prompt agree.
+  EXPECT_EQ(r["choices"][0]["text"], r["choices"][1]["text"]);
+  EXPECT_EQ(r["choices"][2]["text"], r["choices"][3]["text"]);
+  EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"].size(), 5u) << r["choices"][0];
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 20);
+  // Raw Harmony in a text prompt: the special tokens are recognised, and a forced transcript plays.
+  const Json h = post_json(server.port(), "/v1/completions",
+                           R"({"prompt":"<|start|>user<|message|>hello<|end|><|start|>assistant","max_tokens":100})");
+  EXPECT_EQ(h["choices"][0]["text"], "analysisSimple greeting; answer briefly.assistantfinalHello! How can I help you today?");
+  EXPECT_EQ(h["choices"][0]["finish_reason"], "stop");
+  // A token outside the vocabulary is the client's error.
+  const Json bad = post_json(server.port(), "/v1/completions", R"({"prompt":[1, 300000]})", 400);
+  EXPECT_EQ(bad["error"]["param"], "prompt");
+}
+
+TEST(ServerEngine, ContextLengthExceededGivesTheNumbers) {
+  auto options = TestServer::default_options();
+  options.context_length = 200;
+  EngineServer server(EngineServer::default_config(), options);
+  const Json e = post_json(server.port(), "/v1/chat/completions", chat("hi", R"(,"max_tokens":190)"), 400);
+  EXPECT_EQ(e["error"]["code"], "context_length_exceeded");
+  const std::string message = e["error"]["message"];
+  EXPECT_NE(message.find("maximum context length is 200 tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("190 in the completion"), std::string::npos) << message;
+  // Without max_tokens the answer gets what the context leaves.
+  const Json ok = post_json(server.port(), "/v1/chat/completions", chat("hello"));
+  EXPECT_EQ(ok["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(ServerEngine, ResponsesEndpointItems) {
+  EngineServer server;
+  const std::string tools = R"([{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}])";
+  const Json r = post_json(server.port(), "/v1/responses",
+                           R"({"input":"weather in Paris?","reasoning":{"effort":"low"},"tools":)" + tools + "}");
+  ASSERT_EQ(r["output"].size(), 2u) << r;
+  EXPECT_EQ(r["output"][0]["type"], "reasoning");
+  EXPECT_EQ(r["output"][1]["type"], "function_call");
+  EXPECT_EQ(r["output"][1]["name"], "get_weather");
+  EXPECT_EQ(r["status"], "completed");
+  const HttpReply s = http_call(server.port(), "POST", "/v1/responses", R"({"input":"hello","stream":true})");
+  const auto events = sse_event_names(s.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front(), "response.created");
+  EXPECT_EQ(events.back(), "response.completed");
+  EXPECT_NE(s.body.find("Hello! How can I help you today?"), std::string::npos);
+}
+
+TEST(ServerEngine, DisconnectAbortsTheEngineRequestAndMetricsShowTheEngine) {
+  EngineServer server;
+  {
+    RawClient client(server.port());
+    client.send(make_request("POST", "/v1/chat/completions",
+                             chat("Tell me a story", R"(,"stream":true,"max_tokens":3000,"ignore_eos":true)")));
+    EXPECT_EQ(client.read_head().status, 200);
+    EXPECT_FALSE(client.read_some().empty());
+    EXPECT_EQ(server.engine().num_live(), 1);
+    const std::string metrics = http_call(server.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("mxserve:num_requests_running{model_name=\"test-model\"} 1"), std::string::npos) << metrics;
+  }
+  EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 0; }));
+  EXPECT_TRUE(eventually([&] { return server.api().in_flight() == 0 && server.service().live_jobs() == 0; }));
+  EXPECT_GE(server.engine().stats().scheduler.aborted, 1);
+}
+
+TEST(ServerEngine, EngineQueueFullIs503WithRetryAfter) {
+  EngineConfig config = EngineServer::default_config();
+  config.max_running_requests = 1;
+  config.max_queued_requests = 1;
+  EngineServer server(config);
+  const std::string body = chat("Tell me a story", R"(,"stream":true,"max_tokens":3000,"ignore_eos":true)");
+  RawClient a(server.port()), b(server.port());
+  a.send(make_request("POST", "/v1/chat/completions", body));
+  b.send(make_request("POST", "/v1/chat/completions", body));
+  EXPECT_EQ(a.read_head().status, 200);
+  EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 2; }));
+  const HttpReply full = http_call(server.port(), "POST", "/v1/chat/completions", chat("hello"));
+  EXPECT_EQ(full.status, 503) << full.body;
+  EXPECT_EQ(full.header("retry-after"), "1");
+  EXPECT_EQ(Json::parse(full.body)["error"]["code"], "queue_full");
+  a.close();
+  b.close();
+  EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 0; }));
+  EXPECT_EQ(post_json(server.port(), "/v1/chat/completions", chat("hello"))["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(ServerEngine, DrainFinishesShortRequestsAndAbortsLongOnes) {
+  auto options = TestServer::default_options();
+  options.shutdown_timeout = 3000ms;  // the short answer needs ~25 steps on a busy 2-core machine
+  EngineServer server(EngineServer::default_config(), options);
+  RawClient long_client(server.port());
+  long_client.send(make_request("POST", "/v1/chat/completions",
+                                chat("Tell me a story", R"(,"stream":true,"max_tokens":3000,"ignore_eos":true)")));
+  EXPECT_EQ(long_client.read_head().status, 200);
+  RawClient short_client(server.port());
+  short_client.send(make_request("POST", "/v1/chat/completions", chat("hello")));
+  ASSERT_TRUE(eventually([&] { return server.api().in_flight() == 2; }));
+  std::thread drain([&] { server.api().drain_and_stop(); });
+  const HttpReply finished = short_client.read_reply();
+  EXPECT_EQ(finished.status, 200);
+  EXPECT_NE(finished.body.find("Hello! How can I help you today?"), std::string::npos) << finished.body;
+  std::string rest;
+  for (std::string piece; rest.find("[DONE]") == std::string::npos && !(piece = long_client.read_some()).empty();)
+    rest += piece;
+  EXPECT_NE(rest.find("\"finish_reason\":\"abort\""), std::string::npos) << rest.substr(rest.size() > 400 ? rest.size() - 400 : 0);
+  drain.join();
+  EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 0; }));
+  EXPECT_EQ(server.api().in_flight(), 0);
+}
+
+}  // namespace
+}  // namespace mx::test
