@@ -1,6 +1,8 @@
 // Engine output -> GenerationStream events, on the connection's strand.
 #include "server/generation_job.h"
 
+#include <algorithm>
+
 #include "server/engine_completion_service.h"
 #include "server/openai_response.h"
 
@@ -148,15 +150,34 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
       case HarmonyEventType::kMessageEnd: break;
     }
   };
+  // A stop string ends the text inside the last tokens, which the engine still releases whole: its text
+  // (special tokens skipped, the stop string excluded) says where to cut. Positions count the bytes of
+  // non-special tokens, which is what that text is made of; a token cut in the middle is replaced by the
+  // ids of its kept bytes, so the parser (which may hold text back) never sees what follows the stop.
+  const Tokenizer& tok = *service_->tokenizer_;
+  c.engine_text_bytes += static_cast<int64_t>(out.text.size());
+  const int64_t limit = out.finished() && !out.stop_string.empty() ? c.engine_text_bytes : -1;
+  std::string bytes;
   for (size_t j = 0; j < out.token_ids.size(); ++j) {
-    events_.clear();
-    c.parser->push(out.token_ids[j], &events_);
+    const int32_t id = out.token_ids[j];
+    bytes.clear();
+    if (!tok.is_special(id)) tok.append_token_bytes(id, &bytes);
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    if (limit >= 0 && size > 0 && c.text_bytes >= limit) break;
+    std::vector<int32_t> ids = {id};
+    if (limit >= 0 && c.text_bytes + size > limit)
+      ids = tok.encode(std::string_view(bytes).substr(0, static_cast<size_t>(limit - c.text_bytes)));
+    c.text_bytes += size;
     const SampledToken* logprob = c.logprobs && j < out.logprobs.size() ? &out.logprobs[j] : nullptr;
     bool reasoning = false;
-    for (const HarmonyEvent& e : events_) {
-      reasoning = reasoning || e.type == HarmonyEventType::kReasoningDelta;
-      apply(e, logprob);
-      if (e.type == HarmonyEventType::kContentDelta) logprob = nullptr;  // once per token
+    for (int32_t piece : ids) {
+      events_.clear();
+      c.parser->push(piece, &events_);
+      for (const HarmonyEvent& e : events_) {
+        reasoning = reasoning || e.type == HarmonyEventType::kReasoningDelta;
+        apply(e, logprob);
+        if (e.type == HarmonyEventType::kContentDelta) logprob = nullptr;  // once per token
+      }
     }
     if (reasoning) ++c.reasoning_tokens;
   }

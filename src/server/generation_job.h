@@ -42,6 +42,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     bool finished = false;
     Usage usage;
     int64_t reasoning_tokens = 0;
+    int64_t text_bytes = 0;         // chat: bytes of the non-special tokens parsed so far
+    int64_t engine_text_bytes = 0;  // chat with stop strings: bytes of the engine's text so far
   };
 
   // Any thread (the engine's notify): posts one drain unless one is already pending.

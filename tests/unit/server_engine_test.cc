@@ -220,6 +220,11 @@ TEST(ServerEngine, AnalysisThenFinalStreamedEqualsNonStreamed) {
     EXPECT_EQ(streamed[i].reasoning, r["choices"][i]["message"]["reasoning_content"]);
     EXPECT_EQ(streamed[i].finish, "stop");
   }
+  // A stop string cuts the content inside a token; the reasoning before it stays.
+  const Json cut = post_json(server.port(), "/v1/chat/completions", chat("hello there", R"(,"stop":["elp"])"));
+  EXPECT_EQ(cut["choices"][0]["message"]["content"], "Hello! How can I h");
+  EXPECT_EQ(cut["choices"][0]["message"]["reasoning_content"], "Simple greeting; answer briefly.");
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
 }
 
 TEST(ServerEngine, MalformedTranscriptKeepsTextAndEndsWithLength) {
