@@ -331,8 +331,11 @@ TEST(ServerEngine, DisconnectAbortsTheEngineRequestAndMetricsShowTheEngine) {
     EXPECT_EQ(client.read_head().status, 200);
     EXPECT_FALSE(client.read_some().empty());
     EXPECT_EQ(server.engine().num_live(), 1);
-    const std::string metrics = http_call(server.port(), "GET", "/metrics").body;
-    EXPECT_NE(metrics.find("mxserve:num_requests_running{model_name=\"test-model\"} 1"), std::string::npos) << metrics;
+    // The engine publishes its stats after each step.
+    EXPECT_TRUE(eventually([&] {
+      return http_call(server.port(), "GET", "/metrics").body.find("mxserve:num_requests_running{model_name=\"test-model\"} 1") !=
+             std::string::npos;
+    }));
   }
   EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 0; }));
   EXPECT_TRUE(eventually([&] { return server.api().in_flight() == 0 && server.service().live_jobs() == 0; }));
