@@ -135,6 +135,9 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
       case HarmonyEventType::kContentDelta: {
         GenerationDelta& d = delta_for(DeltaKind::kContent);
         d.content += e.text;
+        // Tokens that produced no text yet (the first bytes of a character) belong to this text.
+        for (const SampledToken& held : c.held_logprobs) d.logprobs.push_back(logprob_info(held));
+        c.held_logprobs.clear();
         if (logprob) d.logprobs.push_back(logprob_info(*logprob));
         break;
       }
@@ -169,17 +172,23 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
       ids = tok.encode(std::string_view(bytes).substr(0, static_cast<size_t>(limit - c.text_bytes)));
     c.text_bytes += size;
     const SampledToken* logprob = c.logprobs && j < out.logprobs.size() ? &out.logprobs[j] : nullptr;
-    bool reasoning = false;
+    bool reasoning = false, any_event = false;
     for (int32_t piece : ids) {
       events_.clear();
       c.parser->push(piece, &events_);
       for (const HarmonyEvent& e : events_) {
+        any_event = true;
         reasoning = reasoning || e.type == HarmonyEventType::kReasoningDelta;
+        if (e.type != HarmonyEventType::kContentDelta) c.held_logprobs.clear();
         apply(e, logprob);
         if (e.type == HarmonyEventType::kContentDelta) logprob = nullptr;  // once per token
       }
     }
     if (reasoning) ++c.reasoning_tokens;
+    // A text token without events is part of a character still incomplete, or header text (a special
+    // token always follows a header, and clears what was held).
+    if (tok.is_special(id)) c.held_logprobs.clear();
+    else if (!any_event && logprob) c.held_logprobs.push_back(*logprob);
   }
   if (out.finished()) {
     events_.clear();
@@ -194,12 +203,16 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
 
 TokenLogprobInfo GenerationJob::logprob_info(const SampledToken& s) const {
   const Tokenizer& tok = *service_->tokenizer_;
-  auto text = [&](int32_t id) {
+  // The text replaces a partial UTF-8 sequence with U+FFFD; `bytes` keep the token's own bytes.
+  auto fill = [&](int32_t id, double logprob, TokenLogprobInfo* out) {
+    tok.append_token_bytes(id, &out->bytes);
     auto decoded = tok.decode(std::span<const int32_t>(&id, 1));
-    return decoded.is_ok() ? std::move(decoded).value() : std::string();
+    if (decoded.is_ok()) out->token = std::move(decoded).value();
+    out->logprob = logprob;
   };
-  TokenLogprobInfo info{text(s.token), s.logprob, {}};
-  for (const TokenLogprob& t : s.top) info.top.emplace_back(text(t.token), t.logprob);
+  TokenLogprobInfo info;
+  fill(s.token, s.logprob, &info);
+  for (const TokenLogprob& t : s.top) fill(t.token, t.logprob, &info.top.emplace_back());
   return info;
 }
 

@@ -42,6 +42,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     bool finished = false;
     Usage usage;
     int64_t reasoning_tokens = 0;
+    std::vector<SampledToken> held_logprobs;  // chat: tokens whose text has not come out yet
     int64_t text_bytes = 0;         // chat: bytes of the non-special tokens parsed so far
     int64_t engine_text_bytes = 0;  // chat with stop strings: bytes of the engine's text so far
   };

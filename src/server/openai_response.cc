@@ -42,18 +42,17 @@ Json usage_json(const GenerationUsage& u) {
 
 Json string_or_null(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); }
 
-Json utf8_bytes(const std::string& text) {
+Json utf8_bytes(const std::string& raw) {
   Json bytes = Json::array();
-  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  for (unsigned char c : raw) bytes.push_back(static_cast<int>(c));
   return bytes;
 }
 
 // Chat: `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}`.
 Json chat_logprob_json(const TokenLogprobInfo& info) {
   Json top = Json::array();
-  for (const auto& [token, logprob] : info.top)
-    top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", utf8_bytes(token)}});
-  return {{"token", info.token}, {"logprob", info.logprob}, {"bytes", utf8_bytes(info.token)}, {"top_logprobs", std::move(top)}};
+  for (const auto& t : info.top) top.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", utf8_bytes(t.bytes)}});
+  return {{"token", info.token}, {"logprob", info.logprob}, {"bytes", utf8_bytes(info.bytes)}, {"top_logprobs", std::move(top)}};
 }
 
 // Completions: parallel lists, `top_logprobs` one {token: logprob} object per token.
@@ -64,7 +63,7 @@ Json completion_logprobs_json(const std::vector<TokenLogprobInfo>& infos, int64_
     tokens.push_back(info.token);
     logprobs.push_back(info.logprob);
     Json alternatives = Json::object();
-    for (const auto& [token, logprob] : info.top) alternatives[token] = logprob;
+    for (const auto& t : info.top) alternatives[t.token] = t.logprob;
     top.push_back(std::move(alternatives));
     offsets.push_back(offset);
     offset += static_cast<int64_t>(info.token.size());

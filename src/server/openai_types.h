@@ -113,11 +113,12 @@ struct ToolCallDelta {
   std::string arguments;  // a piece of the JSON text
 };
 
-// One generated token's logprob as OpenAI reports it (`bytes` are derived from `token` by the formatter).
+// One generated token's logprob as OpenAI reports it.
 struct TokenLogprobInfo {
   std::string token;  // the token's text (U+FFFD for a partial UTF-8 sequence)
+  std::string bytes;  // the token's raw bytes (what the `bytes` list carries)
   double logprob = 0.0;
-  std::vector<std::pair<std::string, double>> top;  // most likely first
+  std::vector<TokenLogprobInfo> top;  // the most likely alternatives, first first
 };
 
 struct GenerationDelta {
