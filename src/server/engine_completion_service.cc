@@ -54,7 +54,7 @@ RequestInput engine_input(const SamplingOptions& s, bool chat, int64_t max_token
   in.sampling.logprobs = s.logprobs;
   in.sampling.top_logprobs = s.top_logprobs;
   in.sampling.seed = seed;
-  in.stop = s.stop;
+  if (!chat) in.stop = s.stop;  // chat: matched on content by the job (content_stop.h)
   in.ignore_eos = s.ignore_eos;
   // Harmony: <|return|> ends the answer, <|call|> a tool call; <|end|> only closes a message (the analysis
   // before the answer) and must never stop generation. The engine's eos ids (generation_config) agree;
@@ -137,6 +137,7 @@ std::optional<ApiError> build_choices(int64_t context_length, bool chat, const s
       c.index = static_cast<int64_t>(p) * sampling.n + s;
       c.counts_prompt = s == 0;
       c.echo = prompts[p].echo;
+      if (chat) c.content_stops = sampling.stop;
       choices->push_back(std::move(c));
     }
   }

@@ -1,7 +1,6 @@
 // Engine output -> GenerationStream events, on the connection's strand.
 #include "server/generation_job.h"
 
-#include <algorithm>
 
 #include "server/engine_completion_service.h"
 #include "server/openai_response.h"
@@ -46,6 +45,7 @@ std::optional<ApiError> GenerationJob::start(std::vector<JobChoice> specs) {
       abort_all();
       return refusal(added.status());
     }
+    c.stop = ContentStopMatcher(std::move(spec.content_stops));
     c.spec = std::move(spec);
     c.id = (*added)->id();
     c.stream = std::move(added).value();
@@ -114,7 +114,7 @@ void GenerationJob::process(Choice& c, RequestOutput& out) {
   }
   if (out.finished()) {
     c.finished = true;
-    stream_->finish_choice(c.spec.index, finish_reason(out.finish));
+    stream_->finish_choice(c.spec.index, c.stopped_by_string ? FinishReason::kStop : finish_reason(out.finish));
   }
 }
 
@@ -153,52 +153,63 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
       case HarmonyEventType::kMessageEnd: break;
     }
   };
-  // A stop string ends the text inside the last tokens, which the engine still releases whole: its text
-  // (special tokens skipped, the stop string excluded) says where to cut. Positions count the bytes of
-  // non-special tokens, which is what that text is made of; a token cut in the middle is replaced by the
-  // ids of its kept bytes, so the parser (which may hold text back) never sees what follows the stop.
   const Tokenizer& tok = *service_->tokenizer_;
-  c.engine_text_bytes += static_cast<int64_t>(out.text.size());
-  const int64_t limit = out.finished() && !out.stop_string.empty() ? c.engine_text_bytes : -1;
-  std::string bytes;
-  for (size_t j = 0; j < out.token_ids.size(); ++j) {
+  for (size_t j = 0; j < out.token_ids.size() && !c.stop.matched(); ++j) {
     const int32_t id = out.token_ids[j];
-    bytes.clear();
-    if (!tok.is_special(id)) tok.append_token_bytes(id, &bytes);
-    const int64_t size = static_cast<int64_t>(bytes.size());
-    if (limit >= 0 && size > 0 && c.text_bytes >= limit) break;
-    std::vector<int32_t> ids = {id};
-    if (limit >= 0 && c.text_bytes + size > limit)
-      ids = tok.encode(std::string_view(bytes).substr(0, static_cast<size_t>(limit - c.text_bytes)));
-    c.text_bytes += size;
+    events_.clear();
+    c.parser->push(id, &events_);
     const SampledToken* logprob = c.logprobs && j < out.logprobs.size() ? &out.logprobs[j] : nullptr;
-    bool reasoning = false, any_event = false;
-    for (int32_t piece : ids) {
-      events_.clear();
-      c.parser->push(piece, &events_);
-      for (const HarmonyEvent& e : events_) {
-        any_event = true;
-        reasoning = reasoning || e.type == HarmonyEventType::kReasoningDelta;
-        if (e.type != HarmonyEventType::kContentDelta) c.held_logprobs.clear();
-        apply(e, logprob);
-        if (e.type == HarmonyEventType::kContentDelta) logprob = nullptr;  // once per token
-      }
+    bool reasoning = false;
+    for (const HarmonyEvent& e : events_) {
+      reasoning = reasoning || e.type == HarmonyEventType::kReasoningDelta;
+      if (e.type != HarmonyEventType::kContentDelta) c.held_logprobs.clear();
+      apply(e, logprob);
+      if (e.type == HarmonyEventType::kContentDelta) logprob = nullptr;  // once per token
     }
     if (reasoning) ++c.reasoning_tokens;
     // A text token without events is part of a character still incomplete, or header text (a special
     // token always follows a header, and clears what was held).
     if (tok.is_special(id)) c.held_logprobs.clear();
-    else if (!any_event && logprob) c.held_logprobs.push_back(*logprob);
+    else if (events_.empty() && logprob) c.held_logprobs.push_back(*logprob);
   }
-  if (out.finished()) {
+  if (out.finished() && !c.stop.matched()) {
     events_.clear();
     c.parser->finish(&events_);
     for (const HarmonyEvent& e : events_) apply(e, nullptr);
   }
+  if (c.stop.active()) apply_stop_strings(c, out.finished(), &deltas);
   const int64_t tokens = static_cast<int64_t>(out.token_ids.size());
   if (deltas.empty() && tokens > 0) delta_for(DeltaKind::kNone);  // header tokens: still counted for latency
   if (!deltas.empty()) deltas.front().num_tokens = tokens;
   for (GenerationDelta& d : deltas) stream_->delta(std::move(d));
+}
+
+// Content passes through the choice's stop matcher; text held back there comes out before any other kind
+// of output, or at the end. A match ends the choice: its engine request is aborted (freed within one step)
+// and it finishes with "stop".
+void GenerationJob::apply_stop_strings(Choice& c, bool finished, std::vector<GenerationDelta>* deltas) {
+  std::vector<GenerationDelta> kept;
+  auto release_held = [&] {
+    std::string held = c.stop.flush();
+    if (held.empty()) return;
+    GenerationDelta d;
+    d.choice = c.spec.index;
+    d.content = std::move(held);
+    kept.push_back(std::move(d));
+  };
+  for (GenerationDelta& d : *deltas) {
+    if (c.stop.matched()) break;
+    if (!d.content.empty()) d.content = c.stop.feed(d.content);
+    else if (!d.reasoning.empty() || !d.tool_calls.empty()) release_held();
+    kept.push_back(std::move(d));
+  }
+  if (finished && !c.stop.matched()) release_held();
+  if (!kept.empty() && !deltas->empty()) kept.front().num_tokens = deltas->front().num_tokens;
+  *deltas = std::move(kept);
+  if (c.stop.matched() && !c.stopped_by_string) {
+    c.stopped_by_string = true;
+    service_->engine_.abort(c.id);
+  }
 }
 
 TokenLogprobInfo GenerationJob::logprob_info(const SampledToken& s) const {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/content_stop.h"
 #include "server/generation_stream.h"
 #include "tokenizer/harmony_parser.h"
 
@@ -21,6 +22,7 @@ struct JobChoice {
   int64_t index = 0;          // choice index in the response
   bool counts_prompt = true;  // usage counts each prompt once, not once per sample
   std::string echo;           // completions with echo: the prompt text, sent before the first text
+  std::vector<std::string> content_stops;  // chat: stop strings (the engine gets none; see content_stop.h)
 };
 
 class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
@@ -43,8 +45,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     Usage usage;
     int64_t reasoning_tokens = 0;
     std::vector<SampledToken> held_logprobs;  // chat: tokens whose text has not come out yet
-    int64_t text_bytes = 0;         // chat: bytes of the non-special tokens parsed so far
-    int64_t engine_text_bytes = 0;  // chat with stop strings: bytes of the engine's text so far
+    ContentStopMatcher stop{{}};     // chat: stop strings, matched on content only
+    bool stopped_by_string = false;  // chat: a stop string ended it (its engine request was aborted)
   };
 
   // Any thread (the engine's notify): posts one drain unless one is already pending.
@@ -52,6 +54,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   void drain();
   void process(Choice& c, RequestOutput& out);
   void chat_tokens(Choice& c, const RequestOutput& out);
+  void apply_stop_strings(Choice& c, bool finished, std::vector<GenerationDelta>* deltas);
   TokenLogprobInfo logprob_info(const SampledToken& s) const;
   void fail(const std::string& message);
   void abort_all();

@@ -9,6 +9,7 @@
 
 #include "model/demo_model.h"
 #include "runtime/tokenizer_detokenize.h"
+#include "server/content_stop.h"
 #include "server/engine_completion_service.h"
 #include "server_test_util.h"
 
@@ -220,11 +221,34 @@ TEST(ServerEngine, AnalysisThenFinalStreamedEqualsNonStreamed) {
     EXPECT_EQ(streamed[i].reasoning, r["choices"][i]["message"]["reasoning_content"]);
     EXPECT_EQ(streamed[i].finish, "stop");
   }
-  // A stop string cuts the content inside a token; the reasoning before it stays.
-  const Json cut = post_json(server.port(), "/v1/chat/completions", chat("hello there", R"(,"stop":["elp"])"));
+  // Stop strings apply to the content only: "answer" in the reasoning does not stop it, "elp" cuts the
+  // content inside a token, streamed or not.
+  const std::string stop = R"(,"stop":["answer","elp"])";
+  const Json cut = post_json(server.port(), "/v1/chat/completions", chat("hello there", stop));
   EXPECT_EQ(cut["choices"][0]["message"]["content"], "Hello! How can I h");
   EXPECT_EQ(cut["choices"][0]["message"]["reasoning_content"], "Simple greeting; answer briefly.");
   EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+  const Assembled cut_stream =
+      assemble_chat_stream(http_call(server.port(), "POST", "/v1/chat/completions", chat("hello there", stop + R"(,"stream":true)")).body)[0];
+  EXPECT_EQ(cut_stream.content, "Hello! How can I h");
+  EXPECT_EQ(cut_stream.finish, "stop");
+  EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 0; }));
+}
+
+TEST(ContentStop, HoldsBackPossibleStartsAndCutsAtTheFirstMatch) {
+  server::ContentStopMatcher m({"END", "\n\n"});
+  EXPECT_EQ(m.feed("abc E"), "abc ");
+  EXPECT_EQ(m.feed("N"), "");
+  EXPECT_EQ(m.feed("x\n"), "ENx");
+  EXPECT_EQ(m.feed("y\n\nEND"), "\ny");
+  EXPECT_TRUE(m.matched());
+  EXPECT_EQ(m.feed("more"), "");
+  server::ContentStopMatcher open({"stop"});
+  EXPECT_EQ(open.feed("non-st"), "non-");
+  EXPECT_EQ(open.flush(), "st");
+  server::ContentStopMatcher none({});
+  EXPECT_FALSE(none.active());
+  EXPECT_EQ(none.feed("text"), "text");
 }
 
 TEST(ServerEngine, MalformedTranscriptKeepsTextAndEndsWithLength) {
@@ -244,10 +268,10 @@ TEST(ServerEngine, MalformedTranscriptKeepsTextAndEndsWithLength) {
 // Sampling (no transcript matches): the same seed gives the same tokens, streamed or not.
 TEST(ServerEngine, SampledStreamMatchesNonStreamedForTheSameSeed) {
   EngineServer server;
-  const std::string extra = R"(,"seed":1234,"max_tokens":24,"temperature":1.0,"top_p":0.9)";
+  const std::string extra = R"(,"seed":1234,"max_tokens":16,"temperature":1.0,"top_p":0.9)";
   const Json r = post_json(server.port(), "/v1/chat/completions", chat("Tell me a story", extra));
   const Json& m = r["choices"][0]["message"];
-  EXPECT_EQ(r["usage"]["completion_tokens"].get<int64_t>() <= 24, true);
+  EXPECT_LE(r["usage"]["completion_tokens"].get<int64_t>(), 16);
   const HttpReply s = http_call(server.port(), "POST", "/v1/chat/completions", chat("Tell me a story", extra + R"(,"stream":true)"));
   const Assembled a = assemble_chat_stream(s.body)[0];
   EXPECT_EQ(a.content, str_or_empty(m["content"]));
