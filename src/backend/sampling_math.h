@@ -49,6 +49,9 @@ namespace sampling {
 // A Gumbel variate from a 23-bit uniform is at most -log(-log(1 - 2^-24)) = 16.64: a token whose scaled
 // logit is more than this below the best key found so far cannot win (an exact shortcut).
 inline constexpr float kGumbelMax = 17.0f;
+// The most likely token (s = 0) is always kept and its key is at least -log(-log(2^-24)) = -2.8116, so a
+// token with s + kGumbelMax below this floor cannot win either.
+inline constexpr float kBestKeyFloor = -2.82f;
 inline constexpr uint32_t kPhiloxDomain = 0x53414d50u;  // "SAMP": separates these draws from other uses
 inline constexpr float kMassScale = 1099511627776.0f;   // 2^40
 
@@ -163,6 +166,12 @@ MX_HD float log_positive(float x) {
   const float log_m = mul_rn(add_rn(s, s), p);  // 2 atanh(s)
   const float ef = static_cast<float>(e);
   return add_rn(mul_rn(ef, 0.693145751953125f), add_rn(log_m, mul_rn(ef, 1.428606820309417e-6f)));
+}
+
+// Whether a kept token with scaled logit `s` can still beat `best` (the best key seen so far): an exact
+// shortcut that spares the draw of tokens far below the top.
+MX_HD bool can_win(float s, float best) {
+  return !(add_rn(s, kGumbelMax) < (best > kBestKeyFloor ? best : kBestKeyFloor));
 }
 
 // The Gumbel key of a kept token: s - log(-log(u)), u = (2j + 1) / 2^24 from the top 23 bits of `word`.

@@ -1,8 +1,10 @@
-// One step on the device: stage -> forward -> logits to host -> sample per request.
+// One step on the device: stage -> forward -> sample on the device (ids back) or logits to host -> sample
+// per request.
 #include "runtime/model_runner.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace mx {
 namespace {
@@ -36,9 +38,56 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const GptOssModel& mode
   std::unique_ptr<ModelRunner> runner(
       new ModelRunner(model, config, std::move(kv), std::move(staging), std::move(ws), std::move(logits)));
   runner->max_logit_rows_ = rows;
+  MX_ASSIGN_OR_RETURN(runner->sample_params_device_,
+                      backend.allocate(rows * static_cast<int64_t>(sizeof(SampleRowParams))));
+  MX_ASSIGN_OR_RETURN(runner->sample_out_device_, backend.allocate(2 * rows * 4));
+  runner->sample_params_host_.resize(static_cast<size_t>(rows));
+  runner->sample_out_host_.resize(static_cast<size_t>(2 * rows));
   runner->logits_host_.assign(static_cast<size_t>(rows * vocab), 0.0f);
   runner->seqs_.reserve(static_cast<size_t>(config.max_running_requests));
   return runner;
+}
+
+bool ModelRunner::can_use_sample_op(const ScheduledBatch& batch) {
+  for (const ScheduledEntry& e : batch.entries) {
+    const SamplingParams& p = e.request->input.sampling;
+    const bool host_only = p.has_penalties() || p.top_logprobs > 0 || !e.request->input.forced_tokens.empty();
+    if (e.all_logits || (e.sample && host_only)) return false;
+  }
+  return true;
+}
+
+// Without prompt logits, the logits rows are the sampling entries in order (then any padding rows, which
+// are sampled greedily and ignored).
+Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView& logits,
+                                   std::vector<SampledToken>* sampled) {
+  Backend& b = model_.backend();
+  const int64_t rows = logits.dim(0);
+  if (rows < batch.num_samples) return internal_error("fewer logits rows than sampled entries");
+  std::fill(sample_params_host_.begin(), sample_params_host_.begin() + rows, SampleRowParams{});
+  int64_t k = 0;
+  for (const ScheduledEntry& e : batch.entries)
+    if (e.sample) sample_params_host_[static_cast<size_t>(k++)] = sample_row_params(e.request->input.sampling, e.request->rng);
+  const TensorView params = sample_params_device_.view(DType::kU8, {rows, static_cast<int64_t>(sizeof(SampleRowParams))});
+  const TensorView out = sample_out_device_.view(DType::kI32, {2 * rows});
+  const TensorView tokens = out.rows(0, rows);
+  const TensorView logprobs(out.rows(rows, 2 * rows).data(), DType::kF32, {rows}, out.device());
+  MX_RETURN_IF_ERROR(b.copy_from_host(params, sample_params_host_.data()));
+  MX_RETURN_IF_ERROR(b.sample({logits, params, tokens, logprobs}));
+  MX_RETURN_IF_ERROR(b.copy_to_host(sample_out_host_.data(), out));
+  sampled->resize(static_cast<size_t>(batch.num_samples));
+  k = 0;
+  for (const ScheduledEntry& e : batch.entries) {
+    if (!e.sample) continue;
+    SampledToken& t = (*sampled)[static_cast<size_t>(k)];
+    t.token = sample_out_host_[static_cast<size_t>(k)];
+    std::memcpy(&t.logprob, &sample_out_host_[static_cast<size_t>(rows + k)], sizeof(float));
+    t.top.clear();
+    e.request->rng.advance();
+    ++k;
+  }
+  ++sample_op_steps_;
+  return Status::ok();
 }
 
 Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
@@ -58,6 +107,7 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
   if (view.num_logit_rows > max_logit_rows_) return internal_error("step needs more logits rows than allocated");
   TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, vocab});
   MX_RETURN_IF_ERROR(model_.forward(view, kv_, ws_, logits));
+  if (view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, sampled);
   if (view.num_logit_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits));
 
   sampled->resize(static_cast<size_t>(batch.num_samples));

@@ -23,8 +23,15 @@ class ModelRunner {
   Status execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
 
   int64_t max_logit_rows() const { return max_logit_rows_; }
+  int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
 
  private:
+  // Steps whose sampled rows need nothing host-only (penalties, top logprobs, prompt logits, forced test
+  // outputs) are sampled
+  // by Backend::sample and bring back only ids and logprobs; the host Sampler runs the same algorithm.
+  static bool can_use_sample_op(const ScheduledBatch& batch);
+  Status sample_with_op(const ScheduledBatch& batch, const TensorView& logits, std::vector<SampledToken>* sampled);
+
   ModelRunner(const GptOssModel& model, const EngineConfig& config, KvCache kv, BatchStaging staging,
               ForwardWorkspace ws, Buffer logits)
       : model_(model), config_(config), kv_(std::move(kv)), staging_(std::move(staging)), ws_(std::move(ws)),
@@ -40,6 +47,11 @@ class ModelRunner {
   int64_t max_logit_rows_ = 0;
   std::vector<BatchSequence> seqs_;
   Sampler sampler_;
+  Buffer sample_params_device_;  // u8 [max_logit_rows, sizeof(SampleRowParams)]
+  Buffer sample_out_device_;     // i32 tokens [max_logit_rows], then f32 logprobs [max_logit_rows]
+  std::vector<SampleRowParams> sample_params_host_;
+  std::vector<int32_t> sample_out_host_;
+  int64_t sample_op_steps_ = 0;
 };
 
 }  // namespace mx

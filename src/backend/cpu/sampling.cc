@@ -88,7 +88,7 @@ SampledRow sample_row(const float* x, int64_t vocab, const SampleRowParams& p, S
       const auto id = static_cast<int32_t>(i);
       if (!within(key, id, k_cut) || !within(key, id, p_cut)) continue;
       const float s = scaled(v, m, inv_t);
-      if (add_rn(s, kGumbelMax) < best) continue;
+      if (!can_win(s, best)) continue;
       if (min_e > 0.0f && exp_nonpositive(s) < min_e) continue;
       if (i / 4 != group) {
         group = i / 4;

@@ -93,8 +93,11 @@ __global__ void row_max_kernel(const float* __restrict__ logits, int64_t vocab, 
   if (threadIdx.x == 0) out[row * gridDim.x + blockIdx.x] = {best, best_id};
 }
 
+// Weighted histogram as two 32-bit words per bucket: native 32-bit shared atomics instead of 64-bit ones
+// (a compare-and-swap loop under contention). The low word's wrap-arounds are carried into the high word
+// by the thread whose addition wrapped, so the 64-bit totals stay exact in any order.
 struct SelectShared {
-  unsigned long long hist[kBuckets];
+  uint32_t lo[kBuckets], hi[kBuckets];
   unsigned long long warp_sums[32];
   uint32_t found_bucket;
   unsigned long long found_above, found_tie;
@@ -106,6 +109,16 @@ struct SelectResult {
   unsigned long long tie;     // weight of candidates with exactly `key`
   unsigned long long target;
 };
+
+__device__ __forceinline__ void hist_add(SelectShared& sh, uint32_t bucket, unsigned long long w) {
+  const auto w_lo = static_cast<uint32_t>(w), w_hi = static_cast<uint32_t>(w >> 32);
+  const uint32_t old = atomicAdd(&sh.lo[bucket], w_lo);
+  const uint32_t hi_add = w_hi + (old + w_lo < old ? 1u : 0u);
+  if (hi_add) atomicAdd(&sh.hi[bucket], hi_add);
+}
+__device__ __forceinline__ unsigned long long hist_get(const SelectShared& sh, int bucket) {
+  return (static_cast<unsigned long long>(sh.hi[bucket]) << 32) | sh.lo[bucket];
+}
 
 // Exclusive prefix sum over the block's threads in thread order; `total` gets the block sum.
 __device__ unsigned long long block_exclusive_sum(unsigned long long v, SelectShared& sh, unsigned long long& total) {
@@ -142,18 +155,21 @@ __device__ SelectResult radix_select(int64_t n, const Item& item, const Weight& 
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0, tie = 0, target = 0;
   for (int pass = 0; pass < 3; ++pass) {
-    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) sh.hist[b] = 0;
+    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
+      sh.lo[b] = 0;
+      sh.hi[b] = 0;
+    }
     __syncthreads();
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       uint32_t key;
       if (!item(i, key) || (key & mask) != prefix) continue;
       const unsigned long long w = weight(i);
-      if (w) atomicAdd(&sh.hist[(key >> kShift[pass]) & kDigit[pass]], w);
+      if (w) hist_add(sh, (key >> kShift[pass]) & kDigit[pass], w);
     }
     __syncthreads();
     // Thread t owns buckets hi = 2047 - 2t and hi - 1: thread order is descending bucket order.
     const int hi = kBuckets - 1 - 2 * static_cast<int>(threadIdx.x);
-    const unsigned long long h0 = sh.hist[hi], h1 = sh.hist[hi - 1];
+    const unsigned long long h0 = hist_get(sh, hi), h1 = hist_get(sh, hi - 1);
     unsigned long long total = 0;
     const unsigned long long excl = block_exclusive_sum(h0 + h1, sh, total);
     if (pass == 0) target = target_of(total);
@@ -283,7 +299,7 @@ __global__ void draw_kernel(const float* __restrict__ logits, int64_t vocab, con
       const uint32_t key = order_key(v[j]);
       s[j] = scaled(v[j], st.m, st.inv_t);
       live[j] = g + j < end && within(key, id, st.k_cut) && within(key, id, st.p_cut) &&
-                !(add_rn(s[j], kGumbelMax) < best) && !(st.min_e > 0.0f && exp_nonpositive(s[j]) < st.min_e);
+                can_win(s[j], best) && !(st.min_e > 0.0f && exp_nonpositive(s[j]) < st.min_e);
       any |= live[j];
     }
     if (!any) continue;
