@@ -27,8 +27,8 @@ class ModelRunner {
 
  private:
   // Steps whose sampled rows need nothing host-only (penalties, top logprobs, prompt logits, forced test
-  // outputs) are sampled
-  // by Backend::sample and bring back only ids and logprobs; the host Sampler runs the same algorithm.
+  // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs
+  // the same algorithm.
   static bool can_use_sample_op(const ScheduledBatch& batch);
   Status sample_with_op(const ScheduledBatch& batch, const TensorView& logits, std::vector<SampledToken>* sampled);
 
