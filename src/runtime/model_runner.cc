@@ -73,7 +73,9 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
   const TensorView tokens = out.rows(0, rows);
   const TensorView logprobs(out.rows(rows, 2 * rows).data(), DType::kF32, {rows}, out.device());
   MX_RETURN_IF_ERROR(b.copy_from_host(params, sample_params_host_.data()));
-  MX_RETURN_IF_ERROR(b.sample({logits, params, tokens, logprobs}));
+  bool want_logprobs = false;
+  for (const ScheduledEntry& e : batch.entries) want_logprobs |= e.sample && e.request->input.sampling.logprobs;
+  MX_RETURN_IF_ERROR(b.sample({logits, params, tokens, want_logprobs ? logprobs : TensorView()}));
   MX_RETURN_IF_ERROR(b.copy_to_host(sample_out_host_.data(), out));
   sampled->resize(static_cast<size_t>(batch.num_samples));
   k = 0;

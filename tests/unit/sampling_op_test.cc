@@ -74,6 +74,14 @@ TEST(SamplingOp, ExpAndLogAreAccurate) {
   EXPECT_LT(worst, 1e-6);
 }
 
+TEST(SamplingOp, GumbelBoundsHoldForEveryWord) {  // the CPU draw's shortcut is exact
+  const auto& bounds = cpu::gumbel_bounds();
+  for (uint32_t j = 0; j < (1u << 23); ++j) {
+    const uint32_t word = j << 9;
+    ASSERT_LE(gumbel_key(0.0f, word), bounds[word >> 24]) << "word " << word;
+  }
+}
+
 TEST(SamplingOp, OrderKeysFollowTheFloatOrder) {
   const std::vector<float> v = {-kInf, -FLT_MAX, -1.5f, -1e-30f, 0.0f, 1e-30f, 2.0f, FLT_MAX};
   for (size_t i = 0; i + 1 < v.size(); ++i) EXPECT_LT(order_key(v[i]), order_key(v[i + 1])) << v[i];

@@ -59,6 +59,17 @@ Cut top_p_cut(const float* x, int64_t vocab, float m, float inv_t, float top_p, 
 
 }  // namespace
 
+const std::array<float, 256>& gumbel_bounds() {
+  // gumbel_key grows with the word, so each range's largest word gives its bound (sampling_op_test checks
+  // every word).
+  static const std::array<float, 256> bounds = [] {
+    std::array<float, 256> b{};
+    for (uint32_t r = 0; r < 256; ++r) b[r] = gumbel_key(0.0f, (r << 24) | 0xffffffu);
+    return b;
+  }();
+  return bounds;
+}
+
 SampledRow sample_row(const float* x, int64_t vocab, const SampleRowParams& p, SampleScratch* scratch,
                       bool with_logprob) {
   float m = -std::numeric_limits<float>::infinity();
@@ -80,6 +91,7 @@ SampledRow sample_row(const float* x, int64_t vocab, const SampleRowParams& p, S
     const float min_e = min_p_threshold(p.min_p);
     float best = -std::numeric_limits<float>::infinity();
     int32_t best_id = std::numeric_limits<int32_t>::max();
+    const std::array<float, 256>& bounds = gumbel_bounds();
     Philox4 words{};
     int64_t group = -1;
     for (int64_t i = 0; i < vocab; ++i) {
@@ -94,7 +106,9 @@ SampledRow sample_row(const float* x, int64_t vocab, const SampleRowParams& p, S
         group = i / 4;
         words = token_words(p.seed, p.step, static_cast<uint64_t>(group));
       }
-      const float g = gumbel_key(s, words.w[i % 4]);
+      const uint32_t word = words.w[i % 4];
+      if (add_rn(s, bounds[word >> 24]) < best) continue;  // most tokens end here, without the two logs
+      const float g = gumbel_key(s, word);
       if (g > best || (g == best && id < best_id)) {
         best = g;
         best_id = id;

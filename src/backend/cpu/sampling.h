@@ -4,6 +4,7 @@
 // alike.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,10 @@ struct SampledRow {
   int32_t token = 0;
   float logprob = 0.0f;  // log-softmax of the raw logits at `token`; -inf when no logit is finite
 };
+
+// Upper bounds of the Gumbel variate gumbel_key(0, word) over the 256 ranges of `word >> 24`, for the CPU
+// draw's exact shortcut (a token whose scaled logit plus its bound is below the best key cannot win).
+const std::array<float, 256>& gumbel_bounds();
 
 // Without `with_logprob` the row's log-sum-exp pass is skipped and `logprob` is left at 0.
 SampledRow sample_row(const float* logits, int64_t vocab, const SampleRowParams& params, SampleScratch* scratch,
