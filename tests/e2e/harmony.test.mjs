@@ -4,12 +4,11 @@
 // parser, formatters and HTTP. Each transcript is checked streamed and not, in chat and in responses.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 
-import { startServer, removeScratch, mxserveBinary } from './lib/server.mjs';
+import { startServer, removeScratch } from './lib/server.mjs';
 
 let OpenAI;
 try {
@@ -43,15 +42,11 @@ const tools = [{
 }];
 const flatTools = [{ type: 'function', ...tools[0].function }];
 
-let supported = true;
 let server;
 let client;
 let scratch;
 
 before(async () => {
-  const help = execFileSync(mxserveBinary(), ['serve', '--help'], { encoding: 'utf8' });
-  supported = help.includes('--test-forced-tokens');
-  if (!supported) return;
   scratch = mkdtempSync(path.join(tmpdir(), 'mx-e2e-harmony-'));
   const file = path.join(scratch, 'transcripts.json');
   writeFileSync(file, JSON.stringify({ transcripts: Object.entries(transcripts).map(([match, text]) => ({ match, text })) }));
@@ -67,12 +62,7 @@ after(async () => {
   assert.equal(code, 0, `mxserve exit: code ${code}, signal ${signal}\n${server.stderr()}`);
 });
 
-function check(name, fn) {
-  test(name, async (t) => {
-    if (!supported) return t.skip('this mxserve has no --test-forced-tokens');
-    return fn(t);
-  });
-}
+const check = test;
 
 const ask = (marker) => [{ role: 'user', content: `What is the weather? ${marker}` }];
 

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { startServer, removeScratch, generationWired } from './lib/server.mjs';
+import { startServer, removeScratch } from './lib/server.mjs';
 
 let OpenAI;
 try {
@@ -17,23 +17,13 @@ const KEY = 'sk-e2e-openai';
 let server;
 let client;
 let model;
-let wired;
 
 before(async () => {
   server = await startServer({ args: ['--api-key', KEY, '--context-length', '4096'] });
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 60_000 });
   const models = await client.models.list();
   model = models.data[0].id;
-  wired = await generationWired(server.url, KEY);
 });
-
-// Generation checks: skipped (not passed) while the build answers 501.
-function gen(name, fn) {
-  test(name, async (t) => {
-    if (!wired) return t.skip('generation answers 501 in this build');
-    return fn(t);
-  });
-}
 
 after(async () => {
   const { code, signal } = await server.stop();
@@ -109,7 +99,7 @@ async function streamChat(params) {
   return chunks;
 }
 
-gen('chat: non-streaming shape and usage', async () => {
+test('chat: non-streaming shape and usage', async () => {
   const r = await client.chat.completions.create({ model, messages: hi, max_tokens: 12, seed: 11 });
   assert.equal(r.object, 'chat.completion');
   assert.match(r.id, /^chatcmpl-/);
@@ -127,7 +117,7 @@ gen('chat: non-streaming shape and usage', async () => {
   if (c.finish_reason === 'length') assert.equal(r.usage.completion_tokens, 12);
 });
 
-gen('chat: streamed deltas concatenate to the non-streamed answer for the same seed; include_usage', async () => {
+test('chat: streamed deltas concatenate to the non-streamed answer for the same seed; include_usage', async () => {
   const params = { model, messages: hi, max_tokens: 24, seed: 1234, temperature: 1 };
   const whole = await client.chat.completions.create(params);
   const chunks = await streamChat({ ...params, stream_options: { include_usage: true } });
@@ -146,7 +136,7 @@ gen('chat: streamed deltas concatenate to the non-streamed answer for the same s
   for (const chunk of await streamChat(params)) assert.equal(chunk.usage ?? null, null);
 });
 
-gen('chat: the same seed gives the same answer, other seeds differ', async () => {
+test('chat: the same seed gives the same answer, other seeds differ', async () => {
   const params = { model, messages: hi, max_tokens: 16, temperature: 1 };
   const a = await client.chat.completions.create({ ...params, seed: 42 });
   const b = await client.chat.completions.create({ ...params, seed: 42 });
@@ -159,7 +149,7 @@ gen('chat: the same seed gives the same answer, other seeds differ', async () =>
   assert.ok(texts.size > 1, 'four seeds gave one answer');
 });
 
-gen('chat: n = 3 gives three indexed choices, streamed and not', async () => {
+test('chat: n = 3 gives three indexed choices, streamed and not', async () => {
   const params = { model, messages: hi, max_tokens: 8, n: 3, seed: 5 };
   const r = await client.chat.completions.create(params);
   assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
@@ -174,7 +164,7 @@ gen('chat: n = 3 gives three indexed choices, streamed and not', async () => {
   assert.deepEqual(usage, r.usage);
 });
 
-gen('special-token text in a message stays text (no Harmony injection)', async () => {
+test('special-token text in a message stays text (no Harmony injection)', async () => {
   const tokens = async (content) =>
     (await client.chat.completions.create({ model, messages: [{ role: 'user', content }], max_tokens: 1 })).usage.prompt_tokens;
   const base = await tokens('x');
@@ -185,7 +175,7 @@ gen('special-token text in a message stays text (no Harmony injection)', async (
 
 // ---- completions ----
 
-gen('completions: text prompt, streamed parity, usage, token-id prompt', async () => {
+test('completions: text prompt, streamed parity, usage, token-id prompt', async () => {
   const params = { model, prompt: 'Once upon a time', max_tokens: 16, seed: 9 };
   const r = await client.completions.create(params);
   assert.equal(r.object, 'text_completion');
@@ -214,12 +204,12 @@ gen('completions: text prompt, streamed parity, usage, token-id prompt', async (
   assert.ok(ids.usage.completion_tokens >= 1);
 });
 
-gen('completions: two prompts times n = 2 give four choices in prompt-major order', async () => {
+test('completions: two prompts times n = 2 give four choices in prompt-major order', async () => {
   const r = await client.completions.create({ model, prompt: ['alpha', 'beta'], n: 2, max_tokens: 4, seed: 3 });
   assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3]);
 });
 
-gen('stop strings end the text before the stop, with finish_reason stop', async () => {
+test('stop strings end the text before the stop, with finish_reason stop', async () => {
   // The demo model speaks gibberish, so the stop string is taken from what it says for a fixed seed.
   const params = { model, prompt: 'The weather today', max_tokens: 24, seed: 77, temperature: 1 };
   const free = (await client.completions.create(params)).choices[0].text;
@@ -235,7 +225,7 @@ gen('stop strings end the text before the stop, with finish_reason stop', async 
   assert.equal(streamed, cut);
 });
 
-gen('chat stop strings apply to the content', async () => {
+test('chat stop strings apply to the content', async () => {
   const params = { model, messages: hi, max_tokens: 24, seed: 78, temperature: 1 };
   const free = (await client.chat.completions.create(params)).choices[0].message.content ?? '';
   if (free.length < 6) return;  // all of it went to reasoning for this seed: nothing to cut
@@ -248,7 +238,7 @@ gen('chat stop strings apply to the content', async () => {
   assert.equal(r.choices[0].finish_reason, 'stop');
 });
 
-gen('logprobs: chat content tokens and completions tokens, with alternatives', async () => {
+test('logprobs: chat content tokens and completions tokens, with alternatives', async () => {
   const r = await client.chat.completions.create({ model, messages: hi, max_tokens: 8, seed: 21, logprobs: true, top_logprobs: 2 });
   // The demo model's gibberish has no Harmony header, so its text only becomes content when the turn ends
   // and carries no per-token logprobs; tests/e2e/harmony.test.mjs checks them on a real transcript.
@@ -280,7 +270,7 @@ gen('logprobs: chat content tokens and completions tokens, with alternatives', a
   assert.deepEqual(streamed, lp.tokens);
 });
 
-gen('completions echo returns the prompt before the completion', async () => {
+test('completions echo returns the prompt before the completion', async () => {
   const params = { model, prompt: 'Echo this:', max_tokens: 4, seed: 8 };
   const plain = await client.completions.create(params);
   const echoed = await client.completions.create({ ...params, echo: true });
@@ -289,7 +279,7 @@ gen('completions echo returns the prompt before the completion', async () => {
 
 // ---- responses ----
 
-gen('responses: plain request returns output items and usage', async () => {
+test('responses: plain request returns output items and usage', async () => {
   const r = await client.responses.create({ model, input: 'Say hello.', max_output_tokens: 16, instructions: 'Be brief.' });
   assert.equal(r.object, 'response');
   assert.match(r.id, /^resp_/);
@@ -303,7 +293,7 @@ gen('responses: plain request returns output items and usage', async () => {
   assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
 });
 
-gen('responses: streamed events in order, deltas add up to the final items', async () => {
+test('responses: streamed events in order, deltas add up to the final items', async () => {
   const events = [];
   for await (const e of await client.responses.create({ model, input: 'Say hello.', max_output_tokens: 16, stream: true }))
     events.push(e);

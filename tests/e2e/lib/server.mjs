@@ -83,15 +83,3 @@ export function removeScratch() {
   const dir = process.env.MX_E2E_CACHE;
   if (dir && dir.startsWith(tmpdir())) rmSync(dir, { recursive: true, force: true });
 }
-
-// Until the engine-backed service lands, `mxserve serve` validates generation requests and answers 501.
-// Suites ask once and skip the generation checks (reported as skipped, never as passed) when so.
-export async function generationWired(url, apiKey) {
-  const res = await fetch(`${url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json', ...(apiKey ? { Authorization: `Bearer ${apiKey}` } : {}) },
-    body: JSON.stringify({ prompt: 'x', max_tokens: 1 }),
-  });
-  await res.text();
-  return res.status !== 501;
-}
