@@ -41,6 +41,8 @@ class Tokenizer {
   static Result<std::shared_ptr<const Tokenizer>> load(const std::string& path);
   static Result<std::shared_ptr<const Tokenizer>> load_tiktoken(const std::string& path);
   static Result<std::shared_ptr<const Tokenizer>> load_hf_json(const std::string& path);
+  // From the text of a .tiktoken rank file already in memory, e.g. embedded_o200k_tiktoken().
+  static Result<std::shared_ptr<const Tokenizer>> from_tiktoken_text(std::string_view text);
   // From parts already in memory: ranks (tokens[r] = bytes of rank r), specials and the split pattern.
   static Result<std::shared_ptr<const Tokenizer>> create(std::vector<std::string> tokens,
                                                          std::vector<SpecialToken> specials,

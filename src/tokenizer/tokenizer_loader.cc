@@ -199,7 +199,7 @@ Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text) 
   return Tokenizer::create(std::move(tokens), std::move(specials), pattern);
 }
 
-Result<std::shared_ptr<const Tokenizer>> parse_tiktoken(const std::string& text) {
+Result<std::shared_ptr<const Tokenizer>> parse_tiktoken(std::string_view text) {
   std::vector<std::string> tokens;
   size_t pos = 0;
   int64_t line_no = 0;
@@ -253,6 +253,8 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load_tiktoken(const std::str
   if (!result.is_ok()) return result.status().with_context(path);
   return result;
 }
+
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_tiktoken_text(std::string_view text) { return parse_tiktoken(text); }
 
 Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& path) {
   namespace fs = std::filesystem;

@@ -2,14 +2,12 @@
 // random prompts of set lengths, reporting what SGLang's bench_serving reports. The client is one thread of
 // Asio; see tools/bench/load_client.h. Exit 0 when at least one request succeeded, 1 when none did or on a
 // setup error (unreachable server, bad flag values), 2 on unknown options.
-#include <unistd.h>
-
-#include <cmath>
+#include <cstdlib>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 
+#include "tokenizer/embedded_o200k.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/bench/bench_report.h"
 #include "tools/bench/serve_bench.h"
@@ -34,26 +32,11 @@ const std::vector<CliOption> kOptions = {
     {"extra-body", true, "JSON object merged into every request body, e.g. '{\"reasoning_effort\":\"low\"}'"},
     {"seed", true, "seed for prompts and arrival times (default 1)"},
     {"api-key", true, "sent as `Authorization: Bearer KEY` (default: $OPENAI_API_KEY when set)"},
-    {"tokenizer", true, "o200k tokenizer for the prompts (default: tests/fixtures/tokenizer/o200k_base.tiktoken)"},
+    {"tokenizer", true, "tokenizer for the prompts: .tiktoken, tokenizer.json or model dir (default: built-in o200k)"},
     {"request-timeout", true, "seconds without a byte from the server before a request fails (default 600)"},
     {"json", true, "write every result (summary, settings, per-request arrays) to this JSON file"},
     {"help", false, "show this help"},
 };
-
-// The o200k file in a checkout: from the working directory, or from the binary's build directory.
-std::string default_tokenizer_path() {
-  const std::filesystem::path relative = "tests/fixtures/tokenizer/o200k_base.tiktoken";
-  std::vector<std::filesystem::path> candidates = {relative};
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    candidates.push_back(exe.parent_path().parent_path() / relative);
-    candidates.push_back(exe.parent_path().parent_path().parent_path() / relative);
-  }
-  for (const auto& c : candidates)
-    if (std::filesystem::is_regular_file(c, ec)) return c.string();
-  return "";
-}
 
 std::string command_line(int argc, char** argv) {
   std::string out = "mxserve";
@@ -118,16 +101,22 @@ Result<Plan> read_plan(const CliArgs& args) {
   if (!(p.range_ratio >= 0 && p.range_ratio <= 1)) return invalid_argument("--random-range-ratio must be in [0, 1]");
   p.seed = s.seed;
 
-  plan.tokenizer_path = args.has("tokenizer") ? args.get("tokenizer") : default_tokenizer_path();
-  if (plan.tokenizer_path.empty())
-    return invalid_argument("no tokenizer found: pass --tokenizer PATH (o200k_base.tiktoken or a tokenizer.json)");
+  plan.tokenizer_path = args.get("tokenizer");
+  if (args.has("tokenizer") && plan.tokenizer_path.empty()) return invalid_argument("--tokenizer must not be empty");
   return plan;
+}
+
+// The o200k tokenizer built into the binary unless a file is named.
+Result<std::shared_ptr<const Tokenizer>> load_tokenizer(const std::string& path) {
+  if (!path.empty()) return Tokenizer::load(path);
+  MX_ASSIGN_OR_RETURN(std::string_view ranks, embedded_o200k_tiktoken());
+  return Tokenizer::from_tiktoken_text(ranks);
 }
 
 Status run(const CliArgs& args, const std::string& command) {
   MX_ASSIGN_OR_RETURN(Plan plan, read_plan(args));
   bench::raise_open_file_limit();
-  MX_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::load(plan.tokenizer_path));
+  MX_ASSIGN_OR_RETURN(auto tokenizer, load_tokenizer(plan.tokenizer_path));
   MX_ASSIGN_OR_RETURN(auto prompts, bench::make_random_prompts(*tokenizer, plan.prompts));
   if (plan.serve.model.empty()) {
     MX_ASSIGN_OR_RETURN(plan.serve.model, bench::fetch_model_id(plan.serve.url, plan.serve.api_key));

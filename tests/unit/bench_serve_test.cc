@@ -208,7 +208,7 @@ TEST(BenchServeCli, RunsAgainstFakeServerAndWritesJson) {
   TempDir dir;
   const auto r = run_mxserve("bench serve --base-url " + server.base_url() +
                              "/v1 --num-prompts 12 --random-input-len 40 --random-output-len 6 --max-concurrency 4 "
-                             "--endpoint chat --json " + dir.file("out.json") + tokenizer_flag());
+                             "--endpoint chat --json " + dir.file("out.json"));  // the built-in tokenizer
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text << r.stdout_text;
   for (const char* line : {"Successful requests:                     12", "Total input tokens:                      480",
                            "Total generated tokens:                  72", "Max request concurrency:                 4",
