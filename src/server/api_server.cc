@@ -173,6 +173,7 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
   }
   if (error) return reply(*error);
   const bool is_chat = endpoint != Endpoint::kCompletions;
+  if (is_chat) restore_tool_schema_order(request.body(), body, &chat.tools);
   const std::string& model = is_chat ? chat.model : completion.model;
   const SamplingOptions& sampling = is_chat ? chat.sampling : completion.sampling;
   const StreamOptions& stream_options = is_chat ? chat.stream : completion.stream;

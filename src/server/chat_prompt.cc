@@ -26,8 +26,7 @@ HarmonyConversation chat_to_harmony(const ChatRequest& request) {
   if (request.tool_choice.mode != ToolChoice::Mode::kNone) {
     for (const FunctionTool& tool : request.tools) {
       if (request.tool_choice.mode == ToolChoice::Mode::kNamed && tool.name != request.tool_choice.name) continue;
-      // nlohmann::json keeps object keys sorted, so properties reach the model in name order.
-      conv.tools.push_back({tool.name, tool.description, nlohmann::ordered_json(tool.parameters)});
+      conv.tools.push_back({tool.name, tool.description, tool.parameters});
     }
   }
   return conv;

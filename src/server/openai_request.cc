@@ -548,4 +548,33 @@ std::optional<ApiError> parse_responses_request(const Json& body, ResponsesReque
   return std::nullopt;
 }
 
+namespace {
+
+bool objects_small(const Json& value) {
+  if (value.is_object() && value.size() > kMaxOrderedKeys) return false;
+  if (value.is_structured())
+    for (const auto& child : value) if (!objects_small(child)) return false;
+  return true;
+}
+
+}  // namespace
+
+void restore_tool_schema_order(std::string_view body, const Json& parsed_body, std::vector<FunctionTool>* tools) {
+  if (tools->empty() || !parsed_body.contains("tools") || !objects_small(parsed_body["tools"])) return;
+  // Depth 1 is the top-level object's members: only "tools" is kept; everything else is skipped unbuilt.
+  auto keep_tools = [](int depth, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& value) {
+    return !(depth == 1 && event == nlohmann::ordered_json::parse_event_t::key && value != "tools");
+  };
+  const auto ordered = nlohmann::ordered_json::parse(body, keep_tools, /*allow_exceptions=*/false);
+  if (ordered.is_discarded() || !ordered.is_object() || !ordered.contains("tools") || !ordered["tools"].is_array()) return;
+  for (const auto& t : ordered["tools"]) {
+    if (!t.is_object()) continue;
+    // Chat nests {name, parameters} under "function"; Responses has them next to "type".
+    const auto& f = t.contains("function") && t["function"].is_object() ? t["function"] : t;
+    if (!f.contains("name") || !f["name"].is_string() || !f.contains("parameters") || !f["parameters"].is_object()) continue;
+    for (FunctionTool& tool : *tools)
+      if (tool.name == f["name"].get<std::string>()) tool.parameters = f["parameters"];
+  }
+}
+
 }  // namespace mx::server

@@ -21,4 +21,11 @@ std::optional<ApiError> parse_chat_request(const Json& body, ChatRequest* out);
 std::optional<ApiError> parse_completion_request(const Json& body, CompletionRequest* out);
 std::optional<ApiError> parse_responses_request(const Json& body, ResponsesRequest* out);
 
+// Json keeps object keys sorted, but the model should see a tool's parameters in the order the client
+// wrote them (it is the order of the TypeScript signature in the prompt). Re-reads `body` keeping only
+// its "tools" and gives each parsed tool its schema in the original order. Schemas with an object of more
+// than kMaxOrderedKeys keys keep the sorted order (ordered objects insert in linear time per key).
+inline constexpr size_t kMaxOrderedKeys = 256;
+void restore_tool_schema_order(std::string_view body, const Json& parsed_body, std::vector<FunctionTool>* tools);
+
 }  // namespace mx::server

@@ -38,7 +38,8 @@ struct ChatMessage {
 struct FunctionTool {
   std::string name;
   std::string description;
-  nlohmann::json parameters = nlohmann::json::object();  // JSON Schema; rendered by the Harmony renderer
+  // JSON Schema, rendered by the Harmony renderer in the client's key order (restore_tool_schema_order).
+  nlohmann::ordered_json parameters = nlohmann::ordered_json::object();
 };
 
 struct ToolChoice {

@@ -103,5 +103,27 @@ TEST(ServerProtocol, PrometheusText) {
   EXPECT_NE(text.find("mx:h_seconds_count{model_name=\"m\\\"x\"} 3\n"), std::string::npos) << text;
 }
 
+TEST(ServerProtocol, ToolSchemasKeepTheClientsKeyOrder) {
+  const std::string chat_text = R"({"messages":[{"role":"user","content":"x"}],"big":{"a":1},
+    "tools":[{"type":"function","function":{"name":"f","parameters":
+      {"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"number"}},"required":["zeta"]}}}]})";
+  const Json body = Json::parse(chat_text);
+  ChatRequest r;
+  ASSERT_FALSE(parse_chat_request(body, &r));
+  EXPECT_EQ(r.tools[0].parameters["properties"].begin().key(), "alpha");  // Json sorted them
+  restore_tool_schema_order(chat_text, body, &r.tools);
+  EXPECT_EQ(r.tools[0].parameters["properties"].begin().key(), "zeta");
+  EXPECT_EQ(r.tools[0].parameters.begin().key(), "type");
+  // Responses' flat tools too.
+  const std::string responses_text =
+      R"({"input":"x","tools":[{"type":"function","name":"g","parameters":{"properties":{"b":{},"a":{}},"type":"object"}}]})";
+  const Json rbody = Json::parse(responses_text);
+  ResponsesRequest rr;
+  ASSERT_FALSE(parse_responses_request(rbody, &rr));
+  restore_tool_schema_order(responses_text, rbody, &rr.chat.tools);
+  EXPECT_EQ(rr.chat.tools[0].parameters.begin().key(), "properties");
+  EXPECT_EQ(rr.chat.tools[0].parameters["properties"].begin().key(), "b");
+}
+
 }  // namespace
 }  // namespace mx::server
