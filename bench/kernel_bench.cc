@@ -5,7 +5,7 @@
 // weights come from HBM, not L2), the graph replayed after a warm-up; the median replay over N is the time
 // per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
-// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only] [out.json]`).
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only | --moe-decode-variants] [out.json]`).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -163,25 +163,58 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
   return touched;
 }
 
-// ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4).
-void bench_moe() {
+// ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4). The default path at 1/8/64 tokens, then
+// (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
+// moe.cu) and the ring GEMMs (moe_decode.cu) at several k splits (target k tiles per warp) and ring
+// depths, without PDL, and each of their GEMMs alone.
+void bench_moe(bool variants) {
   const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = kExpertCopies;
   const std::vector<ExpertWeights>& experts = bench_experts();
-  const double expert_bytes = (2.0 * I * H / 2 + 2.0 * I * H / 32 + 2.0 * I * 2) + (1.0 * H * I / 2 + 1.0 * H * I / 32 + H * 2.0);
-  for (int64_t T : {1, 8, 64}) {
+  const double w1_bytes = 2.0 * I * H / 2 + 2.0 * I * H / 32 + 2.0 * I * 2, w2_bytes = 1.0 * H * I / 2 + 1.0 * H * I / 32 + H * 2.0;
+  const double expert_bytes = w1_bytes + w2_bytes;
+  struct Variant {
+    CudaMoePath path;
+    int k_tiles, depth;
+    bool pdl;
+    int only_gemm;
+    std::string label;
+  };
+  std::vector<Variant> list{{CudaMoePath::kAuto, 0, 0, true, 0, ""}};
+  if (variants)
+    list = {{CudaMoePath::kDecodeV1, 0, 0, true, 0, " v1"},
+            {CudaMoePath::kDecode, 12, 4, true, 0, " kt12 d4"},
+            {CudaMoePath::kDecode, 12, 6, true, 0, " kt12 d6"},
+            {CudaMoePath::kDecode, 12, 8, true, 0, " kt12 d8"},
+            {CudaMoePath::kDecode, 23, 6, true, 0, " kt23 d6"},
+            {CudaMoePath::kDecode, 23, 8, true, 0, " kt23 d8"},
+            {CudaMoePath::kDecode, 8, 8, true, 0, " kt8 d8"},
+            {CudaMoePath::kDecode, 6, 6, true, 0, " kt6 d6"},
+            {CudaMoePath::kDecode, 12, 6, false, 0, " kt12 d6 no-pdl"},
+            {CudaMoePath::kDecode, 0, 0, true, 1, " default gemm1 only"},
+            {CudaMoePath::kDecode, 0, 0, true, 2, " default gemm2 only"}};
+  const std::vector<int64_t> sizes = variants ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64} : std::vector<int64_t>{1, 8, 64};
+  for (int64_t T : sizes) {
     CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));
     const int routings = 6;
     std::vector<TensorView> ids, weights;
     const double touched = make_routings(T, routings, &ids, &weights);
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
-    const double us = time_graph(24, [&](int i) {
-      MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
-      return g_b->moe_experts(p);
-    });
-    report("moe decode T=" + std::to_string(T), us, touched * expert_bytes, 0,
-           std::to_string(static_cast<int>(touched + 0.5)) + " experts touched, " +
-               std::to_string(static_cast<int>(touched * expert_bytes / 1e6)) + " MB");
+    for (const Variant& v : list) {
+      set_cuda_moe_path(v.path);
+      const int only = v.only_gemm;
+      set_cuda_moe_decode_tuning(v.k_tiles, v.depth, v.pdl, only);
+      const double us = time_graph(24, [&](int i) {
+        MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
+        return g_b->moe_experts(p);
+      });
+      const double bytes = touched * (only == 1 ? w1_bytes : only == 2 ? w2_bytes : expert_bytes);
+      report("moe decode T=" + std::to_string(T) + v.label, us, bytes, 0,
+             std::to_string(static_cast<int>(touched + 0.5)) + " experts touched, " +
+                 std::to_string(static_cast<int>(bytes / 1e6)) + " MB");
+    }
+    set_cuda_moe_path(CudaMoePath::kAuto);
+    set_cuda_moe_decode_tuning(0);
   }
 }
 
@@ -205,7 +238,8 @@ void bench_moe_prefill() {
       int tile;
       const char* label;
     };
-    for (const Variant& v : {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kGrouped, 64, "grouped/64"},
+    for (const Variant& v : {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
+                             Variant{CudaMoePath::kGrouped, 64, "grouped/64"},
                              Variant{CudaMoePath::kGrouped, 128, "grouped/128"}}) {
       set_cuda_moe_path(v.path, v.tile);
       // About 20 ms of work per graph.
@@ -363,6 +397,15 @@ void bench_sampling() {
   }
 }
 
+void write_json(const char* path) {
+  nlohmann::json j;
+  j["floors"] = {{"hbm_read_bytes_per_s", kHbmReadBytesPerSecond}, {"bf16_flops_per_s", kBf16FlopsPerSecond}};
+  for (const auto& r : g_rows)
+    j["results"].push_back({{"op", r.name}, {"us", r.us}, {"floor_us", r.floor_us}, {"floor", r.floor_kind},
+                            {"fraction_of_floor", r.floor_us / r.us}, {"note", r.note}});
+  std::ofstream(path) << j.dump(2) << "\n";
+}
+
 }  // namespace
 }  // namespace mx
 
@@ -378,6 +421,13 @@ int main(int argc, char** argv) {
   // `--moe-prefill-only[=T,T,...]`: just the MoE prefill sweep (quick comparisons of the two paths).
   // `--sampling-only`: just the sampling rows.
   int arg = 1;
+  // `--moe-decode-variants`: only the MoE decode variants (kernel comparisons in one device run).
+  if (argc > arg && std::string(argv[arg]) == "--moe-decode-variants") {
+    bench_moe(/*variants=*/true);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
   bool prefill_only = false, sampling_only = false;
   const std::string flag = "--moe-prefill-only";
   if (argc > arg && std::string(argv[arg]) == "--sampling-only") {
@@ -396,7 +446,7 @@ int main(int argc, char** argv) {
   if (sampling_only) {
     bench_sampling();
   } else {
-    if (!prefill_only) bench_moe();
+    if (!prefill_only) bench_moe(/*variants=*/false);
     bench_moe_prefill();
     if (!prefill_only) {
       bench_attention();
@@ -404,13 +454,6 @@ int main(int argc, char** argv) {
       bench_sampling();
     }
   }
-  if (argc > arg) {
-    nlohmann::json j;
-    j["floors"] = {{"hbm_read_bytes_per_s", kHbmReadBytesPerSecond}, {"bf16_flops_per_s", kBf16FlopsPerSecond}};
-    for (const auto& r : g_rows)
-      j["results"].push_back({{"op", r.name}, {"us", r.us}, {"floor_us", r.floor_us}, {"floor", r.floor_kind},
-                              {"fraction_of_floor", r.floor_us / r.us}, {"note", r.note}});
-    std::ofstream(argv[arg]) << j.dump(2) << "\n";
-  }
+  if (argc > arg) write_json(argv[arg]);
   return 0;
 }

@@ -333,12 +333,19 @@ void make_routing(std::mt19937& rng, const MoeCase& c, std::vector<int32_t>* ids
 }
 
 const char* path_name(CudaMoePath p) {
-  return p == CudaMoePath::kDecode ? "decode" : p == CudaMoePath::kGrouped ? "grouped" : "auto";
+  switch (p) {
+    case CudaMoePath::kDecode: return "decode";
+    case CudaMoePath::kDecodeV1: return "decode v1";
+    case CudaMoePath::kGrouped: return "grouped";
+    case CudaMoePath::kAuto: return "auto";
+  }
+  return "?";
 }
 
 // One routing of random experts through the CPU twin and through each CUDA path in `paths`.
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
-                    std::initializer_list<CudaMoePath> paths) {
+                    std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
+                    bool decode_pdl = true) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -360,11 +367,17 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
     set_cuda_moe_path(path);
+    set_cuda_moe_decode_tuning(decode_k_tiles, decode_depth, decode_pdl);
     const Status st = cuda_backend().moe_experts(m_g);
     set_cuda_moe_path(CudaMoePath::kAuto);
+    set_cuda_moe_decode_tuning(0);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
+    std::string variant;
+    if (decode_k_tiles != 0 || decode_depth != 0 || !decode_pdl)
+      variant = " (" + std::to_string(decode_k_tiles) + " k tiles/warp, ring " + std::to_string(decode_depth) +
+                (decode_pdl ? "" : ", no PDL") + ")";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
-                             routing_name(c.routing) + ", " + path_name(path),
+                             routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
   }
 }
@@ -376,9 +389,59 @@ TEST_F(KernelTest, MoeExperts) {
                            MoeCase{8, 320, 192, 2, 17, Routing::kUniform}, MoeCase{8, 256, 256, 4, 64, Routing::kSame},
                            MoeCase{6, 320, 192, 2, 301, Routing::kUniform}, MoeCase{8, 320, 192, 4, 200, Routing::kSame},
                            MoeCase{16, 256, 320, 4, 777, Routing::kHalf}, MoeCase{16, 320, 192, 4, 1000, Routing::kHot}})
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode, CudaMoePath::kGrouped});
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode, CudaMoePath::kGrouped, CudaMoePath::kDecodeV1});
   // Decode shape of the real model.
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8, Routing::kUniform}, {CudaMoePath::kAuto});
+}
+
+// The decode GEMMs (moe_decode.cu) around their switches: each CTA routing itself up to 32 routed tokens
+// (one token, 8 tokens = 32 slots, 9 tokens = the routing kernel's metadata), experts with more than one
+// 8-token tile (16 tokens to one hot expert, 20 tokens to one expert at top-1), 128 experts, k splits of
+// 2 to 8 warps and every compiled ring depth (rings wrapping several times at I = 4160: 65 k tiles), and
+// the second GEMM launched without PDL.
+TEST_F(KernelTest, MoeExpertsDecode) {
+  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 8, Routing::kHot},
+                           MoeCase{32, 2880, 2880, 4, 9, Routing::kUniform}, MoeCase{8, 256, 4160, 2, 3, Routing::kUniform},
+                           MoeCase{8, 320, 192, 4, 8, Routing::kSame}, MoeCase{128, 256, 192, 4, 5, Routing::kUniform},
+                           MoeCase{8, 256, 4160, 2, 16, Routing::kHot}, MoeCase{8, 256, 192, 1, 20, Routing::kSame}})
+    for (auto [k_tiles, depth] : {std::pair{12, 4}, std::pair{12, 6}, std::pair{23, 8}, std::pair{6, 6}})
+      check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode}, k_tiles, depth);
+  check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform}, {CudaMoePath::kDecode}, 0, 0, false);
+}
+
+// A token's decode output does not depend on the rest of the batch: the k split is fixed by the shape, the
+// mma columns are independent and the combine sums in router order, so the first tokens alone (self-routed,
+// 1 to 8 tokens) give the bits they get inside a batch of 40 (routing kernel + combine kernel).
+TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
+  const MoeCase c{32, 2880, 2880, 4, 40, Routing::kUniform};
+  HostExperts hx;
+  make_experts(rng_, c.E, c.H, c.I, &hx);
+  std::vector<Buffer> owner;
+  auto up = cuda_backend().upload_experts(hx.view, &owner);
+  ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  make_routing(rng_, c, &ids, &weights);
+  Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
+  set_cuda_moe_path(CudaMoePath::kDecode);
+  std::vector<uint8_t> full;
+  for (int64_t T : {c.T, int64_t{1}, int64_t{3}, int64_t{8}}) {
+    TensorView xg = cuda_.upload(DType::kBF16, {T, c.H}, x.bits.data());
+    TensorView id = cuda_.upload(DType::kI32, {T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {T, c.k}, weights.data());
+    TensorView o = cuda_.make(DType::kBF16, {T, c.H});
+    const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, o, c.k, 7.0f, 1.702f});
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const std::vector<uint8_t> got = cuda_.download_bytes(o);
+    if (T == c.T) {
+      full = got;
+      continue;
+    }
+    const bool same = std::equal(got.begin(), got.end(), full.begin());
+    record("moe_experts", "decode: " + std::to_string(T) + " tokens alone vs in a batch of 40, bitwise", same ? 0 : 1, 0,
+           0, same);
+    EXPECT_TRUE(same) << T;
+  }
+  set_cuda_moe_path(CudaMoePath::kAuto);
 }
 
 TEST_F(KernelTest, MoeExpertsPrefill) {

@@ -2,6 +2,9 @@
 // chip's opt-in shared memory and have at least one pipeline stage (SM120/SM121 have 99 KB per block).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "backend/cuda/kernel_configs.h"
 
 namespace mx::cuda {
@@ -67,6 +70,60 @@ TEST(CudaKernelConfigs, MoeTileBoundCoversWorstRouting) {
     for (int64_t e = 0; e < used; ++e) worst += (base + (e < extra ? 1 : 0) + tile - 1) / tile;
     EXPECT_GE(moe_max_tiles(slots, experts, tile), worst) << slots;
   }
+}
+
+TEST(CudaKernelConfigs, MoeFusedFitsEveryChipAndSplitsByKAlone) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t k : {64, 256, 2880, 4160, 65536})
+      for (int kt : {0, 6, 12, 23})
+        for (int depth : {0, 4, 6, 8}) {
+          const MoeFusedConfig c = choose_moe_fused_config(d, k, kt, depth);
+          EXPECT_TRUE(fits(d, c.smem_bytes, 1)) << d.name;
+          EXPECT_GE(c.k_split, 1);
+          EXPECT_LE(c.k_split, kMoeFusedMaxKSplit);
+          EXPECT_LE(c.k_split, k / 64);  // every warp has at least one k tile
+          EXPECT_EQ(c.threads, 32 * c.k_split);
+          EXPECT_EQ(c.smem_bytes, (c.k_split - 1) * 4 * 32 * 4);
+          EXPECT_TRUE(c.depth == 4 || c.depth == 6 || c.depth == 8);
+          EXPECT_TRUE(c.pdl) << d.name;  // every chip we target is SM90+
+          if (depth != 0) EXPECT_EQ(c.depth, depth);
+          // Warps get about k_tiles_per_warp tiles each unless the split is capped.
+          if (c.k_split < kMoeFusedMaxKSplit) EXPECT_LE((k / 64 + c.k_split - 1) / c.k_split, c.k_tiles_per_warp);
+        }
+  // gpt-oss (k = 2880, 45 tiles): the same split on every chip and for every batch (no batch input).
+  for (const DeviceInfo& d : chips()) {
+    EXPECT_EQ(choose_moe_fused_config(d, 2880).k_split, 4) << d.name;
+    EXPECT_EQ(choose_moe_fused_config(d, 2880).depth, 4) << d.name;
+  }
+  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, 0, 5).depth, 4);  // unknown variants fall back
+  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, 23).k_split, 2);
+}
+
+TEST(CudaKernelConfigs, MoeFusedRoutingAndTileBound) {
+  EXPECT_FALSE(use_fused_moe_routing(0));
+  EXPECT_TRUE(use_fused_moe_routing(4));    // one token, top-4
+  EXPECT_TRUE(use_fused_moe_routing(32));   // 8 tokens: one slot per lane
+  EXPECT_FALSE(use_fused_moe_routing(33));
+  // kAuto: the ring kernels at one token (top-4), the first decode kernels from two tokens on (measured).
+  EXPECT_TRUE(use_fused_moe_decode(4));
+  EXPECT_FALSE(use_fused_moe_decode(8));
+  // Worst routing by dynamic programming: the most tiles sum ceil(c_e / 8) over <= E experts with sum c_e = s.
+  for (int64_t experts : {1, 4, 32, 128}) {
+    const int64_t max_slots = 300;
+    std::vector<int64_t> best(max_slots + 1, 0);  // over the experts seen so far
+    for (int64_t e = 0; e < experts; ++e) {
+      std::vector<int64_t> next(best);
+      for (int64_t s = 0; s <= max_slots; ++s)
+        for (int64_t c = 1; c <= s; ++c) next[s] = std::max(next[s], best[s - c] + (c + 7) / 8);
+      best = next;
+    }
+    for (int64_t s = 1; s <= max_slots; ++s) {
+      EXPECT_GE(moe_fused_max_tiles(s, experts), best[s]) << experts << " experts, " << s << " slots";
+      EXPECT_LE(moe_fused_max_tiles(s, experts), moe_max_tiles(s, experts, 8));
+    }
+  }
+  EXPECT_EQ(moe_fused_max_tiles(4, 32), 4);    // one token: its 4 experts
+  EXPECT_EQ(moe_fused_max_tiles(32, 32), 32);  // 8 tokens
 }
 
 TEST(CudaKernelConfigs, MoeGroupedFitsEveryChip) {

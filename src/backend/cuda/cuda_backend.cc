@@ -25,6 +25,10 @@ void free_device(void* p) { cudaFree(p); }
 
 std::atomic<CudaMoePath> g_moe_path{CudaMoePath::kAuto};
 std::atomic<int> g_moe_grouped_tile{0};
+std::atomic<int> g_moe_decode_k_tiles{0};
+std::atomic<int> g_moe_decode_depth{0};
+std::atomic<bool> g_moe_decode_pdl{true};
+std::atomic<int> g_moe_decode_only_gemm{0};
 
 template <typename T>
 T* ptr(const TensorView& t) {
@@ -51,7 +55,7 @@ class CudaReplayGraph final : public ReplayGraph {
 
 // Private scratch, grown only outside graph capture.
 struct Scratch {
-  Buffer moe_h, moe_y, moe_meta, tickets, partials, sampling;
+  Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling;
   int64_t max_slots = 0, max_tiles = 0, experts = 0;
 };
 
@@ -307,6 +311,8 @@ class CudaBackend final : public Backend {
     const int64_t slots = T * k;
     const CudaMoePath path = g_moe_path.load();
     const bool grouped = path == CudaMoePath::kGrouped || (path == CudaMoePath::kAuto && use_grouped_moe(slots, E));
+    if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))
+      return moe_experts_decode(p);
     const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
     const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
     MoeGroupedConfig cg = choose_moe_grouped_config(dev_, slots, E);
@@ -320,6 +326,63 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
+    const MoeRouting r = routing_scratch(E, slots, max_tiles);
+    MX_RETURN_IF_ERROR(
+        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, tile_tokens, max_tiles}, stream_.get()));
+    MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
+    g1.max_tiles = max_tiles;
+    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g1, cg, stream_.get()) : launch_moe_gemm(g1, c1, stream_.get()));
+    MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
+    g2.max_tiles = max_tiles;
+    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g2, cg, stream_.get()) : launch_moe_gemm(g2, c2, stream_.get()));
+    return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
+                              stream_.get());
+  }
+
+  // Decode (moe_decode.cu): up to 32 routed tokens two launches (each CTA routes itself, the combine is in
+  // the second GEMM); more tokens add the routing kernel before and the combine kernel after.
+  Status moe_experts_decode(const MoeParams& p) {
+    const ExpertWeights& w = *p.experts;
+    const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
+    const int64_t slots = T * k;
+    MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, g_moe_decode_k_tiles.load(), g_moe_decode_depth.load());
+    MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, g_moe_decode_k_tiles.load(), g_moe_decode_depth.load());
+    c2.pdl = c2.pdl && g_moe_decode_pdl.load();
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
+    const bool self_routed = use_fused_moe_routing(slots);
+    MoeRouting r;
+    if (!self_routed) {
+      const int64_t max_tiles = moe_max_tiles(slots, E, kMoeFusedTileTokens);
+      MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
+      r = routing_scratch(E, slots, max_tiles);
+      MX_RETURN_IF_ERROR(launch_moe_routing(
+          {ptr<const int32_t>(p.topk_ids), r, slots, E, kMoeFusedTileTokens, max_tiles}, stream_.get()));
+    } else {
+      MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, H / 16 * 4, "MoE tickets", /*zero=*/true));
+    }
+    MoeFusedParams f1;
+    f1.g = expert_gemm(p, r, /*first=*/true);
+    f1.topk_ids = self_routed ? ptr<const int32_t>(p.topk_ids) : nullptr;
+    f1.slots = slots;
+    f1.experts = E;
+    const int only = g_moe_decode_only_gemm.load();  // benchmarks only
+    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, /*second_of_pair=*/false, stream_.get()));
+    if (only == 1) return Status::ok();
+    MoeFusedParams f2 = f1;
+    f2.g = expert_gemm(p, r, /*first=*/false);
+    if (self_routed) {
+      f2.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
+      f2.combined = ptr<uint16_t>(p.out);
+    }
+    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, /*second_of_pair=*/true, stream_.get()));
+    if (self_routed) return Status::ok();
+    return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
+                              stream_.get());
+  }
+
+  // The routing kernel's outputs, carved out of moe_meta (sized by the caller).
+  MoeRouting routing_scratch(int64_t E, int64_t slots, int64_t max_tiles) {
     MoeRouting r;
     int32_t* meta = ptr_of<int32_t>(scratch_.moe_meta);
     r.offsets = meta;
@@ -329,36 +392,37 @@ class CudaBackend final : public Backend {
     r.tile_start = r.tile_expert + max_tiles;
     r.tile_rows = r.tile_start + max_tiles;
     r.num_tiles = r.tile_rows + max_tiles;
-    MX_RETURN_IF_ERROR(
-        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, tile_tokens, max_tiles}, stream_.get()));
-    MoeGemmParams g1;
-    g1.blocks = ptr<const uint8_t>(w.w1_blocks);
-    g1.scales = ptr<const uint8_t>(w.w1_scales);
-    g1.bias = ptr<const uint16_t>(w.w1_bias);
-    g1.in = ptr<const uint16_t>(p.x);
-    g1.out = ptr_of<uint16_t>(scratch_.moe_h);
-    g1.r = r;
-    g1.rows = 2 * I;
-    g1.k = H;
-    g1.top_k = k;
-    g1.max_tiles = max_tiles;
-    g1.gated = true;
-    g1.swiglu_limit = p.swiglu_limit;
-    g1.swiglu_alpha = p.swiglu_alpha;
-    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g1, cg, stream_.get()) : launch_moe_gemm(g1, c1, stream_.get()));
-    MoeGemmParams g2 = g1;
-    g2.blocks = ptr<const uint8_t>(w.w2_blocks);
-    g2.scales = ptr<const uint8_t>(w.w2_scales);
-    g2.bias = ptr<const uint16_t>(w.w2_bias);
-    g2.in = ptr_of<const uint16_t>(scratch_.moe_h);
-    g2.out = ptr_of<uint16_t>(scratch_.moe_y);
-    g2.topk_weights = ptr<const float>(p.topk_weights);
-    g2.rows = H;
-    g2.k = I;
-    g2.gated = false;
-    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g2, cg, stream_.get()) : launch_moe_gemm(g2, c2, stream_.get()));
-    return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
-                              stream_.get());
+    return r;
+  }
+
+  // Operands of the first (x -> h, gated) or second (h -> y) expert GEMM; max_tiles left to the caller.
+  MoeGemmParams expert_gemm(const MoeParams& p, const MoeRouting& r, bool first) {
+    const ExpertWeights& w = *p.experts;
+    MoeGemmParams g;
+    g.r = r;
+    g.top_k = p.top_k;
+    g.swiglu_limit = p.swiglu_limit;
+    g.swiglu_alpha = p.swiglu_alpha;
+    g.gated = first;
+    if (first) {
+      g.blocks = ptr<const uint8_t>(w.w1_blocks);
+      g.scales = ptr<const uint8_t>(w.w1_scales);
+      g.bias = ptr<const uint16_t>(w.w1_bias);
+      g.in = ptr<const uint16_t>(p.x);
+      g.out = ptr_of<uint16_t>(scratch_.moe_h);
+      g.rows = 2 * w.intermediate;
+      g.k = w.hidden;
+    } else {
+      g.blocks = ptr<const uint8_t>(w.w2_blocks);
+      g.scales = ptr<const uint8_t>(w.w2_scales);
+      g.bias = ptr<const uint16_t>(w.w2_bias);
+      g.in = ptr_of<const uint16_t>(scratch_.moe_h);
+      g.out = ptr_of<uint16_t>(scratch_.moe_y);
+      g.topk_weights = ptr<const float>(p.topk_weights);
+      g.rows = w.hidden;
+      g.k = w.intermediate;
+    }
+    return g;
   }
 
   Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) override {
@@ -403,6 +467,7 @@ class CudaBackend final : public Backend {
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((s.num_experts + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", true));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, s.hidden / 16 * 4, "MoE tickets", true));
     // Decode splits shrink as the batch grows: tokens * splits <= tokens + 3 * SMs (kernel_configs.cc).
     MX_RETURN_IF_ERROR(ensure(scratch_.partials, (s.max_tokens + 3 * dev_.sm_count + 1) * s.n_q * (s.head_dim + 2) * 4,
                               "attention partials"));
@@ -458,6 +523,13 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return CudaBack
 void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens) {
   g_moe_path.store(path);
   g_moe_grouped_tile.store(grouped_tile_tokens);
+}
+
+void set_cuda_moe_decode_tuning(int k_tiles_per_warp, int depth, bool pdl, int only_gemm) {
+  g_moe_decode_k_tiles.store(k_tiles_per_warp);
+  g_moe_decode_depth.store(depth);
+  g_moe_decode_pdl.store(pdl);
+  g_moe_decode_only_gemm.store(only_gemm);
 }
 
 }  // namespace mx

@@ -15,7 +15,13 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
 // Which MXFP4 expert GEMMs moe_experts runs: by tokens per expert (kAuto, kernel_configs.h), or forced
 // (tests and benchmarks compare both paths on the same shapes); `grouped_tile_tokens` (64 or 128, 0 =
 // by tokens per expert) forces the grouped kernel's tile. Process-wide.
-enum class CudaMoePath { kAuto, kDecode, kGrouped };
+// kDecode: the decode GEMMs with weights loaded up front (moe_decode.cu); kDecodeV1: the first decode
+// kernels (moe.cu, routing + 2 GEMMs + combine), kept for comparison.
+enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1 };
 void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens = 0);
+// Benchmark knobs of the decode GEMMs (0 = kernel_configs.h's choice): target k tiles per warp (sets the
+// k split), ring depth (4, 6 or 8), whether the second GEMM is a programmatic dependent of the first, and
+// `only_gemm` (1 or 2: launch just that GEMM, to time it alone; the output is then garbage). Process-wide.
+void set_cuda_moe_decode_tuning(int k_tiles_per_warp, int depth = 0, bool pdl = true, int only_gemm = 0);
 
 }  // namespace mx

@@ -82,6 +82,29 @@ MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t nu
   return c;
 }
 
+MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_tiles_per_warp, int depth) {
+  MoeFusedConfig c;
+  c.k_tiles_per_warp = k_tiles_per_warp > 0 ? k_tiles_per_warp : 12;
+  // Measured on H200 at one token (docs/PERF.md): depth 4 33.6 us, 6 42.5, 8 47.8; 2 warps of 23 tiles or
+  // 8 of 6 were slower than 4 of 12.
+  c.depth = depth == 4 || depth == 6 || depth == 8 ? depth : 4;
+  const int64_t k_tiles = std::max<int64_t>(1, k / 64);
+  c.k_split = static_cast<int>(std::clamp<int64_t>(ceil_div(k_tiles, c.k_tiles_per_warp), 1,
+                                                   std::min<int64_t>(kMoeFusedMaxKSplit, k_tiles)));
+  c.threads = 32 * c.k_split;
+  c.smem_bytes = static_cast<int64_t>(c.k_split - 1) * 4 * 32 * 4;
+  c.pdl = dev.sm_major >= 9;
+  return c;
+}
+
+bool use_fused_moe_decode(int64_t num_slots) { return num_slots <= kMoeFusedDecodeMaxSlots; }
+
+bool use_fused_moe_routing(int64_t num_slots) { return num_slots >= 1 && num_slots <= kMoeFusedMaxSlots; }
+
+int64_t moe_fused_max_tiles(int64_t num_slots, int64_t num_experts) {
+  return (num_slots + (kMoeFusedTileTokens - 1) * std::min(num_experts, num_slots)) / kMoeFusedTileTokens;
+}
+
 MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts) {
   MoeGroupedConfig c;
   c.threads = kMoeGroupedThreads;

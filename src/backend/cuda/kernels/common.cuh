@@ -74,6 +74,22 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return d;
 }
 
+// Programmatic dependent launch (sm_90+; a no-op below, and when the kernel was not launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization). `pdl_wait` blocks until the previous kernel in the
+// stream has finished and its writes are visible: read nothing the previous kernel writes before it.
+// `pdl_launch_dependents` lets the next kernel start (its pre-wait prologue) once every CTA of this grid
+// has called it or exited.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 inline int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace mx::cuda

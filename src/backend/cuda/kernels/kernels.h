@@ -137,6 +137,22 @@ struct MoeGemmParams {
 };
 Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t stream);
 
+// The decode GEMMs with weights loaded up front (kernel_configs.h, MoeFusedConfig; moe_decode.cu). With
+// `topk_ids` set (at most kMoeFusedMaxSlots slots) every CTA routes itself and `r` is unused; else `r`
+// holds the routing kernel's metadata. With `tickets` and `combined` set (second GEMM, self-routed only)
+// the last CTA of each strip also writes combined[t] = sum over j in router order of y[pos(t, j)].
+// `second_of_pair`: this is the second GEMM, launched as a programmatic dependent of the first when
+// c.pdl (the first GEMM always lets its dependent start early).
+struct MoeFusedParams {
+  MoeGemmParams g;
+  const int32_t* topk_ids = nullptr;  // [slots], or null: use g.r
+  int64_t slots = 0, experts = 0;
+  uint32_t* tickets = nullptr;        // [rows / 16], zeroed once; the last CTA of a strip resets it
+  uint16_t* combined = nullptr;       // bf16 [slots / top_k, rows]
+};
+Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool second_of_pair,
+                             cudaStream_t stream);
+
 // The same two GEMMs for many tokens per expert: tokens as the mma M side in tiles of c.tile_tokens (the
 // routing must have been built with that tile size), same inputs, outputs and epilogues.
 Status launch_moe_grouped_gemm(const MoeGemmParams& p, const MoeGroupedConfig& c, cudaStream_t stream);

@@ -1,0 +1,278 @@
+// MXFP4 experts at decode, second generation (kernel_configs.h, MoeFusedConfig). Same swap-AB fragments
+// and epilogues as moe.cu, but:
+//  * every warp keeps a ring of `depth` k tiles of weights in flight (activations: two), refilling a
+//    slot as soon as its tile is multiplied: the first kernel had one 512-byte load per warp in flight
+//    (the loads could not pass the previous mma) and reached 31% of HBM at one token;
+//  * the k split is a function of k alone, so a token's sums run in the same order in any batch;
+//  * up to 32 routed tokens, every CTA derives its tile's routing from the top-k ids in registers (the
+//    routing kernel, ~1 launch, is gone) and the second GEMM's last CTA of each 16-row strip (an atomic
+//    ticket per strip, reset by that CTA for the next replay) sums the top-k rows in router order (the
+//    combine kernel is gone); larger steps read the routing kernel's metadata and run the combine kernel;
+//  * the second GEMM is a programmatic dependent of the first (SM90+): it routes and loads its weights
+//    while the first one finishes, then waits for h.
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kTile = kMoeFusedTileTokens;
+constexpr unsigned kAll = 0xffffffffu;
+
+// One CTA's view of the step's routing, in moe_routing_kernel's order: experts ascending, slots ascending
+// inside an expert, tiles of 8 per expert.
+struct TileRoute {
+  int tiles = 0;     // busy tiles in the step
+  int expert = 0;    // of this CTA's tile
+  int start = 0;     // sorted position of the tile's first row
+  int rows = 0;      // routed tokens in the tile
+  int row_slot = 0;  // slot (token * top_k + j) of tile row lane / 4, when lane / 4 < rows
+  int pos = 0;       // sorted position of slot `lane` (self-routed only)
+};
+
+// Every warp computes the routing itself from <= 32 ids (a slot per lane; registers and shuffles only).
+__device__ TileRoute route_tile(const int32_t* ids, int slots, int experts, int tile) {
+  const int lane = threadIdx.x % 32;
+  const bool valid = lane < slots;
+  int e = INT_MAX;
+  if (valid) {
+    e = ids[lane];
+    if (e < 0 || e >= experts) e = 0;  // ids come from our router; never index out of bounds
+  }
+  const unsigned peers = __match_any_sync(kAll, e);
+  const int rank = __popc(peers & ((1u << lane) - 1u));  // among the slots of the same expert
+  const int lead_tiles = valid && rank == 0 ? (__popc(peers) + kTile - 1) / kTile : 0;
+  int below = 0, tiles_below = 0, tiles = 0;
+  for (int j = 0; j < slots; ++j) {
+    const int ej = __shfl_sync(kAll, e, j);
+    const int tj = __shfl_sync(kAll, lead_tiles, j);
+    below += ej < e;
+    tiles_below += ej < e ? tj : 0;
+    tiles += tj;
+  }
+  TileRoute t;
+  t.tiles = tiles;
+  t.pos = below + rank;
+  const unsigned members = __ballot_sync(kAll, valid && tiles_below + rank / kTile == tile);
+  t.rows = __popc(members);
+  const int first = members ? __ffs(members) - 1 : 0;
+  t.expert = __shfl_sync(kAll, e, first);
+  t.start = __shfl_sync(kAll, t.pos, first);
+  unsigned m = members;  // tile row i is the i-th member
+  for (int i = 0; i < lane / 4 && m; ++i) m &= m - 1u;
+  t.row_slot = m ? __ffs(m) - 1 : 0;
+  return t;
+}
+
+__device__ TileRoute route_from_metadata(const MoeRouting& r, int tile) {
+  TileRoute t;
+  t.tiles = *r.num_tiles;
+  if (tile >= t.tiles) return t;
+  t.expert = r.tile_expert[tile];
+  t.start = r.tile_start[tile];
+  t.rows = r.tile_rows[tile];
+  const int row = static_cast<int>(threadIdx.x % 32) / 4;
+  t.row_slot = row < t.rows ? r.sorted_slots[t.start + row] : 0;
+  return t;
+}
+
+// Activations: x (first GEMM) is read by many CTAs of an SM, so through L1; h (second GEMM) was written by
+// the previous kernel while this one was already running, so from L2 only.
+template <bool kGated>
+__device__ __forceinline__ uint4 load_act(const uint4* p) {
+  if constexpr (kGated) return __ldg(p);
+  return __ldcg(p);
+}
+
+// Sums the top-k rows of this strip for every token, in router order (the combine of moe.cu, same
+// arithmetic): run by the last CTA of the strip, after every tile's y is visible.
+__device__ void combine_strip(const MoeFusedParams& p, const TileRoute& rt, int64_t strip) {
+  const MoeGemmParams& g = p.g;
+  const int lane = threadIdx.x % 32, top_k = static_cast<int>(g.top_k);
+  const int tokens = static_cast<int>(p.slots) / top_k;
+  for (int b = 0; b < tokens * 16; b += 32) {
+    const int idx = b + lane, t = min(idx / 16, tokens - 1);
+    const int64_t row = strip * 16 + idx % 16;
+    float sum = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int pos = __shfl_sync(kAll, rt.pos, t * top_k + j);
+      sum += bf16_bits_to_f32(__ldcg(g.out + pos * g.rows + row));
+    }
+    if (idx < tokens * 16) p.combined[t * g.rows + row] = f32_to_bf16_bits(sum);
+  }
+}
+
+template <bool kGated, int kDepth>
+__global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
+  extern __shared__ float red[];  // [k_split - 1][4][32]
+  const MoeGemmParams& g = p.g;
+  const int tile = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k_split = blockDim.x / 32;
+  const int r = lane / 4, q = lane % 4;
+  if constexpr (kGated) pdl_launch_dependents();  // the second GEMM may start routing and loading weights
+  const TileRoute rt = p.topk_ids ? route_tile(p.topk_ids, static_cast<int>(p.slots), static_cast<int>(p.experts), tile)
+                                  : route_from_metadata(g.r, tile);
+  if (tile >= rt.tiles) return;
+
+  const int64_t strip = blockIdx.x, strips = g.rows / 16, n_k = g.k / 64;
+  const int t_begin = static_cast<int>(warp * n_k / k_split), t_end = static_cast<int>((warp + 1) * n_k / k_split);
+  const int64_t base = (rt.expert * strips + strip) * n_k;
+  const uint8_t* wp = g.blocks + base * 512 + lane * 16;
+  const uint8_t* sp = g.scales + base * 32 + (q >> 1) * 16 + r;
+  const bool has_token = r < rt.rows;
+  const int64_t in_row = !has_token ? 0 : kGated ? rt.row_slot / g.top_k : rt.start + r;
+  const uint4* xr = reinterpret_cast<const uint4*>(g.in + in_row * g.k) + 2 * q;
+
+  // A ring of kDepth k tiles of weights and scales per warp, refilled as soon as a tile is multiplied, so
+  // every warp keeps kDepth 512-byte loads from HBM in flight (the first kernel had one). Activations come
+  // from L2/L1 (shorter latency): a ring of two is enough and keeps registers for weight slots.
+  constexpr int kActDepth = 2;
+  static_assert(kDepth % kActDepth == 0, "activation slots are picked at compile time");
+  uint4 w[kDepth], xa[kActDepth], xb[kActDepth];
+  uint32_t sc[kDepth];
+  auto load_weights = [&](int slot, int t) {
+    w[slot] = ldg_stream(wp + static_cast<int64_t>(t) * 512);
+    sc[slot] = static_cast<uint32_t>(__ldg(sp + t * 32)) | (static_cast<uint32_t>(__ldg(sp + t * 32 + 8)) << 16);
+  };
+  auto load_acts = [&](int slot, int t) {
+    xa[slot] = make_uint4(0, 0, 0, 0);
+    xb[slot] = xa[slot];
+    if (has_token) {
+      xa[slot] = load_act<kGated>(xr + t * 8);
+      xb[slot] = load_act<kGated>(xr + t * 8 + 1);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < kDepth; ++i)
+    if (t_begin + i < t_end) load_weights(i, t_begin + i);
+  if constexpr (!kGated) pdl_wait();  // h comes from the first GEMM
+#pragma unroll
+  for (int i = 0; i < kActDepth; ++i)
+    if (t_begin + i < t_end) load_acts(i, t_begin + i);
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int t0 = t_begin; t0 < t_end; t0 += kDepth) {
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      const int t = t0 + i, xs = i % kActDepth;
+      if (t < t_end) {
+        const uint32_t s0 = sc[i] & 0xffu, s8 = sc[i] >> 16;
+        const uint32_t sc0 = (s0 << 7) | (s0 << 23), sc8 = (s8 << 7) | (s8 << 23);
+        const uint32_t w4[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+        const uint32_t bx[8] = {xa[xs].x, xa[xs].y, xa[xs].z, xa[xs].w, xb[xs].x, xb[xs].y, xb[xs].z, xb[xs].w};
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          uint32_t v = w4[kk], a[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t bits = (v & 0x80008000u) | ((v & 0x70007000u) >> 6);
+            v <<= 4;
+            a[j] = bf16x2_mul(bits, (j & 1) ? sc8 : sc0);
+          }
+          mma_bf16_16816(acc, a, bx[2 * kk], bx[2 * kk + 1]);
+        }
+        if (t + kDepth < t_end) load_weights(i, t + kDepth);  // refill the slots just consumed
+        if (t + kActDepth < t_end) load_acts(xs, t + kActDepth);
+      }
+    }
+  }
+
+  // Fixed-order reduction of the k split (warp 0 adds warps 1, 2, ... in turn).
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[((warp - 1) * 4 + i) * 32 + lane] = acc[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  for (int w2 = 1; w2 < k_split; ++w2)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += red[((w2 - 1) * 4 + i) * 32 + lane];
+
+  // acc[0], acc[1]: strip row r, tile rows 2q and 2q + 1; acc[2], acc[3]: strip row r + 8, same rows.
+  const int e = rt.expert;
+  if constexpr (kGated) {
+    const int64_t channel = strip * 8 + r, half = g.rows / 2;
+    const float gate_b = bf16_bits_to_f32(g.bias[e * g.rows + 2 * channel]);
+    const float up_b = bf16_bits_to_f32(g.bias[e * g.rows + 2 * channel + 1]);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = 2 * q + c;
+      if (tok >= rt.rows) continue;
+      const float gate = fminf(acc[c] + gate_b, g.swiglu_limit);
+      const float up = fminf(fmaxf(acc[2 + c] + up_b, -g.swiglu_limit), g.swiglu_limit);
+      const float h = gate / (1.0f + expf(-g.swiglu_alpha * gate)) * (up + 1.0f);
+      g.out[(rt.start + tok) * half + channel] = f32_to_bf16_bits(h);
+    }
+  } else {
+    const int64_t row0 = strip * 16 + r;
+    const float b0 = bf16_bits_to_f32(g.bias[e * g.rows + row0]);
+    const float b8 = bf16_bits_to_f32(g.bias[e * g.rows + row0 + 8]);
+    const int slot_of[2] = {__shfl_sync(kAll, rt.row_slot, 8 * q), __shfl_sync(kAll, rt.row_slot, 8 * q + 4)};
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = 2 * q + c;
+      if (tok >= rt.rows) continue;
+      const float wt = g.topk_weights[slot_of[c]];
+      uint16_t* out = g.out + (rt.start + tok) * g.rows;
+      out[row0] = f32_to_bf16_bits((acc[c] + b0) * wt);
+      out[row0 + 8] = f32_to_bf16_bits((acc[2 + c] + b8) * wt);
+    }
+    if (p.tickets == nullptr) return;
+    // The last tile of this strip to finish combines: publish y, take a ticket (threadFenceReduction).
+    __threadfence();
+    __syncwarp();
+    unsigned last = 0;
+    if (lane == 0) {
+      last = atomicAdd(p.tickets + strip, 1u) == static_cast<unsigned>(rt.tiles - 1);
+      if (last) p.tickets[strip] = 0u;
+    }
+    if (!__shfl_sync(kAll, last, 0)) return;
+    __threadfence();
+    combine_strip(p, rt, strip);
+  }
+}
+
+template <bool kGated>
+Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid, bool pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(c.threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(c.smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  switch (c.depth) {
+    case 4: return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, 4>, p), "moe_fused_gemm_kernel");
+    case 6: return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, 6>, p), "moe_fused_gemm_kernel");
+    case 8: return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, 8>, p), "moe_fused_gemm_kernel");
+    default: return internal_error("MoE fused GEMM: ring depth must be 4, 6 or 8");
+  }
+}
+
+}  // namespace
+
+Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool second_of_pair,
+                             cudaStream_t stream) {
+  const MoeGemmParams& g = p.g;
+  if (g.rows % 16 != 0 || g.k % 64 != 0) return internal_error("MoE GEMM: rows % 16 and k % 64 must be 0");
+  if (c.k_split < 1 || c.k_split > kMoeFusedMaxKSplit || c.k_split > g.k / 64 || c.threads != 32 * c.k_split)
+    return internal_error("MoE fused GEMM: bad config");
+  if (p.topk_ids != nullptr && !use_fused_moe_routing(p.slots))
+    return internal_error("MoE fused GEMM: self-routing takes at most 32 routed tokens");
+  if (p.tickets != nullptr && (p.topk_ids == nullptr || g.gated || p.combined == nullptr))
+    return internal_error("MoE fused GEMM: the combine is fused into the self-routed second GEMM only");
+  if (p.slots == 0) return Status::ok();
+  const int64_t tiles = moe_fused_max_tiles(p.slots, p.experts);
+  if (tiles > 65535) return unimplemented("MoE fused GEMM: too many tiles for one launch");
+  const dim3 grid(static_cast<unsigned>(g.rows / 16), static_cast<unsigned>(tiles));
+  const bool pdl = second_of_pair && c.pdl;
+  return g.gated ? launch_fused<true>(p, c, grid, pdl, stream) : launch_fused<false>(p, c, grid, pdl, stream);
+}
+
+}  // namespace mx::cuda
