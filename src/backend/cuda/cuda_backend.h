@@ -15,8 +15,9 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
 // Which MXFP4 expert GEMMs moe_experts runs: by tokens per expert (kAuto, kernel_configs.h), or forced
 // (tests and benchmarks compare both paths on the same shapes); `grouped_tile_tokens` (64 or 128, 0 =
 // by tokens per expert) forces the grouped kernel's tile. Process-wide.
-// kDecode: the decode GEMMs with weights loaded up front (moe_decode.cu); kDecodeV1: the first decode
-// kernels (moe.cu, routing + 2 GEMMs + combine), kept for comparison.
+// kDecode: the ring decode GEMMs (moe_decode.cu; kAuto uses them at one token); kDecodeV1: the first
+// decode kernels (moe.cu, routing + 2 GEMMs + combine; kAuto's choice from two tokens to the grouped
+// threshold).
 enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1 };
 void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens = 0);
 // Benchmark knobs of the decode GEMMs (0 = kernel_configs.h's choice): target k tiles per warp (sets the
