@@ -47,8 +47,9 @@ MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t nu
 int64_t moe_max_tiles(int64_t num_slots, int64_t num_experts, int64_t tile_tokens);
 
 // MXFP4 experts at decode, second generation ("fused", moe_decode.cu): the same swap-AB fragments, but
-// every warp keeps a ring of `depth` k tiles (64 k each: weights, scales, activations) in flight instead of
-// one 512-byte load (the first kernel reached 31% of HBM at one token). The k split depends on k only,
+// every warp keeps a ring of `depth` k tiles of weights and scales (64 k each; activations: two) in flight
+// instead of one 512-byte load (the first kernel reached 31% of HBM at one token; deeper rings measured
+// slower, docs/PERF.md). The k split depends on k only,
 // never on the batch, so a token's sums run in the same order in any batch. Up to kMoeFusedMaxSlots
 // routed tokens, every CTA derives its tile's routing from the top-k ids itself (no routing kernel) and
 // the second GEMM's last CTA of each 16-row strip sums the top-k rows in router order (no combine
