@@ -127,6 +127,25 @@ class ReplayGraph {
   virtual Status replay() = 0;
 };
 
+// Device memory as the driver reports it (CUDA: cudaMemGetInfo).
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// GPU timestamps on the ops' stream, for profiling eager steps (CUDA events). `hold` first queues a wait of
+// about `seconds` on the device, so that the ops queued after it (within that time) run back to back and
+// their marks measure GPU time rather than launch latency.
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  virtual int64_t capacity() const = 0;
+  virtual Status hold(double seconds) = 0;
+  virtual Status mark(int64_t slot) = 0;
+  // Waits for the marks and returns the milliseconds from slot 0 to each of slots [0, count).
+  virtual Result<std::vector<double>> read(int64_t count) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -170,8 +189,23 @@ class Backend {
   virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
   virtual Status sample(const SampleParams& p) = 0;
 
+  // dst = src, both in backend memory with the same byte size (the bandwidth probe's copy).
+  virtual Status copy(TensorView dst, const TensorView& src) {
+    (void)dst, (void)src;
+    return unimplemented(name() + " backend has no device copy");
+  }
+
+  // Device facts. Backends without a memory of their own (the CPU) answer unimplemented.
+  virtual std::string device_name() const { return name(); }
+  virtual Result<DeviceMemory> memory_info() { return unimplemented(name() + " backend has no device memory to query"); }
+  virtual Result<std::unique_ptr<DeviceTimer>> make_timer(int64_t slots) {
+    (void)slots;
+    return unimplemented(name() + " backend has no device timer");
+  }
+
   // Scratch and graphs. Backends without private scratch or graph support keep these defaults.
   virtual Status prepare(const WorkspaceSpec&) { return Status::ok(); }
+  virtual bool can_capture() const { return false; }
   // Runs `body` once in capture mode and returns its replayable recording. Nothing runs during capture.
   virtual Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) {
     (void)body;

@@ -23,12 +23,19 @@ std::vector<uint16_t> concat_rows(std::initializer_list<TensorView> parts) {
 
 Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_dir, Backend& backend) {
   MX_ASSIGN_OR_RETURN(GptOssConfig config, load_gpt_oss_config(model_dir));
-  std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend));
-  MX_ASSIGN_OR_RETURN(model->generation_config_, load_generation_config(model_dir));
+  MX_ASSIGN_OR_RETURN(GenerationConfig generation_config, load_generation_config(model_dir));
   MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open_dir(model_dir));
+  auto model = from_checkpoint(std::move(config), std::move(generation_config), std::move(checkpoint), backend);
+  if (!model.is_ok()) return model.status().with_context(model_dir);
+  return model;
+}
+
+Result<std::unique_ptr<GptOssModel>> GptOssModel::from_checkpoint(GptOssConfig config, GenerationConfig generation_config,
+                                                                  Checkpoint checkpoint, Backend& backend) {
+  std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend));
+  model->generation_config_ = std::move(generation_config);
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
-  MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gpt_oss_weight_specs(model->config_, model->weights_))
-                         .with_context(model_dir));
+  MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gpt_oss_weight_specs(model->config_, model->weights_)));
   MX_RETURN_IF_ERROR(model->upload());
   return model;
 }
@@ -62,6 +69,12 @@ Status GptOssModel::upload() {
     MX_ASSIGN_OR_RETURN(L.experts, backend_.upload_experts(L.experts, &device_weights_));
   }
   return Status::ok();
+}
+
+int64_t GptOssModel::device_weight_bytes() const {
+  int64_t total = 0;
+  for (const Buffer& b : device_weights_) total += b.bytes();
+  return total;
 }
 
 KvCacheShape GptOssModel::kv_cache_shape(int64_t num_pages, int64_t page_size) const {

@@ -40,10 +40,15 @@ using HiddenObserver = std::function<void(int64_t index, const TensorView& hidde
 class GptOssModel {
  public:
   static Result<std::unique_ptr<GptOssModel>> load(const std::string& model_dir, Backend& backend);
+  // From an open checkpoint (e.g. synthetic_checkpoint_in_memory); the model keeps it.
+  static Result<std::unique_ptr<GptOssModel>> from_checkpoint(GptOssConfig config, GenerationConfig generation_config,
+                                                              Checkpoint checkpoint, Backend& backend);
 
   const GptOssConfig& config() const { return config_; }
   const GenerationConfig& generation_config() const { return generation_config_; }
   Backend& backend() const { return backend_; }
+  // Bytes of weights copied into backend memory (0 on the CPU, which reads the checkpoint's mmap).
+  int64_t device_weight_bytes() const;
   KvCacheShape kv_cache_shape(int64_t num_pages, int64_t page_size) const;
   Result<ForwardWorkspace> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
 

@@ -1,6 +1,11 @@
 #include "model/synthetic_checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numbers>
@@ -104,6 +109,25 @@ void fill_chunk(const FillRule& rule, uint64_t key, int64_t begin, int64_t end, 
   }
 }
 
+// Generates the tensors `indices` of `specs` (in that order) into one safetensors file at `path`.
+Status write_shard(const std::vector<WeightSpec>& specs, const std::vector<size_t>& indices, const std::string& path,
+                   uint64_t seed, cpu::ThreadPool& pool) {
+  std::vector<TensorSpec> shard_specs;
+  for (size_t i : indices) shard_specs.push_back({specs[i].name, specs[i].dtype, specs[i].shape});
+  MX_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::open(path, shard_specs, {{"format", "pt"}}));
+  std::vector<uint8_t> buffer;
+  for (size_t i : indices) {
+    const WeightSpec& spec = specs[i];
+    const int64_t count = spec.shape.numel();
+    buffer.resize(static_cast<size_t>(dtype_bytes(spec.dtype, count)));
+    const FillRule rule = rule_for(spec);
+    const uint64_t key = mix(seed ^ mix(i + 1));
+    pool.parallel_for(count, 1 << 16, [&](int64_t begin, int64_t end) { fill_chunk(rule, key, begin, end, buffer.data()); });
+    MX_RETURN_IF_ERROR(writer->write_next(buffer.data(), static_cast<int64_t>(buffer.size())));
+  }
+  return writer->close();
+}
+
 Status write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
@@ -175,30 +199,39 @@ Status write_synthetic_checkpoint(const GptOssConfig& config, const std::string&
   }
 
   cpu::ThreadPool pool(options.threads);
-  std::vector<uint8_t> buffer;
   nlohmann::json weight_map = nlohmann::json::object();
   char name[64];
   for (size_t s = 0; s < shards.size(); ++s) {
     std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    std::vector<TensorSpec> shard_specs;
-    for (size_t i : shards[s]) {
-      shard_specs.push_back({specs[i].name, specs[i].dtype, specs[i].shape});
-      weight_map[specs[i].name] = name;
-    }
-    MX_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::open((fs::path(dir) / name).string(), shard_specs, {{"format", "pt"}}));
-    for (size_t i : shards[s]) {
-      const WeightSpec& spec = specs[i];
-      const int64_t count = spec.shape.numel();
-      buffer.resize(static_cast<size_t>(dtype_bytes(spec.dtype, count)));
-      const FillRule rule = rule_for(spec);
-      const uint64_t key = mix(options.seed ^ mix(i + 1));
-      pool.parallel_for(count, 1 << 16, [&](int64_t begin, int64_t end) { fill_chunk(rule, key, begin, end, buffer.data()); });
-      MX_RETURN_IF_ERROR(writer->write_next(buffer.data(), static_cast<int64_t>(buffer.size())));
-    }
-    MX_RETURN_IF_ERROR(writer->close());
+    for (size_t i : shards[s]) weight_map[specs[i].name] = name;
+    MX_RETURN_IF_ERROR(write_shard(specs, shards[s], (fs::path(dir) / name).string(), options.seed, pool));
   }
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   return write_text((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+}
+
+GenerationConfig synthetic_generation_config() {
+  GenerationConfig g;
+  g.eos_token_ids = {200002, 199999, 200012};
+  g.bos_token_id = 199998;
+  g.pad_token_id = 199999;
+  return g;
+}
+
+Result<Checkpoint> synthetic_checkpoint_in_memory(const GptOssConfig& config, const SyntheticOptions& options) {
+  // An anonymous in-memory file: one shard, mapped like any checkpoint file once written.
+  const int fd = ::memfd_create("mxserve-synthetic-checkpoint", MFD_CLOEXEC);
+  if (fd < 0) return io_error(std::string("memfd_create: ") + std::strerror(errno));
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  GptOssWeights scratch;
+  const std::vector<WeightSpec> specs = gpt_oss_weight_specs(config, scratch);
+  std::vector<size_t> all(specs.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  cpu::ThreadPool pool(options.threads);
+  Status written = write_shard(specs, all, path, options.seed, pool);
+  Result<Checkpoint> checkpoint = written.is_ok() ? Checkpoint::open_file(path) : Result<Checkpoint>(written);
+  ::close(fd);  // the mapping keeps the memory alive
+  return checkpoint;
 }
 
 }  // namespace mx

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/gpt_oss_config.h"
+#include "io/safetensors.h"
 
 namespace mx {
 
@@ -24,5 +25,11 @@ struct SyntheticOptions {
 
 // Writes the checkpoint into `dir` (created if missing). Same seed, same bytes.
 Status write_synthetic_checkpoint(const GptOssConfig& config, const std::string& dir, const SyntheticOptions& options);
+
+// The same tensors (same seed, same bytes) in an anonymous in-memory file, for benchmarks of models larger
+// than the disk at hand (gpt-oss-120b is 65 GB); costs that much host memory while the checkpoint lives.
+Result<Checkpoint> synthetic_checkpoint_in_memory(const GptOssConfig& config, const SyntheticOptions& options);
+// The generation_config.json written next to synthetic checkpoints.
+GenerationConfig synthetic_generation_config();
 
 }  // namespace mx

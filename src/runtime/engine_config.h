@@ -18,6 +18,7 @@ struct EngineConfig {
   int64_t num_kv_pages = 0;             // 0 = from the memory plan
   int64_t cpu_kv_cache_bytes = 256ll << 20;  // CPU backend: KV budget when num_kv_pages is 0
   double mem_fraction = 0.9;            // CUDA: share of device memory for weights + activations + KV
+                                        // (graphs come out of the rest, as in SGLang)
   int64_t max_num_batched_tokens = 2048;  // tokens computed per step, over all requests
   int64_t max_running_requests = 64;
   int64_t max_queued_requests = 0;      // requests waiting beyond the running ones; 0 = unbounded
@@ -26,6 +27,11 @@ struct EngineConfig {
   int64_t max_prompt_logit_rows = 0;    // > 0 allows want_prompt_logits; rows of prompt logits per step
   int64_t max_top_logprobs = 20;
   std::optional<std::vector<int32_t>> eos_token_ids;  // unset: the model's generation_config eos ids
+  // Decode-only steps replay a graph captured at start-up for the smallest batch-size bucket that holds
+  // them (padded with rows on a scratch page), where the backend can capture. Empty list = the default
+  // buckets (default_cuda_graph_batch_sizes); sizes above max-running-requests are dropped.
+  bool enable_cuda_graphs = true;
+  std::vector<int64_t> cuda_graph_batch_sizes;
 
   // Filled by resolve_engine_config.
   int64_t vocab_size = 0;
@@ -38,6 +44,14 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const Gpt
 // One line for the start-up log: every resolved knob.
 std::string describe_engine_config(const EngineConfig& config);
 
+// The KV pool is `num_pages` pages (from --num-kv-pages, the CPU budget or the memory plan): caps
+// max_model_len so that one request always fits the pool alone.
+void set_kv_pool_pages(EngineConfig* config, int64_t num_pages);
+
+// 1, 2, 4, 8, then steps of 8 to 64, of 16 to 128, of 32 to 512, kept <= max-running-requests and
+// max-num-batched-tokens. Explicit sizes are sorted, deduplicated and capped the same way.
+std::vector<int64_t> cuda_graph_batch_sizes(const EngineConfig& config);
+
 // Stop ids from a model's generation_config: gpt-oss lists <|return|> 200002, <|endoftext|> 199999 and
 // <|call|> 200012. <|end|> 200007 closes a Harmony message (e.g. the analysis channel) and must never stop
 // generation, so it is dropped even if a config lists it.
@@ -47,7 +61,8 @@ std::vector<int32_t> default_eos_token_ids(const GptOssModel& model);
 struct KvMemoryInputs {
   int64_t device_bytes = 0;      // total device memory
   int64_t weights_bytes = 0;
-  int64_t activation_bytes = 0;  // peak of the warm-up pass: workspace, staging, logits, graph pools
+  int64_t activation_bytes = 0;  // peak of the warm-up pass: workspace, staging, logits, backend scratch
+  int64_t other_bytes = 0;       // the rest already in use: CUDA context, library workspaces, other processes
   double mem_fraction = 0.9;
   int64_t bytes_per_token = 0;   // KV bytes of one token over all layers (K and V)
   int64_t page_size = 16;
@@ -62,8 +77,8 @@ struct KvMemoryPlan {
 };
 
 Result<KvMemoryPlan> plan_kv_memory(const KvMemoryInputs& inputs);
-// "memory plan: weights 12.8 GiB, activations 1.1 GiB, KV 52.0 GiB = 1136000 tokens (71000 pages of 16),
-//  8 requests at full context (131072 tokens)"
+// "memory plan: 139.8 GiB x 0.90: weights 12.8 GiB, activations 1.1 GiB, other 0.6 GiB, KV 52.0 GiB =
+//  1136000 tokens (71000 pages of 16), 8 requests at full context (131072 tokens)"
 std::string describe_kv_memory_plan(const KvMemoryInputs& inputs, const KvMemoryPlan& plan);
 
 }  // namespace mx

@@ -10,8 +10,10 @@ namespace mx {
 Result<std::unique_ptr<EngineCore>> EngineCore::create(const GptOssModel& model, const EngineConfig& config,
                                                        DetokenizeFn detokenize) {
   MX_ASSIGN_OR_RETURN(EngineConfig resolved, resolve_engine_config(config, model));
+  // The runner first: on a device it sizes the KV pool, which the scheduler's page pool then mirrors.
+  MX_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::create(model, &resolved));
   std::unique_ptr<EngineCore> core(new EngineCore(model, std::move(resolved), std::move(detokenize)));
-  MX_ASSIGN_OR_RETURN(core->runner_, ModelRunner::create(model, core->config_));
+  core->runner_ = std::move(runner);
   MX_LOG(Info) << describe_engine_config(core->config_);
   return core;
 }

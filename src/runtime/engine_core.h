@@ -53,6 +53,8 @@ class EngineCore {
   int64_t num_live() const { return static_cast<int64_t>(requests_.size()); }
   EngineStats stats() const;
   Status check_invariants() const { return scheduler_.check_invariants(); }
+  // For benchmarks and tests: start-up facts, graph replay on/off, sampling time.
+  ModelRunner& runner() { return *runner_; }
 
  private:
   EngineCore(const GptOssModel& model, EngineConfig config, DetokenizeFn detokenize);

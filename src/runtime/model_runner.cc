@@ -1,13 +1,29 @@
-// One step on the device: stage -> forward -> sample on the device (ids back) or logits to host -> sample
-// per request.
+// One step on the device: stage -> forward (graph replay or eager) -> sample on the device (ids back) or
+// logits to host -> sample per request.
+// Start-up: memory plan and graph capture (see model_runner.h).
 #include "runtime/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <numeric>
+
+#include "core/log.h"
 
 namespace mx {
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
 
 // Test-only forced output: the id replaces the sampled one; its logprob is the model's (log-softmax of the
 // raw logits, as the sampler reports logprobs), the alternatives stay the model's top ones.
@@ -21,31 +37,162 @@ void force_token(const float* logits, int64_t vocab, int32_t id, bool logprobs, 
   out->logprob = static_cast<float>(static_cast<double>(logits[id] - max_logit) - std::log(sum));
 }
 
+// Decode-only: every entry computes one token and samples from it (no prompt logits).
+bool is_decode_only(const ScheduledBatch& batch) {
+  for (const ScheduledEntry& e : batch.entries)
+    if (e.num_tokens != 1 || !e.sample || e.all_logits) return false;
+  return !batch.entries.empty();
+}
+
 }  // namespace
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const GptOssModel& model, const EngineConfig& config) {
+// One captured decode forward pass: replays read the staging buffers, which stage() fills at the same
+// addresses for every batch of `size` one-token sequences.
+struct ModelRunner::DecodeGraph {
+  int64_t size = 0;
+  BatchView view;
+  std::unique_ptr<ReplayGraph> graph;
+};
+
+ModelRunner::ModelRunner(const GptOssModel& model, int64_t vocab) : model_(model), sampler_(vocab) {}
+ModelRunner::~ModelRunner() = default;
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const GptOssModel& model, EngineConfig* config) {
   Backend& backend = model.backend();
   const int64_t vocab = model.config().vocab_size;
+  std::unique_ptr<ModelRunner> r(new ModelRunner(model, vocab));
+  // What was in use before the runner allocated anything: the baseline of the memory plan.
+  const bool plan = config->num_kv_pages == 0;
+  DeviceMemory before;
+  if (plan) {
+    auto mem = backend.memory_info();
+    if (!mem.is_ok())
+      return invalid_argument("the KV pool size cannot be planned on the " + backend.name() +
+                              " backend (" + mem.status().message() + "); give --num-kv-pages");
+    before = *mem;
+  }
   // Logits rows: one sampled row per running request, plus the prompt-logits rows a step may carry.
-  const int64_t rows = config.max_running_requests + config.max_prompt_logit_rows;
-  const int64_t max_tokens = config.max_num_batched_tokens;
-  const BatchLimits limits{max_tokens, config.max_running_requests,
-                           (config.max_model_len + config.page_size - 1) / config.page_size, rows};
-  MX_ASSIGN_OR_RETURN(KvCache kv, KvCache::allocate(backend, model.kv_cache_shape(config.num_kv_pages, config.page_size)));
-  MX_ASSIGN_OR_RETURN(BatchStaging staging, BatchStaging::create(backend, limits));
-  MX_ASSIGN_OR_RETURN(ForwardWorkspace ws, model.make_workspace(max_tokens, rows));
-  MX_ASSIGN_OR_RETURN(Buffer logits, backend.allocate(rows * vocab * static_cast<int64_t>(sizeof(float))));
-  std::unique_ptr<ModelRunner> runner(
-      new ModelRunner(model, config, std::move(kv), std::move(staging), std::move(ws), std::move(logits)));
-  runner->max_logit_rows_ = rows;
-  MX_ASSIGN_OR_RETURN(runner->sample_params_device_,
-                      backend.allocate(rows * static_cast<int64_t>(sizeof(SampleRowParams))));
-  MX_ASSIGN_OR_RETURN(runner->sample_out_device_, backend.allocate(2 * rows * 4));
-  runner->sample_params_host_.resize(static_cast<size_t>(rows));
-  runner->sample_out_host_.resize(static_cast<size_t>(2 * rows));
-  runner->logits_host_.assign(static_cast<size_t>(rows * vocab), 0.0f);
-  runner->seqs_.reserve(static_cast<size_t>(config.max_running_requests));
-  return runner;
+  const int64_t rows = config->max_running_requests + config->max_prompt_logit_rows;
+  const int64_t max_tokens = config->max_num_batched_tokens;
+  const BatchLimits limits{max_tokens, config->max_running_requests,
+                           (config->max_model_len + config->page_size - 1) / config->page_size, rows};
+  MX_ASSIGN_OR_RETURN(r->staging_, BatchStaging::create(backend, limits));
+  MX_ASSIGN_OR_RETURN(r->ws_, model.make_workspace(max_tokens, rows));
+  MX_ASSIGN_OR_RETURN(r->logits_device_, backend.allocate(rows * vocab * static_cast<int64_t>(sizeof(float))));
+  r->max_logit_rows_ = rows;
+  MX_ASSIGN_OR_RETURN(r->sample_params_device_, backend.allocate(rows * static_cast<int64_t>(sizeof(SampleRowParams))));
+  MX_ASSIGN_OR_RETURN(r->sample_out_device_, backend.allocate(2 * rows * 4));
+  r->sample_params_host_.resize(static_cast<size_t>(rows));
+  r->sample_out_host_.resize(static_cast<size_t>(2 * rows));
+  r->logits_host_.assign(static_cast<size_t>(rows * vocab), 0.0f);
+  r->seqs_.reserve(static_cast<size_t>(config->max_running_requests));
+
+  const std::vector<int64_t> sizes =
+      config->enable_cuda_graphs && backend.can_capture() ? cuda_graph_batch_sizes(*config) : std::vector<int64_t>{};
+  if (plan) MX_RETURN_IF_ERROR(r->plan_kv_pool(before, !sizes.empty(), config));
+  r->config_ = *config;
+  // The scratch page sits after the pool's pages: the page pool never hands it out.
+  const int64_t pages = config->num_kv_pages + (sizes.empty() ? 0 : 1);
+  MX_ASSIGN_OR_RETURN(r->kv_, KvCache::allocate(backend, model.kv_cache_shape(pages, config->page_size)));
+  r->scratch_page_ = {static_cast<int32_t>(config->num_kv_pages)};
+  r->startup_.kv_pages = config->num_kv_pages;
+  r->startup_.kv_bytes = model.kv_cache_shape(config->num_kv_pages, config->page_size).bytes_per_token(backend.kv_dtype()) *
+                         config->page_size * config->num_kv_pages;
+  if (!sizes.empty()) MX_RETURN_IF_ERROR(r->capture_graphs(sizes));
+  return r;
+}
+
+Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, EngineConfig* config) {
+  Backend& b = model_.backend();
+  const int64_t P = config->page_size;
+  // Worst case: the whole token budget in one step, as few sequences as the context length allows, on a
+  // throwaway pool just big enough. Backend scratch grows to its peak here too.
+  const int64_t budget = config->max_num_batched_tokens;
+  std::vector<int32_t> tokens(static_cast<size_t>(budget), 0);
+  std::vector<int64_t> lengths;
+  for (int64_t done = 0; done < budget && static_cast<int64_t>(lengths.size()) < config->max_running_requests;) {
+    lengths.push_back(std::min(budget - done, config->max_model_len));
+    done += lengths.back();
+  }
+  std::vector<std::vector<int32_t>> page_ids(lengths.size());
+  int64_t next_page = 0, start = 0;
+  seqs_.clear();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    page_ids[i].resize(static_cast<size_t>((lengths[i] + P - 1) / P));
+    std::iota(page_ids[i].begin(), page_ids[i].end(), static_cast<int32_t>(next_page));
+    next_page += static_cast<int64_t>(page_ids[i].size());
+    seqs_.push_back({std::span<const int32_t>(tokens).subspan(static_cast<size_t>(start), static_cast<size_t>(lengths[i])),
+                     0, page_ids[i], false, false});
+    start += lengths[i];
+  }
+  int64_t temp_kv_bytes = 0;
+  DeviceMemory after;
+  {
+    const KvCacheShape shape = model_.kv_cache_shape(next_page, P);
+    MX_ASSIGN_OR_RETURN(KvCache temp, KvCache::allocate(b, shape));
+    temp_kv_bytes = shape.bytes_per_token(b.kv_dtype()) * P * next_page;
+    MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
+    const TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, model_.config().vocab_size});
+    MX_RETURN_IF_ERROR(model_.forward(view, temp, ws_, logits).with_context("memory-plan warm-up pass"));
+    MX_RETURN_IF_ERROR(b.synchronize());
+    MX_ASSIGN_OR_RETURN(after, b.memory_info());
+  }
+  KvMemoryInputs in;
+  in.device_bytes = before.total_bytes;
+  in.weights_bytes = model_.device_weight_bytes();
+  in.activation_bytes = std::max<int64_t>(0, before.free_bytes - after.free_bytes - temp_kv_bytes);
+  in.other_bytes = std::max<int64_t>(0, before.total_bytes - before.free_bytes - in.weights_bytes);
+  in.mem_fraction = config->mem_fraction;
+  in.bytes_per_token = model_.kv_cache_shape(1, P).bytes_per_token(b.kv_dtype());
+  in.page_size = P;
+  in.max_model_len = config->max_model_len;
+  MX_ASSIGN_OR_RETURN(KvMemoryPlan plan, plan_kv_memory(in));
+  const int64_t usable = plan.num_pages - (graphs ? 1 : 0);
+  if (usable < 1) return resource_exhausted("no room for the KV cache after the scratch page");
+  set_kv_pool_pages(config, usable);
+  startup_.planned = true;
+  startup_.memory = in;
+  startup_.plan = plan;
+  MX_LOG(Info) << describe_kv_memory_plan(in, plan);
+  return Status::ok();
+}
+
+void ModelRunner::add_padding(int64_t size) {
+  while (static_cast<int64_t>(seqs_.size()) < size)
+    seqs_.push_back({std::span<const int32_t>(&padding_token_, 1), 0, scratch_page_, false, false});
+}
+
+Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
+  Backend& b = model_.backend();
+  const auto start = std::chrono::steady_clock::now();
+  auto before = b.memory_info();
+  for (int64_t size : sizes) {
+    seqs_.clear();
+    add_padding(size);
+    MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
+    const TensorView logits = logits_device_.view(DType::kF32, {size, model_.config().vocab_size});
+    // An eager pass first: backend scratch and library plans are set up outside capture.
+    MX_RETURN_IF_ERROR(model_.forward(view, kv_, ws_, logits));
+    MX_ASSIGN_OR_RETURN(auto graph, b.capture([&] { return model_.forward(view, kv_, ws_, logits); }));
+    graphs_.push_back(std::make_unique<DecodeGraph>(DecodeGraph{size, view, std::move(graph)}));
+  }
+  MX_RETURN_IF_ERROR(b.synchronize());
+  startup_.graph_batch_sizes = sizes;
+  startup_.capture_seconds = seconds_since(start);
+  auto after = b.memory_info();
+  if (before.is_ok() && after.is_ok()) startup_.graph_bytes = std::max<int64_t>(0, before->free_bytes - after->free_bytes);
+  MX_LOG(Info) << "captured " << sizes.size() << " decode graphs (batch " << sizes.front() << ".." << sizes.back()
+               << ") in " << static_cast<int64_t>(startup_.capture_seconds * 1000) << " ms, "
+               << mib(startup_.graph_bytes) << " of device memory";
+  return Status::ok();
+}
+
+const ModelRunner::DecodeGraph* ModelRunner::graph_for(const ScheduledBatch& batch) const {
+  if (graphs_.empty() || !is_decode_only(batch)) return nullptr;
+  const auto n = static_cast<int64_t>(batch.entries.size());
+  for (const auto& g : graphs_)
+    if (g->size >= n) return g.get();
+  return nullptr;
 }
 
 bool ModelRunner::can_use_sample_op(const ScheduledBatch& batch) {
@@ -105,13 +252,43 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     s.no_logits = !e.all_logits && !e.sample;
     seqs_.push_back(s);
   }
+  const DecodeGraph* graph = graph_for(batch);
+  const auto real_seqs = static_cast<int64_t>(seqs_.size());
+  if (graph) {
+    add_padding(graph->size);
+    ++num_padded_steps_;
+  }
   MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
   if (view.num_logit_rows > max_logit_rows_) return internal_error("step needs more logits rows than allocated");
   TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, vocab});
-  MX_RETURN_IF_ERROR(model_.forward(view, kv_, ws_, logits));
+  Status profiled = Status::ok();
+  if (graph && replay_ && profile_capture_) {
+    // A failed profiling capture must not fail the step: report it and replay the engine's own graph.
+    auto once = model_.backend().capture([&] { return model_.forward(view, kv_, ws_, logits); });
+    profiled = once.is_ok() ? (*once)->replay() : once.status();  // first launch of a fresh graph: upload costs
+    if (profiled.is_ok()) profiled = (*once)->replay();            // the measured one
+    profile_status_ = profiled;
+  }
+  if (graph && replay_ && profile_capture_ && profiled.is_ok()) {
+    // done above
+  } else if (graph && replay_) {
+    const BatchView& g = graph->view;
+    if (view.token_ids.data() != g.token_ids.data() || view.page_table.data() != g.page_table.data() ||
+        view.logit_rows.data() != g.logit_rows.data() || view.num_tokens != g.num_tokens)
+      return internal_error("decode step staged away from its graph's buffers");
+    MX_RETURN_IF_ERROR(graph->graph->replay());
+    ++num_graph_replays_;
+  } else {
+    MX_RETURN_IF_ERROR(model_.forward(view, kv_, ws_, logits));
+  }
+  // The sample op runs after the graph (next: inside it). Padding rows come last: sampled greedily and
+  // ignored by the op, not copied on the host path.
+  last_sample_seconds_ = 0;
   if (view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, sampled);
-  if (view.num_logit_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits));
+  const int64_t real_rows = view.num_logit_rows - (static_cast<int64_t>(seqs_.size()) - real_seqs);
+  if (real_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits.rows(0, real_rows)));
 
+  const auto sample_start = std::chrono::steady_clock::now();
   sampled->resize(static_cast<size_t>(batch.num_samples));
   int64_t row = 0, k = 0;
   for (const ScheduledEntry& e : batch.entries) {
@@ -140,6 +317,7 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     const size_t g = static_cast<size_t>(r.num_generated());
     if (g < r.input.forced_tokens.size()) force_token(row_logits, vocab, r.input.forced_tokens[g], r.input.sampling.logprobs, &out);
   }
+  last_sample_seconds_ = seconds_since(sample_start);
   return Status::ok();
 }
 

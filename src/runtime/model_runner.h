@@ -2,8 +2,17 @@
 // device side of the engine (KV cache storage, batch staging, activation workspace, logits) sized once at
 // start-up for the largest step, so running a step allocates nothing. It makes no policy decisions: what
 // to run comes from the scheduler, how to sample from each request's own parameters.
+//
+// Start-up on a device (CUDA): staging and workspace first; then, when no --num-kv-pages was given, a
+// worst-case warm-up pass on a throwaway pool measures activation memory and the KV pool is sized by
+// plan_kv_memory; then the pool (plus one scratch page); then one graph per decode batch-size bucket.
+// A decode-only step of n requests is padded to the smallest bucket >= n with rows that read and write
+// only the scratch page (their logits are ignored) and replays that bucket's graph; mixed and prefill
+// steps, and decode steps above the largest bucket, run eagerly. Graph kernels take every size from the
+// bucket or from device memory, never from the step (decode attention splits by page-table capacity).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "backend/kv_cache.h"
@@ -14,31 +23,63 @@
 
 namespace mx {
 
+// What start-up measured, for the log and `mxserve bench latency`.
+struct RunnerStartup {
+  bool planned = false;       // the KV pool came from the memory plan
+  KvMemoryInputs memory;      // planned only
+  KvMemoryPlan plan;          // planned only
+  int64_t kv_pages = 0;       // usable pages (the scratch page not counted)
+  int64_t kv_bytes = 0;
+  std::vector<int64_t> graph_batch_sizes;
+  double capture_seconds = 0;
+  int64_t graph_bytes = 0;    // device memory the graphs and their warm-up took (0 where unknown)
+};
+
 class ModelRunner {
  public:
-  static Result<std::unique_ptr<ModelRunner>> create(const GptOssModel& model, const EngineConfig& config);
+  // Fills config->num_kv_pages (and caps max_model_len) when the pool is planned here.
+  static Result<std::unique_ptr<ModelRunner>> create(const GptOssModel& model, EngineConfig* config);
+  ~ModelRunner();
 
   // Runs `batch` and writes one SampledToken per entry with `sample`, in entry order. Copies prompt logits
   // into the requests that asked for them.
   Status execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
 
+  // Off: decode steps are still padded to their bucket but run eagerly (op-by-op profiling; tests that
+  // tell graph replay apart from padding). No effect without graphs.
+  void set_graph_replay(bool on) { replay_ = on; }
+  // Profiling: a decode step that would replay captures a one-off graph of its forward pass instead (with
+  // whatever the backend records during capture, e.g. ProfilingBackend's timer marks) and replays it twice;
+  // the second replay recomputes the same KV entries and logits, so the step's outcome is unchanged.
+  void set_profile_capture(bool on) { profile_capture_ = on, profile_status_ = Status::ok(); }
+  // Why the last profiling capture failed (the step then replayed the engine's graph), else ok.
+  const Status& profile_status() const { return profile_status_; }
+  const RunnerStartup& startup() const { return startup_; }
+  // Host time the last step spent sampling on the host (0 when the backend's sample op ran).
+  double last_sample_seconds() const { return last_sample_seconds_; }
   int64_t max_logit_rows() const { return max_logit_rows_; }
   int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
+  int64_t num_graph_replays() const { return num_graph_replays_; }
+  int64_t num_padded_steps() const { return num_padded_steps_; }  // decode steps padded to a bucket
 
  private:
+  struct DecodeGraph;
+
   // Steps whose sampled rows need nothing host-only (penalties, top logprobs, prompt logits, forced test
   // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs
   // the same algorithm.
   static bool can_use_sample_op(const ScheduledBatch& batch);
   Status sample_with_op(const ScheduledBatch& batch, const TensorView& logits, std::vector<SampledToken>* sampled);
 
-  ModelRunner(const GptOssModel& model, const EngineConfig& config, KvCache kv, BatchStaging staging,
-              ForwardWorkspace ws, Buffer logits)
-      : model_(model), config_(config), kv_(std::move(kv)), staging_(std::move(staging)), ws_(std::move(ws)),
-        logits_device_(std::move(logits)), sampler_(model.config().vocab_size) {}
+  ModelRunner(const GptOssModel& model, int64_t vocab);
+  Status plan_kv_pool(const DeviceMemory& before, bool graphs, EngineConfig* config);
+  Status capture_graphs(const std::vector<int64_t>& sizes);
+  // Sequences that fill a batch up to `size` rows: one token each at position 0 of the scratch page.
+  void add_padding(int64_t size);
+  const DecodeGraph* graph_for(const ScheduledBatch& batch) const;
 
   const GptOssModel& model_;
-  const EngineConfig& config_;
+  EngineConfig config_;
   KvCache kv_;
   BatchStaging staging_;
   ForwardWorkspace ws_;
@@ -52,6 +93,15 @@ class ModelRunner {
   std::vector<SampleRowParams> sample_params_host_;
   std::vector<int32_t> sample_out_host_;
   int64_t sample_op_steps_ = 0;
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // ascending batch size
+  std::vector<int32_t> scratch_page_;                 // {index of the scratch page}
+  int32_t padding_token_ = 0;
+  bool replay_ = true;
+  bool profile_capture_ = false;
+  Status profile_status_ = Status::ok();
+  RunnerStartup startup_;
+  double last_sample_seconds_ = 0;
+  int64_t num_graph_replays_ = 0, num_padded_steps_ = 0;
 };
 
 }  // namespace mx

@@ -16,6 +16,7 @@ struct BenchCommand {
 };
 
 constexpr BenchCommand kBenchCommands[] = {
+    {"latency", run_bench_latency_command, "in-process prefill and decode latency per batch size beside their floors"},
     {"serve", run_bench_serve_command, "streaming load against an OpenAI-compatible server (TTFT, ITL, throughput)"},
 };
 

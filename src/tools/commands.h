@@ -11,6 +11,7 @@ int run_serve_command(int argc, char** argv);
 int run_bench_command(int argc, char** argv);
 
 // `mxserve bench <kind>` entries (see bench_cmd.cc): argv[0] is "bench", argv[1] the kind.
+int run_bench_latency_command(int argc, char** argv);
 int run_bench_serve_command(int argc, char** argv);
 
 }  // namespace mx

@@ -12,11 +12,12 @@
 #include "runtime/engine.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/engine_flags.h"
 
 namespace mx {
 namespace {
 
-const std::vector<CliOption> kOptions = {
+const std::vector<CliOption> kCommandOptions = {
     {"model", true, "model directory (config.json + safetensors)"},
     {"backend", true, "cpu (default) or cuda"},
     {"prompt-ids", true, "one prompt as comma-separated token ids"},
@@ -29,16 +30,17 @@ const std::vector<CliOption> kOptions = {
     {"seed", true, "sampling seed (default 0)"},
     {"logits-out", true, "write prompt_{i}_logits (f32 [T_i, vocab]) to this safetensors file"},
     {"threads", true, "CPU backend threads (default: all cores)"},
-    {"page-size", true, "KV cache page size in tokens (default 16)"},
-    {"num-kv-pages", true, "KV pool size in pages (default: from a 256 MiB budget on the CPU)"},
-    {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
-    {"max-running-requests", true, "requests decoded together (default 64)"},
-    {"max-model-len", true, "longest prompt + output per request (default: the model's context)"},
-    {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes"},
     {"stats", false, "print engine counters (steps, preemptions, prefix hits) to stderr at the end"},
     {"log-level", true, "debug, info, warning (default) or error"},
     {"help", false, "show this help"},
 };
+
+std::vector<CliOption> options() {
+  std::vector<CliOption> all = kCommandOptions;
+  const auto engine = engine_cli_options();
+  all.insert(all.end() - 1, engine.begin(), engine.end());  // before --help
+  return all;
+}
 
 Result<std::vector<int32_t>> ids_from_json(const nlohmann::json& value, const std::string& where) {
   if (!value.is_array()) return invalid_argument(where + ": expected a JSON array of token ids");
@@ -105,21 +107,14 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(double top_p, args.get_double("top-p", 1.0));
   MX_ASSIGN_OR_RETURN(double min_p, args.get_double("min-p", 0.0));
   MX_ASSIGN_OR_RETURN(int64_t seed, args.get_int("seed", 0));
-  MX_ASSIGN_OR_RETURN(int64_t page_size, args.get_int("page-size", 16));
   if (max_new < 0) return invalid_argument("--max-new-tokens must be >= 0");
   if (temperature < 0) return invalid_argument("--temperature must be >= 0");
   if (top_k < 0) return invalid_argument("--top-k must be >= 0");
   if (!(top_p > 0 && top_p <= 1)) return invalid_argument("--top-p must be in (0, 1]");
   if (!(min_p >= 0 && min_p <= 1)) return invalid_argument("--min-p must be in [0, 1]");
-  if (page_size < 1 || page_size > 4096) return invalid_argument("--page-size must be in [1, 4096]");
 
   EngineConfig config;
-  config.page_size = page_size;
-  MX_ASSIGN_OR_RETURN(config.num_kv_pages, args.get_int("num-kv-pages", 0));
-  MX_ASSIGN_OR_RETURN(config.max_num_batched_tokens, args.get_int("max-num-batched-tokens", config.max_num_batched_tokens));
-  MX_ASSIGN_OR_RETURN(config.max_running_requests, args.get_int("max-running-requests", config.max_running_requests));
-  MX_ASSIGN_OR_RETURN(config.max_model_len, args.get_int("max-model-len", 0));
-  config.enable_prefix_cache = !args.has("no-prefix-cache");
+  MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
   const bool want_logits = args.has("logits-out");
   if (want_logits) config.max_prompt_logit_rows = config.max_num_batched_tokens;
 
@@ -179,7 +174,7 @@ Status run(const CliArgs& args) {
 }  // namespace
 
 int run_generate_command(int argc, char** argv) {
-  return run_cli_command(argc, argv, "generate", kOptions, run);
+  return run_cli_command(argc, argv, "generate", options(), run);
 }
 
 }  // namespace mx

@@ -17,7 +17,7 @@ constexpr Command kCommands[] = {
     {"make-model", mx::run_make_model_command, "write a synthetic gpt-oss checkpoint (random weights, real layout)"},
     {"tokenize", mx::run_tokenize_command, "text <-> token ids, one JSON value per line (stdin -> stdout)"},
     {"serve", mx::run_serve_command, "OpenAI-compatible HTTP server (generation not wired to the engine yet)"},
-    {"bench", mx::run_bench_command, "benchmarks: `bench serve` loads an OpenAI-compatible server"},
+    {"bench", mx::run_bench_command, "benchmarks: `bench latency` (in-process, vs floors), `bench serve` (load on a server)"},
 };
 
 void print_usage() {

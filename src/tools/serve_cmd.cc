@@ -38,7 +38,9 @@ const std::vector<CliOption> kOptions = {
     {"context-length", true, "maximum prompt + output tokens per request (default: the model's, capped by the KV pool)"},
     {"max-running-requests", true, "requests the engine runs at once (default 64)"},
     {"max-queued-requests", true, "requests waiting beyond those; more get 503 (default 1024)"},
-    {"num-kv-pages", true, "KV pool size in pages of 16 tokens (default: a 256 MiB budget on the CPU; needed with cuda)"},
+    {"num-kv-pages", true, "KV pool size in pages of 16 tokens (default: a 256 MiB budget on the CPU, --mem-fraction on cuda)"},
+    {"mem-fraction", true, "cuda: share of GPU memory for weights, activations and the KV pool (default 0.9)"},
+    {"disable-cuda-graph", false, "cuda: run decode steps eagerly instead of replaying CUDA graphs"},
     {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
     {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes"},
     {"shutdown-timeout", true, "seconds in-flight requests may finish after SIGTERM (default 30)"},
@@ -140,6 +142,8 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   config.max_running_requests = server_options.max_running_requests;
   config.max_queued_requests = server_options.max_queued_requests;
   MX_ASSIGN_OR_RETURN(config.num_kv_pages, args.get_int("num-kv-pages", 0));
+  MX_ASSIGN_OR_RETURN(config.mem_fraction, args.get_double("mem-fraction", config.mem_fraction));
+  config.enable_cuda_graphs = !args.has("disable-cuda-graph");
   MX_ASSIGN_OR_RETURN(config.max_num_batched_tokens, args.get_int("max-num-batched-tokens", config.max_num_batched_tokens));
   if (args.has("context-length")) config.max_model_len = server_options.context_length;
   config.enable_prefix_cache = !args.has("no-prefix-cache");

@@ -42,6 +42,11 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
   Status synchronize() override { return Status::ok(); }
+  Status copy(TensorView dst, const TensorView& src) override {
+    if (dst.bytes() != src.bytes()) return invalid_argument("copy: sizes differ");
+    std::memcpy(dst.data(), src.data(), static_cast<size_t>(src.bytes()));
+    return Status::ok();
+  }
 
   Result<TensorView> upload_weight(const TensorView& host, std::vector<Buffer>*) override {
     MX_RETURN_IF_ERROR(expect_host(host, "weight"));

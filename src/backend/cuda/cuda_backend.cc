@@ -53,6 +53,50 @@ class CudaReplayGraph final : public ReplayGraph {
   cudaStream_t stream_;
 };
 
+// CUDA events on the ops' stream; slot 0 is the reference of read().
+class CudaDeviceTimer final : public DeviceTimer {
+ public:
+  static Result<std::unique_ptr<DeviceTimer>> create(int64_t slots, cudaStream_t stream) {
+    auto t = std::unique_ptr<CudaDeviceTimer>(new CudaDeviceTimer(stream));
+    for (int64_t i = 0; i < slots; ++i) {
+      cudaEvent_t e = nullptr;
+      MX_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+      t->events_.emplace_back(e);
+    }
+    return std::unique_ptr<DeviceTimer>(std::move(t));
+  }
+  int64_t capacity() const override { return static_cast<int64_t>(events_.size()); }
+  Status hold(double seconds) override {
+    return launch_device_wait(static_cast<uint64_t>(std::max(0.0, seconds) * 1e9), stream_);
+  }
+  Status mark(int64_t slot) override {
+    if (slot < 0 || slot >= capacity()) return invalid_argument("timer slot out of range");
+    // Inside stream capture a plain record only marks a dependency; "external" makes it an event node
+    // that records when the graph runs.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream_, &capture));
+    const unsigned flags = capture == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0u;
+    MX_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(events_[static_cast<size_t>(slot)].get(), stream_, flags));
+    return Status::ok();
+  }
+  Result<std::vector<double>> read(int64_t count) override {
+    if (count < 1 || count > capacity()) return invalid_argument("timer read count out of range");
+    MX_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[static_cast<size_t>(count - 1)].get()));
+    std::vector<double> ms(static_cast<size_t>(count), 0.0);
+    for (int64_t i = 1; i < count; ++i) {
+      float v = 0;
+      MX_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&v, events_[0].get(), events_[static_cast<size_t>(i)].get()));
+      ms[static_cast<size_t>(i)] = v;
+    }
+    return ms;
+  }
+
+ private:
+  explicit CudaDeviceTimer(cudaStream_t stream) : stream_(stream) {}
+  cudaStream_t stream_;
+  std::vector<CudaEvent> events_;
+};
+
 // Private scratch, grown only outside graph capture.
 struct Scratch {
   Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling;
@@ -111,6 +155,24 @@ class CudaBackend final : public Backend {
     MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
     return Status::ok();
   }
+  Status copy(TensorView dst, const TensorView& src) override {
+    if (dst.bytes() != src.bytes()) return invalid_argument("copy: sizes differ");
+    MX_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(src.bytes()),
+                                            cudaMemcpyDeviceToDevice, stream_.get()));
+    return Status::ok();
+  }
+
+  std::string device_name() const override { return dev_.name; }
+  Result<DeviceMemory> memory_info() override {
+    size_t free = 0, total = 0;
+    MX_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    return DeviceMemory{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+  }
+  Result<std::unique_ptr<DeviceTimer>> make_timer(int64_t slots) override {
+    if (capturing_) return internal_error("make_timer during graph capture");
+    return CudaDeviceTimer::create(slots, stream_.get());
+  }
+  bool can_capture() const override { return true; }
 
   Result<TensorView> upload_weight(const TensorView& host, std::vector<Buffer>* owner) override {
     if (host.device() != Device::kCpu) return internal_error("upload_weight: source is not host memory");

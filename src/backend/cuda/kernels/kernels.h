@@ -178,4 +178,8 @@ struct SampleKernelParams {
 int64_t sample_scratch_bytes(int64_t rows, int64_t vocab);
 Status launch_sample(const SampleKernelParams& p, cudaStream_t stream);
 
+// One thread that waits `nanoseconds` on the device clock: queued before a profiled step so that the ops
+// queued behind it start back to back (their event marks then measure GPU time, not launch latency).
+Status launch_device_wait(uint64_t nanoseconds, cudaStream_t stream);
+
 }  // namespace mx::cuda

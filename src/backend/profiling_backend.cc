@@ -1,0 +1,101 @@
+#include "backend/profiling_backend.h"
+
+namespace mx {
+
+Status ProfilingBackend::start_timing(double hold_seconds, int64_t max_ops) {
+  if (!timer_ || timer_->capacity() < 2 * max_ops) {
+    MX_ASSIGN_OR_RETURN(timer_, inner_->make_timer(2 * max_ops));
+  }
+  hold_seconds_ = hold_seconds;
+  timing_ = true;
+  next_slot_ = 0;
+  ops_.clear();
+  op_slots_.clear();
+  return Status::ok();
+}
+
+template <typename F>
+Status ProfilingBackend::timed(const char* op, int64_t out_features, F&& run) {
+  if (!timing_) return run();
+  if (next_slot_ + 2 > timer_->capacity()) return resource_exhausted("profiled step has more ops than timer slots");
+  if (next_slot_ == 0 && !capturing_) MX_RETURN_IF_ERROR(timer_->hold(hold_seconds_));
+  const int64_t start = next_slot_++;
+  MX_RETURN_IF_ERROR(timer_->mark(start));
+  MX_RETURN_IF_ERROR(run());
+  const int64_t end = next_slot_++;
+  MX_RETURN_IF_ERROR(timer_->mark(end));
+  ops_.push_back({op, out_features, 0, 0});
+  op_slots_.emplace_back(start, end);
+  return Status::ok();
+}
+
+Result<std::vector<OpTiming>> ProfilingBackend::finish_timing() {
+  timing_ = false;
+  if (next_slot_ == 0) return std::vector<OpTiming>{};
+  MX_ASSIGN_OR_RETURN(std::vector<double> ms, timer_->read(next_slot_));
+  double prev_end = 0;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const auto [start, end] = op_slots_[i];
+    ops_[i].ms = ms[static_cast<size_t>(end)] - ms[static_cast<size_t>(start)];
+    ops_[i].gap_before_ms = i == 0 ? 0 : ms[static_cast<size_t>(start)] - prev_end;
+    prev_end = ms[static_cast<size_t>(end)];
+  }
+  return std::move(ops_);
+}
+
+std::vector<std::vector<int32_t>> ProfilingBackend::finish_routing() {
+  record_routing_ = false;
+  return std::move(routing_);
+}
+
+Status ProfilingBackend::copy_to_host(void* dst, const TensorView& src) {
+  if (!timing_ || next_slot_ == 0) return inner_->copy_to_host(dst, src);
+  return timed("copy_to_host", 0, [&] { return inner_->copy_to_host(dst, src); });
+}
+
+Status ProfilingBackend::embedding(const TensorView& table, const TensorView& token_ids, TensorView out) {
+  return timed("embedding", 0, [&] { return inner_->embedding(table, token_ids, out); });
+}
+Status ProfilingBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) {
+  return timed("rms_norm", 0, [&] { return inner_->rms_norm(x, weight, eps, out); });
+}
+Status ProfilingBackend::add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                                      TensorView out) {
+  return timed("add_rms_norm", 0, [&] { return inner_->add_rms_norm(residual, delta, weight, eps, out); });
+}
+Status ProfilingBackend::linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) {
+  return timed("linear", weight.dim(0), [&] { return inner_->linear(x, weight, bias, out); });
+}
+Status ProfilingBackend::qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
+  return timed("qkv_rope", 0, [&] { return inner_->qkv_rope(p, batch); });
+}
+Status ProfilingBackend::attention(const AttentionParams& p, const BatchView& batch) {
+  return timed("attention", 0, [&] { return inner_->attention(p, batch); });
+}
+Status ProfilingBackend::router_topk(const RouterParams& p) {
+  MX_RETURN_IF_ERROR(timed("router_topk", 0, [&] { return inner_->router_topk(p); }));
+  if (!record_routing_ || capturing_) return Status::ok();
+  std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));
+  MX_RETURN_IF_ERROR(inner_->copy_to_host(ids.data(), p.topk_ids));
+  routing_.push_back(std::move(ids));
+  return Status::ok();
+}
+Status ProfilingBackend::moe_experts(const MoeParams& p) {
+  return timed("moe_experts", 0, [&] { return inner_->moe_experts(p); });
+}
+Status ProfilingBackend::gather_rows(const TensorView& x, const TensorView& rows, TensorView out) {
+  return timed("gather_rows", 0, [&] { return inner_->gather_rows(x, rows, out); });
+}
+
+Status ProfilingBackend::sample(const SampleParams& p) {
+  return timed("sample", 0, [&] { return inner_->sample(p); });
+}
+
+Result<std::unique_ptr<ReplayGraph>> ProfilingBackend::capture(const std::function<Status()>& body) {
+  capturing_ = true;
+  auto graph = inner_->capture(body);
+  capturing_ = false;
+  return graph;
+}
+
+}  // namespace mx

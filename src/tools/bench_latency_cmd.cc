@@ -1,0 +1,448 @@
+// `mxserve bench latency`: prefill and decode latency per batch size, in-process through the real engine
+// path (EngineCore: scheduler, model runner, CUDA graphs, host sampling), each number beside its floor.
+//
+// Per batch size B: B random prompts of --input-len tokens arrive at once, greedy, --output-len tokens
+// each, eos ignored. TTFT = time from the arrival to a request's first token; prefill rate = all prompt
+// tokens / time until the last first token (chunked prefill steps may carry early requests' decodes);
+// TPOT = median time of the steps that decode all B requests and nothing else.
+// Floors: decode = bytes the step must read (dense weights, the distinct experts the batch activates,
+// KV at the mid-decode context) / measured copy bandwidth; prefill = FLOPs / measured GEMM rate.
+// --breakdown: one decode step per batch size captured as a graph with a timer mark around every backend
+// op (padded like the engine's own graph) and replayed, summed per category; "idle" is the engine's
+// replayed step time minus all of them (host work: scheduling, staging, launch). The routing is recorded
+// in a second, eager step. Also one prefill step of one prompt, eager behind a device hold.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/profiling_backend.h"
+#include "core/log.h"
+#include "model/gpt_oss_cost.h"
+#include "model/synthetic_checkpoint.h"
+#include "runtime/engine_core.h"
+#include "tools/bench_probes.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+#include "tools/engine_flags.h"
+
+namespace mx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::ordered_json;
+
+#ifdef MX_HAVE_CUDA
+constexpr const char* kDefaultBackend = "cuda";
+#else
+constexpr const char* kDefaultBackend = "cpu";
+#endif
+
+const std::vector<CliOption> kCommandOptions = {
+    {"model", true, "model directory (config.json + safetensors)"},
+    {"preset", true, "instead of --model: gpt-oss-20b, gpt-oss-120b, demo or tiny synthetic weights made in memory"},
+    {"seed", true, "seed of synthetic weights and prompts (default 0)"},
+    {"backend", true, "cuda (default in CUDA builds) or cpu"},
+    {"threads", true, "CPU backend threads (default: all cores)"},
+    {"batch-size", true, "comma-separated batch sizes (default 1,8,32,128)"},
+    {"input-len", true, "prompt tokens per request (default 1024)"},
+    {"output-len", true, "generated tokens per request (default 128)"},
+    {"json", true, "also write the results as JSON to this file"},
+    {"breakdown", false, "GPU time of one decode step per op category (eager, instrumented)"},
+    {"log-level", true, "debug, info (default), warning or error"},
+    {"help", false, "show this help"},
+};
+
+std::vector<CliOption> options() {
+  std::vector<CliOption> all = kCommandOptions;
+  const auto engine = engine_cli_options();
+  all.insert(all.end() - 1, engine.begin(), engine.end());
+  return all;
+}
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+const char* op_category(const OpTiming& op, int64_t vocab) {
+  if (op.op == "attention") return "attention";
+  if (op.op == "moe_experts" || op.op == "router_topk") return "moe";
+  if (op.op == "linear") return op.out_features == vocab ? "logits" : "dense_gemm";
+  if (op.op == "gather_rows" || op.op == "sample") return "logits";
+  if (op.op == "copy_to_host") return "logits_to_host";
+  return "norms_rope_small";
+}
+
+constexpr const char* kCategories[] = {"attention", "moe", "dense_gemm", "norms_rope_small", "logits", "logits_to_host"};
+
+struct Setup {
+  std::vector<int64_t> batch_sizes;
+  int64_t input_len = 0, output_len = 0;
+  uint64_t seed = 0;
+  bool breakdown = false;
+};
+
+// One eager decode step timed op by op, and one that records the routing.
+struct Breakdown {
+  std::vector<OpTiming> ops;
+  double host_sampling_ms = 0;
+  double experts_per_layer = 0;  // distinct experts over the batch's real rows, mean over layers
+  std::string error;             // why the breakdown could not be taken (the run goes on)
+};
+
+struct BatchResult {
+  int64_t batch = 0;
+  std::vector<double> ttft_s;
+  double prefill_s = 0;
+  std::vector<double> decode_step_s;
+  int64_t steps = 0;
+  std::optional<Breakdown> breakdown;
+};
+
+Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t batch, int64_t top_k, Breakdown* out,
+                           std::vector<RequestOutput>* outputs) {
+  core.runner().set_profile_capture(true);
+  MX_RETURN_IF_ERROR(prof.start_timing(0));
+  core.step(outputs);
+  auto ops = prof.finish_timing();
+  core.runner().set_profile_capture(false);
+  MX_RETURN_IF_ERROR(core.runner().profile_status());
+  if (!ops.is_ok()) return ops.status();
+  out->ops = std::move(*ops);
+  out->host_sampling_ms = core.runner().last_sample_seconds() * 1e3;
+  // Router outputs are copied to the host after each router call: an eager step (padded the same way).
+  core.runner().set_graph_replay(false);
+  prof.start_routing_record();
+  core.step(outputs);
+  const auto routing = prof.finish_routing();
+  core.runner().set_graph_replay(true);
+  double distinct = 0;
+  for (const auto& ids : routing) {
+    const size_t real = std::min(ids.size(), static_cast<size_t>(batch * top_k));
+    distinct += static_cast<double>(std::set<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(real)).size());
+  }
+  out->experts_per_layer = routing.empty() ? 0 : distinct / static_cast<double>(routing.size());
+  return Status::ok();
+}
+
+Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const GptOssConfig& mc, int64_t batch,
+                              int64_t input_len, int64_t output_len, uint64_t seed, bool breakdown, RequestId* next_id) {
+  std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(batch));
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(mc.vocab_size - 1));
+  std::map<RequestId, int64_t> index;
+  for (int64_t i = 0; i < batch; ++i) {
+    RequestInput in;
+    in.prompt.resize(static_cast<size_t>(input_len));
+    for (auto& t : in.prompt) t = token(rng);
+    in.max_tokens = output_len;
+    in.ignore_eos = true;
+    in.sampling.temperature = 0;  // greedy
+    const RequestId id = (*next_id)++;
+    index[id] = i;
+    MX_RETURN_IF_ERROR(core.add_request(id, std::move(in)));
+  }
+  BatchResult r;
+  r.batch = batch;
+  r.ttft_s.assign(static_cast<size_t>(batch), -1);
+  int64_t have_first = 0, full_decodes = 0;
+  std::vector<RequestOutput> outputs;
+  const auto start = Clock::now();
+  while (core.has_work()) {
+    const SchedulerStats before = core.stats().scheduler;
+    // Mid-decode, once: the instrumented steps (kept out of the TPOT sample).
+    if (breakdown && !r.breakdown && have_first == batch && full_decodes == std::max<int64_t>(1, output_len / 2) &&
+        core.stats().num_running == batch) {
+      Breakdown b;
+      const Status st = run_breakdown_steps(core, prof, batch, mc.experts_per_token, &b, &outputs);
+      if (!st.is_ok()) {
+        b.error = st.to_string();
+        MX_LOG(Error) << "breakdown at batch " << batch << ": " << b.error;
+      }
+      r.breakdown = std::move(b);
+      r.steps += 2;
+      for (const RequestOutput& o : outputs)
+        if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
+      continue;
+    }
+    const auto t = Clock::now();
+    core.step(&outputs);
+    const double dt = since(t);
+    ++r.steps;
+    const SchedulerStats after = core.stats().scheduler;
+    for (const RequestOutput& o : outputs) {
+      if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
+      const auto i = static_cast<size_t>(index.at(o.id));
+      if (!o.token_ids.empty() && r.ttft_s[i] < 0) {
+        r.ttft_s[i] = since(start);
+        ++have_first;
+        if (have_first == batch) r.prefill_s = since(start);
+      }
+    }
+    const int64_t computed = after.computed_tokens - before.computed_tokens;
+    const int64_t generated = after.generated_tokens - before.generated_tokens;
+    if (computed == batch && generated == batch) {
+      r.decode_step_s.push_back(dt);
+      ++full_decodes;
+    }
+  }
+  return r;
+}
+
+json breakdown_json(const Breakdown& b, int64_t vocab, double replay_step_ms, double* idle_ms) {
+  std::map<std::string, double> cat;
+  json ops = json::array();
+  double device_gaps = 0, sum = 0;
+  for (const OpTiming& op : b.ops) {
+    cat[op_category(op, vocab)] += op.ms;
+    device_gaps += op.gap_before_ms;
+    sum += op.ms;
+  }
+  // Per op name (and linear width), summed over layers.
+  std::map<std::string, std::pair<double, int64_t>> by_op;
+  for (const OpTiming& op : b.ops) {
+    const std::string key = op.op == "linear" ? "linear[" + std::to_string(op.out_features) + "]" : op.op;
+    by_op[key].first += op.ms;
+    by_op[key].second += 1;
+  }
+  for (const auto& [name, v] : by_op) ops.push_back({{"op", name}, {"calls", v.second}, {"ms", v.first}});
+  sum += b.host_sampling_ms;
+  *idle_ms = replay_step_ms - sum;
+  json j;
+  json categories = json::object();
+  for (const char* c : kCategories) categories[c] = cat[c];
+  categories["sampling_host"] = b.host_sampling_ms;
+  if (replay_step_ms > 0) categories["idle_gaps"] = *idle_ms;
+  j["categories_ms"] = categories;
+  j["ops_sum_ms"] = sum;
+  j["replayed_step_ms"] = replay_step_ms;
+  j["device_gaps_between_ops_ms"] = device_gaps;
+  j["experts_per_layer_counted"] = b.experts_per_layer;
+  if (!b.error.empty()) j["error"] = b.error;
+  j["ops"] = ops;
+  return j;
+}
+
+Status run(const CliArgs& args) {
+  const auto process_start = Clock::now();
+  LogLevel level = LogLevel::kInfo;
+  if (args.has("log-level") && !parse_log_level(args.get("log-level"), &level)) return invalid_argument("unknown --log-level");
+  set_log_level(level);
+  if (args.has("model") == args.has("preset")) return invalid_argument("give exactly one of --model or --preset");
+  Setup s;
+  MX_ASSIGN_OR_RETURN(s.batch_sizes, parse_int_list(args.get("batch-size", "1,8,32,128")));
+  MX_ASSIGN_OR_RETURN(s.input_len, args.get_int("input-len", 1024));
+  MX_ASSIGN_OR_RETURN(s.output_len, args.get_int("output-len", 128));
+  MX_ASSIGN_OR_RETURN(int64_t seed, args.get_int("seed", 0));
+  MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
+  s.seed = static_cast<uint64_t>(seed);
+  s.breakdown = args.has("breakdown");
+  for (int64_t b : s.batch_sizes)
+    if (b < 1 || b > 4096) return invalid_argument("--batch-size values must be in [1, 4096]");
+  if (s.input_len < 1 || s.output_len < 2) return invalid_argument("--input-len must be >= 1 and --output-len >= 2");
+  if (threads < 0 || threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
+  const int64_t max_batch = *std::max_element(s.batch_sizes.begin(), s.batch_sizes.end());
+
+  BackendOptions bo;
+  bo.name = args.get("backend", kDefaultBackend);
+  bo.num_threads = static_cast<int>(threads);
+  MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
+  ProfilingBackend backend(std::move(inner));
+  if (s.breakdown && !backend.make_timer(2).is_ok())
+    return invalid_argument("--breakdown needs a backend with a device timer (cuda)");
+
+  const auto load_start = Clock::now();
+  std::unique_ptr<GptOssModel> model;
+  double synth_s = 0;
+  if (args.has("model")) {
+    MX_ASSIGN_OR_RETURN(model, GptOssModel::load(args.get("model"), backend));
+  } else {
+    MX_ASSIGN_OR_RETURN(GptOssConfig config, synthetic_preset(args.get("preset")));
+    SyntheticOptions so;
+    so.seed = s.seed;
+    so.threads = static_cast<int>(threads);
+    MX_ASSIGN_OR_RETURN(Checkpoint ckpt, synthetic_checkpoint_in_memory(config, so));
+    synth_s = since(load_start);
+    MX_ASSIGN_OR_RETURN(model, GptOssModel::from_checkpoint(config, synthetic_generation_config(), std::move(ckpt), backend));
+  }
+  const double load_s = since(load_start);
+  const GptOssConfig& mc = model->config();
+
+  EngineConfig config;
+  config.max_running_requests = max_batch;
+  config.max_num_batched_tokens = std::max<int64_t>(16384, s.input_len);
+  config.max_model_len = s.input_len + s.output_len;
+  MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
+  config.enable_prefix_cache = false;  // every prompt is new anyway; no reuse across batch sizes
+  const auto engine_start = Clock::now();
+  MX_ASSIGN_OR_RETURN(auto core, EngineCore::create(*model, config));
+  const double engine_s = since(engine_start);
+  const double ready_s = since(process_start);
+  const RunnerStartup& startup = core->runner().startup();
+
+  MX_ASSIGN_OR_RETURN(DeviceProbes probes, measure_device_probes(backend));
+  std::fprintf(stderr, "device %s: copy %.2f TB/s (r+w), bf16 GEMM %.0f TFLOP/s at n=%lld (%s)\n",
+               backend.device_name().c_str(), probes.copy_bytes_per_s / 1e12, probes.gemm_flops_per_s / 1e12,
+               static_cast<long long>(probes.gemm_n), probes.clock.c_str());
+
+  // Warm-up: library plans for prefill shapes, first-touch costs.
+  RequestId next_id = 1;
+  MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, mc, std::min<int64_t>(max_batch, 4), s.input_len,
+                                           std::min<int64_t>(s.output_len, 4), s.seed + 99, false, &next_id));
+  (void)warm;
+
+  json results = json::array();
+  std::printf("%6s %10s %10s %12s %8s %10s %10s %8s %10s\n", "batch", "TTFT ms", "TTFTmax", "prefill t/s", "of flr",
+              "TPOT ms", "decode t/s", "of flr", "experts/L");
+  for (int64_t b : s.batch_sizes) {
+    MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, mc, b, s.input_len, s.output_len, s.seed, s.breakdown, &next_id));
+    const double tpot = median(r.decode_step_s);
+    const double expected_experts = expected_distinct_experts(mc.num_experts, mc.experts_per_token, b);
+    const double experts = r.breakdown && r.breakdown->experts_per_layer > 0 ? r.breakdown->experts_per_layer : expected_experts;
+    const int64_t mid_context = s.input_len + s.output_len / 2;
+    const DecodeStepBytes bytes = decode_step_bytes(mc, b, experts, mid_context, dtype_bytes(backend.kv_dtype(), 1));
+    const double decode_floor = bytes.total() / probes.copy_bytes_per_s;
+    const double flops = prefill_flops(mc, s.input_len, b);
+    const double prefill_floor = flops / probes.gemm_flops_per_s;
+    const double prefill_rate = static_cast<double>(b * s.input_len) / r.prefill_s;
+    json j;
+    j["batch_size"] = b;
+    j["ttft_ms_mean"] = mean(r.ttft_s) * 1e3;
+    j["ttft_ms_max"] = r.prefill_s * 1e3;
+    j["prefill_tokens_per_s"] = prefill_rate;
+    j["prefill_flops"] = flops;
+    j["prefill_floor_ms"] = prefill_floor * 1e3;
+    j["prefill_of_floor"] = prefill_floor / r.prefill_s;
+    j["tpot_ms_median"] = tpot * 1e3;
+    j["tpot_ms_mean"] = mean(r.decode_step_s) * 1e3;
+    j["decode_steps_measured"] = r.decode_step_s.size();
+    j["decode_tokens_per_s"] = tpot > 0 ? static_cast<double>(b) / tpot : 0;
+    j["decode_floor_ms"] = decode_floor * 1e3;
+    j["decode_of_floor"] = tpot > 0 ? decode_floor / tpot : 0;
+    j["decode_floor_bytes"] = {{"dense", bytes.dense}, {"experts", bytes.experts}, {"kv", bytes.kv},
+                               {"total", bytes.total()}, {"kv_context", mid_context}};
+    j["experts_per_layer_expected"] = expected_experts;
+    j["experts_per_layer_used"] = experts;
+    j["engine_steps"] = r.steps;
+    std::printf("%6lld %10.2f %10.2f %12.0f %7.1f%% %10.3f %10.0f %7.1f%% %10.1f\n", static_cast<long long>(b),
+                mean(r.ttft_s) * 1e3, r.prefill_s * 1e3, prefill_rate, 100 * prefill_floor / r.prefill_s, tpot * 1e3,
+                j["decode_tokens_per_s"].get<double>(), 100 * j["decode_of_floor"].get<double>(), experts);
+    if (r.breakdown) {
+      double idle = 0;
+      j["breakdown"] = breakdown_json(*r.breakdown, mc.vocab_size, tpot * 1e3, &idle);
+      std::printf("       decode step at batch %lld (ms):", static_cast<long long>(b));
+      for (const auto& [k, v] : j["breakdown"]["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+    results.push_back(j);
+  }
+
+  json prefill_breakdown;
+  if (s.breakdown) {
+    // One prompt's prefill step, eager (no graphs for prefill) behind a device hold.
+    RequestInput in;
+    std::mt19937_64 rng(s.seed + 7);
+    for (int64_t i = 0; i < s.input_len; ++i) in.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(mc.vocab_size)));
+    in.max_tokens = 1;
+    MX_RETURN_IF_ERROR(core->add_request(next_id++, std::move(in)));
+    MX_RETURN_IF_ERROR(backend.start_timing(0.5));
+    std::vector<RequestOutput> outputs;
+    const auto t = Clock::now();
+    core->step(&outputs);
+    const double wall_ms = since(t) * 1e3;
+    auto ops = backend.finish_timing();
+    while (core->has_work()) core->step(&outputs);
+    Breakdown b;
+    if (ops.is_ok()) b.ops = std::move(*ops);
+    else b.error = ops.status().to_string();
+    b.host_sampling_ms = core->runner().last_sample_seconds() * 1e3;
+    double unused = 0;
+    prefill_breakdown = breakdown_json(b, mc.vocab_size, 0, &unused);
+    prefill_breakdown["prompt_tokens"] = s.input_len;
+    prefill_breakdown["step_wall_ms_including_hold"] = wall_ms;
+    std::printf("prefill step, one %lld-token prompt (ms):", static_cast<long long>(s.input_len));
+    for (const auto& [k, v] : prefill_breakdown["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
+    std::printf("\n");
+  }
+
+  json out;
+  out["bench"] = "latency";
+  const char* commit = std::getenv("MX_COMMIT");
+  out["commit"] = commit ? commit : "unknown";
+  out["device"] = backend.device_name();
+  out["backend"] = backend.name();
+  out["model"] = args.has("model") ? args.get("model") : "preset:" + args.get("preset");
+  out["input_len"] = s.input_len;
+  out["output_len"] = s.output_len;
+  out["cuda_graphs"] = !startup.graph_batch_sizes.empty();
+  out["probes"] = {{"copy_tb_per_s_read_plus_write", probes.copy_bytes_per_s / 1e12},
+                   {"copy_bytes", probes.copy_bytes},
+                   {"gemm_tflops_bf16", probes.gemm_flops_per_s / 1e12},
+                   {"gemm_n", probes.gemm_n},
+                   {"clock", probes.clock},
+                   {"floors", "decode: bytes / copy bandwidth; prefill: FLOPs / measured GEMM rate"}};
+  json st;
+  st["ready_s"] = ready_s;
+  st["load_s"] = load_s;
+  st["synthesize_in_memory_s"] = synth_s;
+  st["engine_create_s"] = engine_s;
+  st["graph_capture_s"] = startup.capture_seconds;
+  st["graph_bytes"] = startup.graph_bytes;
+  st["graph_batch_sizes"] = startup.graph_batch_sizes;
+  st["weights_bytes"] = model->device_weight_bytes();
+  st["kv_pages"] = startup.kv_pages;
+  st["kv_tokens"] = startup.kv_pages * config.page_size;
+  st["kv_bytes"] = startup.kv_bytes;
+  if (startup.planned) {
+    const KvMemoryInputs& m = startup.memory;
+    st["plan"] = {{"device_bytes", m.device_bytes},   {"mem_fraction", m.mem_fraction},
+                  {"weights_bytes", m.weights_bytes}, {"activation_bytes", m.activation_bytes},
+                  {"other_bytes", m.other_bytes},     {"bytes_per_token", m.bytes_per_token},
+                  {"kv_tokens", startup.plan.kv_tokens}, {"max_model_len", m.max_model_len},
+                  {"full_context_requests", startup.plan.full_context_requests},
+                  {"text", describe_kv_memory_plan(m, startup.plan)}};
+    // The same plan on an 80 GB H100 (81,559 MiB as the driver reports it) at the model's full context.
+    KvMemoryInputs h100 = m;
+    h100.device_bytes = 81559ll << 20;
+    h100.max_model_len = mc.max_position_embeddings;
+    auto plan = plan_kv_memory(h100);
+    st["plan_on_h100_80gb"] = plan.is_ok() ? json(describe_kv_memory_plan(h100, *plan)) : json(plan.status().message());
+    KvMemoryInputs full = m;
+    full.max_model_len = mc.max_position_embeddings;
+    auto here = plan_kv_memory(full);
+    if (here.is_ok()) st["plan_at_full_context"] = describe_kv_memory_plan(full, *here);
+  }
+  out["startup"] = st;
+  out["results"] = results;
+  if (s.breakdown) out["prefill_breakdown"] = prefill_breakdown;
+  std::fprintf(stderr, "ready in %.1f s (load %.1f s, engine %.1f s, graphs %.2f s)\n", ready_s, load_s, engine_s,
+               startup.capture_seconds);
+  if (args.has("json")) {
+    std::ofstream f(args.get("json"));
+    f << out.dump(2) << "\n";
+    if (!f) return io_error("cannot write " + args.get("json"));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int run_bench_latency_command(int argc, char** argv) { return run_cli_command(argc, argv, "bench latency", options(), run); }
+
+}  // namespace mx

@@ -1,0 +1,36 @@
+#include "tools/engine_flags.h"
+
+namespace mx {
+
+std::vector<CliOption> engine_cli_options() {
+  return {
+      {"page-size", true, "KV cache page size in tokens (default 16)"},
+      {"mem-fraction", true, "CUDA: share of device memory for weights, activations and the KV pool (default 0.9)"},
+      {"num-kv-pages", true, "KV pool size in pages; overrides --mem-fraction (CPU default: a 256 MiB pool)"},
+      {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
+      {"max-running-requests", true, "requests decoded together"},
+      {"max-model-len", true, "longest prompt + output per request (default: the model's context)"},
+      {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes"},
+      {"disable-cuda-graph", false, "run decode steps eagerly instead of replaying captured CUDA graphs"},
+      {"cuda-graph-batch-sizes", true, "decode batch sizes to capture, e.g. 1,2,4,8 (default 1,2,4,8..512)"},
+  };
+}
+
+Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
+  MX_ASSIGN_OR_RETURN(c->page_size, args.get_int("page-size", c->page_size));
+  MX_ASSIGN_OR_RETURN(c->mem_fraction, args.get_double("mem-fraction", c->mem_fraction));
+  MX_ASSIGN_OR_RETURN(c->num_kv_pages, args.get_int("num-kv-pages", c->num_kv_pages));
+  MX_ASSIGN_OR_RETURN(c->max_num_batched_tokens, args.get_int("max-num-batched-tokens", c->max_num_batched_tokens));
+  MX_ASSIGN_OR_RETURN(c->max_running_requests, args.get_int("max-running-requests", c->max_running_requests));
+  MX_ASSIGN_OR_RETURN(c->max_model_len, args.get_int("max-model-len", c->max_model_len));
+  if (args.has("no-prefix-cache")) c->enable_prefix_cache = false;
+  if (args.has("disable-cuda-graph")) c->enable_cuda_graphs = false;
+  if (args.has("cuda-graph-batch-sizes")) {
+    auto sizes = parse_int_list(args.get("cuda-graph-batch-sizes"));
+    if (!sizes.is_ok()) return sizes.status().with_context("--cuda-graph-batch-sizes");
+    c->cuda_graph_batch_sizes = *sizes;
+  }
+  return Status::ok();
+}
+
+}  // namespace mx

@@ -1,0 +1,18 @@
+// The engine flags shared by the subcommands that run an Engine (generate, serve, bench latency): one list
+// of options and one reader, so the flags mean the same everywhere.
+#pragma once
+
+#include <vector>
+
+#include "runtime/engine_config.h"
+#include "tools/cli_args.h"
+
+namespace mx {
+
+std::vector<CliOption> engine_cli_options();
+
+// Overwrites the fields of `config` whose flags were given; the others keep their values (a command's own
+// defaults). Ranges are checked later by resolve_engine_config, with one message per bad field.
+Status read_engine_flags(const CliArgs& args, EngineConfig* config);
+
+}  // namespace mx

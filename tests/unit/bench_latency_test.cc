@@ -1,0 +1,78 @@
+// `mxserve bench latency` on the CPU backend with the tiny preset (the contract of its JSON; speed is
+// measured on GPUs only), the floors' cost model against PERF-GOALS.md's byte counts, and the default
+// CUDA graph batch sizes.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "model/gpt_oss_cost.h"
+#include "model/synthetic_checkpoint.h"
+#include "runtime/engine_config.h"
+#include "test_util.h"
+
+namespace mx {
+namespace {
+
+TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
+  test::TempDir dir;
+  const auto r = test::run_mxserve("bench latency --preset tiny --backend cpu --threads 2 --batch-size 1,3 --input-len 12"
+                                   " --output-len 6 --max-num-batched-tokens 16 --json " + dir.file("out.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  const auto j = nlohmann::json::parse(test::read_file(dir.file("out.json")));
+  EXPECT_EQ(j["bench"], "latency");
+  EXPECT_EQ(j["model"], "preset:tiny");
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& res : j["results"]) {
+    EXPECT_GT(res["ttft_ms_mean"].get<double>(), 0);
+    EXPECT_GT(res["tpot_ms_median"].get<double>(), 0);
+    EXPECT_GT(res["decode_floor_ms"].get<double>(), 0);
+    EXPECT_GT(res["prefill_floor_ms"].get<double>(), 0);
+    EXPECT_GT(res["decode_steps_measured"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(j["results"][1]["batch_size"], 3);
+  EXPECT_GT(j["startup"]["kv_tokens"].get<int64_t>(), 0);
+  EXPECT_NE(r.stdout_text.find("TPOT ms"), std::string::npos);
+
+  const auto both = test::run_mxserve("bench latency --preset tiny --model x --backend cpu");
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_NE(both.stderr_text.find("exactly one of --model or --preset"), std::string::npos);
+  const auto breakdown = test::run_mxserve("bench latency --preset tiny --backend cpu --breakdown");
+  EXPECT_EQ(breakdown.exit_code, 1);
+  EXPECT_NE(breakdown.stderr_text.find("device timer"), std::string::npos);
+  const auto unknown = test::run_mxserve("bench nosuch");
+  EXPECT_EQ(unknown.exit_code, 2);
+}
+
+TEST(GptOssCost, DecodeBytesMatchPerfGoals) {
+  // PERF-GOALS.md: 3.708 GB (20b) and 5.003 GB (120b) of weights per decoded token at batch 1.
+  for (const auto& [preset, want] : {std::pair{"gpt-oss-20b", 3.708e9}, std::pair{"gpt-oss-120b", 5.003e9}}) {
+    const GptOssConfig c = *synthetic_preset(preset);
+    const DecodeStepBytes b = decode_step_bytes(c, 1, 4, 1);
+    EXPECT_NEAR(b.dense + b.experts, want, 0.01 * want) << preset;
+  }
+  const GptOssConfig c = *synthetic_preset("gpt-oss-20b");
+  // KV at 1K context: 12 full layers x 1024 keys + 12 sliding x 128, K and V, 8 x 64 bf16.
+  EXPECT_DOUBLE_EQ(decode_step_bytes(c, 2, 4, 1024).kv, 2.0 * (12 * 1024 + 12 * 128) * 2 * 512 * 2);
+  EXPECT_NEAR(expected_distinct_experts(32, 4, 1), 4.0, 1e-9);
+  EXPECT_NEAR(expected_distinct_experts(32, 4, 1000), 32.0, 1e-6);
+  // 20b is ~3.6B active parameters per token of which ~0.58B embedding/lm_head: ~6.1 GFLOP per prompt token.
+  const double per_token = prefill_flops(c, 1024, 1) / 1024;
+  EXPECT_GT(per_token, 6.0e9);
+  EXPECT_LT(per_token, 6.6e9);
+}
+
+TEST(EngineConfig, CudaGraphBatchSizes) {
+  EngineConfig c;
+  c.max_running_requests = 100;
+  EXPECT_EQ(cuda_graph_batch_sizes(c),
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96}));
+  c.max_running_requests = 1024;
+  EXPECT_EQ(cuda_graph_batch_sizes(c).back(), 512);
+  c.max_num_batched_tokens = 4;
+  EXPECT_EQ(cuda_graph_batch_sizes(c), (std::vector<int64_t>{1, 2, 4}));
+  c.cuda_graph_batch_sizes = {8, 3, 3, 1};
+  EXPECT_EQ(cuda_graph_batch_sizes(c), (std::vector<int64_t>{1, 3}));
+}
+
+}  // namespace
+}  // namespace mx
