@@ -268,6 +268,15 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     profiled = once.is_ok() ? (*once)->replay() : once.status();  // first launch of a fresh graph: upload costs
     if (profiled.is_ok()) profiled = (*once)->replay();            // the measured one
     profile_status_ = profiled;
+    profile_graph_ms_ = 0;
+    auto timer = model_.backend().make_timer(2);
+    if (profiled.is_ok() && timer.is_ok()) {
+      MX_RETURN_IF_ERROR((*timer)->mark(0));
+      MX_RETURN_IF_ERROR(graph->graph->replay());
+      MX_RETURN_IF_ERROR((*timer)->mark(1));
+      MX_ASSIGN_OR_RETURN(auto ms, (*timer)->read(2));
+      profile_graph_ms_ = ms[1];
+    }
   }
   if (graph && replay_ && profile_capture_ && profiled.is_ok()) {
     // done above

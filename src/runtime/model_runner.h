@@ -54,6 +54,9 @@ class ModelRunner {
   void set_profile_capture(bool on) { profile_capture_ = on, profile_status_ = Status::ok(); }
   // Why the last profiling capture failed (the step then replayed the engine's graph), else ok.
   const Status& profile_status() const { return profile_status_; }
+  // GPU milliseconds of the engine's own graph for the last profiled step (replayed once more between two
+  // timer marks: the baseline the profiled graph's per-op marks are compared with); 0 when unknown.
+  double profile_graph_ms() const { return profile_graph_ms_; }
   const RunnerStartup& startup() const { return startup_; }
   // Host time the last step spent sampling on the host (0 when the backend's sample op ran).
   double last_sample_seconds() const { return last_sample_seconds_; }
@@ -99,6 +102,7 @@ class ModelRunner {
   bool replay_ = true;
   bool profile_capture_ = false;
   Status profile_status_ = Status::ok();
+  double profile_graph_ms_ = 0;
   RunnerStartup startup_;
   double last_sample_seconds_ = 0;
   int64_t num_graph_replays_ = 0, num_padded_steps_ = 0;

@@ -8,9 +8,10 @@
 // Floors: decode = bytes the step must read (dense weights, the distinct experts the batch activates,
 // KV at the mid-decode context) / measured copy bandwidth; prefill = FLOPs / measured GEMM rate.
 // --breakdown: one decode step per batch size captured as a graph with a timer mark around every backend
-// op (padded like the engine's own graph) and replayed, summed per category; "idle" is the engine's
-// replayed step time minus all of them (host work: scheduling, staging, launch). The routing is recorded
-// in a second, eager step. Also one prefill step of one prompt, eager behind a device hold.
+// op (padded like the engine's own graph) and replayed, summed per category (mark overhead removed, see
+// breakdown_json); "idle" is the step time minus the engine's graph, logits copy and host sampling. The
+// routing is recorded in a second, eager step. Also one prefill step of one prompt, eager behind a device
+// hold.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -102,6 +103,7 @@ struct Setup {
 struct Breakdown {
   std::vector<OpTiming> ops;
   double host_sampling_ms = 0;
+  double engine_graph_ms = 0;    // the engine's own graph for the same step, GPU time (0: eager step)
   double experts_per_layer = 0;  // distinct experts over the batch's real rows, mean over layers
   std::string error;             // why the breakdown could not be taken (the run goes on)
 };
@@ -126,6 +128,7 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   if (!ops.is_ok()) return ops.status();
   out->ops = std::move(*ops);
   out->host_sampling_ms = core.runner().last_sample_seconds() * 1e3;
+  out->engine_graph_ms = core.runner().profile_graph_ms();
   // Router outputs are copied to the host after each router call: an eager step (padded the same way).
   core.runner().set_graph_replay(false);
   prof.start_routing_record();
@@ -204,34 +207,52 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Gp
   return r;
 }
 
-json breakdown_json(const Breakdown& b, int64_t vocab, double replay_step_ms, double* idle_ms) {
-  std::map<std::string, double> cat;
-  json ops = json::array();
-  double device_gaps = 0, sum = 0;
+// Per category: GPU time of the ops (timer marks around each). In a captured graph every mark is an event
+// node that costs the GPU about a microsecond; that overhead, measured as (marked graph's span - the
+// engine's own graph) / ops, is taken off each op. "idle_gaps" = the engine's step time (TPOT) minus the
+// engine's graph, the logits copy and host sampling: host work between graph launches (scheduling,
+// staging, launch).
+json breakdown_json(const Breakdown& b, int64_t vocab, double step_ms, double* idle_ms) {
+  double span = 0, copy_ms = 0;
+  int64_t captured = 0;
   for (const OpTiming& op : b.ops) {
-    cat[op_category(op, vocab)] += op.ms;
-    device_gaps += op.gap_before_ms;
-    sum += op.ms;
+    if (op.op == "copy_to_host") {
+      copy_ms += op.ms;
+      continue;
+    }
+    span += op.ms + (captured > 0 ? op.gap_before_ms : 0);
+    ++captured;
   }
-  // Per op name (and linear width), summed over layers.
-  std::map<std::string, std::pair<double, int64_t>> by_op;
+  const double per_op = b.engine_graph_ms > 0 && captured > 0 ? std::max(0.0, (span - b.engine_graph_ms) / captured) : 0;
+  std::map<std::string, double> cat;
+  std::map<std::string, std::pair<double, int64_t>> by_op;  // per op name (and linear width), over layers
+  double sum = 0;
   for (const OpTiming& op : b.ops) {
+    const double ms = op.op == "copy_to_host" ? op.ms : std::max(0.0, op.ms - per_op);
+    cat[op_category(op, vocab)] += ms;
+    sum += ms;
     const std::string key = op.op == "linear" ? "linear[" + std::to_string(op.out_features) + "]" : op.op;
-    by_op[key].first += op.ms;
+    by_op[key].first += ms;
     by_op[key].second += 1;
   }
+  json ops = json::array();
   for (const auto& [name, v] : by_op) ops.push_back({{"op", name}, {"calls", v.second}, {"ms", v.first}});
   sum += b.host_sampling_ms;
-  *idle_ms = replay_step_ms - sum;
-  json j;
   json categories = json::object();
   for (const char* c : kCategories) categories[c] = cat[c];
   categories["sampling_host"] = b.host_sampling_ms;
-  if (replay_step_ms > 0) categories["idle_gaps"] = *idle_ms;
+  *idle_ms = 0;
+  if (step_ms > 0 && b.engine_graph_ms > 0) {
+    *idle_ms = step_ms - b.engine_graph_ms - copy_ms - b.host_sampling_ms;
+    categories["idle_gaps"] = *idle_ms;
+  }
+  json j;
   j["categories_ms"] = categories;
   j["ops_sum_ms"] = sum;
-  j["replayed_step_ms"] = replay_step_ms;
-  j["device_gaps_between_ops_ms"] = device_gaps;
+  j["step_ms"] = step_ms;
+  j["engine_graph_gpu_ms"] = b.engine_graph_ms;
+  j["marked_graph_span_ms"] = span;
+  j["mark_overhead_per_op_ms"] = per_op;
   j["experts_per_layer_counted"] = b.experts_per_layer;
   if (!b.error.empty()) j["error"] = b.error;
   j["ops"] = ops;

@@ -59,7 +59,7 @@ std::vector<RequestOutput> drive(EngineCore& core, const Loaded& f, const std::v
       in.prompt = f.prompts[arrivals[i].prompt];
       in.max_tokens = static_cast<int64_t>(f.greedy[arrivals[i].prompt].size());
       in.ignore_eos = true;
-      in.sampling.logprobs = top_logprobs > 0;
+      in.sampling.logprobs = true;
       in.sampling.top_logprobs = top_logprobs;
       MX_CHECK_OK(core.add_request(static_cast<RequestId>(i), std::move(in)));
       ++added;
@@ -90,40 +90,46 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
   c.cuda_graph_batch_sizes = {1, 2, 4, 8};
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(2 * i), i});
-  std::vector<RequestOutput> runs[2];
-  int64_t replays[2] = {0, 0}, padded[2] = {0, 0};
-  for (int replay = 0; replay < 2; ++replay) {
-    auto core = make_core(f, c);
-    ASSERT_EQ(core->runner().startup().graph_batch_sizes, (std::vector<int64_t>{1, 2, 4, 8}));
-    core->runner().set_graph_replay(replay == 1);
-    runs[replay] = drive(*core, f, arrivals, 3);
-    replays[replay] = core->runner().num_graph_replays();
-    padded[replay] = core->runner().num_padded_steps();
-  }
-  int64_t differing = 0, tokens = 0;
-  for (size_t i = 0; i < arrivals.size(); ++i) {
-    const auto& a = runs[0][i];
-    const auto& b = runs[1][i];
-    ASSERT_EQ(a.token_ids.size(), b.token_ids.size());
-    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
-    for (size_t t = 0; t < a.token_ids.size(); ++t) {
-      ++tokens;
-      bool same = a.token_ids[t] == b.token_ids[t] && same_bits(a.logprobs[t].logprob, b.logprobs[t].logprob) &&
-                  a.logprobs[t].top.size() == b.logprobs[t].top.size();
-      for (size_t k = 0; same && k < a.logprobs[t].top.size(); ++k)
-        same = a.logprobs[t].top[k].token == b.logprobs[t].top[k].token &&
-               same_bits(a.logprobs[t].top[k].logprob, b.logprobs[t].top[k].logprob);
-      differing += same ? 0 : 1;
+  // top_logprobs 3 samples on the host from copied logits; 0 (logprobs on) uses the backend's sample op.
+  for (const int64_t top_logprobs : {3, 0}) {
+    std::vector<RequestOutput> runs[2];
+    int64_t replays[2] = {0, 0}, padded[2] = {0, 0}, op_steps = 0;
+    for (int replay = 0; replay < 2; ++replay) {
+      auto core = make_core(f, c);
+      ASSERT_EQ(core->runner().startup().graph_batch_sizes, (std::vector<int64_t>{1, 2, 4, 8}));
+      core->runner().set_graph_replay(replay == 1);
+      runs[replay] = drive(*core, f, arrivals, top_logprobs);
+      replays[replay] = core->runner().num_graph_replays();
+      padded[replay] = core->runner().num_padded_steps();
+      op_steps = core->runner().sample_op_steps();
     }
+    int64_t differing = 0, tokens = 0;
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      const auto& a = runs[0][i];
+      const auto& b = runs[1][i];
+      ASSERT_EQ(a.token_ids.size(), b.token_ids.size());
+      ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+      for (size_t t = 0; t < a.token_ids.size(); ++t) {
+        ++tokens;
+        bool same = a.token_ids[t] == b.token_ids[t] && same_bits(a.logprobs[t].logprob, b.logprobs[t].logprob) &&
+                    a.logprobs[t].top.size() == b.logprobs[t].top.size();
+        for (size_t k = 0; same && k < a.logprobs[t].top.size(); ++k)
+          same = a.logprobs[t].top[k].token == b.logprobs[t].top[k].token &&
+                 same_bits(a.logprobs[t].top[k].logprob, b.logprobs[t].top[k].logprob);
+        differing += same ? 0 : 1;
+      }
+    }
+    record("runner graphs == eager padded",
+           GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed / " +
+               std::to_string(padded[1]) + " padded steps (token, logprob" + (top_logprobs ? ", top-3 bits; host" : " bits; sample op") +
+               " sampling, " + std::to_string(op_steps) + " op steps)",
+           static_cast<double>(differing), 0, 0, differing == 0 && replays[1] > 0);
+    EXPECT_EQ(replays[0], 0);
+    EXPECT_GT(replays[1], 0);
+    EXPECT_EQ(padded[0], padded[1]);
+    EXPECT_EQ(differing, 0);
+    if (top_logprobs == 0) EXPECT_GT(op_steps, 0);
   }
-  record("runner graphs == eager padded",
-         GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed / " +
-             std::to_string(padded[1]) + " padded steps (token, logprob, top-3 bits)",
-         static_cast<double>(differing), 0, 0, differing == 0 && replays[1] > 0);
-  EXPECT_EQ(replays[0], 0);
-  EXPECT_GT(replays[1], 0);
-  EXPECT_EQ(padded[0], padded[1]);
-  EXPECT_EQ(differing, 0);
 }
 
 // Where two greedy runs of one prompt first disagree, and how close the top two candidates were there.
