@@ -24,7 +24,7 @@ Status ProfilingBackend::timed(const char* op, int64_t out_features, F&& run) {
   MX_RETURN_IF_ERROR(run());
   const int64_t end = next_slot_++;
   MX_RETURN_IF_ERROR(timer_->mark(end));
-  ops_.push_back({op, out_features, 0, 0});
+  ops_.push_back({op, out_features, 0, 0, capturing_});
   op_slots_.emplace_back(start, end);
   return Status::ok();
 }

@@ -18,6 +18,7 @@ struct OpTiming {
   int64_t out_features = 0;  // linear: output width (tells the lm_head apart); else 0
   double ms = 0;             // GPU time from the op's first launch to its last kernel's end
   double gap_before_ms = 0;  // device time between the previous op's end and this op's start
+  bool captured = false;     // marked inside a graph capture (then its times are the replay's)
 };
 
 class ProfilingBackend final : public Backend {

@@ -216,10 +216,8 @@ json breakdown_json(const Breakdown& b, int64_t vocab, double step_ms, double* i
   double span = 0, copy_ms = 0;
   int64_t captured = 0;
   for (const OpTiming& op : b.ops) {
-    if (op.op == "copy_to_host") {
-      copy_ms += op.ms;
-      continue;
-    }
+    if (op.op == "copy_to_host") copy_ms += op.ms;
+    if (!op.captured) continue;  // eager ops after the graph (sample op, copies) keep their own times
     span += op.ms + (captured > 0 ? op.gap_before_ms : 0);
     ++captured;
   }
@@ -228,7 +226,7 @@ json breakdown_json(const Breakdown& b, int64_t vocab, double step_ms, double* i
   std::map<std::string, std::pair<double, int64_t>> by_op;  // per op name (and linear width), over layers
   double sum = 0;
   for (const OpTiming& op : b.ops) {
-    const double ms = op.op == "copy_to_host" ? op.ms : std::max(0.0, op.ms - per_op);
+    const double ms = op.captured ? std::max(0.0, op.ms - per_op) : op.ms;
     cat[op_category(op, vocab)] += ms;
     sum += ms;
     const std::string key = op.op == "linear" ? "linear[" + std::to_string(op.out_features) + "]" : op.op;

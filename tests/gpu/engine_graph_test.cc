@@ -128,7 +128,9 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
     EXPECT_GT(replays[1], 0);
     EXPECT_EQ(padded[0], padded[1]);
     EXPECT_EQ(differing, 0);
-    if (top_logprobs == 0) EXPECT_GT(op_steps, 0);
+    if (top_logprobs == 0) {
+      EXPECT_GT(op_steps, 0);
+    }
   }
 }
 
