@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine run for issues 5 and 7, from prebuilt binaries (make gpu-bundle) in this script's folder:
 #   tests   the GPU tests (tests/gpu/run.sh: kernels, fixtures, graphs, engine on CUDA)
-#   20b     make-model gpt-oss-20b to local disk, then `bench latency` from it (start-up from page cache),
+#   20b     make-model gpt-oss-20b to local disk, then `bench latency` at 1K and 8K prompts (start-up from page cache),
 #           with --breakdown, plus the same without CUDA graphs at batch 1 and 32
 #   120b    `bench latency --preset gpt-oss-120b` (weights synthesized in memory: the checkpoint is 65 GB)
 # Usage: bench/latency_gpu.sh [tests] [20b] [120b]   (default: all). Logs and JSON go to $OUT.
@@ -20,7 +20,7 @@ steps=${*:-tests 20b 120b}
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   nproc; free -g; df -h /tmp /dev/shm
 } >"$OUT/env.txt" 2>&1
-bench=(--batch-size 1,8,32,128 --input-len 1024 --output-len 128 --breakdown)
+bench=(--batch-size 1,8,32,128 --input-len 1024,8192 --output-len 128 --breakdown)
 for step in $steps; do
   case $step in
     tests)

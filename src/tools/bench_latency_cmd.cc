@@ -1,7 +1,7 @@
 // `mxserve bench latency`: prefill and decode latency per batch size, in-process through the real engine
 // path (EngineCore: scheduler, model runner, CUDA graphs, host sampling), each number beside its floor.
 //
-// Per batch size B: B random prompts of --input-len tokens arrive at once, greedy, --output-len tokens
+// Per prompt length and batch size B: B random prompts of that many tokens arrive at once, greedy, --output-len tokens
 // each, eos ignored. TTFT = time from the arrival to a request's first token; prefill rate = all prompt
 // tokens / time until the last first token (chunked prefill steps may carry early requests' decodes);
 // TPOT = median time of the steps that decode all B requests and nothing else.
@@ -11,7 +11,9 @@
 // op (padded like the engine's own graph) and replayed, summed per category (mark overhead removed, see
 // breakdown_json); "idle" is the step time minus the engine's graph, logits copy and host sampling. The
 // routing is recorded in a second, eager step. Also one prefill step of one prompt, eager behind a device
-// hold.
+// hold, at the longest prompt length.
+// Pairs whose B x (prompt + output) tokens exceed the KV pool are skipped with a note: the scheduler would
+// run them in waves, which would make the TTFT and TPOT describe a different workload.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,7 +54,7 @@ const std::vector<CliOption> kCommandOptions = {
     {"backend", true, "cuda (default in CUDA builds) or cpu"},
     {"threads", true, "CPU backend threads (default: all cores)"},
     {"batch-size", true, "comma-separated batch sizes (default 1,8,32,128)"},
-    {"input-len", true, "prompt tokens per request (default 1024)"},
+    {"input-len", true, "comma-separated prompt tokens per request (default 1024)"},
     {"output-len", true, "generated tokens per request (default 128)"},
     {"json", true, "also write the results as JSON to this file"},
     {"breakdown", false, "GPU time of one decode step per op category (eager, instrumented)"},
@@ -94,7 +96,8 @@ constexpr const char* kCategories[] = {"attention", "moe", "dense_gemm", "norms_
 
 struct Setup {
   std::vector<int64_t> batch_sizes;
-  int64_t input_len = 0, output_len = 0;
+  std::vector<int64_t> input_lens;
+  int64_t output_len = 0;
   uint64_t seed = 0;
   bool breakdown = false;
 };
@@ -257,6 +260,52 @@ json breakdown_json(const Breakdown& b, int64_t vocab, double step_ms, double* i
   return j;
 }
 
+// One (prompt length, batch size) row: times beside their floors, and the breakdown when taken.
+json result_json(const BatchResult& r, const GptOssConfig& mc, const Backend& backend, const DeviceProbes& probes,
+                 int64_t input_len, int64_t output_len) {
+  const int64_t b = r.batch;
+  const double tpot = median(r.decode_step_s);
+  const double expected_experts = expected_distinct_experts(mc.num_experts, mc.experts_per_token, b);
+  const double experts = r.breakdown && r.breakdown->experts_per_layer > 0 ? r.breakdown->experts_per_layer : expected_experts;
+  const int64_t mid_context = input_len + output_len / 2;
+  const DecodeStepBytes bytes = decode_step_bytes(mc, b, experts, mid_context, dtype_bytes(backend.kv_dtype(), 1));
+  const double decode_floor = bytes.total() / probes.copy_bytes_per_s;
+  const double flops = prefill_flops(mc, input_len, b);
+  const double prefill_floor = flops / probes.gemm_flops_per_s;
+  const double prefill_rate = static_cast<double>(b * input_len) / r.prefill_s;
+  json j;
+  j["input_len"] = input_len;
+  j["batch_size"] = b;
+  j["ttft_ms_mean"] = mean(r.ttft_s) * 1e3;
+  j["ttft_ms_max"] = r.prefill_s * 1e3;
+  j["prefill_tokens_per_s"] = prefill_rate;
+  j["prefill_flops"] = flops;
+  j["prefill_floor_ms"] = prefill_floor * 1e3;
+  j["prefill_of_floor"] = prefill_floor / r.prefill_s;
+  j["tpot_ms_median"] = tpot * 1e3;
+  j["tpot_ms_mean"] = mean(r.decode_step_s) * 1e3;
+  j["decode_steps_measured"] = r.decode_step_s.size();
+  j["decode_tokens_per_s"] = tpot > 0 ? static_cast<double>(b) / tpot : 0;
+  j["decode_floor_ms"] = decode_floor * 1e3;
+  j["decode_of_floor"] = tpot > 0 ? decode_floor / tpot : 0;
+  j["decode_floor_bytes"] = {{"dense", bytes.dense}, {"experts", bytes.experts}, {"kv", bytes.kv},
+                             {"total", bytes.total()}, {"kv_context", mid_context}};
+  j["experts_per_layer_expected"] = expected_experts;
+  j["experts_per_layer_used"] = experts;
+  j["engine_steps"] = r.steps;
+  std::printf("%6lld %10.2f %10.2f %12.0f %7.1f%% %10.3f %10.0f %7.1f%% %10.1f\n", static_cast<long long>(b),
+              mean(r.ttft_s) * 1e3, r.prefill_s * 1e3, prefill_rate, 100 * prefill_floor / r.prefill_s, tpot * 1e3,
+              j["decode_tokens_per_s"].get<double>(), 100 * j["decode_of_floor"].get<double>(), experts);
+  if (r.breakdown) {
+    double idle = 0;
+    j["breakdown"] = breakdown_json(*r.breakdown, mc.vocab_size, tpot * 1e3, &idle);
+    std::printf("       decode step at batch %lld (ms):", static_cast<long long>(b));
+    for (const auto& [k, v] : j["breakdown"]["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
+    std::printf("\n");
+  }
+  return j;
+}
+
 Status run(const CliArgs& args) {
   const auto process_start = Clock::now();
   LogLevel level = LogLevel::kInfo;
@@ -265,7 +314,7 @@ Status run(const CliArgs& args) {
   if (args.has("model") == args.has("preset")) return invalid_argument("give exactly one of --model or --preset");
   Setup s;
   MX_ASSIGN_OR_RETURN(s.batch_sizes, parse_int_list(args.get("batch-size", "1,8,32,128")));
-  MX_ASSIGN_OR_RETURN(s.input_len, args.get_int("input-len", 1024));
+  MX_ASSIGN_OR_RETURN(s.input_lens, parse_int_list(args.get("input-len", "1024")));
   MX_ASSIGN_OR_RETURN(s.output_len, args.get_int("output-len", 128));
   MX_ASSIGN_OR_RETURN(int64_t seed, args.get_int("seed", 0));
   MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
@@ -273,9 +322,12 @@ Status run(const CliArgs& args) {
   s.breakdown = args.has("breakdown");
   for (int64_t b : s.batch_sizes)
     if (b < 1 || b > 4096) return invalid_argument("--batch-size values must be in [1, 4096]");
-  if (s.input_len < 1 || s.output_len < 2) return invalid_argument("--input-len must be >= 1 and --output-len >= 2");
+  for (int64_t n : s.input_lens)
+    if (n < 1 || n > (int64_t{1} << 24)) return invalid_argument("--input-len values must be in [1, 16777216]");
+  if (s.output_len < 2) return invalid_argument("--output-len must be >= 2");
   if (threads < 0 || threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
   const int64_t max_batch = *std::max_element(s.batch_sizes.begin(), s.batch_sizes.end());
+  const int64_t max_input = *std::max_element(s.input_lens.begin(), s.input_lens.end());
 
   BackendOptions bo;
   bo.name = args.get("backend", kDefaultBackend);
@@ -304,8 +356,8 @@ Status run(const CliArgs& args) {
 
   EngineConfig config;
   config.max_running_requests = max_batch;
-  config.max_num_batched_tokens = std::max<int64_t>(16384, s.input_len);
-  config.max_model_len = s.input_len + s.output_len;
+  config.max_num_batched_tokens = std::max<int64_t>(16384, max_input);
+  config.max_model_len = max_input + s.output_len;
   MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
   config.enable_prefix_cache = false;  // every prompt is new anyway; no reuse across batch sizes
   const auto engine_start = Clock::now();
@@ -319,57 +371,33 @@ Status run(const CliArgs& args) {
                backend.device_name().c_str(), probes.copy_bytes_per_s / 1e12, probes.gemm_flops_per_s / 1e12,
                static_cast<long long>(probes.gemm_n), probes.clock.c_str());
 
-  // Warm-up: library plans for prefill shapes, first-touch costs.
+  const int64_t pool_tokens = core->runner().startup().kv_pages * config.page_size;
   RequestId next_id = 1;
-  MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, mc, std::min<int64_t>(max_batch, 4), s.input_len,
-                                           std::min<int64_t>(s.output_len, 4), s.seed + 99, false, &next_id));
-  (void)warm;
-
   json results = json::array();
-  std::printf("%6s %10s %10s %12s %8s %10s %10s %8s %10s\n", "batch", "TTFT ms", "TTFTmax", "prefill t/s", "of flr",
-              "TPOT ms", "decode t/s", "of flr", "experts/L");
-  for (int64_t b : s.batch_sizes) {
-    MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, mc, b, s.input_len, s.output_len, s.seed, s.breakdown, &next_id));
-    const double tpot = median(r.decode_step_s);
-    const double expected_experts = expected_distinct_experts(mc.num_experts, mc.experts_per_token, b);
-    const double experts = r.breakdown && r.breakdown->experts_per_layer > 0 ? r.breakdown->experts_per_layer : expected_experts;
-    const int64_t mid_context = s.input_len + s.output_len / 2;
-    const DecodeStepBytes bytes = decode_step_bytes(mc, b, experts, mid_context, dtype_bytes(backend.kv_dtype(), 1));
-    const double decode_floor = bytes.total() / probes.copy_bytes_per_s;
-    const double flops = prefill_flops(mc, s.input_len, b);
-    const double prefill_floor = flops / probes.gemm_flops_per_s;
-    const double prefill_rate = static_cast<double>(b * s.input_len) / r.prefill_s;
-    json j;
-    j["batch_size"] = b;
-    j["ttft_ms_mean"] = mean(r.ttft_s) * 1e3;
-    j["ttft_ms_max"] = r.prefill_s * 1e3;
-    j["prefill_tokens_per_s"] = prefill_rate;
-    j["prefill_flops"] = flops;
-    j["prefill_floor_ms"] = prefill_floor * 1e3;
-    j["prefill_of_floor"] = prefill_floor / r.prefill_s;
-    j["tpot_ms_median"] = tpot * 1e3;
-    j["tpot_ms_mean"] = mean(r.decode_step_s) * 1e3;
-    j["decode_steps_measured"] = r.decode_step_s.size();
-    j["decode_tokens_per_s"] = tpot > 0 ? static_cast<double>(b) / tpot : 0;
-    j["decode_floor_ms"] = decode_floor * 1e3;
-    j["decode_of_floor"] = tpot > 0 ? decode_floor / tpot : 0;
-    j["decode_floor_bytes"] = {{"dense", bytes.dense}, {"experts", bytes.experts}, {"kv", bytes.kv},
-                               {"total", bytes.total()}, {"kv_context", mid_context}};
-    j["experts_per_layer_expected"] = expected_experts;
-    j["experts_per_layer_used"] = experts;
-    j["engine_steps"] = r.steps;
-    std::printf("%6lld %10.2f %10.2f %12.0f %7.1f%% %10.3f %10.0f %7.1f%% %10.1f\n", static_cast<long long>(b),
-                mean(r.ttft_s) * 1e3, r.prefill_s * 1e3, prefill_rate, 100 * prefill_floor / r.prefill_s, tpot * 1e3,
-                j["decode_tokens_per_s"].get<double>(), 100 * j["decode_of_floor"].get<double>(), experts);
-    if (r.breakdown) {
-      double idle = 0;
-      j["breakdown"] = breakdown_json(*r.breakdown, mc.vocab_size, tpot * 1e3, &idle);
-      std::printf("       decode step at batch %lld (ms):", static_cast<long long>(b));
-      for (const auto& [k, v] : j["breakdown"]["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
-      std::printf("\n");
+  json skipped = json::array();
+  for (int64_t input_len : s.input_lens) {
+    // Warm-up per prompt length: library plans for its prefill shapes, first-touch costs.
+    const int64_t warm_batch = std::min<int64_t>(max_batch, std::max<int64_t>(1, std::min<int64_t>(4, pool_tokens / (input_len + 4))));
+    MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, mc, warm_batch, input_len, std::min<int64_t>(s.output_len, 4),
+                                             s.seed + 99, false, &next_id));
+    (void)warm;
+    std::printf("input %lld tokens, output %lld\n", static_cast<long long>(input_len), static_cast<long long>(s.output_len));
+    std::printf("%6s %10s %10s %12s %8s %10s %10s %8s %10s\n", "batch", "TTFT ms", "TTFTmax", "prefill t/s", "of flr",
+                "TPOT ms", "decode t/s", "of flr", "experts/L");
+    for (int64_t b : s.batch_sizes) {
+      const int64_t pages_per_request = (input_len + s.output_len + config.page_size - 1) / config.page_size;
+      const int64_t needed = b * pages_per_request * config.page_size;
+      if (needed > pool_tokens) {
+        std::printf("%6lld skipped: needs %lld KV tokens, the pool holds %lld\n", static_cast<long long>(b),
+                    static_cast<long long>(needed), static_cast<long long>(pool_tokens));
+        skipped.push_back({{"input_len", input_len}, {"batch_size", b}, {"kv_tokens_needed", needed},
+                           {"kv_tokens_in_pool", pool_tokens}});
+        continue;
+      }
+      MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, mc, b, input_len, s.output_len, s.seed, s.breakdown, &next_id));
+      results.push_back(result_json(r, mc, backend, probes, input_len, s.output_len));
+      std::fflush(stdout);
     }
-    std::fflush(stdout);
-    results.push_back(j);
   }
 
   json prefill_breakdown;
@@ -377,7 +405,7 @@ Status run(const CliArgs& args) {
     // One prompt's prefill step, eager (no graphs for prefill) behind a device hold.
     RequestInput in;
     std::mt19937_64 rng(s.seed + 7);
-    for (int64_t i = 0; i < s.input_len; ++i) in.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(mc.vocab_size)));
+    for (int64_t i = 0; i < max_input; ++i) in.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(mc.vocab_size)));
     in.max_tokens = 1;
     MX_RETURN_IF_ERROR(core->add_request(next_id++, std::move(in)));
     MX_RETURN_IF_ERROR(backend.start_timing(0.5));
@@ -393,9 +421,9 @@ Status run(const CliArgs& args) {
     b.host_sampling_ms = core->runner().last_sample_seconds() * 1e3;
     double unused = 0;
     prefill_breakdown = breakdown_json(b, mc.vocab_size, 0, &unused);
-    prefill_breakdown["prompt_tokens"] = s.input_len;
+    prefill_breakdown["prompt_tokens"] = max_input;
     prefill_breakdown["step_wall_ms_including_hold"] = wall_ms;
-    std::printf("prefill step, one %lld-token prompt (ms):", static_cast<long long>(s.input_len));
+    std::printf("prefill step, one %lld-token prompt (ms):", static_cast<long long>(max_input));
     for (const auto& [k, v] : prefill_breakdown["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
     std::printf("\n");
   }
@@ -407,7 +435,7 @@ Status run(const CliArgs& args) {
   out["device"] = backend.device_name();
   out["backend"] = backend.name();
   out["model"] = args.has("model") ? args.get("model") : "preset:" + args.get("preset");
-  out["input_len"] = s.input_len;
+  out["input_lens"] = s.input_lens;
   out["output_len"] = s.output_len;
   out["cuda_graphs"] = !startup.graph_batch_sizes.empty();
   out["probes"] = {{"copy_tb_per_s_read_plus_write", probes.copy_bytes_per_s / 1e12},
@@ -449,6 +477,7 @@ Status run(const CliArgs& args) {
   }
   out["startup"] = st;
   out["results"] = results;
+  if (!skipped.empty()) out["skipped"] = skipped;
   if (s.breakdown) out["prefill_breakdown"] = prefill_breakdown;
   std::fprintf(stderr, "ready in %.1f s (load %.1f s, engine %.1f s, graphs %.2f s)\n", ready_s, load_s, engine_s,
                startup.capture_seconds);

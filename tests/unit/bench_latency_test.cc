@@ -15,13 +15,14 @@ namespace {
 
 TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   test::TempDir dir;
-  const auto r = test::run_mxserve("bench latency --preset tiny --backend cpu --threads 2 --batch-size 1,3 --input-len 12"
-                                   " --output-len 6 --max-num-batched-tokens 16 --json " + dir.file("out.json"));
+  // Two prompt lengths; 3 x (40 + 6) tokens do not fit a 128-token pool, so that pair is skipped, not run in waves.
+  const auto r = test::run_mxserve("bench latency --preset tiny --backend cpu --threads 2 --batch-size 1,3 --input-len 12,40"
+                                   " --output-len 6 --max-num-batched-tokens 16 --num-kv-pages 8 --json " + dir.file("out.json"));
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
   const auto j = nlohmann::json::parse(test::read_file(dir.file("out.json")));
   EXPECT_EQ(j["bench"], "latency");
   EXPECT_EQ(j["model"], "preset:tiny");
-  ASSERT_EQ(j["results"].size(), 2u);
+  ASSERT_EQ(j["results"].size(), 3u);
   for (const auto& res : j["results"]) {
     EXPECT_GT(res["ttft_ms_mean"].get<double>(), 0);
     EXPECT_GT(res["tpot_ms_median"].get<double>(), 0);
@@ -30,6 +31,12 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
     EXPECT_GT(res["decode_steps_measured"].get<int64_t>(), 0);
   }
   EXPECT_EQ(j["results"][1]["batch_size"], 3);
+  EXPECT_EQ(j["results"][1]["input_len"], 12);
+  EXPECT_EQ(j["results"][2]["batch_size"], 1);
+  EXPECT_EQ(j["results"][2]["input_len"], 40);
+  ASSERT_EQ(j["skipped"].size(), 1u);
+  EXPECT_EQ(j["skipped"][0]["batch_size"], 3);
+  EXPECT_EQ(j["skipped"][0]["kv_tokens_in_pool"], 128);
   EXPECT_GT(j["startup"]["kv_tokens"].get<int64_t>(), 0);
   EXPECT_NE(r.stdout_text.find("TPOT ms"), std::string::npos);
 
