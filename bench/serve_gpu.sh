@@ -35,7 +35,7 @@ for spec in "$@"; do
   until curl -sf -o /dev/null localhost:8100/health; do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
   t1=$(date +%s.%N)
   curl -s localhost:8100/v1/completions -H 'Content-Type: application/json' \
-    -d '{"model":"m","prompt":"Hello","max_tokens":1}' >>"$log"
+    -d "{\"model\":\"$preset\",\"prompt\":\"Hello\",\"max_tokens\":1}" >>"$log"
   t2=$(date +%s.%N)
   echo >>"$log"
   echo "start-up: ready after $(python3 -c "print(round($t1 - $t0, 2))") s, first token served after $(python3 -c "print(round($t2 - $t0, 2))") s" >>"$log"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The serving table (docs/PERF.md): `mxserve serve` on a GPU, then `mxserve bench serve` with 1K-token random
 # prompts and 1K output tokens (ignore_eos) at concurrency 1, 8, 64 and 256, 5x concurrency requests each
-# (bench_serving's guidance for a steady state) and as many warm-up requests as the concurrency.
+# (bench_serving's guidance for a steady state) and as many warm-up requests as the concurrency. Each
+# concurrency draws its own prompts (seed = concurrency): with one seed for all, a level's prompts would
+# begin with the previous level's, and the server's prefix cache would skip their prefill.
 #
 # usage: bench/serve_table.sh MXSERVE MODEL_DIR|demo OUT_DIR [extra `mxserve serve` flags...]
 # env:   PORT (8000), BACKEND (cuda), CONCURRENCIES ("1 8 64 256"), FACTOR (5: requests per concurrency slot),
@@ -40,5 +42,5 @@ for c in ${CONCURRENCIES:-1 8 64 256}; do
   echo "serve_table: concurrency $c, $n requests" >&2
   "$bin" bench serve --base-url "http://127.0.0.1:$port" --endpoint "${ENDPOINT:-completions}" \
     --random-input-len "${ISL:-1024}" --random-output-len "${OSL:-1024}" --max-concurrency "$c" \
-    --num-prompts "$n" --warmup-requests "$c" --seed 1 --json "$out/c$c.json" | tee "$out/c$c.txt"
+    --num-prompts "$n" --warmup-requests "$c" --seed "$c" --json "$out/c$c.json" | tee "$out/c$c.txt"
 done
