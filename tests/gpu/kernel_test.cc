@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/kv_cache.h"
@@ -27,6 +28,7 @@ std::string shape_str(std::initializer_list<int64_t> dims) {
 class KernelTest : public ::testing::Test {
  protected:
   KernelTest() : cpu_(cpu_backend()), cuda_(cuda_backend()), rng_(test_seed()) {}
+  void run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd);
   Arena cpu_, cuda_;
   std::mt19937 rng_;
 };
@@ -196,10 +198,18 @@ TEST_F(KernelTest, AttentionDecode) {
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
 }
 
+// The kernel spreads (head, pair) work over CTAs of 128 pairs: head counts that do not fill the last CTA,
+// CTAs that mix q, k and v heads, one head per CTA (hd 256) and several (hd 32) all meet the CPU twin.
 TEST_F(KernelTest, QkvRope) {
+  for (const auto& [n_q, n_kv, hd] : {std::tuple<int64_t, int64_t, int64_t>{16, 2, 64}, {7, 3, 32}, {5, 1, 256}, {64, 8, 64}})
+    run_qkv_rope(n_q, n_kv, hd);
+}
+
+void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd) {
   YarnRope rope;
   rope.factor = 32;
-  const int64_t n_q = 16, n_kv = 2, hd = 64, page = 16;
+  const int64_t page = 16;
+  const std::string shape = " (q " + std::to_string(n_q) + ", kv " + std::to_string(n_kv) + ", hd " + std::to_string(hd) + ")";
   const RopeTables tables = compute_yarn_rope(rope, hd);
   PagedSetup s = make_paged(rng_, {{0, 20}, {100000, 3}, {5, 1}, {4095, 9}}, page);
   const int64_t T = s.total, S = 4, width = (n_q + 2 * n_kv) * hd;
@@ -220,7 +230,7 @@ TEST_F(KernelTest, QkvRope) {
              f_g = cuda_.upload(DType::kF32, {half}, tables.inv_freq.data());
   ASSERT_TRUE(cpu_backend().qkv_rope({p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd}, *b_c).is_ok());
   ASSERT_TRUE(cuda_backend().qkv_rope({p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd}, *b_g).is_ok());
-  check("qkv_rope q", "4 seqs, positions to 100002", cuda_.download_f32(q_g), cpu_.download_f32(q_c), 5e-3);
+  check("qkv_rope q", "4 seqs, positions to 100002" + shape, cuda_.download_f32(q_g), cpu_.download_f32(q_c), 5e-3);
   // Only the written slots of the cache are defined.
   const auto kc = cpu_.download_f32(k_c), vc = cpu_.download_f32(v_c), kg = cuda_.download_f32(k_g), vg = cuda_.download_f32(v_g);
   std::vector<float> wk_c, wk_g, wv_c, wv_g;
@@ -233,13 +243,14 @@ TEST_F(KernelTest, QkvRope) {
       wv_c.insert(wv_c.end(), vc.begin() + off, vc.begin() + off + n_kv * hd);
       wv_g.insert(wv_g.end(), vg.begin() + off, vg.begin() + off + n_kv * hd);
     }
-  check("qkv_rope k cache", "rotated keys at token slots", wk_g, wk_c, 5e-3);
-  check("qkv_rope v cache", "values at token slots", wv_g, wv_c, 0.0);
+  check("qkv_rope k cache", "rotated keys at token slots" + shape, wk_g, wk_c, 5e-3);
+  check("qkv_rope v cache", "values at token slots" + shape, wv_g, wv_c, 0.0);
 }
 
 TEST_F(KernelTest, RouterTopK) {
-  const int64_t e = 32, h = 2880, k = 4;
-  for (int64_t t : {1, 5, 32, 77}) {
+  const int64_t e = 32, k = 4;
+  // hidden 2880: two load groups per lane, the second partial; hidden 64: most lanes idle.
+  for (const auto& [t, h] : {std::pair<int64_t, int64_t>{1, 2880}, {5, 2880}, {32, 2880}, {77, 2880}, {1, 64}, {3, 64}}) {
     Bf16Data x = random_bf16(rng_, t * h, 1.0f), w = random_bf16(rng_, e * h, 0.05f), b = random_bf16(rng_, e, 0.5f);
     Pair px = upload_activation(cpu_, cuda_, x, {t, h});
     TensorView w_c = cpu_.upload(DType::kBF16, {e, h}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {e, h}, w.bits.data());
@@ -250,7 +261,8 @@ TEST_F(KernelTest, RouterTopK) {
                      cuda_.make(DType::kF32, {t, k}), k};
     ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
     ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok());
-    const std::string what = std::to_string(t) + " tokens, 32 experts, top-4" + (t > 32 ? " (cuBLASLt logits)" : " (fused)");
+    const std::string what = std::to_string(t) + " tokens, hidden " + std::to_string(h) + ", 32 experts, top-4" +
+                             (t > 32 ? " (cuBLASLt logits)" : " (fused)");
     check("router logits", what, cuda_.download_f32(r_g.logits), cpu_.download_f32(r_c.logits), 1e-4);
     check("router weights", what, cuda_.download_f32(r_g.topk_weights), cpu_.download_f32(r_c.topk_weights), 1e-4);
     const auto ids_c = cpu_.download_bytes(r_c.topk_ids), ids_g = cuda_.download_bytes(r_g.topk_ids);

@@ -71,13 +71,30 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
   if (e < p.experts) {
     const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
     const uint4* w = reinterpret_cast<const uint4*>(p.weight + e * p.hidden);
+    // All of a group's loads are issued before its FMAs: a loop that waited on each 16-byte load in
+    // turn spent ~7 us at one token on memory round trips (hidden 2880: 12 steps per lane, now 2). The sum
+    // order is unchanged (i ascending per lane), so the logits are bitwise the same.
+    constexpr int kLoadsInFlight = 8;
+    const int64_t n = p.hidden / 8;
     float acc = 0.f;
-    for (int64_t i = lane; i < p.hidden / 8; i += 32) {
-      const uint4 xv = x[i], wv = w[i];
-      const uint16_t* xs = reinterpret_cast<const uint16_t*>(&xv);
-      const uint16_t* ws = reinterpret_cast<const uint16_t*>(&wv);
+    for (int64_t base = lane; base < n; base += 32 * kLoadsInFlight) {
+      uint4 xv[kLoadsInFlight], wv[kLoadsInFlight];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc = fmaf(bf16_bits_to_f32(xs[j]), bf16_bits_to_f32(ws[j]), acc);
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        const int64_t i = base + 32 * u;
+        if (i < n) {
+          xv[u] = x[i];
+          wv[u] = w[i];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        if (base + 32 * u >= n) break;
+        const uint16_t* xs = reinterpret_cast<const uint16_t*>(&xv[u]);
+        const uint16_t* ws = reinterpret_cast<const uint16_t*>(&wv[u]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc = fmaf(bf16_bits_to_f32(xs[j]), bf16_bits_to_f32(ws[j]), acc);
+      }
     }
     acc = warp_sum(acc);
     if (lane == 0) p.logits[t * p.experts + e] = acc + bf16_bits_to_f32(p.bias[e]);
