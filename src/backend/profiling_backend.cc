@@ -4,7 +4,7 @@ namespace mx {
 
 Status ProfilingBackend::start_timing(double hold_seconds, int64_t max_ops) {
   if (!timer_ || timer_->capacity() < 2 * max_ops) {
-    MX_ASSIGN_OR_RETURN(timer_, inner_->make_timer(2 * max_ops));
+    MX_ASSIGN_OR_RETURN(timer_, inner().make_timer(2 * max_ops));
   }
   hold_seconds_ = hold_seconds;
   timing_ = true;
@@ -49,51 +49,51 @@ std::vector<std::vector<int32_t>> ProfilingBackend::finish_routing() {
 }
 
 Status ProfilingBackend::copy_to_host(void* dst, const TensorView& src) {
-  if (!timing_ || next_slot_ == 0) return inner_->copy_to_host(dst, src);
-  return timed("copy_to_host", 0, [&] { return inner_->copy_to_host(dst, src); });
+  if (!timing_ || next_slot_ == 0) return inner().copy_to_host(dst, src);
+  return timed("copy_to_host", 0, [&] { return inner().copy_to_host(dst, src); });
 }
 
 Status ProfilingBackend::embedding(const TensorView& table, const TensorView& token_ids, TensorView out) {
-  return timed("embedding", 0, [&] { return inner_->embedding(table, token_ids, out); });
+  return timed("embedding", 0, [&] { return inner().embedding(table, token_ids, out); });
 }
 Status ProfilingBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) {
-  return timed("rms_norm", 0, [&] { return inner_->rms_norm(x, weight, eps, out); });
+  return timed("rms_norm", 0, [&] { return inner().rms_norm(x, weight, eps, out); });
 }
 Status ProfilingBackend::add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                                       TensorView out) {
-  return timed("add_rms_norm", 0, [&] { return inner_->add_rms_norm(residual, delta, weight, eps, out); });
+  return timed("add_rms_norm", 0, [&] { return inner().add_rms_norm(residual, delta, weight, eps, out); });
 }
 Status ProfilingBackend::linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) {
-  return timed("linear", weight.dim(0), [&] { return inner_->linear(x, weight, bias, out); });
+  return timed("linear", weight.dim(0), [&] { return inner().linear(x, weight, bias, out); });
 }
 Status ProfilingBackend::qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
-  return timed("qkv_rope", 0, [&] { return inner_->qkv_rope(p, batch); });
+  return timed("qkv_rope", 0, [&] { return inner().qkv_rope(p, batch); });
 }
 Status ProfilingBackend::attention(const AttentionParams& p, const BatchView& batch) {
-  return timed("attention", 0, [&] { return inner_->attention(p, batch); });
+  return timed("attention", 0, [&] { return inner().attention(p, batch); });
 }
 Status ProfilingBackend::router_topk(const RouterParams& p) {
-  MX_RETURN_IF_ERROR(timed("router_topk", 0, [&] { return inner_->router_topk(p); }));
+  MX_RETURN_IF_ERROR(timed("router_topk", 0, [&] { return inner().router_topk(p); }));
   if (!record_routing_ || capturing_) return Status::ok();
   std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));
-  MX_RETURN_IF_ERROR(inner_->copy_to_host(ids.data(), p.topk_ids));
+  MX_RETURN_IF_ERROR(inner().copy_to_host(ids.data(), p.topk_ids));
   routing_.push_back(std::move(ids));
   return Status::ok();
 }
 Status ProfilingBackend::moe_experts(const MoeParams& p) {
-  return timed("moe_experts", 0, [&] { return inner_->moe_experts(p); });
+  return timed("moe_experts", 0, [&] { return inner().moe_experts(p); });
 }
 Status ProfilingBackend::gather_rows(const TensorView& x, const TensorView& rows, TensorView out) {
-  return timed("gather_rows", 0, [&] { return inner_->gather_rows(x, rows, out); });
+  return timed("gather_rows", 0, [&] { return inner().gather_rows(x, rows, out); });
 }
 
 Status ProfilingBackend::sample(const SampleParams& p) {
-  return timed("sample", 0, [&] { return inner_->sample(p); });
+  return timed("sample", 0, [&] { return inner().sample(p); });
 }
 
 Result<std::unique_ptr<ReplayGraph>> ProfilingBackend::capture(const std::function<Status()>& body) {
   capturing_ = true;
-  auto graph = inner_->capture(body);
+  auto graph = inner().capture(body);
   capturing_ = false;
   return graph;
 }

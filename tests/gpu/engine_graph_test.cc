@@ -9,8 +9,8 @@
 #include <cstring>
 #include <map>
 
+#include "fixture_reference_util.h"
 #include "gpu_test_util.h"
-#include "io/safetensors.h"
 #include "runtime/engine_core.h"
 
 namespace mx::gpu_test {
@@ -28,16 +28,10 @@ Loaded load_fixture(const std::string& name) {
   auto model = GptOssModel::load(dir, cuda_backend());
   MX_CHECK(model.is_ok()) << model.status().to_string();
   f.model = std::move(*model);
-  auto ref = Checkpoint::open_file(dir + "/reference.safetensors");
+  auto ref = test::load_fixture_reference(dir);
   MX_CHECK(ref.is_ok()) << ref.status().to_string();
-  auto ids = [&](const std::string& n) {
-    const TensorView t = *ref->get(n);
-    return std::vector<int32_t>(t.ptr<const int32_t>(), t.ptr<const int32_t>() + t.numel());
-  };
-  for (int i = 0; ref->has("prompt_" + std::to_string(i) + "_ids"); ++i) {
-    f.prompts.push_back(ids("prompt_" + std::to_string(i) + "_ids"));
-    f.greedy.push_back(ids("prompt_" + std::to_string(i) + "_greedy"));
-  }
+  f.prompts = std::move(ref->prompts);
+  f.greedy = std::move(ref->greedy);
   return f;
 }
 

@@ -7,12 +7,10 @@
 #include <map>
 #include <numeric>
 
+#include "fixture_reference_util.h"
 #include "gpu_test_util.h"
 #include "routing_probe_util.h"
-#include "io/safetensors.h"
-#include "model/gpt_oss.h"
 #include "runtime/batch_staging.h"
-#include "runtime/static_generator.h"
 
 namespace mx::gpu_test {
 namespace {
@@ -25,10 +23,6 @@ double rel_l2(const float* got, const float* want, int64_t n) {
     norm += static_cast<double>(want[i]) * want[i];
   }
   return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
-std::vector<int32_t> ids_of(const TensorView& t) {
-  return std::vector<int32_t>(t.ptr<const int32_t>(), t.ptr<const int32_t>() + t.numel());
 }
 
 std::string join(const std::vector<int32_t>& v) {
@@ -48,19 +42,15 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {
     auto model = GptOssModel::load(dir_, cuda_backend());
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     model_ = std::move(*model);
-    auto ref = Checkpoint::open_file(dir_ + "/reference.safetensors");
+    auto ref = test::load_fixture_reference(dir_);
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
-    ref_ = std::make_unique<Checkpoint>(std::move(*ref));
-    for (int i = 0; ref_->has("prompt_" + std::to_string(i) + "_ids"); ++i)
-      prompts_.push_back(ids_of(*ref_->get("prompt_" + std::to_string(i) + "_ids")));
-    ASSERT_FALSE(prompts_.empty());
+    ref_ = std::move(*ref);
   }
-  TensorView ref(const std::string& name) { return *ref_->get(name); }
+  TensorView ref(const std::string& name) { return *ref_.file->get(name); }
 
   std::string dir_;
   std::unique_ptr<GptOssModel> model_;
-  std::unique_ptr<Checkpoint> ref_;
-  std::vector<std::vector<int32_t>> prompts_;
+  test::FixtureReference ref_;
 };
 
 // Prefill logits against transformers' fp32 run. Where CUDA's router picked other experts than the fp32 run,
@@ -85,18 +75,18 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
     MX_CHECK_OK(b.copy_to_host(bits.data(), h));
     for (size_t j = 0; j < bits.size(); ++j) dst[j] = bf16_to_f32(bits[j]);
   };
-  auto cuda_logits = test::prefill_logits(**cuda_model, prompts_, &observer);
+  auto cuda_logits = test::prefill_logits(**cuda_model, ref_.prompts, &observer);
   ASSERT_TRUE(cuda_logits.is_ok()) << cuda_logits.status().to_string();
   const std::vector<float>& host = *cuda_logits;
   test::RoutingProbe cpu_probe = test::RoutingProbe::forcer(cpu_backend(), cuda_probe.route());
   auto cpu_model = GptOssModel::load(dir_, cpu_probe);
   ASSERT_TRUE(cpu_model.is_ok()) << cpu_model.status().to_string();
-  auto routed = test::prefill_logits(**cpu_model, prompts_);
+  auto routed = test::prefill_logits(**cpu_model, ref_.prompts);
   ASSERT_TRUE(routed.is_ok()) << routed.status().to_string();
 
   int64_t row = 0;
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    const auto len = static_cast<int64_t>(prompts_[i].size());
+  for (size_t i = 0; i < ref_.prompts.size(); ++i) {
+    const auto len = static_cast<int64_t>(ref_.prompts[i].size());
     const std::string p = "prompt_" + std::to_string(i);
     const TensorView want = ref(p + "_logits"), bf16 = ref(p + "_logits_bf16");
     std::vector<float> bf16_f32(static_cast<size_t>(bf16.numel()));
@@ -151,21 +141,15 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
 }
 
 TEST_P(FixtureTest, GreedyTokensCudaVsCpuVsTransformers) {
-  std::vector<GenerateRequest> requests;
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    GenerateRequest r;
-    r.prompt = prompts_[i];
-    r.max_new_tokens = ref("prompt_" + std::to_string(i) + "_greedy").numel();
-    requests.push_back(r);
-  }
+  const std::vector<GenerateRequest> requests = test::reference_greedy_requests(ref_);
   auto cuda = generate_static(*model_, requests, StaticGeneratorOptions{4, {}});
   ASSERT_TRUE(cuda.is_ok()) << cuda.status().to_string();
   auto cpu_model = GptOssModel::load(dir_, cpu_backend());
   ASSERT_TRUE(cpu_model.is_ok());
   auto cpu = generate_static(**cpu_model, requests, StaticGeneratorOptions{4, {}});
   ASSERT_TRUE(cpu.is_ok());
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    const auto want = ids_of(ref("prompt_" + std::to_string(i) + "_greedy"));
+  for (size_t i = 0; i < ref_.prompts.size(); ++i) {
+    const auto& want = ref_.greedy[i];
     const auto& got = (*cuda)[i].output_ids;
     const auto& twin = (*cpu)[i].output_ids;
     size_t agree = 0;
@@ -187,9 +171,10 @@ TEST_P(FixtureTest, GreedyTokensCudaVsCpuVsTransformers) {
 TEST_P(FixtureTest, GraphReplayEqualsEager) {
   const GptOssConfig& c = model_->config();
   Backend& b = cuda_backend();
+  const std::vector<std::vector<int32_t>>& prompts = ref_.prompts;
   const int64_t page_size = 8, bucket = 4, real = 3, steps = 5;
   int64_t max_len = 0;
-  for (int i = 0; i < real; ++i) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(prompts_[i % prompts_.size()].size()));
+  for (int i = 0; i < real; ++i) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(prompts[i % prompts.size()].size()));
   const int64_t pages_per_seq = (max_len + steps + page_size) / page_size + 1;
   auto kv = KvCache::allocate(b, model_->kv_cache_shape(pages_per_seq * bucket, page_size));
   ASSERT_TRUE(kv.is_ok());
@@ -199,7 +184,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
     std::iota(pages[s].begin(), pages[s].end(), static_cast<int32_t>(s * pages_per_seq));
   }
   int64_t prefill_tokens = 0;
-  for (int i = 0; i < real; ++i) prefill_tokens += static_cast<int64_t>(prompts_[i % prompts_.size()].size());
+  for (int i = 0; i < real; ++i) prefill_tokens += static_cast<int64_t>(prompts[i % prompts.size()].size());
   auto staging = BatchStaging::create(b, {std::max(prefill_tokens, bucket), bucket, pages_per_seq, bucket});
   ASSERT_TRUE(staging.is_ok());
   auto ws = model_->make_workspace(std::max(prefill_tokens, bucket), bucket);
@@ -209,7 +194,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   TensorView logits = logits_buf->view(DType::kF32, {bucket, c.vocab_size});
 
   std::vector<BatchSequence> seqs;
-  for (int i = 0; i < real; ++i) seqs.push_back({prompts_[i % prompts_.size()], 0, pages[i], false, false});
+  for (int i = 0; i < real; ++i) seqs.push_back({prompts[i % prompts.size()], 0, pages[i], false, false});
   auto batch = staging->stage(seqs);
   ASSERT_TRUE(batch.is_ok());
   ASSERT_TRUE(model_->forward(*batch, *kv, *ws, logits.rows(0, real)).is_ok());
@@ -218,7 +203,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   auto decode_batch = [&](int64_t step) {
     std::vector<BatchSequence> d;
     for (int i = 0; i < real; ++i) {
-      const int64_t pos = static_cast<int64_t>(prompts_[i % prompts_.size()].size()) + step;
+      const int64_t pos = static_cast<int64_t>(prompts[i % prompts.size()].size()) + step;
       d.push_back({std::span<const int32_t>(&last[i], 1), pos, pages[i], false, false});
     }
     d.push_back({std::span<const int32_t>(&last[real], 1), 0, pages[real], false, false});  // padding

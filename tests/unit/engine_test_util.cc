@@ -5,16 +5,10 @@
 
 #include <mutex>
 
+#include "fixture_reference_util.h"
 #include "test_util.h"
 
 namespace mx::test {
-namespace {
-
-std::vector<int32_t> ids_of(const TensorView& t) {
-  return std::vector<int32_t>(t.ptr<const int32_t>(), t.ptr<const int32_t>() + t.numel());
-}
-
-}  // namespace
 
 const Fixture& fixture_model(const std::string& name) {
   static std::mutex mu;
@@ -30,12 +24,10 @@ const Fixture& fixture_model(const std::string& name) {
   auto model = GptOssModel::load(dir, *slot->backend);
   EXPECT_TRUE(model.is_ok()) << model.status().to_string();
   slot->model = std::move(*model);
-  auto ref = Checkpoint::open_file(dir + "/reference.safetensors");
+  auto ref = load_fixture_reference(dir);
   EXPECT_TRUE(ref.is_ok()) << ref.status().to_string();
-  for (int i = 0; ref->has("prompt_" + std::to_string(i) + "_ids"); ++i) {
-    slot->prompts.push_back(ids_of(*ref->get("prompt_" + std::to_string(i) + "_ids")));
-    slot->greedy.push_back(ids_of(*ref->get("prompt_" + std::to_string(i) + "_greedy")));
-  }
+  slot->prompts = std::move(ref->prompts);
+  slot->greedy = std::move(ref->greedy);
   return *slot;
 }
 

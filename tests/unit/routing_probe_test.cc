@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "fixture_reference_util.h"
 #include "routing_probe_util.h"
 #include "test_util.h"
 

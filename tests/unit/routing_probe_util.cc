@@ -5,7 +5,6 @@
 #include <cstdio>
 
 #include "core/dtype.h"
-#include "runtime/batch_staging.h"
 
 namespace mx::test {
 namespace {
@@ -44,17 +43,17 @@ std::string RoutingProbe::describe_flips() const {
 }
 
 Status RoutingProbe::router_topk(const RouterParams& p) {
-  MX_RETURN_IF_ERROR(inner_.router_topk(p));
+  MX_RETURN_IF_ERROR(inner().router_topk(p));
   const int64_t call = static_cast<int64_t>(recorded_.size());
   if (forcing_) MX_RETURN_IF_ERROR(force(p, call));
   std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));
-  MX_RETURN_IF_ERROR(inner_.copy_to_host(ids.data(), p.topk_ids));
+  MX_RETURN_IF_ERROR(inner().copy_to_host(ids.data(), p.topk_ids));
   recorded_.push_back(std::move(ids));
   return Status::ok();
 }
 
 Status RoutingProbe::force(const RouterParams& p, int64_t call) {
-  if (inner_.device() != Device::kCpu || p.x.dtype() != DType::kF32)
+  if (inner().device() != Device::kCpu || p.x.dtype() != DType::kF32)
     return invalid_argument("RoutingProbe can only force routing on the CPU backend");
   const int64_t k = p.top_k, e_count = p.weight.dim(0), t_count = p.topk_ids.numel() / k;
   if (call >= static_cast<int64_t>(forced_.size()) ||
@@ -97,35 +96,6 @@ Status RoutingProbe::force(const RouterParams& p, int64_t call) {
     }
   }
   return Status::ok();
-}
-
-Result<std::vector<float>> prefill_logits(const GptOssModel& model, const std::vector<std::vector<int32_t>>& prompts,
-                                          const HiddenObserver* observer) {
-  Backend& b = model.backend();
-  const int64_t page_size = 16, n = static_cast<int64_t>(prompts.size()), vocab = model.config().vocab_size;
-  int64_t total = 0, max_pages = 0;
-  for (const auto& p : prompts) {
-    total += static_cast<int64_t>(p.size());
-    max_pages = std::max<int64_t>(max_pages, (static_cast<int64_t>(p.size()) + page_size - 1) / page_size);
-  }
-  MX_ASSIGN_OR_RETURN(KvCache kv, KvCache::allocate(b, model.kv_cache_shape(n * max_pages, page_size)));
-  // Pages handed out from the end, so a kernel that ignored the page table would read the wrong page.
-  std::vector<std::vector<int32_t>> pages(prompts.size());
-  int32_t next_page = static_cast<int32_t>(n * max_pages) - 1;
-  std::vector<BatchSequence> seqs;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int64_t j = 0; j < max_pages; ++j) pages[i].push_back(next_page--);
-    seqs.push_back({prompts[i], 0, pages[i], true, false});
-  }
-  MX_ASSIGN_OR_RETURN(BatchStaging staging, BatchStaging::create(b, {total, n, max_pages, total}));
-  MX_ASSIGN_OR_RETURN(BatchView batch, staging.stage(seqs));
-  MX_ASSIGN_OR_RETURN(ForwardWorkspace ws, model.make_workspace(total, total));
-  MX_ASSIGN_OR_RETURN(Buffer logits_buf, b.allocate(total * vocab * 4));
-  const TensorView logits = logits_buf.view(DType::kF32, {total, vocab});
-  MX_RETURN_IF_ERROR(model.forward(batch, kv, ws, logits, observer));
-  std::vector<float> host(static_cast<size_t>(total * vocab));
-  MX_RETURN_IF_ERROR(b.copy_to_host(host.data(), logits));
-  return host;
 }
 
 }  // namespace mx::test

@@ -10,11 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
-#include "model/gpt_oss.h"
+#include "backend/forwarding_backend.h"
 
 namespace mx::test {
 
@@ -30,7 +31,7 @@ struct RoutingFlip {
   bool near_tie() const { return gap <= kNearTieFraction * scale; }
 };
 
-class RoutingProbe final : public Backend {
+class RoutingProbe final : public ForwardingBackend {
  public:
   // Records the inner backend's router choices (top-k ids per call, copied to the host).
   static RoutingProbe recorder(Backend& inner) { return RoutingProbe(inner, {}); }
@@ -45,60 +46,23 @@ class RoutingProbe final : public Backend {
   bool all_flips_near_ties() const;
   std::string describe_flips() const;
 
-  // Backend: everything forwards to the inner backend except router_topk.
-  std::string name() const override { return inner_.name(); }
-  Device device() const override { return inner_.device(); }
-  DType activation_dtype() const override { return inner_.activation_dtype(); }
-  DType residual_dtype() const override { return inner_.residual_dtype(); }
-  DType kv_dtype() const override { return inner_.kv_dtype(); }
-  Result<Buffer> allocate(int64_t bytes) override { return inner_.allocate(bytes); }
-  Status copy_from_host(TensorView dst, const void* src) override { return inner_.copy_from_host(dst, src); }
-  Status copy_to_host(void* dst, const TensorView& src) override { return inner_.copy_to_host(dst, src); }
-  Status synchronize() override { return inner_.synchronize(); }
-  Result<TensorView> upload_weight(const TensorView& host, std::vector<Buffer>* owner) override {
-    return inner_.upload_weight(host, owner);
-  }
-  Result<ExpertWeights> upload_experts(const ExpertWeights& host, std::vector<Buffer>* owner) override {
-    return inner_.upload_experts(host, owner);
-  }
-  Status embedding(const TensorView& table, const TensorView& ids, TensorView out) override {
-    return inner_.embedding(table, ids, out);
-  }
-  Status rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) override {
-    return inner_.rms_norm(x, weight, eps, out);
-  }
-  Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
-                      TensorView out) override {
-    return inner_.add_rms_norm(residual, delta, weight, eps, out);
-  }
-  Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) override {
-    return inner_.linear(x, weight, bias, out);
-  }
-  Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override { return inner_.qkv_rope(p, batch); }
-  Status attention(const AttentionParams& p, const BatchView& batch) override { return inner_.attention(p, batch); }
+  // Overridden: router_topk (recorded, or forced); every other call forwards to the inner backend.
   Status router_topk(const RouterParams& p) override;
-  Status moe_experts(const MoeParams& p) override { return inner_.moe_experts(p); }
-  Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) override {
-    return inner_.gather_rows(x, rows, out);
+  // Recording copies each router call's choices to the host, which a graph capture cannot hold.
+  bool can_capture() const override { return false; }
+  Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
+    return Backend::capture(body);
   }
-  Status sample(const SampleParams& p) override { return inner_.sample(p); }
-  Status prepare(const WorkspaceSpec& spec) override { return inner_.prepare(spec); }
 
  private:
   RoutingProbe(Backend& inner, std::vector<std::vector<int32_t>> forced)
-      : inner_(inner), forcing_(!forced.empty()), forced_(std::move(forced)) {}
+      : ForwardingBackend(inner), forcing_(!forced.empty()), forced_(std::move(forced)) {}
   Status force(const RouterParams& p, int64_t call);
 
-  Backend& inner_;
   bool forcing_ = false;
   std::vector<std::vector<int32_t>> forced_;    // per call: [T * k] ids
   std::vector<std::vector<int32_t>> recorded_;  // per call: what the router finally used
   std::vector<RoutingFlip> flips_;
 };
-
-// One batched prefill of `prompts` on the model's backend: f32 logits of every prompt position, prompts in order.
-// `observer` (optional) sees the hidden states as GptOssModel::forward reports them.
-Result<std::vector<float>> prefill_logits(const GptOssModel& model, const std::vector<std::vector<int32_t>>& prompts,
-                                          const HiddenObserver* observer = nullptr);
 
 }  // namespace mx::test

@@ -1,0 +1,88 @@
+// ForwardingBackend: a Backend that passes every call on to an inner backend, unchanged. It is the base of
+// the decorators that change a few calls and forward the rest (ProfilingBackend times ops; the tests'
+// RoutingProbe records or forces router choices).
+// Why a base: each decorator then names only what it changes, and a call added to Backend reaches the inner
+// backend through every decorator instead of silently taking Backend's default in one of them.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/log.h"
+
+namespace mx {
+
+class ForwardingBackend : public Backend {
+ public:
+  // Borrows `inner`: the caller keeps it alive as long as this backend.
+  explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
+  // Owns `inner`: it goes away with this backend.
+  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : owned_(std::move(inner)), inner_(deref(owned_)) {}
+
+  Backend& inner() const { return inner_; }
+
+  std::string name() const override { return inner_.name(); }
+  Device device() const override { return inner_.device(); }
+  DType activation_dtype() const override { return inner_.activation_dtype(); }
+  DType residual_dtype() const override { return inner_.residual_dtype(); }
+  DType kv_dtype() const override { return inner_.kv_dtype(); }
+
+  Result<Buffer> allocate(int64_t bytes) override { return inner_.allocate(bytes); }
+  Status copy_from_host(TensorView dst, const void* src) override { return inner_.copy_from_host(dst, src); }
+  Status copy_to_host(void* dst, const TensorView& src) override { return inner_.copy_to_host(dst, src); }
+  Status synchronize() override { return inner_.synchronize(); }
+
+  Result<TensorView> upload_weight(const TensorView& host, std::vector<Buffer>* owner) override {
+    return inner_.upload_weight(host, owner);
+  }
+  Result<ExpertWeights> upload_experts(const ExpertWeights& host, std::vector<Buffer>* owner) override {
+    return inner_.upload_experts(host, owner);
+  }
+
+  Status embedding(const TensorView& table, const TensorView& token_ids, TensorView out) override {
+    return inner_.embedding(table, token_ids, out);
+  }
+  Status rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) override {
+    return inner_.rms_norm(x, weight, eps, out);
+  }
+  Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                      TensorView out) override {
+    return inner_.add_rms_norm(residual, delta, weight, eps, out);
+  }
+  Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) override {
+    return inner_.linear(x, weight, bias, out);
+  }
+  Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override { return inner_.qkv_rope(p, batch); }
+  Status attention(const AttentionParams& p, const BatchView& batch) override { return inner_.attention(p, batch); }
+  Status router_topk(const RouterParams& p) override { return inner_.router_topk(p); }
+  Status moe_experts(const MoeParams& p) override { return inner_.moe_experts(p); }
+  Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) override {
+    return inner_.gather_rows(x, rows, out);
+  }
+  Status sample(const SampleParams& p) override { return inner_.sample(p); }
+  Status copy(TensorView dst, const TensorView& src) override { return inner_.copy(dst, src); }
+
+  std::string device_name() const override { return inner_.device_name(); }
+  Result<DeviceMemory> memory_info() override { return inner_.memory_info(); }
+  Result<std::unique_ptr<DeviceTimer>> make_timer(int64_t slots) override { return inner_.make_timer(slots); }
+
+  Status prepare(const WorkspaceSpec& spec) override { return inner_.prepare(spec); }
+  bool can_capture() const override { return inner_.can_capture(); }
+  Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
+    return inner_.capture(body);
+  }
+
+ private:
+  static Backend& deref(const std::unique_ptr<Backend>& inner) {
+    MX_CHECK(inner != nullptr) << "ForwardingBackend needs an inner backend";
+    return *inner;
+  }
+
+  std::unique_ptr<Backend> owned_;  // empty when borrowed; declared first: inner_ may refer to it
+  Backend& inner_;
+};
+
+}  // namespace mx

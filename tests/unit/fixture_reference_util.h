@@ -1,0 +1,38 @@
+// The tiny fixtures' transformers reference (tests/fixtures/<name>/reference.safetensors: prompts, greedy
+// continuations, logits and hidden states) and what the tests run from it: greedy requests and one batched
+// prefill. Compiled into the unit, golden and GPU test binaries, which check CPU and CUDA against it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model/gpt_oss.h"
+#include "runtime/static_generator.h"
+
+namespace mx::test {
+
+// The values of an i32 tensor.
+std::vector<int32_t> ids_of(const TensorView& t);
+
+struct FixtureReference {
+  std::unique_ptr<Checkpoint> file;           // everything by name: "prompt_<i>_logits", "prompt_<i>_hidden_<l>", ...
+  std::vector<std::vector<int32_t>> prompts;  // "prompt_<i>_ids", i = 0, 1, ... while present
+  std::vector<std::vector<int32_t>> greedy;   // "prompt_<i>_greedy": transformers' greedy continuation
+};
+
+// Reads reference.safetensors in `fixture_dir`; an error when it is missing, has no prompts, or a prompt
+// lacks its greedy continuation.
+Result<FixtureReference> load_fixture_reference(const std::string& fixture_dir);
+
+// One greedy request per reference prompt, asking for as many tokens as transformers' continuation has.
+std::vector<GenerateRequest> reference_greedy_requests(const FixtureReference& ref);
+
+// One batched prefill of `prompts` on the model's backend: f32 logits of every prompt position, prompts in order.
+// `observer` (optional) sees the hidden states as GptOssModel::forward reports them.
+Result<std::vector<float>> prefill_logits(const GptOssModel& model, const std::vector<std::vector<int32_t>>& prompts,
+                                          const HiddenObserver* observer = nullptr);
+
+}  // namespace mx::test
