@@ -84,13 +84,7 @@ TEST_P(GoldenTest, IncrementalGreedyDecodeMatchesTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::Values("tiny-gpt-oss", "tiny-gpt-oss-b"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (auto& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(test::kTinyFixtures), test::FixtureParamName());
 
 }  // namespace
 }  // namespace mx

@@ -225,13 +225,7 @@ TEST_P(EngineGraphTest, PlannedKvPoolStaysInsideTheFraction) {
   EXPECT_EQ(out[0].token_ids.size(), f.greedy[0].size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGraphTest, ::testing::Values("tiny-gpt-oss", "tiny-gpt-oss-b"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (auto& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGraphTest, ::testing::ValuesIn(test::kTinyFixtures), test::FixtureParamName());
 
 }  // namespace
 }  // namespace mx::gpu_test

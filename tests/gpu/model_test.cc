@@ -237,13 +237,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   EXPECT_EQ(differing, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::Values("tiny-gpt-oss", "tiny-gpt-oss-b"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (auto& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(test::kTinyFixtures), test::FixtureParamName());
 
 }  // namespace
 }  // namespace mx::gpu_test

@@ -16,6 +16,12 @@ Result<std::vector<int32_t>> read_ids(const Checkpoint& file, const std::string&
 
 }  // namespace
 
+std::string FixtureParamName::operator()(const ::testing::TestParamInfo<std::string>& info) const {
+  std::string name = info.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 std::vector<int32_t> ids_of(const TensorView& t) {
   return std::vector<int32_t>(t.ptr<const int32_t>(), t.ptr<const int32_t>() + t.numel());
 }

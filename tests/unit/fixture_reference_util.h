@@ -1,7 +1,10 @@
 // The tiny fixtures' transformers reference (tests/fixtures/<name>/reference.safetensors: prompts, greedy
 // continuations, logits and hidden states) and what the tests run from it: greedy requests and one batched
-// prefill. Compiled into the unit, golden and GPU test binaries, which check CPU and CUDA against it.
+// prefill; also the fixtures' names as a test parameter. Compiled into the unit, golden and GPU test
+// binaries, which check CPU and CUDA against it.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <memory>
@@ -13,6 +16,13 @@
 #include "runtime/static_generator.h"
 
 namespace mx::test {
+
+// The fixtures (tests/fixtures/<name>) that tests parameterized by fixture run on: ValuesIn(kTinyFixtures),
+// with FixtureParamName() naming the instances (gtest allows no '-' in names).
+inline const std::vector<std::string> kTinyFixtures = {"tiny-gpt-oss", "tiny-gpt-oss-b"};
+struct FixtureParamName {
+  std::string operator()(const ::testing::TestParamInfo<std::string>& info) const;
+};
 
 // The values of an i32 tensor.
 std::vector<int32_t> ids_of(const TensorView& t);
