@@ -11,11 +11,14 @@
 // 8-wide B side. A CTA's warps split K and reduce through shared memory in a fixed order.
 // First GEMM epilogue: bias + clamped SwiGLU (gate and up of a channel sit in rows r and r + 8 of a strip).
 // Second GEMM epilogue: (acc + bias) * routing weight. The combine sums a token's k rows in router order.
+// The fp4 decode, the k-split reduction and both epilogues are in mxfp4_swap_ab.cuh, shared with
+// moe_decode.cu (and the decode with moe_grouped.cu), so that the paths cannot drift apart.
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -121,65 +124,21 @@ __global__ void moe_gemm_kernel(MoeGemmParams p) {
 #pragma unroll 4
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint4 wq = ldg_stream(wp + t * 512);
-    const uint32_t s0 = sp[t * 32], s8 = sp[t * 32 + 8];
-    const uint32_t sc0 = (s0 << 7) | (s0 << 23), sc8 = (s8 << 7) | (s8 << 23);
+    const uint32_t sc0 = mxfp4_scale_x2(sp[t * 32]), sc8 = mxfp4_scale_x2(sp[t * 32 + 8]);
     uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
     if (has_token) {
       xa = __ldg(xr + t * 8);
       xb = __ldg(xr + t * 8 + 1);
     }
-    const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
-    const uint32_t bx[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t v = w4[kk], a[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t bits = (v & 0x80008000u) | ((v & 0x70007000u) >> 6);
-        v <<= 4;
-        a[j] = bf16x2_mul(bits, (j & 1) ? sc8 : sc0);
-      }
-      mma_bf16_16816(acc, a, bx[2 * kk], bx[2 * kk + 1]);
-    }
+    mxfp4_strip_mma(acc, wq, sc0, sc8, xa, xb);
   }
 
-  if (warp > 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[((warp - 1) * 4 + i) * 32 + lane] = acc[i];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  for (int w = 1; w < k_split; ++w)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += red[((w - 1) * 4 + i) * 32 + lane];
-
-  // acc[0], acc[1]: strip row r, tokens 2q and 2q + 1; acc[2], acc[3]: strip row r + 8, same tokens.
+  if (!reduce_k_split(acc, red, warp, lane, k_split)) return;
   if constexpr (kGated) {
-    const int64_t channel = strip * 8 + r, half = p.rows / 2;
-    const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
-    const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int tok = 2 * q + c;
-      if (tok >= n) continue;
-      const float gate = fminf(acc[c] + gate_b, p.swiglu_limit);
-      const float up = fminf(fmaxf(acc[2 + c] + up_b, -p.swiglu_limit), p.swiglu_limit);
-      const float h = gate / (1.0f + expf(-p.swiglu_alpha * gate)) * (up + 1.0f);
-      p.out[(start + tok) * half + channel] = f32_to_bf16_bits(h);
-    }
+    swap_ab_swiglu_epilogue(p, acc, e, start, n, strip, r, q);
   } else {
-    const int64_t row0 = strip * 16 + r;
-    const float b0 = bf16_bits_to_f32(p.bias[e * p.rows + row0]);
-    const float b8 = bf16_bits_to_f32(p.bias[e * p.rows + row0 + 8]);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int tok = 2 * q + c;
-      if (tok >= n) continue;
-      const float w = p.topk_weights[p.r.sorted_slots[start + tok]];
-      uint16_t* out = p.out + (start + tok) * p.rows;
-      out[row0] = f32_to_bf16_bits((acc[c] + b0) * w);
-      out[row0 + 8] = f32_to_bf16_bits((acc[2 + c] + b8) * w);
-    }
+    swap_ab_weighted_epilogue(p, acc, load_strip_bias(p, e, strip, r), start, n, strip, r, q,
+                              [&](int c) { return p.topk_weights[p.r.sorted_slots[start + 2 * q + c]]; });
   }
 }
 

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -159,67 +160,22 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
     for (int i = 0; i < kDepth; ++i) {
       const int t = t0 + i, xs = i % kActDepth;
       if (t < t_end) {
-        const uint32_t s0 = sc[i] & 0xffu, s8 = sc[i] >> 16;
-        const uint32_t sc0 = (s0 << 7) | (s0 << 23), sc8 = (s8 << 7) | (s8 << 23);
-        const uint32_t w4[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
-        const uint32_t bx[8] = {xa[xs].x, xa[xs].y, xa[xs].z, xa[xs].w, xb[xs].x, xb[xs].y, xb[xs].z, xb[xs].w};
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          uint32_t v = w4[kk], a[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t bits = (v & 0x80008000u) | ((v & 0x70007000u) >> 6);
-            v <<= 4;
-            a[j] = bf16x2_mul(bits, (j & 1) ? sc8 : sc0);
-          }
-          mma_bf16_16816(acc, a, bx[2 * kk], bx[2 * kk + 1]);
-        }
+        mxfp4_strip_mma(acc, w[i], mxfp4_scale_x2(sc[i] & 0xffu), mxfp4_scale_x2(sc[i] >> 16), xa[xs], xb[xs]);
         if (t + kDepth < t_end) load_weights(i, t + kDepth);  // refill the slots just consumed
         if (t + kActDepth < t_end) load_acts(xs, t + kActDepth);
       }
     }
   }
 
-  // Fixed-order reduction of the k split (warp 0 adds warps 1, 2, ... in turn).
-  if (warp > 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[((warp - 1) * 4 + i) * 32 + lane] = acc[i];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  for (int w2 = 1; w2 < k_split; ++w2)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += red[((w2 - 1) * 4 + i) * 32 + lane];
-
-  // acc[0], acc[1]: strip row r, tile rows 2q and 2q + 1; acc[2], acc[3]: strip row r + 8, same rows.
-  const int e = rt.expert;
+  if (!reduce_k_split(acc, red, warp, lane, k_split)) return;
   if constexpr (kGated) {
-    const int64_t channel = strip * 8 + r, half = g.rows / 2;
-    const float gate_b = bf16_bits_to_f32(g.bias[e * g.rows + 2 * channel]);
-    const float up_b = bf16_bits_to_f32(g.bias[e * g.rows + 2 * channel + 1]);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int tok = 2 * q + c;
-      if (tok >= rt.rows) continue;
-      const float gate = fminf(acc[c] + gate_b, g.swiglu_limit);
-      const float up = fminf(fmaxf(acc[2 + c] + up_b, -g.swiglu_limit), g.swiglu_limit);
-      const float h = gate / (1.0f + expf(-g.swiglu_alpha * gate)) * (up + 1.0f);
-      g.out[(rt.start + tok) * half + channel] = f32_to_bf16_bits(h);
-    }
+    swap_ab_swiglu_epilogue(g, acc, rt.expert, rt.start, rt.rows, strip, r, q);
   } else {
-    const int64_t row0 = strip * 16 + r;
-    const float b0 = bf16_bits_to_f32(g.bias[e * g.rows + row0]);
-    const float b8 = bf16_bits_to_f32(g.bias[e * g.rows + row0 + 8]);
+    const StripBias bias = load_strip_bias(g, rt.expert, strip, r);
+    // Tile row 2q + c is the route of lane 8q + 4c (tile row = lane / 4).
     const int slot_of[2] = {__shfl_sync(kAll, rt.row_slot, 8 * q), __shfl_sync(kAll, rt.row_slot, 8 * q + 4)};
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int tok = 2 * q + c;
-      if (tok >= rt.rows) continue;
-      const float wt = g.topk_weights[slot_of[c]];
-      uint16_t* out = g.out + (rt.start + tok) * g.rows;
-      out[row0] = f32_to_bf16_bits((acc[c] + b0) * wt);
-      out[row0 + 8] = f32_to_bf16_bits((acc[2 + c] + b8) * wt);
-    }
+    swap_ab_weighted_epilogue(g, acc, bias, rt.start, rt.rows, strip, r, q,
+                              [&](int c) { return g.topk_weights[slot_of[c]]; });
     if (p.tickets == nullptr) return;
     // The last tile of this strip to finish combines: publish y, take a ticket (threadFenceReduction).
     __threadfence();

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -95,26 +96,20 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
     }
   };
 
-  // fp4 -> bf16 as in moe.cu: sign and magnitude bits into a bf16 (a 2^-126 factor), times the pre-biased
-  // scale. Strips past the matrix were zero-filled: zero scale, zero weights.
+  // fp4 -> bf16 as in the swap-AB kernels (mxfp4_swap_ab.cuh). Strips past the matrix were zero-filled:
+  // zero scale, zero weights.
   auto dequant = [&](int s, uint8_t* out) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int c = tid + kMoeGroupedThreads * j, st = c / 32, l = c % 32, lr = l / 4, lq = l % 4;
       const uint4 wq = lds128(w_tile(s) + c * 16);
       const uint8_t* sc = s_tile(s) + st * 32 + (lq >> 1) * 16;
-      const uint32_t s0 = sc[lr], s8 = sc[lr + 8];
-      const uint32_t sc0 = (s0 << 7) | (s0 << 23), sc8 = (s8 << 7) | (s8 << 23);
+      const uint32_t sc0 = mxfp4_scale_x2(sc[lr]), sc8 = mxfp4_scale_x2(sc[lr + 8]);
       const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        uint32_t v = w4[kk], a[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t bits = (v & 0x80008000u) | ((v & 0x70007000u) >> 6);
-          v <<= 4;
-          a[i] = bf16x2_mul(bits, (i & 1) ? sc8 : sc0);
-        }
+        uint32_t a[4];
+        mxfp4_dequant_step(w4[kk], sc0, sc8, a);
         *reinterpret_cast<uint4*>(out + ((st * 4 + kk) * 32 + l) * 16) = make_uint4(a[0], a[1], a[2], a[3]);
       }
     }
@@ -198,13 +193,10 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
           const uint16_t* b = p.bias + e * p.rows + 2 * channel;  // gate, up, gate, up of 2 channels
           float h[2];
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float gate = fminf(acc[i][2 * sl][2 * hrow + c] + bf16_bits_to_f32(b[2 * c]), p.swiglu_limit);
-            const float up = fminf(fmaxf(acc[i][2 * sl + 1][2 * hrow + c] + bf16_bits_to_f32(b[2 * c + 1]),
-                                         -p.swiglu_limit),
-                                   p.swiglu_limit);
-            h[c] = gate / (1.0f + expf(-p.swiglu_alpha * gate)) * (up + 1.0f);
-          }
+          for (int c = 0; c < 2; ++c)
+            h[c] = swiglu_clamped(acc[i][2 * sl][2 * hrow + c] + bf16_bits_to_f32(b[2 * c]),
+                                  acc[i][2 * sl + 1][2 * hrow + c] + bf16_bits_to_f32(b[2 * c + 1]), p.swiglu_limit,
+                                  p.swiglu_alpha);
           *reinterpret_cast<uint32_t*>(p.out + (start + tok) * half + channel) = pack_bf16x2(h[0], h[1]);
         }
       } else {
