@@ -55,6 +55,45 @@ __device__ __forceinline__ void load_kv_tile(const PagedKv& kv, int64_t n_kv, in
   }
 }
 
+// One pass over keys [k_first, k_last] of a sequence for one kv head, in n_tiles tiles of 64 keys.
+struct KvPass {
+  int seq, k_first, k_last, n_tiles;
+};
+
+// Issues the copies of tile i of the pass into the stage at `stage` ({K, V}, [64][HD] each).
+template <int HD>
+__device__ __forceinline__ void load_pass_tile(const AttentionKernelParams& p, int g, const KvPass& pass, int i,
+                                               uint16_t* stage) {
+  load_kv_tile<HD>(p.kv, p.n_kv, g, pass.seq, pass.k_first + i * kKeys, pass.k_last, stage, stage + kKeys * HD);
+}
+
+// The K/V ring shared by prefill and decode: `stages` (1 or 2) stages at skv, tile 0 issued into stage 0
+// before the loop. Waits until this thread's copies of tile i landed and returns its stage; the caller
+// syncs the CTA before reading it and after its last read. Two stages: tile i + 1 is issued into the other
+// stage first, so its copy overlaps the math of tile i. One stage (when two do not fit): tile i is issued
+// only now, into the stage the previous iteration has released.
+template <int HD>
+__device__ __forceinline__ int wait_kv_tile(const AttentionKernelParams& p, int g, const KvPass& pass, int i,
+                                            int stages, uint16_t* skv) {
+  if (stages == 1) {
+    if (i > 0) {
+      load_pass_tile<HD>(p, g, pass, i, skv);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    return 0;
+  }
+  const int stage = i & 1;
+  if (i + 1 < pass.n_tiles) {
+    load_pass_tile<HD>(p, g, pass, i + 1, skv + ((i + 1) & 1) * 2 * kKeys * HD);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  return stage;
+}
+
 // A-operand fragments of 16 query rows starting at `row0` of a [rows][HD] swizzled tile.
 template <int HD>
 __device__ __forceinline__ void load_q_fragments(uint16_t* sq, int row0, uint32_t (&qf)[HD / 16][4]) {
@@ -211,31 +250,14 @@ __global__ void __launch_bounds__(128) attention_prefill_kernel(AttentionKernelP
     const int end = pass_end;
     __syncthreads();
 
-    const int n_tiles = kmax >= kmin ? (kmax - kmin + kKeys) / kKeys : 0;
+    const KvPass pass{seq, kmin, kmax, kmax >= kmin ? (kmax - kmin + kKeys) / kKeys : 0};
     const int f0 = row_first[r0], l0 = row_last[r0], f1 = row_first[r1], l1 = row_last[r1];
-    if (n_tiles > 0) {
-      load_kv_tile<HD>(p.kv, p.n_kv, g, seq, kmin, kmax, skv, skv + kKeys * HD);
+    if (pass.n_tiles > 0) {
+      load_pass_tile<HD>(p, g, pass, 0, skv);
       cp_async_commit();
     }
-    for (int i = 0; i < n_tiles; ++i) {
-      int stage = 0;
-      if (stages == 1) {
-        if (i > 0) {
-          load_kv_tile<HD>(p.kv, p.n_kv, g, seq, kmin + i * kKeys, kmax, skv, skv + kKeys * HD);
-          cp_async_commit();
-        }
-        cp_async_wait<0>();
-      } else {
-        stage = i & 1;
-        if (i + 1 < n_tiles) {
-          uint16_t* next = skv + ((i + 1) & 1) * 2 * kKeys * HD;
-          load_kv_tile<HD>(p.kv, p.n_kv, g, seq, kmin + (i + 1) * kKeys, kmax, next, next + kKeys * HD);
-          cp_async_commit();
-          cp_async_wait<1>();
-        } else {
-          cp_async_wait<0>();
-        }
-      }
+    for (int i = 0; i < pass.n_tiles; ++i) {
+      const int stage = wait_kv_tile<HD>(p, g, pass, i, stages, skv);
       __syncthreads();
       uint16_t* sk = skv + stage * 2 * kKeys * HD;
       uint16_t* sv = sk + kKeys * HD;
@@ -309,9 +331,9 @@ __global__ void __launch_bounds__(128) attention_decode_kernel(AttentionKernelPa
   const int chunk = ((len + splits - 1) / splits + kKeys - 1) / kKeys * kKeys;
   const int kstart = first + split * chunk;
   const int kend = min(last, kstart + chunk - 1);
-  const int n_tiles = kend >= kstart ? (kend - kstart + kKeys) / kKeys : 0;
+  const KvPass pass{seq, kstart, kend, kend >= kstart ? (kend - kstart + kKeys) / kKeys : 0};
 
-  if (n_tiles > 0) load_kv_tile<HD>(p.kv, p.n_kv, g, seq, kstart, kend, skv, skv + kKeys * HD);
+  if (pass.n_tiles > 0) load_pass_tile<HD>(p, g, pass, 0, skv);
   cp_async_commit();
   cp_async_wait<1>();  // the Q group
   __syncthreads();
@@ -319,25 +341,8 @@ __global__ void __launch_bounds__(128) attention_decode_kernel(AttentionKernelPa
   load_q_fragments<HD>(sq, 0, qf);
 
   RowState<HD> st;
-  for (int i = 0; i < n_tiles; ++i) {
-    int stage = 0;
-    if (stages == 1) {
-      if (i > 0) {
-        load_kv_tile<HD>(p.kv, p.n_kv, g, seq, kstart + i * kKeys, kend, skv, skv + kKeys * HD);
-        cp_async_commit();
-      }
-      cp_async_wait<0>();
-    } else {
-      stage = i & 1;
-      if (i + 1 < n_tiles) {
-        uint16_t* next = skv + ((i + 1) & 1) * 2 * kKeys * HD;
-        load_kv_tile<HD>(p.kv, p.n_kv, g, seq, kstart + (i + 1) * kKeys, kend, next, next + kKeys * HD);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-    }
+  for (int i = 0; i < pass.n_tiles; ++i) {
+    const int stage = wait_kv_tile<HD>(p, g, pass, i, stages, skv);
     __syncthreads();
     uint16_t* sk = skv + stage * 2 * kKeys * HD;
     uint16_t* sv = sk + kKeys * HD;
