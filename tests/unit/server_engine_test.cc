@@ -372,10 +372,12 @@ TEST(ServerEngine, EngineQueueFullIs503WithRetryAfter) {
   config.max_queued_requests = 1;
   EngineServer server(config);
   const std::string body = chat("Tell me a story", R"(,"stream":true,"max_tokens":3000,"ignore_eos":true)");
+  // a runs (its head arrives with its first token), then b waits in the queue of one. Sent together, b
+  // could win the race for the running slot and a's head would wait for b's 3000 tokens.
   RawClient a(server.port()), b(server.port());
   a.send(make_request("POST", "/v1/chat/completions", body));
-  b.send(make_request("POST", "/v1/chat/completions", body));
   EXPECT_EQ(a.read_head().status, 200);
+  b.send(make_request("POST", "/v1/chat/completions", body));
   EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 2; }));
   const HttpReply full = http_call(server.port(), "POST", "/v1/chat/completions", chat("hello"));
   EXPECT_EQ(full.status, 503) << full.body;
