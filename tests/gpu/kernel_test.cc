@@ -421,39 +421,48 @@ TEST_F(KernelTest, MoeExpertsDecode) {
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform}, {CudaMoePath::kDecode}, 0, 0, false);
 }
 
-// A token's decode output does not depend on the rest of the batch: the k split is fixed by the shape, the
-// mma columns are independent and the combine sums in router order, so the first tokens alone (self-routed,
-// 1 to 8 tokens) give the bits they get inside a batch of 40 (routing kernel + combine kernel).
-TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
-  const MoeCase c{32, 2880, 2880, 4, 40, Routing::kUniform};
+// Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and
+// requires those tokens' output bits to equal their bits inside the full batch.
+void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase& c, CudaMoePath path,
+                                  const std::string& label, std::initializer_list<int64_t> alone) {
   HostExperts hx;
-  make_experts(rng_, c.E, c.H, c.I, &hx);
+  make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
   auto up = cuda_backend().upload_experts(hx.view, &owner);
   ASSERT_TRUE(up.is_ok()) << up.status().to_string();
   std::vector<int32_t> ids;
   std::vector<float> weights;
-  make_routing(rng_, c, &ids, &weights);
-  Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
-  set_cuda_moe_path(CudaMoePath::kDecode);
+  make_routing(rng, c, &ids, &weights);
+  Bf16Data x = random_bf16(rng, c.T * c.H, 1.0f);
+  set_cuda_moe_path(path);
   std::vector<uint8_t> full;
-  for (int64_t T : {c.T, int64_t{1}, int64_t{3}, int64_t{8}}) {
-    TensorView xg = cuda_.upload(DType::kBF16, {T, c.H}, x.bits.data());
-    TensorView id = cuda_.upload(DType::kI32, {T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {T, c.k}, weights.data());
-    TensorView o = cuda_.make(DType::kBF16, {T, c.H});
+  std::vector<int64_t> counts = {c.T};
+  counts.insert(counts.end(), alone.begin(), alone.end());
+  for (int64_t T : counts) {
+    TensorView xg = cuda.upload(DType::kBF16, {T, c.H}, x.bits.data());
+    TensorView id = cuda.upload(DType::kI32, {T, c.k}, ids.data()), w = cuda.upload(DType::kF32, {T, c.k}, weights.data());
+    TensorView o = cuda.make(DType::kBF16, {T, c.H});
     const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, o, c.k, 7.0f, 1.702f});
     ASSERT_TRUE(st.is_ok()) << st.to_string();
-    const std::vector<uint8_t> got = cuda_.download_bytes(o);
+    const std::vector<uint8_t> got = cuda.download_bytes(o);
     if (T == c.T) {
       full = got;
       continue;
     }
     const bool same = std::equal(got.begin(), got.end(), full.begin());
-    record("moe_experts", "decode: " + std::to_string(T) + " tokens alone vs in a batch of 40, bitwise", same ? 0 : 1, 0,
-           0, same);
+    const std::string what = std::to_string(T) + " tokens alone vs in a batch of " + std::to_string(c.T) + ", bitwise";
+    record("moe_experts", label + ": " + what, same ? 0 : 1, 0, 0, same);
     EXPECT_TRUE(same) << T;
   }
   set_cuda_moe_path(CudaMoePath::kAuto);
+}
+
+// A token's decode output does not depend on the rest of the batch: the k split is fixed by the shape, the
+// mma columns are independent and the combine sums in router order, so the first tokens alone (self-routed,
+// 1 to 8 tokens) give the bits they get inside a batch of 40 (routing kernel + combine kernel).
+TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform}, CudaMoePath::kDecode,
+                               "decode", {1, 3, 8});
 }
 
 TEST_F(KernelTest, MoeExpertsPrefill) {
@@ -469,30 +478,8 @@ TEST_F(KernelTest, MoeExpertsPrefill) {
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,
 // the k order is fixed, the combine sums in router order): the first tokens alone give the same bits.
 TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
-  const MoeCase c{8, 256, 192, 4, 600, Routing::kUniform};
-  HostExperts hx;
-  make_experts(rng_, c.E, c.H, c.I, &hx);
-  std::vector<Buffer> owner;
-  auto up = cuda_backend().upload_experts(hx.view, &owner);
-  ASSERT_TRUE(up.is_ok()) << up.status().to_string();
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-  make_routing(rng_, c, &ids, &weights);
-  Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
-  set_cuda_moe_path(CudaMoePath::kGrouped);
-  std::vector<std::vector<uint8_t>> outs;
-  for (int64_t T : {c.T, int64_t{37}}) {
-    TensorView xg = cuda_.upload(DType::kBF16, {T, c.H}, x.bits.data());
-    TensorView id = cuda_.upload(DType::kI32, {T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {T, c.k}, weights.data());
-    TensorView o = cuda_.make(DType::kBF16, {T, c.H});
-    const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, o, c.k, 7.0f, 1.702f});
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    outs.push_back(cuda_.download_bytes(o));
-  }
-  set_cuda_moe_path(CudaMoePath::kAuto);
-  const bool same = std::equal(outs[1].begin(), outs[1].end(), outs[0].begin());
-  record("moe_experts", "grouped: 37 tokens alone vs in a batch of 600, bitwise", same ? 0 : 1, 0, 0, same);
-  EXPECT_TRUE(same);
+  check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform}, CudaMoePath::kGrouped,
+                               "grouped", {37});
 }
 
 }  // namespace
