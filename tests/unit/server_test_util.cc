@@ -5,10 +5,14 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <sstream>
+
+#include <gtest/gtest.h>
 
 namespace mx::test {
 
@@ -327,6 +331,41 @@ std::vector<std::string> sse_event_names(const std::string& body) {
     pos = end;
   }
   return out;
+}
+
+// ---- mxserve serve as a child process ----
+
+std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra) {
+  int out[2];
+  EXPECT_EQ(pipe(out), 0);
+  const std::string binary = std::string(MX_BINARY_DIR) + "/mxserve";
+  std::vector<std::string> args = {binary, "serve", "--port", "0", "--log-level", "error", "--threads", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    ::close(out[0]);
+    setenv("XDG_CACHE_HOME", (std::string(MX_BINARY_DIR) + "/test-cache").c_str(), 1);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  ::close(out[1]);
+  std::string line;
+  char c;
+  while (line.find('\n') == std::string::npos && ::read(out[0], &c, 1) == 1) line += c;
+  ::close(out[0]);
+  const size_t colon = line.rfind(':');
+  EXPECT_NE(colon, std::string::npos) << line;
+  return {pid, colon == std::string::npos ? 0 : std::stoi(line.substr(colon + 1))};
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace mx::test

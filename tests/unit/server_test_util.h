@@ -8,7 +8,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include <sys/types.h>
 
 #include "server/api_server.h"
 
@@ -41,6 +44,12 @@ class ScriptedService : public server::CompletionService {
   std::vector<std::thread> threads_;
   server::ChatRequest last_chat_;
 };
+
+// Starts the `mxserve` binary's `serve` on a free port with the demo model (cached under the build tree,
+// shared with the engine tests) plus `extra` flags; returns its pid and port (0 if it printed none).
+std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra);
+// Waits for the process and returns its exit code (-1 when a signal ended it).
+int wait_exit(pid_t pid);
 
 class TestServer {
  public:
