@@ -99,9 +99,10 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> c
   auto reply = [&](const ApiError& error, const std::string& allow = "") {
     channel->respond(make_error_response(error, version, allow));
   };
-  auto require = [&](http::verb verb) {
-    if (request.method() == verb) return true;
-    reply(ApiError::method_not_allowed(method, path), std::string(http::to_string(verb)));
+  auto require = [&](http::verb verb) {  // GET routes answer HEAD too (the HTTP layer drops the body)
+    const bool head_of_get = verb == http::verb::get && request.method() == http::verb::head;
+    if (request.method() == verb || head_of_get) return true;
+    reply(ApiError::method_not_allowed(method, path), verb == http::verb::get ? "GET, HEAD" : std::string(http::to_string(verb)));
     return false;
   };
 

@@ -3,11 +3,15 @@
 // All session state is touched only on the connection's strand.
 #include "server/http_server.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <future>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -29,16 +33,158 @@ HttpResponse make_error_response(const ApiError& error, unsigned version, const 
   HttpResponse res = make_json_response(static_cast<http::status>(error.status), error_body(error), version);
   if (error.status == 503) res.set(http::field::retry_after, "1");
   if (error.status == 405 && !allow.empty()) res.set(http::field::allow, allow);
+  if (error.status == 401) res.set(http::field::www_authenticate, "Bearer realm=\"mxserve\"");
   return res;
 }
 
+namespace {
+
+std::string lower_trimmed(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+}  // namespace
+
+std::optional<ApiError> request_framing_error(const http::request_header<>& header) {
+  // RFC 9112 section 6: the body of a request is framed by Content-Length or by the chunked coding, and
+  // chunked must be the last coding. Any other Transfer-Encoding leaves the body length to guesswork: a proxy
+  // in front of us may frame it one way and we another, so its bytes could run as a second request
+  // (request smuggling). Such requests are refused and the connection closed.
+  std::vector<std::string> codings;
+  size_t te_fields = 0;
+  for (auto it = header.find(http::field::transfer_encoding); it != header.end() && it->name() == http::field::transfer_encoding; ++it) {
+    ++te_fields;
+    const std::string_view value = to_std(it->value());
+    size_t start = 0;
+    while (start <= value.size()) {
+      const size_t comma = value.find(',', start);
+      const size_t end = comma == std::string_view::npos ? value.size() : comma;
+      codings.push_back(lower_trimmed(value.substr(start, end - start)));
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+    }
+  }
+  if (te_fields > 0) {
+    if (header.version() < 11) {
+      return ApiError::invalid_request("Transfer-Encoding is not allowed in an HTTP/1.0 request.");
+    }
+    if (codings.back() != "chunked") {
+      return ApiError::invalid_request("Transfer-Encoding must end with `chunked`; the request's body framing is ambiguous.");
+    }
+    if (codings.size() > 1) {
+      return ApiError::not_implemented("Only the `chunked` transfer coding is supported (got \"" +
+                                       std::string(to_std(header[http::field::transfer_encoding])) + "\").");
+    }
+    if (header.count(http::field::content_length) > 0) {
+      return ApiError::invalid_request("A request must not carry both Transfer-Encoding and Content-Length.");
+    }
+  }
+  // RFC 9112 section 3.2: an HTTP/1.1 request carries exactly one Host field.
+  const size_t hosts = header.count(http::field::host);
+  if (header.version() >= 11 && hosts != 1) {
+    return ApiError::invalid_request(hosts == 0 ? "Missing Host header." : "More than one Host header.");
+  }
+  if (hosts > 1) return ApiError::invalid_request("More than one Host header.");
+  if (hosts == 1) {
+    for (const char c : to_std(header[http::field::host])) {
+      if (static_cast<unsigned char>(c) <= ' ' || c == '/' || c == '@' || c == '\\' || c == 0x7f) {
+        return ApiError::invalid_request("Malformed Host header.");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::string origin_form_target(std::string_view target) {
+  // RFC 9112 section 3.2.2: a server accepts the absolute form (what a request to a proxy looks like);
+  // only its path and query are routed.
+  const size_t scheme_end = target.find("://");
+  if (scheme_end == std::string_view::npos || target.empty() || target.front() == '/') return std::string(target);
+  const std::string scheme = lower_trimmed(target.substr(0, scheme_end));
+  if (scheme != "http" && scheme != "https") return std::string(target);
+  const size_t path = target.find_first_of("/?", scheme_end + 3);
+  if (path == std::string_view::npos) return "/";
+  std::string out(target.substr(path));
+  if (out.front() == '?') out.insert(out.begin(), '/');
+  return out;
+}
+
+bool raise_open_file_limit(int64_t* soft_after) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return false;
+  // One descriptor per client connection: the usual soft limit of 1024 would cap the server at about a
+  // thousand clients. Like vLLM and SGLang, raise it towards 65535 (never above the hard limit).
+  const rlim_t wanted = limit.rlim_max == RLIM_INFINITY ? 65535 : std::min<rlim_t>(limit.rlim_max, 65535);
+  bool raised = false;
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < wanted) {
+    rlimit next = limit;
+    next.rlim_cur = wanted;
+    raised = setrlimit(RLIMIT_NOFILE, &next) == 0;
+    if (raised) limit = next;
+  }
+  if (soft_after) *soft_after = limit.rlim_cur == RLIM_INFINITY ? -1 : static_cast<int64_t>(limit.rlim_cur);
+  return raised;
+}
+
+// Connections waiting for a request with nothing received yet (new ones and idle keep-alive ones), oldest
+// first. When accept() runs out of file descriptors, the oldest of these are closed to make room: an idle
+// connection may be closed at any time (RFC 9112 section 9.5), a refused one locks every client out.
+class IdleConnections {
+ public:
+  uint64_t add(std::weak_ptr<HttpSession> session) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t key = ++next_;
+    idle_.emplace(key, std::move(session));
+    return key;
+  }
+  void remove(uint64_t key) {
+    if (key == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.erase(key);
+  }
+  // Takes the oldest `count` entries out of the registry.
+  std::vector<std::pair<uint64_t, std::weak_ptr<HttpSession>>> take_oldest(size_t count) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<uint64_t, std::weak_ptr<HttpSession>>> out;
+    while (out.size() < count && !idle_.empty()) {
+      out.emplace_back(idle_.begin()->first, std::move(idle_.begin()->second));
+      idle_.erase(idle_.begin());
+    }
+    return out;
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return idle_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t next_ = 0;
+  std::map<uint64_t, std::weak_ptr<HttpSession>> idle_;
+};
+
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket&& socket, const HttpServerOptions& options, HttpHandler handler)
-      : stream_(std::move(socket)), options_(options), handler_(std::move(handler)) {}
+  HttpSession(tcp::socket&& socket, const HttpServerOptions& options, HttpHandler handler,
+              std::shared_ptr<IdleConnections> idle)
+      : stream_(std::move(socket)), options_(options), handler_(std::move(handler)), idle_(std::move(idle)) {}
+  ~HttpSession() { idle_->remove(idle_key_); }
 
   void start() { post([self = shared_from_this()] { self->read_request(); }); }
   void post(std::function<void()> fn) { net::post(stream_.get_executor(), std::move(fn)); }
+
+  // Closes the connection if it is still waiting, with nothing received, in the idle period `key` names.
+  void shed_if_idle(uint64_t key) {
+    post([self = shared_from_this(), key] {
+      if (self->idle_key_ != key || self->buffer_.size() > 0) return;
+      self->idle_key_ = 0;
+      self->close_now();
+    });
+  }
 
   // ---- called on the strand by ResponseChannel ----
   bool is_active(const ResponseChannel* ch) const { return ch == active_.get() && !ch->complete_; }
@@ -49,6 +195,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     res.version(version_);
     res.keep_alive(keep_alive_);
     res.prepare_payload();
+    if (head_request_) res.body().clear();  // HEAD: the GET response's headers, Content-Length included
     std::ostringstream os;
     os << res;
     enqueue(os.str());
@@ -92,12 +239,19 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_->body_limit(options_.max_body_bytes);
     parser_->header_limit(options_.max_header_bytes);
     stream_.expires_after(options_.request_timeout);
+    if (buffer_.size() == 0) idle_key_ = idle_->add(weak_from_this());
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
+    idle_->remove(idle_key_);
+    idle_key_ = 0;
     if (ec) return on_read_error(ec);
+    if (auto error = request_framing_error(parser_->get())) {
+      version_ = parser_->get().version();
+      return fail_and_close(*error);
+    }
     if (parser_->is_done()) return on_request();
     if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       // curl sends this for bodies over 1 KiB and waits a second for the answer if it gets none.
@@ -138,6 +292,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_.reset();
     keep_alive_ = request.keep_alive();
     version_ = request.version();
+    head_request_ = request.method() == http::verb::head;
+    if (const std::string_view target = to_std(request.target()); !target.empty() && target.front() != '/') {
+      request.target(origin_form_target(target));
+    }
     chunked_ = true;
     stream_.expires_never();
     auto channel = std::make_shared<ResponseChannel>(shared_from_this());
@@ -240,6 +398,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void close_now() {
     if (closed_) return;
     closed_ = true;
+    idle_->remove(idle_key_);
+    idle_key_ = 0;
     active_.reset();
     pending_.clear();
     beast::error_code ec;
@@ -268,6 +428,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   beast::tcp_stream stream_;
   HttpServerOptions options_;
   HttpHandler handler_;
+  std::shared_ptr<IdleConnections> idle_;
+  uint64_t idle_key_ = 0;  // this connection's entry in `idle_` while it waits for a request, else 0
+  bool head_request_ = false;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<ResponseChannel> active_;  // the request being answered
@@ -310,7 +473,11 @@ void ResponseChannel::on_disconnect(std::function<void()> fn) {
 // ---- HttpServer ----
 
 HttpServer::HttpServer(const HttpServerOptions& options, HttpHandler handler)
-    : options_(options), handler_(std::move(handler)), work_(net::make_work_guard(ioc_)), acceptor_(net::make_strand(ioc_)) {}
+    : options_(options),
+      handler_(std::move(handler)),
+      idle_(std::make_shared<IdleConnections>()),
+      work_(net::make_work_guard(ioc_)),
+      acceptor_(net::make_strand(ioc_)) {}
 
 Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, HttpHandler handler) {
   if (options.io_threads < 1) return invalid_argument("the HTTP server needs at least one io thread");
@@ -337,9 +504,24 @@ void HttpServer::do_accept() {
   acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
     if (!acceptor_.is_open()) return;
     if (ec) {
-      // Out of file descriptors and the like: back off instead of spinning, then keep accepting.
-      MX_LOG(Warning) << "accept failed: " << ec.message();
-      auto timer = std::make_shared<net::steady_timer>(acceptor_.get_executor(), std::chrono::milliseconds(50));
+      // Out of file descriptors: close the oldest idle connections so that the clients queued behind
+      // them (a health probe among them) get in; then back off briefly instead of spinning.
+      const bool out_of_descriptors = ec == net::error::no_descriptors || ec.value() == ENFILE;
+      size_t shed = 0;
+      if (out_of_descriptors) {
+        const size_t idle = idle_->size();
+        for (auto& [key, weak] : idle_->take_oldest(std::max<size_t>(16, idle / 8))) {
+          if (auto session = weak.lock()) session->shed_if_idle(key), ++shed;
+        }
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_accept_warning_ > std::chrono::seconds(5)) {  // one line per burst, not per attempt
+        last_accept_warning_ = now;
+        MX_LOG(Warning) << "accept failed: " << ec.message()
+                        << (out_of_descriptors ? "; closing " + std::to_string(shed) + " idle connections" : "");
+      }
+      auto timer = std::make_shared<net::steady_timer>(acceptor_.get_executor(),
+                                                       std::chrono::milliseconds(shed > 0 ? 5 : 50));
       timer->async_wait([this, timer](beast::error_code) {
         if (acceptor_.is_open()) do_accept();
       });
@@ -347,7 +529,7 @@ void HttpServer::do_accept() {
     }
     beast::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);  // SSE events must not wait for Nagle
-    std::make_shared<HttpSession>(std::move(socket), options_, handler_)->start();
+    std::make_shared<HttpSession>(std::move(socket), options_, handler_, idle_)->start();
     do_accept();
   });
 }

@@ -9,13 +9,17 @@
 // nothing is being written (a long prefill), and the channel's disconnect callback fires once.
 //
 // Limits are enforced before the handler runs: body size (413), header size (431), malformed requests
-// (400), and an idle timeout per request (slowloris). Keep-alive follows the request (HTTP/1.1 default on).
+// (400), ambiguous body framing and Host errors (400 + close: see request_framing_error), and an idle
+// timeout per request (slowloris). Keep-alive follows the request (HTTP/1.1 default on). HEAD is answered
+// with the headers of the GET response. When accept() runs out of file descriptors the oldest idle
+// connections are closed to make room, so a flood of idle clients cannot lock others out.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>  // before Asio: its awaitable.hpp uses std::exchange without including it
@@ -51,10 +55,22 @@ struct HttpServerOptions {
 };
 
 class HttpSession;
+class IdleConnections;
 
-// An error response in the OpenAI envelope; 503 carries Retry-After, 405 an Allow list when given.
+// An error response in the OpenAI envelope; 503 carries Retry-After, 405 an Allow list when given, 401
+// a WWW-Authenticate challenge.
 HttpResponse make_error_response(const ApiError& error, unsigned version, const std::string& allow = "");
 HttpResponse make_json_response(http::status status, std::string body, unsigned version);
+
+// Why a request's head cannot be served safely, checked before its body is read: a Transfer-Encoding other
+// than exactly `chunked` (400, or 501 for codings before chunked), both Transfer-Encoding and
+// Content-Length, an HTTP/1.1 request without exactly one Host, a malformed Host. The connection closes.
+std::optional<ApiError> request_framing_error(const http::request_header<>& header);
+// The origin form (path and query) of a request target given in absolute form (`http://host/path?q`).
+std::string origin_form_target(std::string_view target);
+// Raises the soft limit on open files towards 65535 (capped by the hard limit); says whether it rose and,
+// in `soft_after`, what the soft limit is now (-1: unlimited).
+bool raise_open_file_limit(int64_t* soft_after);
 
 class ResponseChannel : public std::enable_shared_from_this<ResponseChannel> {
  public:
@@ -107,6 +123,8 @@ class HttpServer {
 
   HttpServerOptions options_;
   HttpHandler handler_;
+  std::shared_ptr<IdleConnections> idle_;
+  std::chrono::steady_clock::time_point last_accept_warning_{};
   net::io_context ioc_;
   net::executor_work_guard<net::io_context::executor_type> work_;
   net::ip::tcp::acceptor acceptor_;

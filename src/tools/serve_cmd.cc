@@ -194,6 +194,13 @@ int run_serve_command(int argc, char** argv) {
     signal_thread.join();
   };
 
+  int64_t open_files = 0;
+  if (server::raise_open_file_limit(&open_files)) {
+    MX_LOG(Info) << "open-file limit raised to " << open_files;
+  } else if (open_files >= 0 && open_files < 4096) {
+    MX_LOG(Warning) << "open-file limit is " << open_files << " (hard limit): at most about that many clients at once";
+  }
+
   // Generation answers 503 "loading" until the engine is up; /health says the same.
   server::UnwiredCompletionService loading_service;
   auto server = server::ApiServer::start(*options, &loading_service);

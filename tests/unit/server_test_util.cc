@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -335,7 +336,7 @@ std::vector<std::string> sse_event_names(const std::string& body) {
 
 // ---- mxserve serve as a child process ----
 
-std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra) {
+std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra, int max_open_files) {
   int out[2];
   EXPECT_EQ(pipe(out), 0);
   const std::string binary = std::string(MX_BINARY_DIR) + "/mxserve";
@@ -346,6 +347,10 @@ std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra) {
     dup2(out[1], 1);
     ::close(out[0]);
     setenv("XDG_CACHE_HOME", (std::string(MX_BINARY_DIR) + "/test-cache").c_str(), 1);
+    if (max_open_files > 0) {
+      const rlimit cap{static_cast<rlim_t>(max_open_files), static_cast<rlim_t>(max_open_files)};
+      if (setrlimit(RLIMIT_NOFILE, &cap) != 0) _exit(126);
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -46,8 +46,9 @@ class ScriptedService : public server::CompletionService {
 };
 
 // Starts the `mxserve` binary's `serve` on a free port with the demo model (cached under the build tree,
-// shared with the engine tests) plus `extra` flags; returns its pid and port (0 if it printed none).
-std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra);
+// shared with the engine tests) plus `extra` flags; returns its pid and port (0 if it printed none) once it
+// serves. `max_open_files` > 0 caps the child's RLIMIT_NOFILE, soft and hard (as `ulimit -n` does).
+std::pair<pid_t, int> start_serve(const std::vector<std::string>& extra, int max_open_files = 0);
 // Waits for the process and returns its exit code (-1 when a signal ended it).
 int wait_exit(pid_t pid);
 
