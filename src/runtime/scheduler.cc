@@ -87,6 +87,7 @@ const ScheduledBatch& Scheduler::schedule() {
     if (!r->admitted_once) r->usage.cached_prompt_tokens = std::min(r->num_computed, r->prompt_len);
     r->admitted_once = true;
     stats_.prefix_hit_tokens += r->num_computed;
+    if (config_.enable_prefix_cache && !r->input.want_prompt_logits) stats_.prefix_query_tokens += r->num_tokens();
     waiting_.pop_front();
     r->running = true;
     running_.push_back(r);

@@ -47,6 +47,7 @@ struct SchedulerStats {
   int64_t steps = 0;
   int64_t computed_tokens = 0;     // every token run through the model, recomputation included
   int64_t prefix_hit_tokens = 0;   // tokens whose keys came from the prefix cache instead
+  int64_t prefix_query_tokens = 0; // tokens of the requests admitted with a prefix-cache lookup
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
   int64_t finished = 0;

@@ -88,6 +88,13 @@ std::string ApiServer::metrics_text() {
   m.requests_waiting->set(static_cast<double>(stats.waiting));
   m.kv_cache_usage->set(stats.kv_cache_usage);
   m.preemptions->set(static_cast<double>(stats.preemptions_total));
+  m.prefix_cache_queries->set(static_cast<double>(stats.prefix_query_tokens));
+  m.prefix_cache_hits->set(static_cast<double>(stats.prefix_hit_tokens));
+  m.lora_requests_info->set(static_cast<double>(std::time(nullptr)));
+  if (stats.num_pages > 0) {
+    set_cache_config(&shared_->registry, m,
+                     {stats.page_size, stats.num_pages, stats.kv_cache_dtype, stats.prefix_caching, stats.mem_fraction});
+  }
   return shared_->registry.render();
 }
 
@@ -113,15 +120,17 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> c
     if (state == ServerState::kDraining) return reply(ApiError::unavailable("Server is shutting down", "draining"));
     return channel->respond(make_json_response(http::status::ok, R"({"status":"ok"})", version));
   }
-  if (!authorized(request)) return reply(ApiError::unauthorized());
-
-  const ModelCard card{options_.served_model_name, created_, context_length_.load()};
-  if (path == "/metrics") {
-    if (!require(http::verb::get)) return;
+  if (path == "/metrics") {  // Prometheus scrapers hold no API key: open unless --metrics-require-key
+    if (!options_.metrics_require_key || authorized(request)) {
+      if (!require(http::verb::get)) return;
     HttpResponse res = make_json_response(http::status::ok, metrics_text(), version);
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     return channel->respond(std::move(res));
+    }
   }
+  if (!authorized(request)) return reply(ApiError::unauthorized());
+
+  const ModelCard card{options_.served_model_name, created_, context_length_.load()};
   if (path == "/v1/models") {
     if (!require(http::verb::get)) return;
     return channel->respond(make_json_response(http::status::ok, models_body({card}), version));

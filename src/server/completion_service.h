@@ -22,6 +22,14 @@ struct ServiceStats {
   int64_t waiting = 0;
   double kv_cache_usage = 0.0;  // 0..1
   int64_t preemptions_total = 0;
+  int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache (cumulative)
+  int64_t prefix_hit_tokens = 0;    // of those, tokens found (cumulative)
+  // The KV cache's configuration (constant once serving).
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+  bool prefix_caching = false;
+  std::string kv_cache_dtype;
+  double mem_fraction = 0;
 };
 
 class CompletionService {

@@ -111,6 +111,14 @@ ServiceStats EngineCompletionService::stats() const {
   out.waiting = s.num_waiting;
   out.kv_cache_usage = s.num_pages > 0 ? static_cast<double>(s.pages_used) / static_cast<double>(s.num_pages) : 0.0;
   out.preemptions_total = s.scheduler.preemptions;
+  out.prefix_query_tokens = s.scheduler.prefix_query_tokens;
+  out.prefix_hit_tokens = s.scheduler.prefix_hit_tokens;
+  const EngineConfig& config = engine_.config();
+  out.page_size = config.page_size;
+  out.num_pages = s.num_pages;
+  out.prefix_caching = config.enable_prefix_cache;
+  out.kv_cache_dtype = "auto";  // the backend's activation dtype (bf16 on CUDA, f32 on the CPU)
+  out.mem_fraction = config.mem_fraction;
   return out;
 }
 

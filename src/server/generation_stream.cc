@@ -77,11 +77,17 @@ void GenerationStream::delta(GenerationDelta d) {
   channel_->run([self = shared_from_this(), d = std::move(d)] {
     if (self->ended_) return;
     if (d.num_tokens > 0) {
+      const auto now = Clock::now();
       if (self->tokens_ == 0) {
-        self->first_token_ = Clock::now();
+        self->first_token_ = now;
         if (self->metrics_)
           self->metrics_->time_to_first_token->observe(std::chrono::duration<double>(self->first_token_ - self->arrival_).count());
+      } else if (self->metrics_) {
+        // A delta of n tokens closes n gaps since the previous one (the engine may release several at once).
+        const double gap = std::chrono::duration<double>(now - self->last_token_).count() / static_cast<double>(d.num_tokens);
+        for (int64_t i = 0; i < d.num_tokens; ++i) self->metrics_->inter_token_latency->observe(gap);
       }
+      self->last_token_ = now;
       self->tokens_ += d.num_tokens;
     }
     std::string sse;
@@ -124,12 +130,14 @@ void GenerationStream::done(GenerationUsage usage) {
                                           static_cast<double>(self->tokens_ - 1));
       m->prompt_tokens->add(static_cast<double>(usage.prompt_tokens));
       m->generation_tokens->add(static_cast<double>(usage.completion_tokens));
+      m->request_prompt_tokens->observe(static_cast<double>(usage.prompt_tokens));
+      m->request_generation_tokens->observe(static_cast<double>(usage.completion_tokens));
       switch (self->last_reason_) {
-        case FinishReason::kLength: m->success_length->add(); break;
-        case FinishReason::kToolCalls: m->success_tool_calls->add(); break;
-        case FinishReason::kAbort: m->success_abort->add(); break;
-        case FinishReason::kError: m->request_errors->add(); break;
-        case FinishReason::kStop: m->success_stop->add(); break;
+        case FinishReason::kLength: m->success_length->add(), m->vllm_success_length->add(); break;
+        case FinishReason::kToolCalls: m->success_tool_calls->add(), m->vllm_success_stop->add(); break;
+        case FinishReason::kAbort: m->success_abort->add(), m->vllm_success_abort->add(); break;
+        case FinishReason::kError: m->request_errors->add(), m->vllm_success_error->add(); break;
+        case FinishReason::kStop: m->success_stop->add(), m->vllm_success_stop->add(); break;
       }
     }
     self->end();

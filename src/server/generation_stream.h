@@ -66,7 +66,7 @@ class GenerationStream : public std::enable_shared_from_this<GenerationStream> {
   std::function<void()> cancel_fn_;
   bool headers_sent_ = false;
   bool ended_ = false;
-  std::chrono::steady_clock::time_point arrival_, first_token_;
+  std::chrono::steady_clock::time_point arrival_, first_token_, last_token_;
   int64_t tokens_ = 0;
   FinishReason last_reason_ = FinishReason::kStop;
 };

@@ -3,8 +3,10 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 namespace mx::server {
 
@@ -22,36 +24,39 @@ void Histogram::observe(double v) {
   sum_.fetch_add(v, std::memory_order_relaxed);
 }
 
-Counter* MetricsRegistry::counter(const std::string& name, const std::string& help, const std::string& labels) {
-  Entry e{name, help, "counter", labels, std::make_unique<Counter>(), nullptr, nullptr};
-  entries_.push_back(std::move(e));
+Counter* MetricsRegistry::counter(const MetricNames& names, const std::string& help, const std::string& labels) {
+  entries_.push_back(Entry{names, help, "counter", labels, std::make_unique<Counter>(), nullptr, nullptr});
   return entries_.back().counter.get();
 }
 
-Gauge* MetricsRegistry::gauge(const std::string& name, const std::string& help) {
-  Entry e{name, help, "gauge", "", nullptr, std::make_unique<Gauge>(), nullptr};
-  entries_.push_back(std::move(e));
+Gauge* MetricsRegistry::gauge(const MetricNames& names, const std::string& help, const std::string& labels) {
+  entries_.push_back(Entry{names, help, "gauge", labels, nullptr, std::make_unique<Gauge>(), nullptr});
   return entries_.back().gauge.get();
 }
 
-Histogram* MetricsRegistry::histogram(const std::string& name, const std::string& help, std::vector<double> bounds) {
-  Entry e{name, help, "histogram", "", nullptr, nullptr, std::make_unique<Histogram>(std::move(bounds))};
-  entries_.push_back(std::move(e));
+Histogram* MetricsRegistry::histogram(const MetricNames& names, const std::string& help, std::vector<double> bounds) {
+  entries_.push_back(Entry{names, help, "histogram", "", nullptr, nullptr, std::make_unique<Histogram>(std::move(bounds))});
   return entries_.back().histogram.get();
 }
 
-namespace {
-
-std::string number(double v) {
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
+void MetricsRegistry::set_labels(const Gauge* gauge, const std::string& labels) {
+  std::lock_guard<std::mutex> lock(labels_mu_);
+  for (auto& e : entries_) {
+    if (e.gauge.get() == gauge) e.labels = labels;
+  }
 }
 
-std::string escape_label(const std::string& s) {
-  std::string out;
-  for (char c : s) {
+std::string metric_number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  const auto result = std::to_chars(buf, buf + sizeof(buf), v);  // shortest form that reads back as v
+  return std::string(buf, result.ptr);
+}
+
+std::string label_pair(const std::string& key, const std::string& value) {
+  std::string out = key + "=\"";
+  for (char c : value) {
     if (c == '\\' || c == '"') out += '\\';
     if (c == '\n') {
       out += "\\n";
@@ -59,64 +64,117 @@ std::string escape_label(const std::string& s) {
     }
     out += c;
   }
-  return out;
+  return out + "\"";
 }
 
-}  // namespace
-
 std::string MetricsRegistry::render() const {
-  const std::string model = "model_name=\"" + escape_label(model_name_) + "\"";
-  std::string out;
-  std::string last_name;
+  const std::string model = label_pair("model_name", model_name_);
+  // Families in the order of their first series; a family's series may come from several entries
+  // (labelled counters) and one entry may feed several families (its names).
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const Entry*>> families;
   for (const auto& e : entries_) {
-    if (e.name != last_name) {  // one HELP/TYPE per family (labelled counters share a name)
-      out += "# HELP " + e.name + " " + e.help + "\n# TYPE " + e.name + " " + e.type + "\n";
-      last_name = e.name;
+    for (const auto& name : e.names) {
+      auto& members = families[name];
+      if (members.empty()) order.push_back(name);
+      members.push_back(&e);
     }
-    const std::string labels = e.labels.empty() ? model : model + "," + e.labels;
-    if (e.counter) out += e.name + "{" + labels + "} " + number(e.counter->value()) + "\n";
-    if (e.gauge) out += e.name + "{" + labels + "} " + number(e.gauge->value()) + "\n";
-    if (e.histogram) {
-      const Histogram& h = *e.histogram;
-      uint64_t cumulative = 0;
-      for (size_t i = 0; i <= h.bounds().size(); ++i) {
-        cumulative += h.bucket(i);
-        const double le = i < h.bounds().size() ? h.bounds()[i] : INFINITY;
-        out += e.name + "_bucket{" + labels + ",le=\"" + number(le) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  std::string out;
+  std::lock_guard<std::mutex> lock(labels_mu_);
+  for (const auto& name : order) {
+    const auto& members = families.at(name);
+    out += "# HELP " + name + " " + members.front()->help + "\n# TYPE " + name + " " + members.front()->type + "\n";
+    for (const Entry* e : members) {
+      const std::string labels = e->labels.empty() ? model : model + "," + e->labels;
+      if (e->counter) out += name + "{" + labels + "} " + metric_number(e->counter->value()) + "\n";
+      if (e->gauge) out += name + "{" + labels + "} " + metric_number(e->gauge->value()) + "\n";
+      if (e->histogram) {
+        const Histogram& h = *e->histogram;
+        uint64_t cumulative = 0;
+        for (size_t i = 0; i <= h.bounds().size(); ++i) {
+          cumulative += h.bucket(i);
+          const double le = i < h.bounds().size() ? h.bounds()[i] : INFINITY;
+          out += name + "_bucket{" + labels + ",le=\"" + metric_number(le) + "\"} " + std::to_string(cumulative) + "\n";
+        }
+        out += name + "_sum{" + labels + "} " + metric_number(h.sum()) + "\n";
+        out += name + "_count{" + labels + "} " + std::to_string(h.count()) + "\n";
       }
-      out += e.name + "_sum{" + labels + "} " + number(h.sum()) + "\n";
-      out += e.name + "_count{" + labels + "} " + std::to_string(h.count()) + "\n";
     }
   }
   return out;
 }
 
+namespace {
+
+// vLLM's names first (what gateways read), then ours.
+MetricNames both(const std::string& suffix) { return {"vllm:" + suffix, "mxserve:" + suffix}; }
+
+// 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's bounds for token-count histograms).
+std::vector<double> one_two_five(double max) {
+  std::vector<double> out;
+  for (double decade = 1; decade <= max; decade *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * decade <= max) out.push_back(m * decade);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 ServerMetrics::ServerMetrics(MetricsRegistry* r) {
   const std::vector<double> ttft = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+  const std::vector<double> itl = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
   const std::vector<double> tpot = {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                                     0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
   const std::vector<double> e2e = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
-  time_to_first_token = r->histogram("mxserve:time_to_first_token_seconds", "Time to first token in seconds.", ttft);
-  time_per_output_token = r->histogram("mxserve:time_per_output_token_seconds",
-                                       "Time per output token after the first, in seconds.", tpot);
-  e2e_request_latency = r->histogram("mxserve:e2e_request_latency_seconds", "End-to-end request latency in seconds.", e2e);
-  prompt_tokens = r->counter("mxserve:prompt_tokens_total", "Prefill tokens processed.");
-  generation_tokens = r->counter("mxserve:generation_tokens_total", "Generation tokens processed.");
+  requests_running = r->gauge(both("num_requests_running"), "Number of requests running in the engine.");
+  requests_waiting = r->gauge(both("num_requests_waiting"), "Number of requests waiting for the engine.");
+  kv_cache_usage = r->gauge(both("kv_cache_usage_perc"), "KV-cache usage. 1 means 100 percent usage.");
+  cache_config_info = r->gauge({"vllm:cache_config_info", "mxserve:cache_config_info"}, "Information of the KV cache configuration.");
+  lora_requests_info = r->gauge({"vllm:lora_requests_info"}, "Running stats on LoRA requests (mxserve serves no adapters).",
+                                label_pair("max_lora", "0") + "," + label_pair("running_lora_adapters", "") + "," +
+                                    label_pair("waiting_lora_adapters", ""));
+  preemptions = r->counter(both("num_preemptions_total"), "Cumulative number of preemptions from the engine.");
+  prefix_cache_queries = r->counter(both("prefix_cache_queries_total"), "Prefix-cache queries, in prompt tokens looked up.");
+  prefix_cache_hits = r->counter(both("prefix_cache_hits_total"), "Prefix-cache hits, in prompt tokens found.");
+  prompt_tokens = r->counter(both("prompt_tokens_total"), "Number of prefill tokens processed.");
+  generation_tokens = r->counter(both("generation_tokens_total"), "Number of generation tokens processed.");
+  const char* vllm_success = "Count of successfully processed requests.";
+  vllm_success_stop = r->counter({"vllm:request_success_total"}, vllm_success, label_pair("finished_reason", "stop"));
+  vllm_success_length = r->counter({"vllm:request_success_total"}, vllm_success, label_pair("finished_reason", "length"));
+  vllm_success_abort = r->counter({"vllm:request_success_total"}, vllm_success, label_pair("finished_reason", "abort"));
+  vllm_success_error = r->counter({"vllm:request_success_total"}, vllm_success, label_pair("finished_reason", "error"));
   const char* success_help = "Finished requests by finish reason.";
-  success_stop = r->counter("mxserve:request_success_total", success_help, "finished_reason=\"stop\"");
-  success_length = r->counter("mxserve:request_success_total", success_help, "finished_reason=\"length\"");
-  success_tool_calls = r->counter("mxserve:request_success_total", success_help, "finished_reason=\"tool_calls\"");
-  success_abort = r->counter("mxserve:request_success_total", success_help, "finished_reason=\"abort\"");
-  request_errors = r->counter("mxserve:request_errors_total", "Requests that ended with an error.");
-  rejected_requests = r->counter("mxserve:rejected_requests_total",
+  success_stop = r->counter({"mxserve:request_success_total"}, success_help, label_pair("finished_reason", "stop"));
+  success_length = r->counter({"mxserve:request_success_total"}, success_help, label_pair("finished_reason", "length"));
+  success_tool_calls = r->counter({"mxserve:request_success_total"}, success_help, label_pair("finished_reason", "tool_calls"));
+  success_abort = r->counter({"mxserve:request_success_total"}, success_help, label_pair("finished_reason", "abort"));
+  time_to_first_token = r->histogram(both("time_to_first_token_seconds"), "Histogram of time to first token in seconds.", ttft);
+  inter_token_latency = r->histogram(both("inter_token_latency_seconds"), "Histogram of inter-token latency in seconds.", itl);
+  time_per_output_token = r->histogram(both("time_per_output_token_seconds"),
+                                       "Histogram of time per output token in seconds (per request, after the first).", tpot);
+  e2e_request_latency = r->histogram(both("e2e_request_latency_seconds"), "Histogram of end-to-end request latency in seconds.", e2e);
+  request_prompt_tokens = r->histogram(both("request_prompt_tokens"), "Number of prefill tokens processed.", one_two_five(1e6));
+  request_generation_tokens = r->histogram(both("request_generation_tokens"), "Number of generation tokens processed.", one_two_five(1e6));
+  request_errors = r->counter({"mxserve:request_errors_total"}, "Requests that ended with an error.");
+  rejected_requests = r->counter({"mxserve:rejected_requests_total"},
                                  "Requests refused with 503 because the queue was full or the server was draining.");
-  requests_running = r->gauge("mxserve:num_requests_running", "Requests running in the engine.");
-  requests_waiting = r->gauge("mxserve:num_requests_waiting", "Requests waiting for the engine.");
-  kv_cache_usage = r->gauge("mxserve:kv_cache_usage_perc", "Fraction of KV cache pages in use (0 to 1).");
-  preemptions = r->counter("mxserve:num_preemptions_total", "Requests preempted (recomputed later) by the engine.");
-  http_inflight = r->gauge("mxserve:http_requests_in_flight", "Generation requests admitted by the HTTP server.");
+  http_inflight = r->gauge({"mxserve:http_requests_in_flight"}, "Generation requests admitted by the HTTP server.");
+  cache_config_info->set(1);
+}
+
+void set_cache_config(MetricsRegistry* registry, const ServerMetrics& metrics, const CacheConfigInfo& info) {
+  registry->set_labels(metrics.cache_config_info,
+                       label_pair("block_size", std::to_string(info.block_size)) + "," +
+                           label_pair("cache_dtype", info.cache_dtype) + "," +
+                           label_pair("enable_prefix_caching", info.enable_prefix_caching ? "True" : "False") + "," +
+                           label_pair("gpu_memory_utilization", metric_number(info.gpu_memory_utilization)) + "," +
+                           label_pair("num_gpu_blocks", std::to_string(info.num_gpu_blocks)));
 }
 
 }  // namespace mx::server

@@ -33,7 +33,8 @@ const std::vector<CliOption> kOptions = {
     {"port", true, "TCP port (default 8000; 0 picks a free one)"},
     {"backend", true, "cpu (default) or cuda"},
     {"threads", true, "CPU backend threads (default: all cores)"},
-    {"api-key", true, "require `Authorization: Bearer KEY` on every route but /health"},
+    {"api-key", true, "require `Authorization: Bearer KEY` on every route but /health and /metrics"},
+    {"metrics-require-key", false, "require the API key on /metrics too (open by default, as Prometheus scrapes it)"},
     {"served-model-name", true, "the model id clients use (default: the model directory's name, or mxserve-demo)"},
     {"context-length", true, "maximum prompt + output tokens per request (default: the model's, capped by the KV pool)"},
     {"max-running-requests", true, "requests the engine runs at once (default 64)"},
@@ -71,6 +72,8 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
     return invalid_argument("--test-forced-tokens " + args.get("test-forced-tokens") + ": no such file");
   o.api_key = args.get("api-key");
   if (args.has("api-key") && o.api_key.empty()) return invalid_argument("--api-key must not be empty");
+  o.metrics_require_key = args.has("metrics-require-key");
+  if (o.metrics_require_key && o.api_key.empty()) return invalid_argument("--metrics-require-key needs --api-key");
   std::string model_dir = args.get("model");
   if (!model_dir.empty()) {
     if (!std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "config.json"))

@@ -14,7 +14,7 @@ const AUTH = `Authorization: Bearer ${KEY}`;
 let server;
 
 before(async () => {
-  server = await startServer({ args: ['--api-key', KEY, '--context-length', '4096'] });
+  server = await startServer({ args: ['--api-key', KEY, '--metrics-require-key', '--context-length', '4096'] });
 });
 
 after(async () => {
@@ -63,7 +63,7 @@ function cases() {
     { name: 'key as a prefix of the real one', bytes: makeRequest('GET', '/v1/models', '', [`Authorization: Bearer ${KEY.slice(0, -1)}`]), status: 401 },
     { name: 'Basic scheme', bytes: makeRequest('GET', '/v1/models', '', [`Authorization: Basic ${KEY}`]), status: 401 },
     { name: 'no key on chat', bytes: post('/v1/chat/completions', '{"messages":[{"role":"user","content":"hi"}]}', []), status: 401 },
-    { name: 'no key on /metrics', bytes: makeRequest('GET', '/metrics'), status: 401 },
+    { name: 'no key on /metrics (--metrics-require-key)', bytes: makeRequest('GET', '/metrics'), status: 401 },
     // ---- content type and bytes ----
     { name: 'Content-Type text/plain', bytes: post('/v1/chat/completions', '{"messages":[{"role":"user","content":"hi"}]}', [AUTH, 'Content-Type: text/plain']), status: 415 },
     { name: 'Content-Type form-urlencoded', bytes: post('/v1/completions', '{"prompt":"hi"}', [AUTH, 'Content-Type: application/x-www-form-urlencoded']), status: 415 },

@@ -56,7 +56,12 @@ test('API key: refused without it or with a wrong one; /health stays open', asyn
   const health = await fetch(`${server.url}/health`);
   assert.equal(health.status, 200);
   assert.deepEqual(await health.json(), { status: 'ok' });
-  assert.equal((await fetch(`${server.url}/metrics`)).status, 401);
+  // Prometheus scrapers hold no key: /metrics is open unless --metrics-require-key (bad_input checks that).
+  const metrics = await fetch(`${server.url}/metrics`);
+  assert.equal(metrics.status, 200);
+  const text = await metrics.text();
+  assert.match(text, /^vllm:num_requests_waiting\{model_name="[^"]+"\} 0$/m);
+  assert.match(text, /^vllm:cache_config_info\{model_name="[^"]+",block_size="16",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="[0-9.]+",num_gpu_blocks="[1-9][0-9]*"\} 1$/m);
 });
 
 test('bad requests are BadRequestError with param; unknown model is NotFoundError', async () => {

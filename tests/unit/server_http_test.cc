@@ -93,8 +93,8 @@ TEST(ServerHttp, ApiKey) {
                         "authentication_error");
   expect_error_envelope(http_call(server.port(), "GET", "/v1/models", "", {"Authorization: Bearer sk-secret2"}), 401,
                         "authentication_error");
-  expect_error_envelope(http_call(server.port(), "GET", "/metrics", "", {"Authorization: sk-secret"}), 401,
-                        "authentication_error");
+  expect_error_envelope(http_call(server.port(), "GET", "/v1/models", "", {"Authorization: sk-secret"}), 401,
+                        "authentication_error");  // no scheme
   expect_error_envelope(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi")), 401,
                         "authentication_error");
   EXPECT_EQ(http_call(server.port(), "GET", "/v1/models", "", {"Authorization: Bearer sk-secret"}).status, 200);
@@ -319,6 +319,39 @@ TEST(ServerHttp, MetricsUseTheNamesDashboardsChart) {
         "mxserve:rejected_requests_total{"}) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name;
   }
+  // vLLM's names, types and labels: what endpoint pickers and dashboards read from an unlabelled pod.
+  for (const char* name :
+       {"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"test-model\"} ",
+        "# TYPE vllm:num_requests_waiting gauge\n", "# TYPE vllm:kv_cache_usage_perc gauge\n",
+        "# TYPE vllm:cache_config_info gauge\n", "# TYPE vllm:num_preemptions_total counter\n",
+        "# TYPE vllm:prefix_cache_queries_total counter\n", "# TYPE vllm:prefix_cache_hits_total counter\n",
+        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"test-model\"} 10\n",
+        "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{model_name=\"test-model\"} 4\n",
+        "vllm:request_success_total{model_name=\"test-model\",finished_reason=\"stop\"} 1\n",
+        "vllm:request_success_total{model_name=\"test-model\",finished_reason=\"length\"} 0\n",
+        "# TYPE vllm:time_to_first_token_seconds histogram\n", "# TYPE vllm:inter_token_latency_seconds histogram\n",
+        "vllm:inter_token_latency_seconds_count{model_name=\"test-model\"} 3\n",
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n", "# TYPE vllm:request_prompt_tokens histogram\n",
+        "# TYPE vllm:request_generation_tokens histogram\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"test-model\",le=\"0.1\"} ",
+        "vllm:lora_requests_info{model_name=\"test-model\",max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} "}) {
+    EXPECT_NE(r.body.find(name), std::string::npos) << name;
+  }
+  EXPECT_EQ(r.body.find("0.10000000000000001"), std::string::npos);
+}
+
+TEST(ServerHttp, MetricsAreOpenUnlessTheKeyIsRequired) {
+  auto options = TestServer::default_options();
+  options.api_key = "secret";
+  {
+    TestServer server(options);
+    EXPECT_EQ(http_call(server.port(), "GET", "/metrics").status, 200);
+    EXPECT_EQ(http_call(server.port(), "GET", "/v1/models").status, 401);
+  }
+  options.metrics_require_key = true;
+  TestServer server(options);
+  EXPECT_EQ(http_call(server.port(), "GET", "/metrics").status, 401);
+  EXPECT_EQ(http_call(server.port(), "GET", "/metrics", "", {"Authorization: Bearer secret"}).status, 200);
 }
 
 TEST(ServerHttp, CompletionsTextAndTokenPrompts) {

@@ -89,15 +89,22 @@ TEST(ServerProtocol, ResponsesInputItemsBecomeChatMessages) {
 
 TEST(ServerProtocol, PrometheusText) {
   MetricsRegistry registry("m\"x");
-  Counter* c = registry.counter("mx:c_total", "A counter.");
-  Histogram* h = registry.histogram("mx:h_seconds", "A histogram.", {0.1, 1.0});
+  Counter* c = registry.counter({"mx:c_total"}, "A counter.");
+  Histogram* h = registry.histogram({"mx:h_seconds", "other:h_seconds"}, "A histogram.", {0.1, 1.0});
   c->add(2);
   h->observe(0.05);
   h->observe(0.5);
   h->observe(5.0);
   const std::string text = registry.render();
   EXPECT_NE(text.find("# TYPE mx:c_total counter\nmx:c_total{model_name=\"m\\\"x\"} 2\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("mx:h_seconds_bucket{model_name=\"m\\\"x\",le=\"0.10000000000000001\"} 1\n"), std::string::npos) << text;
+  // Bounds in their shortest form: alert rules match `le="0.1"` as text.
+  EXPECT_NE(text.find("mx:h_seconds_bucket{model_name=\"m\\\"x\",le=\"0.1\"} 1\n"), std::string::npos) << text;
+  // One series under two names, each with its own HELP/TYPE.
+  EXPECT_NE(text.find("# TYPE other:h_seconds histogram\nother:h_seconds_bucket{model_name=\"m\\\"x\",le=\"0.1\"} 1\n"),
+            std::string::npos) << text;
+  EXPECT_EQ(server::metric_number(0.3), "0.3");
+  EXPECT_EQ(server::metric_number(2560), "2560");
+  EXPECT_EQ(server::metric_number(1e-3), "0.001");
   EXPECT_NE(text.find("mx:h_seconds_bucket{model_name=\"m\\\"x\",le=\"1\"} 2\n"), std::string::npos) << text;
   EXPECT_NE(text.find("mx:h_seconds_bucket{model_name=\"m\\\"x\",le=\"+Inf\"} 3\n"), std::string::npos) << text;
   EXPECT_NE(text.find("mx:h_seconds_count{model_name=\"m\\\"x\"} 3\n"), std::string::npos) << text;

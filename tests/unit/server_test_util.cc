@@ -204,6 +204,10 @@ void RawClient::shutdown_write() {
 
 std::string RawClient::read_some() {
   if (!buffered_.empty()) return std::exchange(buffered_, "");
+  return recv_some();
+}
+
+std::string RawClient::recv_some() {
   if (fd_ < 0) return "";
   char buf[16384];
   const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
@@ -225,7 +229,7 @@ HttpReply RawClient::read_head() {
   while (true) {
     size_t end;
     while ((end = buffered_.find("\r\n\r\n")) == std::string::npos) {
-      std::string more = read_some();
+      std::string more = recv_some();
       if (more.empty()) return reply;
       buffered_ += more;
     }
@@ -255,7 +259,7 @@ HttpReply RawClient::read_reply() {
   if (reply.status == 0) return reply;
   auto need = [&](size_t n) {
     while (buffered_.size() < n) {
-      std::string more = read_some();
+      std::string more = recv_some();  // not read_some: that would hand back (and clear) buffered_ itself
       if (more.empty()) return false;
       buffered_ += more;
     }

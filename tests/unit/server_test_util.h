@@ -95,6 +95,8 @@ class RawClient {
   void close();
 
  private:
+  std::string recv_some();  // bytes from the socket only (empty on close/timeout)
+
   int fd_ = -1;
   std::string buffered_;
 };
