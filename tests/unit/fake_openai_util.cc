@@ -114,6 +114,10 @@ awaitable<bool> stream_generation(tcp::socket& socket, State* st, bool chat, con
   st->owner->max_open_streams.store(std::max<int64_t>(st->owner->max_open_streams.load(), ++st->open_streams));
   BodyWriter body(socket, !eof_body);
   const int gap = st->options.token_gap_ms;
+  for (int waited_ms = 0; st->owner->max_open_streams.load() < st->options.hold_until_open_streams && waited_ms < 20000;
+       waited_ms += 5) {
+    co_await pause_ms(5);
+  }
   // A comment first, then (chat) the role-only chunk with empty content, split inside "data:".
   co_await body.send(": ping\r\n\r\n", 0, false);
   if (chat) co_await body.send(event(chunk_json(true, R"({"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null})"), false), 3, true);

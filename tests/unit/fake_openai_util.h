@@ -28,6 +28,9 @@ struct FakeOpenAiOptions {
   // Close each connection right after its response although it was kept alive (a server's idle timeout
   // firing between requests): clients must resend on a new connection.
   bool close_after_each_response = false;
+  // > 0: every stream waits (up to 20 s) before its first token until this many streams have been open at
+  // once, so a concurrency test measures the client's concurrency, not how fast a loaded machine opens sockets.
+  int64_t hold_until_open_streams = 0;
 };
 
 class FakeOpenAiServer {
