@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "core/status.h"
 
@@ -46,9 +47,17 @@ namespace detail {
 
 LogLine::LogLine(LogLevel level, const char* file, int line) {
   using namespace std::chrono;
-  const double t = duration<double>(system_clock::now().time_since_epoch()).count();
-  char prefix[96];
-  std::snprintf(prefix, sizeof(prefix), "%s %.3f %s:%d] ", level_letter(level), t, base_name(file), line);
+  // ISO-8601 in UTC with milliseconds (2026-11-23T22:41:07.123Z): what log shippers parse without a pattern.
+  const auto now = system_clock::now();
+  const std::time_t seconds = system_clock::to_time_t(now);
+  const auto millis = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
+  char prefix[128];
+  std::snprintf(prefix, sizeof(prefix), "%s %s.%03dZ %s:%d] ", level_letter(level), stamp, static_cast<int>(millis),
+                base_name(file), line);
   stream_ << prefix;
 }
 

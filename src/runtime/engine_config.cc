@@ -58,6 +58,8 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const GptOssM
     c.num_kv_pages = std::max<int64_t>(1, c.cpu_kv_cache_bytes / per_page);
   }
   if (c.num_kv_pages > 0) set_kv_pool_pages(&c, c.num_kv_pages);
+  // Resolved to what will happen: a backend that cannot capture (the CPU) runs every step eagerly.
+  if (!model.backend().can_capture()) c.enable_cuda_graphs = false;
   if (!c.eos_token_ids) c.eos_token_ids = default_eos_token_ids(model);
   return c;
 }

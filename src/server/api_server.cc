@@ -3,6 +3,7 @@
 //   admission (503) -> GenerationStream with the endpoint's formatter -> CompletionService.
 #include "server/api_server.h"
 
+#include <cstdio>
 #include <ctime>
 #include <thread>
 
@@ -55,7 +56,16 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& opti
     return invalid_argument("max running requests must be >= 1 and max queued requests >= 0");
   std::unique_ptr<ApiServer> server(new ApiServer(options, service));
   ApiServer* self = server.get();
-  MX_ASSIGN_OR_RETURN(server->http_, HttpServer::start(options.http, [self](HttpRequest&& r, std::shared_ptr<ResponseChannel> c) {
+  HttpServerOptions http = options.http;
+  if (options.log_requests) {
+    http.access_log = [](const AccessRecord& r) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%.3fs", r.seconds);
+      MX_LOG(Info) << r.client << " \"" << r.method << " " << r.target << " HTTP/" << r.version / 10 << "." << r.version % 10
+                   << "\" " << r.status << " " << seconds << (r.note.empty() ? "" : " " + r.note);
+    };
+  }
+  MX_ASSIGN_OR_RETURN(server->http_, HttpServer::start(http, [self](HttpRequest&& r, std::shared_ptr<ResponseChannel> c) {
                         self->handle(std::move(r), std::move(c));
                       }));
   return server;

@@ -24,7 +24,8 @@ namespace mx::server {
 struct ApiServerOptions {
   HttpServerOptions http;
   std::string api_key;            // empty: no auth
-  bool metrics_require_key = false;  // /metrics is open (as vLLM serves it: scrapers hold no key) unless set
+  bool metrics_require_key = false;
+  bool log_requests = true;          // one access-log line per request (--disable-log-requests turns it off)  // /metrics is open (as vLLM serves it: scrapers hold no key) unless set
   std::string served_model_name;  // the id in /v1/models; requests naming another model get 404
   int64_t context_length = 131072;
   int64_t max_running_requests = 256;

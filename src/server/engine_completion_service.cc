@@ -2,6 +2,7 @@
 #include "server/engine_completion_service.h"
 
 #include <algorithm>
+#include <functional>
 #include <random>
 
 #include "server/chat_prompt.h"
@@ -69,7 +70,20 @@ uint64_t random_seed() {
   return rng();
 }
 
+// splitmix64: spreads consecutive counters over the seed space.
+uint64_t mix_seed(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 }  // namespace
+
+uint64_t EngineCompletionService::next_seed() {
+  if (!options_.seed) return random_seed();
+  return mix_seed(*options_.seed + seed_counter_.fetch_add(1, std::memory_order_relaxed));
+}
 
 EngineCompletionService::EngineCompletionService(Engine& engine, std::shared_ptr<const Tokenizer> tokenizer,
                                                  EngineServiceOptions options)
@@ -127,7 +141,8 @@ namespace {
 // Shared by both endpoints: one engine request per (prompt, sample), choice index prompt * n + sample.
 std::optional<ApiError> build_choices(int64_t context_length, bool chat, const std::vector<Prompt>& prompts,
                                       const SamplingOptions& sampling, const ForcedTranscripts* forced,
-                                      std::vector<JobChoice>* choices) {
+                                      std::vector<JobChoice>* choices,
+                                      const std::function<uint64_t()>& draw_seed) {
   for (size_t p = 0; p < prompts.size(); ++p) {
     int64_t max_tokens = 0;
     if (auto error = check_context(context_length, static_cast<int64_t>(prompts[p].ids.size()), sampling.max_tokens,
@@ -138,7 +153,7 @@ std::optional<ApiError> build_choices(int64_t context_length, bool chat, const s
     const std::vector<int32_t>* forced_ids = forced ? forced->select(prompts[p].match_text) : nullptr;
     for (int64_t s = 0; s < sampling.n; ++s) {
       JobChoice c;
-      const uint64_t seed = sampling.seed ? *sampling.seed + static_cast<uint64_t>(s) : random_seed();
+      const uint64_t seed = sampling.seed ? *sampling.seed + static_cast<uint64_t>(s) : draw_seed();
       c.input = engine_input(sampling, chat, max_tokens, seed);
       c.input.prompt = prompts[p].ids;
       if (forced_ids) c.input.forced_tokens = *forced_ids;
@@ -164,7 +179,7 @@ std::optional<ApiError> EngineCompletionService::start_chat(const ChatRequest& r
       break;
     }
   std::vector<JobChoice> choices;
-  if (auto error = build_choices(context_length_, true, {prompt}, request.sampling, options_.forced, &choices)) return error;
+  if (auto error = build_choices(context_length_, true, {prompt}, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
   return launch(GenerationJob::Kind::kChat, std::move(choices), std::move(stream));
 }
 
@@ -198,7 +213,7 @@ std::optional<ApiError> EngineCompletionService::start_completion(const Completi
     prompts.push_back(std::move(prompt));
   }
   std::vector<JobChoice> choices;
-  if (auto error = build_choices(context_length_, false, prompts, request.sampling, options_.forced, &choices)) return error;
+  if (auto error = build_choices(context_length_, false, prompts, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
   return launch(GenerationJob::Kind::kCompletion, std::move(choices), std::move(stream));
 }
 

@@ -9,7 +9,9 @@
 // response with usage. A client that disconnects aborts its engine requests (freed within one step).
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <unordered_map>
 
@@ -24,6 +26,9 @@ namespace mx::server {
 struct EngineServiceOptions {
   int64_t context_length = 0;  // prompt + output tokens per request; 0 = the engine's max_model_len
   const ForcedTranscripts* forced = nullptr;  // test only; must outlive the service
+  // `serve --seed`: requests without a seed get seeds drawn from this (reproducible across restarts for
+  // the same request order, as vLLM's --seed); unset: from the OS's random device.
+  std::optional<uint64_t> seed;
 };
 
 class EngineCompletionService final : public CompletionService {
@@ -47,8 +52,10 @@ class EngineCompletionService final : public CompletionService {
                                  std::shared_ptr<GenerationStream> stream);
   void adopt(const std::shared_ptr<GenerationJob>& job);
   void release(const GenerationJob* job);
+  uint64_t next_seed();  // for a choice without a request seed
 
   Engine& engine_;
+  std::atomic<uint64_t> seed_counter_{0};
   std::shared_ptr<const Tokenizer> tokenizer_;
   EngineServiceOptions options_;
   int64_t context_length_;

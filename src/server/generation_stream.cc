@@ -115,6 +115,9 @@ void GenerationStream::done(GenerationUsage usage) {
     if (self->ended_) return;
     std::string sse;
     self->formatter_->done(usage, &sse);
+    self->channel_->set_log_note("prompt_tokens=" + std::to_string(usage.prompt_tokens) +
+                                 " completion_tokens=" + std::to_string(usage.completion_tokens) +
+                                 (self->streaming_ ? " stream" : ""));
     if (self->streaming_) {
       self->begin_if_needed();
       self->channel_->write_chunk(std::move(sse));

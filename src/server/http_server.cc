@@ -196,6 +196,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     res.keep_alive(keep_alive_);
     res.prepare_payload();
     if (head_request_) res.body().clear();  // HEAD: the GET response's headers, Content-Length included
+    log_access(res.result_int(), ch->log_note_);  // before the bytes go out: a client that got them sees the line
     std::ostringstream os;
     os << res;
     enqueue(os.str());
@@ -204,6 +205,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void begin_stream(ResponseChannel* ch, HttpResponse head) {
     if (!is_active(ch) || ch->streaming_) return;
     ch->streaming_ = true;
+    stream_status_ = head.result_int();
     chunked_ = version_ >= 11;  // HTTP/1.0 has no chunks: the body ends when the connection closes
     if (!chunked_) keep_alive_ = false;
     head.version(version_);
@@ -228,6 +230,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void end_stream(ResponseChannel* ch) {
     if (!is_active(ch) || !ch->streaming_) return;
     ch->complete_ = true;
+    log_access(stream_status_, ch->log_note_);
     if (chunked_) enqueue("0\r\n\r\n");
     else if (!writing_) after_response();
   }
@@ -300,8 +303,28 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     stream_.expires_never();
     auto channel = std::make_shared<ResponseChannel>(shared_from_this());
     active_ = channel;
+    if (options_.access_log) {
+      started_ = std::chrono::steady_clock::now();
+      pending_log_ = AccessRecord{};
+      pending_log_.method = std::string(request.method_string());
+      pending_log_.target = std::string(to_std(request.target()));
+      pending_log_.version = version_;
+      beast::error_code ec;
+      const auto peer = stream_.socket().remote_endpoint(ec);
+      if (!ec) pending_log_.client = peer.address().to_string();
+      log_pending_ = true;
+    }
     handler_(std::move(request), channel);
     if (active_ == channel && !channel->complete_) watch_disconnect();
+  }
+
+  void log_access(int status, const std::string& note) {
+    if (!log_pending_) return;
+    log_pending_ = false;
+    pending_log_.status = status;
+    pending_log_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    pending_log_.note = note;
+    options_.access_log(pending_log_);
   }
 
   // ---- writing ----
@@ -338,6 +361,19 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   void fail_and_close(const ApiError& error) {
+    if (options_.access_log && !log_pending_) {  // refused before a request reached the handler
+      started_ = std::chrono::steady_clock::now();
+      pending_log_ = AccessRecord{};
+      if (parser_) {
+        pending_log_.method = std::string(parser_->get().method_string());
+        pending_log_.target = std::string(to_std(parser_->get().target()));
+      }
+      beast::error_code ec;
+      const auto peer = stream_.socket().remote_endpoint(ec);
+      if (!ec) pending_log_.client = peer.address().to_string();
+      log_pending_ = true;
+    }
+    log_access(error.status, "");
     active_.reset();
     closing_ = true;
     HttpResponse res = make_error_response(error, version_, "");
@@ -384,6 +420,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void peer_gone() {
     if (closed_) return;
+    if (active_ && !active_->complete_) log_access(0, active_->log_note_.empty() ? "client gone" : active_->log_note_ + " client gone");
     if (active_) {
       auto channel = std::move(active_);
       channel->disconnected_.store(true, std::memory_order_release);
@@ -431,6 +468,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::shared_ptr<IdleConnections> idle_;
   uint64_t idle_key_ = 0;  // this connection's entry in `idle_` while it waits for a request, else 0
   bool head_request_ = false;
+  int stream_status_ = 0;
+  bool log_pending_ = false;  // a request's access line is still to be written
+  AccessRecord pending_log_;
+  std::chrono::steady_clock::time_point started_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<ResponseChannel> active_;  // the request being answered
@@ -462,6 +503,10 @@ void ResponseChannel::end_stream() {
 }
 
 void ResponseChannel::run(std::function<void()> fn) { session_->post(std::move(fn)); }
+
+void ResponseChannel::set_log_note(std::string note) {
+  session_->post([self = shared_from_this(), n = std::move(note)]() mutable { self->log_note_ = std::move(n); });
+}
 
 void ResponseChannel::on_disconnect(std::function<void()> fn) {
   session_->post([self = shared_from_this(), fn = std::move(fn)]() mutable {

@@ -44,6 +44,17 @@ using HttpResponse = http::response<http::string_body>;
 // Beast 1.74 has its own string_view; the rest of the code uses std's.
 inline std::string_view to_std(beast::string_view s) { return {s.data(), s.size()}; }
 
+// One finished request, for the access log.
+struct AccessRecord {
+  std::string client;   // peer address
+  std::string method;
+  std::string target;   // as routed (origin form), query included
+  unsigned version = 11;
+  int status = 0;       // 0: the client left before a response started
+  double seconds = 0;   // request fully read -> response fully queued (or the client gone)
+  std::string note;     // what the handler added (ResponseChannel::set_log_note), e.g. token counts
+};
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (tests)
@@ -52,6 +63,7 @@ struct HttpServerOptions {
   uint32_t max_header_bytes = 16u << 10;
   std::chrono::milliseconds request_timeout{60000};  // to receive one whole request, and idle keep-alive
   std::chrono::milliseconds write_timeout{120000};   // for one write to drain (a client that stops reading)
+  std::function<void(const AccessRecord&)> access_log;  // called once per request on its strand; may be empty
 };
 
 class HttpSession;
@@ -85,6 +97,8 @@ class ResponseChannel : public std::enable_shared_from_this<ResponseChannel> {
   void end_stream();
   // Runs `fn` on the connection's strand (callers that keep state per request without locks).
   void run(std::function<void()> fn);
+  // Text for this request's access-log line (token counts); call before the response completes.
+  void set_log_note(std::string note);
 
   bool disconnected() const { return disconnected_.load(std::memory_order_acquire); }
   // `fn` runs once, on the strand, when the client goes away before the response is complete (at once if
@@ -98,6 +112,7 @@ class ResponseChannel : public std::enable_shared_from_this<ResponseChannel> {
   bool complete_ = false;
   bool streaming_ = false;
   std::function<void()> disconnect_fn_;
+  std::string log_note_;
   std::atomic<bool> disconnected_{false};
 };
 

@@ -1,5 +1,6 @@
 #include "tools/cli_args.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -7,11 +8,55 @@
 
 namespace mx {
 
-Result<CliArgs> CliArgs::parse(int argc, char** argv, int first, const std::vector<CliOption>& options) {
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The known spelling closest to `name`, if it is close enough to be a typo (or a prefix of one).
+std::string closest_option(const std::string& name, const std::vector<CliOption>& options) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 4) + 1;
+  for (const auto& o : options) {
+    std::vector<std::string> spellings = o.aliases;
+    spellings.push_back(o.name);
+    for (const auto& s : spellings) {
+      size_t d = edit_distance(name, s);
+      if (name.size() >= 4 && s.rfind(name, 0) == 0) d = std::min<size_t>(d, 1);
+      if (d < best_distance) best_distance = d, best = s;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+Result<CliArgs> CliArgs::parse(int argc, char** argv, int first, const std::vector<CliOption>& options,
+                               const std::string& positional) {
   CliArgs args;
+  bool positional_taken = false;
   for (int i = first; i < argc; ++i) {
     std::string token = argv[i];
-    if (token.rfind("--", 0) != 0) return invalid_argument("unexpected argument '" + token + "'");
+    if (token.rfind("--", 0) != 0) {
+      if (positional.empty() || positional_taken || token.empty())
+        return invalid_argument("unexpected argument '" + token + "'");
+      if (args.has(positional)) return invalid_argument("'" + token + "' and --" + positional + " both name the " + positional);
+      positional_taken = true;
+      args.values_[positional] = token;
+      continue;
+    }
     std::string name = token.substr(2);
     std::string value;
     bool has_inline_value = false;
@@ -21,16 +66,22 @@ Result<CliArgs> CliArgs::parse(int argc, char** argv, int first, const std::vect
       has_inline_value = true;
     }
     const CliOption* option = nullptr;
-    for (const auto& o : options)
-      if (o.name == name) option = &o;
-    if (!option) return invalid_argument("unknown option --" + name);
+    for (const auto& o : options) {
+      if (o.name == name || std::find(o.aliases.begin(), o.aliases.end(), name) != o.aliases.end()) option = &o;
+    }
+    if (!option) {
+      const std::string guess = closest_option(name, options);
+      return invalid_argument("unknown option --" + name + (guess.empty() ? "" : " (did you mean --" + guess + "?)"));
+    }
+    if (positional_taken && option->name == positional)
+      return invalid_argument("--" + name + " and a bare argument both name the " + positional);
     if (option->takes_value && !has_inline_value) {
       if (i + 1 >= argc) return invalid_argument("option --" + name + " needs a value");
       value = argv[++i];
     } else if (!option->takes_value && has_inline_value) {
       return invalid_argument("option --" + name + " takes no value");
     }
-    args.values_[name] = value;
+    args.values_[option->name] = value;
   }
   return args;
 }
@@ -68,7 +119,9 @@ std::string cli_usage(const std::string& command, const std::vector<CliOption>& 
   for (const auto& o : options) {
     std::string lhs = "  --" + o.name + (o.takes_value ? " VALUE" : "");
     if (lhs.size() < 30) lhs.resize(30, ' ');
-    out << lhs << " " << o.help << "\n";
+    std::string also;
+    for (const auto& a : o.aliases) also += (also.empty() ? " (also --" : ", --") + a;
+    out << lhs << " " << o.help << (also.empty() ? "" : also + ")") << "\n";
   }
   return out.str();
 }

@@ -16,12 +16,18 @@ struct CliOption {
   std::string name;  // without the leading "--"
   bool takes_value;
   std::string help;
+  // Other spellings of the same setting that users paste from vLLM and SGLang command lines
+  // (`max-num-seqs` for `max-running-requests`); stored under `name`.
+  std::vector<std::string> aliases = {};
 };
 
 class CliArgs {
  public:
-  // Parses argv[first..argc). Accepts "--name value" and "--name=value".
-  static Result<CliArgs> parse(int argc, char** argv, int first, const std::vector<CliOption>& options);
+  // Parses argv[first..argc). Accepts "--name value" and "--name=value", and an alias for any name. With
+  // `positional` set, one bare argument is taken as that option's value (`mxserve serve DIR`). An unknown
+  // option is an error that names the closest known one ("did you mean --max-num-seqs?").
+  static Result<CliArgs> parse(int argc, char** argv, int first, const std::vector<CliOption>& options,
+                               const std::string& positional = "");
 
   bool has(const std::string& name) const { return values_.count(name) != 0; }
   std::string get(const std::string& name, const std::string& fallback = "") const;

@@ -5,12 +5,15 @@ namespace mx {
 std::vector<CliOption> engine_cli_options() {
   return {
       {"page-size", true, "KV cache page size in tokens (default 16)"},
-      {"mem-fraction", true, "CUDA: share of device memory for weights, activations and the KV pool (default 0.9)"},
+      {"mem-fraction", true, "CUDA: share of device memory for weights, activations and the KV pool (default 0.9)",
+       {"gpu-memory-utilization", "mem-fraction-static"}},
       {"num-kv-pages", true, "KV pool size in pages; overrides --mem-fraction (CPU default: a 256 MiB pool)"},
       {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
-      {"max-running-requests", true, "requests decoded together"},
-      {"max-model-len", true, "longest prompt + output per request (default: the model's context)"},
-      {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes"},
+      {"max-running-requests", true, "requests decoded together (default 64)", {"max-num-seqs"}},
+      {"max-model-len", true, "longest prompt + output per request (default: the model's context, capped by the KV pool)",
+       {"context-length"}},
+      {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes", {"no-enable-prefix-caching"}},
+      {"enable-prefix-caching", false, "reuse KV pages of shared prompt prefixes (the default)"},
       {"disable-cuda-graph", false, "run decode steps eagerly instead of replaying captured CUDA graphs"},
       {"cuda-graph-batch-sizes", true, "decode batch sizes to capture, e.g. 1,2,4,8 (default 1,2,4,8..512)"},
   };
@@ -23,6 +26,8 @@ Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
   MX_ASSIGN_OR_RETURN(c->max_num_batched_tokens, args.get_int("max-num-batched-tokens", c->max_num_batched_tokens));
   MX_ASSIGN_OR_RETURN(c->max_running_requests, args.get_int("max-running-requests", c->max_running_requests));
   MX_ASSIGN_OR_RETURN(c->max_model_len, args.get_int("max-model-len", c->max_model_len));
+  if (args.has("no-prefix-cache") && args.has("enable-prefix-caching"))
+    return invalid_argument("--enable-prefix-caching and --no-prefix-cache (--no-enable-prefix-caching) contradict each other");
   if (args.has("no-prefix-cache")) c->enable_prefix_cache = false;
   if (args.has("disable-cuda-graph")) c->enable_cuda_graphs = false;
   if (args.has("cuda-graph-batch-sizes")) {

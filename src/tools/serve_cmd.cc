@@ -14,6 +14,7 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "core/log.h"
+#include "core/version.h"
 #include "model/demo_model.h"
 #include "model/gpt_oss.h"
 #include "runtime/engine.h"
@@ -22,35 +23,71 @@
 #include "server/engine_completion_service.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/engine_flags.h"
+#include "tools/model_location.h"
 
 namespace mx {
 namespace {
 
-const std::vector<CliOption> kOptions = {
-    {"model", true, "model directory (config.json, safetensors, tokenizer); without it, the demo model: random "
-                    "weights (it speaks gibberish), made once in $XDG_CACHE_HOME/mxserve or ~/.cache/mxserve"},
-    {"host", true, "address to listen on (default 127.0.0.1)"},
-    {"port", true, "TCP port (default 8000; 0 picks a free one)"},
-    {"backend", true, "cpu (default) or cuda"},
-    {"threads", true, "CPU backend threads (default: all cores)"},
-    {"api-key", true, "require `Authorization: Bearer KEY` on every route but /health and /metrics"},
-    {"metrics-require-key", false, "require the API key on /metrics too (open by default, as Prometheus scrapes it)"},
-    {"served-model-name", true, "the model id clients use (default: the model directory's name, or mxserve-demo)"},
-    {"context-length", true, "maximum prompt + output tokens per request (default: the model's, capped by the KV pool)"},
-    {"max-running-requests", true, "requests the engine runs at once (default 64)"},
-    {"max-queued-requests", true, "requests waiting beyond those; more get 503 (default 1024)"},
-    {"num-kv-pages", true, "KV pool size in pages of 16 tokens (default: a 256 MiB budget on the CPU, --mem-fraction on cuda)"},
-    {"mem-fraction", true, "cuda: share of GPU memory for weights, activations and the KV pool (default 0.9)"},
-    {"disable-cuda-graph", false, "cuda: run decode steps eagerly instead of replaying CUDA graphs"},
-    {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
-    {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes"},
-    {"shutdown-timeout", true, "seconds in-flight requests may finish after SIGTERM (default 30)"},
-    {"io-threads", true, "HTTP io threads (default 2)"},
-    {"log-level", true, "debug, info (default), warning or error"},
-    {"test-forced-tokens", true, "TEST ONLY: JSON file of transcripts the engine emits instead of sampling "
-                                 "(see src/server/forced_transcripts.h)"},
-    {"help", false, "show this help"},
-};
+// serve's own flags, then the engine's (tools/engine_flags.h). Aliases are the spellings of vLLM and SGLang
+// command lines; flags of theirs that mxserve cannot honour are accepted only with values it can, and
+// refused with the reason otherwise (never parsed and ignored).
+std::vector<CliOption> serve_options() {
+  std::vector<CliOption> options = {
+      {"model", true,
+       "model directory (config.json, safetensors, tokenizer) or a Hugging Face id found in the local Hugging Face "
+       "cache; also the bare first argument. Without it, the demo model: random weights (it speaks gibberish), made "
+       "once in $XDG_CACHE_HOME/mxserve or ~/.cache/mxserve",
+       {"model-path"}},
+      {"host", true, "address to listen on (default 127.0.0.1)"},
+      {"port", true, "TCP port (default 8000; 0 picks a free one)"},
+      {"backend", true, "cpu (default) or cuda"},
+      {"threads", true, "CPU backend threads (default: all cores)"},
+      {"api-key", true, "require `Authorization: Bearer KEY` on every route but /health and /metrics"},
+      {"metrics-require-key", false, "require the API key on /metrics too (open by default, as Prometheus scrapes it)"},
+      {"served-model-name", true, "the model id clients use (default: the model directory's name, or mxserve-demo)"},
+      {"max-queued-requests", true, "requests waiting beyond those; more get 503 (default 1024)"},
+      {"seed", true, "seed for requests that bring none (default: random per request)"},
+      {"dtype", true, "auto or bfloat16 (the only dtype mxserve computes in on the GPU; the CPU reference is fp32)"},
+      {"kv-cache-dtype", true, "auto or bfloat16 (fp8 KV is not available)"},
+      {"tensor-parallel-size", true, "1 (one GPU per server; tensor parallel is not available yet)", {"tp", "tp-size"}},
+      {"reasoning-parser", true, "gpt_oss (also gpt-oss, openai_gptoss): the model's own format; on by default"},
+      {"tool-call-parser", true, "openai (also gpt_oss, harmony): the model's own format; on by default"},
+      {"enable-auto-tool-choice", false, "accepted: tool calls are always parsed"},
+      {"trust-remote-code", false, "accepted: mxserve runs no code from checkpoints"},
+      {"disable-log-requests", false, "no access-log line per request"},
+      {"shutdown-timeout", true, "seconds in-flight requests may finish after SIGTERM (default 30)"},
+      {"io-threads", true, "HTTP io threads (default 2)"},
+      {"log-level", true, "debug, info (default), warning or error"},
+      {"test-forced-tokens", true, "TEST ONLY: JSON file of transcripts the engine emits instead of sampling "
+                                   "(see src/server/forced_transcripts.h)"},
+      {"version", false, "print the version and exit"},
+      {"help", false, "show this help"},
+  };
+  for (auto& o : engine_cli_options()) options.push_back(std::move(o));
+  return options;
+}
+
+// The vLLM/SGLang flags whose only honourable values are the ones mxserve runs with.
+Status check_compat_flags(const CliArgs& args) {
+  auto one_of = [&](const std::string& flag, std::initializer_list<const char*> accepted, const std::string& why) -> Status {
+    if (!args.has(flag)) return Status::ok();
+    const std::string value = args.get(flag);
+    for (const char* a : accepted) {
+      if (value == a) return Status::ok();
+    }
+    return invalid_argument("--" + flag + " " + value + ": " + why);
+  };
+  MX_RETURN_IF_ERROR(one_of("dtype", {"auto", "bfloat16", "bf16"},
+                            "mxserve computes in bfloat16 on the GPU (fp32 on the CPU reference); use auto or bfloat16"));
+  MX_RETURN_IF_ERROR(one_of("kv-cache-dtype", {"auto", "bfloat16", "bf16"}, "only a bfloat16 KV cache is available"));
+  MX_RETURN_IF_ERROR(one_of("tensor-parallel-size", {"1"}, "tensor parallel is not available yet: one GPU per server"));
+  MX_RETURN_IF_ERROR(one_of("reasoning-parser", {"gpt_oss", "gpt-oss", "openai_gptoss", "harmony"},
+                            "mxserve parses the model's own format (gpt-oss: Harmony); give gpt_oss or leave it out"));
+  MX_RETURN_IF_ERROR(one_of("tool-call-parser", {"openai", "gpt_oss", "gpt-oss", "harmony"},
+                            "mxserve parses the model's own format (gpt-oss: Harmony); give openai or leave it out"));
+  return Status::ok();
+}
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "error: %s\n", message.c_str());
@@ -73,18 +110,18 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
   o.api_key = args.get("api-key");
   if (args.has("api-key") && o.api_key.empty()) return invalid_argument("--api-key must not be empty");
   o.metrics_require_key = args.has("metrics-require-key");
+  o.log_requests = !args.has("disable-log-requests");
   if (o.metrics_require_key && o.api_key.empty()) return invalid_argument("--metrics-require-key needs --api-key");
-  std::string model_dir = args.get("model");
-  if (!model_dir.empty()) {
-    if (!std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "config.json"))
-      return invalid_argument("--model " + model_dir + ": no config.json there");
-    while (model_dir.size() > 1 && model_dir.back() == '/') model_dir.pop_back();
+  MX_RETURN_IF_ERROR(check_compat_flags(args));
+  std::string served = "mxserve-demo";
+  if (args.has("model")) {
+    MX_ASSIGN_OR_RETURN(const ModelLocation where, resolve_model_location(args.get("model")));
+    served = where.served_name;
   }
-  o.served_model_name = args.get("served-model-name", model_dir.empty() ? std::string("mxserve-demo")
-                                                                        : std::filesystem::path(model_dir).filename().string());
+  o.served_model_name = args.get("served-model-name", served);
   // Until the model is loaded, the most any model allows; the engine's limit replaces it (set_ready).
-  MX_ASSIGN_OR_RETURN(o.context_length, args.get_int("context-length", 131072));
-  if (o.context_length < 16) return invalid_argument("--context-length must be at least 16");
+  MX_ASSIGN_OR_RETURN(o.context_length, args.get_int("max-model-len", 131072));
+  if (o.context_length < 16) return invalid_argument("--max-model-len (--context-length) must be at least 16");
   MX_ASSIGN_OR_RETURN(o.max_running_requests, args.get_int("max-running-requests", 64));
   if (o.max_running_requests < 1) return invalid_argument("--max-running-requests must be at least 1");
   MX_ASSIGN_OR_RETURN(o.max_queued_requests, args.get_int("max-queued-requests", 1024));
@@ -113,8 +150,11 @@ struct LoadedModel {
 
 Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const server::ApiServerOptions& server_options) {
   auto loaded = std::make_unique<LoadedModel>();
-  std::string model_dir = args.get("model");
-  if (model_dir.empty()) {
+  std::string model_dir;
+  if (args.has("model")) {
+    MX_ASSIGN_OR_RETURN(const ModelLocation where, resolve_model_location(args.get("model")));
+    model_dir = where.dir;
+  } else {
     MX_ASSIGN_OR_RETURN(std::string dir, default_demo_model_dir());
     MX_ASSIGN_OR_RETURN(model_dir, ensure_demo_model(dir));
     MX_LOG(Warning) << "no --model given: serving the demo model from " << model_dir
@@ -142,18 +182,17 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   }
 
   EngineConfig config;
+  MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
   config.max_running_requests = server_options.max_running_requests;
   config.max_queued_requests = server_options.max_queued_requests;
-  MX_ASSIGN_OR_RETURN(config.num_kv_pages, args.get_int("num-kv-pages", 0));
-  MX_ASSIGN_OR_RETURN(config.mem_fraction, args.get_double("mem-fraction", config.mem_fraction));
-  config.enable_cuda_graphs = !args.has("disable-cuda-graph");
-  MX_ASSIGN_OR_RETURN(config.max_num_batched_tokens, args.get_int("max-num-batched-tokens", config.max_num_batched_tokens));
-  if (args.has("context-length")) config.max_model_len = server_options.context_length;
-  config.enable_prefix_cache = !args.has("no-prefix-cache");
   MX_ASSIGN_OR_RETURN(loaded->engine, Engine::start(*loaded->model, config, make_detokenize_fn(loaded->tokenizer)));
   server::EngineServiceOptions service_options;
   service_options.context_length = loaded->engine->config().max_model_len;
   service_options.forced = loaded->forced.get();
+  if (args.has("seed")) {
+    MX_ASSIGN_OR_RETURN(const int64_t seed, args.get_int("seed", 0));
+    service_options.seed = static_cast<uint64_t>(seed);
+  }
   loaded->service = std::make_unique<server::EngineCompletionService>(*loaded->engine, loaded->tokenizer, service_options);
   return loaded;
 }
@@ -161,14 +200,19 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
 }  // namespace
 
 int run_serve_command(int argc, char** argv) {
-  auto parsed = CliArgs::parse(argc, argv, 2, kOptions);
+  const std::vector<CliOption> flags = serve_options();
+  auto parsed = CliArgs::parse(argc, argv, 2, flags, "model");
   if (!parsed.is_ok()) {
-    std::fprintf(stderr, "error: %s\n%s", parsed.status().message().c_str(), cli_usage("serve", kOptions).c_str());
+    std::fprintf(stderr, "error: %s\n%s", parsed.status().message().c_str(), cli_usage("serve", flags).c_str());
     return 2;
   }
   const CliArgs& args = *parsed;
   if (args.has("help")) {
-    std::fprintf(stdout, "%s", cli_usage("serve", kOptions).c_str());
+    std::fprintf(stdout, "%s", cli_usage("serve", flags).c_str());
+    return 0;
+  }
+  if (args.has("version")) {
+    std::fprintf(stdout, "mxserve %s\n", kMxserveVersion);
     return 0;
   }
   LogLevel level = LogLevel::kInfo;

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "server_test_util.h"
 
@@ -338,6 +339,29 @@ TEST(ServerHttp, MetricsUseTheNamesDashboardsChart) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name;
   }
   EXPECT_EQ(r.body.find("0.10000000000000001"), std::string::npos);
+}
+
+TEST(ServerHttp, AccessLogHasOneIsoTimestampedLinePerRequest) {
+  auto options = TestServer::default_options();
+  options.log_requests = true;
+  TestServer server(options);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi")).status, 200);
+  EXPECT_EQ(http_call(server.port(), "GET", "/nope").status, 404);
+  RawClient bad(server.port());
+  bad.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n");
+  EXPECT_EQ(bad.read_reply().status, 400);
+  // Each line is written before its response's bytes are queued, so all three are in by now.
+  const std::string log = testing::internal::GetCapturedStderr();
+  const std::regex iso(R"(I \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z )");
+  EXPECT_TRUE(std::regex_search(log, iso)) << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex(R"("POST /v1/chat/completions HTTP/1.1" 200 \d+\.\d{3}s prompt_tokens=10 completion_tokens=4)")))
+      << log;
+  EXPECT_NE(log.find("\"GET /nope HTTP/1.1\" 404 "), std::string::npos) << log;
+  EXPECT_NE(log.find("\"POST /v1/chat/completions HTTP/1.1\" 400 "), std::string::npos) << log;
+  size_t lines = 0;
+  for (size_t at = log.find("\" 200 "); at != std::string::npos; at = log.find("\" 200 ", at + 1)) ++lines;
+  EXPECT_EQ(lines, 1u) << log;
 }
 
 TEST(ServerHttp, MetricsAreOpenUnlessTheKeyIsRequired) {

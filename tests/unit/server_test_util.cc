@@ -153,6 +153,7 @@ server::ApiServerOptions TestServer::default_options() {
   o.http.max_header_bytes = 8 * 1024;
   o.http.request_timeout = std::chrono::milliseconds(3000);
   o.served_model_name = "test-model";
+  o.log_requests = false;  // the access-log test turns it on
   o.context_length = 4096;
   o.max_running_requests = 64;
   o.max_queued_requests = 512;
