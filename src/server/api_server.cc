@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "server/openai_request.h"
+#include "server/response_store.h"
 
 namespace mx::server {
 
@@ -39,6 +40,7 @@ struct ApiServer::Shared {
   explicit Shared(const std::string& model) : registry(model), metrics(&registry) {}
   MetricsRegistry registry;
   ServerMetrics metrics;
+  ResponseStore responses;
   std::atomic<int64_t> in_flight{0};
   std::mutex mu;
   uint64_t next_key = 0;                                                  // guarded by mu
@@ -180,11 +182,13 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
   if (auto error = parse_json_object(request.body(), &body)) return reply(*error);
   ChatRequest chat;
   CompletionRequest completion;
+  std::string previous_response_id;
   std::optional<ApiError> error;
   switch (endpoint) {
     case Endpoint::kChat: error = parse_chat_request(body, &chat); break;
     case Endpoint::kCompletions: error = parse_completion_request(body, &completion); break;
     case Endpoint::kResponses: {
+      if ((error = shared_->responses.expand(&body, &previous_response_id))) break;
       ResponsesRequest responses;
       error = parse_responses_request(body, &responses);
       chat = std::move(responses.chat);
@@ -236,8 +240,20 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
                                             static_cast<int64_t>(completion.prompts.size()) * sampling.n, sampling.logprobs);
       break;
     case Endpoint::kResponses:
+    {
       identity.id = random_id("resp_");
-      formatter = make_responses_formatter(identity, chat);
+      ResponsesOptions options;
+      options.store = !body.contains("store") || body["store"] != false;
+      options.previous_response_id = previous_response_id;
+      if (options.store) {
+        // The expanded input (previous conversation and references resolved) and the output are what a
+        // later previous_response_id continues from.
+        options.on_complete = [shared = shared_, id = identity.id, input = body["input"]](const Json& response) {
+          if (response.contains("output")) shared->responses.put(id, input, response["output"]);
+        };
+      }
+      formatter = make_responses_formatter(identity, chat, std::move(options));
+    }
       break;
   }
 

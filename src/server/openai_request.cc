@@ -514,9 +514,9 @@ std::optional<ApiError> parse_responses_request(const Json& body, ResponsesReque
   Fields f(body, "");
   ChatRequest& chat = out->chat;
   MX_TRY(f.string("model", &chat.model));
-  if (f.find("previous_response_id"))
-    return ApiError::invalid_request("'previous_response_id' is not supported: this server stores no responses; send the "
-                                     "whole conversation as 'input'.", "previous_response_id");
+  // previous_response_id and item_reference items were resolved before parsing (ResponseStore::expand).
+  bool store = true;
+  MX_TRY(f.boolean("store", &store));
   MX_TRY(f.string("instructions", &out->instructions));
   if (!out->instructions.empty()) chat.messages.push_back({ChatRole::kDeveloper, out->instructions, "", {}, "", ""});
   const Json* input = f.find("input");

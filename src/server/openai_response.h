@@ -9,6 +9,7 @@
 // Formatters are not thread-safe; GenerationStream calls them on the connection's strand.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,7 +44,15 @@ std::unique_ptr<ResponseFormatter> make_chat_formatter(ResponseIdentity identity
                                                        bool logprobs = false);
 std::unique_ptr<ResponseFormatter> make_completion_formatter(ResponseIdentity identity, StreamOptions stream,
                                                              int64_t choices, bool logprobs = false);
-std::unique_ptr<ResponseFormatter> make_responses_formatter(ResponseIdentity identity, const ChatRequest& request);
+// What a Responses request adds to its response object, and where a finished response goes to be stored.
+struct ResponsesOptions {
+  bool store = true;                 // echoed as "store"; the caller stores only when set
+  std::string previous_response_id;  // echoed; empty = null
+  // Called once with the final response object (completed or incomplete), before its last bytes are queued.
+  std::function<void(const Json& response)> on_complete;
+};
+std::unique_ptr<ResponseFormatter> make_responses_formatter(ResponseIdentity identity, const ChatRequest& request,
+                                                            ResponsesOptions options = {});
 
 // `data: <json>\n\n`
 std::string sse_data(const Json& data);

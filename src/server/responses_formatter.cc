@@ -21,7 +21,8 @@ struct Item {
 
 class ResponsesFormatter final : public ResponseFormatter {
  public:
-  ResponsesFormatter(ResponseIdentity identity, const ChatRequest& request) : id_(std::move(identity)) {
+  ResponsesFormatter(ResponseIdentity identity, const ChatRequest& request, ResponsesOptions options)
+      : id_(std::move(identity)), options_(std::move(options)) {
     tool_choice_ = request.tool_choice.mode == ToolChoice::Mode::kNamed
                        ? Json({{"type", "function"}, {"name", request.tool_choice.name}})
                        : Json(request.tool_choice.mode == ToolChoice::Mode::kNone       ? "none"
@@ -54,7 +55,9 @@ class ResponsesFormatter final : public ResponseFormatter {
   void done(const GenerationUsage& usage, std::string* sse) override {
     if (!finished_) finish(0, FinishReason::kStop, sse);
     const bool complete = reason_ != FinishReason::kLength && reason_ != FinishReason::kAbort;
-    event(complete ? "response.completed" : "response.incomplete", {{"response", response_json(&usage)}}, sse);
+    Json response = response_json(&usage);
+    if (options_.on_complete) options_.on_complete(response);
+    event(complete ? "response.completed" : "response.incomplete", {{"response", std::move(response)}}, sse);
   }
 
   std::string body(const GenerationUsage& usage) const override { return json_text(response_json(&usage)); }
@@ -170,7 +173,9 @@ class ResponsesFormatter final : public ResponseFormatter {
                                                                                                     : "aborted"}})
                                                 : Json(nullptr)},
               {"tools", tools_}, {"tool_choice", tool_choice_}, {"parallel_tool_calls", true},
-              {"temperature", temperature_}, {"top_p", top_p_}, {"reasoning", {{"effort", effort_}, {"summary", nullptr}}}};
+              {"temperature", temperature_}, {"top_p", top_p_}, {"reasoning", {{"effort", effort_}, {"summary", nullptr}}},
+              {"store", options_.store},
+              {"previous_response_id", options_.previous_response_id.empty() ? Json(nullptr) : Json(options_.previous_response_id)}};
     if (usage) {
       r["usage"] = {{"input_tokens", usage->prompt_tokens},
                     {"input_tokens_details", {{"cached_tokens", usage->cached_tokens}}},
@@ -190,6 +195,7 @@ class ResponsesFormatter final : public ResponseFormatter {
   }
 
   ResponseIdentity id_;
+  ResponsesOptions options_;
   Json tool_choice_, tools_;
   double temperature_ = 1.0, top_p_ = 1.0;
   const char* effort_ = "medium";
@@ -202,8 +208,9 @@ class ResponsesFormatter final : public ResponseFormatter {
 
 }  // namespace
 
-std::unique_ptr<ResponseFormatter> make_responses_formatter(ResponseIdentity identity, const ChatRequest& request) {
-  return std::make_unique<ResponsesFormatter>(std::move(identity), request);
+std::unique_ptr<ResponseFormatter> make_responses_formatter(ResponseIdentity identity, const ChatRequest& request,
+                                                            ResponsesOptions options) {
+  return std::make_unique<ResponsesFormatter>(std::move(identity), request, std::move(options));
 }
 
 }  // namespace mx::server

@@ -298,6 +298,23 @@ test('responses: plain request returns output items and usage', async () => {
   assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
 });
 
+test('responses: previous_response_id and item_reference continue a stored response', async () => {
+  const first = await client.responses.create({ model, input: 'Say hello.', max_output_tokens: 16 });
+  assert.equal(first.store, true);
+  const next = await client.responses.create({ model, previous_response_id: first.id, input: 'Again.', max_output_tokens: 8 });
+  assert.equal(next.previous_response_id, first.id);
+  assert.ok(next.usage.input_tokens > first.usage.input_tokens, 'the stored conversation is part of the prompt');
+  if (first.output.length > 0) {
+    const ref = await client.responses.create({
+      model, max_output_tokens: 8,
+      input: [{ role: 'user', content: 'Say hello.' }, { type: 'item_reference', id: first.output[0].id }, { role: 'user', content: 'More.' }],
+    });
+    assert.equal(ref.object, 'response');
+  }
+  await assert.rejects(client.responses.create({ model, previous_response_id: 'resp_unknown', input: 'x' }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'previous_response_id' && /resp_unknown/.test(e.message));
+});
+
 test('responses: streamed events in order, deltas add up to the final items', async () => {
   const events = [];
   for await (const e of await client.responses.create({ model, input: 'Say hello.', max_output_tokens: 16, stream: true }))

@@ -6,6 +6,7 @@
 #include <random>
 #include <regex>
 
+#include "server/response_store.h"
 #include "server_test_util.h"
 
 namespace mx::test {
@@ -339,6 +340,81 @@ TEST(ServerHttp, MetricsUseTheNamesDashboardsChart) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name;
   }
   EXPECT_EQ(r.body.find("0.10000000000000001"), std::string::npos);
+}
+
+// The AI SDK's default tool loop: step 2 continues step 1 by previous_response_id and names its reasoning
+// item by item_reference instead of resending it.
+TEST(ServerHttp, ResponsesStoreContinuesByPreviousIdAndItemReference) {
+  TestServer server;
+  const HttpReply first = http_call(server.port(), "POST", "/v1/responses",
+                                    R"({"input":[{"role":"user","content":"tool"}],
+                                        "tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}]})");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const Json one = Json::parse(first.body);
+  EXPECT_EQ(one["store"], true);
+  const std::string response_id = one["id"], reasoning_id = one["output"][0]["id"];
+  const std::string call_id = one["output"][1]["call_id"];
+
+  // Step 2 as the SDK sends it: the reasoning item by reference, the call and its output in full.
+  const Json step2 = {{"previous_response_id", nullptr},
+                      {"input", Json::array({{{"role", "user"}, {"content", "tool"}},
+                                             {{"type", "item_reference"}, {"id", reasoning_id}},
+                                             one["output"][1],
+                                             {{"type", "function_call_output"}, {"call_id", call_id}, {"output", "sunny"}}})}};
+  const HttpReply second = http_call(server.port(), "POST", "/v1/responses", step2.dump());
+  ASSERT_EQ(second.status, 200) << second.body;
+  auto chat = server.service().last_chat();
+  ASSERT_EQ(chat.messages.size(), 3u);
+  EXPECT_EQ(chat.messages[1].role, server::ChatRole::kAssistant);
+  EXPECT_EQ(chat.messages[1].reasoning, "Need the weather.") << "the referenced reasoning item's text";
+  ASSERT_EQ(chat.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(chat.messages[2].role, server::ChatRole::kTool);
+
+  // previous_response_id: the stored conversation (input, then output) comes first.
+  const HttpReply third = http_call(server.port(), "POST", "/v1/responses",
+                                    Json({{"previous_response_id", response_id}, {"input", "and tomorrow?"}}).dump());
+  ASSERT_EQ(third.status, 200) << third.body;
+  EXPECT_EQ(Json::parse(third.body)["previous_response_id"], response_id);
+  chat = server.service().last_chat();
+  ASSERT_EQ(chat.messages.size(), 3u);
+  EXPECT_EQ(chat.messages[0].content, "tool");
+  EXPECT_EQ(chat.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(chat.messages[2].content, "and tomorrow?");
+
+  // Unknown ids are a 400 naming them; store=false keeps nothing.
+  const HttpReply unknown = http_call(server.port(), "POST", "/v1/responses",
+                                      R"({"input":[{"type":"item_reference","id":"rs_nope"}]})");
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_NE(unknown.body.find("rs_nope"), std::string::npos);
+  EXPECT_EQ(Json::parse(unknown.body)["error"]["param"], "input[0].id");
+  const HttpReply unstored = http_call(server.port(), "POST", "/v1/responses", R"({"input":"hi","store":false})");
+  ASSERT_EQ(unstored.status, 200);
+  const std::string unstored_id = Json::parse(unstored.body)["id"];
+  const HttpReply gone = http_call(server.port(), "POST", "/v1/responses",
+                                   Json({{"previous_response_id", unstored_id}, {"input", "x"}}).dump());
+  EXPECT_EQ(gone.status, 400);
+  EXPECT_EQ(Json::parse(gone.body)["error"]["param"], "previous_response_id");
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/responses", R"({"input":"hi","store":"yes"})").status, 400);
+}
+
+TEST(ServerHttp, ResponseStoreForgetsTheOldestFirst) {
+  server::ResponseStore store(2);
+  for (const char* id : {"resp_a", "resp_b", "resp_c"}) {
+    store.put(id, Json::array({{{"role", "user"}, {"content", id}}}),
+              Json::array({{{"type", "message"}, {"id", std::string("msg_") + id}, {"role", "assistant"}, {"content", "x"}}}));
+  }
+  EXPECT_EQ(store.size(), 2u);
+  std::string previous;
+  Json body = {{"previous_response_id", "resp_a"}, {"input", "x"}};
+  EXPECT_TRUE(store.expand(&body, &previous).has_value());
+  body = {{"input", Json::array({{{"type", "item_reference"}, {"id", "msg_resp_a"}}})}};
+  EXPECT_TRUE(store.expand(&body, &previous).has_value());
+  body = {{"previous_response_id", "resp_c"}, {"input", Json::array({{{"type", "item_reference"}, {"id", "msg_resp_b"}}})}};
+  ASSERT_FALSE(store.expand(&body, &previous).has_value());
+  EXPECT_EQ(previous, "resp_c");
+  ASSERT_EQ(body["input"].size(), 3u);
+  EXPECT_EQ(body["input"][2]["id"], "msg_resp_b");
+  EXPECT_FALSE(body.contains("previous_response_id"));
 }
 
 TEST(ServerHttp, AccessLogHasOneIsoTimestampedLinePerRequest) {
