@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/version.h"
 #include "server/openai_request.h"
 #include "server/response_store.h"
 
@@ -140,7 +141,15 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> c
     return channel->respond(std::move(res));
     }
   }
+  if (path == "/version") {  // open, as vLLM serves it
+    if (!require(http::verb::get)) return;
+    return channel->respond(make_json_response(http::status::ok, json_text(Json{{"version", kMxserveVersion}}), version));
+  }
   if (!authorized(request)) return reply(ApiError::unauthorized());
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (!require(http::verb::post)) return;
+    return tokenize(path == "/detokenize", request, channel);
+  }
 
   const ModelCard card{options_.served_model_name, created_, context_length_.load()};
   if (path == "/v1/models") {
@@ -161,6 +170,63 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> c
     return generate(endpoint, request, channel);
   }
   reply(ApiError::not_found("Unknown route: " + method + " " + path, "unknown_route"));
+}
+
+void ApiServer::tokenize(bool detokenize, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel) {
+  const unsigned version = request.version();
+  auto reply = [&](const ApiError& error) { channel->respond(make_error_response(error, version)); };
+  if (state_.load() == ServerState::kLoading) return reply(ApiError::unavailable("The model is still loading.", "loading"));
+  const std::string_view content_type = to_std(request[http::field::content_type]);
+  if (!is_json_content_type(content_type))
+    return reply(ApiError::unsupported_media_type(std::string(content_type.substr(0, 100))));
+  Json body;
+  if (auto error = parse_json_object(request.body(), &body)) return reply(*error);
+  if (body.contains("model") && !body["model"].is_null()) {
+    if (!body["model"].is_string()) return reply(ApiError::invalid_request("'model' must be a string.", "model"));
+    if (body["model"] != options_.served_model_name) {
+      ApiError e = ApiError::not_found("The model `" + body["model"].get<std::string>() + "` does not exist.", "model_not_found");
+      e.param = "model";
+      return reply(e);
+    }
+  }
+  CompletionService* service = service_.load();
+  if (detokenize) {
+    if (!body.contains("tokens") || !body["tokens"].is_array())
+      return reply(ApiError::invalid_request("'tokens' must be an array of token ids.", "tokens"));
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < body["tokens"].size(); ++i) {
+      const Json& id = body["tokens"][i];
+      if (!id.is_number_integer())
+        return reply(ApiError::invalid_request("'tokens' must hold integers.", "tokens[" + std::to_string(i) + "]"));
+      ids.push_back(id.get<int64_t>());
+    }
+    std::string text;
+    if (auto error = service->detokenize(ids, &text)) return reply(*error);
+    return channel->respond(make_json_response(http::status::ok, json_text(Json{{"prompt", text}}), version));
+  }
+  // vLLM's flags; ours always hold their defaults: o200k adds no BOS, and a chat render ends with the
+  // assistant's turn opening.
+  for (const char* key : {"add_special_tokens", "add_generation_prompt"}) {
+    if (body.contains(key) && !body[key].is_boolean())
+      return reply(ApiError::invalid_request("'" + std::string(key) + "' must be a boolean.", key));
+  }
+  if (body.value("add_generation_prompt", true) == false)
+    return reply(ApiError::invalid_request("'add_generation_prompt': false is not supported: the chat format always "
+                                           "opens the assistant's turn.", "add_generation_prompt"));
+  std::optional<ChatRequest> chat;
+  std::string prompt;
+  if (body.contains("messages")) {
+    chat.emplace();
+    if (auto error = parse_chat_request(body, &*chat)) return reply(*error);
+  } else if (body.contains("prompt") && body["prompt"].is_string()) {
+    prompt = body["prompt"].get<std::string>();
+  } else {
+    return reply(ApiError::invalid_request("Give 'prompt' (a string) or 'messages'.", "prompt"));
+  }
+  std::vector<int32_t> ids;
+  if (auto error = service->tokenize(chat, prompt, &ids)) return reply(*error);
+  const Json out = {{"count", ids.size()}, {"max_model_len", context_length_.load()}, {"tokens", ids}};
+  channel->respond(make_json_response(http::status::ok, json_text(out), version));
 }
 
 void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel) {

@@ -64,6 +64,8 @@ class ApiServer {
   ApiServer(const ApiServerOptions& options, CompletionService* service);
   void handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> channel);
   void generate(Endpoint endpoint, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel);
+  // POST /tokenize and /detokenize, vLLM's request and response shapes.
+  void tokenize(bool detokenize, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel);
   bool authorized(const HttpRequest& request) const;
   std::string metrics_text();
   void cancel_all();

@@ -43,6 +43,18 @@ class CompletionService {
   virtual std::optional<ApiError> start_completion(const CompletionRequest& request,
                                                    std::shared_ptr<GenerationStream> stream) = 0;
   virtual ServiceStats stats() const = 0;
+
+  // /tokenize and /detokenize (vLLM's shapes). A chat request (`messages` given) is rendered as for
+  // generation; a prompt is encoded as completions encode it. Services without a tokenizer answer 501.
+  virtual std::optional<ApiError> tokenize(const std::optional<ChatRequest>& chat, const std::string& prompt,
+                                           std::vector<int32_t>* ids) const {
+    (void)chat, (void)prompt, (void)ids;
+    return ApiError::not_implemented("This server has no tokenizer loaded.");
+  }
+  virtual std::optional<ApiError> detokenize(const std::vector<int64_t>& ids, std::string* text) const {
+    (void)ids, (void)text;
+    return ApiError::not_implemented("This server has no tokenizer loaded.");
+  }
 };
 
 // Answers every generation request with 501 and says why. /health, /metrics and /v1/models still work.

@@ -118,6 +118,30 @@ int64_t EngineCompletionService::live_jobs() const {
   return static_cast<int64_t>(jobs_.size());
 }
 
+std::optional<ApiError> EngineCompletionService::tokenize(const std::optional<ChatRequest>& chat, const std::string& prompt,
+                                                          std::vector<int32_t>* ids) const {
+  if (chat) return render_chat_prompt(*tokenizer_, *chat, ids);
+  *ids = tokenizer_->encode(prompt, SpecialTokens::kAllow);  // as completions encode raw model text
+  return std::nullopt;
+}
+
+std::optional<ApiError> EngineCompletionService::detokenize(const std::vector<int64_t>& ids, std::string* text) const {
+  std::vector<int32_t> narrow;
+  const int64_t vocab = tokenizer_->vocab_size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return ApiError::invalid_request("Token id " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                                           std::to_string(vocab) + ").",
+                                       "tokens[" + std::to_string(i) + "]");
+    }
+    narrow.push_back(static_cast<int32_t>(ids[i]));
+  }
+  auto decoded = tokenizer_->decode(narrow);
+  if (!decoded.is_ok()) return ApiError::invalid_request(decoded.status().message(), "tokens");
+  *text = std::move(decoded).value();
+  return std::nullopt;
+}
+
 ServiceStats EngineCompletionService::stats() const {
   const EngineStats s = engine_.stats();
   ServiceStats out;

@@ -41,6 +41,9 @@ class EngineCompletionService final : public CompletionService {
   std::optional<ApiError> start_completion(const CompletionRequest& request,
                                            std::shared_ptr<GenerationStream> stream) override;
   ServiceStats stats() const override;
+  std::optional<ApiError> tokenize(const std::optional<ChatRequest>& chat, const std::string& prompt,
+                                   std::vector<int32_t>* ids) const override;
+  std::optional<ApiError> detokenize(const std::vector<int64_t>& ids, std::string* text) const override;
 
   int64_t context_length() const { return context_length_; }
   // Jobs started and not yet ended (tests).

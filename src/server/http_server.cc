@@ -194,6 +194,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     ch->complete_ = true;
     res.version(version_);
     res.keep_alive(keep_alive_);
+    add_cors_headers(res);
     res.prepare_payload();
     if (head_request_) res.body().clear();  // HEAD: the GET response's headers, Content-Length included
     log_access(res.result_int(), ch->log_note_);  // before the bytes go out: a client that got them sees the line
@@ -210,6 +211,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (!chunked_) keep_alive_ = false;
     head.version(version_);
     head.keep_alive(keep_alive_);
+    add_cors_headers(head);
     head.body().clear();
     head.erase(http::field::content_length);
     if (chunked_) head.chunked(true);
@@ -296,6 +298,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     keep_alive_ = request.keep_alive();
     version_ = request.version();
     head_request_ = request.method() == http::verb::head;
+    cors_origin_.clear();
+    if (!options_.allowed_origins.empty()) {
+      const std::string origin(to_std(request[http::field::origin]));
+      for (const auto& allowed : options_.allowed_origins) {
+        if (!origin.empty() && (allowed == "*" || allowed == origin)) cors_origin_ = allowed == "*" ? "*" : origin;
+      }
+    }
     if (const std::string_view target = to_std(request.target()); !target.empty() && target.front() != '/') {
       request.target(origin_form_target(target));
     }
@@ -303,6 +312,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     stream_.expires_never();
     auto channel = std::make_shared<ResponseChannel>(shared_from_this());
     active_ = channel;
+    const bool preflight = !cors_origin_.empty() && request.method() == http::verb::options &&
+                           request.count(http::field::access_control_request_method) > 0;
     if (options_.access_log) {
       started_ = std::chrono::steady_clock::now();
       pending_log_ = AccessRecord{};
@@ -314,8 +325,23 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       if (!ec) pending_log_.client = peer.address().to_string();
       log_pending_ = true;
     }
+    if (preflight) {  // answered here: a preflight carries no credentials and reaches no route
+      HttpResponse res{http::status::no_content, version_};
+      res.set(http::field::access_control_allow_methods, "GET, POST, HEAD, OPTIONS");
+      const auto asked = request[http::field::access_control_request_headers];
+      res.set(http::field::access_control_allow_headers, asked.empty() ? "Authorization, Content-Type" : asked);
+      res.set(http::field::access_control_max_age, "600");
+      respond(channel.get(), std::move(res));
+      return;
+    }
     handler_(std::move(request), channel);
     if (active_ == channel && !channel->complete_) watch_disconnect();
+  }
+
+  void add_cors_headers(HttpResponse& res) const {
+    if (cors_origin_.empty()) return;
+    res.set(http::field::access_control_allow_origin, cors_origin_);
+    if (cors_origin_ != "*") res.set(http::field::vary, "Origin");
   }
 
   void log_access(int status, const std::string& note) {
@@ -469,6 +495,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   uint64_t idle_key_ = 0;  // this connection's entry in `idle_` while it waits for a request, else 0
   bool head_request_ = false;
   int stream_status_ = 0;
+  std::string cors_origin_;  // Access-Control-Allow-Origin for the current request; empty: none
   bool log_pending_ = false;  // a request's access line is still to be written
   AccessRecord pending_log_;
   std::chrono::steady_clock::time_point started_;

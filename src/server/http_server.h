@@ -64,6 +64,8 @@ struct HttpServerOptions {
   std::chrono::milliseconds request_timeout{60000};  // to receive one whole request, and idle keep-alive
   std::chrono::milliseconds write_timeout{120000};   // for one write to drain (a client that stops reading)
   std::function<void(const AccessRecord&)> access_log;  // called once per request on its strand; may be empty
+  // CORS: origins browsers may call from ("*" = any); empty = no CORS headers, preflights are not answered.
+  std::vector<std::string> allowed_origins;
 };
 
 class HttpSession;

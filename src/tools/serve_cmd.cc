@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include <boost/asio/signal_set.hpp>
@@ -44,6 +45,7 @@ std::vector<CliOption> serve_options() {
       {"backend", true, "cpu (default) or cuda"},
       {"threads", true, "CPU backend threads (default: all cores)"},
       {"api-key", true, "require `Authorization: Bearer KEY` on every route but /health and /metrics"},
+      {"allowed-origins", true, "CORS: comma-separated origins browsers may call from, or * (default: none)"},
       {"metrics-require-key", false, "require the API key on /metrics too (open by default, as Prometheus scrapes it)"},
       {"served-model-name", true, "the model id clients use (default: the model directory's name, or mxserve-demo)"},
       {"max-queued-requests", true, "requests waiting beyond those; more get 503 (default 1024)"},
@@ -111,6 +113,18 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
   if (args.has("api-key") && o.api_key.empty()) return invalid_argument("--api-key must not be empty");
   o.metrics_require_key = args.has("metrics-require-key");
   o.log_requests = !args.has("disable-log-requests");
+  if (args.has("allowed-origins")) {
+    std::stringstream list(args.get("allowed-origins"));
+    for (std::string origin; std::getline(list, origin, ',');) {
+      while (!origin.empty() && origin.front() == ' ') origin.erase(origin.begin());
+      while (!origin.empty() && origin.back() == ' ') origin.pop_back();
+      if (origin.empty()) continue;
+      if (origin != "*" && origin.find("://") == std::string::npos)
+        return invalid_argument("--allowed-origins: '" + origin + "' is not an origin (scheme://host[:port]) or *");
+      o.http.allowed_origins.push_back(origin);
+    }
+    if (o.http.allowed_origins.empty()) return invalid_argument("--allowed-origins needs at least one origin");
+  }
   if (o.metrics_require_key && o.api_key.empty()) return invalid_argument("--metrics-require-key needs --api-key");
   MX_RETURN_IF_ERROR(check_compat_flags(args));
   std::string served = "mxserve-demo";

@@ -282,6 +282,27 @@ test('completions echo returns the prompt before the completion', async () => {
   assert.equal(echoed.choices[0].text, 'Echo this:' + plain.choices[0].text);
 });
 
+// ---- vLLM's utility endpoints ----
+
+test('/version, /tokenize and /detokenize in vLLM shapes', async () => {
+  const version = await fetch(`${server.url}/version`);  // open, as vLLM serves it
+  assert.equal(version.status, 200);
+  assert.match((await version.json()).version, /^\d+\.\d+\.\d+/);
+  const post = (path, body) => fetch(`${server.url}${path}`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}` }, body: JSON.stringify(body) });
+  const tok = await (await post('/tokenize', { model, prompt: 'Hello world' })).json();
+  assert.equal(tok.count, tok.tokens.length);
+  assert.ok(tok.count >= 2, JSON.stringify(tok));
+  assert.equal(tok.max_model_len, 4096);
+  const detok = await (await post('/detokenize', { model, tokens: tok.tokens })).json();
+  assert.equal(detok.prompt, 'Hello world');
+  const chat = await (await post('/tokenize', { model, messages: [{ role: 'user', content: 'Hello world' }] })).json();
+  assert.ok(chat.count > tok.count, 'the chat render adds the format around the text');
+  assert.equal((await post('/detokenize', { tokens: [-1] })).status, 400);
+  assert.equal((await post('/tokenize', { model: 'other', prompt: 'x' })).status, 404);
+  assert.equal((await fetch(`${server.url}/tokenize`, { method: 'POST', body: '{}' })).status, 401);
+});
+
 // ---- responses ----
 
 test('responses: plain request returns output items and usage', async () => {

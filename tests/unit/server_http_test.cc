@@ -440,6 +440,54 @@ TEST(ServerHttp, AccessLogHasOneIsoTimestampedLinePerRequest) {
   EXPECT_EQ(lines, 1u) << log;
 }
 
+TEST(ServerHttp, VersionIsOpenAndTokenizeNeedsAService) {
+  auto options = TestServer::default_options();
+  options.api_key = "k";
+  TestServer server(options);
+  const HttpReply v = http_call(server.port(), "GET", "/version");
+  EXPECT_EQ(v.status, 200);
+  EXPECT_TRUE(Json::parse(v.body)["version"].is_string());
+  EXPECT_EQ(http_call(server.port(), "POST", "/tokenize", R"({"prompt":"x"})").status, 401);
+  const std::vector<std::string> key = {"Authorization: Bearer k"};
+  EXPECT_EQ(http_call(server.port(), "POST", "/tokenize", R"({"prompt":"x"})", key).status, 501);  // no tokenizer here
+  EXPECT_EQ(http_call(server.port(), "POST", "/tokenize", R"({"prompt":"x","add_generation_prompt":false})", key).status, 400);
+  EXPECT_EQ(http_call(server.port(), "POST", "/tokenize", R"({"nothing":1})", key).status, 400);
+  EXPECT_EQ(http_call(server.port(), "POST", "/detokenize", R"({"tokens":"abc"})", key).status, 400);
+  EXPECT_EQ(http_call(server.port(), "GET", "/tokenize", "", key).status, 405);
+}
+
+TEST(ServerHttp, CorsOnlyForAllowedOrigins) {
+  {
+    TestServer plain;  // no --allowed-origins: no CORS headers, OPTIONS reaches routing
+    const HttpReply r = http_call(plain.port(), "GET", "/v1/models", "", {"Origin: https://app.example"});
+    EXPECT_EQ(r.header("access-control-allow-origin"), "");
+    EXPECT_EQ(http_call(plain.port(), "OPTIONS", "/v1/models", "", {"Origin: https://app.example",
+                                                                     "Access-Control-Request-Method: GET"}).status, 405);
+  }
+  auto options = TestServer::default_options();
+  options.api_key = "k";
+  options.http.allowed_origins = {"https://app.example"};
+  TestServer server(options);
+  RawClient client(server.port());
+  ASSERT_TRUE(client.send(make_request("OPTIONS", "/v1/chat/completions", "",
+                                       {"Origin: https://app.example", "Access-Control-Request-Method: POST",
+                                        "Access-Control-Request-Headers: authorization, content-type"})));
+  const HttpReply preflight = client.read_reply();
+  EXPECT_EQ(preflight.status, 204);
+  EXPECT_EQ(preflight.header("access-control-allow-origin"), "https://app.example");
+  EXPECT_EQ(preflight.header("access-control-allow-headers"), "authorization, content-type");
+  EXPECT_NE(preflight.header("access-control-allow-methods").find("POST"), std::string::npos);
+  const HttpReply chat = http_call(server.port(), "POST", "/v1/chat/completions", chat_body("hi"),
+                                   {"Origin: https://app.example", "Authorization: Bearer k"});
+  EXPECT_EQ(chat.status, 200);
+  EXPECT_EQ(chat.header("access-control-allow-origin"), "https://app.example");
+  EXPECT_EQ(chat.header("vary"), "Origin");
+  const HttpReply denied = http_call(server.port(), "GET", "/health", "", {"Origin: https://evil.example"});
+  EXPECT_EQ(denied.header("access-control-allow-origin"), "");
+  EXPECT_EQ(http_call(server.port(), "OPTIONS", "/v1/models", "", {"Origin: https://evil.example",
+                                                                    "Access-Control-Request-Method: GET"}).status, 401);
+}
+
 TEST(ServerHttp, MetricsAreOpenUnlessTheKeyIsRequired) {
   auto options = TestServer::default_options();
   options.api_key = "secret";
