@@ -320,7 +320,50 @@ void bench_attention() {
   }
 }
 
-// ---- Dense linears through cuBLASLt.
+// ---- Dense linears at decode sizes: the skinny kernel (M <= 16) against cuBLASLt on the same shapes.
+void bench_linear_skinny() {
+  struct Shape3 {
+    const char* name;
+    int64_t n, k;
+    int copies;
+  };
+  for (const Shape3& s : {Shape3{"qkv 2880->5120", 5120, 2880, 8}, Shape3{"o_proj 4096->2880", 2880, 4096, 8},
+                          Shape3{"lm_head 2880->201088", 201088, 2880, 1}}) {
+    std::vector<TensorView> w;
+    for (int c = 0; c < s.copies; ++c) w.push_back(random_bf16({s.n, s.k}, 0.02f));
+    const bool head = s.n == 201088;
+    TensorView bias = head ? TensorView() : random_bf16({s.n}, 0.1f);
+    for (int64_t m : {1, 2, 4, 8, 16}) {
+      TensorView x = random_bf16({m, s.k}, 1.0f);
+      TensorView out = make(head ? DType::kF32 : DType::kBF16, {m, s.n});
+      // (max rows, k splits, chunks in flight): linear()'s choice, the skinny kernel forced, cuBLASLt, and
+      // at one row the skinny kernel's variants.
+      struct Variant {
+        const char* name;
+        int max_rows, k_splits, chunks;
+      };
+      std::vector<Variant> variants = {{" auto", -1, 0, 0}, {" skinny", 16, 0, 0}, {" cublaslt", 0, 0, 0}};
+      if (m == 1 && !head) {
+        variants.push_back({" skinny 8-chunk", 16, 0, 8});
+        variants.push_back({" skinny k/2", 16, 2, 0});
+        variants.push_back({" skinny k/4", 16, 4, 0});
+      }
+      for (const Variant& v : variants) {
+        set_cuda_skinny_linear_tuning(v.max_rows, v.k_splits, v.chunks);
+        auto op = [&](int i) { return g_b->linear(x, w[i % s.copies], bias, out); };
+        CHECK_OK(op(0));  // sizes the k-split scratch outside the graph
+        const double us = time_graph(head ? 10 : 40, op);
+        const double bytes = 2.0 * s.n * s.k + 2.0 * m * s.k + (head ? 4.0 : 2.0) * m * s.n;
+        char note[64];
+        std::snprintf(note, sizeof note, "%.0f GB/s", bytes / us / 1e3);
+        report(std::string(s.name) + " M=" + std::to_string(m) + v.name, us, bytes, 2.0 * m * s.n * s.k, note);
+      }
+      set_cuda_skinny_linear_tuning(-1);
+    }
+  }
+}
+
+// ---- Dense linears through cuBLASLt (the skinny kernel at M = 1).
 void bench_linear() {
   struct Shape3 {
     const char* name;
@@ -424,6 +467,13 @@ int main(int argc, char** argv) {
   // `--moe-decode-variants`: only the MoE decode variants (kernel comparisons in one device run).
   if (argc > arg && std::string(argv[arg]) == "--moe-decode-variants") {
     bench_moe(/*variants=*/true);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--linear-only`: the skinny linear kernel against cuBLASLt at 1-16 rows.
+  if (argc > arg && std::string(argv[arg]) == "--linear-only") {
+    bench_linear_skinny();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernel_configs.h"
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
@@ -89,9 +90,20 @@ TEST_F(KernelTest, Linear) {
   struct Case {
     int64_t m, n, k;
     bool bias, f32;
+    int skinny_max_rows = 16;  // set_cuda_skinny_linear_tuning: 16 forces the skinny kernel, 0 cuBLASLt
+    int k_splits = 0;          // > 0 forces the skinny kernel's k split
+    int chunks = 0;            // 8: the 8-chunk variant with one token tile
   };
+  // Up to 16 rows the skinny kernel runs: one and two token tiles, n not a multiple of 16, k a multiple of
+  // 8 but not of 32 (a partial last chunk), k shorter than the CTA's 8 warps' chunks; the same shapes once
+  // more through cuBLASLt.
   for (const Case& c : {Case{1, 5120, 2880, true, false}, Case{7, 640, 320, true, false}, Case{64, 2880, 4096, true, false},
-                        Case{3, 1024, 256, false, true}, Case{33, 200, 320, true, true}}) {
+                        Case{3, 1024, 256, false, true}, Case{33, 200, 320, true, true}, Case{1, 77, 328, true, false},
+                        Case{8, 2880, 4096, true, false}, Case{9, 133, 2888, true, false}, Case{16, 1000, 64, false, true},
+                        Case{13, 35, 24, true, true}, Case{2, 5120, 2880, true, false, 0}, Case{16, 77, 328, true, true, 0},
+                        Case{5, 300, 2888, true, true, 16, 8}, Case{12, 2880, 4096, true, false, 16, 3},
+                        Case{3, 5120, 2880, true, false, 16, 0, 8}, Case{6, 203, 1000, false, true, 16, 2, 8}}) {
+    set_cuda_skinny_linear_tuning(c.skinny_max_rows, c.k_splits, c.chunks);
     Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
     Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
     TensorView w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()),
@@ -104,9 +116,35 @@ TEST_F(KernelTest, Linear) {
     TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n}), o_g = cuda_.make(c.f32 ? DType::kF32 : DType::kBF16, {c.m, c.n});
     ASSERT_TRUE(cpu_backend().linear(px.cpu, w_c, b_c, o_c).is_ok());
     ASSERT_TRUE(cuda_backend().linear(px.cuda, w_g, b_g, o_g).is_ok());
-    check("linear", shape_str({c.m, c.n, c.k}) + (c.bias ? " bias" : "") + (c.f32 ? " f32-out" : " bf16-out"),
+    const bool skinny = cuda::use_skinny_linear(c.m, c.k, c.skinny_max_rows);
+    set_cuda_skinny_linear_tuning(-1);
+    check("linear", shape_str({c.m, c.n, c.k}) + (c.bias ? " bias" : "") + (c.f32 ? " f32-out" : " bf16-out") +
+                        (skinny ? " skinny" : " cublaslt") +
+                        (c.k_splits ? " k-splits " + std::to_string(c.k_splits) : std::string()) +
+                        (c.chunks ? " chunks " + std::to_string(c.chunks) : std::string()),
           cuda_.download_f32(o_g), cpu_.download_f32(o_c), c.f32 ? 1e-4 : 5e-3);
   }
+}
+
+// A token's output row of the skinny kernel does not depend on the other rows of the batch (the k split
+// is fixed by k): the same token alone and among 15 others gives the same bits.
+TEST_F(KernelTest, SkinnyLinearRowsAreBatchIndependent) {
+  const int64_t n = 2880, k = 4096, m = 16;
+  Bf16Data x = random_bf16(rng_, m * k, 1.0f), w = random_bf16(rng_, n * k, 0.05f), b = random_bf16(rng_, n, 1.0f);
+  TensorView w_g = cuda_.upload(DType::kBF16, {n, k}, w.bits.data()), b_g = cuda_.upload(DType::kBF16, {n}, b.bits.data());
+  TensorView x_g = cuda_.upload(DType::kBF16, {m, k}, x.bits.data());
+  TensorView all = cuda_.make(DType::kBF16, {m, n});
+  set_cuda_skinny_linear_tuning(16);
+  ASSERT_TRUE(cuda_backend().linear(x_g, w_g, b_g, all).is_ok());
+  const std::vector<float> all_h = cuda_.download_f32(all);
+  for (int64_t rows : {1, 5, 8}) {
+    TensorView part = cuda_.make(DType::kBF16, {rows, n});
+    ASSERT_TRUE(cuda_backend().linear(x_g.rows(0, rows), w_g, b_g, part).is_ok());
+    const std::vector<float> part_h = cuda_.download_f32(part);
+    const std::vector<float> want(all_h.begin(), all_h.begin() + rows * n);
+    check("skinny linear batch independence", std::to_string(rows) + " of 16 rows", part_h, want, 0.0);
+  }
+  set_cuda_skinny_linear_tuning(-1);
 }
 
 // Builds the same batch and paged cache on both backends.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/kernel_configs.h"
@@ -70,6 +71,52 @@ TEST(CudaKernelConfigs, MoeTileBoundCoversWorstRouting) {
     for (int64_t e = 0; e < used; ++e) worst += (base + (e < extra ? 1 : 0) + tile - 1) / tile;
     EXPECT_GE(moe_max_tiles(slots, experts, tile), worst) << slots;
   }
+}
+
+TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t m = 1; m <= kSkinnyLinearMaxRows; ++m)
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{5120, 2880}, {2880, 4096}, {201088, 2880}, {77, 328}, {35, 24},
+                          {4096, 65536}, {32768, 8}}) {
+        const SkinnyLinearConfig c = choose_skinny_linear_config(d, m, n, k);
+        EXPECT_TRUE(fits(d, c.smem_bytes, 1)) << d.name;
+        EXPECT_LE(c.smem_bytes, 48 * 1024);  // static shared memory: no opt-in
+        EXPECT_GE(8 * c.n_tiles, m);
+        EXPECT_EQ(c.n_tiles, m <= 8 ? 1 : 2);
+        EXPECT_EQ(c.threads, 32 * kSkinnyLinearWarps);
+        EXPECT_EQ(c.chunks_in_flight, 4);  // the default variant
+        EXPECT_TRUE(c.pdl) << d.name;
+        // The splits cover k without an empty split and stay within the scratch.
+        const int64_t chunks = (k + 31) / 32;
+        EXPECT_GE(c.k_splits, 1);
+        EXPECT_LE(c.k_splits, kSkinnyLinearMaxKSplits);
+        EXPECT_GE(c.k_splits * c.chunks_per_split, chunks);
+        EXPECT_LT((c.k_splits - 1) * c.chunks_per_split, chunks);
+        if (c.k_splits > 1) EXPECT_LE((n + 15) / 16, kSkinnyLinearMaxSplitStrips);
+        // The same split at every batch size: a token's sums do not depend on the batch.
+        EXPECT_EQ(c.k_splits, choose_skinny_linear_config(d, 1, n, k).k_splits);
+      }
+  // No k split unless forced; a forced one covers k and is capped.
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880).k_splits, 1);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 4).k_splits, 4);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 4).chunks_per_split, 23);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 24, 8).k_splits, 1);  // one chunk of k
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 99).k_splits, kSkinnyLinearMaxKSplits);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 0, 8).chunks_in_flight, 8);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 12, 5120, 2880, 0, 8).chunks_in_flight, 4);  // two tiles
+  // gpt-oss on an H100/H200 (132 SMs, 264 slots): o (180 strips) takes the skinny kernel; qkv (320 strips,
+  // 1.2 waves) and the lm_head (12,568) stay on cuBLASLt.
+  EXPECT_TRUE(skinny_linear_one_wave(sm90_h200(), 2880));
+  EXPECT_FALSE(skinny_linear_one_wave(sm90_h200(), 201088));
+  EXPECT_FALSE(skinny_linear_one_wave(sm90_h200(), 5120));
+  EXPECT_TRUE(use_skinny_linear(1, 2880));
+  EXPECT_TRUE(use_skinny_linear(16, 4096));
+  EXPECT_FALSE(use_skinny_linear(17, 4096));
+  EXPECT_FALSE(use_skinny_linear(0, 4096));
+  EXPECT_FALSE(use_skinny_linear(4, 2884));  // rows not 16-byte aligned
+  EXPECT_FALSE(use_skinny_linear(4, 2880, 0));
+  EXPECT_TRUE(use_skinny_linear(8, 2880, 8));
+  EXPECT_FALSE(use_skinny_linear(32, 2880, 32));  // the kernel has two token tiles at most
 }
 
 TEST(CudaKernelConfigs, MoeFusedFitsEveryChipAndSplitsByKAlone) {

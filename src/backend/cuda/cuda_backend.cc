@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -29,6 +30,9 @@ std::atomic<int> g_moe_decode_k_tiles{0};
 std::atomic<int> g_moe_decode_depth{0};
 std::atomic<bool> g_moe_decode_pdl{true};
 std::atomic<int> g_moe_decode_only_gemm{0};
+std::atomic<int> g_skinny_linear_max_rows{-1};
+std::atomic<int> g_skinny_linear_k_splits{0};
+std::atomic<int> g_skinny_linear_chunks{0};
 
 template <typename T>
 T* ptr(const TensorView& t) {
@@ -99,7 +103,7 @@ class CudaDeviceTimer final : public DeviceTimer {
 
 // Private scratch, grown only outside graph capture.
 struct Scratch {
-  Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling;
+  Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling, linear_partials, linear_tickets;
   int64_t max_slots = 0, max_tiles = 0, experts = 0;
 };
 
@@ -267,6 +271,26 @@ class CudaBackend final : public Backend {
     const bool out_f32 = out.dtype() == DType::kF32;
     MX_CHECK(out_f32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
     if (m == 0) return Status::ok();
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(weight.data()) % 16 == 0;
+    const int max_rows = g_skinny_linear_max_rows.load();  // > 0: forced, whatever the waves
+    if (aligned && use_skinny_linear(m, k, max_rows) && (max_rows > 0 || skinny_linear_one_wave(dev_, n))) {
+      const SkinnyLinearConfig c =
+          choose_skinny_linear_config(dev_, m, n, k, g_skinny_linear_k_splits.load(), g_skinny_linear_chunks.load());
+      SkinnyLinearParams s;
+      s.x = ptr<const uint16_t>(x);
+      s.w = ptr<const uint16_t>(weight);
+      s.bias = bias.empty() ? nullptr : ptr<const uint16_t>(bias);
+      s.out = out.data();
+      s.m = m, s.n = n, s.k = k;
+      s.out_f32 = out_f32;
+      if (c.k_splits > 1) {
+        MX_RETURN_IF_ERROR(ensure_linear_scratch());
+        s.partials = ptr_of<float>(scratch_.linear_partials);
+        s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
+      }
+      return launch_skinny_linear(s, c, stream_.get());
+    }
     // cuBLASLt's bias epilogue takes a bias of the output type; an f32 output gets its bf16 bias separately.
     const bool fused_bias = !bias.empty() && !out_f32;
     MX_RETURN_IF_ERROR(lt_->run(x.data(), weight.data(), fused_bias ? bias.data() : nullptr, out.data(), m, n, k,
@@ -409,6 +433,7 @@ class CudaBackend final : public Backend {
     const int64_t slots = T * k;
     MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, g_moe_decode_k_tiles.load(), g_moe_decode_depth.load());
     MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, g_moe_decode_k_tiles.load(), g_moe_decode_depth.load());
+    c1.pdl = c1.pdl && g_moe_decode_pdl.load();
     c2.pdl = c2.pdl && g_moe_decode_pdl.load();
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
@@ -429,7 +454,7 @@ class CudaBackend final : public Backend {
     f1.slots = slots;
     f1.experts = E;
     const int only = g_moe_decode_only_gemm.load();  // benchmarks only
-    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, /*second_of_pair=*/false, stream_.get()));
+    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, stream_.get()));
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
     f2.g = expert_gemm(p, r, /*first=*/false);
@@ -437,7 +462,7 @@ class CudaBackend final : public Backend {
       f2.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       f2.combined = ptr<uint16_t>(p.out);
     }
-    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, /*second_of_pair=*/true, stream_.get()));
+    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, stream_.get()));
     if (self_routed) return Status::ok();
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());
@@ -530,6 +555,7 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((s.num_experts + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", true));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, s.hidden / 16 * 4, "MoE tickets", true));
+    MX_RETURN_IF_ERROR(ensure_linear_scratch());
     // Decode splits shrink as the batch grows: tokens * splits <= tokens + 3 * SMs (kernel_configs.cc).
     MX_RETURN_IF_ERROR(ensure(scratch_.partials, (s.max_tokens + 3 * dev_.sm_count + 1) * s.n_q * (s.head_dim + 2) * 4,
                               "attention partials"));
@@ -559,6 +585,12 @@ class CudaBackend final : public Backend {
     return static_cast<T*>(b.data());
   }
 
+  // The skinny linear's k-split partials and per-strip tickets (fixed size, kernel_configs.h).
+  Status ensure_linear_scratch() {
+    MX_RETURN_IF_ERROR(ensure(scratch_.linear_partials, kSkinnyLinearPartialFloats * 4, "linear partials"));
+    return ensure(scratch_.linear_tickets, kSkinnyLinearMaxSplitStrips * 4, "linear tickets", /*zero=*/true);
+  }
+
   // Grows a scratch buffer outside capture; inside capture a too-small buffer is an error (prepare() sizes it).
   Status ensure(Buffer& b, int64_t bytes, const char* what, bool zero = false) {
     if (b.bytes() >= bytes && b.data()) return Status::ok();
@@ -585,6 +617,12 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return CudaBack
 void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens) {
   g_moe_path.store(path);
   g_moe_grouped_tile.store(grouped_tile_tokens);
+}
+
+void set_cuda_skinny_linear_tuning(int max_rows, int k_splits, int chunks_in_flight) {
+  g_skinny_linear_max_rows.store(max_rows);
+  g_skinny_linear_k_splits.store(k_splits);
+  g_skinny_linear_chunks.store(chunks_in_flight);
 }
 
 void set_cuda_moe_decode_tuning(int k_tiles_per_warp, int depth, bool pdl, int only_gemm) {

@@ -24,5 +24,10 @@ void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens = 0);
 // k split), ring depth (4, 6 or 8), whether the second GEMM is a programmatic dependent of the first, and
 // `only_gemm` (1 or 2: launch just that GEMM, to time it alone; the output is then garbage). Process-wide.
 void set_cuda_moe_decode_tuning(int k_tiles_per_warp, int depth = 0, bool pdl = true, int only_gemm = 0);
+// Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to
+// kSkinnyLinearMaxRows rows where skinny_linear_one_wave (kernel_configs.h); > 0 = every linear of up
+// to that many rows (capped at kSkinnyLinearMaxRows); 0 = none (tests and benchmarks compare the two).
+// `k_splits`, `chunks_in_flight` > 0 force those config fields (benchmarks). Process-wide.
+void set_cuda_skinny_linear_tuning(int max_rows, int k_splits = 0, int chunks_in_flight = 0);
 
 }  // namespace mx

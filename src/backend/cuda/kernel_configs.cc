@@ -1,6 +1,7 @@
 #include "backend/cuda/kernel_configs.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace mx::cuda {
 namespace {
@@ -95,6 +96,39 @@ MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_t
   c.smem_bytes = static_cast<int64_t>(c.k_split - 1) * 4 * 32 * 4;
   c.pdl = dev.sm_major >= 9;
   return c;
+}
+
+SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k,
+                                               int k_splits, int chunks_in_flight) {
+  SkinnyLinearConfig c;
+  c.n_tiles = m <= 8 ? 1 : 2;
+  // Per chunk a lane holds two 16-byte weight loads (8 registers) and one activation load per token tile
+  // (4). 4 chunks in flight: measured on an H100 at o's shape and one token 10.65 us against 12.45 with 8
+  // (the 8-chunk variant stays for one tile, a benchmark knob).
+  c.chunks_in_flight = c.n_tiles == 1 && chunks_in_flight == 8 ? 8 : 4;
+  c.threads = 32 * kSkinnyLinearWarps;
+  c.smem_bytes = static_cast<int64_t>(kSkinnyLinearWarps) * c.n_tiles * 4 * 32 * 4;
+  c.pdl = dev.sm_major >= 9;
+  // No k split by default: on an H100 the ticketed split (qkv in 4, o in 7, chosen to fill the resident
+  // slots evenly) made every CTA one load round plus a fence and an atomic, and the 20b step's dense
+  // GEMMs took 1.33 ms instead of 0.61 (docs/PERF.md). Kept as a benchmark variant.
+  const int64_t strips = ceil_div(n, 16), chunks = ceil_div(k, 32);
+  c.k_splits = 1;
+  if (k_splits > 0 && (k_splits == 1 || strips <= kSkinnyLinearMaxSplitStrips))
+    c.k_splits = std::min(k_splits, kSkinnyLinearMaxKSplits);
+  c.chunks_per_split = ceil_div(chunks, c.k_splits);
+  c.k_splits = static_cast<int>(ceil_div(chunks, c.chunks_per_split));  // no empty split
+  return c;
+}
+
+bool skinny_linear_one_wave(const DeviceInfo& dev, int64_t n) {
+  const int64_t strips = ceil_div(n, 16);
+  return strips <= static_cast<int64_t>(std::max(1, dev.sm_count)) * kSkinnyLinearCtasPerSm;
+}
+
+bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows) {
+  const int64_t most = max_rows < 0 ? kSkinnyLinearMaxRows : std::min(max_rows, kSkinnyLinearMaxRows);
+  return m >= 1 && m <= most && k % 8 == 0 && k > 0;
 }
 
 bool use_fused_moe_decode(int64_t num_slots) { return num_slots <= kMoeFusedDecodeMaxSlots; }

@@ -110,6 +110,43 @@ inline constexpr int64_t kMoeGroupedMinTokensPerExpert = 40;
 inline constexpr int64_t kMoeGroupedLargeTileTokensPerExpert = 512;
 bool use_grouped_moe(int64_t num_slots, int64_t num_experts);
 
+// Dense linears at decode (skinny_linear.cu): out[M, N] = x W^T + bias for M <= kSkinnyLinearMaxRows.
+// Weights as the mma.sync A operand (16 output channels per CTA), the M tokens as the 8-wide N side (one
+// or two n tiles); each lane streams 16-byte weight loads straight into its fragments, the CTA's warps
+// split their K range in 32-element chunks round-robin and reduce in shared memory. A benchmark variant
+// also splits K over `k_splits` CTAs whose fp32 partials the last CTA of the strip sums in split order (a
+// ticket per strip); it measured slower (kernel_configs.cc). Nothing depends on M but the token tiles,
+// so a token's sums run in the same order at any M <= the threshold. cuBLASLt above it, and for shapes
+// whose strips do not fit one wave (skinny_linear_one_wave).
+inline constexpr int64_t kSkinnyLinearMaxRows = 16;
+inline constexpr int kSkinnyLinearWarps = 8;
+inline constexpr int kSkinnyLinearMaxKSplits = 8;
+inline constexpr int kSkinnyLinearCtasPerSm = 2;  // 256 threads of <= 128 registers
+// Strips up to this count may be k-split: bounds the partials and tickets scratch.
+inline constexpr int64_t kSkinnyLinearMaxSplitStrips = 2048;
+inline constexpr int64_t kSkinnyLinearPartialFloats = kSkinnyLinearMaxSplitStrips * kSkinnyLinearMaxKSplits * 16 * 16;
+struct SkinnyLinearConfig {
+  int n_tiles = 0;          // 8-token mma tiles: 1 (M <= 8) or 2
+  int chunks_in_flight = 0; // 32-k chunks each warp loads before its first mma: 4, or 8 with one tile
+  int k_splits = 0;         // CTAs per 16-row strip
+  int64_t chunks_per_split = 0;
+  int threads = 0;
+  int64_t smem_bytes = 0;   // static: the cross-warp reduction (per warp: 4 floats per tile per lane)
+  bool pdl = false;         // launched as a programmatic dependent: weights load before the wait (SM90+)
+};
+// `k_splits` > 0 forces a k split (benchmarks; default none), capped so that no split is empty;
+// `chunks_in_flight` 8 picks the 8-chunk variant for one token tile (benchmarks; 0 = default, 4).
+SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k,
+                                               int k_splits = 0, int chunks_in_flight = 0);
+// Whether the 16-row strips of n fit one wave of resident CTAs; linear() keeps cuBLASLt when they do not.
+// Measured on an H100 at one token (docs/PERF.md): o's 180 strips on 264 slots 10.7-12.5 us against
+// cuBLASLt's 13.7; qkv's 320 strips (1.2 waves) 13.8-16.6 against 12.8; the lm_head's 12,568 strips 423
+// against 410 (at 60% of HBM both: the kernel's per-warp load rounds, not the waves, bound it there).
+bool skinny_linear_one_wave(const DeviceInfo& dev, int64_t n);
+// Whether linear() takes the skinny kernel: 1 <= m <= min(max_rows, kSkinnyLinearMaxRows) (max_rows < 0:
+// no further limit) and k a multiple of 8 (16-byte rows).
+bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
+
 // True when a config's shared memory fits the device and its pipeline has at least one stage.
 bool fits(const DeviceInfo& dev, int64_t smem_bytes, int stages);
 

@@ -306,6 +306,8 @@ __global__ void __launch_bounds__(128) attention_decode_kernel(AttentionKernelPa
   uint16_t* skv = reinterpret_cast<uint16_t*>(smem_raw);   // stages x {K, V} [64][HD]
   uint16_t* sq = skv + stages * 2 * kKeys * HD;            // [16][HD]
   float* merge = reinterpret_cast<float*>(sq + 16 * HD);   // [4 warps][16 rows][HD + 2]
+  pdl_wait();  // launched as a programmatic dependent: q and the new K/V come from qkv_rope
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
 
   const int group = static_cast<int>(p.n_q / p.n_kv);
   const int head_blocks = (group + 15) / 16;
@@ -415,6 +417,8 @@ __global__ void __launch_bounds__(128) attention_decode_kernel(AttentionKernelPa
 
 // Combines the splits of one (token, head) and adds the sink: blockDim.x == head_dim.
 __global__ void attention_merge_kernel(AttentionKernelParams p, int splits) {
+  pdl_wait();  // launched as a programmatic dependent of the decode kernel
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y, d = threadIdx.x;
   const int64_t hd = p.head_dim, stride = hd + 2;
@@ -473,16 +477,20 @@ Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDe
                   static_cast<unsigned>(c.num_splits));
   if (p.head_dim == 64) {
     MX_RETURN_IF_ERROR(set_smem(attention_decode_kernel<64>, c.smem_bytes));
-    attention_decode_kernel<64><<<grid, c.threads, c.smem_bytes, stream>>>(p, c.stages, c.num_splits);
+    MX_RETURN_IF_ERROR(cuda_status(
+        launch_pdl(attention_decode_kernel<64>, grid, dim3(c.threads), c.smem_bytes, stream, p, c.stages, c.num_splits),
+        "attention_decode_kernel"));
   } else {
     MX_RETURN_IF_ERROR(set_smem(attention_decode_kernel<32>, c.smem_bytes));
-    attention_decode_kernel<32><<<grid, c.threads, c.smem_bytes, stream>>>(p, c.stages, c.num_splits);
+    MX_RETURN_IF_ERROR(cuda_status(
+        launch_pdl(attention_decode_kernel<32>, grid, dim3(c.threads), c.smem_bytes, stream, p, c.stages, c.num_splits),
+        "attention_decode_kernel"));
   }
   MX_RETURN_IF_ERROR(launch_status("attention_decode_kernel"));
   if (c.num_splits == 1) return Status::ok();
-  attention_merge_kernel<<<dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.n_q)),
-                           static_cast<unsigned>(p.head_dim), 0, stream>>>(p, c.num_splits);
-  return launch_status("attention_merge_kernel");
+  return cuda_status(launch_pdl(attention_merge_kernel, dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.n_q)),
+                                dim3(static_cast<unsigned>(p.head_dim)), 0, stream, p, c.num_splits),
+                     "attention_merge_kernel");
 }
 
 }  // namespace mx::cuda

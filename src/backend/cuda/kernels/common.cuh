@@ -92,4 +92,24 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 
 inline int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Launches `kernel` as a programmatic dependent of the previous kernel in the stream (PDL; ignored below
+// SM90): it may start while that kernel drains, so the kernel must call pdl_wait() before it touches
+// anything an earlier kernel writes, or writes anything an earlier kernel reads. Along the decode chain
+// this hides each launch's latency behind the previous kernel's tail.
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
 }  // namespace mx::cuda

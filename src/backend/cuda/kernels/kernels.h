@@ -52,6 +52,21 @@ struct AddBiasParams {
 };
 Status launch_add_bias_f32(const AddBiasParams& p, cudaStream_t stream);
 
+// out[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) for a few rows m (kernel_configs.h, SkinnyLinearConfig):
+// fp32 accumulation, the bias added in fp32, bf16 or f32 output. k % 8 == 0.
+struct SkinnyLinearParams {
+  const uint16_t* x = nullptr;     // bf16 [m, k]
+  const uint16_t* w = nullptr;     // bf16 [n, k]
+  const uint16_t* bias = nullptr;  // bf16 [n] or null
+  void* out = nullptr;             // [m, n], f32 when out_f32 else bf16
+  float* partials = nullptr;       // k splits > 1: kSkinnyLinearPartialFloats
+  uint32_t* tickets = nullptr;     // k splits > 1: [kSkinnyLinearMaxSplitStrips] zeroed once; the last CTA
+                                   // of a strip resets its ticket
+  int64_t m = 0, n = 0, k = 0;
+  bool out_f32 = false;
+};
+Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream);
+
 // The paged KV cache and the batch, as the attention-side kernels see them.
 struct PagedKv {
   uint16_t* k = nullptr;             // bf16 [num_pages, page_size, n_kv, head_dim]
@@ -141,8 +156,8 @@ Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t 
 // `topk_ids` set (at most kMoeFusedMaxSlots slots) every CTA routes itself and `r` is unused; else `r`
 // holds the routing kernel's metadata. With `tickets` and `combined` set (second GEMM, self-routed only)
 // the last CTA of each strip also writes combined[t] = sum over j in router order of y[pos(t, j)].
-// `second_of_pair`: this is the second GEMM, launched as a programmatic dependent of the first when
-// c.pdl (the first GEMM always lets its dependent start early).
+// With c.pdl both GEMMs are programmatic dependents: the first of the router (or routing kernel), the
+// second of the first GEMM, which lets it start routing and loading weights early.
 struct MoeFusedParams {
   MoeGemmParams g;
   const int32_t* topk_ids = nullptr;  // [slots], or null: use g.r
@@ -150,8 +165,7 @@ struct MoeFusedParams {
   uint32_t* tickets = nullptr;        // [rows / 16], zeroed once; the last CTA of a strip resets it
   uint16_t* combined = nullptr;       // bf16 [slots / top_k, rows]
 };
-Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool second_of_pair,
-                             cudaStream_t stream);
+Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, cudaStream_t stream);
 
 // The same two GEMMs for many tokens per expert: tokens as the mma M side in tiles of c.tile_tokens (the
 // routing must have been built with that tile size), same inputs, outputs and epilogues.

@@ -113,7 +113,11 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   const int tile = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k_split = blockDim.x / 32;
   const int r = lane / 4, q = lane % 4;
-  if constexpr (kGated) pdl_launch_dependents();  // the second GEMM may start routing and loading weights
+  if constexpr (kGated) {
+    pdl_wait();  // launched as a programmatic dependent: the top-k ids come from the router
+    // Only after the wait: the second GEMM reads the top-k ids before its own wait.
+    pdl_launch_dependents();  // the second GEMM may start routing and loading weights
+  }
   const TileRoute rt = p.topk_ids ? route_tile(p.topk_ids, static_cast<int>(p.slots), static_cast<int>(p.experts), tile)
                                   : route_from_metadata(g.r, tile);
   if (tile >= rt.tiles) return;
@@ -213,8 +217,7 @@ Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid,
 
 }  // namespace
 
-Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool second_of_pair,
-                             cudaStream_t stream) {
+Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, cudaStream_t stream) {
   const MoeGemmParams& g = p.g;
   if (g.rows % 16 != 0 || g.k % 64 != 0) return internal_error("MoE GEMM: rows % 16 and k % 64 must be 0");
   if (c.k_split < 1 || c.k_split > kMoeFusedMaxKSplit || c.k_split > g.k / 64 || c.threads != 32 * c.k_split)
@@ -227,8 +230,7 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, b
   const int64_t tiles = moe_fused_max_tiles(p.slots, p.experts);
   if (tiles > 65535) return unimplemented("MoE fused GEMM: too many tiles for one launch");
   const dim3 grid(static_cast<unsigned>(g.rows / 16), static_cast<unsigned>(tiles));
-  const bool pdl = second_of_pair && c.pdl;
-  return g.gated ? launch_fused<true>(p, c, grid, pdl, stream) : launch_fused<false>(p, c, grid, pdl, stream);
+  return g.gated ? launch_fused<true>(p, c, grid, c.pdl, stream) : launch_fused<false>(p, c, grid, c.pdl, stream);
 }
 
 }  // namespace mx::cuda

@@ -62,6 +62,8 @@ constexpr int kMaxChunks = 4;
 template <typename Res>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) {
   __shared__ float scratch[kRowThreads / 32];
+  pdl_wait();  // launched as a programmatic dependent: x / residual / delta come from earlier kernels
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t row = blockIdx.x;
   const int64_t chunks = p.hidden / 8;
   float v[kMaxChunks][8];
@@ -101,6 +103,8 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) 
 }
 
 __global__ void gather_rows_kernel(GatherRowsParams p) {
+  pdl_wait();  // launched as a programmatic dependent
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t r = blockIdx.x;
   int32_t src = p.rows[r];
   if (src < 0 || src >= p.src_rows) src = 0;
@@ -133,9 +137,13 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
     return unimplemented("rms_norm: hidden size must be a multiple of 8 and at most 8192");
   if (p.rows == 0) return Status::ok();
   if (p.residual_f32) {
-    rms_norm_kernel<float><<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(p);
+    return cuda_status(launch_pdl(rms_norm_kernel<float>, dim3(static_cast<unsigned>(p.rows)), dim3(kRowThreads), 0,
+                                  stream, p),
+                       "rms_norm_kernel");
   } else {
-    rms_norm_kernel<uint16_t><<<static_cast<unsigned>(p.rows), kRowThreads, 0, stream>>>(p);
+    return cuda_status(launch_pdl(rms_norm_kernel<uint16_t>, dim3(static_cast<unsigned>(p.rows)), dim3(kRowThreads), 0,
+                                  stream, p),
+                       "rms_norm_kernel");
   }
   return launch_status("rms_norm_kernel");
 }
@@ -143,8 +151,8 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
 Status launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
   if (p.row_bytes % 16 != 0) return unimplemented("gather_rows: rows must be a multiple of 16 bytes");
   if (p.num_rows == 0) return Status::ok();
-  gather_rows_kernel<<<static_cast<unsigned>(p.num_rows), 128, 0, stream>>>(p);
-  return launch_status("gather_rows_kernel");
+  return cuda_status(launch_pdl(gather_rows_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(128), 0, stream, p),
+                     "gather_rows_kernel");
 }
 
 Status launch_add_bias_f32(const AddBiasParams& p, cudaStream_t stream) {

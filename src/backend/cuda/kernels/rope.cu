@@ -19,6 +19,8 @@ constexpr int kPairsPerCta = 128;  // threads per CTA; heads per CTA = kPairsPer
 
 __global__ void __launch_bounds__(kPairsPerCta) qkv_rope_kernel(RopeParams p, int heads_per_cta) {
   __shared__ float cos_t[kMaxHalf], sin_t[kMaxHalf];
+  pdl_wait();  // launched as a programmatic dependent: qkv comes from the linear before
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t t = blockIdx.x;
   const int hd = static_cast<int>(p.head_dim), half = hd / 2;
   const int n_q = static_cast<int>(p.n_q), n_kv = static_cast<int>(p.n_kv);
@@ -76,8 +78,8 @@ Status launch_qkv_rope(const RopeParams& p, cudaStream_t stream) {
   const int heads_per_cta = std::max(1, kPairsPerCta / half);
   if (ceil_div64(p.n_q + 2 * p.n_kv, heads_per_cta) > 65535) return unimplemented("qkv_rope: too many heads");
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(ceil_div64(p.n_q + 2 * p.n_kv, heads_per_cta)));
-  qkv_rope_kernel<<<grid, kPairsPerCta, 0, stream>>>(p, heads_per_cta);
-  return launch_status("qkv_rope_kernel");
+  return cuda_status(launch_pdl(qkv_rope_kernel, grid, dim3(kPairsPerCta), 0, stream, p, heads_per_cta),
+                     "qkv_rope_kernel");
 }
 
 }  // namespace mx::cuda

@@ -65,6 +65,8 @@ __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids
 }
 
 __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(RouterKernelParams p) {
+  pdl_wait();  // launched as a programmatic dependent: x comes from the norm before
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kExpertsPerCta + warp;
@@ -142,8 +144,8 @@ Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
   MX_RETURN_IF_ERROR(check(p));
   if (p.tokens == 0) return Status::ok();
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.experts, kExpertsPerCta)), static_cast<unsigned>(p.tokens));
-  router_topk_kernel<<<grid, 32 * kExpertsPerCta, 0, stream>>>(p);
-  return launch_status("router_topk_kernel");
+  return cuda_status(launch_pdl(router_topk_kernel, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
+                     "router_topk_kernel");
 }
 
 Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream) {
