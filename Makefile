@@ -19,9 +19,9 @@ build: bootstrap
 	@cmake -S . -B $(BUILD) -G Ninja -DMX_CUDA_ARCHS="$(CUDA_ARCHS)" $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Binaries to carry to a GPU machine: sm_90a only, libstdc++/libgcc linked statically.
+# Binaries to carry to a GPU machine: sm_90a only, libstdc++/libgcc linked statically, no libzmq (KV events off).
 build-gpu: bootstrap
-	@cmake -S . -B $(BUILD_GPU) -G Ninja -DMX_CUDA=ON -DMX_CUDA_ARCHS=90a -DMX_STATIC_RUNTIME=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD_GPU) -G Ninja -DMX_CUDA=ON -DMX_CUDA_ARCHS=90a -DMX_STATIC_RUNTIME=ON -DMX_KV_EVENTS=OFF $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD_GPU) -j $(JOBS) --target mxserve mx_gpu_tests mx_kernel_bench
 
 # build-gpu plus the run script in one folder (default .devgpu/): `cd .devgpu && ./run.sh` on the GPU machine,

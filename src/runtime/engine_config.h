@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 namespace mx {
 
 class GptOssModel;
+class PrefixCacheObserver;
 
 struct EngineConfig {
   int64_t page_size = 16;               // tokens per KV page
@@ -32,6 +34,8 @@ struct EngineConfig {
   // buckets (default_cuda_graph_batch_sizes); sizes above max-running-requests are dropped.
   bool enable_cuda_graphs = true;
   std::vector<int64_t> cuda_graph_batch_sizes;
+  // Told of prefix-cache changes (KV-cache events); null: nobody listens.
+  std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
 
   // Filled by resolve_engine_config.
   int64_t vocab_size = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <utility>
 
 #include "core/log.h"
 
@@ -127,6 +128,7 @@ void PagePool::register_page(std::span<const int32_t> pages, int64_t index, std:
   parent_[p] = parent;
   parent_gen_[p] = parent_gen;
   std::copy(page_tokens.begin(), page_tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(p * page_size_));
+  if (observer_) observer_->on_page_stored(page, parent, page_tokens);
 }
 
 void PagePool::unregister(int32_t page) {
@@ -134,11 +136,15 @@ void PagePool::unregister(int32_t page) {
   index_.erase(key_[p]);
   registered_[p] = 0;
   ++gen_[p];  // orphans the children registered under this content
+  if (observer_) observer_->on_page_removed(page);
 }
 
 void PagePool::clear_prefix_cache() {
+  PrefixCacheObserver* observer = std::exchange(observer_, nullptr);  // one "cleared", not a removal per page
   for (int32_t p = 0; p < static_cast<int32_t>(num_pages_); ++p)
     if (registered_[static_cast<size_t>(p)]) unregister(p);
+  observer_ = observer;
+  if (observer_) observer_->on_cleared();
 }
 
 void PagePool::list_remove(int32_t page) {

@@ -23,6 +23,17 @@
 
 namespace mx {
 
+// Prefix-cache changes as they happen (on the engine thread), for KV-cache events that routers read
+// (server/kv_event_publisher). A stored page holds exactly P computed tokens; its parent is the page
+// before it in the sequence (-1 at the start). Implementations must be quick: they run inside a step.
+class PrefixCacheObserver {
+ public:
+  virtual ~PrefixCacheObserver() = default;
+  virtual void on_page_stored(int32_t page, int32_t parent_page, std::span<const int32_t> tokens) = 0;
+  virtual void on_page_removed(int32_t page) = 0;  // evicted or forgotten: its content is gone
+  virtual void on_cleared() = 0;                   // every cached page forgotten at once
+};
+
 class PagePool {
  public:
   PagePool(int64_t num_pages, int64_t page_size, bool enable_prefix_cache);
@@ -59,6 +70,9 @@ class PagePool {
   // Forgets every cached prefix (free pages stay free).
   void clear_prefix_cache();
 
+  // Told of every page registered in and removed from the prefix cache; may be null. Not owned.
+  void set_observer(PrefixCacheObserver* observer) { observer_ = observer; }
+
  private:
   static constexpr int32_t kNone = -1;
 
@@ -69,6 +83,7 @@ class PagePool {
   void list_push_front(int32_t page);
   void list_push_back(int32_t page);
 
+  PrefixCacheObserver* observer_ = nullptr;
   int64_t num_pages_;
   int64_t page_size_;
   bool prefix_cache_;

@@ -9,6 +9,7 @@ namespace mx {
 
 Scheduler::Scheduler(const EngineConfig& config)
     : config_(config), pool_(config.num_kv_pages, config.page_size, config.enable_prefix_cache) {
+  pool_.set_observer(config.prefix_cache_observer.get());
   batch_.entries.reserve(static_cast<size_t>(config.max_running_requests));
   running_.reserve(static_cast<size_t>(config.max_running_requests));
 }

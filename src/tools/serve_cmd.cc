@@ -22,6 +22,7 @@
 #include "runtime/tokenizer_detokenize.h"
 #include "server/api_server.h"
 #include "server/engine_completion_service.h"
+#include "server/kv_event_publisher.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
@@ -58,6 +59,10 @@ std::vector<CliOption> serve_options() {
       {"enable-auto-tool-choice", false, "accepted: tool calls are always parsed"},
       {"trust-remote-code", false, "accepted: mxserve runs no code from checkpoints"},
       {"disable-log-requests", false, "no access-log line per request"},
+      {"kv-events-endpoint", true, "publish KV-cache events (vLLM's format) on this ZeroMQ PUB address, e.g. tcp://*:5557"},
+      {"kv-events-replay-endpoint", true, "answer replay requests on this ZeroMQ ROUTER address, e.g. tcp://*:5559"},
+      {"kv-events-topic", true, "first frame of every KV event message (default empty; llm-d: kv@POD_IP:PORT@MODEL)"},
+      {"kv-events-block-size", true, "tokens per event block; must equal --page-size (default: the page size)"},
       {"shutdown-timeout", true, "seconds in-flight requests may finish after SIGTERM (default 30)"},
       {"io-threads", true, "HTTP io threads (default 2)"},
       {"log-level", true, "debug, info (default), warning or error"},
@@ -197,6 +202,26 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
 
   EngineConfig config;
   MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
+  if (args.has("kv-events-endpoint")) {
+    server::KvEventOptions events;
+    events.endpoint = args.get("kv-events-endpoint");
+    events.replay_endpoint = args.get("kv-events-replay-endpoint");
+    events.topic = args.get("kv-events-topic");
+    MX_ASSIGN_OR_RETURN(events.block_size, args.get_int("kv-events-block-size", config.page_size));
+    if (events.block_size != config.page_size)
+      return invalid_argument("--kv-events-block-size " + std::to_string(events.block_size) + " must equal --page-size (" +
+                              std::to_string(config.page_size) + "): one event block is one KV page; set --page-size " +
+                              std::to_string(events.block_size) + " to publish blocks of that size");
+    if (!config.enable_prefix_cache) return invalid_argument("--kv-events-endpoint needs the prefix cache (drop --no-prefix-cache)");
+    events.medium = backend_options.name == "cuda" ? "GPU" : "CPU";
+    MX_ASSIGN_OR_RETURN(auto publisher, server::KvEventPublisher::start(events));
+    MX_LOG(Info) << "KV-cache events on " << publisher->endpoint()
+                 << (events.replay_endpoint.empty() ? "" : ", replay on " + publisher->replay_endpoint()) << ", blocks of "
+                 << events.block_size << " tokens";
+    config.prefix_cache_observer = std::move(publisher);
+  } else if (args.has("kv-events-replay-endpoint") || args.has("kv-events-topic") || args.has("kv-events-block-size")) {
+    return invalid_argument("the --kv-events-* options need --kv-events-endpoint");
+  }
   config.max_running_requests = server_options.max_running_requests;
   config.max_queued_requests = server_options.max_queued_requests;
   MX_ASSIGN_OR_RETURN(loaded->engine, Engine::start(*loaded->model, config, make_detokenize_fn(loaded->tokenizer)));

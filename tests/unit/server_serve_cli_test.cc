@@ -96,6 +96,10 @@ TEST(ServeCli, PeerFlagsAreAliasesOrRefusedWithAReason) {
       {"serve dir1 dir2", 2, "unexpected argument 'dir2'"},
       {"serve dir1 --model dir2", 2, "both name the model"},
       {"serve --max-model-len 8", 1, "must be at least 16"},
+      {"serve --port 0 --kv-events-topic t", 1, "the --kv-events-* options need --kv-events-endpoint"},
+      {"serve --port 0 --kv-events-endpoint tcp://127.0.0.1:* --kv-events-block-size 64", 1,
+       "--kv-events-block-size 64 must equal --page-size (16)"},
+      {"serve --port 0 --kv-events-endpoint bogus://x", 1, "--kv-events-endpoint bogus://x"},
   };
   for (const auto& c : cases) {
     const auto r = run_mxserve(c.args);
