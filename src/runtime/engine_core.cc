@@ -150,6 +150,7 @@ void EngineCore::collect_outputs(std::vector<RequestOutput>* outputs) {
     out.error = r->error;
     out.usage = r->usage;
     out.num_preemptions = r->num_preemptions;
+    out.first_scheduled = r->first_scheduled;
     if (done) out.prompt_logits = std::move(r->prompt_logits);
     if (done || !out.token_ids.empty() || !out.text.empty()) outputs->push_back(std::move(out));
     if (done) finished_ids_.push_back(r->id);

@@ -28,6 +28,7 @@ void RequestOutput::clear() {
   usage = Usage{};
   num_preemptions = 0;
   prompt_logits.clear();
+  first_scheduled = {};
 }
 
 void RequestOutput::merge(RequestOutput&& next) {
@@ -44,6 +45,7 @@ void RequestOutput::merge(RequestOutput&& next) {
   }
   usage = next.usage;
   num_preemptions = next.num_preemptions;
+  first_scheduled = next.first_scheduled;
   if (!next.prompt_logits.empty()) prompt_logits = std::move(next.prompt_logits);
 }
 

@@ -7,6 +7,7 @@
 // then sample one more".
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -66,6 +67,8 @@ struct RequestOutput {
   Usage usage;                              // totals so far
   int64_t num_preemptions = 0;
   std::vector<float> prompt_logits;         // [prompt length, vocab], final output of want_prompt_logits only
+  // When the scheduler first gave the request a place in a step (epoch = not yet): queue time for metrics.
+  std::chrono::steady_clock::time_point first_scheduled{};
 
   bool finished() const { return finish != FinishReason::kNone; }
   void clear();
@@ -78,6 +81,7 @@ struct RequestOutput {
 struct Request {
   RequestId id = -1;
   int64_t arrival = 0;  // FCFS order
+  std::chrono::steady_clock::time_point first_scheduled{};  // epoch until first admitted
   RequestInput input;
   int64_t prompt_len = 0;
   int64_t max_new_tokens = 0;        // resolved: max_tokens or what the context leaves

@@ -85,7 +85,10 @@ const ScheduledBatch& Scheduler::schedule() {
       r->num_registered_pages = 0;
       break;
     }
-    if (!r->admitted_once) r->usage.cached_prompt_tokens = std::min(r->num_computed, r->prompt_len);
+    if (!r->admitted_once) {
+      r->usage.cached_prompt_tokens = std::min(r->num_computed, r->prompt_len);
+      r->first_scheduled = std::chrono::steady_clock::now();
+    }
     r->admitted_once = true;
     stats_.prefix_hit_tokens += r->num_computed;
     if (config_.enable_prefix_cache && !r->input.want_prompt_logits) stats_.prefix_query_tokens += r->num_tokens();

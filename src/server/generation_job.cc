@@ -99,6 +99,7 @@ void GenerationJob::drain() {
 void GenerationJob::process(Choice& c, RequestOutput& out) {
   if (out.finish == mx::FinishReason::kError) return fail("Generation failed: " + out.error);
   c.usage = out.usage;
+  if (out.first_scheduled != std::chrono::steady_clock::time_point{}) stream_->scheduled(out.first_scheduled);
   if (kind_ == Kind::kChat) {
     chat_tokens(c, out);
   } else {

@@ -110,6 +110,12 @@ void GenerationStream::finish_choice(int64_t choice, FinishReason reason) {
   });
 }
 
+void GenerationStream::scheduled(std::chrono::steady_clock::time_point when) {
+  channel_->run([self = shared_from_this(), when] {
+    if (self->scheduled_ == Clock::time_point{} || when < self->scheduled_) self->scheduled_ = when;
+  });
+}
+
 void GenerationStream::done(GenerationUsage usage) {
   channel_->run([self = shared_from_this(), usage] {
     if (self->ended_) return;
@@ -128,6 +134,13 @@ void GenerationStream::done(GenerationUsage usage) {
     if (ServerMetrics* m = self->metrics_) {
       const auto now = Clock::now();
       m->e2e_request_latency->observe(std::chrono::duration<double>(now - self->arrival_).count());
+      if (self->scheduled_ != Clock::time_point{}) {
+        m->request_queue_time->observe(std::chrono::duration<double>(self->scheduled_ - self->arrival_).count());
+        if (self->tokens_ > 0) {
+          m->request_prefill_time->observe(std::chrono::duration<double>(self->first_token_ - self->scheduled_).count());
+          m->request_decode_time->observe(std::chrono::duration<double>(now - self->first_token_).count());
+        }
+      }
       if (self->tokens_ > 1)
         m->time_per_output_token->observe(std::chrono::duration<double>(now - self->first_token_).count() /
                                           static_cast<double>(self->tokens_ - 1));

@@ -33,6 +33,8 @@ class GenerationStream : public std::enable_shared_from_this<GenerationStream> {
   void delta(GenerationDelta delta);
   void finish_choice(int64_t choice, FinishReason reason);
   void done(GenerationUsage usage);
+  // When the engine first scheduled one of this request's choices (queue/prefill/decode-time metrics).
+  void scheduled(std::chrono::steady_clock::time_point when);
   void fail(ApiError error);
 
   // True once the client has gone away or the request was aborted; producers may poll it.
@@ -66,7 +68,7 @@ class GenerationStream : public std::enable_shared_from_this<GenerationStream> {
   std::function<void()> cancel_fn_;
   bool headers_sent_ = false;
   bool ended_ = false;
-  std::chrono::steady_clock::time_point arrival_, first_token_, last_token_;
+  std::chrono::steady_clock::time_point arrival_, first_token_, last_token_, scheduled_;
   int64_t tokens_ = 0;
   FinishReason last_reason_ = FinishReason::kStop;
 };

@@ -159,6 +159,9 @@ ServerMetrics::ServerMetrics(MetricsRegistry* r) {
   time_per_output_token = r->histogram(both("time_per_output_token_seconds"),
                                        "Histogram of time per output token in seconds (per request, after the first).", tpot);
   e2e_request_latency = r->histogram(both("e2e_request_latency_seconds"), "Histogram of end-to-end request latency in seconds.", e2e);
+  request_queue_time = r->histogram(both("request_queue_time_seconds"), "Histogram of time spent waiting for the engine in seconds.", e2e);
+  request_prefill_time = r->histogram(both("request_prefill_time_seconds"), "Histogram of time spent in prefill in seconds.", e2e);
+  request_decode_time = r->histogram(both("request_decode_time_seconds"), "Histogram of time spent in decode in seconds.", e2e);
   request_prompt_tokens = r->histogram(both("request_prompt_tokens"), "Number of prefill tokens processed.", one_two_five(1e6));
   request_generation_tokens = r->histogram(both("request_generation_tokens"), "Number of generation tokens processed.", one_two_five(1e6));
   request_errors = r->counter({"mxserve:request_errors_total"}, "Requests that ended with an error.");

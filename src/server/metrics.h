@@ -94,6 +94,9 @@ struct ServerMetrics {
   Histogram* inter_token_latency;    // every gap between output tokens (a delta of n tokens: n gaps)
   Histogram* time_per_output_token;  // per request: (end - first token) / (tokens - 1)
   Histogram* e2e_request_latency;
+  Histogram* request_queue_time;     // arrival -> first scheduled by the engine
+  Histogram* request_prefill_time;   // first scheduled -> first token
+  Histogram* request_decode_time;    // first token -> end
   Histogram* request_prompt_tokens;
   Histogram* request_generation_tokens;
   Counter* prompt_tokens;

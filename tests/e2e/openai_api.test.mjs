@@ -361,3 +361,12 @@ test('responses: streamed events in order, deltas add up to the final items', as
   }
   assert.ok(final.usage.output_tokens >= 1);
 });
+
+test('metrics: the engine-side latency histograms count finished requests', async () => {
+  await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4 });
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  for (const name of ['vllm:request_queue_time_seconds', 'vllm:request_prefill_time_seconds', 'vllm:request_decode_time_seconds']) {
+    const m = text.match(new RegExp(`^${name}_count\\{model_name="[^"]+"\\} (\\d+)$`, 'm'));
+    assert.ok(m && Number(m[1]) >= 1, `${name}_count`);
+  }
+});
