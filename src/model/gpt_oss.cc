@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/load_progress.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
 
@@ -54,6 +55,9 @@ Status GptOssModel::upload() {
   device_weights_.push_back(std::move(freq));
 
   const int64_t qkv_rows = c.q_dim() + 2 * c.kv_dim();
+  LoadProgress progress("weights to " + backend_.device_name(), static_cast<int64_t>(weights_.layers.size()),
+                        backend_.device() != Device::kCpu);
+  int64_t layers_done = 0;
   for (GptOssLayerWeights& L : weights_.layers) {
     // q, k and v run as one projection: one weight read and one launch instead of three.
     host_fused_.push_back(concat_rows({L.q_weight, L.k_weight, L.v_weight}));
@@ -67,6 +71,7 @@ Status GptOssModel::upload() {
       MX_ASSIGN_OR_RETURN(*w, put(*w));
     }
     MX_ASSIGN_OR_RETURN(L.experts, backend_.upload_experts(L.experts, &device_weights_));
+    progress.step(++layers_done, device_weight_bytes());
   }
   return Status::ok();
 }
