@@ -39,6 +39,7 @@ std::string forced_json() {
 
 template <typename Pred>
 bool eventually(Pred pred, std::chrono::milliseconds limit = 5000ms) {
+  limit *= kTestTimeScale;
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
     if (pred()) return true;

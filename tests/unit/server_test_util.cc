@@ -171,6 +171,7 @@ TestServer::TestServer(server::ApiServerOptions options) {
 // ---- RawClient ----
 
 RawClient::RawClient(int port, int timeout_ms) {
+  timeout_ms *= kTestTimeScale;
   fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
   timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));

@@ -75,8 +75,12 @@ struct HttpReply {
   }
 };
 
+// How much slower this build runs than a plain one (sanitizers): client timeouts and waits are scaled by it.
+inline constexpr int kTestTimeScale = MX_TEST_TIME_SCALE;
+
 class RawClient {
  public:
+  // `timeout_ms` (per read and write) is scaled by kTestTimeScale.
   explicit RawClient(int port, int timeout_ms = 10000);
   ~RawClient();
   RawClient(const RawClient&) = delete;
