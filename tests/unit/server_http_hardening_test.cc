@@ -130,6 +130,11 @@ TEST(ServerHttpHardening, UnauthorizedCarriesABearerChallenge) {
 // The real binary under `ulimit -n` (soft and hard): far more idle connections than descriptors. The
 // oldest idle ones are shed so that a health probe queued behind them still gets its answer.
 TEST(ServerHttpHardening, IdleConnectionFloodUnderLowFileLimitLeavesHealthAnswering) {
+  if (MX_TEST_SANITIZED) {
+    // UBSan's vptr check probes memory through a pipe; at the descriptor limit it cannot make one and
+    // reports a false "invalid vptr" (seen on the first weak_ptr::lock). The plain build runs this test.
+    GTEST_SKIP() << "needs free descriptors that the sanitizer runtime takes at the limit";
+  }
   rlimit own{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &own), 0);
   if (own.rlim_cur < own.rlim_max) {  // this process holds the client ends: take what the hard limit allows
