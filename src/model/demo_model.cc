@@ -1,6 +1,9 @@
 #include "model/demo_model.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdlib>
 #include <filesystem>
@@ -34,8 +37,32 @@ Result<std::string> default_demo_model_dir() {
   return invalid_argument("neither XDG_CACHE_HOME nor HOME is set: give --model DIR");
 }
 
+namespace {
+
+// A writer killed mid-write (SIGKILL, a crash, a lost machine) leaves its `NAME.tmp-PID-RANDOM` folder
+// (~110 MB) behind: remove those whose process is gone. Folders of live writers are left alone.
+void remove_abandoned_temp_dirs(const fs::path& target) {
+  std::error_code ec;
+  const std::string prefix = target.filename().string() + ".tmp-";
+  for (const auto& entry : fs::directory_iterator(target.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    char* end = nullptr;
+    const long pid = std::strtol(rest.c_str(), &end, 10);
+    if (end == rest.c_str() || *end != '-' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running (or not ours to judge)
+    std::error_code remove_ec;
+    fs::remove_all(entry.path(), remove_ec);
+    if (!remove_ec) MX_LOG(Info) << "removed " << entry.path().string() << ", left by a writer that did not finish";
+  }
+}
+
+}  // namespace
+
 Result<std::string> ensure_demo_model(const std::string& dir) {
   std::error_code ec;
+  remove_abandoned_temp_dirs(fs::path(dir));
   if (fs::is_directory(dir, ec)) return dir;  // only ever created complete (by the rename below)
   const fs::path target(dir);
   fs::create_directories(target.parent_path(), ec);
