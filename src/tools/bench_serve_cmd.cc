@@ -124,7 +124,11 @@ Status run(const CliArgs& args, const std::string& command) {
   std::fprintf(stderr, "bench serve: %lld requests to %s%s (model %s)\n", static_cast<long long>(prompts.size()),
                plan.serve.url.to_string().c_str(), bench::endpoint_path(plan.serve.endpoint).c_str(),
                plan.serve.model.c_str());
-  MX_ASSIGN_OR_RETURN(bench::ServeBenchRun result, bench::run_serve_bench(plan.serve, prompts));
+  std::vector<bench::BenchPrompt> warmup;
+  if (plan.serve.warmup_requests > 0) {
+    MX_ASSIGN_OR_RETURN(warmup, bench::make_warmup_prompts(*tokenizer, plan.prompts, prompts, plan.serve.warmup_requests));
+  }
+  MX_ASSIGN_OR_RETURN(bench::ServeBenchRun result, bench::run_serve_bench(plan.serve, prompts, warmup));
 
   bench::BenchConfig config;
   config.command_line = command;

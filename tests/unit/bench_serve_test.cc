@@ -234,6 +234,28 @@ TEST(BenchServeCli, RunsAgainstFakeServerAndWritesJson) {
   const auto second = nlohmann::json::parse(bodies[2])["messages"][0]["content"].get<std::string>();
   EXPECT_NE(first, second);
   EXPECT_EQ(nlohmann::json::parse(bodies[1])["max_tokens"], 6);
+  // The warm-up prompt is none of the measured ones, not even their first 16 bytes (a prefix-cache hit).
+  const auto warmup = nlohmann::json::parse(bodies[0])["messages"][0]["content"].get<std::string>();
+  for (size_t i = 1; i < bodies.size(); ++i) {
+    const auto measured = nlohmann::json::parse(bodies[i])["messages"][0]["content"].get<std::string>();
+    EXPECT_NE(measured.substr(0, 16), warmup.substr(0, 16)) << "request " << i;
+  }
+}
+
+TEST(BenchServe, WarmupNeedsItsOwnPrompts) {
+  FakeOpenAiServer server;
+  auto options = options_for(server.base_url(), "completions", 1);
+  options.warmup_requests = 2;
+  const std::vector<BenchPrompt> prompts = {prompt("p", 2)};
+  auto refused = bench::run_serve_bench(options, prompts);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("their own prompts"), std::string::npos);
+  auto run = bench::run_serve_bench(options, prompts, {prompt("warm", 2)});
+  ASSERT_TRUE(run.is_ok()) << run.status().message();
+  const auto bodies = server.bodies();
+  ASSERT_EQ(bodies.size(), 3u);
+  for (size_t i : {0, 1}) EXPECT_EQ(nlohmann::json::parse(bodies[i])["prompt"], "warm");
+  EXPECT_EQ(nlohmann::json::parse(bodies[2])["prompt"], "p");
 }
 
 // The quick real run: `mxserve bench serve` against `mxserve serve` with the demo model on the CPU (cached

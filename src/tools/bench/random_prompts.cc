@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <unordered_set>
 
 #include "tokenizer/utf8.h"
 
@@ -45,6 +46,22 @@ Result<BenchPrompt> make_prompt(const Tokenizer& tokenizer, const std::vector<in
 }
 
 }  // namespace
+
+Result<std::vector<BenchPrompt>> make_warmup_prompts(const Tokenizer& tokenizer, const RandomPromptOptions& measured_options,
+                                                     const std::vector<BenchPrompt>& measured, int64_t count) {
+  std::unordered_set<std::string> taken;
+  for (const BenchPrompt& p : measured) taken.insert(p.text.substr(0, 16));
+  RandomPromptOptions options = measured_options;
+  options.num_prompts = count;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    options.seed = measured_options.seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(attempt + 1));
+    MX_ASSIGN_OR_RETURN(std::vector<BenchPrompt> warmup, make_random_prompts(tokenizer, options));
+    const bool disjoint = std::none_of(warmup.begin(), warmup.end(),
+                                       [&](const BenchPrompt& w) { return taken.count(w.text.substr(0, 16)) != 0; });
+    if (disjoint) return warmup;
+  }
+  return invalid_argument("cannot draw warm-up prompts that differ from the measured ones (prompts too short?)");
+}
 
 Result<std::vector<BenchPrompt>> make_random_prompts(const Tokenizer& tokenizer, const RandomPromptOptions& options) {
   if (options.num_prompts < 1) return invalid_argument("the number of prompts must be at least 1");

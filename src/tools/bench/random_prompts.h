@@ -30,4 +30,11 @@ struct BenchPrompt {
 
 Result<std::vector<BenchPrompt>> make_random_prompts(const Tokenizer& tokenizer, const RandomPromptOptions& options);
 
+// `count` warm-up prompts of the measured prompts' shape, from another seed, none starting with the same
+// 16 bytes as any measured prompt: a warm-up that shared a measured prompt's first page would turn its
+// prefill into a prefix-cache hit and inflate the measured throughput. (Equal first 16 tokens would mean
+// equal first 16 bytes, since every token is at least one byte.)
+Result<std::vector<BenchPrompt>> make_warmup_prompts(const Tokenizer& tokenizer, const RandomPromptOptions& measured_options,
+                                                     const std::vector<BenchPrompt>& measured, int64_t count);
+
 }  // namespace mx::bench

@@ -71,18 +71,23 @@ std::string make_request_body(const ServeBenchOptions& options, const std::strin
   return body.dump();
 }
 
-Result<ServeBenchRun> run_serve_bench(const ServeBenchOptions& options, const std::vector<BenchPrompt>& prompts) {
+Result<ServeBenchRun> run_serve_bench(const ServeBenchOptions& options, const std::vector<BenchPrompt>& prompts,
+                                      const std::vector<BenchPrompt>& warmup_prompts) {
   LoadOptions load;
   load.url = options.url;
   load.path = endpoint_path(options.endpoint);
   load.api_key = options.api_key;
   load.idle_timeout_s = options.idle_timeout_s;
   ServeBenchRun out;
-  if (options.warmup_requests > 0 && !prompts.empty()) {
-    const BenchPrompt& first = prompts.front();
-    std::vector<LoadRequest> warmup(options.warmup_requests,
-                                    LoadRequest{make_request_body(options, first.text, std::min<int64_t>(first.output_len, 32)),
-                                                first.prompt_tokens});
+  if (options.warmup_requests > 0 && warmup_prompts.empty())
+    return invalid_argument("warm-up requests need their own prompts (a measured prompt sent as warm-up would be a "
+                            "prefix-cache hit when measured)");
+  if (options.warmup_requests > 0) {
+    std::vector<LoadRequest> warmup;
+    for (int64_t i = 0; i < options.warmup_requests; ++i) {
+      const BenchPrompt& w = warmup_prompts[static_cast<size_t>(i) % warmup_prompts.size()];
+      warmup.push_back({make_request_body(options, w.text, std::min<int64_t>(w.output_len, 32)), w.prompt_tokens});
+    }
     MX_ASSIGN_OR_RETURN(LoadRun warm, run_load(load, warmup));
     for (const RequestResult& r : warm.results) {
       if (r.success) continue;

@@ -49,6 +49,9 @@ struct ServeBenchRun {
 // Sends the warm-up requests (the first prompt, at most 32 output tokens, all at once; their results are
 // dropped, failures are counted and, with `progress`, printed to stderr), then every prompt once under the
 // options' arrival rate and concurrency.
-Result<ServeBenchRun> run_serve_bench(const ServeBenchOptions& options, const std::vector<BenchPrompt>& prompts);
+// Sends `options.warmup_requests` untimed requests cycling over `warmup_prompts` (which must not repeat the
+// measured prompts: see make_warmup_prompts), then the measured `prompts`.
+Result<ServeBenchRun> run_serve_bench(const ServeBenchOptions& options, const std::vector<BenchPrompt>& prompts,
+                                      const std::vector<BenchPrompt>& warmup_prompts = {});
 
 }  // namespace mx::bench
