@@ -136,9 +136,9 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> c
   if (path == "/metrics") {  // Prometheus scrapers hold no API key: open unless --metrics-require-key
     if (!options_.metrics_require_key || authorized(request)) {
       if (!require(http::verb::get)) return;
-    HttpResponse res = make_json_response(http::status::ok, metrics_text(), version);
-    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-    return channel->respond(std::move(res));
+      HttpResponse res = make_json_response(http::status::ok, metrics_text(), version);
+      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      return channel->respond(std::move(res));
     }
   }
   if (path == "/version") {  // open, as vLLM serves it
