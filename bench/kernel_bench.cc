@@ -219,7 +219,9 @@ void bench_moe(bool variants) {
 }
 
 // ---- MoE prefill: the same layer at T tokens through each expert-GEMM path: decode = swap-AB kernels
-// with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128.
+// with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128, wgmma = the sm_90 grouped
+// GEMM (falls back to grouped elsewhere), auto = what moe_experts picks. Then the measured bf16 rate: one
+// dense cuBLASLt GEMM with the first expert GEMM's shape at 8192 tokens, the yardstick of issue 12.
 void bench_moe_prefill() {
   const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
   const std::vector<ExpertWeights>& experts = bench_experts();
@@ -239,8 +241,10 @@ void bench_moe_prefill() {
       const char* label;
     };
     for (const Variant& v : {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
-                             Variant{CudaMoePath::kGrouped, 64, "grouped/64"},
-                             Variant{CudaMoePath::kGrouped, 128, "grouped/128"}}) {
+                             Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"},
+                             Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
+                             Variant{CudaMoePath::kGrouped, 64, "wgmma/64"}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128"},
+                             Variant{CudaMoePath::kAuto, 0, "auto"}}) {
       set_cuda_moe_path(v.path, v.tile);
       // About 20 ms of work per graph.
       const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
@@ -255,6 +259,14 @@ void bench_moe_prefill() {
     }
     set_cuda_moe_path(CudaMoePath::kAuto);
   }
+  std::vector<TensorView> w;
+  for (int c = 0; c < 4; ++c) w.push_back(random_bf16({2 * I, H}, 0.02f));
+  TensorView x = random_bf16({8192, H}, 1.0f), bias = random_bf16({2 * I}, 0.1f), out = make(DType::kBF16, {8192, 2 * I});
+  const double us = time_graph(8, [&](int i) { return g_b->linear(x, w[i % 4], bias, out); });
+  const double flops = 2.0 * 8192 * 2 * I * H;
+  char note[64];
+  std::snprintf(note, sizeof note, "%.0f TFLOP/s (measured bf16 rate)", flops / us / 1e6);
+  report("bf16 dense 2880->5760 M=8192", us, 0, flops, note);
 }
 
 // ---- Attention: 64 q heads, 8 kv heads, head_dim 64, page 16.

@@ -387,15 +387,17 @@ const char* path_name(CudaMoePath p) {
     case CudaMoePath::kDecode: return "decode";
     case CudaMoePath::kDecodeV1: return "decode v1";
     case CudaMoePath::kGrouped: return "grouped";
+    case CudaMoePath::kGroupedMmaSync: return "grouped mma.sync";
     case CudaMoePath::kAuto: return "auto";
   }
   return "?";
 }
 
-// One routing of random experts through the CPU twin and through each CUDA path in `paths`.
+// One routing of random experts through the CPU twin and through each CUDA path in `paths` (the grouped
+// path once per tile size in `grouped_tiles`, 0 = its own choice).
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
                     std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
-                    bool decode_pdl = true) {
+                    bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0}) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -413,10 +415,11 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   MoeParams m_c{px.cpu, id_c, w_c, &hx.view, o_c, c.k, 7.0f, 1.702f};
   ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
   const std::vector<float> want = cpu.download_f32(o_c);
-  for (CudaMoePath path : paths) {
+  for (CudaMoePath path : paths)
+  for (int tile : grouped_tiles) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
-    set_cuda_moe_path(path);
+    set_cuda_moe_path(path, tile);
     set_cuda_moe_decode_tuning(decode_k_tiles, decode_depth, decode_pdl);
     const Status st = cuda_backend().moe_experts(m_g);
     set_cuda_moe_path(CudaMoePath::kAuto);
@@ -426,6 +429,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     if (decode_k_tiles != 0 || decode_depth != 0 || !decode_pdl)
       variant = " (" + std::to_string(decode_k_tiles) + " k tiles/warp, ring " + std::to_string(decode_depth) +
                 (decode_pdl ? "" : ", no PDL") + ")";
+    if (tile != 0) variant += " (" + std::to_string(tile) + "-token tiles)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -439,7 +443,8 @@ TEST_F(KernelTest, MoeExperts) {
                            MoeCase{8, 320, 192, 2, 17, Routing::kUniform}, MoeCase{8, 256, 256, 4, 64, Routing::kSame},
                            MoeCase{6, 320, 192, 2, 301, Routing::kUniform}, MoeCase{8, 320, 192, 4, 200, Routing::kSame},
                            MoeCase{16, 256, 320, 4, 777, Routing::kHalf}, MoeCase{16, 320, 192, 4, 1000, Routing::kHot}})
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode, CudaMoePath::kGrouped, CudaMoePath::kDecodeV1});
+    check_moe_case(cpu_, cuda_, rng_, c,
+                   {CudaMoePath::kDecode, CudaMoePath::kGrouped, CudaMoePath::kGroupedMmaSync, CudaMoePath::kDecodeV1});
   // Decode shape of the real model.
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8, Routing::kUniform}, {CudaMoePath::kAuto});
 }
@@ -507,10 +512,21 @@ TEST_F(KernelTest, MoeExpertsPrefill) {
   // Many tokens per expert (the grouped kernel's regime), the automatic choice too.
   for (const MoeCase& c : {MoeCase{32, 256, 192, 4, 5000, Routing::kUniform}, MoeCase{32, 320, 256, 4, 4099, Routing::kHot},
                            MoeCase{16, 256, 192, 2, 2500, Routing::kHalf}})
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped, CudaMoePath::kAuto});
-  // gpt-oss-20b layer at a 2048-token prefill, both paths.
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped, CudaMoePath::kGroupedMmaSync, CudaMoePath::kAuto});
+  // gpt-oss-20b layer at a 2048-token prefill, all paths.
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 2048, Routing::kUniform},
-                 {CudaMoePath::kGrouped, CudaMoePath::kDecode});
+                 {CudaMoePath::kGrouped, CudaMoePath::kGroupedMmaSync, CudaMoePath::kDecode});
+}
+
+// The grouped path at odd token counts (1, 7, 129, 4097 tokens: partial tiles everywhere), experts without
+// tokens, every token on the same experts, one expert in every token's top-k, each tile size forced; on
+// sm_90 this is the wgmma kernel (moe_wgmma.cu) with its k-permuted activations.
+TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
+  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 7, Routing::kUniform},
+                           MoeCase{32, 2880, 2880, 4, 129, Routing::kHalf}, MoeCase{32, 320, 256, 4, 4097, Routing::kUniform},
+                           MoeCase{8, 320, 192, 4, 129, Routing::kSame}, MoeCase{16, 256, 320, 4, 1000, Routing::kHot},
+                           MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}})
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128});
 }
 
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,
@@ -518,6 +534,38 @@ TEST_F(KernelTest, MoeExpertsPrefill) {
 TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
   check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform}, CudaMoePath::kGrouped,
                                "grouped", {37});
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, CudaMoePath::kGrouped,
+                               "grouped 20b shape", {1, 129});
+  check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform},
+                               CudaMoePath::kGroupedMmaSync, "grouped mma.sync", {37});
+}
+
+// The grouped path replayed from a CUDA graph gives the eager bits (fixed grid, metadata read on the device).
+TEST_F(KernelTest, MoeGroupedGraphReplay) {
+  const MoeCase c{32, 2880, 2880, 4, 777, Routing::kHot};
+  HostExperts hx;
+  make_experts(rng_, c.E, c.H, c.I, &hx);
+  std::vector<Buffer> owner;
+  auto up = cuda_backend().upload_experts(hx.view, &owner);
+  ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  make_routing(rng_, c, &ids, &weights);
+  Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
+  TensorView xg = cuda_.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
+  TensorView id = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
+  TensorView eager = cuda_.make(DType::kBF16, {c.T, c.H}), replayed = cuda_.make(DType::kBF16, {c.T, c.H});
+  set_cuda_moe_path(CudaMoePath::kGrouped);
+  ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, eager, c.k, 7.0f, 1.702f}).is_ok());
+  auto graph = cuda_backend().capture(
+      [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, replayed, c.k, 7.0f, 1.702f}); });
+  set_cuda_moe_path(CudaMoePath::kAuto);
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE((*graph)->replay().is_ok());
+  const std::vector<uint8_t> a = cuda_.download_bytes(eager), b = cuda_.download_bytes(replayed);
+  const bool same = a == b;
+  record("moe_experts", "grouped 20b shape T=777, graph replay vs eager, bitwise", same ? 0 : 1, 0, 0, same);
+  EXPECT_TRUE(same);
 }
 
 }  // namespace

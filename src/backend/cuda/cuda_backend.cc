@@ -396,9 +396,14 @@ class CudaBackend final : public Backend {
     if (T == 0) return Status::ok();
     const int64_t slots = T * k;
     const CudaMoePath path = g_moe_path.load();
-    const bool grouped = path == CudaMoePath::kGrouped || (path == CudaMoePath::kAuto && use_grouped_moe(slots, E));
+    const bool grouped = path == CudaMoePath::kGrouped || path == CudaMoePath::kGroupedMmaSync ||
+                         (path == CudaMoePath::kAuto && use_grouped_moe(slots, E));
     if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))
       return moe_experts_decode(p);
+    if (grouped && path != CudaMoePath::kGroupedMmaSync) {
+      const MoeWgmmaConfig cw = choose_moe_wgmma_config(dev_, slots, E, g_moe_grouped_tile.load());
+      if (cw.enabled) return moe_experts_wgmma(p, cw);
+    }
     const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
     const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
     MoeGroupedConfig cg = choose_moe_grouped_config(dev_, slots, E);
@@ -421,6 +426,31 @@ class CudaBackend final : public Backend {
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
     MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g2, cg, stream_.get()) : launch_moe_gemm(g2, c2, stream_.get()));
+    return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
+                              stream_.get());
+  }
+
+  // Many tokens per expert on Hopper (moe_wgmma.cu): routing, x permuted into the wgmma k order (in the y
+  // scratch, free until the second GEMM), the two GEMMs (h in the permuted order between them), combine.
+  Status moe_experts_wgmma(const MoeParams& p, const MoeWgmmaConfig& c) {
+    const ExpertWeights& w = *p.experts;
+    const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
+    const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
+    const MoeRouting r = routing_scratch(E, slots, max_tiles);
+    MX_RETURN_IF_ERROR(
+        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles}, stream_.get()));
+    uint16_t* x_permuted = ptr_of<uint16_t>(scratch_.moe_y);
+    MX_RETURN_IF_ERROR(launch_moe_permute_k(ptr<const uint16_t>(p.x), x_permuted, T, H, stream_.get()));
+    MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
+    g1.in = x_permuted;
+    g1.max_tiles = max_tiles;
+    MX_RETURN_IF_ERROR(launch_moe_wgmma_gemm(g1, c, stream_.get()));
+    MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
+    g2.max_tiles = max_tiles;
+    MX_RETURN_IF_ERROR(launch_moe_wgmma_gemm(g2, c, stream_.get()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());
   }

@@ -17,8 +17,9 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
 // by tokens per expert) forces the grouped kernel's tile. Process-wide.
 // kDecode: the ring decode GEMMs (moe_decode.cu; kAuto uses them at one token); kDecodeV1: the first
 // decode kernels (moe.cu, routing + 2 GEMMs + combine; kAuto's choice from two tokens to the grouped
-// threshold).
-enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1 };
+// threshold). kGrouped: the grouped GEMM, on wgmma where the device has it (sm_90, moe_wgmma.cu, also
+// kAuto's choice there), else on mma.sync (moe_grouped.cu); kGroupedMmaSync: always the mma.sync one.
+enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1, kGroupedMmaSync };
 void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens = 0);
 // Benchmark knobs of the decode GEMMs (0 = kernel_configs.h's choice): target k tiles per warp (sets the
 // k split), ring depth (4, 6 or 8), whether the second GEMM is a programmatic dependent of the first, and

@@ -147,6 +147,31 @@ bool skinny_linear_one_wave(const DeviceInfo& dev, int64_t n);
 // no further limit) and k a multiple of 8 (16-byte rows).
 bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
 
+// MXFP4 experts for many tokens per expert on Hopper (sm_90a only: wgmma, moe_wgmma.cu): weights as the
+// wgmma M side decoded from the swap-AB layout into registers, 64 or 128 expert-sorted tokens as N in
+// shared memory, two warpgroups of 64 weight rows per CTA, a cp.async ring of kMoeWgmmaStages k tiles.
+inline constexpr int kMoeWgmmaThreads = 256;
+inline constexpr int kMoeWgmmaWeightRows = 128;
+inline constexpr int kMoeWgmmaStages = 4;
+// One ring stage: the tile's activations (128 bytes of k per token), packed fp4 and e8m0 scales, rounded
+// up to the 1024 bytes at which the next stage's swizzled activation tile must start.
+inline constexpr int64_t moe_wgmma_stage_bytes(int tile_tokens) {
+  return (static_cast<int64_t>(tile_tokens) * 128 + kMoeWgmmaWeightRows * 32 + kMoeWgmmaWeightRows * 2 + 1023) /
+         1024 * 1024;
+}
+struct MoeWgmmaConfig {
+  bool enabled = false;     // sm_90 with the ring in shared memory
+  int tile_tokens = 0;      // 64 or 128 expert-sorted tokens per tile
+  int threads = 0;
+  int stages = 0;
+  int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
+};
+// `tile_tokens` 0 picks from the tokens per expert; 64 or 128 forces that tile.
+MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
+                                       int tile_tokens = 0);
+// 128-token tiles from this many routed tokens per expert.
+inline constexpr int64_t kMoeWgmmaLargeTileTokensPerExpert = 128;
+
 // True when a config's shared memory fits the device and its pipeline has at least one stage.
 bool fits(const DeviceInfo& dev, int64_t smem_bytes, int stages);
 

@@ -171,6 +171,13 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, c
 // routing must have been built with that tile size), same inputs, outputs and epilogues.
 Status launch_moe_grouped_gemm(const MoeGemmParams& p, const MoeGroupedConfig& c, cudaStream_t stream);
 
+// The grouped GEMMs on Hopper wgmma (moe_wgmma.cu, sm_90a only): the first one reads its input with k in
+// the permuted order that launch_moe_permute_k writes and writes h in that order too; the second reads h
+// so. Outputs and epilogues otherwise as launch_moe_grouped_gemm.
+Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream);
+// out [rows, k] = in with k permuted within each 64-k tile into the order the wgmma GEMM reads.
+Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int64_t k, cudaStream_t stream);
+
 // out[t] = sum over j < top_k (in router order) of y[slot_pos[t * top_k + j]]: a fixed-order fp32 sum.
 struct MoeCombineParams {
   const uint16_t* y = nullptr;       // bf16 [slots, hidden]

@@ -1,0 +1,201 @@
+// MXFP4 experts for many tokens per expert on Hopper (sm_90a): the grouped GEMM on warpgroup MMA.
+//
+// Swap AB as at decode: the weights are the MMA's M side, straight from the swap-AB layout (expert_repack.h),
+// whose per-lane 16 bytes per 16-row strip and 64-k tile are exactly the A register fragments of four
+// m64nNk16 steps for one warp once decoded (mxfp4_dequant_step): no shared-memory staging of bf16 weights.
+// The expert-sorted tokens are the N side (a routing tile of kN = 64 or 128 tokens), in shared memory as
+// wgmma's K-major B operand with the 128-byte swizzle. A CTA is two warpgroups, each 64 weight rows (warp w
+// of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
+// kMoeWgmmaStages stages (activation rows, 4 KB of packed fp4, 256 B of scales).
+//
+// The layout's k permutation: in k-step kk of a 64-k tile, lane q's A registers hold physical k
+// 16q + 4kk + {0, 1} (logical k 2q, 2q + 1 of the step) and 16q + 4kk + {2, 3} (logical 2q + 8, 2q + 9).
+// The mma.sync kernels read lane q's 32 activation bytes from global directly; wgmma reads B rows of 16
+// logical k from shared memory, so the activations are stored with k in logical order: the first GEMM's
+// input through one permuting copy of x (moe_permute_k), the second GEMM's input h written permuted by the
+// first GEMM's epilogue. Outputs y are in the natural order; the combine is unchanged.
+//
+// A (token, expert) pair's result depends only on its own row and the weights (the k order is fixed), not
+// on which other tokens share its tile.
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
+#include "backend/cuda/kernels/wgmma.cuh"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kStages = kMoeWgmmaStages;
+constexpr int kStrips = kMoeWgmmaWeightRows / 16;  // one per warp
+static_assert(kMoeWgmmaThreads == 32 * kStrips, "a warp per 16-row strip");
+
+// Position in the logical k order of physical k `p` (see the header comment): within a 64-k tile, physical
+// 16q + 4kk + j goes to 16kk + 2q + (j & 1) + 8 (j >> 1).
+__device__ __forceinline__ int64_t logical_k(int64_t p) {
+  const int w = static_cast<int>(p & 63), q = w >> 4, kk = (w >> 2) & 3, j = w & 3;
+  return (p & ~int64_t{63}) + 16 * kk + 2 * q + (j & 1) + 8 * (j >> 1);
+}
+
+// out[t, logical_k(p)] = in[t, p]: one thread per 4 physical k (8 bytes in, two 4-byte pairs out).
+__global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t rows, int64_t k) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * k / 4) return;
+  const int64_t row = i / (k / 4), p = (i % (k / 4)) * 4;
+  const uint2 v = *reinterpret_cast<const uint2*>(in + row * k + p);
+  uint16_t* o = out + row * k;
+  *reinterpret_cast<uint32_t*>(o + logical_k(p)) = v.x;
+  *reinterpret_cast<uint32_t*>(o + logical_k(p + 2)) = v.y;
+}
+
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+template <int kN>
+__global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmParams p) {
+#if MX_SM90A
+  constexpr int kStageBytes = static_cast<int>(moe_wgmma_stage_bytes(kN));
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ int src_row[kN];  // input row of each tile row, -1 past the tile's tokens
+  // The swizzle pattern repeats every 1024 bytes; B tiles start on that boundary.
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+
+  const int tile = blockIdx.y;
+  if (tile >= *p.r.num_tiles) return;
+  const int e = p.r.tile_expert[tile], start = p.r.tile_start[tile], n = p.r.tile_rows[tile];
+  const int64_t strips = p.rows / 16;
+  const int n_k = static_cast<int>(p.k / 64);
+  const int strip0 = blockIdx.x * kStrips;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
+
+  for (int i = tid; i < kN; i += kMoeWgmmaThreads)
+    src_row[i] = i >= n ? -1 : (p.gated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i);
+  __syncthreads();
+
+  auto b_tile = [&](int s) { return smem + s * kStageBytes; };
+  auto w_tile = [&](int s) { return b_tile(s) + kN * 128; };
+  auto s_tile = [&](int s) { return w_tile(s) + kMoeWgmmaWeightRows * 32; };
+
+  const int64_t my_strip = strip0 + warp;
+  const bool strip_ok = my_strip < strips;
+  auto load = [&](int t, int s) {
+    uint8_t* b = b_tile(s);
+#pragma unroll
+    for (int j = 0; j < kN * 8 / kMoeWgmmaThreads; ++j) {
+      const int c = tid + kMoeWgmmaThreads * j, row = c / 8, ch = c % 8;
+      const int src = src_row[row];
+      const uint16_t* g = src < 0 ? p.in : p.in + static_cast<int64_t>(src) * p.k + t * 64 + ch * 8;
+      cp_async_16(b + row * 128 + ((ch ^ (row & 7)) * 16), g, src >= 0);
+    }
+    // This warp's strip: 16 bytes per lane (the lane reads back exactly its own bytes), 32 B of scales.
+    const int64_t base = (e * strips + my_strip) * n_k + t;
+    cp_async_16(w_tile(s) + tid * 16, strip_ok ? p.blocks + base * 512 + lane * 16 : p.blocks, strip_ok);
+    if (lane < 2) cp_async_16(s_tile(s) + warp * 32 + lane * 16, strip_ok ? p.scales + base * 32 + lane * 16 : p.scales,
+                              strip_ok);
+  };
+
+  float acc[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_k) load(s, s);
+    cp_async_commit();
+  }
+  for (int t = 0; t < n_k; ++t) {
+    const int slot = t % kStages;
+    cp_async_wait<kStages - 2>();  // this thread's copies of tile t landed
+    fence_proxy_async_smem();      // ... and are visible to wgmma's reads
+    __syncthreads();               // everyone's; every warpgroup finished tile t - 1, whose slot is reloaded next
+    {
+      const int next = t + kStages - 1;
+      if (next < n_k) load(next, next % kStages);
+      cp_async_commit();
+    }
+    const uint4 wq = lds128(w_tile(slot) + tid * 16);
+    const uint8_t* sc = s_tile(slot) + warp * 32 + (q >> 1) * 16;
+    const uint32_t sc0 = mxfp4_scale_x2(sc[r]), sc8 = mxfp4_scale_x2(sc[r + 8]);
+    const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
+    uint32_t a[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, a[kk]);
+    const uint32_t b_addr = smem_addr(b_tile(slot));
+    wgmma_fence();
+    wgmma_fence_regs(acc);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kN>(acc, a[kk], wgmma_desc_k128(b_addr + kk * 32));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+  }
+  cp_async_wait<0>();
+  if (!strip_ok) return;
+
+  // acc[4j + c]: strip row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1).
+  if (p.gated) {
+    // Gate and up of channel my_strip * 8 + r; h is written in the second GEMM's logical k order.
+    const int64_t channel = my_strip * 8 + r, half = p.rows / 2, col = logical_k(channel);
+    const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
+    const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = 8 * j + 2 * q + c;
+        if (tok >= n) continue;
+        const float h = swiglu_clamped(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
+        p.out[(start + tok) * half + col] = f32_to_bf16_bits(h);
+      }
+  } else {
+    const StripBias bias = load_strip_bias(p, e, my_strip, r);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      if (8 * j >= n) break;
+      const float part[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+      swap_ab_weighted_epilogue(p, part, bias, start + 8 * j, n - 8 * j, my_strip, r, q, [&](int c) {
+        return p.topk_weights[p.r.sorted_slots[start + 8 * j + 2 * q + c]];
+      });
+    }
+  }
+#endif
+}
+
+template <typename Kernel>
+Status set_smem(Kernel kernel, int64_t bytes) {
+  return cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+      "cudaFuncSetAttribute(moe wgmma smem)");
+}
+
+}  // namespace
+
+Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int64_t k, cudaStream_t stream) {
+  if (k % 64 != 0) return internal_error("MoE k permutation: k % 64 must be 0");
+  const int64_t items = rows * k / 4;
+  if (items == 0) return Status::ok();
+  moe_permute_k_kernel<<<static_cast<unsigned>(ceil_div64(items, 256)), 256, 0, stream>>>(in, out, rows, k);
+  return launch_status("moe_permute_k_kernel");
+}
+
+Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
+  if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
+  if (!c.enabled || c.threads != kMoeWgmmaThreads || c.stages != kMoeWgmmaStages)
+    return internal_error("MoE wgmma GEMM: config does not fit this GPU");
+  if (p.max_tiles == 0) return Status::ok();
+  if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.rows / 16, kStrips)), static_cast<unsigned>(p.max_tiles));
+  switch (c.tile_tokens) {
+    case 64:
+      MX_RETURN_IF_ERROR(set_smem(moe_wgmma_kernel<64>, c.smem_bytes));
+      moe_wgmma_kernel<64><<<grid, c.threads, c.smem_bytes, stream>>>(p);
+      break;
+    case 128:
+      MX_RETURN_IF_ERROR(set_smem(moe_wgmma_kernel<128>, c.smem_bytes));
+      moe_wgmma_kernel<128><<<grid, c.threads, c.smem_bytes, stream>>>(p);
+      break;
+    default:
+      return internal_error("MoE wgmma GEMM: tiles of 64 or 128 tokens");
+  }
+  return launch_status("moe_wgmma_kernel");
+}
+
+}  // namespace mx::cuda
