@@ -26,7 +26,6 @@
 namespace mx::cuda {
 namespace {
 
-constexpr int kStages = kMoeWgmmaStages;
 constexpr int kStrips = kMoeWgmmaWeightRows / 16;  // one per warp
 static_assert(kMoeWgmmaThreads == 32 * kStrips, "a warp per 16-row strip");
 
@@ -48,7 +47,10 @@ __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t 
   *reinterpret_cast<uint32_t*>(o + logical_k(p + 2)) = v.y;
 }
 
+#if MX_SM90A
+constexpr int kStages = kMoeWgmmaStages;
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+#endif
 
 template <int kN>
 __global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmParams p) {
