@@ -214,7 +214,9 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
         const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile);
         EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
         EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 128);
-        if (tile != 0) EXPECT_EQ(c.tile_tokens, tile);
+        if (tile != 0) {
+          EXPECT_EQ(c.tile_tokens, tile);
+        }
         EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens) + 1024);
         EXPECT_EQ(c.threads, kMoeWgmmaThreads);
         if (!c.enabled) continue;
