@@ -279,7 +279,7 @@ struct AttnSetup {
 
 AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens) {
   const int64_t page = 16, pages_per_seq = (ctx + page - 1) / page;
-  KvCacheShape shape{1, seqs * pages_per_seq, page, 8, 64};
+  const KvCacheShape shape = KvCacheShape::uniform(KvLayout::from_layers({KvLayerSpec{8, 64, 0, false}}), seqs * pages_per_seq, page);
   auto kv = KvCache::allocate(*g_b, shape);
   CHECK_OK(kv.is_ok() ? Status::ok() : kv.status());
   // Random K/V (never zeros).

@@ -36,6 +36,7 @@ struct KvLayerView {
   TensorView k;  // [num_pages, page_size, n_kv, head_dim], RoPE already applied
   TensorView v;  // [num_pages, page_size, n_kv, head_dim]
   int64_t page_size = 0;
+  int64_t group = 0;  // the layer group (KvLayout) whose pool holds these pages
 };
 
 struct QkvRopeParams {

@@ -18,8 +18,7 @@ namespace mx {
 namespace fs = std::filesystem;
 
 Status write_demo_model(const std::string& dir, const SyntheticOptions& options) {
-  MX_ASSIGN_OR_RETURN(GptOssConfig config, synthetic_preset("demo"));
-  MX_RETURN_IF_ERROR(write_synthetic_checkpoint(config, dir, options));
+  MX_RETURN_IF_ERROR(write_synthetic_model("demo", dir, options));
   MX_ASSIGN_OR_RETURN(std::string_view ranks, embedded_o200k_tiktoken());
   const fs::path path = fs::path(dir) / kO200kTiktokenFileName;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/status.h"
-#include "model/synthetic_checkpoint.h"
+#include "model/synthetic_model.h"
 
 namespace mx {
 

@@ -5,9 +5,19 @@
 
 #include <vector>
 
-#include "io/gpt_oss_config.h"
+#include <cstdint>
 
 namespace mx {
+
+struct YarnRope {
+  double theta = 150000.0;
+  double factor = 1.0;                     // 1 means plain RoPE (no YaRN)
+  int64_t original_max_position = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = false;                   // gpt-oss: false (keep the fractional correction range)
+  double attention_factor = 0.0;           // 0 = derived: 0.1 * ln(factor) + 1 when factor > 1
+};
 
 struct RopeTables {
   std::vector<float> inv_freq;  // [head_dim / 2]

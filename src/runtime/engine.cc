@@ -6,7 +6,7 @@
 
 namespace mx {
 
-Result<std::unique_ptr<Engine>> Engine::start(const GptOssModel& model, const EngineConfig& config,
+Result<std::unique_ptr<Engine>> Engine::start(const Model& model, const EngineConfig& config,
                                               DetokenizeFn detokenize) {
   MX_ASSIGN_OR_RETURN(auto core, EngineCore::create(model, config, std::move(detokenize)));
   std::unique_ptr<Engine> engine(new Engine(std::move(core)));

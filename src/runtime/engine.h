@@ -20,7 +20,7 @@ namespace mx {
 class Engine {
  public:
   // Builds the core (KV pool, runner) and starts the thread. The model must outlive the engine.
-  static Result<std::unique_ptr<Engine>> start(const GptOssModel& model, const EngineConfig& config,
+  static Result<std::unique_ptr<Engine>> start(const Model& model, const EngineConfig& config,
                                                DetokenizeFn detokenize = {});
   // shutdown(), then frees the core.
   ~Engine();

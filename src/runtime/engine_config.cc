@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "model/gpt_oss.h"
+#include "model/model.h"
 
 namespace mx {
 namespace {
@@ -26,14 +26,14 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-std::vector<int32_t> default_eos_token_ids(const GptOssModel& model) {
+std::vector<int32_t> default_eos_token_ids(const Model& model) {
   std::vector<int32_t> ids;
   for (int64_t id : model.generation_config().eos_token_ids)
     if (id >= 0 && id <= INT32_MAX && id != kHarmonyEndOfMessage) ids.push_back(static_cast<int32_t>(id));
   return ids;
 }
 
-Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const GptOssModel& model) {
+Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& model) {
   EngineConfig c = in;
   MX_RETURN_IF_ERROR(check_range("page size", c.page_size, 1, 4096));
   MX_RETURN_IF_ERROR(check_range("max-num-batched-tokens", c.max_num_batched_tokens, 1, 1 << 20));
@@ -45,16 +45,15 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const GptOssM
   MX_RETURN_IF_ERROR(check_range("num-kv-pages", c.num_kv_pages, 0, INT32_MAX - 1));
   if (!(c.mem_fraction > 0.0 && c.mem_fraction <= 1.0)) return invalid_argument("mem-fraction must be in (0, 1]");
 
-  const GptOssConfig& mc = model.config();
-  c.vocab_size = mc.vocab_size;
-  c.model_context_len = mc.max_position_embeddings;
+  c.vocab_size = model.dims().vocab_size;
+  c.model_context_len = model.dims().context_len;
   for (int64_t b : c.cuda_graph_batch_sizes) MX_RETURN_IF_ERROR(check_range("cuda graph batch size", b, 1, 1 << 16));
   const int64_t wanted = c.max_model_len > 0 ? c.max_model_len : c.model_context_len;
   c.max_model_len = std::min(wanted, c.model_context_len);
   // On a device the pool is sized by the model runner from measured memory (plan_kv_memory), which then
   // calls set_kv_pool_pages; on the CPU from a fixed budget.
   if (c.num_kv_pages == 0 && model.backend().device() == Device::kCpu) {
-    const int64_t per_page = model.kv_cache_shape(1, c.page_size).bytes_per_token(model.backend().kv_dtype()) * c.page_size;
+    const int64_t per_page = model.kv_layout().bytes_per_token(model.backend().kv_dtype()) * c.page_size;
     c.num_kv_pages = std::max<int64_t>(1, c.cpu_kv_cache_bytes / per_page);
   }
   if (c.num_kv_pages > 0) set_kv_pool_pages(&c, c.num_kv_pages);

@@ -12,7 +12,7 @@
 
 namespace mx {
 
-class GptOssModel;
+class Model;
 class PrefixCacheObserver;
 
 struct EngineConfig {
@@ -43,7 +43,7 @@ struct EngineConfig {
 };
 
 // Checks ranges (one clear message per bad field) and fills the auto values from the model.
-Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const GptOssModel& model);
+Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const Model& model);
 
 // One line for the start-up log: every resolved knob.
 std::string describe_engine_config(const EngineConfig& config);
@@ -59,7 +59,7 @@ std::vector<int64_t> cuda_graph_batch_sizes(const EngineConfig& config);
 // Stop ids from a model's generation_config: gpt-oss lists <|return|> 200002, <|endoftext|> 199999 and
 // <|call|> 200012. <|end|> 200007 closes a Harmony message (e.g. the analysis channel) and must never stop
 // generation, so it is dropped even if a config lists it.
-std::vector<int32_t> default_eos_token_ids(const GptOssModel& model);
+std::vector<int32_t> default_eos_token_ids(const Model& model);
 
 // How device memory is split (CUDA; sized after weights are loaded and a worst-case warm-up batch ran).
 struct KvMemoryInputs {

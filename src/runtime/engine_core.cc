@@ -7,7 +7,7 @@
 
 namespace mx {
 
-Result<std::unique_ptr<EngineCore>> EngineCore::create(const GptOssModel& model, const EngineConfig& config,
+Result<std::unique_ptr<EngineCore>> EngineCore::create(const Model& model, const EngineConfig& config,
                                                        DetokenizeFn detokenize) {
   MX_ASSIGN_OR_RETURN(EngineConfig resolved, resolve_engine_config(config, model));
   // The runner first: on a device it sizes the KV pool, which the scheduler's page pool then mirrors.
@@ -18,7 +18,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(const GptOssModel& model,
   return core;
 }
 
-EngineCore::EngineCore(const GptOssModel& model, EngineConfig config, DetokenizeFn detokenize)
+EngineCore::EngineCore(const Model& model, EngineConfig config, DetokenizeFn detokenize)
     : model_(model), config_(std::move(config)), detokenize_(std::move(detokenize)), scheduler_(config_) {}
 
 Status EngineCore::validate(const RequestInput& in) const {

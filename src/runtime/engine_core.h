@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/gpt_oss.h"
+#include "model/model.h"
 #include "runtime/engine_config.h"
 #include "runtime/model_runner.h"
 #include "runtime/request.h"
@@ -30,7 +30,7 @@ class EngineCore {
  public:
   // `config` is resolved here (see resolve_engine_config); `detokenize` may be empty (then requests
   // cannot use stop strings or return_text). The model must outlive the engine.
-  static Result<std::unique_ptr<EngineCore>> create(const GptOssModel& model, const EngineConfig& config,
+  static Result<std::unique_ptr<EngineCore>> create(const Model& model, const EngineConfig& config,
                                                     DetokenizeFn detokenize = {});
 
   const EngineConfig& config() const { return config_; }
@@ -57,10 +57,10 @@ class EngineCore {
   ModelRunner& runner() { return *runner_; }
 
  private:
-  EngineCore(const GptOssModel& model, EngineConfig config, DetokenizeFn detokenize);
+  EngineCore(const Model& model, EngineConfig config, DetokenizeFn detokenize);
   void collect_outputs(std::vector<RequestOutput>* outputs);
 
-  const GptOssModel& model_;
+  const Model& model_;
   const EngineConfig config_;
   DetokenizeFn detokenize_;
   Scheduler scheduler_;

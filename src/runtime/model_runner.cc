@@ -54,12 +54,12 @@ struct ModelRunner::DecodeGraph {
   std::unique_ptr<ReplayGraph> graph;
 };
 
-ModelRunner::ModelRunner(const GptOssModel& model, int64_t vocab) : model_(model), sampler_(vocab) {}
+ModelRunner::ModelRunner(const Model& model, int64_t vocab) : model_(model), sampler_(vocab) {}
 ModelRunner::~ModelRunner() = default;
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const GptOssModel& model, EngineConfig* config) {
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, EngineConfig* config) {
   Backend& backend = model.backend();
-  const int64_t vocab = model.config().vocab_size;
+  const int64_t vocab = model.dims().vocab_size;
   std::unique_ptr<ModelRunner> r(new ModelRunner(model, vocab));
   // What was in use before the runner allocated anything: the baseline of the memory plan.
   const bool plan = config->num_kv_pages == 0;
@@ -93,11 +93,10 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const GptOssModel& mode
   r->config_ = *config;
   // The scratch page sits after the pool's pages: the page pool never hands it out.
   const int64_t pages = config->num_kv_pages + (sizes.empty() ? 0 : 1);
-  MX_ASSIGN_OR_RETURN(r->kv_, KvCache::allocate(backend, model.kv_cache_shape(pages, config->page_size)));
+  MX_ASSIGN_OR_RETURN(r->kv_, KvCache::allocate(backend, KvCacheShape::uniform(model.kv_layout(), pages, config->page_size)));
   r->scratch_page_ = {static_cast<int32_t>(config->num_kv_pages)};
   r->startup_.kv_pages = config->num_kv_pages;
-  r->startup_.kv_bytes = model.kv_cache_shape(config->num_kv_pages, config->page_size).bytes_per_token(backend.kv_dtype()) *
-                         config->page_size * config->num_kv_pages;
+  r->startup_.kv_bytes = KvCacheShape::uniform(model.kv_layout(), config->num_kv_pages, config->page_size).bytes(backend.kv_dtype());
   if (!sizes.empty()) MX_RETURN_IF_ERROR(r->capture_graphs(sizes));
   return r;
 }
@@ -128,12 +127,12 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
   int64_t temp_kv_bytes = 0;
   DeviceMemory after;
   {
-    const KvCacheShape shape = model_.kv_cache_shape(next_page, P);
+    const KvCacheShape shape = KvCacheShape::uniform(model_.kv_layout(), next_page, P);
     MX_ASSIGN_OR_RETURN(KvCache temp, KvCache::allocate(b, shape));
-    temp_kv_bytes = shape.bytes_per_token(b.kv_dtype()) * P * next_page;
+    temp_kv_bytes = shape.bytes(b.kv_dtype());
     MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
-    const TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, model_.config().vocab_size});
-    MX_RETURN_IF_ERROR(model_.forward(view, temp, ws_, logits).with_context("memory-plan warm-up pass"));
+    const TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, model_.dims().vocab_size});
+    MX_RETURN_IF_ERROR(forward(view, temp, logits).with_context("memory-plan warm-up pass"));
     MX_RETURN_IF_ERROR(b.synchronize());
     MX_ASSIGN_OR_RETURN(after, b.memory_info());
   }
@@ -143,7 +142,7 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
   in.activation_bytes = std::max<int64_t>(0, before.free_bytes - after.free_bytes - temp_kv_bytes);
   in.other_bytes = std::max<int64_t>(0, before.total_bytes - before.free_bytes - in.weights_bytes);
   in.mem_fraction = config->mem_fraction;
-  in.bytes_per_token = model_.kv_cache_shape(1, P).bytes_per_token(b.kv_dtype());
+  in.bytes_per_token = model_.kv_layout().bytes_per_token(b.kv_dtype());
   in.page_size = P;
   in.max_model_len = config->max_model_len;
   MX_ASSIGN_OR_RETURN(KvMemoryPlan plan, plan_kv_memory(in));
@@ -170,10 +169,10 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
     seqs_.clear();
     add_padding(size);
     MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
-    const TensorView logits = logits_device_.view(DType::kF32, {size, model_.config().vocab_size});
+    const TensorView logits = logits_device_.view(DType::kF32, {size, model_.dims().vocab_size});
     // An eager pass first: backend scratch and library plans are set up outside capture.
-    MX_RETURN_IF_ERROR(model_.forward(view, kv_, ws_, logits));
-    MX_ASSIGN_OR_RETURN(auto graph, b.capture([&] { return model_.forward(view, kv_, ws_, logits); }));
+    MX_RETURN_IF_ERROR(forward(view, kv_, logits));
+    MX_ASSIGN_OR_RETURN(auto graph, b.capture([&] { return forward(view, kv_, logits); }));
     graphs_.push_back(std::make_unique<DecodeGraph>(DecodeGraph{size, view, std::move(graph)}));
   }
   MX_RETURN_IF_ERROR(b.synchronize());
@@ -185,6 +184,10 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
                << ") in " << static_cast<int64_t>(startup_.capture_seconds * 1000) << " ms, "
                << mib(startup_.graph_bytes) << " of device memory";
   return Status::ok();
+}
+
+Status ModelRunner::forward(const BatchView& view, const KvCache& kv, const TensorView& logits) {
+  return model_.forward(view, kv, *ws_, logits).status();
 }
 
 const ModelRunner::DecodeGraph* ModelRunner::graph_for(const ScheduledBatch& batch) const {
@@ -240,7 +243,7 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
 }
 
 Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
-  const int64_t vocab = model_.config().vocab_size;
+  const int64_t vocab = model_.dims().vocab_size;
   seqs_.clear();
   for (const ScheduledEntry& e : batch.entries) {
     const Request& r = *e.request;
@@ -264,7 +267,7 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
   Status profiled = Status::ok();
   if (graph && replay_ && profile_capture_) {
     // A failed profiling capture must not fail the step: report it and replay the engine's own graph.
-    auto once = model_.backend().capture([&] { return model_.forward(view, kv_, ws_, logits); });
+    auto once = model_.backend().capture([&] { return forward(view, kv_, logits); });
     profiled = once.is_ok() ? (*once)->replay() : once.status();  // first launch of a fresh graph: upload costs
     if (profiled.is_ok()) profiled = (*once)->replay();            // the measured one
     profile_status_ = profiled;
@@ -288,7 +291,7 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     MX_RETURN_IF_ERROR(graph->graph->replay());
     ++num_graph_replays_;
   } else {
-    MX_RETURN_IF_ERROR(model_.forward(view, kv_, ws_, logits));
+    MX_RETURN_IF_ERROR(forward(view, kv_, logits));
   }
   // The sample op runs after the graph (next: inside it). Padding rows come last: sampled greedily and
   // ignored by the op, not copied on the host path.

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "backend/kv_cache.h"
-#include "model/gpt_oss.h"
+#include "model/model.h"
 #include "runtime/batch_staging.h"
 #include "runtime/engine_config.h"
 #include "runtime/scheduler.h"
@@ -38,7 +38,7 @@ struct RunnerStartup {
 class ModelRunner {
  public:
   // Fills config->num_kv_pages (and caps max_model_len) when the pool is planned here.
-  static Result<std::unique_ptr<ModelRunner>> create(const GptOssModel& model, EngineConfig* config);
+  static Result<std::unique_ptr<ModelRunner>> create(const Model& model, EngineConfig* config);
   ~ModelRunner();
 
   // Runs `batch` and writes one SampledToken per entry with `sample`, in entry order. Copies prompt logits
@@ -74,18 +74,20 @@ class ModelRunner {
   static bool can_use_sample_op(const ScheduledBatch& batch);
   Status sample_with_op(const ScheduledBatch& batch, const TensorView& logits, std::vector<SampledToken>* sampled);
 
-  ModelRunner(const GptOssModel& model, int64_t vocab);
+  ModelRunner(const Model& model, int64_t vocab);
+  // The model on the runner's workspace: logits for the batch's logit rows.
+  Status forward(const BatchView& view, const KvCache& kv, const TensorView& logits);
   Status plan_kv_pool(const DeviceMemory& before, bool graphs, EngineConfig* config);
   Status capture_graphs(const std::vector<int64_t>& sizes);
   // Sequences that fill a batch up to `size` rows: one token each at position 0 of the scratch page.
   void add_padding(int64_t size);
   const DecodeGraph* graph_for(const ScheduledBatch& batch) const;
 
-  const GptOssModel& model_;
+  const Model& model_;
   EngineConfig config_;
   KvCache kv_;
   BatchStaging staging_;
-  ForwardWorkspace ws_;
+  std::unique_ptr<ModelWorkspace> ws_;
   Buffer logits_device_;             // f32 [max_logit_rows, vocab]
   std::vector<float> logits_host_;   // the same on the host
   int64_t max_logit_rows_ = 0;

@@ -7,9 +7,9 @@
 
 namespace mx {
 
-Result<std::vector<GenerateResult>> generate_static(const GptOssModel& model, const std::vector<GenerateRequest>& requests,
+Result<std::vector<GenerateResult>> generate_static(const Model& model, const std::vector<GenerateRequest>& requests,
                                                     const StaticGeneratorOptions& options) {
-  const GptOssConfig& c = model.config();
+  const ModelDims& c = model.dims();
   Backend& backend = model.backend();
   const int64_t n = static_cast<int64_t>(requests.size());
   if (n == 0) return std::vector<GenerateResult>{};
@@ -24,10 +24,10 @@ Result<std::vector<GenerateResult>> generate_static(const GptOssModel& model, co
         return invalid_argument(which + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                                 std::to_string(c.vocab_size) + ")");
     const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
-    if (total > c.max_position_embeddings)
+    if (total > c.context_len)
       return invalid_argument(which + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
                               std::to_string(r.max_new_tokens) + " new tokens exceed the context length " +
-                              std::to_string(c.max_position_embeddings));
+                              std::to_string(c.context_len));
     prompt_tokens += static_cast<int64_t>(r.prompt.size());
     prompt_logit_rows += r.want_prompt_logits ? static_cast<int64_t>(r.prompt.size()) : 1;
     max_len = std::max(max_len, total);
@@ -36,7 +36,7 @@ Result<std::vector<GenerateResult>> generate_static(const GptOssModel& model, co
   // Each sequence owns a fixed run of pages large enough for its whole prompt and output.
   const int64_t page_size = options.page_size;
   const int64_t pages_per_seq = (max_len + page_size - 1) / page_size;
-  MX_ASSIGN_OR_RETURN(KvCache kv, KvCache::allocate(backend, model.kv_cache_shape(pages_per_seq * n, page_size)));
+  MX_ASSIGN_OR_RETURN(KvCache kv, KvCache::allocate(backend, KvCacheShape::uniform(model.kv_layout(), pages_per_seq * n, page_size)));
   std::vector<std::vector<int32_t>> page_rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     page_rows[static_cast<size_t>(i)].resize(static_cast<size_t>(pages_per_seq));
@@ -46,7 +46,7 @@ Result<std::vector<GenerateResult>> generate_static(const GptOssModel& model, co
   const int64_t max_rows = std::max(prompt_logit_rows, n);
   const BatchLimits limits{std::max(prompt_tokens, n), n, pages_per_seq, max_rows};
   MX_ASSIGN_OR_RETURN(BatchStaging staging, BatchStaging::create(backend, limits));
-  MX_ASSIGN_OR_RETURN(ForwardWorkspace ws, model.make_workspace(limits.max_tokens, max_rows));
+  MX_ASSIGN_OR_RETURN(std::unique_ptr<ModelWorkspace> ws, model.make_workspace(limits.max_tokens, max_rows));
   MX_ASSIGN_OR_RETURN(Buffer logits_buffer, backend.allocate(max_rows * c.vocab_size * 4));
   std::vector<float> logits(static_cast<size_t>(max_rows * c.vocab_size));
 
@@ -87,7 +87,7 @@ Result<std::vector<GenerateResult>> generate_static(const GptOssModel& model, co
   }
   MX_ASSIGN_OR_RETURN(BatchView batch, staging.stage(seqs));
   TensorView logits_view = logits_buffer.view(DType::kF32, {batch.num_logit_rows, c.vocab_size});
-  MX_RETURN_IF_ERROR(model.forward(batch, kv, ws, logits_view));
+  MX_RETURN_IF_ERROR(model.forward(batch, kv, *ws, logits_view).status());
   MX_RETURN_IF_ERROR(backend.copy_to_host(logits.data(), logits_view));
   row = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -120,7 +120,7 @@ Result<std::vector<GenerateResult>> generate_static(const GptOssModel& model, co
     if (seqs.empty()) break;
     MX_ASSIGN_OR_RETURN(batch, staging.stage(seqs));
     logits_view = logits_buffer.view(DType::kF32, {batch.num_logit_rows, c.vocab_size});
-    MX_RETURN_IF_ERROR(model.forward(batch, kv, ws, logits_view));
+    MX_RETURN_IF_ERROR(model.forward(batch, kv, *ws, logits_view).status());
     MX_RETURN_IF_ERROR(backend.copy_to_host(logits.data(), logits_view));
     sample_rows(order, rows);
   }

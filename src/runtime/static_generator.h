@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "model/gpt_oss.h"
+#include "model/model.h"
 #include "runtime/sampler.h"
 
 namespace mx {
@@ -28,7 +28,7 @@ struct StaticGeneratorOptions {
 };
 
 // Validates every request (ids inside the vocabulary, context length) before running anything.
-Result<std::vector<GenerateResult>> generate_static(const GptOssModel& model, const std::vector<GenerateRequest>& requests,
+Result<std::vector<GenerateResult>> generate_static(const Model& model, const std::vector<GenerateRequest>& requests,
                                                     const StaticGeneratorOptions& options);
 
 }  // namespace mx

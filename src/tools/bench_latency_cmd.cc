@@ -27,8 +27,8 @@
 
 #include "backend/profiling_backend.h"
 #include "core/log.h"
-#include "model/gpt_oss_cost.h"
-#include "model/synthetic_checkpoint.h"
+#include "model/model_registry.h"
+#include "model/synthetic_model.h"
 #include "runtime/engine_core.h"
 #include "tools/bench_probes.h"
 #include "tools/cli_args.h"
@@ -147,10 +147,10 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   return Status::ok();
 }
 
-Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const GptOssConfig& mc, int64_t batch,
+Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Model& model, int64_t batch,
                               int64_t input_len, int64_t output_len, uint64_t seed, bool breakdown, RequestId* next_id) {
   std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(batch));
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(mc.vocab_size - 1));
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.dims().vocab_size - 1));
   std::map<RequestId, int64_t> index;
   for (int64_t i = 0; i < batch; ++i) {
     RequestInput in;
@@ -175,7 +175,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Gp
     if (breakdown && !r.breakdown && have_first == batch && full_decodes == std::max<int64_t>(1, output_len / 2) &&
         core.stats().num_running == batch) {
       Breakdown b;
-      const Status st = run_breakdown_steps(core, prof, batch, mc.experts_per_token, &b, &outputs);
+      const Status st = run_breakdown_steps(core, prof, batch, model.cost().experts_per_token(), &b, &outputs);
       if (!st.is_ok()) {
         b.error = st.to_string();
         MX_LOG(Error) << "breakdown at batch " << batch << ": " << b.error;
@@ -261,16 +261,17 @@ json breakdown_json(const Breakdown& b, int64_t vocab, double step_ms, double* i
 }
 
 // One (prompt length, batch size) row: times beside their floors, and the breakdown when taken.
-json result_json(const BatchResult& r, const GptOssConfig& mc, const Backend& backend, const DeviceProbes& probes,
+json result_json(const BatchResult& r, const Model& model, const Backend& backend, const DeviceProbes& probes,
                  int64_t input_len, int64_t output_len) {
   const int64_t b = r.batch;
   const double tpot = median(r.decode_step_s);
-  const double expected_experts = expected_distinct_experts(mc.num_experts, mc.experts_per_token, b);
+  const ModelCost& cost = model.cost();
+  const double expected_experts = cost.expected_distinct_experts(b);
   const double experts = r.breakdown && r.breakdown->experts_per_layer > 0 ? r.breakdown->experts_per_layer : expected_experts;
   const int64_t mid_context = input_len + output_len / 2;
-  const DecodeStepBytes bytes = decode_step_bytes(mc, b, experts, mid_context, dtype_bytes(backend.kv_dtype(), 1));
+  const DecodeStepBytes bytes = cost.decode_step_bytes(b, experts, mid_context, dtype_bytes(backend.kv_dtype(), 1));
   const double decode_floor = bytes.total() / probes.copy_bytes_per_s;
-  const double flops = prefill_flops(mc, input_len, b);
+  const double flops = cost.prefill_flops(input_len, b);
   const double prefill_floor = flops / probes.gemm_flops_per_s;
   const double prefill_rate = static_cast<double>(b * input_len) / r.prefill_s;
   json j;
@@ -298,7 +299,7 @@ json result_json(const BatchResult& r, const GptOssConfig& mc, const Backend& ba
               j["decode_tokens_per_s"].get<double>(), 100 * j["decode_of_floor"].get<double>(), experts);
   if (r.breakdown) {
     double idle = 0;
-    j["breakdown"] = breakdown_json(*r.breakdown, mc.vocab_size, tpot * 1e3, &idle);
+    j["breakdown"] = breakdown_json(*r.breakdown, model.dims().vocab_size, tpot * 1e3, &idle);
     std::printf("       decode step at batch %lld (ms):", static_cast<long long>(b));
     for (const auto& [k, v] : j["breakdown"]["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
     std::printf("\n");
@@ -338,21 +339,22 @@ Status run(const CliArgs& args) {
     return invalid_argument("--breakdown needs a backend with a device timer (cuda)");
 
   const auto load_start = Clock::now();
-  std::unique_ptr<GptOssModel> model;
+  std::unique_ptr<Model> model;
   double synth_s = 0;
   if (args.has("model")) {
-    MX_ASSIGN_OR_RETURN(model, GptOssModel::load(args.get("model"), backend));
+    MX_ASSIGN_OR_RETURN(model, load_model(args.get("model"), backend));
   } else {
-    MX_ASSIGN_OR_RETURN(GptOssConfig config, synthetic_preset(args.get("preset")));
     SyntheticOptions so;
     so.seed = s.seed;
     so.threads = static_cast<int>(threads);
-    MX_ASSIGN_OR_RETURN(Checkpoint ckpt, synthetic_checkpoint_in_memory(config, so));
+    MX_ASSIGN_OR_RETURN(SyntheticCheckpoint synthetic, synthetic_checkpoint_in_memory(args.get("preset"), so));
     synth_s = since(load_start);
-    MX_ASSIGN_OR_RETURN(model, GptOssModel::from_checkpoint(config, synthetic_generation_config(), std::move(ckpt), backend));
+    MX_ASSIGN_OR_RETURN(model, model_from_checkpoint(synthetic.config_json, "preset " + args.get("preset"),
+                                                     std::move(synthetic.generation_config),
+                                                     std::move(synthetic.checkpoint), backend));
   }
   const double load_s = since(load_start);
-  const GptOssConfig& mc = model->config();
+  const int64_t vocab = model->dims().vocab_size;
 
   EngineConfig config;
   config.max_running_requests = max_batch;
@@ -378,7 +380,7 @@ Status run(const CliArgs& args) {
   for (int64_t input_len : s.input_lens) {
     // Warm-up per prompt length: library plans for its prefill shapes, first-touch costs.
     const int64_t warm_batch = std::min<int64_t>(max_batch, std::max<int64_t>(1, std::min<int64_t>(4, pool_tokens / (input_len + 4))));
-    MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, mc, warm_batch, input_len, std::min<int64_t>(s.output_len, 4),
+    MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, *model, warm_batch, input_len, std::min<int64_t>(s.output_len, 4),
                                              s.seed + 99, false, &next_id));
     (void)warm;
     std::printf("input %lld tokens, output %lld\n", static_cast<long long>(input_len), static_cast<long long>(s.output_len));
@@ -394,8 +396,8 @@ Status run(const CliArgs& args) {
                            {"kv_tokens_in_pool", pool_tokens}});
         continue;
       }
-      MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, mc, b, input_len, s.output_len, s.seed, s.breakdown, &next_id));
-      results.push_back(result_json(r, mc, backend, probes, input_len, s.output_len));
+      MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown, &next_id));
+      results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
       std::fflush(stdout);
     }
   }
@@ -405,7 +407,7 @@ Status run(const CliArgs& args) {
     // One prompt's prefill step, eager (no graphs for prefill) behind a device hold.
     RequestInput in;
     std::mt19937_64 rng(s.seed + 7);
-    for (int64_t i = 0; i < max_input; ++i) in.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(mc.vocab_size)));
+    for (int64_t i = 0; i < max_input; ++i) in.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
     in.max_tokens = 1;
     MX_RETURN_IF_ERROR(core->add_request(next_id++, std::move(in)));
     MX_RETURN_IF_ERROR(backend.start_timing(0.5));
@@ -420,7 +422,7 @@ Status run(const CliArgs& args) {
     else b.error = ops.status().to_string();
     b.host_sampling_ms = core->runner().last_sample_seconds() * 1e3;
     double unused = 0;
-    prefill_breakdown = breakdown_json(b, mc.vocab_size, 0, &unused);
+    prefill_breakdown = breakdown_json(b, vocab, 0, &unused);
     prefill_breakdown["prompt_tokens"] = max_input;
     prefill_breakdown["step_wall_ms_including_hold"] = wall_ms;
     std::printf("prefill step, one %lld-token prompt (ms):", static_cast<long long>(max_input));
@@ -467,11 +469,11 @@ Status run(const CliArgs& args) {
     // The same plan on an 80 GB H100 (81,559 MiB as the driver reports it) at the model's full context.
     KvMemoryInputs h100 = m;
     h100.device_bytes = 81559ll << 20;
-    h100.max_model_len = mc.max_position_embeddings;
+    h100.max_model_len = model->dims().context_len;
     auto plan = plan_kv_memory(h100);
     st["plan_on_h100_80gb"] = plan.is_ok() ? json(describe_kv_memory_plan(h100, *plan)) : json(plan.status().message());
     KvMemoryInputs full = m;
-    full.max_model_len = mc.max_position_embeddings;
+    full.max_model_len = model->dims().context_len;
     auto here = plan_kv_memory(full);
     if (here.is_ok()) st["plan_at_full_context"] = describe_kv_memory_plan(full, *here);
   }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "model/model_registry.h"
 #include "runtime/engine.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
@@ -119,7 +120,7 @@ Status run(const CliArgs& args) {
   if (want_logits) config.max_prompt_logit_rows = config.max_num_batched_tokens;
 
   MX_ASSIGN_OR_RETURN(auto backend, backend_from_args(args));
-  MX_ASSIGN_OR_RETURN(auto model, GptOssModel::load(args.get("model"), *backend));
+  MX_ASSIGN_OR_RETURN(auto model, load_model(args.get("model"), *backend));
   MX_ASSIGN_OR_RETURN(auto engine, Engine::start(*model, config));
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -159,7 +160,7 @@ Status run(const CliArgs& args) {
   }
   std::cout.flush();
   if (want_logits) {
-    const int64_t vocab = model->config().vocab_size;
+    const int64_t vocab = model->dims().vocab_size;
     std::vector<NamedTensor> tensors;
     for (size_t i = 0; i < results.size(); ++i) {
       auto& logits = results[i].prompt_logits;

@@ -1,5 +1,5 @@
-// `mxserve make-model`: writes a synthetic gpt-oss checkpoint in the released layout (see
-// model/synthetic_checkpoint.h) for benchmarks, tests and the demo model.
+// `mxserve make-model`: writes a synthetic checkpoint in its family's released layout (see
+// model/synthetic_model.h) for benchmarks, tests and the demo model.
 #include <chrono>
 #include <cstdio>
 
@@ -21,7 +21,6 @@ const std::vector<CliOption> kOptions = {
 
 Status run(const CliArgs& args) {
   if (!args.has("preset") || !args.has("out")) return invalid_argument("--preset and --out are required");
-  MX_ASSIGN_OR_RETURN(GptOssConfig config, synthetic_preset(args.get("preset")));
   SyntheticOptions options;
   MX_ASSIGN_OR_RETURN(int64_t seed, args.get_int("seed", 0));
   MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
@@ -36,7 +35,7 @@ Status run(const CliArgs& args) {
   if (args.get("preset") == "demo") {
     MX_RETURN_IF_ERROR(write_demo_model(args.get("out"), options));
   } else {
-    MX_RETURN_IF_ERROR(write_synthetic_checkpoint(config, args.get("out"), options));
+    MX_RETURN_IF_ERROR(write_synthetic_model(args.get("preset"), args.get("out"), options));
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "wrote %s (%s, seed %lld) in %.1f s\n", args.get("out").c_str(), args.get("preset").c_str(),

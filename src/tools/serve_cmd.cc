@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "core/version.h"
 #include "model/demo_model.h"
-#include "model/gpt_oss.h"
+#include "model/model_registry.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer_detokenize.h"
 #include "server/api_server.h"
@@ -155,7 +155,7 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
 // (its jobs release their engine streams), then the engine (aborts what is left), then the model.
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<GptOssModel> model;
+  std::unique_ptr<Model> model;
   std::shared_ptr<const Tokenizer> tokenizer;
   std::unique_ptr<server::ForcedTranscripts> forced;
   std::unique_ptr<Engine> engine;
@@ -189,8 +189,8 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   auto tokenizer = Tokenizer::load(model_dir);
   if (!tokenizer.is_ok()) return tokenizer.status().with_context("the model's tokenizer");
   loaded->tokenizer = std::move(tokenizer).value();
-  MX_ASSIGN_OR_RETURN(loaded->model, GptOssModel::load(model_dir, *loaded->backend));
-  const int64_t vocab = loaded->model->config().vocab_size;
+  MX_ASSIGN_OR_RETURN(loaded->model, mx::load_model(model_dir, *loaded->backend));
+  const int64_t vocab = loaded->model->dims().vocab_size;
   if (loaded->tokenizer->vocab_size() > vocab)
     return invalid_argument("the tokenizer's vocabulary (" + std::to_string(loaded->tokenizer->vocab_size()) +
                             " ids) is larger than the model's (" + std::to_string(vocab) + ")");

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "fixture_reference_util.h"
+#include "model/gpt_oss/gpt_oss_model.h"
 
 namespace mx {
 namespace {

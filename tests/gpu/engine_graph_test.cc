@@ -10,6 +10,7 @@
 #include <map>
 
 #include "fixture_reference_util.h"
+#include "model/model_registry.h"
 #include "gpu_test_util.h"
 #include "runtime/engine_core.h"
 
@@ -17,7 +18,7 @@ namespace mx::gpu_test {
 namespace {
 
 struct Loaded {
-  std::unique_ptr<GptOssModel> model;
+  std::unique_ptr<Model> model;
   std::vector<std::vector<int32_t>> prompts, greedy;
 };
 
@@ -25,7 +26,7 @@ Loaded load_fixture(const std::string& name) {
   const char* env = std::getenv("MX_FIXTURES_DIR");
   const std::string dir = std::string(env ? env : MX_FIXTURES_DIR) + "/" + name;
   Loaded f;
-  auto model = GptOssModel::load(dir, cuda_backend());
+  auto model = load_model(dir, cuda_backend());
   MX_CHECK(model.is_ok()) << model.status().to_string();
   f.model = std::move(*model);
   auto ref = test::load_fixture_reference(dir);

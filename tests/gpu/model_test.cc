@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "fixture_reference_util.h"
+#include "model/gpt_oss/gpt_oss_model.h"
 #include "gpu_test_util.h"
 #include "routing_probe_util.h"
 #include "runtime/batch_staging.h"
@@ -176,7 +177,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   int64_t max_len = 0;
   for (int i = 0; i < real; ++i) max_len = std::max<int64_t>(max_len, static_cast<int64_t>(prompts[i % prompts.size()].size()));
   const int64_t pages_per_seq = (max_len + steps + page_size) / page_size + 1;
-  auto kv = KvCache::allocate(b, model_->kv_cache_shape(pages_per_seq * bucket, page_size));
+  auto kv = KvCache::allocate(b, KvCacheShape::uniform(model_->kv_layout(), pages_per_seq * bucket, page_size));
   ASSERT_TRUE(kv.is_ok());
   std::vector<std::vector<int32_t>> pages(bucket);
   for (int64_t s = 0; s < bucket; ++s) {
@@ -197,7 +198,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   for (int i = 0; i < real; ++i) seqs.push_back({prompts[i % prompts.size()], 0, pages[i], false, false});
   auto batch = staging->stage(seqs);
   ASSERT_TRUE(batch.is_ok());
-  ASSERT_TRUE(model_->forward(*batch, *kv, *ws, logits.rows(0, real)).is_ok());
+  ASSERT_TRUE(model_->forward(*batch, *kv, **ws, logits.rows(0, real)).is_ok());
 
   std::vector<int32_t> last(bucket, 1);
   auto decode_batch = [&](int64_t step) {
@@ -212,7 +213,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   auto first = decode_batch(0);
   ASSERT_TRUE(first.is_ok());
   const BatchView graph_batch = *first;
-  auto graph = b.capture([&] { return model_->forward(graph_batch, *kv, *ws, logits); });
+  auto graph = b.capture([&] { return model_->forward(graph_batch, *kv, **ws, logits).status(); });
   ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
 
   const int64_t n = bucket * c.vocab_size;
@@ -222,7 +223,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
     for (int i = 0; i <= real; ++i) last[i] = static_cast<int32_t>((step * 131 + i * 17) % c.vocab_size);
     auto eb = decode_batch(step);
     ASSERT_TRUE(eb.is_ok());
-    ASSERT_TRUE(model_->forward(*eb, *kv, *ws, logits).is_ok());
+    ASSERT_TRUE(model_->forward(*eb, *kv, **ws, logits).is_ok());
     ASSERT_TRUE(b.copy_to_host(eager.data(), logits).is_ok());
     // Same inputs staged again (same device buffers), then the graph.
     ASSERT_TRUE(decode_batch(step).is_ok());

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gpt_oss_cost.h"
-#include "model/synthetic_checkpoint.h"
+#include "model/gpt_oss/gpt_oss_cost.h"
+#include "model/gpt_oss/gpt_oss_synthetic.h"
 #include "runtime/engine_config.h"
 #include "test_util.h"
 
@@ -53,11 +53,11 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
 TEST(GptOssCost, DecodeBytesMatchPerfGoals) {
   // PERF-GOALS.md: 3.708 GB (20b) and 5.003 GB (120b) of weights per decoded token at batch 1.
   for (const auto& [preset, want] : {std::pair{"gpt-oss-20b", 3.708e9}, std::pair{"gpt-oss-120b", 5.003e9}}) {
-    const GptOssConfig c = *synthetic_preset(preset);
+    const GptOssConfig c = *gpt_oss_preset(preset);
     const DecodeStepBytes b = decode_step_bytes(c, 1, 4, 1);
     EXPECT_NEAR(b.dense + b.experts, want, 0.01 * want) << preset;
   }
-  const GptOssConfig c = *synthetic_preset("gpt-oss-20b");
+  const GptOssConfig c = *gpt_oss_preset("gpt-oss-20b");
   // KV at 1K context: 12 full layers x 1024 keys + 12 sliding x 128, K and V, 8 x 64 bf16.
   EXPECT_DOUBLE_EQ(decode_step_bytes(c, 2, 4, 1024).kv, 2.0 * (12 * 1024 + 12 * 128) * 2 * 512 * 2);
   EXPECT_NEAR(expected_distinct_experts(32, 4, 1), 4.0, 1e-9);

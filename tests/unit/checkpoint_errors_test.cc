@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "io/safetensors.h"
-#include "model/gpt_oss.h"
+#include "model/model_registry.h"
 #include "test_util.h"
 
 namespace mx {
@@ -28,7 +28,7 @@ class BrokenModel : public ::testing::Test {
   // Loads through the library and through the CLI; both must fail with `expected` in the message.
   void expect_load_error(const std::string& expected) {
     auto backend = make_cpu_backend(CpuBackendOptions{1});
-    auto model = GptOssModel::load(dir_.path(), *backend);
+    auto model = load_model(dir_.path(), *backend);
     ASSERT_FALSE(model.is_ok());
     EXPECT_NE(model.status().message().find(expected), std::string::npos) << model.status().message();
 

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "fixture_reference_util.h"
+#include "model/model_registry.h"
 #include "test_util.h"
 
 namespace mx::test {
@@ -21,7 +22,7 @@ const Fixture& fixture_model(const std::string& name) {
   CpuBackendOptions options;
   options.num_threads = 2;
   slot->backend = make_cpu_backend(options);
-  auto model = GptOssModel::load(dir, *slot->backend);
+  auto model = load_model(dir, *slot->backend);
   EXPECT_TRUE(model.is_ok()) << model.status().to_string();
   slot->model = std::move(*model);
   auto ref = load_fixture_reference(dir);

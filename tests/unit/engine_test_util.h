@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "model/gpt_oss.h"
+#include "model/model.h"
 #include "runtime/engine_core.h"
 
 namespace mx::test {
 
 struct Fixture {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<GptOssModel> model;
+  std::unique_ptr<Model> model;
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::vector<int32_t>> greedy;  // transformers' greedy continuation of each prompt
 };

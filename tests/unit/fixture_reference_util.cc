@@ -52,16 +52,16 @@ std::vector<GenerateRequest> reference_greedy_requests(const FixtureReference& r
   return requests;
 }
 
-Result<std::vector<float>> prefill_logits(const GptOssModel& model, const std::vector<std::vector<int32_t>>& prompts,
+Result<std::vector<float>> prefill_logits(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                           const HiddenObserver* observer) {
   Backend& b = model.backend();
-  const int64_t page_size = 16, n = static_cast<int64_t>(prompts.size()), vocab = model.config().vocab_size;
+  const int64_t page_size = 16, n = static_cast<int64_t>(prompts.size()), vocab = model.dims().vocab_size;
   int64_t total = 0, max_pages = 0;
   for (const auto& p : prompts) {
     total += static_cast<int64_t>(p.size());
     max_pages = std::max<int64_t>(max_pages, (static_cast<int64_t>(p.size()) + page_size - 1) / page_size);
   }
-  MX_ASSIGN_OR_RETURN(KvCache kv, KvCache::allocate(b, model.kv_cache_shape(n * max_pages, page_size)));
+  MX_ASSIGN_OR_RETURN(KvCache kv, KvCache::allocate(b, KvCacheShape::uniform(model.kv_layout(), n * max_pages, page_size)));
   // Pages handed out from the end, so a kernel that ignored the page table would read the wrong page.
   std::vector<std::vector<int32_t>> pages(prompts.size());
   int32_t next_page = static_cast<int32_t>(n * max_pages) - 1;
@@ -72,10 +72,10 @@ Result<std::vector<float>> prefill_logits(const GptOssModel& model, const std::v
   }
   MX_ASSIGN_OR_RETURN(BatchStaging staging, BatchStaging::create(b, {total, n, max_pages, total}));
   MX_ASSIGN_OR_RETURN(BatchView batch, staging.stage(seqs));
-  MX_ASSIGN_OR_RETURN(ForwardWorkspace ws, model.make_workspace(total, total));
+  MX_ASSIGN_OR_RETURN(std::unique_ptr<ModelWorkspace> ws, model.make_workspace(total, total));
   MX_ASSIGN_OR_RETURN(Buffer logits_buf, b.allocate(total * vocab * 4));
   const TensorView logits = logits_buf.view(DType::kF32, {total, vocab});
-  MX_RETURN_IF_ERROR(model.forward(batch, kv, ws, logits, observer));
+  MX_RETURN_IF_ERROR(model.forward(batch, kv, *ws, logits, observer).status());
   std::vector<float> host(static_cast<size_t>(total * vocab));
   MX_RETURN_IF_ERROR(b.copy_to_host(host.data(), logits));
   return host;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "model/gpt_oss.h"
+#include "model/model.h"
 #include "runtime/static_generator.h"
 
 namespace mx::test {
@@ -42,7 +42,7 @@ std::vector<GenerateRequest> reference_greedy_requests(const FixtureReference& r
 
 // One batched prefill of `prompts` on the model's backend: f32 logits of every prompt position, prompts in order.
 // `observer` (optional) sees the hidden states as GptOssModel::forward reports them.
-Result<std::vector<float>> prefill_logits(const GptOssModel& model, const std::vector<std::vector<int32_t>>& prompts,
+Result<std::vector<float>> prefill_logits(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                           const HiddenObserver* observer = nullptr);
 
 }  // namespace mx::test

@@ -1,5 +1,6 @@
 // config.json in both RoPE spellings, defaults, validation; generation_config.json; YaRN frequencies.
-#include "io/gpt_oss_config.h"
+#include "io/generation_config.h"
+#include "model/gpt_oss/gpt_oss_config.h"
 
 #include <gtest/gtest.h>
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fixture_reference_util.h"
+#include "model/gpt_oss/gpt_oss_model.h"
 #include "routing_probe_util.h"
 #include "test_util.h"
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/demo_model.h"
+#include "model/model_registry.h"
 #include "runtime/tokenizer_detokenize.h"
 #include "server/content_stop.h"
 #include "server/engine_completion_service.h"
@@ -51,7 +52,7 @@ bool eventually(Pred pred, std::chrono::milliseconds limit = 5000ms) {
 // The demo model and tokenizer, made once per build tree and loaded once per process.
 struct DemoModel {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<GptOssModel> model;
+  std::unique_ptr<Model> model;
   std::shared_ptr<const Tokenizer> tokenizer;
 
   static DemoModel& get() {
@@ -63,7 +64,7 @@ struct DemoModel {
       options.num_threads = 2;
       d->backend = std::move(make_backend(options)).value();
       d->tokenizer = std::move(Tokenizer::load(*dir)).value();
-      d->model = std::move(GptOssModel::load(*dir, *d->backend)).value();
+      d->model = std::move(load_model(*dir, *d->backend)).value();
       return d;
     }();
     return *demo;

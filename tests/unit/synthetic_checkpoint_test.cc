@@ -1,6 +1,6 @@
 // Synthetic checkpoints: the real presets have the released byte totals, a written checkpoint loads through
 // the normal path (sharded via the index), is deterministic per seed and gives sane logits.
-#include "model/synthetic_checkpoint.h"
+#include "model/gpt_oss/gpt_oss_synthetic.h"
 
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "model/gpt_oss.h"
-#include "model/gpt_oss_weights.h"
+#include "model/gpt_oss/gpt_oss_model.h"
+#include "model/gpt_oss/gpt_oss_weights.h"
 #include "runtime/static_generator.h"
 #include "test_util.h"
 
@@ -28,15 +28,15 @@ int64_t checkpoint_bytes(const GptOssConfig& c, size_t* count) {
 // The published total_size of the released model.safetensors.index.json files (ref-gpt-oss-model.md 2.2).
 TEST(SyntheticCheckpoint, RealPresetsMatchTheReleasedSizes) {
   size_t count = 0;
-  EXPECT_EQ(checkpoint_bytes(*synthetic_preset("gpt-oss-20b"), &count), 13761264768);
+  EXPECT_EQ(checkpoint_bytes(*gpt_oss_preset("gpt-oss-20b"), &count), 13761264768);
   EXPECT_EQ(count, 459u);
-  EXPECT_EQ(checkpoint_bytes(*synthetic_preset("gpt-oss-120b"), &count), 65248815744);
-  EXPECT_FALSE(synthetic_preset("gpt-oss-7b").is_ok());
+  EXPECT_EQ(checkpoint_bytes(*gpt_oss_preset("gpt-oss-120b"), &count), 65248815744);
+  EXPECT_FALSE(gpt_oss_preset("gpt-oss-7b").is_ok());
 }
 
 TEST(SyntheticCheckpoint, ConfigRoundTripsThroughJson) {
-  for (const auto& name : synthetic_preset_names()) {
-    const GptOssConfig c = *synthetic_preset(name);
+  for (const auto& name : gpt_oss_preset_names()) {
+    const GptOssConfig c = *gpt_oss_preset(name);
     auto back = parse_gpt_oss_config(gpt_oss_config_to_json(c), name);
     ASSERT_TRUE(back.is_ok()) << back.status().to_string();
     EXPECT_EQ(back->num_layers, c.num_layers);
@@ -50,15 +50,15 @@ TEST(SyntheticCheckpoint, ConfigRoundTripsThroughJson) {
 
 TEST(SyntheticCheckpoint, WritesShardsThatLoadAndGenerateDeterministically) {
   test::TempDir a, b, c;
-  const GptOssConfig config = *synthetic_preset("tiny");
+  const GptOssConfig config = *gpt_oss_preset("tiny");
   SyntheticOptions options;
   options.seed = 5;
   options.threads = 2;
   options.max_shard_bytes = 100000;  // forces several shards
-  ASSERT_TRUE(write_synthetic_checkpoint(config, a.path(), options).is_ok());
-  ASSERT_TRUE(write_synthetic_checkpoint(config, b.path(), options).is_ok());
+  ASSERT_TRUE(write_gpt_oss_checkpoint(config, a.path(), options).is_ok());
+  ASSERT_TRUE(write_gpt_oss_checkpoint(config, b.path(), options).is_ok());
   options.seed = 6;
-  ASSERT_TRUE(write_synthetic_checkpoint(config, c.path(), options).is_ok());
+  ASSERT_TRUE(write_gpt_oss_checkpoint(config, c.path(), options).is_ok());
 
   const auto index = nlohmann::json::parse(test::read_file(a.file("model.safetensors.index.json")));
   std::set<std::string> shards;

@@ -1,4 +1,4 @@
-#include "model/synthetic_checkpoint.h"
+#include "model/gpt_oss/gpt_oss_synthetic.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "backend/cpu/thread_pool.h"
 #include "io/safetensors.h"
-#include "model/gpt_oss_weights.h"
+#include "model/gpt_oss/gpt_oss_weights.h"
 
 namespace mx {
 namespace {
@@ -138,9 +138,9 @@ Status write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-std::vector<std::string> synthetic_preset_names() { return {"gpt-oss-20b", "gpt-oss-120b", "demo", "tiny"}; }
+std::vector<std::string> gpt_oss_preset_names() { return {"gpt-oss-20b", "gpt-oss-120b", "demo", "tiny"}; }
 
-Result<GptOssConfig> synthetic_preset(const std::string& name) {
+Result<GptOssConfig> gpt_oss_preset(const std::string& name) {
   GptOssConfig c = base_config();
   if (name == "gpt-oss-20b") {
     set_layers(c, 24);
@@ -172,7 +172,7 @@ Result<GptOssConfig> synthetic_preset(const std::string& name) {
   return c;
 }
 
-Status write_synthetic_checkpoint(const GptOssConfig& config, const std::string& dir, const SyntheticOptions& options) {
+Status write_gpt_oss_checkpoint(const GptOssConfig& config, const std::string& dir, const SyntheticOptions& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -210,7 +210,7 @@ Status write_synthetic_checkpoint(const GptOssConfig& config, const std::string&
   return write_text((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
 }
 
-GenerationConfig synthetic_generation_config() {
+GenerationConfig gpt_oss_generation_config() {
   GenerationConfig g;
   g.eos_token_ids = {200002, 199999, 200012};
   g.bos_token_id = 199998;
@@ -218,7 +218,7 @@ GenerationConfig synthetic_generation_config() {
   return g;
 }
 
-Result<Checkpoint> synthetic_checkpoint_in_memory(const GptOssConfig& config, const SyntheticOptions& options) {
+Result<Checkpoint> gpt_oss_checkpoint_in_memory(const GptOssConfig& config, const SyntheticOptions& options) {
   // An anonymous in-memory file: one shard, mapped like any checkpoint file once written.
   const int fd = ::memfd_create("mxserve-synthetic-checkpoint", MFD_CLOEXEC);
   if (fd < 0) return io_error(std::string("memfd_create: ") + std::strerror(errno));

@@ -3,23 +3,23 @@
 // -> o_proj -> add + RMSNorm -> router top-k -> MXFP4 experts -> residual add.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/kv_cache.h"
-#include "io/gpt_oss_config.h"
+#include "io/generation_config.h"
 #include "io/safetensors.h"
-#include "model/gpt_oss_weights.h"
+#include "model/gpt_oss/gpt_oss_config.h"
+#include "model/gpt_oss/gpt_oss_cost.h"
+#include "model/gpt_oss/gpt_oss_weights.h"
+#include "model/model.h"
 
 namespace mx {
 
-// Activation buffers for up to `max_tokens` tokens and `max_logit_rows` logit rows, in backend memory.
-struct ForwardWorkspace {
-  int64_t max_tokens = 0;
-  int64_t max_logit_rows = 0;
+// gpt-oss's activation buffers for up to `max_tokens` tokens and `max_logit_rows` logit rows, in backend memory.
+struct GptOssWorkspace : ModelWorkspace {
   std::vector<Buffer> buffers;
   TensorView residual;      // [max_tokens, H] the residual stream (backend residual_dtype)
   TensorView normed;        // [max_tokens, H] norm output feeding the next projection
@@ -33,34 +33,35 @@ struct ForwardWorkspace {
   TensorView gathered;      // [max_logit_rows, H] final-normed rows that need logits
 };
 
-// Called with index 0 for the embeddings, l for the residual stream after layer l-1 (1 <= l < L), and L for
-// the final norm's output: the same indexing as transformers' hidden_states. Tests use it.
-using HiddenObserver = std::function<void(int64_t index, const TensorView& hidden)>;
-
-class GptOssModel {
+class GptOssModel : public Model {
  public:
+  // Reads config.json (model_type "gpt_oss"), generation_config.json and the safetensors in `model_dir`.
   static Result<std::unique_ptr<GptOssModel>> load(const std::string& model_dir, Backend& backend);
-  // From an open checkpoint (e.g. synthetic_checkpoint_in_memory); the model keeps it.
+  // From an open checkpoint (e.g. a synthetic one in memory); the model keeps it.
   static Result<std::unique_ptr<GptOssModel>> from_checkpoint(GptOssConfig config, GenerationConfig generation_config,
                                                               Checkpoint checkpoint, Backend& backend);
 
   const GptOssConfig& config() const { return config_; }
-  const GenerationConfig& generation_config() const { return generation_config_; }
-  Backend& backend() const { return backend_; }
-  // Bytes of weights copied into backend memory (0 on the CPU, which reads the checkpoint's mmap).
-  int64_t device_weight_bytes() const;
-  KvCacheShape kv_cache_shape(int64_t num_pages, int64_t page_size) const;
-  Result<ForwardWorkspace> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
 
-  // Runs one batch; writes f32 logits [R, vocab] for the batch's logit rows.
-  Status forward(const BatchView& batch, const KvCache& kv, ForwardWorkspace& ws, TensorView logits,
-                 const HiddenObserver* observer = nullptr) const;
+  std::string family() const override { return "gpt_oss"; }
+  const ModelDims& dims() const override { return dims_; }
+  const GenerationConfig& generation_config() const override { return generation_config_; }
+  Backend& backend() const override { return backend_; }
+  int64_t device_weight_bytes() const override;
+  const KvLayout& kv_layout() const override { return kv_layout_; }
+  Result<std::unique_ptr<ModelWorkspace>> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const override;
+  Result<ForwardOutput> forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& ws, TensorView logits,
+                                const HiddenObserver* observer = nullptr) const override;
+  const ModelCost& cost() const override { return cost_; }
 
  private:
-  GptOssModel(GptOssConfig config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
+  GptOssModel(GptOssConfig config, Backend& backend);
   Status upload();
 
   GptOssConfig config_;
+  ModelDims dims_;
+  KvLayout kv_layout_;
+  GptOssCost cost_;
   GenerationConfig generation_config_;
   Backend& backend_;
   std::unique_ptr<Checkpoint> checkpoint_;      // owns the mmap the CPU backend reads weights from

@@ -1,4 +1,4 @@
-#include "model/gpt_oss.h"
+#include "model/gpt_oss/gpt_oss_model.h"
 
 #include <cmath>
 #include <cstring>
@@ -21,6 +21,16 @@ std::vector<uint16_t> concat_rows(std::initializer_list<TensorView> parts) {
 }
 
 }  // namespace
+
+GptOssModel::GptOssModel(GptOssConfig config, Backend& backend)
+    : config_(std::move(config)), cost_(config_), backend_(backend) {
+  const GptOssConfig& c = config_;
+  dims_ = ModelDims{c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings};
+  std::vector<KvLayerSpec> layers;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    layers.push_back({c.num_kv_heads, c.head_dim, c.layer_is_sliding[static_cast<size_t>(l)] ? c.sliding_window : 0, false});
+  kv_layout_ = KvLayout::from_layers(std::move(layers));
+}
 
 Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_dir, Backend& backend) {
   MX_ASSIGN_OR_RETURN(GptOssConfig config, load_gpt_oss_config(model_dir));
@@ -82,13 +92,10 @@ int64_t GptOssModel::device_weight_bytes() const {
   return total;
 }
 
-KvCacheShape GptOssModel::kv_cache_shape(int64_t num_pages, int64_t page_size) const {
-  return KvCacheShape{config_.num_layers, num_pages, page_size, config_.num_kv_heads, config_.head_dim};
-}
-
-Result<ForwardWorkspace> GptOssModel::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
+Result<std::unique_ptr<ModelWorkspace>> GptOssModel::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
   const GptOssConfig& c = config_;
-  ForwardWorkspace ws;
+  auto owned = std::make_unique<GptOssWorkspace>();
+  GptOssWorkspace& ws = *owned;
   ws.max_tokens = max_tokens;
   ws.max_logit_rows = max_logit_rows;
   const DType act = backend_.activation_dtype();
@@ -114,12 +121,17 @@ Result<ForwardWorkspace> GptOssModel::make_workspace(int64_t max_tokens, int64_t
   MX_ASSIGN_OR_RETURN(ws.topk_ids, make(DType::kI32, {T, c.experts_per_token}));
   MX_ASSIGN_OR_RETURN(ws.topk_weights, make(DType::kF32, {T, c.experts_per_token}));
   MX_ASSIGN_OR_RETURN(ws.gathered, make(act, {max_logit_rows, H}));
-  return ws;
+  return std::unique_ptr<ModelWorkspace>(std::move(owned));
 }
 
-Status GptOssModel::forward(const BatchView& batch, const KvCache& kv, ForwardWorkspace& ws, TensorView logits,
-                            const HiddenObserver* observer) const {
+Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& workspace,
+                                           TensorView logits, const HiddenObserver* observer) const {
   const GptOssConfig& c = config_;
+  auto* own = dynamic_cast<GptOssWorkspace*>(&workspace);
+  if (!own) return invalid_argument("gpt-oss forward pass given another model's workspace");
+  GptOssWorkspace& ws = *own;
+  if (!(kv.shape().layout.layers == kv_layout_.layers))
+    return invalid_argument("gpt-oss forward pass given a KV cache of another layout");
   const int64_t T = batch.num_tokens, R = batch.num_logit_rows;
   if (T <= 0 || T > ws.max_tokens || R > ws.max_logit_rows)
     return invalid_argument("batch of " + std::to_string(T) + " tokens / " + std::to_string(R) +
@@ -143,7 +155,7 @@ Status GptOssModel::forward(const BatchView& batch, const KvCache& kv, ForwardWo
                        c.num_heads, c.num_kv_heads, c.head_dim};
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
     AttentionParams attn{ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T), c.num_heads, c.num_kv_heads, c.head_dim,
-                         c.layer_is_sliding[static_cast<size_t>(l)] ? c.sliding_window : 0,
+                         kv_layout_.layers[static_cast<size_t>(l)].window,
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
     MX_RETURN_IF_ERROR(b.attention(attn, batch));
     MX_RETURN_IF_ERROR(b.linear(ws.attn.rows(0, T), L.o_weight, L.o_bias, proj));
@@ -162,10 +174,12 @@ Status GptOssModel::forward(const BatchView& batch, const KvCache& kv, ForwardWo
     MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, next_norm, eps, normed));
     observe(last ? c.num_layers : l + 1, last ? normed : residual);
   }
-  if (R == 0) return Status::ok();
+  const ForwardOutput out{normed};
+  if (R == 0) return out;
   TensorView gathered = ws.gathered.rows(0, R);
   MX_RETURN_IF_ERROR(b.gather_rows(normed, batch.logit_rows, gathered));
-  return b.linear(gathered, weights_.lm_head, TensorView(), logits);
+  MX_RETURN_IF_ERROR(b.linear(gathered, weights_.lm_head, TensorView(), logits));
+  return out;
 }
 
 }  // namespace mx

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "io/gpt_oss_config.h"
+#include "model/gpt_oss/gpt_oss_config.h"
 #include "model/weight_loader.h"
 
 namespace mx {

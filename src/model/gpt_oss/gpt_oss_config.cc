@@ -1,66 +1,17 @@
-#include "io/gpt_oss_config.h"
+#include "model/gpt_oss/gpt_oss_config.h"
 
 #include <cmath>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_fields.h"
 #include "io/mapped_file.h"
 
 namespace mx {
 namespace {
 
 using nlohmann::json;
-
-// Typed field access that reports the field's name and the file on every failure.
-class FieldReader {
- public:
-  FieldReader(const json& obj, std::string source) : obj_(obj), source_(std::move(source)) {}
-
-  Status required_int(const char* key, int64_t* out, int64_t min_value) const {
-    auto it = obj_.find(key);
-    if (it == obj_.end() || it->is_null()) return invalid_argument(source_ + ": missing field '" + key + "'");
-    return to_int(key, *it, out, min_value);
-  }
-  Status optional_int(const char* key, int64_t* out, int64_t min_value) const {
-    auto it = obj_.find(key);
-    if (it == obj_.end() || it->is_null()) return Status::ok();
-    return to_int(key, *it, out, min_value);
-  }
-  Status optional_double(const char* key, double* out) const {
-    auto it = obj_.find(key);
-    if (it == obj_.end() || it->is_null()) return Status::ok();
-    if (!it->is_number()) return invalid_argument(source_ + ": field '" + key + "' must be a number");
-    *out = it->get<double>();
-    if (!std::isfinite(*out)) return invalid_argument(source_ + ": field '" + key + "' must be finite");
-    return Status::ok();
-  }
-  Status optional_bool(const char* key, bool* out) const {
-    auto it = obj_.find(key);
-    if (it == obj_.end() || it->is_null()) return Status::ok();
-    if (!it->is_boolean()) return invalid_argument(source_ + ": field '" + key + "' must be true or false");
-    *out = it->get<bool>();
-    return Status::ok();
-  }
-
- private:
-  Status to_int(const char* key, const json& v, int64_t* out, int64_t min_value) const {
-    if (v.is_number_integer()) {
-      *out = v.get<int64_t>();
-    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9e15) {
-      *out = static_cast<int64_t>(v.get<double>());
-    } else {
-      return invalid_argument(source_ + ": field '" + key + "' must be an integer");
-    }
-    if (*out < min_value)
-      return invalid_argument(source_ + ": field '" + key + "' is " + std::to_string(*out) + ", must be >= " +
-                              std::to_string(min_value));
-    return Status::ok();
-  }
-
-  const json& obj_;
-  std::string source_;
-};
 
 Status parse_rope(const json& root, const std::string& source, YarnRope* rope) {
   const json* params = nullptr;
@@ -72,11 +23,11 @@ Status parse_rope(const json& root, const std::string& source, YarnRope* rope) {
     params = &*it2;
     where = source + " rope_scaling";
   }
-  FieldReader top(root, source);
+  JsonFieldReader top(root, source);
   MX_RETURN_IF_ERROR(top.optional_double("rope_theta", &rope->theta));
   if (!params) return Status::ok();  // plain RoPE with rope_theta
   if (!params->is_object()) return invalid_argument(where + " must be an object");
-  FieldReader r(*params, where);
+  JsonFieldReader r(*params, where);
   MX_RETURN_IF_ERROR(r.optional_double("rope_theta", &rope->theta));
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {
@@ -94,19 +45,12 @@ Status parse_rope(const json& root, const std::string& source, YarnRope* rope) {
   return Status::ok();
 }
 
-Result<json> parse_json_object(const std::string& text, const std::string& source) {
-  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return invalid_argument(source + ": not valid JSON");
-  if (!root.is_object()) return invalid_argument(source + ": not a JSON object");
-  return root;
-}
-
 }  // namespace
 
 Result<GptOssConfig> parse_gpt_oss_config(const std::string& text, const std::string& source) {
   MX_ASSIGN_OR_RETURN(json root, parse_json_object(text, source));
   GptOssConfig c;
-  FieldReader r(root, source);
+  JsonFieldReader r(root, source);
   MX_RETURN_IF_ERROR(r.required_int("vocab_size", &c.vocab_size, 1));
   MX_RETURN_IF_ERROR(r.required_int("hidden_size", &c.hidden_size, 1));
   MX_RETURN_IF_ERROR(r.required_int("intermediate_size", &c.intermediate_size, 1));
@@ -210,36 +154,6 @@ std::string gpt_oss_config_to_json(const GptOssConfig& c) {
       {"vocab_size", c.vocab_size},
   };
   return root.dump(2) + "\n";
-}
-
-Result<GenerationConfig> parse_generation_config(const std::string& text, const std::string& source) {
-  MX_ASSIGN_OR_RETURN(json root, parse_json_object(text, source));
-  GenerationConfig g;
-  if (auto it = root.find("eos_token_id"); it != root.end() && !it->is_null()) {
-    auto add = [&](const json& v) -> Status {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0)
-        return invalid_argument(source + ": eos_token_id entries must be integers >= 0");
-      g.eos_token_ids.push_back(v.get<int64_t>());
-      return Status::ok();
-    };
-    if (it->is_array()) {
-      for (const auto& v : *it) MX_RETURN_IF_ERROR(add(v));
-    } else {
-      MX_RETURN_IF_ERROR(add(*it));
-    }
-  }
-  FieldReader r(root, source);
-  MX_RETURN_IF_ERROR(r.optional_int("bos_token_id", &g.bos_token_id, 0));
-  MX_RETURN_IF_ERROR(r.optional_int("pad_token_id", &g.pad_token_id, 0));
-  return g;
-}
-
-Result<GenerationConfig> load_generation_config(const std::string& model_dir) {
-  const std::string path = (std::filesystem::path(model_dir) / "generation_config.json").string();
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return GenerationConfig{};
-  MX_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  return parse_generation_config(text, path);
 }
 
 }  // namespace mx

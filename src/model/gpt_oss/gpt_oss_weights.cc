@@ -1,4 +1,4 @@
-#include "model/gpt_oss_weights.h"
+#include "model/gpt_oss/gpt_oss_weights.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "model/gpt_oss_cost.h"
+#include "model/gpt_oss/gpt_oss_cost.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,11 +38,6 @@ DecodeStepBytes decode_step_bytes(const GptOssConfig& c, int64_t batch, double e
   }
   b.kv = static_cast<double>(batch) * keys * 2.0 * static_cast<double>(c.kv_dim()) * static_cast<double>(kv_elem_bytes);
   return b;
-}
-
-double expected_distinct_experts(int64_t experts, int64_t top_k, int64_t tokens) {
-  const double e = static_cast<double>(experts);
-  return e * (1.0 - std::pow(1.0 - static_cast<double>(top_k) / e, static_cast<double>(tokens)));
 }
 
 double prefill_flops(const GptOssConfig& c, int64_t prompt_len, int64_t num_seqs) {

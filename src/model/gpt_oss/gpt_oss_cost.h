@@ -5,16 +5,10 @@
 
 #include <cstdint>
 
-#include "io/gpt_oss_config.h"
+#include "model/gpt_oss/gpt_oss_config.h"
+#include "model/model_cost.h"
 
 namespace mx {
-
-struct DecodeStepBytes {
-  double dense = 0;    // attention q/k/v/o, router, norms, sinks, lm_head, embedding rows of the batch
-  double experts = 0;  // distinct experts per layer x one expert's bytes x layers
-  double kv = 0;       // keys and values of every sequence (sliding layers: at most the window)
-  double total() const { return dense + experts + kv; }
-};
 
 // One expert's bytes in one layer (both projections, blocks + scales + biases).
 double expert_bytes(const GptOssConfig& c);
@@ -24,13 +18,27 @@ double expert_bytes(const GptOssConfig& c);
 DecodeStepBytes decode_step_bytes(const GptOssConfig& c, int64_t batch, double experts_per_layer, int64_t context,
                                   int64_t kv_elem_bytes = 2);
 
-// Distinct experts a layer activates for `tokens` tokens when each picks top_k of `experts` uniformly:
-// E (1 - (1 - k/E)^T).
-double expected_distinct_experts(int64_t experts, int64_t top_k, int64_t tokens);
-
 // Multiply-add FLOPs (2 per MAC) of prefilling `num_seqs` prompts of `prompt_len` tokens from an empty
 // cache: projections and active experts per token, causal attention (windowed on sliding layers: q.k and
 // p.v), and the lm_head for each prompt's last token only.
 double prefill_flops(const GptOssConfig& c, int64_t prompt_len, int64_t num_seqs);
+
+// The functions above behind the ModelCost interface.
+class GptOssCost : public ModelCost {
+ public:
+  explicit GptOssCost(const GptOssConfig& config) : c_(config) {}
+  int64_t num_experts() const override { return c_.num_experts; }
+  int64_t experts_per_token() const override { return c_.experts_per_token; }
+  DecodeStepBytes decode_step_bytes(int64_t batch, double experts_per_layer, int64_t context,
+                                    int64_t kv_elem_bytes) const override {
+    return mx::decode_step_bytes(c_, batch, experts_per_layer, context, kv_elem_bytes);
+  }
+  double prefill_flops(int64_t prompt_len, int64_t num_seqs) const override {
+    return mx::prefill_flops(c_, prompt_len, num_seqs);
+  }
+
+ private:
+  const GptOssConfig& c_;
+};
 
 }  // namespace mx

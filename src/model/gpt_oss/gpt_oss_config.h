@@ -1,4 +1,4 @@
-// gpt-oss config.json and generation_config.json. Accepts both spellings real files use for RoPE:
+// gpt-oss config.json (model_type "gpt_oss"). Accepts both spellings real files use for RoPE:
 // `rope_scaling` + top-level `rope_theta` (the released checkpoints) and `rope_parameters` with
 // `rope_theta` inside (newer transformers). Required fields missing or mistyped are errors naming the field.
 #pragma once
@@ -8,18 +8,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/rope.h"
 
 namespace mx {
-
-struct YarnRope {
-  double theta = 150000.0;
-  double factor = 1.0;                     // 1 means plain RoPE (no YaRN)
-  int64_t original_max_position = 4096;
-  double beta_fast = 32.0;
-  double beta_slow = 1.0;
-  bool truncate = false;                   // gpt-oss: false (keep the fractional correction range)
-  double attention_factor = 0.0;           // 0 = derived: 0.1 * ln(factor) + 1 when factor > 1
-};
 
 struct GptOssConfig {
   int64_t vocab_size = 0;
@@ -49,15 +40,5 @@ Result<GptOssConfig> parse_gpt_oss_config(const std::string& text, const std::st
 Result<GptOssConfig> load_gpt_oss_config(const std::string& model_dir);
 // config.json text in the released checkpoints' spelling (rope_scaling + rope_theta, mxfp4 quantization).
 std::string gpt_oss_config_to_json(const GptOssConfig& config);
-
-struct GenerationConfig {
-  std::vector<int64_t> eos_token_ids;
-  int64_t bos_token_id = -1;
-  int64_t pad_token_id = -1;
-};
-
-Result<GenerationConfig> parse_generation_config(const std::string& text, const std::string& source);
-// A missing generation_config.json gives an empty GenerationConfig (no eos ids).
-Result<GenerationConfig> load_generation_config(const std::string& model_dir);
 
 }  // namespace mx

@@ -1,0 +1,29 @@
+// The model registry: config.json's `model_type` (or, without it, `architectures`) picks the family that
+// builds the Model. A new family adds one row to the table in model_registry.cc. An unknown model_type or a
+// config the family cannot read is one clear error naming the file and what is wrong.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "io/generation_config.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+
+namespace mx {
+
+// Builds the model in `model_dir` (config.json, generation_config.json, safetensors) on `backend`, which
+// must outlive it.
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend);
+
+// Builds a model from config.json text (`source` names it in errors) and an open checkpoint, which the
+// model keeps (e.g. a synthetic checkpoint in memory).
+Result<std::unique_ptr<Model>> model_from_checkpoint(const std::string& config_json, const std::string& source,
+                                                     GenerationConfig generation_config, Checkpoint checkpoint,
+                                                     Backend& backend);
+
+// The family name config.json asks for ("gpt_oss"), or an error naming the file and the known names.
+Result<std::string> model_family(const std::string& config_json, const std::string& source);
+
+}  // namespace mx

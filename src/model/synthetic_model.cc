@@ -1,0 +1,70 @@
+#include "model/synthetic_model.h"
+
+#include <functional>
+
+#include "model/gpt_oss/gpt_oss_synthetic.h"
+
+namespace mx {
+namespace {
+
+struct Preset {
+  std::string name;
+  std::function<Status(const std::string& dir, const SyntheticOptions&)> write;
+  std::function<Result<SyntheticCheckpoint>(const SyntheticOptions&)> in_memory;
+};
+
+Preset gpt_oss_row(const std::string& name) {
+  return Preset{
+      name,
+      [name](const std::string& dir, const SyntheticOptions& options) -> Status {
+        MX_ASSIGN_OR_RETURN(GptOssConfig config, gpt_oss_preset(name));
+        return write_gpt_oss_checkpoint(config, dir, options);
+      },
+      [name](const SyntheticOptions& options) -> Result<SyntheticCheckpoint> {
+        MX_ASSIGN_OR_RETURN(GptOssConfig config, gpt_oss_preset(name));
+        MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, gpt_oss_checkpoint_in_memory(config, options));
+        return SyntheticCheckpoint{gpt_oss_config_to_json(config), gpt_oss_generation_config(), std::move(checkpoint)};
+      }};
+}
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> table = [] {
+    std::vector<Preset> t;
+    for (const std::string& name : gpt_oss_preset_names()) t.push_back(gpt_oss_row(name));
+    return t;
+  }();
+  return table;
+}
+
+Result<const Preset*> find_preset(const std::string& name) {
+  for (const Preset& p : presets())
+    if (p.name == name) return &p;
+  return invalid_argument("unknown preset '" + name + "' (" + synthetic_preset_list() + ")");
+}
+
+}  // namespace
+
+std::vector<std::string> synthetic_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : presets()) names.push_back(p.name);
+  return names;
+}
+
+std::string synthetic_preset_list() {
+  const std::vector<std::string> names = synthetic_preset_names();
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return list;
+}
+
+Status write_synthetic_model(const std::string& preset, const std::string& dir, const SyntheticOptions& options) {
+  MX_ASSIGN_OR_RETURN(const Preset* p, find_preset(preset));
+  return p->write(dir, options);
+}
+
+Result<SyntheticCheckpoint> synthetic_checkpoint_in_memory(const std::string& preset, const SyntheticOptions& options) {
+  MX_ASSIGN_OR_RETURN(const Preset* p, find_preset(preset));
+  return p->in_memory(options);
+}
+
+}  // namespace mx
