@@ -11,24 +11,42 @@
 
 #include "backend/buffer.h"
 #include "backend/sampling_math.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "core/tensor_view.h"
 
 namespace mx {
 
+// Layer groups (KvLayout in kv_cache.h) a batch can carry page tables for.
+inline constexpr int64_t kMaxKvGroups = 4;
+// A page-table slot whose page a sliding-window group has released: below every query's window, never read.
+inline constexpr int32_t kNoPage = -1;
+
 // One forward pass's tokens, flattened over its sequences, in backend memory.
-// Prefill, chunked prefill and decode all use it: a token at `position` p attends to keys 0..p of its
-// sequence (those before this batch are already in the KV cache).
+// Prefill, chunked prefill, decode and verification (several query rows per sequence) all use it: a token
+// at `position` p attends to keys 0..p of its sequence (windowed layers: the last `window` of them); those
+// before this batch are already in the KV cache. Every layer group has its own page pool and so its own page
+// table: a layer reads page_table(kv.group). A batch with one table uses it for every group (pools with the
+// same page numbering: the static generator, tests).
 struct BatchView {
   int64_t num_tokens = 0;   // T
   int64_t num_seqs = 0;     // S
   TensorView token_ids;     // i32 [T]
   TensorView positions;     // i32 [T] absolute position of each token within its sequence
   TensorView token_seq;     // i32 [T] index of each token's sequence in [0, S)
-  TensorView page_table;    // i32 [S, max_pages_per_seq] physical page of each logical page
+  // Per layer group g < num_kv_groups: i32 [S, max_pages_per_seq] physical page of each logical page in g's
+  // pool (kNoPage where a window group released it; kernels treat it as absent and never need it).
+  TensorView page_tables[kMaxKvGroups];
+  int64_t num_kv_groups = 1;
   TensorView logit_rows;    // i32 [R] token rows whose logits are wanted, in output order
   int64_t num_logit_rows = 0;  // R
   int64_t max_position = 0;    // largest value in `positions` (host copy, sizes grids)
+
+  const TensorView& page_table(int64_t group) const {
+    if (num_kv_groups == 1) return page_tables[0];
+    MX_CHECK(group >= 0 && group < num_kv_groups) << "layer group " << group << " of " << num_kv_groups;
+    return page_tables[group];
+  }
 };
 
 // One layer's paged KV cache: page p holds positions [p*P, (p+1)*P) of the sequence that owns it.

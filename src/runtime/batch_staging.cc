@@ -8,7 +8,11 @@ Result<BatchStaging> BatchStaging::create(Backend& backend, const BatchLimits& l
   BatchStaging s;
   s.backend_ = &backend;
   s.limits_ = limits;
-  const int64_t count = 3 * limits.max_tokens + limits.max_seqs * limits.max_pages_per_seq + limits.max_logit_rows;
+  if (limits.num_kv_groups < 1 || limits.num_kv_groups > kMaxKvGroups)
+    return invalid_argument("a batch carries 1 to " + std::to_string(kMaxKvGroups) + " page tables, not " +
+                            std::to_string(limits.num_kv_groups));
+  const int64_t count = 3 * limits.max_tokens + limits.num_kv_groups * limits.max_seqs * limits.max_pages_per_seq +
+                        limits.max_logit_rows;
   s.host_.assign(static_cast<size_t>(count), 0);
   MX_ASSIGN_OR_RETURN(s.device_, backend.allocate(count * static_cast<int64_t>(sizeof(int32_t))));
   return s;
@@ -20,8 +24,13 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
   for (const auto& s : seqs) {
     num_tokens += static_cast<int64_t>(s.tokens.size());
     num_rows += s.no_logits ? 0 : (s.all_logits ? static_cast<int64_t>(s.tokens.size()) : 1);
-    if (static_cast<int64_t>(s.pages.size()) > lim.max_pages_per_seq)
-      return resource_exhausted("sequence needs more than " + std::to_string(lim.max_pages_per_seq) + " pages");
+    const bool per_group = !s.group_pages.empty();
+    if (per_group && static_cast<int64_t>(s.group_pages.size()) != lim.num_kv_groups)
+      return invalid_argument("a batch sequence has " + std::to_string(s.group_pages.size()) + " page-table rows for " +
+                              std::to_string(lim.num_kv_groups) + " layer groups");
+    for (int64_t g = 0; g < lim.num_kv_groups; ++g)
+      if (static_cast<int64_t>(per_group ? s.group_pages[static_cast<size_t>(g)].size() : s.pages.size()) > lim.max_pages_per_seq)
+        return resource_exhausted("sequence needs more than " + std::to_string(lim.max_pages_per_seq) + " pages");
     if (s.tokens.empty()) return invalid_argument("a batch sequence has no tokens");
   }
   if (num_tokens > lim.max_tokens || static_cast<int64_t>(seqs.size()) > lim.max_seqs || num_rows > lim.max_logit_rows)
@@ -31,8 +40,10 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
   int32_t* token_ids = host_.data();
   int32_t* positions = token_ids + lim.max_tokens;
   int32_t* token_seq = positions + lim.max_tokens;
-  int32_t* page_table = token_seq + lim.max_tokens;
-  int32_t* logit_rows = page_table + lim.max_seqs * lim.max_pages_per_seq;
+  int32_t* page_tables = token_seq + lim.max_tokens;
+  int32_t* logit_rows = page_tables + lim.num_kv_groups * lim.max_seqs * lim.max_pages_per_seq;
+  const int64_t num_seqs = static_cast<int64_t>(seqs.size());
+  const int64_t table_size = num_seqs * lim.max_pages_per_seq;  // one group's table, packed
   BatchView batch;
   int64_t t = 0, r = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -45,9 +56,12 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
       if (!s.no_logits && (s.all_logits || j == n - 1)) logit_rows[r++] = static_cast<int32_t>(t);
     }
     batch.max_position = std::max(batch.max_position, s.start_position + n - 1);
-    int32_t* row = page_table + static_cast<int64_t>(i) * lim.max_pages_per_seq;
-    std::fill(row, row + lim.max_pages_per_seq, 0);
-    std::copy(s.pages.begin(), s.pages.end(), row);
+    for (int64_t g = 0; g < lim.num_kv_groups; ++g) {
+      const std::span<const int32_t> pages = s.group_pages.empty() ? s.pages : std::span<const int32_t>(s.group_pages[static_cast<size_t>(g)]);
+      int32_t* row = page_tables + g * table_size + static_cast<int64_t>(i) * lim.max_pages_per_seq;
+      std::fill(row, row + lim.max_pages_per_seq, 0);
+      std::copy(pages.begin(), pages.end(), row);
+    }
   }
   // One copy per step: the used prefix of each section.
   auto section = [&](int32_t* host, int64_t offset, Shape shape) -> Result<TensorView> {
@@ -55,16 +69,19 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
     MX_RETURN_IF_ERROR(backend_->copy_from_host(dst, host));
     return dst;
   };
-  const int64_t num_seqs = static_cast<int64_t>(seqs.size());
   batch.num_tokens = num_tokens;
   batch.num_seqs = num_seqs;
   batch.num_logit_rows = num_rows;
   MX_ASSIGN_OR_RETURN(batch.token_ids, section(token_ids, 0, {num_tokens}));
   MX_ASSIGN_OR_RETURN(batch.positions, section(positions, lim.max_tokens, {num_tokens}));
   MX_ASSIGN_OR_RETURN(batch.token_seq, section(token_seq, 2 * lim.max_tokens, {num_tokens}));
-  MX_ASSIGN_OR_RETURN(batch.page_table, section(page_table, 3 * lim.max_tokens, {num_seqs, lim.max_pages_per_seq}));
+  MX_ASSIGN_OR_RETURN(TensorView tables, section(page_tables, 3 * lim.max_tokens,
+                                                 {lim.num_kv_groups * num_seqs, lim.max_pages_per_seq}));
+  batch.num_kv_groups = lim.num_kv_groups;
+  for (int64_t g = 0; g < lim.num_kv_groups; ++g) batch.page_tables[g] = tables.rows(g * num_seqs, (g + 1) * num_seqs);
   MX_ASSIGN_OR_RETURN(batch.logit_rows,
-                      section(logit_rows, 3 * lim.max_tokens + lim.max_seqs * lim.max_pages_per_seq, {num_rows}));
+                      section(logit_rows, 3 * lim.max_tokens + lim.num_kv_groups * lim.max_seqs * lim.max_pages_per_seq,
+                              {num_rows}));
   return batch;
 }
 

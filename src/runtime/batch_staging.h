@@ -16,6 +16,8 @@ struct BatchSequence {
   std::span<const int32_t> pages;   // the sequence's page table row (logical -> physical page)
   bool all_logits = false;          // logits for every token of this step, else only for the last one
   bool no_logits = false;           // a middle chunk of a prefill needs none
+  // One row per layer group, overriding `pages` (which, when this is empty, every group uses).
+  std::span<const std::vector<int32_t>> group_pages = {};
 };
 
 struct BatchLimits {
@@ -23,6 +25,7 @@ struct BatchLimits {
   int64_t max_seqs = 0;
   int64_t max_pages_per_seq = 0;
   int64_t max_logit_rows = 0;
+  int64_t num_kv_groups = 1;  // page tables per batch (KvLayout groups)
 };
 
 class BatchStaging {
@@ -36,7 +39,10 @@ class BatchStaging {
  private:
   Backend* backend_ = nullptr;
   BatchLimits limits_;
-  Buffer device_;                 // token_ids | positions | token_seq | page_table | logit_rows, all i32
+  // token_ids | positions | token_seq | page tables | logit_rows, all i32. A step's page tables are packed
+  // [groups, seqs, max_pages_per_seq], so one copy moves them and a batch of S sequences always finds group
+  // g's table at the same address (graph replays read it there).
+  Buffer device_;
   std::vector<int32_t> host_;     // the same layout on the host
 };
 

@@ -75,7 +75,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   const int64_t rows = config->max_running_requests + config->max_prompt_logit_rows;
   const int64_t max_tokens = config->max_num_batched_tokens;
   const BatchLimits limits{max_tokens, config->max_running_requests,
-                           (config->max_model_len + config->page_size - 1) / config->page_size, rows};
+                           (config->max_model_len + config->page_size - 1) / config->page_size, rows,
+                           model.kv_layout().num_groups()};
   MX_ASSIGN_OR_RETURN(r->staging_, BatchStaging::create(backend, limits));
   MX_ASSIGN_OR_RETURN(r->ws_, model.make_workspace(max_tokens, rows));
   MX_ASSIGN_OR_RETURN(r->logits_device_, backend.allocate(rows * vocab * static_cast<int64_t>(sizeof(float))));
@@ -285,8 +286,11 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     // done above
   } else if (graph && replay_) {
     const BatchView& g = graph->view;
-    if (view.token_ids.data() != g.token_ids.data() || view.page_table.data() != g.page_table.data() ||
-        view.logit_rows.data() != g.logit_rows.data() || view.num_tokens != g.num_tokens)
+    bool same_tables = view.num_kv_groups == g.num_kv_groups;
+    for (int64_t k = 0; same_tables && k < view.num_kv_groups; ++k)
+      same_tables = view.page_tables[k].data() == g.page_tables[k].data();
+    if (view.token_ids.data() != g.token_ids.data() || !same_tables || view.logit_rows.data() != g.logit_rows.data() ||
+        view.num_tokens != g.num_tokens)
       return internal_error("decode step staged away from its graph's buffers");
     MX_RETURN_IF_ERROR(graph->graph->replay());
     ++num_graph_replays_;

@@ -33,7 +33,7 @@ struct OneSequenceBatch {
     view.token_ids = TensorView(ids.data(), DType::kI32, {n});
     view.positions = TensorView(positions.data(), DType::kI32, {n});
     view.token_seq = TensorView(token_seq.data(), DType::kI32, {n});
-    view.page_table = TensorView(pages.data(), DType::kI32, {1, num_pages});
+    view.page_tables[0] = TensorView(pages.data(), DType::kI32, {1, num_pages});
   }
 };
 

@@ -38,10 +38,11 @@ void normalize_row(const float* x, const TensorView& weight, float eps, int64_t 
 
 int64_t cache_offset(const KvLayerView& kv, const BatchView& batch, int64_t seq, int64_t pos, int64_t n_kv,
                      int64_t head_dim) {
-  const int64_t max_pages = batch.page_table.dim(1);
+  const TensorView& table = batch.page_table(kv.group);
+  const int64_t max_pages = table.dim(1);
   const int64_t logical_page = pos / kv.page_size;
   MX_CHECK_LT(logical_page, max_pages);
-  const int64_t page = batch.page_table.ptr<const int32_t>()[seq * max_pages + logical_page];
+  const int64_t page = table.ptr<const int32_t>()[seq * max_pages + logical_page];
   MX_CHECK(page >= 0 && page < kv.k.dim(0)) << "page " << page;
   return ((page * kv.page_size) + pos % kv.page_size) * n_kv * head_dim;
 }

@@ -306,9 +306,10 @@ class CudaBackend final : public Backend {
     p.v = ptr<uint16_t>(kv.v);
     p.positions = ptr<const int32_t>(batch.positions);
     p.token_seq = ptr<const int32_t>(batch.token_seq);
-    p.page_table = ptr<const int32_t>(batch.page_table);
+    const TensorView& table = batch.page_table(kv.group);
+    p.page_table = ptr<const int32_t>(table);
     p.page_size = kv.page_size;
-    p.max_pages = batch.page_table.dim(1);
+    p.max_pages = table.dim(1);
     p.num_pages = kv.k.dim(0);
     return p;
   }
