@@ -243,8 +243,26 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
   return Status::ok();
 }
 
+// A step: stage -> forward (graph replay or eager) -> sample (device op, or logits to the host: prompt
+// logits copied out, then each row sampled). Verification steps and grammar masks enter between these.
 Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
-  const int64_t vocab = model_.dims().vocab_size;
+  MX_ASSIGN_OR_RETURN(const StagedStep step, stage_step(batch));
+  const TensorView logits = logits_device_.view(DType::kF32, {step.view.num_logit_rows, model_.dims().vocab_size});
+  MX_RETURN_IF_ERROR(run_forward(step, logits));
+  // The sample op runs after the graph (next: inside it). Padding rows come last: sampled greedily and
+  // ignored by the op, not copied on the host path.
+  last_sample_seconds_ = 0;
+  if (step.view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, sampled);
+  const int64_t real_rows = step.view.num_logit_rows - step.padding_seqs;
+  if (real_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits.rows(0, real_rows)));
+  const auto sample_start = std::chrono::steady_clock::now();
+  copy_prompt_logits(batch);
+  sample_on_host(batch, sampled);
+  last_sample_seconds_ = seconds_since(sample_start);
+  return Status::ok();
+}
+
+Result<ModelRunner::StagedStep> ModelRunner::stage_step(const ScheduledBatch& batch) {
   seqs_.clear();
   for (const ScheduledEntry& e : batch.entries) {
     const Request& r = *e.request;
@@ -256,85 +274,97 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     s.no_logits = !e.all_logits && !e.sample;
     seqs_.push_back(s);
   }
-  const DecodeGraph* graph = graph_for(batch);
-  const auto real_seqs = static_cast<int64_t>(seqs_.size());
-  if (graph) {
-    add_padding(graph->size);
+  StagedStep step;
+  step.graph = graph_for(batch);
+  if (step.graph) {
+    step.padding_seqs = step.graph->size - static_cast<int64_t>(seqs_.size());
+    add_padding(step.graph->size);
     ++num_padded_steps_;
   }
-  MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
-  if (view.num_logit_rows > max_logit_rows_) return internal_error("step needs more logits rows than allocated");
-  TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, vocab});
-  Status profiled = Status::ok();
-  if (graph && replay_ && profile_capture_) {
-    // A failed profiling capture must not fail the step: report it and replay the engine's own graph.
-    auto once = model_.backend().capture([&] { return forward(view, kv_, logits); });
-    profiled = once.is_ok() ? (*once)->replay() : once.status();  // first launch of a fresh graph: upload costs
-    if (profiled.is_ok()) profiled = (*once)->replay();            // the measured one
-    profile_status_ = profiled;
-    profile_graph_ms_ = 0;
-    auto timer = model_.backend().make_timer(2);
-    if (profiled.is_ok() && timer.is_ok()) {
-      MX_RETURN_IF_ERROR((*timer)->mark(0));
-      MX_RETURN_IF_ERROR(graph->graph->replay());
-      MX_RETURN_IF_ERROR((*timer)->mark(1));
-      MX_ASSIGN_OR_RETURN(auto ms, (*timer)->read(2));
-      profile_graph_ms_ = ms[1];
-    }
-  }
-  if (graph && replay_ && profile_capture_ && profiled.is_ok()) {
-    // done above
-  } else if (graph && replay_) {
-    const BatchView& g = graph->view;
-    bool same_tables = view.num_kv_groups == g.num_kv_groups;
-    for (int64_t k = 0; same_tables && k < view.num_kv_groups; ++k)
-      same_tables = view.page_tables[k].data() == g.page_tables[k].data();
-    if (view.token_ids.data() != g.token_ids.data() || !same_tables || view.logit_rows.data() != g.logit_rows.data() ||
-        view.num_tokens != g.num_tokens)
-      return internal_error("decode step staged away from its graph's buffers");
-    MX_RETURN_IF_ERROR(graph->graph->replay());
-    ++num_graph_replays_;
-  } else {
-    MX_RETURN_IF_ERROR(forward(view, kv_, logits));
-  }
-  // The sample op runs after the graph (next: inside it). Padding rows come last: sampled greedily and
-  // ignored by the op, not copied on the host path.
-  last_sample_seconds_ = 0;
-  if (view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, sampled);
-  const int64_t real_rows = view.num_logit_rows - (static_cast<int64_t>(seqs_.size()) - real_seqs);
-  if (real_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits.rows(0, real_rows)));
+  MX_ASSIGN_OR_RETURN(step.view, staging_.stage(seqs_));
+  if (step.view.num_logit_rows > max_logit_rows_) return internal_error("step needs more logits rows than allocated");
+  return step;
+}
 
-  const auto sample_start = std::chrono::steady_clock::now();
+Status ModelRunner::run_forward(const StagedStep& step, const TensorView& logits) {
+  const DecodeGraph* graph = replay_ ? step.graph : nullptr;
+  if (!graph) return forward(step.view, kv_, logits);
+  if (profile_capture_) {
+    MX_ASSIGN_OR_RETURN(const bool profiled, run_profiled(*graph, step.view, logits));
+    if (profiled) return Status::ok();
+  }
+  const BatchView& view = step.view;
+  const BatchView& g = graph->view;
+  bool same_tables = view.num_kv_groups == g.num_kv_groups;
+  for (int64_t k = 0; same_tables && k < view.num_kv_groups; ++k)
+    same_tables = view.page_tables[k].data() == g.page_tables[k].data();
+  if (view.token_ids.data() != g.token_ids.data() || !same_tables || view.logit_rows.data() != g.logit_rows.data() ||
+      view.num_tokens != g.num_tokens)
+    return internal_error("decode step staged away from its graph's buffers");
+  MX_RETURN_IF_ERROR(graph->graph->replay());
+  ++num_graph_replays_;
+  return Status::ok();
+}
+
+Result<bool> ModelRunner::run_profiled(const DecodeGraph& graph, const BatchView& view, const TensorView& logits) {
+  // A failed profiling capture must not fail the step: report it and replay the engine's own graph.
+  auto once = model_.backend().capture([&] { return forward(view, kv_, logits); });
+  Status profiled = once.is_ok() ? (*once)->replay() : once.status();  // first launch of a fresh graph: upload costs
+  if (profiled.is_ok()) profiled = (*once)->replay();                  // the measured one
+  profile_status_ = profiled;
+  profile_graph_ms_ = 0;
+  if (!profiled.is_ok()) return false;
+  // The engine's own graph between two marks: the baseline of the profiled graph's per-op marks.
+  auto timer = model_.backend().make_timer(2);
+  if (timer.is_ok()) {
+    MX_RETURN_IF_ERROR((*timer)->mark(0));
+    MX_RETURN_IF_ERROR(graph.graph->replay());
+    MX_RETURN_IF_ERROR((*timer)->mark(1));
+    MX_ASSIGN_OR_RETURN(auto ms, (*timer)->read(2));
+    profile_graph_ms_ = ms[1];
+  }
+  return true;
+}
+
+// Rows are positions start .. start + n - 1 of an all_logits entry; the prompt's are kept, once
+// (recomputation repeats them).
+void ModelRunner::copy_prompt_logits(const ScheduledBatch& batch) {
+  const int64_t vocab = model_.dims().vocab_size;
+  int64_t row = 0;
+  for (const ScheduledEntry& e : batch.entries) {
+    Request& r = *e.request;
+    if (!e.all_logits) {
+      row += e.sample ? 1 : 0;
+      continue;
+    }
+    const int64_t first = std::max(e.start, r.prompt_logits_filled);
+    const int64_t last = std::min(e.start + e.num_tokens, r.prompt_len);
+    for (int64_t pos = first; pos < last; ++pos) {
+      const float* src = logits_host_.data() + (row + pos - e.start) * vocab;
+      std::copy(src, src + vocab, r.prompt_logits.begin() + pos * vocab);
+    }
+    r.prompt_logits_filled = std::max(r.prompt_logits_filled, last);
+    row += e.num_tokens;
+  }
+}
+
+void ModelRunner::sample_on_host(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
+  const int64_t vocab = model_.dims().vocab_size;
   sampled->resize(static_cast<size_t>(batch.num_samples));
   int64_t row = 0, k = 0;
   for (const ScheduledEntry& e : batch.entries) {
     Request& r = *e.request;
-    int64_t sample_row = row;
-    if (e.all_logits) {
-      // Rows are positions start .. start + n - 1; keep the prompt's, once (recomputation repeats them).
-      const int64_t first = std::max(e.start, r.prompt_logits_filled);
-      const int64_t last = std::min(e.start + e.num_tokens, r.prompt_len);
-      for (int64_t pos = first; pos < last; ++pos) {
-        const float* src = logits_host_.data() + (row + pos - e.start) * vocab;
-        std::copy(src, src + vocab, r.prompt_logits.begin() + pos * vocab);
-      }
-      r.prompt_logits_filled = std::max(r.prompt_logits_filled, last);
-      row += e.num_tokens;
-      sample_row = row - 1;
-    } else if (e.sample) {
-      ++row;
-    }
+    if (e.all_logits) row += e.num_tokens;
+    else if (e.sample) ++row;
     if (!e.sample) continue;
     const PenaltyContext penalties{std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.prompt_len)),
                                    r.generated()};
-    const float* row_logits = logits_host_.data() + sample_row * vocab;
+    const float* row_logits = logits_host_.data() + (row - 1) * vocab;  // the entry's last row
     SampledToken& out = (*sampled)[static_cast<size_t>(k++)];
     sampler_.sample(row_logits, r.input.sampling, penalties, r.rng, &out);
     const size_t g = static_cast<size_t>(r.num_generated());
     if (g < r.input.forced_tokens.size()) force_token(row_logits, vocab, r.input.forced_tokens[g], r.input.sampling.logprobs, &out);
   }
-  last_sample_seconds_ = seconds_since(sample_start);
-  return Status::ok();
 }
 
 }  // namespace mx

@@ -67,6 +67,22 @@ class ModelRunner {
 
  private:
   struct DecodeGraph;
+  // A step's batch on the device: the view, the graph it replays (null: eager) and its padding sequences.
+  struct StagedStep {
+    BatchView view;
+    const DecodeGraph* graph = nullptr;
+    int64_t padding_seqs = 0;
+  };
+
+  // The steps of execute(), in order.
+  Result<StagedStep> stage_step(const ScheduledBatch& batch);
+  Status run_forward(const StagedStep& step, const TensorView& logits);
+  // Profiling: captures and replays a one-off graph of the step (see set_profile_capture); false when the
+  // capture failed and the engine's own graph should run instead.
+  Result<bool> run_profiled(const DecodeGraph& graph, const BatchView& view, const TensorView& logits);
+  // Host path (logits_host_ holds the step's real rows): prompt logits into their requests, then sampling.
+  void copy_prompt_logits(const ScheduledBatch& batch);
+  void sample_on_host(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
 
   // Steps whose sampled rows need nothing host-only (penalties, top logprobs, prompt logits, forced test
   // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs
