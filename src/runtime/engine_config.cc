@@ -24,6 +24,44 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
+// A group's pool when full groups get `full_pages`: window groups their need, never more than the context.
+std::vector<int64_t> pool_pages(const std::vector<int64_t>& windows, const std::vector<int64_t>& window_pages,
+                                int64_t full_pages) {
+  std::vector<int64_t> pages;
+  for (size_t g = 0; g < windows.size(); ++g)
+    pages.push_back(windows[g] > 0 ? std::min(full_pages, window_pages[g]) : full_pages);
+  return pages;
+}
+
+// The groups of a plan's inputs (one full group of bytes_per_token when none are given).
+struct PlanGroups {
+  std::vector<int64_t> bytes, windows, window_pages;
+};
+PlanGroups plan_groups(const KvMemoryInputs& in) {
+  if (in.group_bytes_per_token.empty()) return PlanGroups{{in.bytes_per_token}, {0}, {0}};
+  return PlanGroups{in.group_bytes_per_token, in.group_windows, in.group_window_pages};
+}
+
+int64_t plan_bytes(const PlanGroups& g, int64_t page_size, int64_t scratch, int64_t full_pages) {
+  const std::vector<int64_t> pages = pool_pages(g.windows, g.window_pages, full_pages);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < pages.size(); ++i) bytes += g.bytes[i] * page_size * (pages[i] + scratch);
+  return bytes;
+}
+
+// The most full-group pages whose pools (plus scratch) fit `budget` bytes; 0 when none.
+int64_t max_full_pages(const PlanGroups& g, int64_t page_size, int64_t scratch, int64_t budget) {
+  int64_t lo = 0, hi = INT32_MAX - 1;  // plan_bytes(lo) <= budget holds or lo stays 0
+  if (plan_bytes(g, page_size, scratch, 1) > budget) return 0;
+  lo = 1;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (plan_bytes(g, page_size, scratch, mid) <= budget) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 }  // namespace
 
 std::vector<int32_t> default_eos_token_ids(const Model& model) {
@@ -52,9 +90,12 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
   c.max_model_len = std::min(wanted, c.model_context_len);
   // On a device the pool is sized by the model runner from measured memory (plan_kv_memory), which then
   // calls set_kv_pool_pages; on the CPU from a fixed budget.
+  const KvLayout& layout = model.kv_layout();
+  c.kv_group_windows.clear();
+  for (const KvLayerSpec& g : layout.groups) c.kv_group_windows.push_back(g.window);
   if (c.num_kv_pages == 0 && model.backend().device() == Device::kCpu) {
-    const int64_t per_page = model.kv_layout().bytes_per_token(model.backend().kv_dtype()) * c.page_size;
-    c.num_kv_pages = std::max<int64_t>(1, c.cpu_kv_cache_bytes / per_page);
+    KvMemoryInputs in = kv_memory_inputs(c, layout, model.backend().kv_dtype());
+    c.num_kv_pages = std::max<int64_t>(1, max_full_pages(plan_groups(in), c.page_size, 0, c.cpu_kv_cache_bytes));
   }
   if (c.num_kv_pages > 0) set_kv_pool_pages(&c, c.num_kv_pages);
   // Resolved to what will happen: a backend that cannot capture (the CPU) runs every step eagerly.
@@ -63,9 +104,38 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
   return c;
 }
 
+int64_t window_group_pages(int64_t window, const EngineConfig& c) {
+  const int64_t P = c.page_size;
+  return c.max_running_requests * ((window - 1 + P - 1) / P + 2) + (c.max_num_batched_tokens + P - 1) / P;
+}
+
+std::vector<int64_t> kv_group_pages(const EngineConfig& c, int64_t full_pages) {
+  const std::vector<int64_t> windows = c.kv_group_windows.empty() ? std::vector<int64_t>{0} : c.kv_group_windows;
+  std::vector<int64_t> window_pages;
+  for (int64_t w : windows) window_pages.push_back(w > 0 ? window_group_pages(w, c) : 0);
+  return pool_pages(windows, window_pages, full_pages);
+}
+
+KvMemoryInputs kv_memory_inputs(const EngineConfig& c, const KvLayout& layout, DType kv_dtype) {
+  KvMemoryInputs in;
+  in.bytes_per_token = layout.bytes_per_token(kv_dtype);
+  in.page_size = c.page_size;
+  in.max_model_len = c.max_model_len;
+  in.mem_fraction = c.mem_fraction;
+  for (int64_t g = 0; g < layout.num_groups(); ++g) {
+    const int64_t w = layout.groups[static_cast<size_t>(g)].window;
+    in.group_bytes_per_token.push_back(layout.group_bytes_per_token(g, kv_dtype));
+    in.group_windows.push_back(w);
+    in.group_window_pages.push_back(w > 0 ? window_group_pages(w, c) : 0);
+  }
+  return in;
+}
+
 void set_kv_pool_pages(EngineConfig* c, int64_t num_pages) {
   c->num_kv_pages = num_pages;
-  // A request must fit in the pool on its own, or preempting everything else could not save it.
+  c->kv_group_pages = kv_group_pages(*c, num_pages);
+  // A request must fit in the pools on its own, or preempting everything else could not save it (window
+  // groups always hold one request's window).
   c->max_model_len = std::min(c->max_model_len, num_pages * c->page_size);
 }
 
@@ -88,7 +158,14 @@ std::string describe_engine_config(const EngineConfig& c) {
     if (!eos.empty()) eos += ',';
     eos += std::to_string(id);
   }
-  return "engine: " + std::to_string(c.num_kv_pages) + " KV pages of " + std::to_string(c.page_size) + " tokens, " +
+  // Window groups' pools, when the model has any: "(window 128: 768 pages)".
+  std::string windows;
+  for (size_t g = 0; g < c.kv_group_windows.size() && g < c.kv_group_pages.size(); ++g)
+    if (c.kv_group_windows[g] > 0)
+      windows += (windows.empty() ? " (" : ", ") + std::string("window ") + std::to_string(c.kv_group_windows[g]) + ": " +
+                 std::to_string(c.kv_group_pages[g]) + " pages";
+  if (!windows.empty()) windows += ")";
+  return "engine: " + std::to_string(c.num_kv_pages) + " KV pages of " + std::to_string(c.page_size) + " tokens" + windows + ", " +
          "max-model-len " + std::to_string(c.max_model_len) + ", max-num-batched-tokens " +
          std::to_string(c.max_num_batched_tokens) + ", max-running-requests " + std::to_string(c.max_running_requests) +
          ", prefix cache " + (c.enable_prefix_cache ? "on" : "off") + ", cuda graphs " +
@@ -98,16 +175,19 @@ std::string describe_engine_config(const EngineConfig& c) {
 Result<KvMemoryPlan> plan_kv_memory(const KvMemoryInputs& in) {
   if (in.bytes_per_token <= 0 || in.page_size <= 0 || in.max_model_len <= 0)
     return invalid_argument("memory plan needs positive bytes per token, page size and context length");
+  const PlanGroups groups = plan_groups(in);
+  if (groups.windows.size() != groups.bytes.size() || groups.window_pages.size() != groups.bytes.size())
+    return invalid_argument("memory plan needs a window and a window page count per layer group");
   const auto budget = static_cast<int64_t>(static_cast<double>(in.device_bytes) * in.mem_fraction);
   KvMemoryPlan plan;
   plan.kv_bytes = budget - in.weights_bytes - in.activation_bytes - in.other_bytes;
-  const int64_t page_bytes = in.bytes_per_token * in.page_size;
-  plan.num_pages = plan.kv_bytes > 0 ? plan.kv_bytes / page_bytes : 0;
+  plan.num_pages = plan.kv_bytes > 0 ? max_full_pages(groups, in.page_size, in.scratch_pages, plan.kv_bytes) : 0;
   if (plan.num_pages < 1)
     return resource_exhausted("no memory left for the KV cache: " + gib(budget) + " allowed (mem-fraction " +
                               std::to_string(in.mem_fraction) + "), weights " + gib(in.weights_bytes) + ", activations " +
                               gib(in.activation_bytes) + ", other " + gib(in.other_bytes));
-  plan.kv_bytes = plan.num_pages * page_bytes;
+  plan.group_pages = pool_pages(groups.windows, groups.window_pages, plan.num_pages);
+  plan.kv_bytes = plan_bytes(groups, in.page_size, 0, plan.num_pages);
   plan.kv_tokens = plan.num_pages * in.page_size;
   const int64_t pages_per_request = (in.max_model_len + in.page_size - 1) / in.page_size;
   plan.full_context_requests = plan.num_pages / pages_per_request;
@@ -117,9 +197,18 @@ Result<KvMemoryPlan> plan_kv_memory(const KvMemoryInputs& in) {
 std::string describe_kv_memory_plan(const KvMemoryInputs& in, const KvMemoryPlan& plan) {
   char head[96];
   std::snprintf(head, sizeof(head), "memory plan: %s x %.2f: weights ", gib(in.device_bytes).c_str(), in.mem_fraction);
+  // Tokens per layer group: the full groups hold the context, window groups only their windows.
+  const PlanGroups groups = plan_groups(in);
+  std::string per_group;
+  for (size_t g = 0; g < plan.group_pages.size() && g < groups.bytes.size(); ++g) {
+    per_group += (g == 0 ? " [" : "; ") + std::string(groups.windows[g] > 0 ? "window " + std::to_string(groups.windows[g]) : "full") +
+                 " layers " + std::to_string(plan.group_pages[g] * in.page_size) + " tokens " +
+                 gib(groups.bytes[g] * in.page_size * plan.group_pages[g]);
+  }
+  if (!per_group.empty()) per_group += "]";
   return head + gib(in.weights_bytes) + ", activations " + gib(in.activation_bytes) + ", other " +
          gib(in.other_bytes) + ", KV " + gib(plan.kv_bytes) + " = " + std::to_string(plan.kv_tokens) + " tokens (" + std::to_string(plan.num_pages) +
-         " pages of " + std::to_string(in.page_size) + "), " + std::to_string(plan.full_context_requests) +
+         " pages of " + std::to_string(in.page_size) + ")" + per_group + ", " + std::to_string(plan.full_context_requests) +
          " requests at full context (" + std::to_string(in.max_model_len) + " tokens)";
 }
 

@@ -8,16 +8,19 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace mx {
 
 class Model;
 class PrefixCacheObserver;
+struct KvLayout;
 
 struct EngineConfig {
   int64_t page_size = 16;               // tokens per KV page
-  int64_t num_kv_pages = 0;             // 0 = from the memory plan
+  int64_t num_kv_pages = 0;             // pages of each full-attention layer group's pool (the context);
+                                        // 0 = from the memory plan
   int64_t cpu_kv_cache_bytes = 256ll << 20;  // CPU backend: KV budget when num_kv_pages is 0
   double mem_fraction = 0.9;            // CUDA: share of device memory for weights + activations + KV
                                         // (graphs come out of the rest, as in SGLang)
@@ -40,7 +43,16 @@ struct EngineConfig {
   // Filled by resolve_engine_config.
   int64_t vocab_size = 0;
   int64_t model_context_len = 0;        // the model's own limit (max_position_embeddings)
+  std::vector<int64_t> kv_group_windows;  // each KV layer group's window (0 = full attention); empty = one full group
+  // Filled by set_kv_pool_pages: each group's pool size (full groups num_kv_pages, sliding-window groups
+  // what their window can need at once: window_group_pages, at most num_kv_pages).
+  std::vector<int64_t> kv_group_pages;
 };
+
+// Pages a sliding-window group needs at most at once: each running request holds the pages its window
+// spans (ceil((window - 1) / P) + 1) plus the page being written, and one step's tokens add at most
+// ceil(tokens / P) more before the window moves past the old ones.
+int64_t window_group_pages(int64_t window, const EngineConfig& config);
 
 // Checks ranges (one clear message per bad field) and fills the auto values from the model.
 Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const Model& model);
@@ -48,9 +60,11 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const Mod
 // One line for the start-up log: every resolved knob.
 std::string describe_engine_config(const EngineConfig& config);
 
-// The KV pool is `num_pages` pages (from --num-kv-pages, the CPU budget or the memory plan): caps
-// max_model_len so that one request always fits the pool alone.
+// Full-attention groups get `num_pages` pages (from --num-kv-pages, the CPU budget or the memory plan),
+// window groups what they need; caps max_model_len so that one request always fits the pools alone.
 void set_kv_pool_pages(EngineConfig* config, int64_t num_pages);
+// Pages of each group's pool when full groups get `full_pages` (kv_group_pages without changing config).
+std::vector<int64_t> kv_group_pages(const EngineConfig& config, int64_t full_pages);
 
 // 1, 2, 4, 8, then steps of 8 to 64, of 16 to 128, of 32 to 512, kept <= max-running-requests and
 // max-num-batched-tokens. Explicit sizes are sorted, deduplicated and capped the same way.
@@ -71,16 +85,27 @@ struct KvMemoryInputs {
   int64_t bytes_per_token = 0;   // KV bytes of one token over all layers (K and V)
   int64_t page_size = 16;
   int64_t max_model_len = 0;
+  // Per KV layer group (empty: one full-attention group of bytes_per_token): the bytes one token takes in
+  // the group's layers, its window (0 = full) and, for window groups, window_group_pages.
+  std::vector<int64_t> group_bytes_per_token;
+  std::vector<int64_t> group_windows;
+  std::vector<int64_t> group_window_pages;
+  int64_t scratch_pages = 0;     // pages every group's pool holds beyond its plan (the graphs' scratch page)
 };
 
 struct KvMemoryPlan {
   int64_t kv_bytes = 0;
-  int64_t num_pages = 0;
-  int64_t kv_tokens = 0;
+  int64_t num_pages = 0;              // of each full-attention group: the context
+  int64_t kv_tokens = 0;              // num_pages x page size
   int64_t full_context_requests = 0;  // requests that fit at max_model_len tokens each
+  std::vector<int64_t> group_pages;   // every group's pool (scratch pages not counted)
 };
 
+// Full-group pages are as many as fit (the most tokens of context): window groups need only their
+// window_group_pages, whatever the context.
 Result<KvMemoryPlan> plan_kv_memory(const KvMemoryInputs& inputs);
+// The plan's inputs that come from the config and the model's KV layout (the rest is measured).
+KvMemoryInputs kv_memory_inputs(const EngineConfig& config, const KvLayout& layout, DType kv_dtype);
 // "memory plan: 139.8 GiB x 0.90: weights 12.8 GiB, activations 1.1 GiB, other 0.6 GiB, KV 52.0 GiB =
 //  1136000 tokens (71000 pages of 16), 8 requests at full context (131072 tokens)"
 std::string describe_kv_memory_plan(const KvMemoryInputs& inputs, const KvMemoryPlan& plan);

@@ -76,7 +76,7 @@ Status EngineCore::add_request(RequestId id, RequestInput input) {
   const int64_t max_len = r->prompt_len + r->max_new_tokens;
   r->tokens.reserve(static_cast<size_t>(max_len));
   r->tokens = input.prompt;
-  r->pages.reserve(static_cast<size_t>((max_len + config_.page_size - 1) / config_.page_size));
+  scheduler_.pools().init_rows((max_len + config_.page_size - 1) / config_.page_size, &r->pages);
   r->rng = Rng(input.sampling.seed);
   if (input.sampling.logprobs) r->logprobs.reserve(static_cast<size_t>(r->max_new_tokens));
   if (input.want_prompt_logits) r->prompt_logits.assign(static_cast<size_t>(r->prompt_len * config_.vocab_size), 0.0f);
@@ -165,10 +165,13 @@ EngineStats EngineCore::stats() const {
   EngineStats s;
   s.num_running = static_cast<int64_t>(scheduler_.running().size());
   s.num_waiting = static_cast<int64_t>(scheduler_.waiting().size());
-  s.num_pages = scheduler_.pool().num_pages();
-  s.pages_used = scheduler_.pool().num_used();
-  s.pages_free = scheduler_.pool().num_free();
-  s.pages_cached = scheduler_.pool().num_cached();
+  const KvPools& pools = scheduler_.pools();
+  const PagePool& context = pools.context_pool();
+  s.num_pages = context.num_pages();
+  s.pages_used = context.num_used();
+  s.pages_free = context.num_free();
+  s.pages_cached = context.num_cached();
+  for (int64_t g = 0; g < pools.num_groups(); ++g) s.group_pages_used.push_back(pools.pool(g).num_used());
   s.scheduler = scheduler_.stats();
   return s;
 }

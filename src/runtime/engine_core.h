@@ -19,10 +19,12 @@ namespace mx {
 struct EngineStats {
   int64_t num_running = 0;
   int64_t num_waiting = 0;
+  // The context's pool (the first full-attention KV layer group's; every full group holds the same pages).
   int64_t num_pages = 0;
   int64_t pages_used = 0;
   int64_t pages_free = 0;
   int64_t pages_cached = 0;
+  std::vector<int64_t> group_pages_used;  // per KV layer group (sliding-window groups hold only their windows)
   SchedulerStats scheduler;
 };
 

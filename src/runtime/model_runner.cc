@@ -92,12 +92,18 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
       config->enable_cuda_graphs && backend.can_capture() ? cuda_graph_batch_sizes(*config) : std::vector<int64_t>{};
   if (plan) MX_RETURN_IF_ERROR(r->plan_kv_pool(before, !sizes.empty(), config));
   r->config_ = *config;
-  // The scratch page sits after the pool's pages: the page pool never hands it out.
-  const int64_t pages = config->num_kv_pages + (sizes.empty() ? 0 : 1);
-  MX_ASSIGN_OR_RETURN(r->kv_, KvCache::allocate(backend, KvCacheShape::uniform(model.kv_layout(), pages, config->page_size)));
-  r->scratch_page_ = {static_cast<int32_t>(config->num_kv_pages)};
+  // Each layer group's pool; with graphs, its scratch page sits after the pool's pages: the page pools never
+  // hand it out.
+  const KvCacheShape shape{model.kv_layout(), config->page_size, config->kv_group_pages};
+  KvCacheShape with_scratch = shape;
+  r->scratch_rows_.clear();
+  for (int64_t& pages : with_scratch.group_pages) {
+    r->scratch_rows_.push_back({static_cast<int32_t>(pages)});
+    pages += sizes.empty() ? 0 : 1;
+  }
+  MX_ASSIGN_OR_RETURN(r->kv_, KvCache::allocate(backend, with_scratch));
   r->startup_.kv_pages = config->num_kv_pages;
-  r->startup_.kv_bytes = KvCacheShape::uniform(model.kv_layout(), config->num_kv_pages, config->page_size).bytes(backend.kv_dtype());
+  r->startup_.kv_bytes = shape.bytes(backend.kv_dtype());
   if (!sizes.empty()) MX_RETURN_IF_ERROR(r->capture_graphs(sizes));
   return r;
 }
@@ -137,19 +143,14 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
     MX_RETURN_IF_ERROR(b.synchronize());
     MX_ASSIGN_OR_RETURN(after, b.memory_info());
   }
-  KvMemoryInputs in;
+  KvMemoryInputs in = kv_memory_inputs(*config, model_.kv_layout(), b.kv_dtype());
+  in.scratch_pages = graphs ? 1 : 0;
   in.device_bytes = before.total_bytes;
   in.weights_bytes = model_.device_weight_bytes();
   in.activation_bytes = std::max<int64_t>(0, before.free_bytes - after.free_bytes - temp_kv_bytes);
   in.other_bytes = std::max<int64_t>(0, before.total_bytes - before.free_bytes - in.weights_bytes);
-  in.mem_fraction = config->mem_fraction;
-  in.bytes_per_token = model_.kv_layout().bytes_per_token(b.kv_dtype());
-  in.page_size = P;
-  in.max_model_len = config->max_model_len;
   MX_ASSIGN_OR_RETURN(KvMemoryPlan plan, plan_kv_memory(in));
-  const int64_t usable = plan.num_pages - (graphs ? 1 : 0);
-  if (usable < 1) return resource_exhausted("no room for the KV cache after the scratch page");
-  set_kv_pool_pages(config, usable);
+  set_kv_pool_pages(config, plan.num_pages);
   startup_.planned = true;
   startup_.memory = in;
   startup_.plan = plan;
@@ -159,7 +160,7 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
 
 void ModelRunner::add_padding(int64_t size) {
   while (static_cast<int64_t>(seqs_.size()) < size)
-    seqs_.push_back({std::span<const int32_t>(&padding_token_, 1), 0, scratch_page_, false, false});
+    seqs_.push_back({std::span<const int32_t>(&padding_token_, 1), 0, {}, false, false, scratch_rows_});
 }
 
 Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
@@ -269,7 +270,7 @@ Result<ModelRunner::StagedStep> ModelRunner::stage_step(const ScheduledBatch& ba
     BatchSequence s;
     s.tokens = std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(e.start), static_cast<size_t>(e.num_tokens));
     s.start_position = e.start;
-    s.pages = r.pages;
+    s.group_pages = r.pages;
     s.all_logits = e.all_logits;
     s.no_logits = !e.all_logits && !e.sample;
     seqs_.push_back(s);

@@ -115,7 +115,7 @@ class ModelRunner {
   std::vector<int32_t> sample_out_host_;
   int64_t sample_op_steps_ = 0;
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // ascending batch size
-  std::vector<int32_t> scratch_page_;                 // {index of the scratch page}
+  std::vector<std::vector<int32_t>> scratch_rows_;    // per layer group: {index of its scratch page}
   int32_t padding_token_ = 0;
   bool replay_ = true;
   bool profile_capture_ = false;

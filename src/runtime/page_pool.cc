@@ -66,15 +66,19 @@ int64_t PagePool::acquire_prefix(std::span<const int32_t> tokens, int64_t max_pa
     auto it = index_.find(key_of(parent, parent_gen, page_tokens));
     if (it == index_.end() || !matches(it->second, parent, parent_gen, page_tokens)) break;
     const int32_t page = it->second;
-    if (refs_[static_cast<size_t>(page)]++ == 0) {
-      list_remove(page);
-      --num_free_;
-    }
+    acquire(page);
     pages->push_back(page);
     parent = page;
     parent_gen = gen_[static_cast<size_t>(page)];
   }
   return matched;
+}
+
+void PagePool::acquire(int32_t page) {
+  if (refs_[static_cast<size_t>(page)]++ == 0) {
+    list_remove(page);
+    --num_free_;
+  }
 }
 
 bool PagePool::allocate(int64_t count, std::vector<int32_t>* pages) {
@@ -95,6 +99,7 @@ bool PagePool::allocate(int64_t count, std::vector<int32_t>* pages) {
 void PagePool::release(std::span<const int32_t> pages) {
   for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
     const int32_t page = *it;
+    if (page == kNoPage) continue;
     int32_t& ref = refs_[static_cast<size_t>(page)];
     MX_CHECK(ref > 0) << "page " << page << " released more often than acquired";
     if (--ref > 0) continue;
@@ -108,27 +113,45 @@ void PagePool::release(std::span<const int32_t> pages) {
   }
 }
 
-void PagePool::register_page(std::span<const int32_t> pages, int64_t index, std::span<const int32_t> page_tokens) {
-  if (!prefix_cache_) return;
+bool PagePool::register_page(std::span<const int32_t> pages, int64_t index, std::span<const int32_t> page_tokens) {
+  if (!prefix_cache_) return false;
   MX_CHECK(static_cast<int64_t>(page_tokens.size()) == page_size_ && index < static_cast<int64_t>(pages.size()));
   const int32_t page = pages[static_cast<size_t>(index)];
-  if (registered_[static_cast<size_t>(page)]) return;  // a prefix hit: already registered
+  if (registered_[static_cast<size_t>(page)]) return true;  // a prefix hit: already registered
   int32_t parent = kNone;
   uint32_t parent_gen = 0;
   if (index > 0) {
     parent = pages[static_cast<size_t>(index - 1)];
-    if (!registered_[static_cast<size_t>(parent)]) return;  // chain broken (its parent was a duplicate)
+    if (!registered_[static_cast<size_t>(parent)]) return false;  // chain broken (its parent was a duplicate)
     parent_gen = gen_[static_cast<size_t>(parent)];
   }
+  if (!store(page, parent, parent_gen, page_tokens)) return false;
+  if (observer_) observer_->on_page_stored(page, parent, page_tokens);
+  return true;
+}
+
+bool PagePool::store(int32_t page, int32_t parent, uint32_t parent_gen, std::span<const int32_t> page_tokens) {
   const uint64_t key = key_of(parent, parent_gen, page_tokens);
-  if (!index_.emplace(key, page).second) return;  // same content already cached (or a hash collision)
+  if (!index_.emplace(key, page).second) return false;  // same content already cached (or a hash collision)
   const auto p = static_cast<size_t>(page);
   registered_[p] = 1;
   key_[p] = key;
   parent_[p] = parent;
   parent_gen_[p] = parent_gen;
   std::copy(page_tokens.begin(), page_tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(p * page_size_));
-  if (observer_) observer_->on_page_stored(page, parent, page_tokens);
+  return true;
+}
+
+void PagePool::register_companion(int32_t page, int32_t anchor_page, uint32_t anchor_gen) {
+  if (!prefix_cache_ || registered_[static_cast<size_t>(page)]) return;
+  store(page, anchor_page, anchor_gen, {});  // no tokens: the anchor page and its generation name the content
+}
+
+int32_t PagePool::find_companion(int32_t anchor_page, uint32_t anchor_gen) const {
+  if (!prefix_cache_) return kNone;
+  auto it = index_.find(key_of(anchor_page, anchor_gen, {}));
+  if (it == index_.end() || !matches(it->second, anchor_page, anchor_gen, {})) return kNone;
+  return it->second;
 }
 
 void PagePool::unregister(int32_t page) {

@@ -1,5 +1,6 @@
-// The KV page pool and the prefix cache over it. Host bookkeeping only: it hands out page numbers of the
-// KvCache (pages of P tokens across every layer's K and V) and never touches device memory.
+// One KV page pool (of one layer group, see kv_pools.h) and the prefix cache over it. Host bookkeeping only:
+// it hands out page numbers of the group's KvCache pool (pages of P tokens across the group's layers' K and
+// V) and never touches device memory.
 //
 // Every page has a reference count: one per page-table row (request) that holds it. A page with no
 // reference is free; free pages sit on one LRU list: never-cached pages at the front (used first), pages
@@ -11,6 +12,9 @@
 // page by page from the root and checks each candidate's tokens and parent exactly, so hash collisions
 // can never alias two different prefixes. Reusing a page bumps its generation, which orphans the
 // registered children of its old content (they are never matched again and get evicted as they age).
+// The pools of the other layer groups cache "companion" pages instead: registered under the anchor pool's
+// page that holds the same tokens and that page's generation, so they are exact too and stay findable when
+// earlier pages of their own group (below a sliding window) are gone.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/status.h"
 
 namespace mx {
@@ -54,14 +59,25 @@ class PagePool {
   // All or nothing: returns false and changes nothing when fewer than `count` pages are free.
   bool allocate(int64_t count, std::vector<int32_t>* pages);
 
-  // Drops one reference on each page. Pages are released last to first so that, of a sequence's cached
-  // pages, its deepest ones are evicted first.
+  // Drops one reference on each page (kNoPage slots are skipped). Pages are released last to first so
+  // that, of a sequence's cached pages, its deepest ones are evicted first.
   void release(std::span<const int32_t> pages);
 
   // Registers page `index` of a page-table row, which now holds the computed keys of `page_tokens`
   // (exactly P tokens), under its parent page (`pages[index - 1]`, or the root). Does nothing when the
-  // parent is not registered or the same content is already registered by another page.
-  void register_page(std::span<const int32_t> pages, int64_t index, std::span<const int32_t> page_tokens);
+  // parent is not registered or the same content is already registered by another page. Returns whether
+  // the page is registered now (newly or from before).
+  bool register_page(std::span<const int32_t> pages, int64_t index, std::span<const int32_t> page_tokens);
+
+  // Companion pages: `page` holds the same tokens as the anchor pool's `anchor_page` while that page has
+  // generation `anchor_gen`. Does nothing when `page` is registered already or the anchor is taken.
+  void register_companion(int32_t page, int32_t anchor_page, uint32_t anchor_gen);
+  // The page registered for (anchor_page, anchor_gen), or kNoPage.
+  int32_t find_companion(int32_t anchor_page, uint32_t anchor_gen) const;
+  // Takes one more reference on a page (a cached one comes off the free list).
+  void acquire(int32_t page);
+  // A page's generation: bumped whenever its content is forgotten.
+  uint32_t generation(int32_t page) const { return gen_[static_cast<size_t>(page)]; }
 
   // Internal consistency against the page tables the caller knows: `expected_refs[p]` is how many rows
   // hold page p. Checks reference counts, the free list, free + used == total, and the cache index.
@@ -75,8 +91,11 @@ class PagePool {
 
  private:
   static constexpr int32_t kNone = -1;
+  static_assert(kNone == kNoPage);
 
   uint64_t key_of(int32_t parent, uint32_t parent_gen, std::span<const int32_t> tokens) const;
+  // Registers `page` under the key; false when the key is taken.
+  bool store(int32_t page, int32_t parent, uint32_t parent_gen, std::span<const int32_t> page_tokens);
   bool matches(int32_t page, int32_t parent, uint32_t parent_gen, std::span<const int32_t> tokens) const;
   void unregister(int32_t page);
   void list_remove(int32_t page);

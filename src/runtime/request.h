@@ -86,7 +86,9 @@ struct Request {
   int64_t prompt_len = 0;
   int64_t max_new_tokens = 0;        // resolved: max_tokens or what the context leaves
   std::vector<int32_t> tokens;       // prompt then generated ids
-  std::vector<int32_t> pages;        // page table: logical page i holds positions [i P, (i + 1) P)
+  // Page tables, one row per KV layer group: logical page i holds positions [i P, (i + 1) P); kNoPage
+  // where a sliding-window group released it (kv_pools.h).
+  std::vector<std::vector<int32_t>> pages;
   int64_t num_computed = 0;          // tokens whose keys/values are in `pages`
   int64_t num_registered_pages = 0;  // leading pages offered to the prefix cache
   bool running = false;

@@ -7,9 +7,21 @@
 
 namespace mx {
 
+namespace {
+
+std::vector<KvGroupPool> group_pools(const EngineConfig& c) {
+  const std::vector<int64_t> pages = c.kv_group_pages.empty() ? kv_group_pages(c, c.num_kv_pages) : c.kv_group_pages;
+  std::vector<KvGroupPool> groups;
+  for (size_t g = 0; g < pages.size(); ++g)
+    groups.push_back({c.kv_group_windows.empty() ? 0 : c.kv_group_windows[g], pages[g]});
+  return groups;
+}
+
+}  // namespace
+
 Scheduler::Scheduler(const EngineConfig& config)
-    : config_(config), pool_(config.num_kv_pages, config.page_size, config.enable_prefix_cache) {
-  pool_.set_observer(config.prefix_cache_observer.get());
+    : config_(config), pools_(group_pools(config), config.page_size, config.enable_prefix_cache) {
+  pools_.set_observer(config.prefix_cache_observer.get());
   batch_.entries.reserve(static_cast<size_t>(config.max_running_requests));
   running_.reserve(static_cast<size_t>(config.max_running_requests));
 }
@@ -52,9 +64,8 @@ const ScheduledBatch& Scheduler::schedule() {
       ++i;
       continue;
     }
-    const int64_t need = pool_.pages_for_tokens(r->num_computed + n) - static_cast<int64_t>(r->pages.size());
     bool self_preempted = false;
-    while (!pool_.allocate(need, &r->pages)) {
+    while (!pools_.allocate(r->num_computed + n, &r->pages)) {
       Request* victim = running_.back();
       preempt(victim);
       preempted = true;
@@ -73,14 +84,12 @@ const ScheduledBatch& Scheduler::schedule() {
     Request* r = waiting_.front();
     int64_t hit = 0;
     if (!r->input.want_prompt_logits)
-      hit = pool_.acquire_prefix(r->tokens, (r->num_tokens() - 1) / config_.page_size, &r->pages);
+      hit = pools_.acquire_prefix(r->tokens, (r->num_tokens() - 1) / config_.page_size, &r->pages);
     r->num_computed = hit * config_.page_size;
     r->num_registered_pages = hit;
     const int64_t n = chunk_size(*r, budget, rows_left);
-    const int64_t need = pool_.pages_for_tokens(r->num_computed + n) - static_cast<int64_t>(r->pages.size());
-    if (n == 0 || !pool_.allocate(need, &r->pages)) {
-      pool_.release(r->pages);
-      r->pages.clear();
+    if (n == 0 || !pools_.allocate(r->num_computed + n, &r->pages)) {
+      pools_.release(&r->pages);
       r->num_computed = 0;
       r->num_registered_pages = 0;
       break;
@@ -107,8 +116,7 @@ const ScheduledBatch& Scheduler::schedule() {
 void Scheduler::preempt(Request* r) {
   MX_CHECK(!running_.empty() && running_.back() == r) << "only the newest running request is preempted";
   running_.pop_back();
-  pool_.release(r->pages);
-  r->pages.clear();
+  pools_.release(&r->pages);
   r->num_computed = 0;
   r->num_registered_pages = 0;
   r->running = false;
@@ -119,21 +127,16 @@ void Scheduler::preempt(Request* r) {
 }
 
 void Scheduler::register_full_pages(Request* r) {
-  if (!pool_.prefix_cache_enabled()) return;
+  if (!pools_.prefix_cache_enabled()) return;
   const int64_t full = r->num_computed / config_.page_size;
-  for (int64_t i = r->num_registered_pages; i < full; ++i) {
-    auto tokens = std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(i * config_.page_size),
-                                                              static_cast<size_t>(config_.page_size));
-    pool_.register_page(r->pages, i, tokens);
-  }
+  pools_.register_pages(r->pages, r->tokens, r->num_registered_pages, full);
   r->num_registered_pages = std::max(r->num_registered_pages, full);
 }
 
 void Scheduler::finish(Request* r, FinishReason reason) {
   r->finish = reason;
   if (r->has_matcher) r->stop_matcher.finish();
-  pool_.release(r->pages);
-  r->pages.clear();
+  pools_.release(&r->pages);
   r->running = false;
   r->touched = true;
   ++stats_.finished;
@@ -167,6 +170,9 @@ void Scheduler::update(const ScheduledBatch& batch, std::span<const SampledToken
     Request* r = e.request;
     r->num_computed += e.num_tokens;
     register_full_pages(r);
+    // The next query is at num_computed: window groups let go of what it cannot see (after registering,
+    // so the released pages stay cached).
+    pools_.release_below_window(r->num_computed, &r->pages);
     if (e.sample) {
       MX_CHECK(k < sampled.size()) << "fewer sampled tokens than sampling entries";
       append_token(r, sampled[k++]);
@@ -214,25 +220,34 @@ void Scheduler::take_touched(std::vector<Request*>* out) {
 }
 
 Status Scheduler::check_invariants() const {
-  std::vector<int32_t> refs(static_cast<size_t>(pool_.num_pages()), 0);
   if (static_cast<int64_t>(running_.size()) > config_.max_running_requests)
     return internal_error("more running requests than max_running_requests");
+  std::vector<const PageRows*> rows;
   for (const Request* r : running_) {
-    if (!r->running || r->finish != FinishReason::kNone) return internal_error("request " + std::to_string(r->id) + " is listed as running but is not");
-    if (pool_.pages_for_tokens(r->num_computed) > static_cast<int64_t>(r->pages.size()))
-      return internal_error("request " + std::to_string(r->id) + " computed tokens beyond its pages");
-    if (static_cast<int64_t>(r->pages.size()) > pool_.pages_for_tokens(r->num_tokens()))
-      return internal_error("request " + std::to_string(r->id) + " holds more pages than its tokens need");
-    for (int32_t p : r->pages) {
-      if (p < 0 || p >= pool_.num_pages()) return internal_error("page number out of range");
-      ++refs[static_cast<size_t>(p)];
+    const std::string id = "request " + std::to_string(r->id);
+    if (!r->running || r->finish != FinishReason::kNone) return internal_error(id + " is listed as running but is not");
+    if (static_cast<int64_t>(r->pages.size()) != pools_.num_groups()) return internal_error(id + " lacks page-table rows");
+    for (int64_t g = 0; g < pools_.num_groups(); ++g) {
+      const std::vector<int32_t>& row = r->pages[static_cast<size_t>(g)];
+      if (pools_.pages_for_tokens(r->num_computed) > static_cast<int64_t>(row.size()))
+        return internal_error(id + " computed tokens beyond its pages");
+      if (static_cast<int64_t>(row.size()) > pools_.pages_for_tokens(r->num_tokens()))
+        return internal_error(id + " holds more pages than its tokens need");
+      const int64_t lo = pools_.first_needed_page(g, r->num_computed);
+      for (int64_t i = 0; i < static_cast<int64_t>(row.size()); ++i)
+        if ((row[static_cast<size_t>(i)] == kNoPage) != (i < lo))
+          return internal_error(id + " layer group " + std::to_string(g) + " page " + std::to_string(i) +
+                                (i < lo ? " is held below the window" : " is missing"));
     }
+    rows.push_back(&r->pages);
   }
   for (const Request* r : waiting_) {
-    if (r->running || r->finish != FinishReason::kNone || !r->pages.empty() || r->num_computed != 0)
+    bool holds = false;
+    for (const auto& row : r->pages) holds |= !row.empty();
+    if (r->running || r->finish != FinishReason::kNone || holds || r->num_computed != 0)
       return internal_error("waiting request " + std::to_string(r->id) + " holds pages or progress");
   }
-  return pool_.check(refs);
+  return pools_.check(rows);
 }
 
 }  // namespace mx

@@ -1,6 +1,7 @@
 // The scheduler: decides which tokens of which requests run in the next forward pass, owns the page
-// tables (through the PagePool) and applies each step's sampled tokens (stop checks, finishing, freeing).
-// It never touches device memory and never sees logits.
+// tables (through the KvPools, one pool per KV layer group) and applies each step's sampled tokens (stop
+// checks, finishing, freeing; sliding-window groups release the pages their window left behind). It never
+// touches device memory and never sees logits.
 //
 // Policy, per step, under a token budget (max_num_batched_tokens):
 //  1. Running requests, oldest admission first, each gets min(tokens left to compute, budget left): one
@@ -21,7 +22,7 @@
 #include <vector>
 
 #include "runtime/engine_config.h"
-#include "runtime/page_pool.h"
+#include "runtime/kv_pools.h"
 #include "runtime/request.h"
 
 namespace mx {
@@ -74,16 +75,16 @@ class Scheduler {
   // ones have left the scheduler and hold no pages.
   void take_touched(std::vector<Request*>* out);
 
-  const PagePool& pool() const { return pool_; }
-  PagePool& pool() { return pool_; }
+  const KvPools& pools() const { return pools_; }
   const std::vector<Request*>& running() const { return running_; }
   const std::deque<Request*>& waiting() const { return waiting_; }
   const SchedulerStats& stats() const { return stats_; }
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
 
-  // Every invariant the scheduler and pool promise: reference counts equal page-table references, free +
+  // Every invariant the scheduler and pools promise: reference counts equal page-table references, free +
   // used == total, waiting requests hold no pages, running ones hold exactly the pages their computed
-  // tokens need (or more for a chunk in flight), running <= max_running_requests.
+  // tokens need (or more for a chunk in flight) and, in window groups, none below their window, running <=
+  // max_running_requests.
   Status check_invariants() const;
 
  private:
@@ -96,7 +97,7 @@ class Scheduler {
   void register_full_pages(Request* r);
 
   const EngineConfig& config_;
-  PagePool pool_;
+  KvPools pools_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   ScheduledBatch batch_;

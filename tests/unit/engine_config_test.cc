@@ -57,6 +57,45 @@ TEST(EngineConfig, MemoryPlan) {
   EXPECT_EQ(plan_kv_memory(in).status().code(), StatusCode::kResourceExhausted);
 }
 
+// gpt-oss-120b on an 80 GB H100: 18 sliding layers (window 128) and 18 full layers. Pools per layer group give
+// the full layers nearly all the KV memory: about twice the tokens of one pool for all 36 layers.
+TEST(EngineConfig, MemoryPlanGivesWindowGroupsOnlyTheirWindows) {
+  EngineConfig c;
+  c.max_running_requests = 64;
+  c.max_num_batched_tokens = 2048;
+  const int64_t per_group = 18 * 2 * 8 * 64 * 2;
+  KvMemoryInputs in;
+  in.device_bytes = 81559ll << 20;
+  in.weights_bytes = 61ll << 30;
+  in.activation_bytes = 1ll << 30;
+  in.other_bytes = 1ll << 29;
+  in.bytes_per_token = 2 * per_group;
+  in.page_size = 16;
+  in.max_model_len = 131072;
+  auto one_pool = plan_kv_memory(in);
+  ASSERT_TRUE(one_pool.is_ok());
+  in.group_bytes_per_token = {per_group, per_group};
+  in.group_windows = {128, 0};
+  in.group_window_pages = {window_group_pages(128, c), 0};
+  EXPECT_EQ(in.group_window_pages[0], 64 * (8 + 2) + 128);
+  in.scratch_pages = 1;
+  auto grouped = plan_kv_memory(in);
+  ASSERT_TRUE(grouped.is_ok());
+  EXPECT_EQ(grouped->group_pages, (std::vector<int64_t>{768, grouped->num_pages}));
+  EXPECT_GT(grouped->kv_tokens, 19 * one_pool->kv_tokens / 10);
+  // Within the budget, and one more full page would not fit.
+  const int64_t kv = static_cast<int64_t>(0.9 * static_cast<double>(in.device_bytes)) - in.weights_bytes -
+                     in.activation_bytes - in.other_bytes;
+  EXPECT_LE(per_group * 16 * (769 + grouped->num_pages + 1), kv);
+  EXPECT_GT(per_group * 16 * (769 + grouped->num_pages + 2), kv);
+  const std::string text = describe_kv_memory_plan(in, *grouped);
+  EXPECT_NE(text.find("window 128 layers 12288 tokens"), std::string::npos) << text;
+  EXPECT_NE(text.find("full layers " + std::to_string(grouped->kv_tokens) + " tokens"), std::string::npos) << text;
+  // A context pool smaller than a window's need gives the window group no more than the context.
+  EXPECT_EQ(kv_group_pages([&] { EngineConfig e = c; e.kv_group_windows = {128, 0}; return e; }(), 100),
+            (std::vector<int64_t>{100, 100}));
+}
+
 TEST(GenerateCliEngine, EngineFlagsKeepTheGreedyTokens) {
   const auto& fx = test::fixture_model("tiny-gpt-oss");
   test::TempDir dir;
