@@ -201,9 +201,8 @@ void bench_moe(bool variants) {
     const double touched = make_routings(T, routings, &ids, &weights);
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
     for (const Variant& v : list) {
-      set_cuda_moe_path(v.path);
       const int only = v.only_gemm;
-      set_cuda_moe_decode_tuning(v.k_tiles, v.depth, v.pdl, only);
+      CHECK_OK(set_cuda_moe_options(*g_b, {v.path, 0, v.k_tiles, v.depth, v.pdl, only}));
       const double us = time_graph(24, [&](int i) {
         MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
         return g_b->moe_experts(p);
@@ -213,8 +212,7 @@ void bench_moe(bool variants) {
              std::to_string(static_cast<int>(touched + 0.5)) + " experts touched, " +
                  std::to_string(static_cast<int>(bytes / 1e6)) + " MB");
     }
-    set_cuda_moe_path(CudaMoePath::kAuto);
-    set_cuda_moe_decode_tuning(0);
+    CHECK_OK(set_cuda_moe_options(*g_b, {}));
   }
 }
 
@@ -245,7 +243,7 @@ void bench_moe_prefill() {
                              Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
                              Variant{CudaMoePath::kGrouped, 64, "wgmma/64"}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128"},
                              Variant{CudaMoePath::kAuto, 0, "auto"}}) {
-      set_cuda_moe_path(v.path, v.tile);
+      CHECK_OK(set_cuda_moe_options(*g_b, {v.path, v.tile}));
       // About 20 ms of work per graph.
       const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
       const double us = time_graph(n, [&](int i) {
@@ -257,7 +255,7 @@ void bench_moe_prefill() {
                     static_cast<double>(T * k) / E);
       report("moe prefill T=" + std::to_string(T) + " " + v.label, us, 0, flops, note);
     }
-    set_cuda_moe_path(CudaMoePath::kAuto);
+    CHECK_OK(set_cuda_moe_options(*g_b, {}));
   }
   std::vector<TensorView> w;
   for (int c = 0; c < 4; ++c) w.push_back(random_bf16({2 * I, H}, 0.02f));
@@ -361,7 +359,7 @@ void bench_linear_skinny() {
         variants.push_back({" skinny k/4", 16, 4, 0});
       }
       for (const Variant& v : variants) {
-        set_cuda_skinny_linear_tuning(v.max_rows, v.k_splits, v.chunks);
+        CHECK_OK(set_cuda_skinny_linear_options(*g_b, {v.max_rows, v.k_splits, v.chunks}));
         auto op = [&](int i) { return g_b->linear(x, w[i % s.copies], bias, out); };
         CHECK_OK(op(0));  // sizes the k-split scratch outside the graph
         const double us = time_graph(head ? 10 : 40, op);
@@ -370,7 +368,7 @@ void bench_linear_skinny() {
         std::snprintf(note, sizeof note, "%.0f GB/s", bytes / us / 1e3);
         report(std::string(s.name) + " M=" + std::to_string(m) + v.name, us, bytes, 2.0 * m * s.n * s.k, note);
       }
-      set_cuda_skinny_linear_tuning(-1);
+      CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
     }
   }
 }

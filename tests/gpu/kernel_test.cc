@@ -90,7 +90,7 @@ TEST_F(KernelTest, Linear) {
   struct Case {
     int64_t m, n, k;
     bool bias, f32;
-    int skinny_max_rows = 16;  // set_cuda_skinny_linear_tuning: 16 forces the skinny kernel, 0 cuBLASLt
+    int skinny_max_rows = 16;  // skinny_linear max_rows: 16 forces the skinny kernel, 0 cuBLASLt
     int k_splits = 0;          // > 0 forces the skinny kernel's k split
     int chunks = 0;            // 8: the 8-chunk variant with one token tile
   };
@@ -103,7 +103,7 @@ TEST_F(KernelTest, Linear) {
                         Case{13, 35, 24, true, true}, Case{2, 5120, 2880, true, false, 0}, Case{16, 77, 328, true, true, 0},
                         Case{5, 300, 2888, true, true, 16, 8}, Case{12, 2880, 4096, true, false, 16, 3},
                         Case{3, 5120, 2880, true, false, 16, 0, 8}, Case{6, 203, 1000, false, true, 16, 2, 8}}) {
-    set_cuda_skinny_linear_tuning(c.skinny_max_rows, c.k_splits, c.chunks);
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {c.skinny_max_rows, c.k_splits, c.chunks}).is_ok());
     Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
     Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
     TensorView w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()),
@@ -117,7 +117,7 @@ TEST_F(KernelTest, Linear) {
     ASSERT_TRUE(cpu_backend().linear(px.cpu, w_c, b_c, o_c).is_ok());
     ASSERT_TRUE(cuda_backend().linear(px.cuda, w_g, b_g, o_g).is_ok());
     const bool skinny = cuda::use_skinny_linear(c.m, c.k, c.skinny_max_rows);
-    set_cuda_skinny_linear_tuning(-1);
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
     check("linear", shape_str({c.m, c.n, c.k}) + (c.bias ? " bias" : "") + (c.f32 ? " f32-out" : " bf16-out") +
                         (skinny ? " skinny" : " cublaslt") +
                         (c.k_splits ? " k-splits " + std::to_string(c.k_splits) : std::string()) +
@@ -134,7 +134,7 @@ TEST_F(KernelTest, SkinnyLinearRowsAreBatchIndependent) {
   TensorView w_g = cuda_.upload(DType::kBF16, {n, k}, w.bits.data()), b_g = cuda_.upload(DType::kBF16, {n}, b.bits.data());
   TensorView x_g = cuda_.upload(DType::kBF16, {m, k}, x.bits.data());
   TensorView all = cuda_.make(DType::kBF16, {m, n});
-  set_cuda_skinny_linear_tuning(16);
+  ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {16}).is_ok());
   ASSERT_TRUE(cuda_backend().linear(x_g, w_g, b_g, all).is_ok());
   const std::vector<float> all_h = cuda_.download_f32(all);
   for (int64_t rows : {1, 5, 8}) {
@@ -144,7 +144,7 @@ TEST_F(KernelTest, SkinnyLinearRowsAreBatchIndependent) {
     const std::vector<float> want(all_h.begin(), all_h.begin() + rows * n);
     check("skinny linear batch independence", std::to_string(rows) + " of 16 rows", part_h, want, 0.0);
   }
-  set_cuda_skinny_linear_tuning(-1);
+  ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
 }
 
 // Builds the same batch and paged cache on both backends.
@@ -419,11 +419,9 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   for (int tile : grouped_tiles) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
-    set_cuda_moe_path(path, tile);
-    set_cuda_moe_decode_tuning(decode_k_tiles, decode_depth, decode_pdl);
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {path, tile, decode_k_tiles, decode_depth, decode_pdl}).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
-    set_cuda_moe_path(CudaMoePath::kAuto);
-    set_cuda_moe_decode_tuning(0);
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     std::string variant;
     if (decode_k_tiles != 0 || decode_depth != 0 || !decode_pdl)
@@ -477,7 +475,7 @@ void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase&
   std::vector<float> weights;
   make_routing(rng, c, &ids, &weights);
   Bf16Data x = random_bf16(rng, c.T * c.H, 1.0f);
-  set_cuda_moe_path(path);
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {path}).is_ok());
   std::vector<uint8_t> full;
   std::vector<int64_t> counts = {c.T};
   counts.insert(counts.end(), alone.begin(), alone.end());
@@ -497,7 +495,7 @@ void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase&
     record("moe_experts", label + ": " + what, same ? 0 : 1, 0, 0, same);
     EXPECT_TRUE(same) << T;
   }
-  set_cuda_moe_path(CudaMoePath::kAuto);
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
 }
 
 // A token's decode output does not depend on the rest of the batch: the k split is fixed by the shape, the
@@ -555,11 +553,11 @@ TEST_F(KernelTest, MoeGroupedGraphReplay) {
   TensorView xg = cuda_.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
   TensorView id = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
   TensorView eager = cuda_.make(DType::kBF16, {c.T, c.H}), replayed = cuda_.make(DType::kBF16, {c.T, c.H});
-  set_cuda_moe_path(CudaMoePath::kGrouped);
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {CudaMoePath::kGrouped}).is_ok());
   ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, eager, c.k, 7.0f, 1.702f}).is_ok());
   auto graph = cuda_backend().capture(
       [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, replayed, c.k, 7.0f, 1.702f}); });
-  set_cuda_moe_path(CudaMoePath::kAuto);
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
   ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
   ASSERT_TRUE((*graph)->replay().is_ok());
   const std::vector<uint8_t> a = cuda_.download_bytes(eager), b = cuda_.download_bytes(replayed);

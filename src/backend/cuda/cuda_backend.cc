@@ -1,7 +1,6 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -24,15 +23,6 @@ constexpr int64_t kFusedRouterMaxTokens = 32;
 
 void free_device(void* p) { cudaFree(p); }
 
-std::atomic<CudaMoePath> g_moe_path{CudaMoePath::kAuto};
-std::atomic<int> g_moe_grouped_tile{0};
-std::atomic<int> g_moe_decode_k_tiles{0};
-std::atomic<int> g_moe_decode_depth{0};
-std::atomic<bool> g_moe_decode_pdl{true};
-std::atomic<int> g_moe_decode_only_gemm{0};
-std::atomic<int> g_skinny_linear_max_rows{-1};
-std::atomic<int> g_skinny_linear_k_splits{0};
-std::atomic<int> g_skinny_linear_chunks{0};
 
 template <typename T>
 T* ptr(const TensorView& t) {
@@ -109,9 +99,10 @@ struct Scratch {
 
 class CudaBackend final : public Backend {
  public:
-  static Result<std::unique_ptr<Backend>> create(int device) {
+  static Result<std::unique_ptr<Backend>> create(int device, const CudaBackendOptions& options) {
     MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
+    b->options_ = options;
     MX_ASSIGN_OR_RETURN(b->dev_, query_device_info(device));
     cudaStream_t s = nullptr;
     MX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -122,6 +113,8 @@ class CudaBackend final : public Backend {
                  << b->dev_.sm_count << " SMs, " << b->dev_.max_smem_per_block_optin << " B smem/block)";
     return std::unique_ptr<Backend>(std::move(b));
   }
+
+  CudaBackendOptions& options() { return options_; }
 
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
@@ -273,10 +266,11 @@ class CudaBackend final : public Backend {
     if (m == 0) return Status::ok();
     const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(weight.data()) % 16 == 0;
-    const int max_rows = g_skinny_linear_max_rows.load();  // > 0: forced, whatever the waves
+    const CudaSkinnyLinearOptions& so = options_.skinny_linear;
+    const int max_rows = so.max_rows;  // > 0: forced, whatever the waves
     if (aligned && use_skinny_linear(m, k, max_rows) && (max_rows > 0 || skinny_linear_one_wave(dev_, n))) {
       const SkinnyLinearConfig c =
-          choose_skinny_linear_config(dev_, m, n, k, g_skinny_linear_k_splits.load(), g_skinny_linear_chunks.load());
+          choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight);
       SkinnyLinearParams s;
       s.x = ptr<const uint16_t>(x);
       s.w = ptr<const uint16_t>(weight);
@@ -396,19 +390,19 @@ class CudaBackend final : public Backend {
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     if (T == 0) return Status::ok();
     const int64_t slots = T * k;
-    const CudaMoePath path = g_moe_path.load();
+    const CudaMoePath path = options_.moe.path;
     const bool grouped = path == CudaMoePath::kGrouped || path == CudaMoePath::kGroupedMmaSync ||
                          (path == CudaMoePath::kAuto && use_grouped_moe(slots, E));
     if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))
       return moe_experts_decode(p);
     if (grouped && path != CudaMoePath::kGroupedMmaSync) {
-      const MoeWgmmaConfig cw = choose_moe_wgmma_config(dev_, slots, E, g_moe_grouped_tile.load());
+      const MoeWgmmaConfig cw = choose_moe_wgmma_config(dev_, slots, E, options_.moe.grouped_tile_tokens);
       if (cw.enabled) return moe_experts_wgmma(p, cw);
     }
     const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
     const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
     MoeGroupedConfig cg = choose_moe_grouped_config(dev_, slots, E);
-    if (const int tile = g_moe_grouped_tile.load(); tile != 0 && tile != cg.tile_tokens)
+    if (const int tile = options_.moe.grouped_tile_tokens; tile != 0 && tile != cg.tile_tokens)
       cg = choose_moe_grouped_config(dev_, tile == 64 ? E : 128 * E, E);  // a routing that picks `tile`
     if (grouped ? !fits(dev_, cg.smem_bytes, cg.stages) : (!fits(dev_, c1.smem_bytes, 1) || !fits(dev_, c2.smem_bytes, 1)))
       return internal_error("MoE config does not fit");
@@ -462,10 +456,10 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k;
-    MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, g_moe_decode_k_tiles.load(), g_moe_decode_depth.load());
-    MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, g_moe_decode_k_tiles.load(), g_moe_decode_depth.load());
-    c1.pdl = c1.pdl && g_moe_decode_pdl.load();
-    c2.pdl = c2.pdl && g_moe_decode_pdl.load();
+    MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, options_.moe.decode_k_tiles_per_warp, options_.moe.decode_depth);
+    MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, options_.moe.decode_k_tiles_per_warp, options_.moe.decode_depth);
+    c1.pdl = c1.pdl && options_.moe.decode_pdl;
+    c2.pdl = c2.pdl && options_.moe.decode_pdl;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
     const bool self_routed = use_fused_moe_routing(slots);
@@ -484,7 +478,7 @@ class CudaBackend final : public Backend {
     f1.topk_ids = self_routed ? ptr<const int32_t>(p.topk_ids) : nullptr;
     f1.slots = slots;
     f1.experts = E;
-    const int only = g_moe_decode_only_gemm.load();  // benchmarks only
+    const int only = options_.moe.decode_only_gemm;  // benchmarks only
     if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, stream_.get()));
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
@@ -635,6 +629,7 @@ class CudaBackend final : public Backend {
   }
 
   DeviceInfo dev_;
+  CudaBackendOptions options_;
   CudaStream stream_;
   std::unique_ptr<LtLinear> lt_;
   Scratch scratch_;
@@ -643,24 +638,30 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return CudaBackend::create(device); }
-
-void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens) {
-  g_moe_path.store(path);
-  g_moe_grouped_tile.store(grouped_tile_tokens);
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options) {
+  return CudaBackend::create(device, options);
 }
 
-void set_cuda_skinny_linear_tuning(int max_rows, int k_splits, int chunks_in_flight) {
-  g_skinny_linear_max_rows.store(max_rows);
-  g_skinny_linear_k_splits.store(k_splits);
-  g_skinny_linear_chunks.store(chunks_in_flight);
+namespace {
+
+Result<CudaBackendOptions*> cuda_options_of(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda) return invalid_argument("CUDA kernel options are for the CUDA backend, not " + backend.name());
+  return &cuda->options();
 }
 
-void set_cuda_moe_decode_tuning(int k_tiles_per_warp, int depth, bool pdl, int only_gemm) {
-  g_moe_decode_k_tiles.store(k_tiles_per_warp);
-  g_moe_decode_depth.store(depth);
-  g_moe_decode_pdl.store(pdl);
-  g_moe_decode_only_gemm.store(only_gemm);
+}  // namespace
+
+Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->moe = moe;
+  return Status::ok();
+}
+
+Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->skinny_linear = skinny;
+  return Status::ok();
 }
 
 }  // namespace mx

@@ -10,25 +10,47 @@
 
 namespace mx {
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
-
 // Which MXFP4 expert GEMMs moe_experts runs: by tokens per expert (kAuto, kernel_configs.h), or forced
-// (tests and benchmarks compare both paths on the same shapes); `grouped_tile_tokens` (64 or 128, 0 =
-// by tokens per expert) forces the grouped kernel's tile. Process-wide.
+// (tests and benchmarks compare both paths on the same shapes).
 // kDecode: the ring decode GEMMs (moe_decode.cu; kAuto uses them at one token); kDecodeV1: the first
 // decode kernels (moe.cu, routing + 2 GEMMs + combine; kAuto's choice from two tokens to the grouped
 // threshold). kGrouped: the grouped GEMM, on wgmma where the device has it (sm_90, moe_wgmma.cu, also
 // kAuto's choice there), else on mma.sync (moe_grouped.cu); kGroupedMmaSync: always the mma.sync one.
 enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1, kGroupedMmaSync };
-void set_cuda_moe_path(CudaMoePath path, int grouped_tile_tokens = 0);
-// Benchmark knobs of the decode GEMMs (0 = kernel_configs.h's choice): target k tiles per warp (sets the
-// k split), ring depth (4, 6 or 8), whether the second GEMM is a programmatic dependent of the first, and
-// `only_gemm` (1 or 2: launch just that GEMM, to time it alone; the output is then garbage). Process-wide.
-void set_cuda_moe_decode_tuning(int k_tiles_per_warp, int depth = 0, bool pdl = true, int only_gemm = 0);
+
+// A CUDA backend's MoE choices; the defaults are what serving uses. Tests and benchmarks force the rest.
+struct CudaMoeOptions {
+  CudaMoePath path = CudaMoePath::kAuto;
+  int grouped_tile_tokens = 0;  // 64 or 128 forces the grouped kernel's tile; 0 = by tokens per expert
+  // Decode GEMM knobs (0 = kernel_configs.h's choice): target k tiles per warp (sets the k split), ring
+  // depth (4, 6 or 8), whether the second GEMM is a programmatic dependent of the first, and `only_gemm`
+  // (1 or 2: launch just that GEMM, to time it alone; the output is then garbage).
+  int decode_k_tiles_per_warp = 0;
+  int decode_depth = 0;
+  bool decode_pdl = true;
+  int decode_only_gemm = 0;
+};
+
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to
 // kSkinnyLinearMaxRows rows where skinny_linear_one_wave (kernel_configs.h); > 0 = every linear of up
 // to that many rows (capped at kSkinnyLinearMaxRows); 0 = none (tests and benchmarks compare the two).
-// `k_splits`, `chunks_in_flight` > 0 force those config fields (benchmarks). Process-wide.
-void set_cuda_skinny_linear_tuning(int max_rows, int k_splits = 0, int chunks_in_flight = 0);
+// `k_splits`, `chunks_in_flight` > 0 force those config fields (benchmarks).
+struct CudaSkinnyLinearOptions {
+  int max_rows = -1;
+  int k_splits = 0;
+  int chunks_in_flight = 0;
+};
+
+// Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.
+struct CudaBackendOptions {
+  CudaMoeOptions moe;
+  CudaSkinnyLinearOptions skinny_linear;
+};
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options = {});
+// Replace a CUDA backend's choices between ops (tests and benchmarks compare paths on one backend).
+// Not a CUDA backend: an error.
+Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe);
+Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny);
 
 }  // namespace mx
