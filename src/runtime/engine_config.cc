@@ -73,6 +73,13 @@ std::vector<int32_t> default_eos_token_ids(const Model& model) {
 
 Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& model) {
   EngineConfig c = in;
+  const bool on_cpu = model.backend().device() == Device::kCpu;
+  if (c.max_num_batched_tokens == 0) c.max_num_batched_tokens = on_cpu ? kAutoBatchedTokensCpu : kAutoBatchedTokensDevice;
+  // A device sizes the batch from the KV pool, once it is known: until then, buffers for the most it can get.
+  if (c.max_running_requests == 0) {
+    c.max_running_requests = on_cpu ? kAutoRunningRequestsCpu : kAutoMaxRunningRequests;
+    c.auto_max_running_requests = !on_cpu;
+  }
   MX_RETURN_IF_ERROR(check_range("page size", c.page_size, 1, 4096));
   MX_RETURN_IF_ERROR(check_range("max-num-batched-tokens", c.max_num_batched_tokens, 1, 1 << 20));
   MX_RETURN_IF_ERROR(check_range("max-running-requests", c.max_running_requests, 1, 1 << 16));
@@ -93,9 +100,11 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
   const KvLayout& layout = model.kv_layout();
   c.kv_group_windows.clear();
   for (const KvLayerSpec& g : layout.groups) c.kv_group_windows.push_back(g.window);
-  if (c.num_kv_pages == 0 && model.backend().device() == Device::kCpu) {
+  if (c.num_kv_pages == 0 && on_cpu) {
     KvMemoryInputs in = kv_memory_inputs(c, layout, model.backend().kv_dtype());
     c.num_kv_pages = std::max<int64_t>(1, max_full_pages(plan_groups(in), c.page_size, 0, c.cpu_kv_cache_bytes));
+  } else if (c.num_kv_pages > 0 && c.auto_max_running_requests) {
+    c.max_running_requests = auto_max_running_requests(c.num_kv_pages, c.page_size);
   }
   if (c.num_kv_pages > 0) set_kv_pool_pages(&c, c.num_kv_pages);
   // Resolved to what will happen: a backend that cannot capture (the CPU) runs every step eagerly.
@@ -139,12 +148,46 @@ void set_kv_pool_pages(EngineConfig* c, int64_t num_pages) {
   c->max_model_len = std::min(c->max_model_len, num_pages * c->page_size);
 }
 
+namespace {
+
+std::vector<int64_t> default_graph_batch_sizes() {
+  std::vector<int64_t> sizes = {1, 2, 4};
+  for (int64_t b = 8; b <= 512; b += b < 64 ? 8 : (b < 128 ? 16 : 32)) sizes.push_back(b);
+  return sizes;
+}
+
+// Default graph buckets up to kAutoMaxRunningRequests, largest first, ending at 1.
+std::vector<int64_t> auto_running_candidates() {
+  std::vector<int64_t> sizes = default_graph_batch_sizes();
+  std::erase_if(sizes, [](int64_t b) { return b > kAutoMaxRunningRequests; });
+  std::reverse(sizes.begin(), sizes.end());
+  return sizes;
+}
+
+}  // namespace
+
+int64_t auto_max_running_requests(int64_t full_pages, int64_t page_size) {
+  for (int64_t n : auto_running_candidates())
+    if (full_pages * page_size >= n * kAutoTokensPerRequest) return n;
+  return 1;
+}
+
+int64_t auto_max_running_requests(const KvMemoryInputs& inputs, const EngineConfig& config) {
+  EngineConfig c = config;
+  KvMemoryInputs in = inputs;
+  for (int64_t n : auto_running_candidates()) {
+    c.max_running_requests = n;
+    for (size_t g = 0; g < in.group_windows.size() && g < in.group_window_pages.size(); ++g)
+      in.group_window_pages[g] = in.group_windows[g] > 0 ? window_group_pages(in.group_windows[g], c) : 0;
+    auto plan = plan_kv_memory(in);
+    if (plan.is_ok() && plan->kv_tokens >= n * kAutoTokensPerRequest) return n;
+  }
+  return 1;
+}
+
 std::vector<int64_t> cuda_graph_batch_sizes(const EngineConfig& c) {
   std::vector<int64_t> sizes = c.cuda_graph_batch_sizes;
-  if (sizes.empty()) {
-    sizes = {1, 2, 4};
-    for (int64_t b = 8; b <= 512; b += b < 64 ? 8 : (b < 128 ? 16 : 32)) sizes.push_back(b);
-  }
+  if (sizes.empty()) sizes = default_graph_batch_sizes();
   const int64_t cap = std::min(c.max_running_requests, c.max_num_batched_tokens);
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -168,6 +211,9 @@ std::string describe_engine_config(const EngineConfig& c) {
   return "engine: " + std::to_string(c.num_kv_pages) + " KV pages of " + std::to_string(c.page_size) + " tokens" + windows + ", " +
          "max-model-len " + std::to_string(c.max_model_len) + ", max-num-batched-tokens " +
          std::to_string(c.max_num_batched_tokens) + ", max-running-requests " + std::to_string(c.max_running_requests) +
+         (c.auto_max_running_requests ? " (auto: the KV pool holds that many at " + std::to_string(kAutoTokensPerRequest) +
+                                            " tokens, at most " + std::to_string(kAutoMaxRunningRequests) + ")"
+                                      : std::string()) +
          ", prefix cache " + (c.enable_prefix_cache ? "on" : "off") + ", cuda graphs " +
          (c.enable_cuda_graphs ? "on" : "off") + ", eos [" + eos + "]";
 }

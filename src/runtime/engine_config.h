@@ -24,6 +24,7 @@ struct EngineConfig {
   int64_t cpu_kv_cache_bytes = 256ll << 20;  // CPU backend: KV budget when num_kv_pages is 0
   double mem_fraction = 0.9;            // CUDA: share of device memory for weights + activations + KV
                                         // (graphs come out of the rest, as in SGLang)
+  // 0 = auto (serve's defaults; resolve_engine_config and the memory plan pick them, see auto_* below).
   int64_t max_num_batched_tokens = 2048;  // tokens computed per step, over all requests
   int64_t max_running_requests = 64;
   int64_t max_queued_requests = 0;      // requests waiting beyond the running ones; 0 = unbounded
@@ -41,6 +42,7 @@ struct EngineConfig {
   std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
 
   // Filled by resolve_engine_config.
+  bool auto_max_running_requests = false;  // max_running_requests was 0: the memory plan lowers it
   int64_t vocab_size = 0;
   int64_t model_context_len = 0;        // the model's own limit (max_position_embeddings)
   std::vector<int64_t> kv_group_windows;  // each KV layer group's window (0 = full attention); empty = one full group
@@ -53,6 +55,17 @@ struct EngineConfig {
 // spans (ceil((window - 1) / P) + 1) plus the page being written, and one step's tokens add at most
 // ceil(tokens / P) more before the window moves past the old ones.
 int64_t window_group_pages(int64_t window, const EngineConfig& config);
+
+// Auto sizes. A step's token budget: on a GPU large enough to batch whole prompts of several requests
+// (vLLM's server default on big GPUs), on the CPU what keeps a step short.
+constexpr int64_t kAutoBatchedTokensDevice = 8192;
+constexpr int64_t kAutoBatchedTokensCpu = 2048;
+// Running requests: on a device as many as the KV pool holds at kAutoTokensPerRequest tokens each (a
+// 1K-in/1K-out request at its end, so that a full batch of them never preempts), at most the largest
+// decode graph bucket of the default list that is kept (kAutoMaxRunningRequests); on the CPU a fixed 64.
+constexpr int64_t kAutoTokensPerRequest = 2048;
+constexpr int64_t kAutoMaxRunningRequests = 256;
+constexpr int64_t kAutoRunningRequestsCpu = 64;
 
 // Checks ranges (one clear message per bad field) and fills the auto values from the model.
 Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const Model& model);
@@ -109,5 +122,13 @@ KvMemoryInputs kv_memory_inputs(const EngineConfig& config, const KvLayout& layo
 // "memory plan: 139.8 GiB x 0.90: weights 12.8 GiB, activations 1.1 GiB, other 0.6 GiB, KV 52.0 GiB =
 //  1136000 tokens (71000 pages of 16), 8 requests at full context (131072 tokens)"
 std::string describe_kv_memory_plan(const KvMemoryInputs& inputs, const KvMemoryPlan& plan);
+
+// The auto max-running-requests for a pool of `full_pages` pages per full-attention group: the largest
+// default graph bucket up to kAutoMaxRunningRequests whose requests fit at kAutoTokensPerRequest each, 1 at
+// least.
+int64_t auto_max_running_requests(int64_t full_pages, int64_t page_size);
+// The same when the pool is planned from memory: window groups' pages grow with the running requests, so
+// each candidate is planned afresh from the measured `inputs` (`config` gives the rest of the knobs).
+int64_t auto_max_running_requests(const KvMemoryInputs& inputs, const EngineConfig& config);
 
 }  // namespace mx

@@ -88,9 +88,10 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   r->logits_host_.assign(static_cast<size_t>(rows * vocab), 0.0f);
   r->seqs_.reserve(static_cast<size_t>(config->max_running_requests));
 
-  const std::vector<int64_t> sizes =
-      config->enable_cuda_graphs && backend.can_capture() ? cuda_graph_batch_sizes(*config) : std::vector<int64_t>{};
-  if (plan) MX_RETURN_IF_ERROR(r->plan_kv_pool(before, !sizes.empty(), config));
+  const bool graphs = config->enable_cuda_graphs && backend.can_capture();
+  if (plan) MX_RETURN_IF_ERROR(r->plan_kv_pool(before, graphs, config));
+  // After the plan: an auto max-running-requests is only known from it.
+  const std::vector<int64_t> sizes = graphs ? cuda_graph_batch_sizes(*config) : std::vector<int64_t>{};
   r->config_ = *config;
   // Each layer group's pool; with graphs, its scratch page sits after the pool's pages: the page pools never
   // hand it out.
@@ -143,12 +144,22 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
     MX_RETURN_IF_ERROR(b.synchronize());
     MX_ASSIGN_OR_RETURN(after, b.memory_info());
   }
-  KvMemoryInputs in = kv_memory_inputs(*config, model_.kv_layout(), b.kv_dtype());
-  in.scratch_pages = graphs ? 1 : 0;
-  in.device_bytes = before.total_bytes;
-  in.weights_bytes = model_.device_weight_bytes();
-  in.activation_bytes = std::max<int64_t>(0, before.free_bytes - after.free_bytes - temp_kv_bytes);
-  in.other_bytes = std::max<int64_t>(0, before.total_bytes - before.free_bytes - in.weights_bytes);
+  auto inputs = [&] {
+    KvMemoryInputs in = kv_memory_inputs(*config, model_.kv_layout(), b.kv_dtype());
+    in.scratch_pages = graphs ? 1 : 0;
+    in.device_bytes = before.total_bytes;
+    in.weights_bytes = model_.device_weight_bytes();
+    in.activation_bytes = std::max<int64_t>(0, before.free_bytes - after.free_bytes - temp_kv_bytes);
+    in.other_bytes = std::max<int64_t>(0, before.total_bytes - before.free_bytes - in.weights_bytes);
+    return in;
+  };
+  KvMemoryInputs in = inputs();
+  // The warm-up ran with buffers for the most requests; the batch is what the pool can hold (window groups'
+  // pages shrink with it, so the plan is made again).
+  if (config->auto_max_running_requests) {
+    config->max_running_requests = auto_max_running_requests(in, *config);
+    in = inputs();
+  }
   MX_ASSIGN_OR_RETURN(KvMemoryPlan plan, plan_kv_memory(in));
   set_kv_pool_pages(config, plan.num_pages);
   startup_.planned = true;

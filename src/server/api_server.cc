@@ -49,14 +49,15 @@ struct ApiServer::Shared {
 };
 
 ApiServer::ApiServer(const ApiServerOptions& options, CompletionService* service)
-    : options_(options), service_(service), context_length_(options.context_length), shared_(std::make_shared<Shared>(options.served_model_name)),
+    : options_(options), service_(service), context_length_(options.context_length),
+      max_running_requests_(options.max_running_requests), shared_(std::make_shared<Shared>(options.served_model_name)),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& options, CompletionService* service) {
   if (options.served_model_name.empty()) return invalid_argument("the served model name must not be empty");
   if (options.context_length < 1) return invalid_argument("the context length must be at least 1");
-  if (options.max_running_requests < 1 || options.max_queued_requests < 0)
-    return invalid_argument("max running requests must be >= 1 and max queued requests >= 0");
+  if (options.max_running_requests < 0 || options.max_queued_requests < 0)
+    return invalid_argument("max running requests and max queued requests must be >= 0");
   std::unique_ptr<ApiServer> server(new ApiServer(options, service));
   ApiServer* self = server.get();
   HttpServerOptions http = options.http;
@@ -76,9 +77,10 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& opti
 
 ApiServer::~ApiServer() { drain_and_stop(); }
 
-void ApiServer::set_ready(CompletionService* service, int64_t context_length) {
+void ApiServer::set_ready(CompletionService* service, int64_t context_length, int64_t max_running_requests) {
   if (service) service_.store(service);
   if (context_length > 0) context_length_.store(context_length);
+  if (max_running_requests > 0) max_running_requests_.store(max_running_requests);
   ServerState expected = ServerState::kLoading;
   state_.compare_exchange_strong(expected, ServerState::kReady);
 }
@@ -283,7 +285,7 @@ void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const st
   }
 
   // Admission: take a slot first, give it back if over the limit, so concurrent arrivals never overshoot.
-  const int64_t limit = options_.max_running_requests + options_.max_queued_requests;
+  const int64_t limit = max_running_requests_.load() + options_.max_queued_requests;
   if (shared_->in_flight.fetch_add(1) >= limit) {
     shared_->in_flight.fetch_sub(1);
     metrics.rejected_requests->add();

@@ -28,7 +28,7 @@ struct ApiServerOptions {
   bool log_requests = true;          // one access-log line per request (--disable-log-requests turns it off)  // /metrics is open (as vLLM serves it: scrapers hold no key) unless set
   std::string served_model_name;  // the id in /v1/models; requests naming another model get 404
   int64_t context_length = 131072;
-  int64_t max_running_requests = 256;
+  int64_t max_running_requests = 256;  // 0: not known until set_ready (the engine sizes it)
   int64_t max_queued_requests = 1024;
   std::chrono::milliseconds shutdown_timeout{30000};
 };
@@ -45,8 +45,8 @@ class ApiServer {
 
   int port() const { return http_->port(); }
   // Health turns 200 and generation opens. A server started before the model was loaded gets its real
-  // service and context length here (both optional).
-  void set_ready(CompletionService* service = nullptr, int64_t context_length = 0);
+  // service, context length and running-request limit here (all optional).
+  void set_ready(CompletionService* service = nullptr, int64_t context_length = 0, int64_t max_running_requests = 0);
   ServerState state() const { return state_.load(); }
   // Generation requests admitted and not yet ended.
   int64_t in_flight() const;
@@ -73,6 +73,7 @@ class ApiServer {
   ApiServerOptions options_;
   std::atomic<CompletionService*> service_;
   std::atomic<int64_t> context_length_;
+  std::atomic<int64_t> max_running_requests_;  // with max_queued_requests: the admission limit
   std::shared_ptr<Shared> shared_;  // outlives the server while requests still hold it
   std::unique_ptr<HttpServer> http_;
   std::atomic<ServerState> state_{ServerState::kLoading};

@@ -8,8 +8,11 @@ std::vector<CliOption> engine_cli_options() {
       {"mem-fraction", true, "CUDA: share of device memory for weights, activations and the KV pool (default 0.9)",
        {"gpu-memory-utilization", "mem-fraction-static"}},
       {"num-kv-pages", true, "KV pool size in pages; overrides --mem-fraction (CPU default: a 256 MiB pool)"},
-      {"max-num-batched-tokens", true, "tokens computed per engine step (default 2048)"},
-      {"max-running-requests", true, "requests decoded together (default 64)", {"max-num-seqs"}},
+      {"max-num-batched-tokens", true, "tokens computed per engine step (serve on a GPU: 8192; otherwise 2048)"},
+      {"max-running-requests", true,
+       "requests decoded together (serve on a GPU: as many as the KV pool holds at 2048 tokens each, at most 256; "
+       "otherwise 64)",
+       {"max-num-seqs"}},
       {"max-model-len", true, "longest prompt + output per request (default: the model's context, capped by the KV pool)",
        {"context-length"}},
       {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes", {"no-enable-prefix-caching"}},
@@ -25,6 +28,11 @@ Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
   MX_ASSIGN_OR_RETURN(c->num_kv_pages, args.get_int("num-kv-pages", c->num_kv_pages));
   MX_ASSIGN_OR_RETURN(c->max_num_batched_tokens, args.get_int("max-num-batched-tokens", c->max_num_batched_tokens));
   MX_ASSIGN_OR_RETURN(c->max_running_requests, args.get_int("max-running-requests", c->max_running_requests));
+  // 0 in the config means "pick for me"; a number the user gives must be at least one.
+  if (args.has("max-num-batched-tokens") && c->max_num_batched_tokens < 1)
+    return invalid_argument("--max-num-batched-tokens must be at least 1");
+  if (args.has("max-running-requests") && c->max_running_requests < 1)
+    return invalid_argument("--max-running-requests must be at least 1");
   MX_ASSIGN_OR_RETURN(c->max_model_len, args.get_int("max-model-len", c->max_model_len));
   if (args.has("no-prefix-cache") && args.has("enable-prefix-caching"))
     return invalid_argument("--enable-prefix-caching and --no-prefix-cache (--no-enable-prefix-caching) contradict each other");

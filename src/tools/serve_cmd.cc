@@ -141,8 +141,10 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
   // Until the model is loaded, the most any model allows; the engine's limit replaces it (set_ready).
   MX_ASSIGN_OR_RETURN(o.context_length, args.get_int("max-model-len", 131072));
   if (o.context_length < 16) return invalid_argument("--max-model-len (--context-length) must be at least 16");
-  MX_ASSIGN_OR_RETURN(o.max_running_requests, args.get_int("max-running-requests", 64));
-  if (o.max_running_requests < 1) return invalid_argument("--max-running-requests must be at least 1");
+  // 0: the engine sizes it from the KV pool and tells the server when ready (set_ready).
+  MX_ASSIGN_OR_RETURN(o.max_running_requests, args.get_int("max-running-requests", 0));
+  if (args.has("max-running-requests") && o.max_running_requests < 1)
+    return invalid_argument("--max-running-requests must be at least 1");
   MX_ASSIGN_OR_RETURN(o.max_queued_requests, args.get_int("max-queued-requests", 1024));
   if (o.max_queued_requests < 0) return invalid_argument("--max-queued-requests must be >= 0");
   MX_ASSIGN_OR_RETURN(double timeout, args.get_double("shutdown-timeout", 30.0));
@@ -201,6 +203,8 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   }
 
   EngineConfig config;
+  config.max_num_batched_tokens = 0;  // auto unless given: resolve_engine_config and the memory plan pick them
+  config.max_running_requests = 0;
   MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
   if (args.has("kv-events-endpoint")) {
     server::KvEventOptions events;
@@ -222,7 +226,6 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   } else if (args.has("kv-events-replay-endpoint") || args.has("kv-events-topic") || args.has("kv-events-block-size")) {
     return invalid_argument("the --kv-events-* options need --kv-events-endpoint");
   }
-  config.max_running_requests = server_options.max_running_requests;
   config.max_queued_requests = server_options.max_queued_requests;
   MX_ASSIGN_OR_RETURN(loaded->engine, Engine::start(*loaded->model, config, make_detokenize_fn(loaded->tokenizer)));
   server::EngineServiceOptions service_options;
@@ -301,7 +304,8 @@ int run_serve_command(int argc, char** argv) {
     stop_signals();
     return fail(loaded.status().message());
   }
-  (*server)->set_ready((*loaded)->service.get(), (*loaded)->service->context_length());
+  (*server)->set_ready((*loaded)->service.get(), (*loaded)->service->context_length(),
+                       (*loaded)->engine->config().max_running_requests);
   MX_LOG(Info) << "serving " << options->served_model_name << " on http://" << options->http.host << ":"
                << (*server)->port() << " (context " << (*loaded)->service->context_length() << " tokens)";
   std::fprintf(stdout, "listening on http://%s:%d\n", options->http.host.c_str(), (*server)->port());

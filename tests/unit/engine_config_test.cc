@@ -28,13 +28,62 @@ TEST(EngineConfig, ResolvesAutoValuesAndRejectsBadRanges) {
   c.max_model_len = 100;
   EXPECT_EQ(resolve_engine_config(c, *fx.model)->max_model_len, 100);
   using Edit = void (*)(EngineConfig&);
-  for (Edit bad : {Edit([](EngineConfig& e) { e.page_size = 0; }), Edit([](EngineConfig& e) { e.max_num_batched_tokens = 0; }),
-                   Edit([](EngineConfig& e) { e.max_running_requests = 0; }), Edit([](EngineConfig& e) { e.mem_fraction = 1.5; }),
+  for (Edit bad : {Edit([](EngineConfig& e) { e.page_size = 0; }), Edit([](EngineConfig& e) { e.max_num_batched_tokens = -1; }),
+                   Edit([](EngineConfig& e) { e.max_running_requests = -1; }), Edit([](EngineConfig& e) { e.mem_fraction = 1.5; }),
                    Edit([](EngineConfig& e) { e.num_kv_pages = -1; })}) {
     EngineConfig e;
     bad(e);
     EXPECT_EQ(resolve_engine_config(e, *fx.model).status().code(), StatusCode::kInvalidArgument);
   }
+  // 0 = auto: on the CPU a 2048-token step and 64 running requests, fixed (no memory plan to size them).
+  c.max_num_batched_tokens = 0;
+  c.max_running_requests = 0;
+  auto autos = resolve_engine_config(c, *fx.model);
+  ASSERT_TRUE(autos.is_ok()) << autos.status().to_string();
+  EXPECT_EQ(autos->max_num_batched_tokens, kAutoBatchedTokensCpu);
+  EXPECT_EQ(autos->max_running_requests, kAutoRunningRequestsCpu);
+  EXPECT_FALSE(autos->auto_max_running_requests);
+}
+
+// Auto max-running-requests: the largest default graph bucket (at most 256) whose requests the pool holds at
+// 2048 tokens each.
+TEST(EngineConfig, AutoRunningRequestsFollowTheKvPool) {
+  EXPECT_EQ(auto_max_running_requests(1'250'000 / 16, 16), 256);  // 20b on an H100: capped
+  EXPECT_EQ(auto_max_running_requests(133'936 / 16, 16), 64);     // 120b on an H100: 65 requests fit
+  EXPECT_EQ(auto_max_running_requests(2048 * 40 / 16, 16), 40);
+  EXPECT_EQ(auto_max_running_requests(2048 * 39 / 16, 16), 32);
+  EXPECT_EQ(auto_max_running_requests(2048 * 3 / 16, 16), 2);
+  EXPECT_EQ(auto_max_running_requests(10, 16), 1);  // less than one request's worth still runs one
+
+  // From a memory plan: window groups' pages grow with the batch, so the plan is redone per candidate and
+  // the chosen batch fits the pool it leaves. gpt-oss-120b-like on an 80 GB GPU.
+  EngineConfig c;
+  c.max_num_batched_tokens = 8192;
+  const int64_t per_group = 18 * 2 * 8 * 64 * 2;
+  KvMemoryInputs in;
+  in.device_bytes = 81559ll << 20;
+  in.weights_bytes = 61ll << 30;
+  in.activation_bytes = 2ll << 30;
+  in.other_bytes = 1ll << 29;
+  in.bytes_per_token = 2 * per_group;
+  in.page_size = 16;
+  in.max_model_len = 131072;
+  in.group_bytes_per_token = {per_group, per_group};
+  in.group_windows = {128, 0};
+  in.group_window_pages = {0, 0};  // stale on purpose: recomputed per candidate
+  const int64_t n = auto_max_running_requests(in, c);
+  c.max_running_requests = n;
+  in.group_window_pages = {window_group_pages(128, c), 0};
+  auto plan = plan_kv_memory(in);
+  ASSERT_TRUE(plan.is_ok());
+  EXPECT_GE(plan->kv_tokens, n * kAutoTokensPerRequest);
+  EXPECT_GT(n, 8);
+  EXPECT_LT(n, 256);
+  // The next larger bucket would not fit (its bigger window pools leave fewer full tokens).
+  const int64_t next = n + (n < 64 ? 8 : (n < 128 ? 16 : 32));
+  c.max_running_requests = next;
+  in.group_window_pages = {window_group_pages(128, c), 0};
+  EXPECT_LT(plan_kv_memory(in)->kv_tokens, next * kAutoTokensPerRequest);
 }
 
 TEST(EngineConfig, MemoryPlan) {
@@ -122,7 +171,7 @@ TEST(GenerateCliEngine, EngineFlagsKeepTheGreedyTokens) {
   const auto bad = test::run_mxserve("generate --model " + test::fixture("tiny-gpt-oss") +
                                      " --prompt-ids 1,2 --max-num-batched-tokens 0");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.stderr_text.find("max-num-batched-tokens must be in"), std::string::npos) << bad.stderr_text;
+  EXPECT_NE(bad.stderr_text.find("--max-num-batched-tokens must be at least 1"), std::string::npos) << bad.stderr_text;
   const auto too_long = test::run_mxserve("generate --model " + test::fixture("tiny-gpt-oss") +
                                           " --prompt-ids 1,2 --num-kv-pages 2 --max-new-tokens 40");
   EXPECT_EQ(too_long.exit_code, 1);
