@@ -115,6 +115,11 @@ struct MoeParams {
   int64_t top_k = 0;
   float swiglu_limit = 7.0f;
   float swiglu_alpha = 1.702f;
+  // Expert parallel (a tensor-parallel rank holds some of the experts): the router picks among
+  // `routed_experts` (0 = experts->num_experts); this rank holds experts [first_expert, first_expert +
+  // experts->num_experts) and slots routed to the others add nothing here.
+  int64_t routed_experts = 0;
+  int64_t first_expert = 0;
 };
 
 // One token per row of logits, by the algorithm in backend/sampling_math.h (greedy, temperature, top-k,

@@ -12,7 +12,7 @@ namespace mx {
 namespace {
 
 using BuildFn = std::function<Result<std::unique_ptr<Model>>(const std::string& config_json, const std::string& source,
-                                                             GenerationConfig, Checkpoint, Backend&)>;
+                                                             GenerationConfig, Checkpoint, Backend&, const ModelShard&)>;
 
 struct Family {
   const char* model_type;                  // config.json's model_type
@@ -21,9 +21,10 @@ struct Family {
 };
 
 Result<std::unique_ptr<Model>> build_gpt_oss(const std::string& text, const std::string& source, GenerationConfig g,
-                                             Checkpoint checkpoint, Backend& backend) {
+                                             Checkpoint checkpoint, Backend& backend, const ModelShard& shard) {
   MX_ASSIGN_OR_RETURN(GptOssConfig config, parse_gpt_oss_config(text, source));
-  MX_ASSIGN_OR_RETURN(auto model, GptOssModel::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint), backend));
+  MX_ASSIGN_OR_RETURN(auto model, GptOssModel::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint),
+                                                               backend, shard));
   return std::unique_ptr<Model>(std::move(model));
 }
 
@@ -71,16 +72,16 @@ Result<std::unique_ptr<Model>> model_from_checkpoint(const std::string& config_j
                                                      GenerationConfig generation_config, Checkpoint checkpoint,
                                                      Backend& backend) {
   MX_ASSIGN_OR_RETURN(const Family* f, find_family(config_json, source));
-  return f->build(config_json, source, std::move(generation_config), std::move(checkpoint), backend);
+  return f->build(config_json, source, std::move(generation_config), std::move(checkpoint), backend, ModelShard{});
 }
 
-Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend) {
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend, const ModelShard& shard) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
   MX_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
   MX_ASSIGN_OR_RETURN(const Family* f, find_family(text, path));
   MX_ASSIGN_OR_RETURN(GenerationConfig generation_config, load_generation_config(model_dir));
   MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open_dir(model_dir));
-  auto model = f->build(text, path, std::move(generation_config), std::move(checkpoint), backend);
+  auto model = f->build(text, path, std::move(generation_config), std::move(checkpoint), backend, shard);
   if (!model.is_ok()) return model.status().with_context(model_dir);
   return model;
 }

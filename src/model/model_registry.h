@@ -10,12 +10,14 @@
 #include "io/generation_config.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/model_shard.h"
 
 namespace mx {
 
 // Builds the model in `model_dir` (config.json, generation_config.json, safetensors) on `backend`, which
-// must outlive it.
-Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend);
+// must outlive it; with a `shard` of size > 1, one tensor-parallel rank of it (model_shard.h; families that
+// cannot be split say so).
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend, const ModelShard& shard = {});
 
 // Builds a model from config.json text (`source` names it in errors) and an open checkpoint, which the
 // model keeps (e.g. a synthetic checkpoint in memory).

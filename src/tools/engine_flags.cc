@@ -22,6 +22,12 @@ std::vector<CliOption> engine_cli_options() {
   };
 }
 
+Result<int> tensor_parallel_size(const CliArgs& args) {
+  MX_ASSIGN_OR_RETURN(const int64_t tp, args.get_int("tensor-parallel-size", 1));
+  if (tp < 1 || tp > 64) return invalid_argument("--tensor-parallel-size must be in [1, 64]");
+  return static_cast<int>(tp);
+}
+
 Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
   MX_ASSIGN_OR_RETURN(c->page_size, args.get_int("page-size", c->page_size));
   MX_ASSIGN_OR_RETURN(c->mem_fraction, args.get_double("mem-fraction", c->mem_fraction));

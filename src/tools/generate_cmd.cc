@@ -10,6 +10,7 @@
 
 #include "io/safetensors.h"
 #include "model/model_registry.h"
+#include "model/tensor_parallel_model.h"
 #include "runtime/engine.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
@@ -31,6 +32,8 @@ const std::vector<CliOption> kCommandOptions = {
     {"seed", true, "sampling seed (default 0)"},
     {"logits-out", true, "write prompt_{i}_logits (f32 [T_i, vocab]) to this safetensors file"},
     {"threads", true, "CPU backend threads (default: all cores)"},
+    {"tensor-parallel-size", true, "ranks the model is split over, one thread each (CPU backend; default 1)",
+     {"tp", "tp-size"}},
     {"stats", false, "print engine counters (steps, preemptions, prefix hits) to stderr at the end"},
     {"log-level", true, "debug, info, warning (default) or error"},
     {"help", false, "show this help"},
@@ -84,13 +87,13 @@ Result<std::vector<std::vector<int32_t>>> read_prompts(const CliArgs& args) {
   return prompts;
 }
 
-Result<std::unique_ptr<Backend>> backend_from_args(const CliArgs& args) {
+Result<BackendOptions> backend_options_from_args(const CliArgs& args) {
   BackendOptions options;
   options.name = args.get("backend", "cpu");
   MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
   if (threads < 0 || threads > 1024) return invalid_argument("--threads must be in [0, 1024]");
   options.num_threads = static_cast<int>(threads);
-  return make_backend(options);
+  return options;
 }
 
 Status run(const CliArgs& args) {
@@ -119,8 +122,11 @@ Status run(const CliArgs& args) {
   const bool want_logits = args.has("logits-out");
   if (want_logits) config.max_prompt_logit_rows = config.max_num_batched_tokens;
 
-  MX_ASSIGN_OR_RETURN(auto backend, backend_from_args(args));
-  MX_ASSIGN_OR_RETURN(auto model, load_model(args.get("model"), *backend));
+  MX_ASSIGN_OR_RETURN(const BackendOptions backend_options, backend_options_from_args(args));
+  MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
+  MX_RETURN_IF_ERROR(check_tensor_parallel_backend(backend_options, tp));
+  MX_ASSIGN_OR_RETURN(auto backend, make_backend(backend_options));
+  MX_ASSIGN_OR_RETURN(auto model, load_tensor_parallel_model(args.get("model"), *backend, backend_options, tp));
   MX_ASSIGN_OR_RETURN(auto engine, Engine::start(*model, config));
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -18,6 +18,7 @@
 #include "core/version.h"
 #include "model/demo_model.h"
 #include "model/model_registry.h"
+#include "model/tensor_parallel_model.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer_detokenize.h"
 #include "server/api_server.h"
@@ -53,7 +54,9 @@ std::vector<CliOption> serve_options() {
       {"seed", true, "seed for requests that bring none (default: random per request)"},
       {"dtype", true, "auto or bfloat16 (the only dtype mxserve computes in on the GPU; the CPU reference is fp32)"},
       {"kv-cache-dtype", true, "auto or bfloat16 (fp8 KV is not available)"},
-      {"tensor-parallel-size", true, "1 (one GPU per server; tensor parallel is not available yet)", {"tp", "tp-size"}},
+      {"tensor-parallel-size", true,
+       "ranks the model is split over, one thread each (CPU backend so far; on CUDA 1: one GPU per server)",
+       {"tp", "tp-size"}},
       {"reasoning-parser", true, "gpt_oss (also gpt-oss, openai_gptoss): the model's own format; on by default"},
       {"tool-call-parser", true, "openai (also gpt_oss, harmony): the model's own format; on by default"},
       {"enable-auto-tool-choice", false, "accepted: tool calls are always parsed"},
@@ -88,7 +91,6 @@ Status check_compat_flags(const CliArgs& args) {
   MX_RETURN_IF_ERROR(one_of("dtype", {"auto", "bfloat16", "bf16"},
                             "mxserve computes in bfloat16 on the GPU (fp32 on the CPU reference); use auto or bfloat16"));
   MX_RETURN_IF_ERROR(one_of("kv-cache-dtype", {"auto", "bfloat16", "bf16"}, "only a bfloat16 KV cache is available"));
-  MX_RETURN_IF_ERROR(one_of("tensor-parallel-size", {"1"}, "tensor parallel is not available yet: one GPU per server"));
   MX_RETURN_IF_ERROR(one_of("reasoning-parser", {"gpt_oss", "gpt-oss", "openai_gptoss", "harmony"},
                             "mxserve parses the model's own format (gpt-oss: Harmony); give gpt_oss or leave it out"));
   MX_RETURN_IF_ERROR(one_of("tool-call-parser", {"openai", "gpt_oss", "gpt-oss", "harmony"},
@@ -132,6 +134,12 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
   }
   if (o.metrics_require_key && o.api_key.empty()) return invalid_argument("--metrics-require-key needs --api-key");
   MX_RETURN_IF_ERROR(check_compat_flags(args));
+  {
+    MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
+    BackendOptions backend;
+    backend.name = args.get("backend", "cpu");
+    MX_RETURN_IF_ERROR(check_tensor_parallel_backend(backend, tp));
+  }
   std::string served = "mxserve-demo";
   if (args.has("model")) {
     MX_ASSIGN_OR_RETURN(const ModelLocation where, resolve_model_location(args.get("model")));
@@ -191,7 +199,8 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   auto tokenizer = Tokenizer::load(model_dir);
   if (!tokenizer.is_ok()) return tokenizer.status().with_context("the model's tokenizer");
   loaded->tokenizer = std::move(tokenizer).value();
-  MX_ASSIGN_OR_RETURN(loaded->model, mx::load_model(model_dir, *loaded->backend));
+  MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
+  MX_ASSIGN_OR_RETURN(loaded->model, load_tensor_parallel_model(model_dir, *loaded->backend, backend_options, tp));
   const int64_t vocab = loaded->model->dims().vocab_size;
   if (loaded->tokenizer->vocab_size() > vocab)
     return invalid_argument("the tokenizer's vocabulary (" + std::to_string(loaded->tokenizer->vocab_size()) +

@@ -204,9 +204,14 @@ void moe_experts(ThreadPool& pool, const MoeParams& p) {
   const int32_t* ids = p.topk_ids.ptr<const int32_t>();
   // Slots (token, k) routed to each expert, so each expert's weight rows are dequantized once.
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(w.num_experts));
+  const int64_t routed = p.routed_experts > 0 ? p.routed_experts : w.num_experts;
+  std::vector<bool> here(static_cast<size_t>(t_count * k));  // slot's expert is one of this rank's
   for (int64_t s = 0; s < t_count * k; ++s) {
-    MX_CHECK(ids[s] >= 0 && ids[s] < w.num_experts) << "expert " << ids[s];
-    slots[static_cast<size_t>(ids[s])].push_back(s);
+    MX_CHECK(ids[s] >= 0 && ids[s] < routed) << "expert " << ids[s];
+    const int64_t local = ids[s] - p.first_expert;
+    if (local < 0 || local >= w.num_experts) continue;
+    here[static_cast<size_t>(s)] = true;
+    slots[static_cast<size_t>(local)].push_back(s);
   }
   std::vector<float> act(static_cast<size_t>(t_count * k * inter));
   std::vector<float> y(static_cast<size_t>(t_count * k * h));
@@ -251,7 +256,8 @@ void moe_experts(ThreadPool& pool, const MoeParams& p) {
   for (int64_t t = 0; t < t_count; ++t) {
     for (int64_t i = 0; i < h; ++i) {
       float sum = 0;
-      for (int64_t j = 0; j < k; ++j) sum += weights[t * k + j] * y[(t * k + j) * h + i];
+      for (int64_t j = 0; j < k; ++j)
+        if (here[static_cast<size_t>(t * k + j)]) sum += weights[t * k + j] * y[(t * k + j) * h + i];
       out[t * h + i] = sum;
     }
   }

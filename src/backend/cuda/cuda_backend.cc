@@ -385,6 +385,8 @@ class CudaBackend final : public Backend {
   Status moe_experts(const MoeParams& p) override {
     const ExpertWeights& w = *p.experts;
     if (w.layout != ExpertLayout::kMxfp4SwapAb) return internal_error("moe_experts: weights were not uploaded by CUDA");
+    if ((p.routed_experts != 0 && p.routed_experts != w.num_experts) || p.first_expert != 0)
+      return unimplemented("expert-parallel MoE (a share of the experts) on CUDA");
     expect(p.x, DType::kBF16, "moe x");
     expect(p.out, DType::kBF16, "moe out");
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;

@@ -1,5 +1,6 @@
 #include "model/gpt_oss/gpt_oss_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -20,16 +21,34 @@ std::vector<uint16_t> concat_rows(std::initializer_list<TensorView> parts) {
   return out;
 }
 
+// Columns [first, first + count) of a bf16 [rows, n] matrix, as a [rows, count] host copy.
+std::vector<uint16_t> column_block(const TensorView& m, int64_t first, int64_t count) {
+  const int64_t rows = m.dim(0), n = m.dim(1);
+  const auto* src = m.ptr<const uint16_t>();
+  std::vector<uint16_t> out(static_cast<size_t>(rows * count));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(src + r * n + first, src + r * n + first + count, out.begin() + r * count);
+  return out;
+}
+
 }  // namespace
 
-GptOssModel::GptOssModel(GptOssConfig config, Backend& backend)
-    : config_(std::move(config)), cost_(config_), backend_(backend) {
+GptOssModel::GptOssModel(GptOssConfig config, Backend& backend, const ModelShard& shard, const GptOssShardPlan& plan)
+    : config_(std::move(config)), cost_(config_), backend_(backend), shard_(shard), plan_(plan) {
   const GptOssConfig& c = config_;
   dims_ = ModelDims{c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings};
   std::vector<KvLayerSpec> layers;
   for (int64_t l = 0; l < c.num_layers; ++l)
-    layers.push_back({c.num_kv_heads, c.head_dim, c.layer_is_sliding[static_cast<size_t>(l)] ? c.sliding_window : 0, false});
+    layers.push_back({plan_.kv_heads, c.head_dim, c.layer_is_sliding[static_cast<size_t>(l)] ? c.sliding_window : 0, false});
   kv_layout_ = KvLayout::from_layers(std::move(layers));
+}
+
+TensorView GptOssModel::item_rows(const TensorView& t, int64_t first, int64_t count, int64_t per_item) {
+  return t.rows(first * per_item, (first + count) * per_item);
+}
+
+Status GptOssModel::all_reduce(TensorView x) const {
+  return shard_.size > 1 ? shard_.comm->all_reduce_sum(x) : Status::ok();
 }
 
 Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_dir, Backend& backend) {
@@ -42,8 +61,11 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_
 }
 
 Result<std::unique_ptr<GptOssModel>> GptOssModel::from_checkpoint(GptOssConfig config, GenerationConfig generation_config,
-                                                                  Checkpoint checkpoint, Backend& backend) {
-  std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend));
+                                                                  Checkpoint checkpoint, Backend& backend,
+                                                                  const ModelShard& shard) {
+  if (shard.size > 1 && !shard.comm) return invalid_argument("a tensor-parallel rank needs a communicator");
+  MX_ASSIGN_OR_RETURN(const GptOssShardPlan plan, plan_gpt_oss_shard(config, shard));
+  std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend, shard, plan));
   model->generation_config_ = std::move(generation_config);
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gpt_oss_weight_specs(model->config_, model->weights_)));
@@ -56,7 +78,7 @@ Status GptOssModel::upload() {
   auto put = [&](const TensorView& host) { return backend_.upload_weight(host, &device_weights_); };
   MX_ASSIGN_OR_RETURN(weights_.embed, put(weights_.embed));
   MX_ASSIGN_OR_RETURN(weights_.final_norm, put(weights_.final_norm));
-  MX_ASSIGN_OR_RETURN(weights_.lm_head, put(weights_.lm_head));
+  MX_ASSIGN_OR_RETURN(weights_.lm_head, put(weights_.lm_head.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab)));
   const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
   rope_scale_ = rope.attention_scale;
   MX_ASSIGN_OR_RETURN(Buffer freq, backend_.allocate(static_cast<int64_t>(rope.inv_freq.size() * sizeof(float))));
@@ -64,21 +86,40 @@ Status GptOssModel::upload() {
   MX_RETURN_IF_ERROR(backend_.copy_from_host(inv_freq_, rope.inv_freq.data()));
   device_weights_.push_back(std::move(freq));
 
-  const int64_t qkv_rows = c.q_dim() + 2 * c.kv_dim();
+  const int64_t hd = c.head_dim, qkv_rows = (plan_.heads + 2 * plan_.kv_heads) * hd;
   LoadProgress progress("weights to " + backend_.device_name(), static_cast<int64_t>(weights_.layers.size()),
                         backend_.device() != Device::kCpu);
   int64_t layers_done = 0;
   for (GptOssLayerWeights& L : weights_.layers) {
     // q, k and v run as one projection: one weight read and one launch instead of three.
-    host_fused_.push_back(concat_rows({L.q_weight, L.k_weight, L.v_weight}));
+    // A tensor-parallel rank keeps its heads' rows of q, k and v.
+    const GptOssShardPlan& p = plan_;
+    host_fused_.push_back(concat_rows({item_rows(L.q_weight, p.first_head, p.heads, hd),
+                                       item_rows(L.k_weight, p.first_kv_head, p.kv_heads, hd),
+                                       item_rows(L.v_weight, p.first_kv_head, p.kv_heads, hd)}));
     L.qkv_weight = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows, c.hidden_size});
-    host_fused_.push_back(concat_rows({L.q_bias, L.k_bias, L.v_bias}));
+    host_fused_.push_back(concat_rows({item_rows(L.q_bias, p.first_head, p.heads, hd),
+                                       item_rows(L.k_bias, p.first_kv_head, p.kv_heads, hd),
+                                       item_rows(L.v_bias, p.first_kv_head, p.kv_heads, hd)}));
     L.qkv_bias = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows});
     MX_ASSIGN_OR_RETURN(L.qkv_weight, put(L.qkv_weight));
     MX_ASSIGN_OR_RETURN(L.qkv_bias, put(L.qkv_bias));
+    if (shard_.size > 1) {
+      // o_proj is row-parallel: this rank's heads' columns; its bias is added once, by rank 0.
+      host_fused_.push_back(column_block(L.o_weight, plan_.first_head * hd, plan_.heads * hd));
+      L.o_weight = TensorView(host_fused_.back().data(), DType::kBF16, {c.hidden_size, plan_.heads * hd});
+      if (!plan_.adds_o_bias) L.o_bias = TensorView();
+      L.sinks = item_rows(L.sinks, plan_.first_head, plan_.heads, 1);
+      ExpertWeights& x = L.experts;
+      for (TensorView* t : {&x.w1_blocks, &x.w1_scales, &x.w1_bias, &x.w2_blocks, &x.w2_scales, &x.w2_bias})
+        *t = item_rows(*t, plan_.first_expert, plan_.experts, 1);
+      x.num_experts = plan_.experts;
+    }
     for (TensorView* w : {&L.input_norm, &L.post_attention_norm, &L.o_weight, &L.o_bias, &L.sinks, &L.router_weight,
                           &L.router_bias}) {
-      MX_ASSIGN_OR_RETURN(*w, put(*w));
+      if (!w->empty()) {
+        MX_ASSIGN_OR_RETURN(*w, put(*w));
+      }
     }
     MX_ASSIGN_OR_RETURN(L.experts, backend_.upload_experts(L.experts, &device_weights_));
     progress.step(++layers_done, device_weight_bytes());
@@ -109,18 +150,21 @@ Result<std::unique_ptr<ModelWorkspace>> GptOssModel::make_workspace(int64_t max_
   // The backend sizes its own scratch (MoE intermediates, attention partials, sampling) for this many
   // tokens and logits rows.
   MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, c.intermediate_size, c.num_experts, c.experts_per_token,
-                                                    c.num_heads, c.num_kv_heads, c.head_dim, max_logit_rows,
-                                                    c.vocab_size}));
+                                                    plan_.heads, plan_.kv_heads, c.head_dim, max_logit_rows, c.vocab_size}));
+  const int64_t q_dim = plan_.heads * c.head_dim;
   MX_ASSIGN_OR_RETURN(ws.residual, make(backend_.residual_dtype(), {T, H}));
   MX_ASSIGN_OR_RETURN(ws.normed, make(act, {T, H}));
-  MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T, c.q_dim() + 2 * c.kv_dim()}));
-  MX_ASSIGN_OR_RETURN(ws.q, make(act, {T, c.q_dim()}));
-  MX_ASSIGN_OR_RETURN(ws.attn, make(act, {T, c.q_dim()}));
+  MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T, q_dim + 2 * plan_.kv_heads * c.head_dim}));
+  MX_ASSIGN_OR_RETURN(ws.q, make(act, {T, q_dim}));
+  MX_ASSIGN_OR_RETURN(ws.attn, make(act, {T, q_dim}));
   MX_ASSIGN_OR_RETURN(ws.proj, make(act, {T, H}));
   MX_ASSIGN_OR_RETURN(ws.router_logits, make(DType::kF32, {T, c.num_experts}));
   MX_ASSIGN_OR_RETURN(ws.topk_ids, make(DType::kI32, {T, c.experts_per_token}));
   MX_ASSIGN_OR_RETURN(ws.topk_weights, make(DType::kF32, {T, c.experts_per_token}));
   MX_ASSIGN_OR_RETURN(ws.gathered, make(act, {max_logit_rows, H}));
+  if (shard_.size > 1) {
+    MX_ASSIGN_OR_RETURN(ws.logits_local, make(DType::kF32, {max_logit_rows, plan_.vocab}));
+  }
   return std::unique_ptr<ModelWorkspace>(std::move(owned));
 }
 
@@ -130,7 +174,11 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
   auto* own = dynamic_cast<GptOssWorkspace*>(&workspace);
   if (!own) return invalid_argument("gpt-oss forward pass given another model's workspace");
   GptOssWorkspace& ws = *own;
-  if (!(kv.shape().layout.layers == kv_layout_.layers))
+  // A tensor-parallel rank's layers sit at its offset in the KV cache the ranks share.
+  const auto& kv_layers = kv.shape().layout.layers;
+  const auto offset = static_cast<size_t>(shard_.kv_layer_offset);
+  if (kv_layers.size() < offset + kv_layout_.layers.size() ||
+      !std::equal(kv_layout_.layers.begin(), kv_layout_.layers.end(), kv_layers.begin() + static_cast<std::ptrdiff_t>(offset)))
     return invalid_argument("gpt-oss forward pass given a KV cache of another layout");
   const int64_t T = batch.num_tokens, R = batch.num_logit_rows;
   if (T <= 0 || T > ws.max_tokens || R > ws.max_logit_rows)
@@ -148,17 +196,18 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
   MX_RETURN_IF_ERROR(b.rms_norm(residual, weights_.layers[0].input_norm, eps, normed));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const GptOssLayerWeights& L = weights_.layers[static_cast<size_t>(l)];
-    const KvLayerView cache = kv.layer(l);
+    const KvLayerView cache = kv.layer(shard_.kv_layer_offset + l);
 
     MX_RETURN_IF_ERROR(b.linear(normed, L.qkv_weight, L.qkv_bias, ws.qkv.rows(0, T)));
     QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), cache, inv_freq_, rope_scale_,
-                       c.num_heads, c.num_kv_heads, c.head_dim};
+                       plan_.heads, plan_.kv_heads, c.head_dim};
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
-    AttentionParams attn{ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T), c.num_heads, c.num_kv_heads, c.head_dim,
+    AttentionParams attn{ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T), plan_.heads, plan_.kv_heads, c.head_dim,
                          kv_layout_.layers[static_cast<size_t>(l)].window,
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
     MX_RETURN_IF_ERROR(b.attention(attn, batch));
     MX_RETURN_IF_ERROR(b.linear(ws.attn.rows(0, T), L.o_weight, L.o_bias, proj));
+    MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's heads' share of o_proj
     MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, L.post_attention_norm, eps, normed));
 
     RouterParams router{normed, L.router_weight, L.router_bias, ws.router_logits.rows(0, T),
@@ -166,7 +215,12 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
     MX_RETURN_IF_ERROR(b.router_topk(router));
     MoeParams moe{normed, router.topk_ids, router.topk_weights, &L.experts, proj, c.experts_per_token,
                   static_cast<float>(c.swiglu_limit), static_cast<float>(c.swiglu_alpha)};
+    if (shard_.size > 1) {
+      moe.routed_experts = c.num_experts;
+      moe.first_expert = plan_.first_expert;
+    }
     MX_RETURN_IF_ERROR(b.moe_experts(moe));
+    MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's experts' share
 
     // The residual add is fused with the next norm: the next layer's input norm, or the final norm.
     const bool last = l + 1 == c.num_layers;
@@ -178,7 +232,15 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
   if (R == 0) return out;
   TensorView gathered = ws.gathered.rows(0, R);
   MX_RETURN_IF_ERROR(b.gather_rows(normed, batch.logit_rows, gathered));
-  MX_RETURN_IF_ERROR(b.linear(gathered, weights_.lm_head, TensorView(), logits));
+  if (shard_.size == 1) {
+    MX_RETURN_IF_ERROR(b.linear(gathered, weights_.lm_head, TensorView(), logits));
+    return out;
+  }
+  // Each rank computes its vocabulary's columns; every rank gets the whole rows.
+  TensorView local = ws.logits_local.rows(0, R);
+  MX_RETURN_IF_ERROR(b.linear(gathered, weights_.lm_head, TensorView(), local));
+  MX_RETURN_IF_ERROR(backend_.synchronize());
+  MX_RETURN_IF_ERROR(shard_.comm->all_gather_columns(local, logits.rows(0, R)));
   return out;
 }
 

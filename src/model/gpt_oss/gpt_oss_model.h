@@ -13,8 +13,10 @@
 #include "io/safetensors.h"
 #include "model/gpt_oss/gpt_oss_config.h"
 #include "model/gpt_oss/gpt_oss_cost.h"
+#include "model/gpt_oss/gpt_oss_shard.h"
 #include "model/gpt_oss/gpt_oss_weights.h"
 #include "model/model.h"
+#include "model/model_shard.h"
 
 namespace mx {
 
@@ -31,15 +33,18 @@ struct GptOssWorkspace : ModelWorkspace {
   TensorView topk_ids;      // i32 [max_tokens, k]
   TensorView topk_weights;  // f32 [max_tokens, k]
   TensorView gathered;      // [max_logit_rows, H] final-normed rows that need logits
+  TensorView logits_local;  // f32 [max_logit_rows, this rank's vocabulary] (tensor parallel only)
 };
 
 class GptOssModel : public Model {
  public:
   // Reads config.json (model_type "gpt_oss"), generation_config.json and the safetensors in `model_dir`.
   static Result<std::unique_ptr<GptOssModel>> load(const std::string& model_dir, Backend& backend);
-  // From an open checkpoint (e.g. a synthetic one in memory); the model keeps it.
+  // From an open checkpoint (e.g. a synthetic one in memory); the model keeps it. With a `shard` of size > 1
+  // the model is one tensor-parallel rank: it uploads and computes only its share (model_shard.h).
   static Result<std::unique_ptr<GptOssModel>> from_checkpoint(GptOssConfig config, GenerationConfig generation_config,
-                                                              Checkpoint checkpoint, Backend& backend);
+                                                              Checkpoint checkpoint, Backend& backend,
+                                                              const ModelShard& shard = {});
 
   const GptOssConfig& config() const { return config_; }
 
@@ -55,8 +60,11 @@ class GptOssModel : public Model {
   const ModelCost& cost() const override { return cost_; }
 
  private:
-  GptOssModel(GptOssConfig config, Backend& backend);
+  GptOssModel(GptOssConfig config, Backend& backend, const ModelShard& shard, const GptOssShardPlan& plan);
   Status upload();
+  // Rows [first * per_item, (first + count) * per_item) of t: a rank's items (heads, experts) of a tensor.
+  static TensorView item_rows(const TensorView& t, int64_t first, int64_t count, int64_t per_item);
+  Status all_reduce(TensorView x) const;
 
   GptOssConfig config_;
   ModelDims dims_;
@@ -70,6 +78,8 @@ class GptOssModel : public Model {
   GptOssWeights weights_;  // host views after binding, backend views after upload
   TensorView inv_freq_;    // f32 [head_dim / 2]
   float rope_scale_ = 1.0f;
+  ModelShard shard_;
+  GptOssShardPlan plan_;  // the whole model unless tensor parallel
 };
 
 }  // namespace mx
