@@ -71,10 +71,19 @@ std::vector<int32_t> default_eos_token_ids(const Model& model) {
   return ids;
 }
 
+int64_t auto_max_num_batched_tokens(int64_t kv_room_bytes) {
+  return kv_room_bytes >= kAutoLargeStepMinKvBytes ? kAutoBatchedTokensLarge : kAutoBatchedTokensSmall;
+}
+
 Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& model) {
   EngineConfig c = in;
   const bool on_cpu = model.backend().device() == Device::kCpu;
-  if (c.max_num_batched_tokens == 0) c.max_num_batched_tokens = on_cpu ? kAutoBatchedTokensCpu : kAutoBatchedTokensDevice;
+  if (c.max_num_batched_tokens == 0) {
+    int64_t room = -1;
+    if (auto mem = model.backend().memory_info(); mem.is_ok() && !on_cpu)
+      room = static_cast<int64_t>(static_cast<double>(mem->total_bytes) * c.mem_fraction) - model.device_weight_bytes();
+    c.max_num_batched_tokens = auto_max_num_batched_tokens(room);
+  }
   // A device sizes the batch from the KV pool, once it is known: until then, buffers for the most it can get.
   if (c.max_running_requests == 0) {
     c.max_running_requests = on_cpu ? kAutoRunningRequestsCpu : kAutoMaxRunningRequests;

@@ -56,16 +56,23 @@ struct EngineConfig {
 // ceil(tokens / P) more before the window moves past the old ones.
 int64_t window_group_pages(int64_t window, const EngineConfig& config);
 
-// Auto sizes. A step's token budget: on a GPU large enough to batch whole prompts of several requests
-// (vLLM's server default on big GPUs), on the CPU what keeps a step short.
-constexpr int64_t kAutoBatchedTokensDevice = 8192;
-constexpr int64_t kAutoBatchedTokensCpu = 2048;
+// Auto sizes. A step's token budget: 8192 on a device with room to spare (whole prompts of several
+// requests in one step, as vLLM's server default on big GPUs), 2048 where the weights leave less than
+// kAutoLargeStepMinKvBytes for the KV pool (an 8192-token step's activations and window pages cost gpt-oss
+// ~1 GiB, 12% of 120b's KV on an 80 GB GPU) and on the CPU (short steps).
+constexpr int64_t kAutoBatchedTokensLarge = 8192;
+constexpr int64_t kAutoBatchedTokensSmall = 2048;
+constexpr int64_t kAutoLargeStepMinKvBytes = 16ll << 30;
 // Running requests: on a device as many as the KV pool holds at kAutoTokensPerRequest tokens each (a
 // 1K-in/1K-out request at its end, so that a full batch of them never preempts), at most the largest
 // decode graph bucket of the default list that is kept (kAutoMaxRunningRequests); on the CPU a fixed 64.
 constexpr int64_t kAutoTokensPerRequest = 2048;
 constexpr int64_t kAutoMaxRunningRequests = 256;
 constexpr int64_t kAutoRunningRequestsCpu = 64;
+
+// The auto step budget for a device with `kv_room_bytes` of its memory share left after the weights (< 0:
+// no device, the CPU).
+int64_t auto_max_num_batched_tokens(int64_t kv_room_bytes);
 
 // Checks ranges (one clear message per bad field) and fills the auto values from the model.
 Result<EngineConfig> resolve_engine_config(const EngineConfig& config, const Model& model);

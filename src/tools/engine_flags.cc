@@ -8,7 +8,7 @@ std::vector<CliOption> engine_cli_options() {
       {"mem-fraction", true, "CUDA: share of device memory for weights, activations and the KV pool (default 0.9)",
        {"gpu-memory-utilization", "mem-fraction-static"}},
       {"num-kv-pages", true, "KV pool size in pages; overrides --mem-fraction (CPU default: a 256 MiB pool)"},
-      {"max-num-batched-tokens", true, "tokens computed per engine step (serve on a GPU: 8192; otherwise 2048)"},
+      {"max-num-batched-tokens", true, "tokens computed per engine step (serve on a GPU: 8192 when the weights leave 16 GiB for KV; otherwise 2048)"},
       {"max-running-requests", true,
        "requests decoded together (serve on a GPU: as many as the KV pool holds at 2048 tokens each, at most 256; "
        "otherwise 64)",

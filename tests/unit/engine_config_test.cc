@@ -40,9 +40,17 @@ TEST(EngineConfig, ResolvesAutoValuesAndRejectsBadRanges) {
   c.max_running_requests = 0;
   auto autos = resolve_engine_config(c, *fx.model);
   ASSERT_TRUE(autos.is_ok()) << autos.status().to_string();
-  EXPECT_EQ(autos->max_num_batched_tokens, kAutoBatchedTokensCpu);
+  EXPECT_EQ(autos->max_num_batched_tokens, kAutoBatchedTokensSmall);
   EXPECT_EQ(autos->max_running_requests, kAutoRunningRequestsCpu);
   EXPECT_FALSE(autos->auto_max_running_requests);
+}
+
+// The auto step: large where the weights leave room (gpt-oss-20b on an 80 GB GPU: ~58 GiB), small where the
+// KV pool is tight (120b there: ~10 GiB) and on the CPU.
+TEST(EngineConfig, AutoStepBudgetFollowsTheRoomForKv) {
+  EXPECT_EQ(auto_max_num_batched_tokens(58ll << 30), 8192);
+  EXPECT_EQ(auto_max_num_batched_tokens(10ll << 30), 2048);
+  EXPECT_EQ(auto_max_num_batched_tokens(-1), 2048);
 }
 
 // Auto max-running-requests: the largest default graph bucket (at most 256) whose requests the pool holds at
