@@ -78,10 +78,11 @@ int64_t auto_max_num_batched_tokens(int64_t kv_room_bytes) {
 Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& model) {
   EngineConfig c = in;
   const bool on_cpu = model.backend().device() == Device::kCpu;
+  const Result<DeviceMemory> memory = on_cpu ? Result<DeviceMemory>(unimplemented("cpu")) : model.backend().memory_info();
   if (c.max_num_batched_tokens == 0) {
     int64_t room = -1;
-    if (auto mem = model.backend().memory_info(); mem.is_ok() && !on_cpu)
-      room = static_cast<int64_t>(static_cast<double>(mem->total_bytes) * c.mem_fraction) - model.device_weight_bytes();
+    if (memory.is_ok())
+      room = static_cast<int64_t>(static_cast<double>(memory->total_bytes) * c.mem_fraction) - model.device_weight_bytes();
     c.max_num_batched_tokens = auto_max_num_batched_tokens(room);
   }
   // A device sizes the batch from the KV pool, once it is known: until then, buffers for the most it can get.
@@ -114,6 +115,16 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
     c.num_kv_pages = std::max<int64_t>(1, max_full_pages(plan_groups(in), c.page_size, 0, c.cpu_kv_cache_bytes));
   } else if (c.num_kv_pages > 0 && c.auto_max_running_requests) {
     c.max_running_requests = auto_max_running_requests(c.num_kv_pages, c.page_size);
+  } else if (c.auto_max_running_requests && memory.is_ok()) {
+    // The memory plan will lower it once the warm-up measured the activations; until then the most the
+    // memory left beside the weights (and whatever else is in use) could hold, so that the warm-up's
+    // buffers (logits rows, staging) are not sized for a batch the pool can never run.
+    KvMemoryInputs estimate = kv_memory_inputs(c, layout, model.backend().kv_dtype());
+    estimate.device_bytes = memory->total_bytes;
+    estimate.weights_bytes = model.device_weight_bytes();
+    estimate.other_bytes = std::max<int64_t>(0, memory->total_bytes - memory->free_bytes - estimate.weights_bytes);
+    estimate.scratch_pages = 1;
+    c.max_running_requests = auto_max_running_requests(estimate, c);
   }
   if (c.num_kv_pages > 0) set_kv_pool_pages(&c, c.num_kv_pages);
   // Resolved to what will happen: a backend that cannot capture (the CPU) runs every step eagerly.
