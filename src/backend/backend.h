@@ -230,6 +230,9 @@ class Backend {
   // Scratch and graphs. Backends without private scratch or graph support keep these defaults.
   virtual Status prepare(const WorkspaceSpec&) { return Status::ok(); }
   virtual bool can_capture() const { return false; }
+  // Binds the calling thread to this backend's device (CUDA: cudaSetDevice). A thread other than the one
+  // that created the backend calls it before its first op (tensor-parallel ranks run on their own threads).
+  virtual Status make_current() { return Status::ok(); }
   // Runs `body` once in capture mode and returns its replayable recording. Nothing runs during capture.
   virtual Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) {
     (void)body;

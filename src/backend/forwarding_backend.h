@@ -71,6 +71,7 @@ class ForwardingBackend : public Backend {
 
   Status prepare(const WorkspaceSpec& spec) override { return inner_.prepare(spec); }
   bool can_capture() const override { return inner_.can_capture(); }
+  Status make_current() override { return inner_.make_current(); }
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
     return inner_.capture(body);
   }

@@ -42,7 +42,13 @@ int64_t KvCacheShape::bytes(DType dtype) const {
 }
 
 Result<KvCache> KvCache::allocate(Backend& backend, const KvCacheShape& shape) {
+  return allocate(std::vector<Backend*>(static_cast<size_t>(shape.layout.num_layers()), &backend), shape);
+}
+
+Result<KvCache> KvCache::allocate(const std::vector<Backend*>& layer_backends, const KvCacheShape& shape) {
   const KvLayout& layout = shape.layout;
+  if (static_cast<int64_t>(layer_backends.size()) != layout.num_layers())
+    return invalid_argument("KV cache needs one backend per layer");
   if (layout.num_layers() <= 0 || shape.page_size <= 0 || static_cast<int64_t>(shape.group_pages.size()) != layout.num_groups())
     return invalid_argument("KV cache needs layers, a positive page size and a page count per layer group");
   for (int64_t g = 0; g < layout.num_groups(); ++g) {
@@ -52,8 +58,9 @@ Result<KvCache> KvCache::allocate(Backend& backend, const KvCacheShape& shape) {
   }
   KvCache cache;
   cache.shape_ = shape;
-  const DType dtype = backend.kv_dtype();
   for (int64_t l = 0; l < layout.num_layers(); ++l) {
+    Backend& backend = *layer_backends[static_cast<size_t>(l)];
+    const DType dtype = backend.kv_dtype();
     const int64_t g = layout.layer_group[static_cast<size_t>(l)];
     const KvLayerSpec& s = layout.layers[static_cast<size_t>(l)];
     const Shape layer_shape{shape.group_pages[static_cast<size_t>(g)], shape.page_size, s.n_kv, s.head_dim};

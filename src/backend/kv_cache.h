@@ -49,6 +49,8 @@ struct KvCacheShape {
 class KvCache {
  public:
   static Result<KvCache> allocate(Backend& backend, const KvCacheShape& shape);
+  // Layer l's K and V on layer_backends[l] (tensor-parallel ranks keep their layers on their own devices).
+  static Result<KvCache> allocate(const std::vector<Backend*>& layer_backends, const KvCacheShape& shape);
 
   const KvCacheShape& shape() const { return shape_; }
   KvLayerView layer(int64_t index) const { return layers_[static_cast<size_t>(index)]; }

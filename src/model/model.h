@@ -60,6 +60,9 @@ class Model {
   // and window, one page pool per group.
   virtual const KvLayout& kv_layout() const = 0;
   virtual Result<std::unique_ptr<ModelWorkspace>> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const = 0;
+  // The KV cache for kv_layout() with `shape`'s pages; on backend() unless the model spreads its layers
+  // (tensor parallel: each rank's on its own device).
+  virtual Result<KvCache> allocate_kv_cache(const KvCacheShape& shape) const { return KvCache::allocate(backend(), shape); }
   // Runs one batch: writes f32 logits [R, vocab] for the batch's logit rows and returns the final hidden rows
   // [T, H]. `kv` must be laid out as kv_layout() says; `ws` must come from this model's make_workspace.
   virtual Result<ForwardOutput> forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& ws, TensorView logits,

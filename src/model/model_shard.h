@@ -20,12 +20,9 @@ struct ModelShard {
   int64_t kv_layer_offset = 0;    // the rank's layers start here in the KV cache all ranks share
 };
 
-// [begin, end) of `rank`'s share of `n` items: the first n % size ranks get one more.
-inline std::pair<int64_t, int64_t> shard_range(int64_t n, int rank, int size) {
-  const int64_t base = n / size, extra = n % size;
-  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
-  return {begin, begin + base + (rank < extra ? 1 : 0)};
-}
+// [begin, end) of `rank`'s share of `n` items: the first n % size ranks get one more (as the communicators'
+// all-gather expects).
+inline std::pair<int64_t, int64_t> shard_range(int64_t n, int rank, int size) { return split_range(n, rank, size); }
 
 // `what` (e.g. "KV heads") must split evenly over the ranks, or a clear error names the sizes that work.
 inline Status check_even_split(const char* what, int64_t n, int size) {

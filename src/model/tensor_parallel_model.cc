@@ -6,7 +6,8 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/cpu_communicator.h"
+#include "backend/communicator.h"
+#include "backend/forwarding_backend.h"
 #include "model/model_registry.h"
 
 namespace mx {
@@ -18,6 +19,7 @@ constexpr int kMaxTensorParallelSize = 64;
 class RankThreads {
  public:
   explicit RankThreads(int size) : results_(static_cast<size_t>(size)) {
+    threads_.reserve(static_cast<size_t>(size));
     for (int r = 1; r < size; ++r) threads_.emplace_back([this, r] { loop(r); });
   }
   ~RankThreads() {
@@ -74,6 +76,13 @@ class RankThreads {
   std::vector<std::thread> threads_;
 };
 
+// Rank 0's backend as the engine sees it: the engine's graphs would capture rank 0's stream only, so none.
+class RankZeroBackend final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  bool can_capture() const override { return false; }
+};
+
 struct TensorParallelWorkspace : ModelWorkspace {
   std::vector<std::unique_ptr<ModelWorkspace>> ranks;
   std::vector<Buffer> logits;  // [size] f32 [max_logit_rows, vocab] for ranks 1.. (rank 0 writes the caller's)
@@ -81,26 +90,36 @@ struct TensorParallelWorkspace : ModelWorkspace {
 
 class TensorParallelModel final : public Model {
  public:
-  explicit TensorParallelModel(int size) : group_(size), threads_(size) {
-    for (int r = 0; r < size; ++r) comms_.push_back(group_.communicator(r));
-  }
+  TensorParallelModel(int size, Backend& rank_zero) : size_(size), threads_(size), rank_zero_(rank_zero) {}
 
+  // Rank r on device options.device + r (CUDA) or on another CPU backend; rank 0 on the caller's backend.
   Status load(const std::string& model_dir, Backend& backend, const BackendOptions& options) {
-    const int size = group_.size();
-    backends_.resize(static_cast<size_t>(size));
-    std::vector<KvLayerSpec> layers;
-    for (int r = 0; r < size; ++r) {
-      Backend* b = &backend;
-      if (r > 0) {
-        MX_ASSIGN_OR_RETURN(backends_[static_cast<size_t>(r)], make_backend(options));
-        b = backends_[static_cast<size_t>(r)].get();
-      }
-      const ModelShard shard{r, size, comms_[static_cast<size_t>(r)].get(), static_cast<int64_t>(layers.size())};
-      MX_ASSIGN_OR_RETURN(auto rank, load_model(model_dir, *b, shard));
-      const auto& own = rank->kv_layout().layers;
-      layers.insert(layers.end(), own.begin(), own.end());
-      ranks_.push_back(std::move(rank));
+    std::vector<Backend*> raw = {&backend};
+    backends_.resize(static_cast<size_t>(size_));
+    for (int r = 1; r < size_; ++r) {
+      BackendOptions o = options;
+      o.device = options.device + r;
+      MX_ASSIGN_OR_RETURN(backends_[static_cast<size_t>(r)], make_backend(o));
+      raw.push_back(backends_[static_cast<size_t>(r)].get());
     }
+    MX_RETURN_IF_ERROR(backend.make_current());
+    MX_ASSIGN_OR_RETURN(comms_, make_communicators(raw));
+    std::vector<KvLayerSpec> layers;
+    for (int r = 0; r < size_; ++r) {
+      Backend& b = *raw[static_cast<size_t>(r)];
+      MX_RETURN_IF_ERROR(b.make_current());
+      const ModelShard shard{r, size_, comms_[static_cast<size_t>(r)].get(), static_cast<int64_t>(layers.size())};
+      auto rank = load_model(model_dir, b, shard);
+      if (!rank.is_ok()) {
+        MX_RETURN_IF_ERROR(backend.make_current());
+        return rank.status();
+      }
+      const auto& own = (*rank)->kv_layout().layers;
+      layers.insert(layers.end(), own.begin(), own.end());
+      for (size_t l = 0; l < own.size(); ++l) layer_backends_.push_back(&b);
+      ranks_.push_back(std::move(rank).value());
+    }
+    MX_RETURN_IF_ERROR(backend.make_current());
     kv_layout_ = KvLayout::from_layers(std::move(layers));
     return Status::ok();
   }
@@ -108,11 +127,15 @@ class TensorParallelModel final : public Model {
   std::string family() const override { return ranks_[0]->family(); }
   const ModelDims& dims() const override { return ranks_[0]->dims(); }
   const GenerationConfig& generation_config() const override { return ranks_[0]->generation_config(); }
-  Backend& backend() const override { return ranks_[0]->backend(); }
+  Backend& backend() const override { return rank_zero_; }
+  // Per device, for the memory plan of rank 0's device: the largest rank's share.
   int64_t device_weight_bytes() const override {
-    int64_t total = 0;
-    for (const auto& r : ranks_) total += r->device_weight_bytes();
-    return total;
+    int64_t most = 0;
+    for (const auto& r : ranks_) most = std::max(most, r->device_weight_bytes());
+    return most;
+  }
+  Result<KvCache> allocate_kv_cache(const KvCacheShape& shape) const override {
+    return KvCache::allocate(layer_backends_, shape);
   }
   const KvLayout& kv_layout() const override { return kv_layout_; }
   const ModelCost& cost() const override { return ranks_[0]->cost(); }
@@ -123,12 +146,14 @@ class TensorParallelModel final : public Model {
     ws->max_logit_rows = max_logit_rows;
     const int64_t bytes = max_logit_rows * dims().vocab_size * static_cast<int64_t>(sizeof(float));
     for (size_t r = 0; r < ranks_.size(); ++r) {
+      MX_RETURN_IF_ERROR(ranks_[r]->backend().make_current());
       MX_ASSIGN_OR_RETURN(auto own, ranks_[r]->make_workspace(max_tokens, max_logit_rows));
       ws->ranks.push_back(std::move(own));
       if (r > 0) {
         MX_ASSIGN_OR_RETURN(ws->logits.emplace_back(), ranks_[r]->backend().allocate(std::max<int64_t>(bytes, 4)));
       }
     }
+    MX_RETURN_IF_ERROR(ranks_[0]->backend().make_current());
     return std::unique_ptr<ModelWorkspace>(std::move(ws));
   }
 
@@ -137,10 +162,11 @@ class TensorParallelModel final : public Model {
     auto* ws = dynamic_cast<TensorParallelWorkspace*>(&workspace);
     if (!ws || ws->ranks.size() != ranks_.size())
       return invalid_argument("tensor-parallel forward pass given another model's workspace");
-    group_.reset();
+    comms_[0]->begin_round();
     std::vector<ForwardOutput> outputs(ranks_.size());
     const std::vector<Status> statuses = threads_.run([&](int r) -> Status {
       const auto i = static_cast<size_t>(r);
+      if (r > 0) MX_RETURN_IF_ERROR(ranks_[i]->backend().make_current());
       const TensorView own_logits =
           r == 0 ? logits : ws->logits[i - 1].view(DType::kF32, {batch.num_logit_rows, dims().vocab_size});
       auto out = ranks_[i]->forward(batch, kv, *ws->ranks[i], own_logits, r == 0 ? observer : nullptr);
@@ -159,15 +185,25 @@ class TensorParallelModel final : public Model {
       if (st.message() != kTensorParallelAborted) return st;
     }
     if (first) return *first;
+    // Rank 0 returned once its work was queued; the others' queued work must be done before their buffers
+    // (and the staged batch they read) change.
+    for (size_t r = 1; r < ranks_.size(); ++r) {
+      MX_RETURN_IF_ERROR(ranks_[r]->backend().make_current());
+      const Status st = ranks_[r]->backend().synchronize();
+      MX_RETURN_IF_ERROR(ranks_[0]->backend().make_current());
+      MX_RETURN_IF_ERROR(st);
+    }
     return outputs[0];
   }
 
  private:
-  mutable CpuCommGroup group_;
+  const int size_;
   mutable RankThreads threads_;
-  std::vector<std::unique_ptr<Communicator>> comms_;
+  mutable RankZeroBackend rank_zero_;
   std::vector<std::unique_ptr<Backend>> backends_;  // [size]; rank 0's is the caller's (null here)
+  std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<Model>> ranks_;
+  std::vector<Backend*> layer_backends_;  // each KV layer's rank's backend
   KvLayout kv_layout_;
 };
 
@@ -177,9 +213,8 @@ Status check_tensor_parallel_backend(const BackendOptions& options, int size) {
   if (size < 1 || size > kMaxTensorParallelSize)
     return invalid_argument("tensor parallel size must be in [1, " + std::to_string(kMaxTensorParallelSize) + "], got " +
                             std::to_string(size));
-  if (size > 1 && options.name != "cpu")
-    return unimplemented("tensor parallel runs on the CPU backend only so far (--backend cpu); on " + options.name +
-                         " one device per server for now");
+  if (size > 1 && options.name != "cpu" && options.name != "cuda")
+    return unimplemented("tensor parallel runs on the cpu and cuda backends, not " + options.name);
   return Status::ok();
 }
 
@@ -187,8 +222,7 @@ Result<std::unique_ptr<Model>> load_tensor_parallel_model(const std::string& mod
                                                           const BackendOptions& options, int size) {
   MX_RETURN_IF_ERROR(check_tensor_parallel_backend(options, size));
   if (size == 1) return load_model(model_dir, backend);
-  if (backend.device() != Device::kCpu) return invalid_argument("tensor parallel rank 0 must be a CPU backend");
-  auto model = std::make_unique<TensorParallelModel>(size);
+  auto model = std::make_unique<TensorParallelModel>(size, backend);
   MX_RETURN_IF_ERROR(model->load(model_dir, backend, options));
   return std::unique_ptr<Model>(std::move(model));
 }

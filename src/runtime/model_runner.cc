@@ -102,7 +102,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
     r->scratch_rows_.push_back({static_cast<int32_t>(pages)});
     pages += sizes.empty() ? 0 : 1;
   }
-  MX_ASSIGN_OR_RETURN(r->kv_, KvCache::allocate(backend, with_scratch));
+  MX_ASSIGN_OR_RETURN(r->kv_, model.allocate_kv_cache(with_scratch));
   r->startup_.kv_pages = config->num_kv_pages;
   r->startup_.kv_bytes = shape.bytes(backend.kv_dtype());
   if (!sizes.empty()) MX_RETURN_IF_ERROR(r->capture_graphs(sizes));
@@ -136,7 +136,7 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
   DeviceMemory after;
   {
     const KvCacheShape shape = KvCacheShape::uniform(model_.kv_layout(), next_page, P);
-    MX_ASSIGN_OR_RETURN(KvCache temp, KvCache::allocate(b, shape));
+    MX_ASSIGN_OR_RETURN(KvCache temp, model_.allocate_kv_cache(shape));
     temp_kv_bytes = shape.bytes(b.kv_dtype());
     MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
     const TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, model_.dims().vocab_size});

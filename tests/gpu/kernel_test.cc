@@ -447,6 +447,42 @@ TEST_F(KernelTest, MoeExperts) {
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8, Routing::kUniform}, {CudaMoePath::kAuto});
 }
 
+// Expert parallel (a tensor-parallel rank's share of the experts): ids route among all E experts, the
+// backend holds [first, first + E/2); slots routed to the other half add nothing. CUDA (local routing, then
+// every path) against the CPU twin on the same share, at decode and prefill sizes.
+TEST_F(KernelTest, MoeExpertsOfAShare) {
+  for (const MoeCase& c : {MoeCase{8, 256, 192, 4, 1, Routing::kUniform}, MoeCase{8, 320, 192, 4, 37, Routing::kUniform},
+                           MoeCase{16, 256, 320, 4, 700, Routing::kHot}}) {
+    HostExperts hx;
+    make_experts(rng_, c.E, c.H, c.I, &hx);
+    const int64_t first = c.E / 2, count = c.E / 2;
+    ExpertWeights share = hx.view;
+    for (TensorView* t : {&share.w1_blocks, &share.w1_scales, &share.w1_bias, &share.w2_blocks, &share.w2_scales, &share.w2_bias})
+      *t = t->rows(first, first + count);
+    share.num_experts = count;
+    std::vector<Buffer> owner;
+    auto up = cuda_backend().upload_experts(share, &owner);
+    ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    make_routing(rng_, c, &ids, &weights);
+    Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
+    Pair px = upload_activation(cpu_, cuda_, x, {c.T, c.H});
+    TensorView id_c = cpu_.upload(DType::kI32, {c.T, c.k}, ids.data()), id_g = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data());
+    TensorView w_c = cpu_.upload(DType::kF32, {c.T, c.k}, weights.data()),
+               w_g = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
+    TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H}), o_g = cuda_.make(DType::kBF16, {c.T, c.H});
+    MoeParams m_c{px.cpu, id_c, w_c, &share, o_c, c.k, 7.0f, 1.702f, c.E, first};
+    MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f, c.E, first};
+    ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
+    const Status st = cuda_backend().moe_experts(m_g);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    check("moe_experts", "expert parallel: experts " + std::to_string(first) + ".." + std::to_string(first + count - 1) +
+                             " of " + std::to_string(c.E) + ", " + std::to_string(c.T) + " tokens, " + routing_name(c.routing),
+          cuda_.download_f32(o_g), cpu_.download_f32(o_c), 1e-2);
+  }
+}
+
 // The decode GEMMs (moe_decode.cu) around their switches: each CTA routing itself up to 32 routed tokens
 // (one token, 8 tokens = 32 slots, 9 tokens = the routing kernel's metadata), experts with more than one
 // 8-token tile (16 tokens to one hot expert, 20 tokens to one expert at top-1), 128 experts, k splits of

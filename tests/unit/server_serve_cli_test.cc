@@ -85,7 +85,7 @@ TEST(ServeCli, PeerFlagsAreAliasesOrRefusedWithAReason) {
     std::string expected;
   } cases[] = {
       {"serve --tensor-parallel-size 0", 1, "--tensor-parallel-size must be in [1, 64]"},
-      {"serve --backend cuda --tp 4", 1, "tensor parallel runs on the CPU backend only so far"},
+      {"serve --port 0 --tp 3", 1, "tensor parallel size 3 does not divide the model's 8 attention heads"},
       {"serve --dtype float16", 1, "--dtype float16: mxserve computes in bfloat16"},
       {"serve --kv-cache-dtype fp8", 1, "--kv-cache-dtype fp8: only a bfloat16 KV cache"},
       {"serve --reasoning-parser deepseek_r1", 1, "give gpt_oss or leave it out"},

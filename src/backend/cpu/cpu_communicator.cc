@@ -9,7 +9,7 @@ namespace mx {
 
 class CpuCommunicator final : public Communicator {
  public:
-  CpuCommunicator(CpuCommGroup& group, int rank) : group_(group), rank_(rank) {}
+  CpuCommunicator(std::shared_ptr<CpuCommGroup> group, int rank) : owner_(std::move(group)), group_(*owner_), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_.size(); }
@@ -54,6 +54,9 @@ class CpuCommunicator final : public Communicator {
     if (!group_.arrive_and_wait()) return aborted();
     int64_t total = 0;
     for (int64_t w : group_.widths_) total += w;
+    for (int r = 0; r < size(); ++r)
+      if (group_.widths_[static_cast<size_t>(r)] != split_range(total, r, size()).second - split_range(total, r, size()).first)
+        return fail("all_gather_columns: the ranks' widths do not split the columns evenly");
     if (out.dim(0) != rows || out.dim(1) != total)
       return fail("all_gather_columns: output [" + std::to_string(out.dim(0)) + ", " + std::to_string(out.dim(1)) +
                   "] for " + std::to_string(rows) + " rows of " + std::to_string(total) + " columns");
@@ -72,6 +75,7 @@ class CpuCommunicator final : public Communicator {
   }
 
   void abort() override { group_.abort(); }
+  void begin_round() override { group_.reset(); }
 
  private:
   static Status aborted() { return internal_error(kTensorParallelAborted); }
@@ -81,6 +85,7 @@ class CpuCommunicator final : public Communicator {
     return internal_error(why);
   }
 
+  std::shared_ptr<CpuCommGroup> owner_;
   CpuCommGroup& group_;
   const int rank_;
   std::vector<float> sum_;
@@ -89,8 +94,10 @@ class CpuCommunicator final : public Communicator {
 CpuCommGroup::CpuCommGroup(int size)
     : size_(size), published_(static_cast<size_t>(size)), widths_(static_cast<size_t>(size)) {}
 
+std::shared_ptr<CpuCommGroup> CpuCommGroup::create(int size) { return std::shared_ptr<CpuCommGroup>(new CpuCommGroup(size)); }
+
 std::unique_ptr<Communicator> CpuCommGroup::communicator(int rank) {
-  return std::make_unique<CpuCommunicator>(*this, rank);
+  return std::make_unique<CpuCommunicator>(shared_from_this(), rank);
 }
 
 void CpuCommGroup::reset() {

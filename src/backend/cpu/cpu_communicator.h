@@ -11,17 +11,18 @@
 
 namespace mx {
 
-class CpuCommGroup {
+class CpuCommGroup : public std::enable_shared_from_this<CpuCommGroup> {
  public:
-  explicit CpuCommGroup(int size);
+  static std::shared_ptr<CpuCommGroup> create(int size);
   int size() const { return size_; }
-  // Rank `rank`'s communicator; the group must outlive it.
+  // Rank `rank`'s communicator; it keeps the group alive.
   std::unique_ptr<Communicator> communicator(int rank);
   // Clears an abort before the next round (no rank may be inside a collective).
   void reset();
 
  private:
   friend class CpuCommunicator;
+  explicit CpuCommGroup(int size);
   // Waits until every rank arrived; false when the round was aborted.
   bool arrive_and_wait();
   void abort();

@@ -94,15 +94,22 @@ class CudaDeviceTimer final : public DeviceTimer {
 // Private scratch, grown only outside graph capture.
 struct Scratch {
   Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling, linear_partials, linear_tickets;
+  Buffer share_ids, share_weights;  // expert parallel: the slots' local expert ids and weights
   int64_t max_slots = 0, max_tiles = 0, experts = 0;
 };
 
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<Backend>> create(int device, const CudaBackendOptions& options) {
+    int count = 0;
+    MX_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+    if (device < 0 || device >= count)
+      return invalid_argument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                              " visible; tensor parallel takes one device per rank)");
     MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
     b->options_ = options;
+    b->device_ = device;
     MX_ASSIGN_OR_RETURN(b->dev_, query_device_info(device));
     cudaStream_t s = nullptr;
     MX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -115,6 +122,7 @@ class CudaBackend final : public Backend {
   }
 
   CudaBackendOptions& options() { return options_; }
+  CudaPlacement placement() const { return {device_, stream_.get()}; }
 
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
@@ -170,6 +178,10 @@ class CudaBackend final : public Backend {
     return CudaDeviceTimer::create(slots, stream_.get());
   }
   bool can_capture() const override { return true; }
+  Status make_current() override {
+    MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return Status::ok();
+  }
 
   Result<TensorView> upload_weight(const TensorView& host, std::vector<Buffer>* owner) override {
     if (host.device() != Device::kCpu) return internal_error("upload_weight: source is not host memory");
@@ -386,7 +398,7 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     if (w.layout != ExpertLayout::kMxfp4SwapAb) return internal_error("moe_experts: weights were not uploaded by CUDA");
     if ((p.routed_experts != 0 && p.routed_experts != w.num_experts) || p.first_expert != 0)
-      return unimplemented("expert-parallel MoE (a share of the experts) on CUDA");
+      return moe_experts_of_a_share(p);
     expect(p.x, DType::kBF16, "moe x");
     expect(p.out, DType::kBF16, "moe out");
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
@@ -429,6 +441,30 @@ class CudaBackend final : public Backend {
 
   // Many tokens per expert on Hopper (moe_wgmma.cu): routing, x permuted into the wgmma k order (in the y
   // scratch, free until the second GEMM), the two GEMMs (h in the permuted order between them), combine.
+  // Expert parallel: this backend holds experts [first, first + E) of the router's. Slots routed elsewhere go
+  // to local expert 0 with weight 0 (they add exactly nothing), so every MoE path runs unchanged; the extra
+  // work on expert 0 is the price until the kernels learn to skip slots.
+  Status moe_experts_of_a_share(const MoeParams& p) {
+    const int64_t slots = p.topk_ids.numel();
+    MX_RETURN_IF_ERROR(ensure(scratch_.share_ids, slots * 4, "expert-parallel ids"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.share_weights, slots * 4, "expert-parallel weights"));
+    LocalRoutingParams lr;
+    lr.ids = ptr<const int32_t>(p.topk_ids);
+    lr.weights = ptr<const float>(p.topk_weights);
+    lr.slots = slots;
+    lr.first_expert = static_cast<int32_t>(p.first_expert);
+    lr.num_experts = static_cast<int32_t>(p.experts->num_experts);
+    lr.local_ids = static_cast<int32_t*>(scratch_.share_ids.data());
+    lr.local_weights = static_cast<float*>(scratch_.share_weights.data());
+    MX_RETURN_IF_ERROR(launch_local_routing(lr, stream_.get()));
+    MoeParams local = p;
+    local.topk_ids = scratch_.share_ids.view(DType::kI32, p.topk_ids.shape());
+    local.topk_weights = scratch_.share_weights.view(DType::kF32, p.topk_weights.shape());
+    local.routed_experts = 0;
+    local.first_expert = 0;
+    return moe_experts(local);
+  }
+
   Status moe_experts_wgmma(const MoeParams& p, const MoeWgmmaConfig& c) {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
@@ -630,6 +666,7 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  int device_ = 0;
   DeviceInfo dev_;
   CudaBackendOptions options_;
   CudaStream stream_;
@@ -658,6 +695,12 @@ Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe) {
   MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
   options->moe = moe;
   return Status::ok();
+}
+
+Result<CudaPlacement> cuda_placement(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda) return invalid_argument("not a CUDA backend: " + backend.name());
+  return cuda->placement();
 }
 
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny) {

@@ -53,4 +53,11 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackend
 Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe);
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny);
 
+// A CUDA backend's device ordinal and stream (cudaStream_t), for the collectives that run on its stream.
+struct CudaPlacement {
+  int device = 0;
+  void* stream = nullptr;
+};
+Result<CudaPlacement> cuda_placement(Backend& backend);
+
 }  // namespace mx

@@ -239,7 +239,6 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
   // Each rank computes its vocabulary's columns; every rank gets the whole rows.
   TensorView local = ws.logits_local.rows(0, R);
   MX_RETURN_IF_ERROR(b.linear(gathered, weights_.lm_head, TensorView(), local));
-  MX_RETURN_IF_ERROR(backend_.synchronize());
   MX_RETURN_IF_ERROR(shard_.comm->all_gather_columns(local, logits.rows(0, R)));
   return out;
 }

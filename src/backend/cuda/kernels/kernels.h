@@ -118,6 +118,18 @@ Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream);
 // adds the bias in fp32 and writes the biased logits back.
 Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream);
 
+// Expert parallel: each slot's expert as an index into this rank's experts [first_expert, + num_experts),
+// or expert 0 with weight 0 when another rank holds it.
+struct LocalRoutingParams {
+  const int32_t* ids = nullptr;  // [slots] the router's expert ids
+  const float* weights = nullptr;
+  int32_t* local_ids = nullptr;
+  float* local_weights = nullptr;
+  int64_t slots = 0;
+  int32_t first_expert = 0, num_experts = 0;
+};
+Status launch_local_routing(const LocalRoutingParams& p, cudaStream_t stream);
+
 // Routing metadata for the expert GEMMs, built on the GPU, deterministic (stable by slot index).
 struct MoeRouting {
   int32_t* offsets = nullptr;       // [experts + 1] exclusive scan of per-expert slot counts

@@ -138,7 +138,22 @@ Status check(const RouterKernelParams& p) {
   return Status::ok();
 }
 
+__global__ void local_routing_kernel(LocalRoutingParams p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.slots) return;
+  const int32_t local = p.ids[i] - p.first_expert;
+  const bool here = local >= 0 && local < p.num_experts;
+  p.local_ids[i] = here ? local : 0;
+  p.local_weights[i] = here ? p.weights[i] : 0.0f;
+}
+
 }  // namespace
+
+Status launch_local_routing(const LocalRoutingParams& p, cudaStream_t stream) {
+  if (p.slots == 0) return Status::ok();
+  local_routing_kernel<<<static_cast<unsigned>(ceil_div64(p.slots, 256)), 256, 0, stream>>>(p);
+  return launch_status("local_routing_kernel");
+}
 
 Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
   MX_RETURN_IF_ERROR(check(p));

@@ -1,0 +1,199 @@
+#include "backend/cuda/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace mx {
+namespace {
+
+// The NCCL entry points mxserve uses, from the library found at run time.
+struct NcclLibrary {
+  void* handle = nullptr;
+  decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+
+  static Result<const NcclLibrary*> get() {
+    static const Result<NcclLibrary> lib = load();
+    if (!lib.is_ok()) return lib.status();
+    return &*lib;
+  }
+
+ private:
+  static Result<NcclLibrary> load() {
+    NcclLibrary l;
+    l.handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!l.handle)
+      return unimplemented(std::string("tensor parallel on CUDA needs NCCL (libnccl.so.2 on the library path): ") + dlerror());
+    auto sym = [&](const char* name) { return dlsym(l.handle, name); };
+    l.comm_init_all = reinterpret_cast<decltype(l.comm_init_all)>(sym("ncclCommInitAll"));
+    l.comm_destroy = reinterpret_cast<decltype(l.comm_destroy)>(sym("ncclCommDestroy"));
+    l.comm_abort = reinterpret_cast<decltype(l.comm_abort)>(sym("ncclCommAbort"));
+    l.all_reduce = reinterpret_cast<decltype(l.all_reduce)>(sym("ncclAllReduce"));
+    l.all_gather = reinterpret_cast<decltype(l.all_gather)>(sym("ncclAllGather"));
+    l.error_string = reinterpret_cast<decltype(l.error_string)>(sym("ncclGetErrorString"));
+    if (!l.comm_init_all || !l.comm_destroy || !l.comm_abort || !l.all_reduce || !l.all_gather || !l.error_string)
+      return unimplemented("libnccl.so.2 lacks the entry points mxserve needs (NCCL 2.x)");
+    return l;
+  }
+};
+
+Status nccl_status(const NcclLibrary& lib, ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return Status::ok();
+  return internal_error(std::string(what) + ": " + lib.error_string(r));
+}
+
+// The NCCL communicators of one group; destroyed when the last rank's communicator goes.
+struct NcclGroup {
+  const NcclLibrary* lib = nullptr;
+  std::vector<ncclComm_t> comms;
+  std::vector<bool> aborted;
+  ~NcclGroup() {
+    for (size_t r = 0; r < comms.size(); ++r)
+      if (comms[r] && !aborted[r]) lib->comm_destroy(comms[r]);
+  }
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, CudaPlacement where)
+      : group_(std::move(group)), rank_(rank), where_(where) {}
+  ~NcclCommunicator() override {
+    if (gather_in_) cudaFree(gather_in_);
+    if (gather_out_) cudaFree(gather_out_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(group_->comms.size()); }
+
+  Status all_reduce_sum(TensorView x) override {
+    MX_RETURN_IF_ERROR(usable());
+    ncclDataType_t type;
+    if (x.dtype() == DType::kBF16) type = ncclBfloat16;
+    else if (x.dtype() == DType::kF32) type = ncclFloat32;
+    else return invalid_argument(std::string("all_reduce_sum of ") + dtype_name(x.dtype()));
+    return nccl_status(*group_->lib,
+                       group_->lib->all_reduce(x.data(), x.data(), static_cast<size_t>(x.numel()), type, ncclSum, comm(), stream()),
+                       "ncclAllReduce");
+  }
+
+  // NCCL gathers equal blocks one after another: each rank's columns go out padded to the widest rank's
+  // width, and each block lands in its columns of `out` with one strided copy.
+  Status all_gather_columns(const TensorView& local, TensorView out) override {
+    MX_RETURN_IF_ERROR(usable());
+    if (local.dtype() != DType::kF32 || out.dtype() != DType::kF32 || local.shape().rank != 2 || out.shape().rank != 2)
+      return invalid_argument("all_gather_columns takes f32 [R, n] blocks into f32 [R, N]");
+    const int64_t rows = local.dim(0), total = out.dim(1), n = size();
+    const auto [b0, b1] = split_range(total, rank_, static_cast<int>(n));
+    if (out.dim(0) != rows || local.dim(1) != b1 - b0)
+      return invalid_argument("all_gather_columns: this rank's block does not match its share of the columns");
+    if (rows == 0) return Status::ok();
+    const int64_t widest = split_range(total, 0, static_cast<int>(n)).second;
+    const size_t block = static_cast<size_t>(rows * widest);
+    MX_RETURN_IF_ERROR(reserve(block * sizeof(float), block * static_cast<size_t>(n) * sizeof(float)));
+    cudaStream_t s = stream();
+    MX_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(gather_in_, widest * sizeof(float), local.data(), local.dim(1) * sizeof(float),
+                                              local.dim(1) * sizeof(float), rows, cudaMemcpyDeviceToDevice, s));
+    MX_RETURN_IF_ERROR(nccl_status(*group_->lib, group_->lib->all_gather(gather_in_, gather_out_, block, ncclFloat32, comm(), s),
+                                   "ncclAllGather"));
+    for (int r = 0; r < n; ++r) {
+      const auto [c0, c1] = split_range(total, r, static_cast<int>(n));
+      MX_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(out.ptr<float>() + c0, total * sizeof(float),
+                                                static_cast<float*>(gather_out_) + static_cast<size_t>(r) * block,
+                                                widest * sizeof(float), (c1 - c0) * sizeof(float), rows,
+                                                cudaMemcpyDeviceToDevice, s));
+    }
+    return Status::ok();
+  }
+
+  // NCCL cannot wake a rank whose GPU waits for a peer that never comes: the group is torn down instead,
+  // and every later collective of it fails.
+  void abort() override {
+    for (size_t r = 0; r < group_->comms.size(); ++r) {
+      if (group_->aborted[r]) continue;
+      group_->aborted[r] = true;
+      group_->lib->comm_abort(group_->comms[r]);
+    }
+  }
+
+ private:
+  ncclComm_t comm() const { return group_->comms[static_cast<size_t>(rank_)]; }
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(where_.stream); }
+  Status usable() const {
+    if (group_->aborted[static_cast<size_t>(rank_)]) return internal_error(kTensorParallelAborted);
+    return Status::ok();
+  }
+  Status reserve(size_t in_bytes, size_t out_bytes) {
+    if (in_bytes > gather_in_bytes_) {
+      MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+      if (gather_in_) cudaFree(gather_in_);
+      gather_in_ = nullptr;
+      MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&gather_in_, in_bytes));
+      gather_in_bytes_ = in_bytes;
+    }
+    if (out_bytes > gather_out_bytes_) {
+      MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
+      if (gather_out_) cudaFree(gather_out_);
+      gather_out_ = nullptr;
+      MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&gather_out_, out_bytes));
+      gather_out_bytes_ = out_bytes;
+    }
+    return Status::ok();
+  }
+
+  std::shared_ptr<NcclGroup> group_;
+  const int rank_;
+  const CudaPlacement where_;
+  void* gather_in_ = nullptr;
+  void* gather_out_ = nullptr;
+  size_t gather_in_bytes_ = 0, gather_out_bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(const std::vector<Backend*>& ranks) {
+  MX_ASSIGN_OR_RETURN(const NcclLibrary* lib, NcclLibrary::get());
+  std::vector<CudaPlacement> where;
+  std::vector<int> devices;
+  for (Backend* b : ranks) {
+    MX_ASSIGN_OR_RETURN(CudaPlacement p, cuda_placement(*b));
+    for (int d : devices)
+      if (d == p.device) return invalid_argument("two tensor-parallel ranks on CUDA device " + std::to_string(d));
+    where.push_back(p);
+    devices.push_back(p.device);
+  }
+  // Every rank's kernels read rank 0's staged batch.
+  for (size_t r = 1; r < devices.size(); ++r) {
+    MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
+    int can = 0;
+    MX_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, devices[r], devices[0]));
+    if (!can)
+      return unimplemented("CUDA device " + std::to_string(devices[r]) + " cannot access device " + std::to_string(devices[0]) +
+                           "'s memory (peer access), which tensor parallel needs");
+    const cudaError_t e = cudaDeviceEnablePeerAccess(devices[0], 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) MX_CUDA_RETURN_IF_ERROR(e);
+    cudaGetLastError();
+  }
+  MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[0]));
+  auto group = std::make_shared<NcclGroup>();
+  group->lib = lib;
+  group->comms.assign(devices.size(), nullptr);
+  group->aborted.assign(devices.size(), false);
+  MX_RETURN_IF_ERROR(nccl_status(*lib, lib->comm_init_all(group->comms.data(), static_cast<int>(devices.size()), devices.data()),
+                                 "ncclCommInitAll"));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (size_t r = 0; r < devices.size(); ++r)
+    comms.push_back(std::make_unique<NcclCommunicator>(group, static_cast<int>(r), where[r]));
+  return comms;
+}
+
+}  // namespace mx
