@@ -133,8 +133,14 @@ class CudaBackend final : public Backend {
   Result<Buffer> allocate(int64_t bytes) override {
     if (capturing_) return internal_error("allocate during graph capture");
     if (bytes < 0) return invalid_argument("negative allocation");
+    // On this backend's device whichever device the calling thread is bound to (tensor-parallel ranks'
+    // KV caches are allocated from the engine's thread).
+    int current = 0;
+    MX_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
+    if (current != device_) MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 256)));
+    if (current != device_) MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(current));
     if (err != cudaSuccess) {
       cudaGetLastError();
       return resource_exhausted("cannot allocate " + std::to_string(bytes) + " bytes of GPU memory: " +
