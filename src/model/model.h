@@ -63,6 +63,9 @@ class Model {
   // The KV cache for kv_layout() with `shape`'s pages; on backend() unless the model spreads its layers
   // (tensor parallel: each rank's on its own device).
   virtual Result<KvCache> allocate_kv_cache(const KvCacheShape& shape) const { return KvCache::allocate(backend(), shape); }
+  // Devices the KV layers are spread over evenly (tensor parallel on CUDA: one per rank); the device memory
+  // plan is made for one of them.
+  virtual int64_t kv_devices() const { return 1; }
   // Runs one batch: writes f32 logits [R, vocab] for the batch's logit rows and returns the final hidden rows
   // [T, H]. `kv` must be laid out as kv_layout() says; `ws` must come from this model's make_workspace.
   virtual Result<ForwardOutput> forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& ws, TensorView logits,

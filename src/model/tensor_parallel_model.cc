@@ -138,6 +138,8 @@ class TensorParallelModel final : public Model {
     return KvCache::allocate(layer_backends_, shape);
   }
   const KvLayout& kv_layout() const override { return kv_layout_; }
+  // Each rank's layers on its own device (CUDA); CPU ranks share one memory and one budget.
+  int64_t kv_devices() const override { return rank_zero_.device() == Device::kCpu ? 1 : size_; }
   const ModelCost& cost() const override { return ranks_[0]->cost(); }
 
   Result<std::unique_ptr<ModelWorkspace>> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const override {

@@ -119,7 +119,7 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
     // The memory plan will lower it once the warm-up measured the activations; until then the most the
     // memory left beside the weights (and whatever else is in use) could hold, so that the warm-up's
     // buffers (logits rows, staging) are not sized for a batch the pool can never run.
-    KvMemoryInputs estimate = kv_memory_inputs(c, layout, model.backend().kv_dtype());
+    KvMemoryInputs estimate = kv_memory_inputs(c, layout, model.backend().kv_dtype(), model.kv_devices());
     estimate.device_bytes = memory->total_bytes;
     estimate.weights_bytes = model.device_weight_bytes();
     estimate.other_bytes = std::max<int64_t>(0, memory->total_bytes - memory->free_bytes - estimate.weights_bytes);
@@ -145,15 +145,15 @@ std::vector<int64_t> kv_group_pages(const EngineConfig& c, int64_t full_pages) {
   return pool_pages(windows, window_pages, full_pages);
 }
 
-KvMemoryInputs kv_memory_inputs(const EngineConfig& c, const KvLayout& layout, DType kv_dtype) {
+KvMemoryInputs kv_memory_inputs(const EngineConfig& c, const KvLayout& layout, DType kv_dtype, int64_t devices) {
   KvMemoryInputs in;
-  in.bytes_per_token = layout.bytes_per_token(kv_dtype);
+  in.bytes_per_token = layout.bytes_per_token(kv_dtype) / devices;
   in.page_size = c.page_size;
   in.max_model_len = c.max_model_len;
   in.mem_fraction = c.mem_fraction;
   for (int64_t g = 0; g < layout.num_groups(); ++g) {
     const int64_t w = layout.groups[static_cast<size_t>(g)].window;
-    in.group_bytes_per_token.push_back(layout.group_bytes_per_token(g, kv_dtype));
+    in.group_bytes_per_token.push_back(layout.group_bytes_per_token(g, kv_dtype) / devices);
     in.group_windows.push_back(w);
     in.group_window_pages.push_back(w > 0 ? window_group_pages(w, c) : 0);
   }

@@ -125,7 +125,8 @@ struct KvMemoryPlan {
 // window_group_pages, whatever the context.
 Result<KvMemoryPlan> plan_kv_memory(const KvMemoryInputs& inputs);
 // The plan's inputs that come from the config and the model's KV layout (the rest is measured).
-KvMemoryInputs kv_memory_inputs(const EngineConfig& config, const KvLayout& layout, DType kv_dtype);
+// `devices` > 1: the layers are spread evenly over that many devices and the plan is one device's.
+KvMemoryInputs kv_memory_inputs(const EngineConfig& config, const KvLayout& layout, DType kv_dtype, int64_t devices = 1);
 // "memory plan: 139.8 GiB x 0.90: weights 12.8 GiB, activations 1.1 GiB, other 0.6 GiB, KV 52.0 GiB =
 //  1136000 tokens (71000 pages of 16), 8 requests at full context (131072 tokens)"
 std::string describe_kv_memory_plan(const KvMemoryInputs& inputs, const KvMemoryPlan& plan);

@@ -137,7 +137,7 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
   {
     const KvCacheShape shape = KvCacheShape::uniform(model_.kv_layout(), next_page, P);
     MX_ASSIGN_OR_RETURN(KvCache temp, model_.allocate_kv_cache(shape));
-    temp_kv_bytes = shape.bytes(b.kv_dtype());
+    temp_kv_bytes = shape.bytes(b.kv_dtype()) / model_.kv_devices();  // the share on this device
     MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
     const TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, model_.dims().vocab_size});
     MX_RETURN_IF_ERROR(forward(view, temp, logits).with_context("memory-plan warm-up pass"));
@@ -145,7 +145,7 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
     MX_ASSIGN_OR_RETURN(after, b.memory_info());
   }
   auto inputs = [&] {
-    KvMemoryInputs in = kv_memory_inputs(*config, model_.kv_layout(), b.kv_dtype());
+    KvMemoryInputs in = kv_memory_inputs(*config, model_.kv_layout(), b.kv_dtype(), model_.kv_devices());
     in.scratch_pages = graphs ? 1 : 0;
     in.device_bytes = before.total_bytes;
     in.weights_bytes = model_.device_weight_bytes();

@@ -45,6 +45,18 @@ TEST(EngineConfig, ResolvesAutoValuesAndRejectsBadRanges) {
   EXPECT_FALSE(autos->auto_max_running_requests);
 }
 
+// Tensor parallel on N devices: each holds 1/N of every layer group's KV, so the per-device plan sees 1/N
+// of the bytes per token.
+TEST(EngineConfig, KvInputsPerDeviceDivideEveryGroup) {
+  EngineConfig c;
+  const KvLayout layout = KvLayout::from_layers({{8, 64, 128, false}, {8, 64, 0, false}, {8, 64, 128, false}, {8, 64, 0, false}});
+  const KvMemoryInputs one = kv_memory_inputs(c, layout, DType::kBF16), two = kv_memory_inputs(c, layout, DType::kBF16, 2);
+  EXPECT_EQ(two.bytes_per_token * 2, one.bytes_per_token);
+  ASSERT_EQ(two.group_bytes_per_token.size(), 2u);
+  for (size_t g = 0; g < 2; ++g) EXPECT_EQ(two.group_bytes_per_token[g] * 2, one.group_bytes_per_token[g]);
+  EXPECT_EQ(two.group_window_pages, one.group_window_pages);
+}
+
 // The auto step: large where the weights leave room (gpt-oss-20b on an 80 GB GPU: ~58 GiB), small where the
 // KV pool is tight (120b there: ~10 GiB) and on the CPU.
 TEST(EngineConfig, AutoStepBudgetFollowsTheRoomForKv) {
