@@ -129,6 +129,11 @@ struct SampleParams {
   TensorView params;    // u8 [R, sizeof(SampleRowParams)]: one SampleRowParams per row
   TensorView tokens;    // i32 [R] out
   TensorView logprobs;  // f32 [R] out: the chosen token's log-softmax of the raw logits; may be empty
+  // Grammar masks (sampling_math.h token_allowed), both empty or both set. The op sets the disallowed logits
+  // of every masked row to -inf in `logits` before sampling (so a masked row's logprob is over its allowed
+  // tokens). Device buffers read by the kernels, so a captured graph replays whatever masks they hold.
+  TensorView token_mask;  // i32 [R, ceil(V / 32)]: the bits of each row's mask
+  TensorView mask_rows;   // i32 [R]: 1 = apply the row's mask, 0 = the row is unconstrained
 };
 
 // Sizes a backend's private scratch (MoE routing and intermediates, attention split partials) once, before

@@ -193,6 +193,12 @@ MX_HD float scaled(float x, float m, float inv_t) {
 }
 MX_HD uint64_t mass_of(float e) { return static_cast<uint64_t>(mul_rn(e, kMassScale)); }
 
+// Grammar masks (constrained decoding): bit (id % 32) of word id / 32 of a row's mask set means the token is
+// allowed. A masked row is sampled as if every disallowed logit were -inf (its logprob is then over the
+// allowed tokens); the sample op writes those -inf into the logits first, on both backends.
+MX_HD bool token_allowed(const uint32_t* mask_row, int64_t id) { return (mask_row[id >> 5] >> (id & 31)) & 1u; }
+MX_HD int64_t mask_words(int64_t vocab) { return (vocab + 31) / 32; }
+
 MX_HD bool has_top_k(int32_t top_k, int64_t vocab) { return top_k > 0 && top_k < vocab; }
 MX_HD bool has_top_p(float top_p) { return top_p < 1.0f; }
 MX_HD float min_p_threshold(float min_p) { return min_p > 0.0f ? (min_p < 1.0f ? min_p : 1.0f) : 0.0f; }

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "backend/cpu/sampling.h"
+#include "backend/sampling_math.h"
 #include "core/log.h"
 
 namespace mx {
@@ -85,6 +87,11 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   MX_ASSIGN_OR_RETURN(r->sample_out_device_, backend.allocate(2 * rows * 4));
   r->sample_params_host_.resize(static_cast<size_t>(rows));
   r->sample_out_host_.resize(static_cast<size_t>(2 * rows));
+  const int64_t mask_words = sampling::mask_words(vocab);
+  MX_ASSIGN_OR_RETURN(r->token_mask_device_, backend.allocate(rows * mask_words * 4));
+  MX_ASSIGN_OR_RETURN(r->mask_rows_device_, backend.allocate(rows * 4));
+  r->token_mask_host_.assign(static_cast<size_t>(rows * mask_words), 0u);
+  r->mask_rows_host_.assign(static_cast<size_t>(rows), 0);
   r->logits_host_.assign(static_cast<size_t>(rows * vocab), 0.0f);
   r->seqs_.reserve(static_cast<size_t>(config->max_running_requests));
 
@@ -222,7 +229,7 @@ bool ModelRunner::can_use_sample_op(const ScheduledBatch& batch) {
 
 // Without prompt logits, the logits rows are the sampling entries in order (then any padding rows, which
 // are sampled greedily and ignored).
-Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView& logits,
+Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView& logits, bool masked,
                                    std::vector<SampledToken>* sampled) {
   Backend& b = model_.backend();
   const int64_t rows = logits.dim(0);
@@ -238,7 +245,15 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
   MX_RETURN_IF_ERROR(b.copy_from_host(params, sample_params_host_.data()));
   bool want_logprobs = false;
   for (const ScheduledEntry& e : batch.entries) want_logprobs |= e.sample && e.request->input.sampling.logprobs;
-  MX_RETURN_IF_ERROR(b.sample({logits, params, tokens, want_logprobs ? logprobs : TensorView()}));
+  SampleParams sp{logits, params, tokens, want_logprobs ? logprobs : TensorView()};
+  if (masked) {  // rows past the sampled entries (padding) keep flag 0
+    const int64_t words = sampling::mask_words(logits.dim(1));
+    sp.token_mask = token_mask_device_.view(DType::kI32, {rows, words});
+    sp.mask_rows = mask_rows_device_.view(DType::kI32, {rows});
+    MX_RETURN_IF_ERROR(b.copy_from_host(sp.token_mask, token_mask_host_.data()));
+    MX_RETURN_IF_ERROR(b.copy_from_host(sp.mask_rows, mask_rows_host_.data()));
+  }
+  MX_RETURN_IF_ERROR(b.sample(sp));
   MX_RETURN_IF_ERROR(b.copy_to_host(sample_out_host_.data(), out));
   sampled->resize(static_cast<size_t>(batch.num_samples));
   k = 0;
@@ -261,15 +276,17 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
   MX_ASSIGN_OR_RETURN(const StagedStep step, stage_step(batch));
   const TensorView logits = logits_device_.view(DType::kF32, {step.view.num_logit_rows, model_.dims().vocab_size});
   MX_RETURN_IF_ERROR(run_forward(step, logits));
+  // Grammar masks are computed here, while a device backend still runs the forward pass just launched.
+  const bool masked = fill_token_masks(batch);
   // The sample op runs after the graph (next: inside it). Padding rows come last: sampled greedily and
   // ignored by the op, not copied on the host path.
   last_sample_seconds_ = 0;
-  if (step.view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, sampled);
+  if (step.view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, masked, sampled);
   const int64_t real_rows = step.view.num_logit_rows - step.padding_seqs;
   if (real_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits.rows(0, real_rows)));
   const auto sample_start = std::chrono::steady_clock::now();
   copy_prompt_logits(batch);
-  sample_on_host(batch, sampled);
+  sample_on_host(batch, masked, sampled);
   last_sample_seconds_ = seconds_since(sample_start);
   return Status::ok();
 }
@@ -360,7 +377,23 @@ void ModelRunner::copy_prompt_logits(const ScheduledBatch& batch) {
   }
 }
 
-void ModelRunner::sample_on_host(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
+bool ModelRunner::fill_token_masks(const ScheduledBatch& batch) {
+  const int64_t words = sampling::mask_words(model_.dims().vocab_size);
+  bool any = false;
+  int64_t k = 0;
+  for (const ScheduledEntry& e : batch.entries) {
+    if (!e.sample) continue;
+    const std::shared_ptr<TokenConstraint>& c = e.request->input.constraint;
+    const bool on = c && c->fill_mask(token_mask_host_.data() + k * words, model_.dims().vocab_size);
+    mask_rows_host_[static_cast<size_t>(k)] = on ? 1 : 0;
+    any |= on;
+    ++k;
+  }
+  if (any) std::fill(mask_rows_host_.begin() + k, mask_rows_host_.end(), 0);
+  return any;
+}
+
+void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, std::vector<SampledToken>* sampled) {
   const int64_t vocab = model_.dims().vocab_size;
   sampled->resize(static_cast<size_t>(batch.num_samples));
   int64_t row = 0, k = 0;
@@ -371,7 +404,10 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, std::vector<Sample
     if (!e.sample) continue;
     const PenaltyContext penalties{std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.prompt_len)),
                                    r.generated()};
-    const float* row_logits = logits_host_.data() + (row - 1) * vocab;  // the entry's last row
+    float* row_logits = logits_host_.data() + (row - 1) * vocab;  // the entry's last row
+    if (masked && mask_rows_host_[static_cast<size_t>(k)] != 0) {
+      cpu::apply_token_mask(row_logits, vocab, token_mask_host_.data() + k * sampling::mask_words(vocab));
+    }
     SampledToken& out = (*sampled)[static_cast<size_t>(k++)];
     sampler_.sample(row_logits, r.input.sampling, penalties, r.rng, &out);
     const size_t g = static_cast<size_t>(r.num_generated());

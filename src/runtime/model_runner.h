@@ -82,13 +82,17 @@ class ModelRunner {
   Result<bool> run_profiled(const DecodeGraph& graph, const BatchView& view, const TensorView& logits);
   // Host path (logits_host_ holds the step's real rows): prompt logits into their requests, then sampling.
   void copy_prompt_logits(const ScheduledBatch& batch);
-  void sample_on_host(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
+  void sample_on_host(const ScheduledBatch& batch, bool masked, std::vector<SampledToken>* sampled);
 
   // Steps whose sampled rows need nothing host-only (penalties, top logprobs, prompt logits, forced test
   // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs
   // the same algorithm.
   static bool can_use_sample_op(const ScheduledBatch& batch);
-  Status sample_with_op(const ScheduledBatch& batch, const TensorView& logits, std::vector<SampledToken>* sampled);
+  // Asks each sampled entry's constraint for its mask: row k of token_mask_host_ for the k-th sampled entry.
+  // False when no entry is constrained this step.
+  bool fill_token_masks(const ScheduledBatch& batch);
+  Status sample_with_op(const ScheduledBatch& batch, const TensorView& logits, bool masked,
+                        std::vector<SampledToken>* sampled);
 
   ModelRunner(const Model& model, int64_t vocab);
   // The model on the runner's workspace: logits for the batch's logit rows.
@@ -113,6 +117,12 @@ class ModelRunner {
   Buffer sample_out_device_;     // i32 tokens [max_logit_rows], then f32 logprobs [max_logit_rows]
   std::vector<SampleRowParams> sample_params_host_;
   std::vector<int32_t> sample_out_host_;
+  // Grammar masks of the sampled rows (SampleParams::token_mask / mask_rows), filled on the host while the
+  // forward pass runs on the device.
+  Buffer token_mask_device_;               // i32 [max_logit_rows, ceil(vocab / 32)]
+  Buffer mask_rows_device_;                // i32 [max_logit_rows]
+  std::vector<uint32_t> token_mask_host_;  // [max_logit_rows, ceil(vocab / 32)]
+  std::vector<int32_t> mask_rows_host_;    // [max_logit_rows]
   int64_t sample_op_steps_ = 0;
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // ascending batch size
   std::vector<std::vector<int32_t>> scratch_rows_;    // per layer group: {index of its scratch page}

@@ -9,11 +9,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/token_constraint.h"
 #include "runtime/stop_strings.h"
 
 namespace mx {
@@ -45,6 +47,8 @@ struct RequestInput {
   // model's for the forced ids). The request ends with kLength when they run out before a stop. This is how
   // server tests play real Harmony transcripts through the engine on a random-weight model.
   std::vector<int32_t> forced_tokens;
+  // Structured outputs: masks the tokens this request may sample (token_constraint.h); null: unconstrained.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 struct Usage {

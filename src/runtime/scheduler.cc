@@ -144,6 +144,7 @@ void Scheduler::finish(Request* r, FinishReason reason) {
 
 void Scheduler::append_token(Request* r, const SampledToken& s) {
   r->tokens.push_back(s.token);
+  if (r->input.constraint) r->input.constraint->accept(s.token);
   if (r->input.sampling.logprobs) r->logprobs.push_back(s);
   r->usage.completion_tokens = r->num_generated();
   r->touched = true;

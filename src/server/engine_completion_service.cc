@@ -87,7 +87,7 @@ uint64_t EngineCompletionService::next_seed() {
 
 EngineCompletionService::EngineCompletionService(Engine& engine, std::shared_ptr<const Tokenizer> tokenizer,
                                                  EngineServiceOptions options)
-    : engine_(engine), tokenizer_(std::move(tokenizer)), options_(options),
+    : engine_(engine), tokenizer_(std::move(tokenizer)), structured_(tokenizer_), options_(options),
       context_length_(options.context_length > 0 ? std::min(options.context_length, engine.config().max_model_len)
                                                   : engine.config().max_model_len) {}
 
@@ -204,6 +204,10 @@ std::optional<ApiError> EngineCompletionService::start_chat(const ChatRequest& r
     }
   std::vector<JobChoice> choices;
   if (auto error = build_choices(context_length_, true, {prompt}, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
+  std::shared_ptr<const HarmonyPlan> plan;
+  if (auto error = structured_.plan_for(request, &plan)) return error;
+  if (plan)
+    for (JobChoice& c : choices) c.input.constraint = StructuredOutputs::make_constraint(plan);
   return launch(GenerationJob::Kind::kChat, std::move(choices), std::move(stream));
 }
 

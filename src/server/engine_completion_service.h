@@ -19,6 +19,7 @@
 #include "server/completion_service.h"
 #include "server/forced_transcripts.h"
 #include "server/generation_job.h"
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mx::server {
@@ -60,6 +61,7 @@ class EngineCompletionService final : public CompletionService {
   Engine& engine_;
   std::atomic<uint64_t> seed_counter_{0};
   std::shared_ptr<const Tokenizer> tokenizer_;
+  StructuredOutputs structured_;  // response_format / tool_choice -> token constraints, compiled grammars cached
   EngineServiceOptions options_;
   int64_t context_length_;
   // Jobs own their engine streams; the engine's notify callbacks hold them only weakly, so the service

@@ -368,6 +368,120 @@ std::optional<ApiError> parse_message(const Json& value, const std::string& para
   return std::nullopt;
 }
 
+// {"type": "text" | "json_object" | "json_schema", ...}: chat's response_format (schema under json_schema)
+// or Responses' text.format (flat: name, schema, strict beside type).
+std::optional<ApiError> parse_format(const Json& v, const std::string& param, bool flat, OutputConstraint* out) {
+  if (!v.is_object()) return ApiError::invalid_request(quoted(param) + " must be an object.", param);
+  Fields f(v, param);
+  std::string type;
+  MX_TRY(f.string("type", &type, true));
+  out->param = param;
+  if (type == "text") {
+    out->kind = OutputConstraint::Kind::kNone;
+  } else if (type == "json_object") {
+    out->kind = OutputConstraint::Kind::kJsonObject;
+  } else if (type == "json_schema") {
+    const Json* holder = &v;
+    std::string where = param;
+    if (!flat) {
+      holder = f.find("json_schema");
+      if (!holder) return f.missing("json_schema");
+      if (!holder->is_object()) return f.type_error("json_schema", "an object");
+      where = f.param("json_schema");
+    }
+    Fields g(*holder, where);
+    const Json* schema = g.find("schema");
+    if (!schema) return g.missing("schema");
+    if (!schema->is_object() && !schema->is_boolean()) return g.type_error("schema", "an object");
+    out->kind = OutputConstraint::Kind::kJsonSchema;
+    out->schema = *schema;
+    out->param = g.param("schema");
+  } else {
+    return ApiError::invalid_request(quoted(f.param("type")) + " must be text, json_object or json_schema.", f.param("type"));
+  }
+  return std::nullopt;
+}
+
+// vLLM's structured_outputs {json | regex | choice | grammar | json_object} and the older guided_* fields.
+std::optional<ApiError> parse_vllm_constraint(const Json& v, const std::string& key, const std::string& param,
+                                              OutputConstraint* out) {
+  out->param = param;
+  if (key == "json") {
+    if (v.is_string()) {
+      Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
+      if (parsed.is_discarded()) return ApiError::invalid_request(quoted(param) + " is not valid JSON.", param);
+      out->schema = std::move(parsed);
+    } else if (v.is_object() || v.is_boolean()) {
+      out->schema = v;
+    } else {
+      return ApiError::invalid_request(quoted(param) + " must be a JSON schema.", param);
+    }
+    out->kind = OutputConstraint::Kind::kJsonSchema;
+  } else if (key == "regex" || key == "grammar") {
+    if (!v.is_string()) return ApiError::invalid_request(quoted(param) + " must be a string.", param);
+    out->text = v.get<std::string>();
+    out->kind = key == "regex" ? OutputConstraint::Kind::kRegex : OutputConstraint::Kind::kGrammar;
+  } else if (key == "choice") {
+    if (!v.is_array() || v.empty()) return ApiError::invalid_request(quoted(param) + " must be a non-empty array of strings.", param);
+    for (const Json& c : v) {
+      if (!c.is_string()) return ApiError::invalid_request(quoted(param) + " must be a non-empty array of strings.", param);
+      out->choices.push_back(c.get<std::string>());
+    }
+    out->kind = OutputConstraint::Kind::kChoice;
+  } else if (key == "json_object") {
+    if (!v.is_boolean()) return ApiError::invalid_request(quoted(param) + " must be a boolean.", param);
+    if (v.get<bool>()) out->kind = OutputConstraint::Kind::kJsonObject;
+  } else {
+    return ApiError::invalid_request(quoted(param) + " is not supported (json, regex, choice, grammar, json_object are).", param);
+  }
+  return std::nullopt;
+}
+
+// Every way a request can ask for structured output; more than one is an error (which would win is unclear).
+std::optional<ApiError> parse_output_constraint(const Fields& f, bool responses, OutputConstraint* out) {
+  std::vector<std::string> given;
+  auto take = [&](const OutputConstraint& c, const std::string& param) {
+    given.push_back(param);
+    if (c.kind != OutputConstraint::Kind::kNone) *out = c;
+  };
+  if (!responses) {
+    if (const Json* rf = f.find("response_format")) {
+      OutputConstraint c;
+      MX_TRY(parse_format(*rf, "response_format", /*flat=*/false, &c));
+      take(c, "response_format");
+    }
+  } else if (const Json* text = f.find("text")) {
+    if (!text->is_object()) return f.type_error("text", "an object");
+    if (const Json* format = Fields(*text, "text").find("format")) {
+      OutputConstraint c;
+      MX_TRY(parse_format(*format, "text.format", /*flat=*/true, &c));
+      take(c, "text.format");
+    }
+  }
+  if (const Json* so = f.find("structured_outputs")) {
+    if (!so->is_object()) return f.type_error("structured_outputs", "an object");
+    for (const auto& [key, value] : so->items()) {
+      if (value.is_null()) continue;
+      OutputConstraint c;
+      MX_TRY(parse_vllm_constraint(value, key, "structured_outputs." + key, &c));
+      take(c, "structured_outputs." + key);
+    }
+  }
+  for (const char* key : {"json", "regex", "choice", "grammar"}) {
+    const std::string name = std::string("guided_") + key;
+    if (const Json* v = f.find(name)) {
+      OutputConstraint c;
+      MX_TRY(parse_vllm_constraint(*v, key, name, &c));
+      take(c, name);
+    }
+  }
+  if (given.size() > 1) {
+    return ApiError::invalid_request("Only one structured output may be given; got " + given[0] + " and " + given[1] + ".",
+                                     given[1]);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_chat_request(const Json& body, ChatRequest* out) {
@@ -385,6 +499,8 @@ std::optional<ApiError> parse_chat_request(const Json& body, ChatRequest* out) {
   resolve_tool_names(&out->messages);
   MX_TRY(parse_tools(f, /*flat=*/false, &out->tools));
   MX_TRY(parse_tool_choice(f, out->tools, &out->tool_choice));
+  MX_TRY(f.boolean("parallel_tool_calls", &out->parallel_tool_calls));
+  MX_TRY(parse_output_constraint(f, /*responses=*/false, &out->output));
   std::string effort;
   MX_TRY(f.string("reasoning_effort", &effort));
   if (!effort.empty()) MX_TRY(parse_effort(effort, "reasoning_effort", &out->reasoning_effort));
@@ -447,6 +563,11 @@ std::optional<ApiError> parse_completion_request(const Json& body, CompletionReq
     out->sampling.top_logprobs = count;
   }
   MX_TRY(f.boolean("echo", &out->echo));
+  for (const char* key : {"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
+    if (f.find(key)) {  // refused rather than ignored: output would be silently unconstrained
+      return ApiError::invalid_request(quoted(key) + " is supported on /v1/chat/completions and /v1/responses, not on /v1/completions.", key);
+    }
+  }
   if (static_cast<int64_t>(out->prompts.size()) * out->sampling.n > kMaxPrompts)
     return ApiError::invalid_request("Prompts times 'n' must not exceed " + std::to_string(kMaxPrompts) + ".", "n");
   MX_TRY(parse_stream(f, &out->stream));
@@ -531,6 +652,8 @@ std::optional<ApiError> parse_responses_request(const Json& body, ResponsesReque
   resolve_tool_names(&chat.messages);
   MX_TRY(parse_tools(f, /*flat=*/true, &chat.tools));
   MX_TRY(parse_tool_choice(f, chat.tools, &chat.tool_choice));
+  MX_TRY(f.boolean("parallel_tool_calls", &chat.parallel_tool_calls));
+  MX_TRY(parse_output_constraint(f, /*responses=*/true, &chat.output));
   if (const Json* reasoning = f.find("reasoning")) {
     if (!reasoning->is_object()) return f.type_error("reasoning", "an object");
     std::string effort;

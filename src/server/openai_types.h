@@ -70,11 +70,24 @@ struct StreamOptions {
 };
 
 // POST /v1/chat/completions, and /v1/responses after translation (see ResponsesRequest).
+// Structured outputs: what the answer must match (chat response_format, Responses text.format, vLLM's
+// structured_outputs and guided_* fields). Enforced by token masks (server/structured_output.h).
+struct OutputConstraint {
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kChoice, kGrammar };
+  Kind kind = Kind::kNone;
+  nlohmann::json schema;             // kJsonSchema
+  std::string text;                  // kRegex, kGrammar (EBNF)
+  std::vector<std::string> choices;  // kChoice
+  std::string param;                 // the request field it came from (errors name it)
+};
+
 struct ChatRequest {
   std::string model;
   std::vector<ChatMessage> messages;
   std::vector<FunctionTool> tools;
   ToolChoice tool_choice;
+  bool parallel_tool_calls = true;  // Harmony ends a turn at its first call: one call per turn either way
+  OutputConstraint output;
   ReasoningEffort reasoning_effort = ReasoningEffort::kMedium;
   SamplingOptions sampling;
   StreamOptions stream;

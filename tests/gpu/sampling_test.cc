@@ -87,11 +87,17 @@ struct Output {
   std::vector<float> logprobs;
 };
 
-Output run(Backend& b, Arena& arena, const Batch& x) {
+// `mask` / `flags`: grammar masks (SampleParams::token_mask, mask_rows), or null.
+Output run(Backend& b, Arena& arena, const Batch& x, const std::vector<int32_t>* mask = nullptr,
+           const std::vector<int32_t>* flags = nullptr) {
   const int64_t row_bytes = static_cast<int64_t>(sizeof(SampleRowParams));
   SampleParams p{arena.upload(DType::kF32, {x.rows, x.vocab}, x.logits.data()),
                  arena.upload(DType::kU8, {x.rows, row_bytes}, x.params.data()), arena.make(DType::kI32, {x.rows}),
                  arena.make(DType::kF32, {x.rows})};
+  if (mask) {
+    p.token_mask = arena.upload(DType::kI32, {x.rows, (x.vocab + 31) / 32}, mask->data());
+    p.mask_rows = arena.upload(DType::kI32, {x.rows}, flags->data());
+  }
   const Status st = b.sample(p);
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   Output out;
@@ -142,6 +148,53 @@ TEST(SampleOp, MatchesTheCpuTwin) {
            "V=" + std::to_string(vocab) + ", " + std::to_string(b.rows) + " rows: " + std::to_string(token_diff) +
                " tokens, " + std::to_string(lp_diff) + " logprobs differ",
            token_diff, lp_err, 0, token_diff == 0 && lp_diff == 0);
+  }
+}
+
+// Grammar masks: rows without a mask, with a few allowed tokens, with one, with every token; the tokens
+// and logprobs equal the CPU twin's and every token is allowed.
+TEST(SampleOp, TokenMasksMatchTheCpuTwin) {
+  Arena cpu(cpu_backend()), cuda(cuda_backend());
+  std::mt19937 rng(test_seed() + 17);
+  for (int64_t vocab : {201088, 1000, 37}) {
+    const Batch b = make_batch(rng, vocab);
+    const int64_t words = (vocab + 31) / 32;
+    std::vector<int32_t> mask(static_cast<size_t>(b.rows * words), 0), flags(static_cast<size_t>(b.rows), 0);
+    for (int64_t r = 0; r < b.rows; ++r) {
+      const int kind = static_cast<int>(r % 4);  // 0: unmasked, 1: few allowed, 2: one allowed, 3: all allowed
+      flags[r] = kind != 0;
+      auto* row = reinterpret_cast<uint32_t*>(mask.data() + r * words);
+      if (kind == 3) {
+        for (int64_t w = 0; w < words; ++w) row[w] = 0xffffffffu;
+      }
+      const int allowed = kind == 1 ? 1 + static_cast<int>(rng() % 40) : 1;
+      for (int i = 0; i < allowed && kind != 3; ++i) {
+        const int64_t id = rng() % static_cast<uint32_t>(vocab);
+        row[id >> 5] |= 1u << (id & 31);
+      }
+    }
+    const Output want = run(cpu_backend(), cpu, b, &mask, &flags), got = run(cuda_backend(), cuda, b, &mask, &flags);
+    int diff = 0, disallowed = 0;
+    for (int64_t r = 0; r < b.rows; ++r) {
+      const bool ok = got.tokens[r] == want.tokens[r] && same_logprob(got.logprobs[r], want.logprobs[r]);
+      diff += ok ? 0 : 1;
+      const auto* row = reinterpret_cast<const uint32_t*>(mask.data() + r * words);
+      const int32_t t = got.tokens[r];
+      // A row with no finite allowed logit falls back to the first index (greedy of all -inf), as on the CPU.
+      const bool finite_allowed = [&] {
+        for (int64_t i = 0; i < vocab; ++i)
+          if (((row[i >> 5] >> (i & 31)) & 1u) && std::isfinite(b.logits[r * vocab + i])) return true;
+        return false;
+      }();
+      if (flags[r] && finite_allowed && !((row[t >> 5] >> (t & 31)) & 1u)) ++disallowed;
+      EXPECT_TRUE(ok) << "V " << vocab << " row " << r << ": cuda " << got.tokens[r] << " / " << got.logprobs[r]
+                      << ", cpu " << want.tokens[r] << " / " << want.logprobs[r];
+    }
+    EXPECT_EQ(disallowed, 0);
+    record("masked sample vs cpu twin",
+           "V=" + std::to_string(vocab) + ", " + std::to_string(b.rows) + " rows: " + std::to_string(diff) +
+               " differ, " + std::to_string(disallowed) + " disallowed tokens",
+           diff + disallowed, 0, 0, diff == 0 && disallowed == 0);
   }
 }
 

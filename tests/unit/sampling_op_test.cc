@@ -232,5 +232,46 @@ TEST(SamplingOp, BackendOpMatchesTheRowFunction) {
   }
 }
 
+// Grammar masks: a masked row samples exactly as the row with its disallowed logits at -inf; an unflagged
+// row ignores its mask words.
+TEST(SamplingOp, TokenMaskIsMinusInfinityForDisallowedTokens) {
+  auto backend = make_cpu_backend({2});
+  const int64_t rows = 4, vocab = 1003, words = (vocab + 31) / 32;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  for (auto& f : logits) f = normal(rng);
+  const std::vector<float> raw = logits;
+  std::vector<SampleRowParams> params(rows);
+  for (int64_t r = 0; r < rows; ++r) params[r] = temp(r == 0 ? 0.0f : 1.0f, static_cast<uint64_t>(r));
+  std::vector<int32_t> mask(static_cast<size_t>(rows * words), 0), flags{1, 1, 0, 1};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < 5; ++i) {
+      const int64_t id = rng() % vocab;
+      mask[r * words + id / 32] |= static_cast<int32_t>(1u << (id % 32));
+    }
+  }
+  std::vector<int32_t> tokens(rows, -1);
+  std::vector<float> logprobs(rows, 0.0f);
+  SampleParams sp{TensorView(logits.data(), DType::kF32, {rows, vocab}),
+                  TensorView(params.data(), DType::kU8, {rows, static_cast<int64_t>(sizeof(SampleRowParams))}),
+                  TensorView(tokens.data(), DType::kI32, {rows}), TensorView(logprobs.data(), DType::kF32, {rows}),
+                  TensorView(mask.data(), DType::kI32, {rows, words}), TensorView(flags.data(), DType::kI32, {rows})};
+  ASSERT_TRUE(backend->sample(sp).is_ok());
+  cpu::SampleScratch scratch;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> want_row(raw.begin() + r * vocab, raw.begin() + (r + 1) * vocab);
+    const auto* bits = reinterpret_cast<const uint32_t*>(mask.data() + r * words);
+    if (flags[r]) {
+      for (int64_t i = 0; i < vocab; ++i)
+        if (!sampling::token_allowed(bits, i)) want_row[i] = -kInf;
+      EXPECT_TRUE(sampling::token_allowed(bits, tokens[r])) << "row " << r;
+    }
+    const auto want = cpu::sample_row(want_row.data(), vocab, params[r], &scratch);
+    EXPECT_EQ(tokens[r], want.token) << "row " << r;
+    EXPECT_EQ(logprobs[r], want.logprob) << "row " << r;
+  }
+}
+
 }  // namespace
 }  // namespace mx

@@ -7,6 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/ebnf.h"
+#include "grammar/grammar_matcher.h"
+#include "grammar/json_schema.h"
+#include "grammar/regex.h"
 #include "model/demo_model.h"
 #include "model/model_registry.h"
 #include "runtime/tokenizer_detokenize.h"
@@ -413,6 +417,127 @@ TEST(ServerEngine, DrainFinishesShortRequestsAndAbortsLongOnes) {
   drain.join();
   EXPECT_TRUE(eventually([&] { return server.engine().num_live() == 0; }));
   EXPECT_EQ(server.api().in_flight(), 0);
+}
+
+// Structured outputs on the random-weight demo model: whatever is valid is the masks' doing. The analysis
+// is left free (a random model rarely ends it, so those choices run to max_tokens with no content); every
+// choice that reaches the final channel must end with an answer that satisfies the constraint, and a
+// choice cut by max_tokens must hold a prefix the grammar still accepts.
+std::shared_ptr<const grammar::CompiledGrammar> byte_level(const Result<grammar::Grammar>& g) {
+  EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  return std::move(grammar::CompiledGrammar::create(*g, std::make_shared<const grammar::TokenVocabulary>(bytes))).value();
+}
+
+bool grammar_accepts(const std::shared_ptr<const grammar::CompiledGrammar>& g, const std::string& text, bool whole) {
+  grammar::GrammarMatcher m(g);
+  if (!text.empty() && !m.accept_bytes(text)) return false;
+  return !whole || m.can_end();
+}
+
+TEST(ServerEngine, StructuredOutputsForceValidAnswers) {
+  EngineServer server;
+  const char* schema = R"({"type":"object","properties":{"name":{"type":"string","maxLength":6},)"
+                       R"("age":{"type":"integer","minimum":0,"maximum":150},"color":{"enum":["red","green","blue"]},)"
+                       R"("tags":{"type":"array","items":{"type":"boolean"},"maxItems":3}},)"
+                       R"("required":["name","age","color","tags"],"additionalProperties":false})";
+  struct Case {
+    std::string field;
+    std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  };
+  const std::vector<Case> cases = {
+      {std::string(R"("response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":)") + schema + "}}",
+       byte_level(grammar::json_schema_grammar(Json::parse(schema)))},
+      {R"("structured_outputs":{"regex":"[a-z]{1,5}-[0-9]{2}"})", byte_level(grammar::regex_grammar("[a-z]{1,5}-[0-9]{2}"))},
+      {R"("guided_choice":["yes","no","maybe"])", byte_level(grammar::parse_ebnf("root ::= \"yes\" | \"no\" | \"maybe\""))},
+      {R"("response_format":{"type":"json_object"})", byte_level(Result<grammar::Grammar>(grammar::any_json_grammar(true)))},
+  };
+  int finals = 0;
+  for (const Case& c : cases) {
+    for (bool stream : {false, true}) {
+      const std::string body = chat("Describe a person", ",\"n\":6,\"seed\":11,\"max_tokens\":96," + c.field +
+                                                               (stream ? ",\"stream\":true" : ""));
+      std::vector<Assembled> answers;
+      if (stream) {
+        const HttpReply s = http_call(server.port(), "POST", "/v1/chat/completions", body);
+        ASSERT_EQ(s.status, 200) << s.body;
+        answers = assemble_chat_stream(s.body, 6);
+      } else {
+        const Json r = post_json(server.port(), "/v1/chat/completions", body);
+        for (const Json& choice : r["choices"]) {
+          Assembled a;
+          a.content = str_or_empty(choice["message"]["content"]);
+          a.finish = choice["finish_reason"];
+          answers.push_back(a);
+        }
+      }
+      ASSERT_EQ(answers.size(), 6u);
+      for (const Assembled& a : answers) {
+        if (a.finish == "stop") {
+          ++finals;
+          EXPECT_TRUE(grammar_accepts(c.grammar, a.content, true)) << c.field << ": " << a.content;
+          if (c.field.find("json") != std::string::npos) EXPECT_FALSE(Json::parse(a.content, nullptr, false).is_discarded()) << a.content;
+        } else {
+          EXPECT_EQ(a.finish, "length") << c.field;
+          EXPECT_TRUE(grammar_accepts(c.grammar, a.content, false)) << c.field << ": " << a.content;
+        }
+      }
+    }
+  }
+  EXPECT_GT(finals, 0);  // the seeds reach the final channel often enough to test something
+}
+
+TEST(ServerEngine, ToolChoiceRequiredAndNamedCallAToolWithValidArguments) {
+  EngineServer server;
+  const std::string tools =
+      R"(,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":)"
+      R"({"city":{"enum":["Paris","Oslo"]},"days":{"type":"integer","minimum":1,"maximum":7}},"required":["city","days"]}}},)"
+      R"({"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":)"
+      R"({"zone":{"type":"string","maxLength":4}},"required":["zone"]}}}])";
+  int calls = 0;
+  for (const std::string choice : {std::string(R"("required")"), std::string(R"({"type":"function","function":{"name":"get_time"}})")}) {
+    const Json r = post_json(server.port(), "/v1/chat/completions",
+                             chat("Plan a trip", tools + ",\"n\":8,\"seed\":3,\"max_tokens\":80,\"tool_choice\":" + choice));
+    for (const Json& c : r["choices"]) {
+      if (c["finish_reason"] == "length") {
+        EXPECT_FALSE(c["message"].contains("tool_calls")) << c;
+        continue;
+      }
+      ++calls;
+      ASSERT_EQ(c["finish_reason"], "tool_calls") << c;  // never a final answer
+      const Json& call = c["message"]["tool_calls"][0]["function"];
+      const Json args = Json::parse(call["arguments"].get<std::string>(), nullptr, false);
+      ASSERT_TRUE(args.is_object()) << call;
+      if (choice != R"("required")") EXPECT_EQ(call["name"], "get_time");
+      if (call["name"] == "get_weather") {
+        EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Oslo") << args;
+        EXPECT_TRUE(args["days"].is_number_integer() && args["days"] >= 1 && args["days"] <= 7) << args;
+      } else {
+        EXPECT_EQ(call["name"], "get_time");
+        EXPECT_TRUE(args["zone"].is_string() && args["zone"].get<std::string>().size() <= 16) << args;
+      }
+    }
+  }
+  EXPECT_GT(calls, 0);
+}
+
+TEST(ServerEngine, StructuredOutputErrorsAre400sNamingTheField) {
+  EngineServer server;
+  auto expect_400 = [&](const std::string& path, const std::string& body, const std::string& param) {
+    const Json r = post_json(server.port(), path, body, 400);
+    EXPECT_EQ(r["error"]["param"], param) << r;
+  };
+  expect_400("/v1/chat/completions",
+             chat("x", R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","patternProperties":{}}}})"),
+             "response_format.json_schema.schema");
+  expect_400("/v1/chat/completions", chat("x", R"(,"guided_regex":"(a")"), "guided_regex");
+  expect_400("/v1/chat/completions", chat("x", R"(,"structured_outputs":{"grammar":"root ::= undefined_rule"})"),
+             "structured_outputs.grammar");
+  expect_400("/v1/chat/completions", chat("x", R"(,"guided_json":{"type":"string"},"guided_regex":"a")"), "guided_regex");
+  expect_400("/v1/completions", R"({"model":"test-model","prompt":"x","guided_json":{"type":"string"}})", "guided_json");
+  const Json ok = post_json(server.port(), "/v1/chat/completions", chat("x", R"(,"max_tokens":4,"response_format":{"type":"text"})"));
+  EXPECT_EQ(ok["choices"][0]["finish_reason"], "length");
 }
 
 }  // namespace

@@ -59,6 +59,12 @@ Cut top_p_cut(const float* x, int64_t vocab, float m, float inv_t, float top_p, 
 
 }  // namespace
 
+void apply_token_mask(float* logits, int64_t vocab, const uint32_t* mask_row) {
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (!token_allowed(mask_row, i)) logits[i] = -std::numeric_limits<float>::infinity();
+  }
+}
+
 const std::array<float, 256>& gumbel_bounds() {
   // gumbel_key grows with the word, so each range's largest word gives its bound (sampling_op_test checks
   // every word).
@@ -131,11 +137,20 @@ void sample(ThreadPool& pool, const SampleParams& p) {
   const int64_t rows = p.logits.dim(0), vocab = p.logits.dim(1);
   MX_CHECK_EQ(p.params.bytes(), rows * static_cast<int64_t>(sizeof(SampleRowParams)));
   MX_CHECK_EQ(p.tokens.numel(), rows);
-  const float* logits = p.logits.ptr<const float>();
+  float* logits = p.logits.ptr<float>();
   const auto* params = p.params.ptr<const SampleRowParams>();
+  MX_CHECK_EQ(p.token_mask.empty(), p.mask_rows.empty());
+  if (!p.token_mask.empty()) {
+    MX_CHECK_EQ(p.token_mask.numel(), rows * mask_words(vocab));
+    MX_CHECK_EQ(p.mask_rows.numel(), rows);
+  }
   pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
     SampleScratch scratch;
     for (int64_t r = begin; r < end; ++r) {
+      if (!p.token_mask.empty() && p.mask_rows.ptr<const int32_t>()[r] != 0) {
+        apply_token_mask(logits + r * vocab, vocab,
+                         reinterpret_cast<const uint32_t*>(p.token_mask.ptr<const int32_t>()) + r * mask_words(vocab));
+      }
       const SampledRow s = sample_row(logits + r * vocab, vocab, params[r], &scratch, !p.logprobs.empty());
       p.tokens.ptr<int32_t>()[r] = s.token;
       if (!p.logprobs.empty()) p.logprobs.ptr<float>()[r] = s.logprob;

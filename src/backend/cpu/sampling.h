@@ -27,6 +27,9 @@ struct SampledRow {
 // draw's exact shortcut (a token whose scaled logit plus its bound is below the best key cannot win).
 const std::array<float, 256>& gumbel_bounds();
 
+// Sets the logits of the tokens `mask_row` disallows to -inf (sampling_math.h token_allowed).
+void apply_token_mask(float* logits, int64_t vocab, const uint32_t* mask_row);
+
 // Without `with_logprob` the row's log-sum-exp pass is skipped and `logprob` is left at 0.
 SampledRow sample_row(const float* logits, int64_t vocab, const SampleRowParams& params, SampleScratch* scratch,
                       bool with_logprob = true);

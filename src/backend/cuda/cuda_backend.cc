@@ -600,6 +600,15 @@ class CudaBackend final : public Backend {
       expect(p.logprobs, DType::kF32, "sample logprobs");
       MX_CHECK_EQ(p.logprobs.numel(), rows);
     }
+    MX_CHECK_EQ(p.token_mask.empty(), p.mask_rows.empty());
+    if (!p.token_mask.empty()) {
+      expect(p.token_mask, DType::kI32, "sample token mask");
+      expect(p.mask_rows, DType::kI32, "sample mask rows");
+      MX_CHECK_EQ(p.token_mask.numel(), rows * sampling::mask_words(vocab));
+      MX_CHECK_EQ(p.mask_rows.numel(), rows);
+      MX_RETURN_IF_ERROR(launch_apply_token_mask(ptr<float>(p.logits), rows, vocab, ptr<const uint32_t>(p.token_mask),
+                                                 ptr<const int32_t>(p.mask_rows), stream_.get()));
+    }
     const int64_t bytes = sample_scratch_bytes(rows, vocab);
     MX_RETURN_IF_ERROR(ensure(scratch_.sampling, bytes, "sampling"));
     SampleKernelParams k;

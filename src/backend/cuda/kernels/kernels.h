@@ -210,6 +210,9 @@ struct SampleKernelParams {
 };
 int64_t sample_scratch_bytes(int64_t rows, int64_t vocab);
 Status launch_sample(const SampleKernelParams& p, cudaStream_t stream);
+// Sets the disallowed logits of rows with mask_rows[r] != 0 to -inf (SampleParams::token_mask).
+Status launch_apply_token_mask(float* logits, int64_t rows, int64_t vocab, const uint32_t* mask,
+                               const int32_t* mask_rows, cudaStream_t stream);
 
 // One thread that waits `nanoseconds` on the device clock: queued before a profiled step so that the ops
 // queued behind it start back to back (their event marks then measure GPU time, not launch latency).

@@ -357,7 +357,36 @@ __global__ void finish_kernel(const float* __restrict__ logits, int64_t vocab, c
     logprobs[row] = st.m > -INFINITY ? (sanitize(logits[row * vocab + token]) - st.m) - logf(sum) : -INFINITY;
 }
 
+// Grammar masks: one thread per mask word of a masked row; a row whose flag is 0 returns at once, so an
+// unconstrained batch pays one flag read per block.
+__global__ void apply_token_mask_kernel(float* __restrict__ logits, int64_t vocab, const uint32_t* __restrict__ mask,
+                                        const int32_t* __restrict__ mask_rows) {
+  const int64_t row = blockIdx.y;
+  if (mask_rows[row] == 0) return;
+  const int64_t words = mask_words(vocab);
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w >= words) return;
+  const uint32_t bits = mask[row * words + w];
+  if (bits == 0xffffffffu) return;
+  float* x = logits + row * vocab;
+  const int64_t end = w * 32 + 32 < vocab ? w * 32 + 32 : vocab;
+  for (int64_t i = w * 32; i < end; ++i) {
+    if (!((bits >> (i & 31)) & 1u)) x[i] = -INFINITY;
+  }
+}
+
 }  // namespace
+
+Status launch_apply_token_mask(float* logits, int64_t rows, int64_t vocab, const uint32_t* mask,
+                               const int32_t* mask_rows, cudaStream_t stream) {
+  if (rows == 0) return Status::ok();
+  if (rows > 65535) return invalid_argument("token mask: at most 65535 rows per call");
+  const int64_t blocks = (mask_words(vocab) + kStreamThreads - 1) / kStreamThreads;
+  apply_token_mask_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)), kStreamThreads, 0, stream>>>(
+      logits, vocab, mask, mask_rows);
+  MX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::ok();
+}
 
 int64_t sample_scratch_bytes(int64_t rows, int64_t vocab) {
   const int64_t chunks = num_chunks(vocab);

@@ -1,0 +1,71 @@
+// Structured outputs and enforced tool choice for Harmony (gpt-oss) chat: a request's response_format /
+// structured_outputs / guided_* and tool_choice become a TokenConstraint per choice that
+//   - keeps the message structure: <|channel|>HEADER<|message|>BODY then <|end|> (analysis, then
+//     <|start|>assistant and the next header), <|return|> (final) or <|call|> (a tool call);
+//   - lets the analysis body run free (only the structural special tokens are withheld, <|end|> is allowed);
+//   - limits the header to what the request allows: "analysis" once, "final" unless a tool call is
+//     required, "commentary to=functions.NAME" for the callable tools (all with required, one when named);
+//   - constrains the final body by the answer's grammar and a call's arguments by the tool's parameters,
+//     forcing the end token once the value is complete.
+// Compiled grammars are cached by the hash of what they were built from; a schema, regex or grammar that
+// does not compile (unsupported keyword, too large) is a 400 naming the field.
+#pragma once
+
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "grammar/grammar_matcher.h"
+#include "runtime/token_constraint.h"
+#include "server/api_error.h"
+#include "server/openai_types.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mx::server {
+
+// The Harmony special tokens the constraint steers by.
+struct HarmonyIds {
+  int32_t start = -1, channel = -1, message = -1, end = -1, return_ = -1, call = -1;
+};
+
+// What one request's constraints compile to; shared by its choices (each gets its own matchers).
+struct HarmonyPlan {
+  std::shared_ptr<const grammar::CompiledGrammar> header;  // the allowed headers (text between channel and message)
+  std::shared_ptr<const grammar::CompiledGrammar> header_after_analysis;  // the same without "analysis"
+  std::shared_ptr<const grammar::CompiledGrammar> role;    // "assistant" after <|start|>
+  std::shared_ptr<const grammar::CompiledGrammar> answer;  // the final body; null when final is not allowed
+  std::unordered_map<std::string, std::shared_ptr<const grammar::CompiledGrammar>> tools;  // arguments by name
+  HarmonyIds ids;
+  std::shared_ptr<const std::vector<uint32_t>> text_tokens;  // mask of every non-special token
+};
+
+class StructuredOutputs {
+ public:
+  explicit StructuredOutputs(std::shared_ptr<const Tokenizer> tokenizer);
+
+  // What `request` constrains, compiled (null when nothing), or the 400 naming the field that cannot be enforced.
+  std::optional<ApiError> plan_for(const ChatRequest& request, std::shared_ptr<const HarmonyPlan>* plan);
+  // One choice's constraint (each choice of n > 1 gets its own).
+  static std::shared_ptr<TokenConstraint> make_constraint(std::shared_ptr<const HarmonyPlan> plan);
+
+ private:
+  void build_vocabulary();
+  Result<std::shared_ptr<const grammar::CompiledGrammar>> compile(const std::string& key,
+                                                                 const std::function<Result<grammar::Grammar>()>& build);
+
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::once_flag vocabulary_built_;
+  std::shared_ptr<const grammar::TokenVocabulary> vocab_;
+  HarmonyIds ids_;
+  std::shared_ptr<const std::vector<uint32_t>> text_tokens_;
+  std::mutex mu_;
+  // Compiled grammars by hash of their source, least recently used first out.
+  std::list<std::string> lru_;
+  std::unordered_map<std::string, std::pair<std::shared_ptr<const grammar::CompiledGrammar>, std::list<std::string>::iterator>> cache_;
+};
+
+}  // namespace mx::server
