@@ -40,17 +40,26 @@ class HarmonyConstraint final : public TokenConstraint {
     std::fill(words, words + n, 0u);
     const HarmonyIds& ids = plan_->ids;
     switch (phase_) {
-      case Phase::kChannel: set_bit(words, ids.channel); return true;
-      case Phase::kStart: set_bit(words, ids.start); return true;
+      case Phase::kChannel:
+      case Phase::kStart: {
+        const int32_t id = phase_ == Phase::kChannel ? ids.channel : ids.start;
+        if (id >= vocab) return false;
+        set_bit(words, id);
+        return true;
+      }
       case Phase::kAnalysis:  // free text; of the special tokens only <|end|>
         std::copy(text_tokens_->begin(), text_tokens_->begin() + std::min<int64_t>(n, text_tokens_->size()), words);
-        set_bit(words, ids.end);
+        if (ids.end < vocab) set_bit(words, ids.end);
         return true;
       case Phase::kHeader:
       case Phase::kRole:
       case Phase::kBody: {
-        matcher_->fill_mask(words);
-        if (matcher_->can_end()) set_bit(words, end_token());
+        // Through a buffer of the tokenizer's size: the model's vocabulary may be smaller or larger.
+        scratch_.resize(static_cast<size_t>(matcher_->grammar().vocab().mask_words()));
+        matcher_->fill_mask(scratch_.data());
+        std::copy(scratch_.begin(), scratch_.begin() + std::min<int64_t>(n, scratch_.size()), words);
+        const int32_t end = end_token();
+        if (matcher_->can_end() && end < vocab) set_bit(words, end);
         return true;
       }
       case Phase::kDone: return false;
@@ -134,6 +143,7 @@ class HarmonyConstraint final : public TokenConstraint {
   Phase phase_ = Phase::kChannel;
   std::optional<GrammarMatcher> matcher_;
   std::string header_;
+  std::vector<uint32_t> scratch_;
   int32_t body_end_ = -1;
   bool analysis_seen_ = false;
 };

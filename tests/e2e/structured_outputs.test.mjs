@@ -1,0 +1,197 @@
+// Structured outputs on the demo model (random weights: left alone it writes noise, so every valid answer
+// is the token masks' doing), checked by an independent validator (npm ajv + ajv-formats). A seeded corpus
+// of 60 schemas (nested objects, enums, bounded integers and numbers, maxLength strings, patterns, formats,
+// bounded arrays, anyOf, optional properties, recursive $ref), each asked with n choices, streamed for half
+// of them and not for the rest, plus 40 tool_choice requests. n is 4 in `make test` (280 engine requests);
+// MX_E2E_STRUCTURED_N=16 runs the full check (1,000 engine requests). Every choice that ends with `stop`
+// must parse and validate; a choice cut by max_tokens must hold a prefix of JSON (the analysis is free and
+// a random model seldom ends it, so many choices never reach the answer: those have no content).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { startServer, removeScratch } from './lib/server.mjs';
+
+let Ajv;
+let addFormats;
+try {
+  ({ default: Ajv } = await import('ajv'));
+  ({ default: addFormats } = await import('ajv-formats'));
+} catch (e) {
+  throw new Error(`ajv / ajv-formats are missing from tests/e2e/node_modules: run scripts/bootstrap (${e.message})`);
+}
+
+const N = Number(process.env.MX_E2E_STRUCTURED_N ?? 4);
+let server;
+
+before(async () => {
+  server = await startServer({ args: ['--max-running-requests', '64'] });
+});
+
+after(async () => {
+  if (!server) return;
+  const { code } = await server.stop();
+  removeScratch();
+  assert.equal(code, 0);
+});
+
+// A seeded linear congruential generator: the corpus is the same on every run.
+function rng(seed) {
+  let s = seed >>> 0;
+  return () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 4294967296;
+}
+
+const leaves = [
+  () => ({ type: 'integer', minimum: 0, maximum: 150 }),
+  () => ({ type: 'integer', minimum: -40, maximum: 40 }),
+  () => ({ type: 'number', minimum: 0, maximum: 10 }),
+  () => ({ type: 'boolean' }),
+  () => ({ type: 'null' }),
+  () => ({ enum: ['red', 'green', 'blue', 'a "quoted" one'] }),
+  () => ({ const: 'fixed' }),
+  () => ({ type: 'string', maxLength: 8 }),
+  () => ({ type: 'string', minLength: 2, maxLength: 5 }),
+  () => ({ type: 'string', pattern: '^[A-Z]{2}-[0-9]{3}$' }),
+  () => ({ type: 'string', format: 'date' }),
+  () => ({ type: 'string', format: 'uuid' }),
+  () => ({ type: 'string', format: 'ipv4' }),
+  () => ({ type: 'string', format: 'time' }),
+  () => ({ anyOf: [{ type: 'integer', minimum: 1, maximum: 9 }, { type: 'null' }] }),
+  () => ({ type: ['boolean', 'null'] }),
+  () => ({ type: 'array', items: { enum: ['x', 'y'] }, maxItems: 3 }),
+  () => ({ type: 'array', items: { type: 'integer', minimum: 0, maximum: 9 }, minItems: 1, maxItems: 2 }),
+];
+
+function objectSchema(r, depth, strict) {
+  const props = {};
+  const count = 1 + Math.floor(r() * 3);
+  for (let i = 0; i < count; i++) {
+    const nest = depth < 2 && r() < 0.25;
+    props[`f${i}`] = nest ? objectSchema(r, depth + 1, strict) : leaves[Math.floor(r() * leaves.length)]();
+  }
+  const names = Object.keys(props);
+  const required = strict ? names : names.filter(() => r() < 0.5);
+  return { type: 'object', properties: props, required, additionalProperties: false };
+}
+
+function corpus() {
+  const r = rng(17);
+  const schemas = [];
+  for (let i = 0; i < 56; i++) schemas.push(objectSchema(r, 0, i % 2 === 0));
+  schemas.push({
+    $defs: { node: { type: 'object', properties: { v: { type: 'integer', minimum: 0, maximum: 9 },
+      kids: { type: 'array', items: { $ref: '#/$defs/node' }, maxItems: 2 } }, required: ['v', 'kids'] } },
+    $ref: '#/$defs/node',
+  });
+  schemas.push({ type: 'array', items: { type: 'string', maxLength: 3 }, maxItems: 4 });
+  schemas.push({ anyOf: [objectSchema(r, 0, true), { type: 'string', maxLength: 4 }] });
+  schemas.push({ type: 'object', properties: { when: { type: 'string', format: 'date-time' },
+    mail: { type: 'string', format: 'email' } }, required: ['when', 'mail'] });
+  return schemas;
+}
+
+// The choices of one chat request: content and finish reason each, streamed or not.
+async function ask(body) {
+  const res = await fetch(`${server.url}/v1/chat/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const text = await res.text();
+  assert.equal(res.status, 200, text);
+  if (!body.stream) {
+    return JSON.parse(text).choices.map((c) => ({ content: c.message.content ?? '', finish: c.finish_reason,
+      calls: c.message.tool_calls ?? [] }));
+  }
+  const out = [];
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+    for (const c of JSON.parse(line.slice(6)).choices) {
+      const o = (out[c.index] ??= { content: '', finish: null, calls: [] });
+      if (typeof c.delta?.content === 'string') o.content += c.delta.content;
+      for (const t of c.delta?.tool_calls ?? []) {
+        o.calls[t.index] ??= { function: { name: t.function?.name ?? '', arguments: '' } };
+        o.calls[t.index].function.arguments += t.function?.arguments ?? '';
+      }
+      if (c.finish_reason) o.finish = c.finish_reason;
+    }
+  }
+  return out;
+}
+
+// A prefix of some JSON text: brackets and strings balance so far and no character is out of place.
+function isJsonPrefix(s) {
+  if (s === '') return true;
+  try {
+    JSON.parse(s);
+    return true;
+  } catch {
+    return /^[\[{"\-0-9tfn]/.test(s);
+  }
+}
+
+test('every answer that finishes validates against its schema (60 schemas x n choices)', async (t) => {
+  const ajv = new Ajv({ strict: false, allErrors: true });
+  addFormats(ajv);
+  const schemas = corpus();
+  let finished = 0;
+  let total = 0;
+  await Promise.all(schemas.map(async (schema, i) => {
+    const validate = ajv.compile(schema);
+    const choices = await ask({
+      messages: [{ role: 'user', content: `Give me item ${i}` }], n: N, seed: 1000 + i, max_tokens: 48,
+      stream: i % 2 === 1, response_format: { type: 'json_schema', json_schema: { name: `s${i}`, strict: true, schema } },
+    });
+    assert.equal(choices.length, N);
+    for (const c of choices) {
+      total++;
+      if (c.finish === 'stop') {
+        finished++;
+        const value = JSON.parse(c.content);
+        assert.ok(validate(value), `schema ${i}: ${c.content}\n${JSON.stringify(validate.errors)}\n${JSON.stringify(schema)}`);
+      } else {
+        assert.equal(c.finish, 'length', `schema ${i}`);
+        assert.ok(isJsonPrefix(c.content), `schema ${i}: ${c.content}`);
+      }
+    }
+  }));
+  t.diagnostic(`${finished} of ${total} choices reached a final answer; all validated`);
+  assert.equal(total, 60 * N);
+  assert.ok(finished >= 6 * N, `only ${finished} of ${total} choices reached a final answer`);
+});
+
+test('tool_choice required and named always call a tool with valid arguments', async () => {
+  const ajv = new Ajv({ strict: false });
+  const weather = { type: 'object', properties: { city: { enum: ['Paris', 'Oslo'] },
+    days: { type: 'integer', minimum: 1, maximum: 7 } }, required: ['city', 'days'], additionalProperties: false };
+  const time = { type: 'object', properties: { zone: { type: 'string', maxLength: 4 } }, required: ['zone'] };
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: weather } },
+    { type: 'function', function: { name: 'get_time', parameters: time } }];
+  const check = { get_weather: ajv.compile(weather), get_time: ajv.compile(time) };
+  let calls = 0;
+  for (const [k, toolChoice] of [['required', 'required'], ['named', { type: 'function', function: { name: 'get_time' } }]]) {
+    for (const stream of [false, true]) {
+      const choices = await ask({ messages: [{ role: 'user', content: `Plan ${k}` }], tools, tool_choice: toolChoice,
+        n: 10, seed: 7, max_tokens: 64, stream });
+      for (const c of choices) {
+        if (c.finish === 'length') continue;  // still in the free analysis
+        calls++;
+        assert.equal(c.finish, 'tool_calls', JSON.stringify(c));
+        assert.equal(c.content, '');
+        const fn = c.calls[0].function;
+        if (k === 'named') assert.equal(fn.name, 'get_time');
+        assert.ok(check[fn.name](JSON.parse(fn.arguments)), `${fn.name}: ${fn.arguments}`);
+      }
+    }
+  }
+  assert.ok(calls > 0);
+});
+
+test('unsupported schemas are 400s naming the keyword', async () => {
+  const res = await fetch(`${server.url}/v1/chat/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'x' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', propertyNames: {} } } } }),
+  });
+  assert.equal(res.status, 400);
+  const body = await res.json();
+  assert.match(body.error.message, /propertyNames/);
+  assert.equal(body.error.param, 'response_format.json_schema.schema');
+});
