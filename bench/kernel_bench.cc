@@ -1,11 +1,12 @@
 // Microbenchmarks of the CUDA backend's ops on gpt-oss-20b shapes with random weights: MoE decode
 // (1/8/64 tokens), MoE prefill (32..8192 tokens, decode vs grouped expert GEMMs), decode attention
-// (1K/8K/32K context), prefill attention (8K), qkv/o/lm_head linears at M = 1 and 8192, sampling 1/8/64
-// rows of the 201,088-token vocabulary. Each op is recorded N times into a graph (inputs rotated so that
-// weights come from HBM, not L2), the graph replayed after a warm-up; the median replay over N is the time
-// per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
+// (1K/8K/32K context), prefill attention (1K/4K/8K, each kernel), qkv/o/lm_head linears at M = 1 and 8192,
+// sampling 1/8/64 rows of the 201,088-token vocabulary. Each op is recorded N times into a graph (inputs
+// rotated so that weights come from HBM, not L2), the graph replayed after a warm-up; the median replay
+// over N is the time per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
-// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only | --moe-decode-variants] [out.json]`).
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only | --moe-decode-variants |
+// --attention-prefill-only] [out.json]`).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,8 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_info.h"
+#include "backend/cuda/kernel_configs.h"
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "runtime/batch_staging.h"
@@ -304,6 +307,44 @@ AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens) {
   return a;
 }
 
+// Prefill attention, one prompt of T tokens, causal or window 128, through each prefill kernel (auto is
+// wgmma on sm_90). FLOPs count the visible (query, key) pairs only: 4 * heads * head_dim per pair.
+void bench_attention_prefill() {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
+  auto placement = cuda_placement(*g_b);
+  CHECK_OK(placement.is_ok() ? Status::ok() : placement.status());
+  auto dev = cuda::query_device_info(placement->device);
+  CHECK_OK(dev.is_ok() ? Status::ok() : dev.status());
+  const bool sm90 = cuda::choose_attention_prefill_wgmma_config(*dev, 64).enabled;
+  struct Path {
+    CudaAttentionPath path;
+    const char* label;
+  };
+  for (int64_t T : {1024, 4096, 8192}) {
+    AttnSetup a = make_attention(1, T, T);
+    for (int64_t window : {0, 128}) {
+      double keys = 0;
+      for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
+      const double flops = 4.0 * 64 * 64 * keys;
+      for (const Path& path : {Path{CudaAttentionPath::kMmaSync, "mma.sync"}, Path{CudaAttentionPath::kWgmma, "wgmma"},
+                               Path{CudaAttentionPath::kAuto, "auto"}}) {
+        if (path.path == CudaAttentionPath::kWgmma && !sm90) continue;
+        CHECK_OK(set_cuda_attention_options(*g_b, {path.path}));
+        const int n = static_cast<int>(std::clamp<double>(20e-3 * 200e12 / flops, 2, 64));  // ~20 ms per graph
+        const double us = time_graph(n, [&](int) {
+          AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, window, 0.125f};
+          return g_b->attention(p, a.batch);
+        });
+        char note[64];
+        std::snprintf(note, sizeof note, "%.0f TFLOP/s", flops / us / 1e6);
+        report("prefill attention " + std::to_string(T / 1024) + "K " + (window ? "window 128 " : "causal ") + path.label,
+               us, 0, flops, note);
+      }
+    }
+  }
+  CHECK_OK(set_cuda_attention_options(*g_b, {}));
+}
+
 void bench_attention() {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
   for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1}, {8192, 1}, {32768, 1}, {1024, 32}, {8192, 8}, {32768, 2}}) {
@@ -316,18 +357,7 @@ void bench_attention() {
     report("decode attention ctx=" + std::to_string(ctx) + " batch=" + std::to_string(seqs), us, bytes, 0,
            std::to_string(static_cast<int>(bytes / 1e6)) + " MB KV");
   }
-  for (int64_t window : {0, 128}) {
-    AttnSetup a = make_attention(1, 8192, 8192);
-    const double us = time_graph(4, [&](int) {
-      AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, window, 0.125f};
-      return g_b->attention(p, a.batch);
-    });
-    const double keys = window == 0 ? 8192.0 * 8193 / 2 : 8192.0 * 128;
-    const double flops = 4.0 * 64 * 64 * keys;
-    char note[64];
-    std::snprintf(note, sizeof note, "%.0f TFLOP/s", flops / us / 1e6);
-    report("prefill attention 8K " + std::string(window ? "window 128" : "causal"), us, 0, flops, note);
-  }
+  bench_attention_prefill();
 }
 
 // ---- Dense linears at decode sizes: the skinny kernel (M <= 16) against cuBLASLt on the same shapes.
@@ -477,6 +507,13 @@ int main(int argc, char** argv) {
   // `--moe-decode-variants`: only the MoE decode variants (kernel comparisons in one device run).
   if (argc > arg && std::string(argv[arg]) == "--moe-decode-variants") {
     bench_moe(/*variants=*/true);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--attention-prefill-only`: prefill attention at 1K/4K/8K, causal and window 128, each kernel.
+  if (argc > arg && std::string(argv[arg]) == "--attention-prefill-only") {
+    bench_attention_prefill();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

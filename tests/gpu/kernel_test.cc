@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/kernel_configs.h"
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
@@ -183,7 +184,8 @@ struct AttnCase {
   std::vector<std::pair<int64_t, int64_t>> spans;  // (cached tokens, new tokens) per sequence
 };
 
-void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c) {
+// `label` names the prefill kernel in the report (the backend's options choose it).
+void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c, const std::string& label = "") {
   PagedSetup s = make_paged(rng, c.spans, c.page_size);
   const int64_t T = s.total, S = static_cast<int64_t>(c.spans.size());
   const BatchLimits lim{T, S, s.max_pages, T};
@@ -207,8 +209,8 @@ void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c
   ASSERT_TRUE(cpu.backend().attention(a_c, *batch_c).is_ok());
   const Status st = cuda.backend().attention(a_g, *batch_g);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
-  check("attention " + std::string(T == S ? "decode" : "prefill"), c.name, cuda.download_f32(o_g), cpu.download_f32(o_c),
-        1e-2);
+  check("attention " + std::string(T == S ? "decode" : "prefill") + label, c.name, cuda.download_f32(o_g),
+        cpu.download_f32(o_c), 1e-2);
 }
 
 TEST_F(KernelTest, AttentionPrefill) {
@@ -222,6 +224,42 @@ TEST_F(KernelTest, AttentionPrefill) {
       {"hd64 g8 long ctx 2000+64, window 128", 16, 2, 64, 128, 16, {{2000, 64}}},
   };
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
+  // The mma.sync kernel stays the reference (and the path of sm_100/sm_120): checked on every device.
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kMmaSync}).is_ok());
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (mma.sync)");
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
+// The wgmma prefill kernel (sm_90a): 128 rows of (token, head) pairs per CTA and 128-key tiles, so query
+// counts and cached prefixes that are not multiples of either, sequences that share a CTA, every group
+// size that packs differently, pages that split tiles, window 128 and full, and a 4097-token prompt.
+TEST_F(KernelTest, AttentionPrefillWgmma) {
+  auto placement = cuda_placement(cuda_backend());
+  ASSERT_TRUE(placement.is_ok());
+  auto dev = cuda::query_device_info(placement->device);
+  ASSERT_TRUE(dev.is_ok());
+  if (!cuda::choose_attention_prefill_wgmma_config(*dev, 64).enabled) GTEST_SKIP() << "no wgmma on " << dev->name;
+  const std::vector<AttnCase> cases = {
+      {"gpt-oss g8 full, 129 tok", 64, 8, 64, 0, 16, {{0, 129}}},
+      {"gpt-oss g8 window 128, 7 tok", 64, 8, 64, 128, 16, {{0, 7}}},
+      {"g8 full, 9 tok, one CTA", 8, 1, 64, 0, 16, {{0, 9}}},
+      {"g8 full, 16 tok, one CTA", 8, 1, 64, 0, 16, {{0, 16}}},
+      {"g8 full, 17 tok, two CTAs", 8, 1, 64, 0, 16, {{0, 17}}},
+      {"g8 full 4097 tok", 16, 2, 64, 0, 16, {{0, 4097}}},
+      {"g8 window 128, 4097 tok, P32", 16, 2, 64, 128, 32, {{0, 4097}}},
+      {"g8 window 128, chunk 300 after 1000 cached", 16, 2, 64, 128, 16, {{1000, 300}}},
+      {"g8 full, chunk 77 after 700 cached + new seq of 50, P32", 16, 2, 64, 0, 32, {{700, 77}, {0, 50}}},
+      {"g8 full, mixed decode + prefill seqs", 16, 2, 64, 0, 16, {{50, 1}, {0, 19}, {9, 1}, {3, 12}}},
+      {"g8 window 128, 5 seqs in one CTA, odd page 5", 16, 2, 64, 128, 5, {{130, 3}, {0, 4}, {200, 2}, {1, 5}, {0, 2}}},
+      {"g4 full, odd page 5", 8, 2, 64, 0, 5, {{0, 200}, {13, 7}}},
+      {"g16 window 128", 32, 2, 64, 128, 16, {{0, 300}}},
+      {"g1 (MHA) window 128", 4, 4, 64, 128, 16, {{0, 333}}},
+      {"g3 (odd group) full", 6, 2, 64, 0, 16, {{0, 45}, {20, 30}}},
+      {"g64 full, 2 tokens per CTA", 64, 1, 64, 0, 16, {{0, 41}, {100, 9}}},
+  };
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmma}).is_ok());
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (wgmma)");
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
 TEST_F(KernelTest, AttentionDecode) {

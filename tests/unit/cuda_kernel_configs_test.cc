@@ -25,6 +25,21 @@ TEST(CudaKernelConfigs, AttentionPrefillFitsEveryChip) {
     }
 }
 
+// The wgmma prefill kernel: on every sm_90 chip for head dim 64 (and fitting), nowhere else.
+TEST(CudaKernelConfigs, AttentionPrefillWgmmaOnlyOnHopper) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t hd : {32, 64, 128}) {
+      const AttentionPrefillWgmmaConfig c = choose_attention_prefill_wgmma_config(d, hd);
+      EXPECT_EQ(c.enabled, d.sm_major == 9 && hd == 64) << d.name << " hd " << hd;
+      if (!c.enabled) continue;
+      EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
+      EXPECT_EQ(c.threads, 128 * kAttnWgmmaWarpgroups);
+      EXPECT_EQ(c.rows_per_cta, 64 * kAttnWgmmaWarpgroups);
+      // The ring, Q and the row bounds, plus the slack that aligns the tiles to 1024 bytes.
+      EXPECT_GE(c.smem_bytes, 1024 + c.rows_per_cta * hd * 2 + c.stages * 4 * c.keys_per_tile * hd + 8 * c.rows_per_cta);
+    }
+}
+
 TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {
   for (const DeviceInfo& d : chips())
     for (int64_t hd : {32, 64})

@@ -356,7 +356,7 @@ class CudaBackend final : public Backend {
     a.head_dim = p.head_dim;
     a.window = p.window;
     a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
-    // One query per sequence: decode (split-KV). Otherwise the FlashAttention-2 prefill kernel.
+    // One query per sequence: decode (split-KV). Otherwise FlashAttention prefill: wgmma on sm_90, else mma.sync.
     if (batch.num_tokens == batch.num_seqs) {
       const int64_t capacity = a.kv.max_pages * a.kv.page_size;
       const int64_t max_keys = p.window > 0 ? std::min(p.window, capacity) : capacity;
@@ -370,6 +370,13 @@ class CudaBackend final : public Backend {
         a.partials = ptr_of<float>(scratch_.partials);
       }
       return launch_attention_decode(a, c, stream_.get());
+    }
+    const CudaAttentionPath path = options_.attention.prefill;
+    if (path == CudaAttentionPath::kWgmma || (path == CudaAttentionPath::kAuto && p.window == 0)) {
+      const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_config(dev_, p.head_dim);
+      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma(a, cw, stream_.get());
+      if (path == CudaAttentionPath::kWgmma)
+        return unimplemented("attention: the wgmma prefill kernel needs sm_90 and head_dim 64");
     }
     const AttentionPrefillConfig c = choose_attention_prefill_config(dev_, p.head_dim);
     if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention prefill config does not fit");
@@ -721,6 +728,12 @@ Result<CudaPlacement> cuda_placement(Backend& backend) {
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny) {
   MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
   options->skinny_linear = skinny;
+  return Status::ok();
+}
+
+Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->attention = attention;
   return Status::ok();
 }
 

@@ -41,10 +41,20 @@ struct CudaSkinnyLinearOptions {
   int chunks_in_flight = 0;
 };
 
+// Which prefill attention kernel runs: kAuto = wgmma for full-attention layers where the device and head
+// dim have it (sm_90, attention_wgmma.cu), else mma.sync (attention.cu; faster on 128-key windows, see
+// docs/PERF.md); forced by tests and benchmarks to compare the two.
+// kWgmma where there is none is an error.
+enum class CudaAttentionPath { kAuto, kWgmma, kMmaSync };
+struct CudaAttentionOptions {
+  CudaAttentionPath prefill = CudaAttentionPath::kAuto;
+};
+
 // Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.
 struct CudaBackendOptions {
   CudaMoeOptions moe;
   CudaSkinnyLinearOptions skinny_linear;
+  CudaAttentionOptions attention;
 };
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options = {});
@@ -52,6 +62,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackend
 // Not a CUDA backend: an error.
 Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe);
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny);
+Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention);
 
 // A CUDA backend's device ordinal and stream (cudaStream_t), for the collectives that run on its stream.
 struct CudaPlacement {

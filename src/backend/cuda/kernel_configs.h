@@ -21,6 +21,22 @@ struct AttentionPrefillConfig {
 };
 AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, int64_t head_dim);
 
+// Prefill attention on wgmma (sm_90a only, attention_wgmma.cu): kAttnWgmmaWarpgroups warpgroups of 64 query
+// rows share each K/V tile of kAttnWgmmaKeysPerTile keys from a cp.async ring of kAttnWgmmaStages stages,
+// one CTA per SM. Head dim 64 only for now (the P.V wgmma is written for n = 64).
+inline constexpr int kAttnWgmmaWarpgroups = 2;
+inline constexpr int kAttnWgmmaKeysPerTile = 128;
+inline constexpr int kAttnWgmmaStages = 3;
+struct AttentionPrefillWgmmaConfig {
+  bool enabled = false;     // the device has wgmma, the head dim has an instantiation, and it fits
+  int threads = 0;
+  int rows_per_cta = 0;
+  int keys_per_tile = 0;
+  int stages = 0;
+  int64_t smem_bytes = 0;   // dynamic shared memory per block (1024-byte alignment slack included)
+};
+AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_config(const DeviceInfo& dev, int64_t head_dim);
+
 // Decode attention: one CTA per (token, kv head, head block, KV split); the 4 warps split each key tile.
 struct AttentionDecodeConfig {
   int threads = 0;

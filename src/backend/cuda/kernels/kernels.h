@@ -99,6 +99,9 @@ struct AttentionKernelParams {
 };
 // Many queries per sequence: FlashAttention-2 on mma.sync. Tokens of a sequence must be contiguous.
 Status launch_attention_prefill(const AttentionKernelParams& p, const AttentionPrefillConfig& c, cudaStream_t stream);
+// The same on wgmma for sm_90a (attention_wgmma.cu); the config says whether the device and head dim have it.
+Status launch_attention_prefill_wgmma(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c,
+                                      cudaStream_t stream);
 // Any batch, one CTA per (token, kv head, head block, split); merges splits when there are several.
 Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDecodeConfig& c, cudaStream_t stream);
 
