@@ -17,7 +17,9 @@ struct WeightSpec {
   TensorView* destination;  // receives the host view (into the checkpoint's mmap)
 };
 
-// Resolves every spec against the checkpoint; every checkpoint tensor must be claimed by a spec.
-Status bind_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& specs);
+// Resolves every spec against the checkpoint; every checkpoint tensor must be claimed by a spec or start
+// with one of `skipped_prefixes` (parts of a checkpoint a model does not run, e.g. a vision tower).
+Status bind_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& specs,
+                    const std::vector<std::string>& skipped_prefixes = {});
 
 }  // namespace mx
