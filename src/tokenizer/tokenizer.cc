@@ -57,6 +57,28 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::create(std::vector<std::stri
   return std::shared_ptr<const Tokenizer>(std::move(tok));
 }
 
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::create_sentencepiece(SentencePieceBpeSpec spec,
+                                                                         std::vector<AddedToken> added,
+                                                                         std::optional<int32_t> bos_id) {
+  auto tok = std::make_shared<Tokenizer>();
+  for (const auto& t : added) {
+    if (t.text.empty()) return invalid_argument("an added token has empty text");
+    if (t.id < 0) return invalid_argument("added token " + t.text + " has a negative id");
+  }
+  MX_ASSIGN_OR_RETURN(tok->sentencepiece_, SentencePieceBpe::build(std::move(spec), added));
+  tok->vocab_size_ = tok->sentencepiece_->size();
+  std::vector<AddedToken> raw;
+  for (const auto& t : added) {
+    tok->special_ids_.emplace(t.text, t.id);  // the first id of a text, as the matcher keeps
+    if (t.special) tok->special_text_.emplace(t.id, t.text);
+    if (!t.normalized) raw.push_back(t);
+  }
+  tok->added_.build(raw);
+  if (bos_id && (*bos_id < 0 || *bos_id >= tok->vocab_size_)) return invalid_argument("the BOS id is out of range");
+  tok->bos_id_ = bos_id;
+  return std::shared_ptr<const Tokenizer>(std::move(tok));
+}
+
 void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* out) const {
   const int32_t whole = ranks_.find(piece);
   if (whole >= 0) {
@@ -94,6 +116,13 @@ void Tokenizer::encode_into(std::string_view text, SpecialTokens specials, std::
     repaired = utf8_make_valid(text);
     text = repaired;
   }
+  if (sentencepiece_) {
+    const bool as_text = specials == SpecialTokens::kAsText;
+    added_.split(
+        text, as_text, [&](std::string_view segment) { sentencepiece_->encode(segment, as_text, out); },
+        [&](int32_t id) { out->push_back(id); });
+    return;
+  }
   if (specials == SpecialTokens::kAsText || special_ids_.empty()) {
     encode_ordinary(text, out);
     return;
@@ -128,6 +157,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, SpecialTokens spec
 }
 
 bool Tokenizer::append_token_bytes(int32_t id, std::string* out) const {
+  if (sentencepiece_) return sentencepiece_->append_token_bytes(id, out);
   const std::string_view bytes = ranks_.bytes_of(id);
   if (!bytes.empty()) {
     out->append(bytes);
@@ -153,6 +183,11 @@ Result<std::string> Tokenizer::decode(std::span<const int32_t> ids) const {
   return utf8_make_valid(bytes);
 }
 
+const std::string& Tokenizer::pattern() const {
+  static const std::string kNone;
+  return pretokenizer_ ? pretokenizer_->pattern() : kNone;
+}
+
 bool Tokenizer::is_special(int32_t id) const { return special_text_.count(id) != 0; }
 
 std::optional<int32_t> Tokenizer::special_id(std::string_view text) const {
@@ -162,6 +197,10 @@ std::optional<int32_t> Tokenizer::special_id(std::string_view text) const {
 }
 
 std::optional<int32_t> Tokenizer::rank_of(std::string_view bytes) const {
+  if (sentencepiece_) {
+    const int32_t id = sentencepiece_->find(bytes);
+    return id < 0 ? std::nullopt : std::optional<int32_t>(id);
+  }
   const int32_t r = ranks_.find(bytes);
   if (r < 0) return std::nullopt;
   return r;

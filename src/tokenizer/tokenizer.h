@@ -1,8 +1,11 @@
-// The o200k byte-level BPE tokenizer with tiktoken semantics, plus the Harmony special tokens.
-//
-// Text is split into pre-tokens by the o200k regex (Pretokenizer), each pre-token is merged by rank
-// (BpeRanks), and special tokens are recognised only when the caller allows them: text that arrives from
-// users is encoded with SpecialTokens::kAsText so "<|start|>" typed by a user stays plain text. A Tokenizer
+// A BPE tokenizer in one of two kinds:
+// - byte-level with tiktoken semantics (o200k, gpt-oss; the Harmony special tokens are added): text is split
+//   into pre-tokens by the o200k regex (Pretokenizer) and each pre-token is merged by rank (BpeRanks);
+// - SentencePiece-style as a Hugging Face tokenizer.json describes it (Gemma): added tokens are cut out of
+//   the text first (AddedTokenMatcher), the rest is normalized, split and merged by SentencePieceBpe.
+// Special tokens are recognised only when the caller allows them: text that arrives from users is encoded
+// with SpecialTokens::kAsText so "<|start|>" typed by a user stays plain text (added tokens that are not
+// special, such as Gemma's whitespace runs, are always recognised, as Hugging Face does). A Tokenizer
 // is immutable after loading except for its bounded pre-token cache (sharded, each shard behind a mutex),
 // so one instance serves every thread.
 #pragma once
@@ -21,6 +24,7 @@
 #include "core/status.h"
 #include "tokenizer/bpe_ranks.h"
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/sentencepiece_bpe.h"
 
 namespace mx {
 
@@ -48,6 +52,12 @@ class Tokenizer {
                                                          std::vector<SpecialToken> specials,
                                                          const std::string& pattern);
 
+  // A SentencePiece-style tokenizer from its parts (see sentencepiece_bpe.h); `added` are the file's
+  // added_tokens, `bos_id` the token the model's tokenizer_config.json puts first (not added by encode).
+  static Result<std::shared_ptr<const Tokenizer>> create_sentencepiece(SentencePieceBpeSpec spec,
+                                                                      std::vector<AddedToken> added,
+                                                                      std::optional<int32_t> bos_id);
+
   // Appends the ids of `text`. Ill-formed UTF-8 is first replaced by U+FFFD (maximal subparts).
   void encode_into(std::string_view text, SpecialTokens specials, std::vector<int32_t>* out) const;
   std::vector<int32_t> encode(std::string_view text, SpecialTokens specials = SpecialTokens::kAsText) const;
@@ -61,12 +71,19 @@ class Tokenizer {
 
   // Largest id + 1 (201088 for gpt-oss: reserved ids included).
   int32_t vocab_size() const { return vocab_size_; }
-  int32_t num_ranks() const { return ranks_.size(); }
+  // Ids below this are ordinary tokens or added ones (SentencePiece-style: every id; see is_special).
+  int32_t num_ranks() const { return sentencepiece_ ? vocab_size_ : ranks_.size(); }
   bool is_special(int32_t id) const;
+  // The id of a special token's text; for a SentencePiece-style tokenizer, of any added token's text.
   std::optional<int32_t> special_id(std::string_view text) const;
-  // The token that represents `bytes` exactly (a rank), or nullopt.
+  // The token that represents `bytes` exactly (a rank; SentencePiece-style: a vocabulary string), or nullopt.
   std::optional<int32_t> rank_of(std::string_view bytes) const;
-  const std::string& pattern() const { return pretokenizer_->pattern(); }
+  // The pre-tokenizer regex of a byte-level tokenizer; empty for a SentencePiece-style one.
+  const std::string& pattern() const;
+  // The beginning-of-sequence token the model expects first (tokenizer_config.json's bos_token when
+  // add_bos_token is set); nullopt where none is (gpt-oss).
+  std::optional<int32_t> bos_id() const { return bos_id_; }
+  bool is_sentencepiece() const { return sentencepiece_ != nullptr; }
 
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
@@ -93,6 +110,11 @@ class Tokenizer {
   std::unordered_map<int32_t, std::string> special_text_;  // first text registered for each special id
   size_t max_special_len_ = 0;
   int32_t vocab_size_ = 0;
+
+  // SentencePiece-style only (null / empty for byte-level).
+  std::unique_ptr<const SentencePieceBpe> sentencepiece_;
+  AddedTokenMatcher added_;  // added tokens matched in the raw text
+  std::optional<int32_t> bos_id_;
 };
 
 // Adds the o200k_harmony specials (named ones, and <|reserved_N|> for every other id up to 201087) that

@@ -1,5 +1,6 @@
 // Loading a Tokenizer from the files models ship: a tiktoken rank file or a Hugging Face tokenizer.json
-// (optionally gzip-compressed), or a model directory holding one of them. Every malformed input is a
+// (optionally gzip-compressed; byte-level here, SentencePiece-style in hf_sentencepiece_json.cc), or a model
+// directory holding one of them. Every malformed input is a
 // Status with the file and, where it helps, the line or token; nothing here aborts on a bad file.
 #include <zlib.h>
 
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "tokenizer/hf_sentencepiece_json.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -122,7 +124,7 @@ std::string find_split_pattern(const nlohmann::json& pre) {
   return "";
 }
 
-Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text) {
+Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text, const nlohmann::json& config) {
   nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return invalid_argument("not valid JSON");
   if (!doc.contains("model") || !doc["model"].is_object()) return invalid_argument("no \"model\" object");
@@ -130,6 +132,7 @@ Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text) 
   if (model.value("type", "") != "BPE")
     return unimplemented("model type \"" + model.value("type", "") + "\" is not supported (only BPE)");
   if (!model.contains("vocab") || !model["vocab"].is_object()) return invalid_argument("no model.vocab object");
+  if (!hf_json_is_byte_level(doc)) return parse_hf_sentencepiece(doc, config);
   const std::string pattern = find_split_pattern(doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : nlohmann::json());
   if (pattern.empty())
     return unimplemented("pre_tokenizer has no Split regex (only tiktoken-style byte-level BPE is supported)");
@@ -242,7 +245,16 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 Result<std::shared_ptr<const Tokenizer>> Tokenizer::load_hf_json(const std::string& path) {
   MX_ASSIGN_OR_RETURN(std::string text, read_maybe_gzipped(path));
-  auto result = parse_hf_json(text);
+  // The BOS token lives in tokenizer_config.json beside the tokenizer (Hugging Face's layout).
+  nlohmann::json config;
+  const std::filesystem::path config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(config_path, ec)) {
+    MX_ASSIGN_OR_RETURN(std::string config_text, read_maybe_gzipped(config_path.string()));
+    config = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) return invalid_argument(config_path.string() + " is not a JSON object");
+  }
+  auto result = parse_hf_json(text, config);
   if (!result.is_ok()) return result.status().with_context(path);
   return result;
 }

@@ -168,7 +168,16 @@ TEST_F(LoaderErrors, BadFilesGiveClearErrors) {
   expect_error(write("d.tiktoken", "QQ== 0\n"), "lack the single byte");
   expect_error(write("e.json", "{not json"), "not valid JSON");
   expect_error(write("f.json", R"({"model": {"type": "Unigram"}})"), "only BPE");
-  expect_error(write("g.json", R"({"model": {"type": "BPE", "vocab": {}}})"), "Split regex");
+  expect_error(write("g.json", R"({"model": {"type": "BPE", "vocab": {}}, "pre_tokenizer": {"type": "ByteLevel"}})"),
+               "Split regex");
+  // Without a ByteLevel step the file is read as SentencePiece-style BPE.
+  expect_error(write("g2.json", R"({"model": {"type": "BPE", "vocab": {}}})"), "needs an unk_token");
+  expect_error(write("g3.json", R"({"model": {"type": "BPE", "vocab": {}, "byte_fallback": true},
+                                    "normalizer": {"type": "NFKC"}})"),
+               "normalizer \"NFKC\" is not supported");
+  expect_error(write("g4.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a", "b"]],
+                                    "byte_fallback": true}})"),
+               "not in the vocabulary");
   expect_error(write("h.txt", "x"), "expected a tokenizer.json");
   expect_error((dir_ / "missing.tiktoken").string(), "does not exist");
   expect_error(dir_.string(), "several .tiktoken files");
