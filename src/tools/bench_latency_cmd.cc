@@ -29,6 +29,7 @@
 #include "core/log.h"
 #include "model/model_registry.h"
 #include "model/synthetic_model.h"
+#include "model/tensor_parallel_model.h"
 #include "runtime/engine_core.h"
 #include "tools/bench_probes.h"
 #include "tools/cli_args.h"
@@ -53,6 +54,7 @@ const std::vector<CliOption> kCommandOptions = {
     {"seed", true, "seed of synthetic weights and prompts (default 0)"},
     {"backend", true, "cuda (default in CUDA builds) or cpu"},
     {"threads", true, "CPU backend threads (default: all cores)"},
+    {"tensor-parallel-size", true, "ranks the model is split over (needs --model; default 1)", {"tp", "tp-size"}},
     {"batch-size", true, "comma-separated batch sizes (default 1,8,32,128)"},
     {"input-len", true, "comma-separated prompt tokens per request (default 1024)"},
     {"output-len", true, "generated tokens per request (default 128)"},
@@ -333,6 +335,11 @@ Status run(const CliArgs& args) {
   BackendOptions bo;
   bo.name = args.get("backend", kDefaultBackend);
   bo.num_threads = static_cast<int>(threads);
+  MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
+  MX_RETURN_IF_ERROR(check_tensor_parallel_backend(bo, tp));
+  if (tp > 1 && !args.has("model"))
+    return invalid_argument("--tensor-parallel-size needs --model: every rank loads its share from the directory "
+                            "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   ProfilingBackend backend(std::move(inner));
   if (s.breakdown && !backend.make_timer(2).is_ok())
@@ -342,7 +349,7 @@ Status run(const CliArgs& args) {
   std::unique_ptr<Model> model;
   double synth_s = 0;
   if (args.has("model")) {
-    MX_ASSIGN_OR_RETURN(model, load_model(args.get("model"), backend));
+    MX_ASSIGN_OR_RETURN(model, load_tensor_parallel_model(args.get("model"), backend, bo, tp));
   } else {
     SyntheticOptions so;
     so.seed = s.seed;

@@ -223,6 +223,17 @@ TEST(TensorParallel, UnsplittableShapesAndBackendsAreOneLineErrors) {
       << tpu.stderr_text;
 }
 
+// bench latency splits a model directory too; a synthetic preset (made in memory, one copy) cannot be.
+TEST(TensorParallel, BenchLatencyRunsOnRanks) {
+  const auto r = test::run_mxserve("bench latency --model " + test::fixture("tiny-gpt-oss") +
+                                   " --backend cpu --threads 1 --batch-size 1,3 --input-len 12 --output-len 6 --tp 2");
+  EXPECT_EQ(r.exit_code, 0) << r.stderr_text;
+  EXPECT_NE(r.stdout_text.find("TPOT"), std::string::npos) << r.stdout_text;
+  const auto preset = test::run_mxserve("bench latency --preset tiny --tp 2");
+  EXPECT_EQ(preset.exit_code, 1);
+  EXPECT_NE(preset.stderr_text.find("--tensor-parallel-size needs --model"), std::string::npos) << preset.stderr_text;
+}
+
 // The server on two ranks answers like any other (the demo model: one KV head, replicated on both ranks).
 TEST(TensorParallel, ServeOnTwoRanksAnswers) {
   auto [pid, port] = test::start_serve({"--tp", "2"});

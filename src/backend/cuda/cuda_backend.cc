@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt_linear.h"
+#include "backend/forwarding_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/expert_repack.h"
 #include "backend/cuda/kernel_configs.h"
@@ -720,6 +721,8 @@ Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe) {
 }
 
 Result<CudaPlacement> cuda_placement(Backend& backend) {
+  // Through decorators (profiling, probes) to the CUDA backend they wrap.
+  if (auto* wrapper = dynamic_cast<ForwardingBackend*>(&backend)) return cuda_placement(wrapper->inner());
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   if (!cuda) return invalid_argument("not a CUDA backend: " + backend.name());
   return cuda->placement();
