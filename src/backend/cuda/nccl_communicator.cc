@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -184,6 +185,10 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(const
     cudaGetLastError();
   }
   MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[0]));
+  // NVLink multicast (NVLS) stays off, whatever the environment says: on shared multi-GPU hosts a program using
+  // it can put every GPU of the host out of service, and its buffers are device memory the KV plan does not see.
+  // NCCL reads the variable when the communicators are made.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   auto group = std::make_shared<NcclGroup>();
   group->lib = lib;
   group->comms.assign(devices.size(), nullptr);
