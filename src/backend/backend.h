@@ -69,7 +69,8 @@ struct QkvRopeParams {
 struct AttentionParams {
   TensorView q;          // [T, n_q * head_dim] after RoPE
   KvLayerView kv;
-  TensorView sinks;      // bf16 [n_q]: one extra logit per head in the softmax denominator, no value
+  TensorView sinks;      // bf16 [n_q]: one extra logit per head in the softmax denominator, no value; empty =
+                         // no sinks (Gemma-4; CPU only so far, CUDA answers unimplemented)
   TensorView out;        // [T, n_q * head_dim]
   int64_t n_q = 0, n_kv = 0, head_dim = 0;
   int64_t window = 0;    // keys visible to a query, itself included; 0 = all earlier keys
@@ -79,10 +80,35 @@ struct AttentionParams {
 struct RouterParams {
   TensorView x;             // [T, H]
   TensorView weight;        // bf16 [E, H]
-  TensorView bias;          // bf16 [E]
+  TensorView bias;          // bf16 [E]; empty = none (Gemma-4)
   TensorView logits;        // f32 [T, E] (written; fp32 so top-k is not decided by bf16 rounding)
   TensorView topk_ids;      // i32 [T, k], descending by logit
   TensorView topk_weights;  // f32 [T, k] softmax over the k selected logits
+  int64_t top_k = 0;
+  // bf16/f32 [E] or empty: multiplies each selected expert's weight after the softmax (Gemma-4's
+  // per_expert_scale). CPU only so far; CUDA answers unimplemented when it is set or the bias is empty.
+  TensorView expert_scale;
+};
+
+// Per-head RMSNorms of a fused q|k|v projection, in place: q heads times q_norm, k heads times k_norm,
+// v heads without a weight (Gemma-4). Runs before qkv_rope.
+struct QkvNormParams {
+  TensorView qkv;     // [T, (n_q + 2 n_kv) * head_dim]
+  TensorView q_norm;  // bf16 [head_dim]
+  TensorView k_norm;  // bf16 [head_dim]
+  int64_t n_q = 0, n_kv = 0, head_dim = 0;
+  float eps = 1e-6f;
+};
+
+// bf16 experts with GeGLU (Gemma-4): per slot, y = down_e(gelu_tanh(gate_e x) * up_e x), no biases;
+// out[t] = sum over the k slots of weight * y.
+struct GegluMoeParams {
+  TensorView x;             // [T, H] normed input
+  TensorView topk_ids;      // i32 [T, k]
+  TensorView topk_weights;  // f32 [T, k]
+  TensorView gate_up;       // bf16 [E, 2I, H]: rows [0, I) gate, [I, 2I) up
+  TensorView down;          // bf16 [E, H, I]
+  TensorView out;           // [T, H]
   int64_t top_k = 0;
 };
 
@@ -217,6 +243,36 @@ class Backend {
   // out[r] = x[rows[r]]; rows i32 [R].
   virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
   virtual Status sample(const SampleParams& p) = 0;
+
+  // Ops Gemma-4 needs (CPU only so far; CUDA answers unimplemented until its kernels land, issue 15).
+  // out = rms_norm(x) over the last dim, without a weight; x and out in activation_dtype().
+  virtual Status unit_rms_norm(const TensorView& x, float eps, TensorView out) {
+    (void)x, (void)eps, (void)out;
+    return unimplemented(name() + " backend has no weightless rms_norm yet");
+  }
+  // x = cap * tanh(x / cap) elementwise (final logit soft-cap); x f32.
+  virtual Status soft_cap(TensorView x, float cap) {
+    (void)x, (void)cap;
+    return unimplemented(name() + " backend has no soft_cap yet");
+  }
+  // out = gelu_tanh(gate) * up elementwise (GeGLU); all in activation_dtype().
+  virtual Status gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) {
+    (void)gate, (void)up, (void)out;
+    return unimplemented(name() + " backend has no gelu_tanh_mul yet");
+  }
+  virtual Status qkv_norms(const QkvNormParams& p) {
+    (void)p;
+    return unimplemented(name() + " backend has no per-head q/k/v norms yet");
+  }
+  virtual Status moe_geglu_experts(const GegluMoeParams& p) {
+    (void)p;
+    return unimplemented(name() + " backend has no bf16 GeGLU experts yet");
+  }
+  // x *= factor[0] (Gemma-4's layer_scalar); factor bf16/f32 [1] in backend memory; x in residual_dtype().
+  virtual Status scale_by(TensorView x, const TensorView& factor) {
+    (void)x, (void)factor;
+    return unimplemented(name() + " backend has no scale_by yet");
+  }
 
   // dst = src, both in backend memory with the same byte size (the bandwidth probe's copy).
   virtual Status copy(TensorView dst, const TensorView& src) {

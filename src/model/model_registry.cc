@@ -6,6 +6,7 @@
 
 #include "io/json_fields.h"
 #include "io/mapped_file.h"
+#include "model/gemma4/gemma4_model.h"
 #include "model/gpt_oss/gpt_oss_model.h"
 
 namespace mx {
@@ -28,9 +29,19 @@ Result<std::unique_ptr<Model>> build_gpt_oss(const std::string& text, const std:
   return std::unique_ptr<Model>(std::move(model));
 }
 
+Result<std::unique_ptr<Model>> build_gemma4(const std::string& text, const std::string& source, GenerationConfig g,
+                                            Checkpoint checkpoint, Backend& backend, const ModelShard& shard) {
+  if (shard.size > 1) return unimplemented(source + ": Gemma-4 cannot be split over tensor-parallel ranks yet");
+  MX_ASSIGN_OR_RETURN(Gemma4Config config, parse_gemma4_config(text, source));
+  MX_ASSIGN_OR_RETURN(auto model, Gemma4Model::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint), backend));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
 const std::vector<Family>& families() {
   static const std::vector<Family> table = {
       {"gpt_oss", {"GptOssForCausalLM"}, build_gpt_oss},
+      {"gemma4", {"Gemma4ForConditionalGeneration"}, build_gemma4},
+      {"gemma4_text", {"Gemma4ForCausalLM"}, build_gemma4},
   };
   return table;
 }

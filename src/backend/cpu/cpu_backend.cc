@@ -65,6 +65,31 @@ class CpuBackend final : public Backend {
     cpu::rms_norm(x, weight, eps, out);
     return Status::ok();
   }
+  Status unit_rms_norm(const TensorView& x, float eps, TensorView out) override {
+    cpu::rms_norm(x, TensorView{}, eps, out);
+    return Status::ok();
+  }
+  Status soft_cap(TensorView x, float cap) override {
+    if (!(cap > 0.0f)) return invalid_argument("soft_cap: cap must be > 0");
+    cpu::soft_cap(x, cap);
+    return Status::ok();
+  }
+  Status gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
+    cpu::gelu_tanh_mul(gate, up, out);
+    return Status::ok();
+  }
+  Status qkv_norms(const QkvNormParams& p) override {
+    cpu::qkv_norms(p);
+    return Status::ok();
+  }
+  Status moe_geglu_experts(const GegluMoeParams& p) override {
+    cpu::moe_geglu_experts(pool_, p);
+    return Status::ok();
+  }
+  Status scale_by(TensorView x, const TensorView& factor) override {
+    cpu::scale_by(x, factor);
+    return Status::ok();
+  }
   Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                       TensorView out) override {
     cpu::add_rms_norm(residual, delta, weight, eps, out);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -33,6 +34,10 @@ void normalize_row(const float* x, const TensorView& weight, float eps, int64_t 
   double sum_sq = 0;
   for (int64_t i = 0; i < h; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
   const float inv = 1.0f / std::sqrt(static_cast<float>(sum_sq / static_cast<double>(h)) + eps);
+  if (weight.empty()) {  // weightless (Gemma-4's v_norm and router norm)
+    for (int64_t i = 0; i < h; ++i) out[i] = x[i] * inv;
+    return;
+  }
   for (int64_t i = 0; i < h; ++i) out[i] = load_f32(weight, i) * (x[i] * inv);
 }
 
@@ -69,6 +74,34 @@ void embedding(const TensorView& table, const TensorView& token_ids, TensorView 
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) {
   const int64_t h = x.dim(-1), rows = x.numel() / h;
   for (int64_t r = 0; r < rows; ++r) normalize_row(x.ptr<const float>() + r * h, weight, eps, h, out.ptr<float>() + r * h);
+}
+
+void soft_cap(TensorView x, float cap) {
+  MX_CHECK(x.dtype() == DType::kF32) << "CPU activations are f32";
+  MX_CHECK(cap > 0.0f) << cap;
+  float* v = x.ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) v[i] = cap * std::tanh(v[i] / cap);
+}
+
+float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+void gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) {
+  MX_CHECK_EQ(gate.numel(), up.numel());
+  MX_CHECK_EQ(gate.numel(), out.numel());
+  const float* g = gate.ptr<const float>();
+  const float* u = up.ptr<const float>();
+  float* o = out.ptr<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) o[i] = gelu_tanh(g[i]) * u[i];
+}
+
+void scale_by(TensorView x, const TensorView& factor) {
+  MX_CHECK_EQ(factor.numel(), 1);
+  const float f = load_f32(factor, 0);
+  float* v = x.ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) v[i] *= f;
 }
 
 void add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps, TensorView out) {
@@ -137,16 +170,17 @@ void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batc
       const int32_t seq = batch.token_seq.ptr<const int32_t>()[t];
       const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
       const float* q = p.q.ptr<const float>() + (t * p.n_q + h) * hd;
-      const float sink = load_f32(p.sinks, h);
+      const bool has_sink = !p.sinks.empty();
+      const float sink = has_sink ? load_f32(p.sinks, h) : 0.0f;
       scores.resize(static_cast<size_t>(pos - first + 1));
-      float max_logit = sink;
+      float max_logit = has_sink ? sink : -std::numeric_limits<float>::infinity();
       for (int64_t j = first; j <= pos; ++j) {
         const float* k = p.kv.k.ptr<const float>() + cache_offset(p.kv, batch, seq, j, p.n_kv, hd) + g * hd;
         const float s = dot(q, k, hd) * p.softmax_scale;
         scores[j - first] = s;
         max_logit = std::max(max_logit, s);
       }
-      float denom = std::exp(sink - max_logit);
+      float denom = has_sink ? std::exp(sink - max_logit) : 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = first; j <= pos; ++j) {
         const float w = std::exp(scores[j - first] - max_logit);
@@ -166,7 +200,7 @@ void router_topk(const RouterParams& p) {
   float* logits = p.logits.ptr<float>();
   for (int64_t e = 0; e < e_count; ++e) {
     widen_row(p.weight, e * h, h, w.data());
-    const float b = load_f32(p.bias, e);
+    const float b = p.bias.empty() ? 0.0f : load_f32(p.bias, e);
     for (int64_t t = 0; t < t_count; ++t) logits[t * e_count + e] = dot(p.x.ptr<const float>() + t * h, w.data(), h) + b;
   }
   std::vector<int32_t> order(static_cast<size_t>(e_count));
@@ -181,7 +215,8 @@ void router_topk(const RouterParams& p) {
     for (int64_t i = 0; i < p.top_k; ++i) sum += std::exp(row[order[i]] - top);
     for (int64_t i = 0; i < p.top_k; ++i) {
       p.topk_ids.ptr<int32_t>()[t * p.top_k + i] = order[i];
-      p.topk_weights.ptr<float>()[t * p.top_k + i] = std::exp(row[order[i]] - top) / sum;
+      const float scale = p.expert_scale.empty() ? 1.0f : load_f32(p.expert_scale, order[i]);
+      p.topk_weights.ptr<float>()[t * p.top_k + i] = std::exp(row[order[i]] - top) / sum * scale;
     }
   }
 }
@@ -261,6 +296,62 @@ void moe_experts(ThreadPool& pool, const MoeParams& p) {
       out[t * h + i] = sum;
     }
   }
+}
+
+void qkv_norms(const QkvNormParams& p) {
+  const int64_t hd = p.head_dim, heads = p.n_q + 2 * p.n_kv, t_count = p.qkv.numel() / (heads * hd);
+  float* base = p.qkv.ptr<float>();
+  for (int64_t t = 0; t < t_count; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = base + (t * heads + h) * hd;
+      const TensorView& weight = h < p.n_q ? p.q_norm : h < p.n_q + p.n_kv ? p.k_norm : TensorView();
+      normalize_row(x, weight, p.eps, hd, x);  // reads a row fully before writing it
+    }
+}
+
+void moe_geglu_experts(ThreadPool& pool, const GegluMoeParams& p) {
+  const int64_t e_count = p.gate_up.dim(0), inter = p.gate_up.dim(1) / 2, h = p.gate_up.dim(2);
+  const int64_t k = p.top_k, t_count = p.x.numel() / h;
+  const int32_t* ids = p.topk_ids.ptr<const int32_t>();
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(e_count));
+  for (int64_t s = 0; s < t_count * k; ++s) {
+    MX_CHECK(ids[s] >= 0 && ids[s] < e_count) << "expert " << ids[s];
+    slots[static_cast<size_t>(ids[s])].push_back(s);
+  }
+  std::vector<float> act(static_cast<size_t>(t_count * k * inter));
+  std::vector<float> y(static_cast<size_t>(t_count * k * h));
+  const float* x = p.x.ptr<const float>();
+  for (int64_t e = 0; e < e_count; ++e) {
+    const auto& mine = slots[static_cast<size_t>(e)];
+    if (mine.empty()) continue;
+    pool.parallel_for(inter, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> gate_w(static_cast<size_t>(h)), up_w(static_cast<size_t>(h));
+      for (int64_t j = begin; j < end; ++j) {
+        widen_row(p.gate_up, (e * 2 * inter + j) * h, h, gate_w.data());
+        widen_row(p.gate_up, (e * 2 * inter + inter + j) * h, h, up_w.data());
+        for (int64_t s : mine) {
+          const float* xt = x + (s / k) * h;
+          act[s * inter + j] = gelu_tanh(dot(xt, gate_w.data(), h)) * dot(xt, up_w.data(), h);
+        }
+      }
+    });
+    pool.parallel_for(h, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(inter));
+      for (int64_t r = begin; r < end; ++r) {
+        widen_row(p.down, (e * h + r) * inter, inter, row.data());
+        for (int64_t s : mine) y[s * h + r] = dot(act.data() + s * inter, row.data(), inter);
+      }
+    });
+  }
+  // Deterministic combine: the k slots of a token in router order.
+  float* out = p.out.ptr<float>();
+  const float* weights = p.topk_weights.ptr<const float>();
+  for (int64_t t = 0; t < t_count; ++t)
+    for (int64_t i = 0; i < h; ++i) {
+      float sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += weights[t * k + j] * y[(t * k + j) * h + i];
+      out[t * h + i] = sum;
+    }
 }
 
 void gather_rows(const TensorView& x, const TensorView& rows, TensorView out) {

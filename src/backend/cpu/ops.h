@@ -1,4 +1,5 @@
-// The fp32 CPU reference of every op gpt-oss needs (ref-gpt-oss-model.md section 1 is the spec).
+// The fp32 CPU reference of every op gpt-oss and Gemma-4 need (ref-gpt-oss-model.md section 1 and
+// ref-gemma4-mtp-spec.md section 1 are the specs).
 // Activations are f32; weights are read as stored (bf16, MXFP4) and widened exactly. These functions are
 // the twins the CUDA kernels are tested against. Loops over rows, heads and experts use the thread pool.
 #pragma once
@@ -12,13 +13,20 @@ namespace mx::cpu {
 float load_f32(const TensorView& t, int64_t i);
 
 void embedding(const TensorView& table, const TensorView& token_ids, TensorView out);
+// weight empty = weightless (x * rsqrt(mean(x^2) + eps)).
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out);
+void soft_cap(TensorView x, float cap);  // x = cap * tanh(x / cap)
+float gelu_tanh(float x);                // GELU, tanh approximation (gelu_pytorch_tanh)
+void gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out);
+void scale_by(TensorView x, const TensorView& factor);  // x *= factor[0]
 void add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps, TensorView out);
 void linear(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out);
 void qkv_rope(const QkvRopeParams& p, const BatchView& batch);
 void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batch);
 void router_topk(const RouterParams& p);
 void moe_experts(ThreadPool& pool, const MoeParams& p);
+void qkv_norms(const QkvNormParams& p);
+void moe_geglu_experts(ThreadPool& pool, const GegluMoeParams& p);
 void gather_rows(const TensorView& x, const TensorView& rows, TensorView out);
 void sample(ThreadPool& pool, const SampleParams& p);  // rows in parallel; cpu/sampling.cc
 

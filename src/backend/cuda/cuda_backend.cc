@@ -344,6 +344,7 @@ class CudaBackend final : public Backend {
   }
 
   Status attention(const AttentionParams& p, const BatchView& batch) override {
+    if (p.sinks.empty()) return unimplemented("cuda attention without sinks (Gemma-4) is not implemented yet");
     expect(p.q, DType::kBF16, "attention q");
     expect(p.kv.k, DType::kBF16, "k cache");
     AttentionKernelParams a;
@@ -385,6 +386,8 @@ class CudaBackend final : public Backend {
   }
 
   Status router_topk(const RouterParams& p) override {
+    if (p.bias.empty() || !p.expert_scale.empty())
+      return unimplemented("cuda router without a bias or with per-expert scales (Gemma-4) is not implemented yet");
     expect(p.x, DType::kBF16, "router x");
     expect(p.logits, DType::kF32, "router logits");
     const int64_t e = p.weight.dim(0), h = p.weight.dim(1), t = p.x.numel() / h;

@@ -1,0 +1,239 @@
+#include "model/gemma4/gemma4_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mx {
+
+std::vector<float> gemma4_inv_freq(const Gemma4Rope& rope, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  const auto rotated = static_cast<int64_t>(rope.partial_rotary_factor * static_cast<double>(head_dim) / 2.0);
+  std::vector<float> inv(static_cast<size_t>(half), 0.0f);
+  for (int64_t i = 0; i < std::min(rotated, half); ++i)
+    inv[static_cast<size_t>(i)] =
+        static_cast<float>(1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+  return inv;
+}
+
+Gemma4Model::Gemma4Model(Gemma4Config config, Backend& backend)
+    : config_(std::move(config)), cost_(config_), backend_(backend) {
+  const Gemma4Config& c = config_;
+  dims_ = ModelDims{c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings};
+  std::vector<KvLayerSpec> layers;
+  // K and V differ even on K=V layers (K: k_norm + RoPE, V: weightless norm), so both are stored.
+  for (size_t l = 0; l < c.layer_is_sliding.size(); ++l)
+    layers.push_back({c.layer_kv_heads[l], c.layer_head_dim[l], c.layer_is_sliding[l] ? c.sliding_window : 0, false});
+  kv_layout_ = KvLayout::from_layers(std::move(layers));
+}
+
+Result<std::unique_ptr<Gemma4Model>> Gemma4Model::from_checkpoint(Gemma4Config config, GenerationConfig generation_config,
+                                                                  Checkpoint checkpoint, Backend& backend) {
+  std::unique_ptr<Gemma4Model> model(new Gemma4Model(std::move(config), backend));
+  model->generation_config_ = std::move(generation_config);
+  model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gemma4_weight_specs(model->config_, model->weights_),
+                                  gemma4_skipped_prefixes(model->config_)));
+  MX_RETURN_IF_ERROR(model->upload());
+  return model;
+}
+
+Result<TensorView> Gemma4Model::upload_host_f32(const std::vector<float>& values) {
+  const auto n = static_cast<int64_t>(values.size());
+  MX_ASSIGN_OR_RETURN(Buffer buffer, backend_.allocate(n * static_cast<int64_t>(sizeof(float))));
+  TensorView view = buffer.view(DType::kF32, {n});
+  MX_RETURN_IF_ERROR(backend_.copy_from_host(view, values.data()));
+  device_weights_.push_back(std::move(buffer));
+  return view;
+}
+
+Status Gemma4Model::upload() {
+  const Gemma4Config& c = config_;
+  const int64_t H = c.hidden_size;
+  auto put = [&](const TensorView& host) { return backend_.upload_weight(host, &device_weights_); };
+  MX_ASSIGN_OR_RETURN(sliding_inv_freq_, upload_host_f32(gemma4_inv_freq(c.sliding_rope, c.layer_head_dim[0])));
+  if (c.global_head_dim() > 0) {
+    MX_ASSIGN_OR_RETURN(full_inv_freq_, upload_host_f32(gemma4_inv_freq(c.full_rope, c.global_head_dim())));
+  }
+  // transformers multiplies by sqrt(H) in the weights' dtype; the fp32 reference keeps it in f32.
+  MX_ASSIGN_OR_RETURN(embed_scale_, upload_host_f32({static_cast<float>(std::sqrt(static_cast<double>(H)))}));
+  MX_ASSIGN_OR_RETURN(weights_.embed, put(weights_.embed));
+  MX_ASSIGN_OR_RETURN(weights_.final_norm, put(weights_.final_norm));
+  const double root = 1.0 / std::sqrt(static_cast<double>(H));
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    Gemma4LayerWeights& L = weights_.layers[l];
+    const int64_t hd = c.layer_head_dim[l], kv = c.layer_kv_heads[l];
+    // One q|k|v projection; on K=V layers the v rows are the k rows (V = weightless norm of raw k).
+    const TensorView& v_rows = L.v_weight.empty() ? L.k_weight : L.v_weight;
+    std::vector<uint16_t> fused;
+    for (const TensorView* part : std::initializer_list<const TensorView*>{&L.q_weight, &L.k_weight, &v_rows}) {
+      const auto* src = part->ptr<const uint16_t>();
+      fused.insert(fused.end(), src, src + part->numel());
+    }
+    host_fused_.push_back(std::move(fused));
+    MX_ASSIGN_OR_RETURN(TensorView qkv,
+                        put(TensorView(host_fused_.back().data(), DType::kBF16, {(c.num_heads + 2 * kv) * hd, H})));
+    qkv_weight_.push_back(qkv);
+    if (c.moe) {
+      // The router's learned per-dim scale and H^-1/2 fold into its weight (f32, so nothing is rounded twice).
+      std::vector<float> router(static_cast<size_t>(c.num_experts * H));
+      const auto* w = L.router_weight.ptr<const uint16_t>();
+      const auto* s = L.router_scale.ptr<const uint16_t>();
+      for (int64_t e = 0; e < c.num_experts; ++e)
+        for (int64_t h = 0; h < H; ++h)
+          router[static_cast<size_t>(e * H + h)] =
+              static_cast<float>(static_cast<double>(bf16_to_f32(w[e * H + h])) * bf16_to_f32(s[h]) * root);
+      MX_ASSIGN_OR_RETURN(TensorView rw, upload_host_f32(router));
+      router_weight_.push_back(rw.reshaped({c.num_experts, H}));
+    } else {
+      router_weight_.emplace_back();
+    }
+    for (TensorView* t : {&L.input_norm, &L.post_attention_norm, &L.q_norm, &L.k_norm, &L.o_weight, &L.pre_mlp_norm,
+                          &L.post_mlp_norm, &L.mlp_gate, &L.mlp_up, &L.mlp_down, &L.pre_moe_norm, &L.post_moe_norm,
+                          &L.post_ffn_norm, &L.per_expert_scale, &L.experts_gate_up, &L.experts_down, &L.layer_scalar}) {
+      if (!t->empty()) {
+        MX_ASSIGN_OR_RETURN(*t, put(*t));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+int64_t Gemma4Model::device_weight_bytes() const {
+  int64_t total = 0;
+  for (const Buffer& b : device_weights_) total += b.bytes();
+  return total;
+}
+
+Result<std::unique_ptr<ModelWorkspace>> Gemma4Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
+  const Gemma4Config& c = config_;
+  auto owned = std::make_unique<Gemma4Workspace>();
+  Gemma4Workspace& ws = *owned;
+  ws.max_tokens = max_tokens;
+  ws.max_logit_rows = max_logit_rows;
+  const DType act = backend_.activation_dtype();
+  auto make = [&](DType dtype, Shape shape) -> Result<TensorView> {
+    MX_ASSIGN_OR_RETURN(Buffer b, backend_.allocate(dtype_bytes(dtype, shape.numel())));
+    TensorView v = b.view(dtype, shape);
+    ws.buffers.push_back(std::move(b));
+    return v;
+  };
+  const int64_t T = max_tokens, H = c.hidden_size;
+  int64_t qkv_width = 0, q_width = 0, max_hd = 0, max_kv = 0;
+  for (size_t l = 0; l < c.layer_head_dim.size(); ++l) {
+    qkv_width = std::max(qkv_width, (c.num_heads + 2 * c.layer_kv_heads[l]) * c.layer_head_dim[l]);
+    q_width = std::max(q_width, c.num_heads * c.layer_head_dim[l]);
+    max_hd = std::max(max_hd, c.layer_head_dim[l]);
+    max_kv = std::max(max_kv, c.layer_kv_heads[l]);
+  }
+  const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.experts_per_token, 1);
+  MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, c.moe_intermediate_size, c.num_experts, c.experts_per_token,
+                                                    c.num_heads, max_kv, max_hd, max_logit_rows, c.vocab_size}));
+  MX_ASSIGN_OR_RETURN(ws.residual, make(backend_.residual_dtype(), {T, H}));
+  for (TensorView* t : {&ws.normed, &ws.normed_moe, &ws.router_in, &ws.proj, &ws.branch, &ws.moe_out}) {
+    MX_ASSIGN_OR_RETURN(*t, make(act, {T, H}));
+  }
+  MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T * qkv_width}));
+  MX_ASSIGN_OR_RETURN(ws.q, make(act, {T * q_width}));
+  MX_ASSIGN_OR_RETURN(ws.attn, make(act, {T * q_width}));
+  MX_ASSIGN_OR_RETURN(ws.gate, make(act, {T, c.intermediate_size}));
+  MX_ASSIGN_OR_RETURN(ws.up, make(act, {T, c.intermediate_size}));
+  MX_ASSIGN_OR_RETURN(ws.router_logits, make(DType::kF32, {T, E}));
+  MX_ASSIGN_OR_RETURN(ws.topk_ids, make(DType::kI32, {T, K}));
+  MX_ASSIGN_OR_RETURN(ws.topk_weights, make(DType::kF32, {T, K}));
+  MX_ASSIGN_OR_RETURN(ws.gathered, make(act, {max_logit_rows, H}));
+  return std::unique_ptr<ModelWorkspace>(std::move(owned));
+}
+
+Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& workspace,
+                                           TensorView logits, const HiddenObserver* observer) const {
+  const Gemma4Config& c = config_;
+  auto* own = dynamic_cast<Gemma4Workspace*>(&workspace);
+  if (!own) return invalid_argument("gemma4 forward pass given another model's workspace");
+  Gemma4Workspace& ws = *own;
+  if (!(kv.shape().layout.layers == kv_layout_.layers))
+    return invalid_argument("gemma4 forward pass given a KV cache of another layout");
+  const int64_t T = batch.num_tokens, R = batch.num_logit_rows, H = c.hidden_size;
+  if (T <= 0 || T > ws.max_tokens || R > ws.max_logit_rows)
+    return invalid_argument("batch of " + std::to_string(T) + " tokens / " + std::to_string(R) +
+                            " logit rows exceeds the workspace");
+  Backend& b = backend_;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  TensorView residual = ws.residual.rows(0, T), normed = ws.normed.rows(0, T), proj = ws.proj.rows(0, T);
+  TensorView branch = ws.branch.rows(0, T);
+  auto observe = [&](int64_t index, const TensorView& t) {
+    if (observer) (*observer)(index, t);
+  };
+
+  MX_RETURN_IF_ERROR(b.embedding(weights_.embed, batch.token_ids, residual));
+  MX_RETURN_IF_ERROR(b.scale_by(residual, embed_scale_));
+  observe(0, residual);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const auto li = static_cast<size_t>(l);
+    const Gemma4LayerWeights& L = weights_.layers[li];
+    const KvLayerView cache = kv.layer(l);
+    const int64_t hd = c.layer_head_dim[li], n_kv = c.layer_kv_heads[li], nq = c.num_heads;
+    const bool sliding = c.layer_is_sliding[li];
+
+    // Attention.
+    MX_RETURN_IF_ERROR(b.rms_norm(residual, L.input_norm, eps, normed));
+    TensorView qkv = ws.qkv.rows(0, T * (nq + 2 * n_kv) * hd).reshaped({T, (nq + 2 * n_kv) * hd});
+    TensorView q = ws.q.rows(0, T * nq * hd).reshaped({T, nq * hd});
+    TensorView attn = ws.attn.rows(0, T * nq * hd).reshaped({T, nq * hd});
+    MX_RETURN_IF_ERROR(b.linear(normed, qkv_weight_[li], TensorView(), qkv));
+    MX_RETURN_IF_ERROR(b.qkv_norms(QkvNormParams{qkv, L.q_norm, L.k_norm, nq, n_kv, hd, eps}));
+    QkvRopeParams rope{qkv, q, cache, sliding ? sliding_inv_freq_ : full_inv_freq_, 1.0f, nq, n_kv, hd};
+    MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
+    AttentionParams ap{q, cache, TensorView(), attn, nq, n_kv, hd, kv_layout_.layers[li].window, 1.0f};
+    MX_RETURN_IF_ERROR(b.attention(ap, batch));
+    MX_RETURN_IF_ERROR(b.linear(attn, L.o_weight, TensorView(), proj));
+    MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_attention_norm, eps, branch));
+    // residual += normed attention; the dense MLP's input is the pre-feedforward norm of the new residual.
+    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, branch, L.pre_mlp_norm, eps, normed));
+
+    // Dense MLP.
+    TensorView gate = ws.gate.rows(0, T), up = ws.up.rows(0, T);
+    MX_RETURN_IF_ERROR(b.linear(normed, L.mlp_gate, TensorView(), gate));
+    MX_RETURN_IF_ERROR(b.linear(normed, L.mlp_up, TensorView(), up));
+    MX_RETURN_IF_ERROR(b.gelu_tanh_mul(gate, up, gate));
+    MX_RETURN_IF_ERROR(b.linear(gate, L.mlp_down, TensorView(), proj));
+    if (c.moe) {
+      MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_mlp_norm, eps, branch));
+      // Experts, routed from the residual (not from the pre-feedforward norm).
+      TensorView router_in = ws.router_in.rows(0, T), normed_moe = ws.normed_moe.rows(0, T);
+      TensorView moe_out = ws.moe_out.rows(0, T);
+      MX_RETURN_IF_ERROR(b.unit_rms_norm(residual, eps, router_in));
+      RouterParams router{router_in, router_weight_[li], TensorView(), ws.router_logits.rows(0, T),
+                          ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token, L.per_expert_scale};
+      MX_RETURN_IF_ERROR(b.router_topk(router));
+      MX_RETURN_IF_ERROR(b.rms_norm(residual, L.pre_moe_norm, eps, normed_moe));
+      MX_RETURN_IF_ERROR(b.moe_geglu_experts(GegluMoeParams{normed_moe, router.topk_ids, router.topk_weights,
+                                                             L.experts_gate_up, L.experts_down, moe_out,
+                                                             c.experts_per_token}));
+      MX_RETURN_IF_ERROR(b.rms_norm(moe_out, L.post_moe_norm, eps, proj));
+      // branch = dense + experts, then its norm (into proj).
+      MX_RETURN_IF_ERROR(b.add_rms_norm(branch, proj, L.post_ffn_norm, eps, proj));
+    } else {
+      MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_ffn_norm, eps, branch));
+      std::swap(branch, proj);
+    }
+    // residual = (residual + normed FFN) * layer_scalar. add_rms_norm's norm output is scratch here.
+    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, L.input_norm, eps, normed));
+    MX_RETURN_IF_ERROR(b.scale_by(residual, L.layer_scalar));
+    if (l + 1 < c.num_layers) observe(l + 1, residual);
+    branch = ws.branch.rows(0, T);
+    proj = ws.proj.rows(0, T);
+  }
+  MX_RETURN_IF_ERROR(b.rms_norm(residual, weights_.final_norm, eps, normed));
+  observe(c.num_layers, normed);
+  const ForwardOutput out{normed};
+  if (R == 0) return out;
+  TensorView gathered = ws.gathered.rows(0, R);
+  MX_RETURN_IF_ERROR(b.gather_rows(normed, batch.logit_rows, gathered));
+  MX_RETURN_IF_ERROR(b.linear(gathered, weights_.embed, TensorView(), logits));
+  if (c.final_logit_softcap > 0) {
+    MX_RETURN_IF_ERROR(b.soft_cap(logits.rows(0, R), static_cast<float>(c.final_logit_softcap)));
+  }
+  return out;
+}
+
+}  // namespace mx
