@@ -63,6 +63,16 @@ class ForwardingBackend : public Backend {
     return inner_.gather_rows(x, rows, out);
   }
   Status sample(const SampleParams& p) override { return inner_.sample(p); }
+  Status unit_rms_norm(const TensorView& x, float eps, TensorView out) override {
+    return inner_.unit_rms_norm(x, eps, out);
+  }
+  Status soft_cap(TensorView x, float cap) override { return inner_.soft_cap(x, cap); }
+  Status gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
+    return inner_.gelu_tanh_mul(gate, up, out);
+  }
+  Status qkv_norms(const QkvNormParams& p) override { return inner_.qkv_norms(p); }
+  Status moe_geglu_experts(const GegluMoeParams& p) override { return inner_.moe_geglu_experts(p); }
+  Status scale_by(TensorView x, const TensorView& factor) override { return inner_.scale_by(x, factor); }
   Status copy(TensorView dst, const TensorView& src) override { return inner_.copy(dst, src); }
 
   std::string device_name() const override { return inner_.device_name(); }

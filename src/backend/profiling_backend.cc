@@ -90,6 +90,24 @@ Status ProfilingBackend::gather_rows(const TensorView& x, const TensorView& rows
 Status ProfilingBackend::sample(const SampleParams& p) {
   return timed("sample", 0, [&] { return inner().sample(p); });
 }
+Status ProfilingBackend::unit_rms_norm(const TensorView& x, float eps, TensorView out) {
+  return timed("unit_rms_norm", 0, [&] { return inner().unit_rms_norm(x, eps, out); });
+}
+Status ProfilingBackend::soft_cap(TensorView x, float cap) {
+  return timed("soft_cap", 0, [&] { return inner().soft_cap(x, cap); });
+}
+Status ProfilingBackend::gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) {
+  return timed("gelu_tanh_mul", 0, [&] { return inner().gelu_tanh_mul(gate, up, out); });
+}
+Status ProfilingBackend::qkv_norms(const QkvNormParams& p) {
+  return timed("qkv_norms", 0, [&] { return inner().qkv_norms(p); });
+}
+Status ProfilingBackend::moe_geglu_experts(const GegluMoeParams& p) {
+  return timed("moe_geglu_experts", 0, [&] { return inner().moe_geglu_experts(p); });
+}
+Status ProfilingBackend::scale_by(TensorView x, const TensorView& factor) {
+  return timed("scale_by", 0, [&] { return inner().scale_by(x, factor); });
+}
 
 Result<std::unique_ptr<ReplayGraph>> ProfilingBackend::capture(const std::function<Status()>& body) {
   capturing_ = true;
