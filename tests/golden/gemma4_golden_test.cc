@@ -1,5 +1,6 @@
-// The CPU backend against Hugging Face transformers (float32, eager) on the tiny Gemma-4 fixture, loaded
-// through the registry from its config.json (Gemma4ForConditionalGeneration, vision tower skipped):
+// The CPU backend against Hugging Face transformers (float32, eager) on the tiny Gemma-4 fixtures, loaded
+// through the registry from their config.json (tiny-gemma4: Gemma4ForConditionalGeneration, vision tower
+// skipped, per_layer_config spelling; tiny-gemma4-text: Gemma4ForCausalLM, released spelling, other sizes):
 // logits (after the soft-cap) and every hidden state within rel-L2 1e-4, greedy tokens identical, decoded
 // incrementally with the paged KV cache. All prompts are prefilled together in one batch.
 #include <gtest/gtest.h>
@@ -85,7 +86,7 @@ TEST_P(Gemma4GoldenTest, IncrementalGreedyDecodeMatchesTransformers) {
   for (size_t i = 0; i < ref_.prompts.size(); ++i) EXPECT_EQ((*results)[i].output_ids, ref_.greedy[i]) << "prompt " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4GoldenTest, ::testing::Values(std::string("tiny-gemma4")),
+INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4GoldenTest, ::testing::Values(std::string("tiny-gemma4"), std::string("tiny-gemma4-text")),
                          test::FixtureParamName());
 
 }  // namespace

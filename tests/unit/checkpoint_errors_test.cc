@@ -15,13 +15,14 @@ namespace {
 
 using test::TempDir;
 
-// A model directory copied from the small fixture, to be damaged by each test.
+// A model directory copied from a small fixture, to be damaged by each test.
 class BrokenModel : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
-      test::copy_file(test::fixture("tiny-gpt-oss-b") + "/" + f, dir_.file(f));
+      test::copy_file(test::fixture(source()) + "/" + f, dir_.file(f));
   }
+  virtual std::string source() const { return "tiny-gpt-oss-b"; }
 
   std::string weights() const { return dir_.file("model.safetensors"); }
 
@@ -43,7 +44,7 @@ class BrokenModel : public ::testing::Test {
   // Rewrites model.safetensors from the fixture's tensors after `edit` changes the list.
   template <typename Edit>
   void rewrite_tensors(Edit edit) {
-    auto ckpt = Checkpoint::open_file(test::fixture("tiny-gpt-oss-b") + "/model.safetensors");
+    auto ckpt = Checkpoint::open_file(test::fixture(source()) + "/model.safetensors");
     ASSERT_TRUE(ckpt.is_ok());
     std::vector<NamedTensor> tensors;
     for (const auto& name : ckpt->names()) tensors.push_back({name, *ckpt->get(name)});
@@ -164,6 +165,53 @@ TEST_F(BrokenModel, MistypedConfigField) {
 TEST_F(BrokenModel, ConfigNotJson) {
   test::write_file(dir_.file("config.json"), "{\"vocab_size\": 12,");
   expect_load_error("config.json: not valid JSON");
+}
+
+// The Gemma-4 text-only fixture (released config spelling), damaged the same ways.
+class BrokenGemma : public BrokenModel {
+ protected:
+  std::string source() const override { return "tiny-gemma4-text"; }
+};
+
+TEST_F(BrokenGemma, MissingTensor) {
+  rewrite_tensors([](std::vector<NamedTensor>& t, auto&) {
+    std::erase_if(t, [](const NamedTensor& x) { return x.name == "model.layers.3.router.per_expert_scale"; });
+  });
+  expect_load_error("tensor 'model.layers.3.router.per_expert_scale' is missing");
+}
+
+TEST_F(BrokenGemma, VProjOnAKEqVLayerIsUnexpected) {
+  rewrite_tensors([](std::vector<NamedTensor>& t, auto& storage) {
+    storage.emplace_back(2 * 64 * 64 * 2, 0);
+    t.push_back({"model.layers.1.self_attn.v_proj.weight", TensorView(storage.back().data(), DType::kBF16, {128, 64})});
+  });
+  expect_load_error("unexpected tensor 'model.layers.1.self_attn.v_proj.weight'");
+}
+
+TEST_F(BrokenGemma, WrongShape) {
+  // A full layer's k_proj with the sliding layers' head dim (two heads of 32 instead of 64).
+  rewrite_tensors([](std::vector<NamedTensor>& t, auto&) {
+    for (auto& x : t)
+      if (x.name == "model.layers.4.self_attn.k_proj.weight") x.view = x.view.reshaped({256, 32});
+  });
+  expect_load_error("tensor 'model.layers.4.self_attn.k_proj.weight' has shape [256, 32], expected [128, 64]");
+}
+
+TEST_F(BrokenGemma, UnknownModelType) {
+  edit_config([](nlohmann::json& c) { c["model_type"] = "gemma5_text"; });
+  expect_load_error("model_type 'gemma5_text' is not supported");
+}
+
+TEST_F(BrokenGemma, MissingConfigField) {
+  edit_config([](nlohmann::json& c) { c.erase("sliding_window"); });
+  expect_load_error("missing field 'sliding_window'");
+  edit_config([](nlohmann::json& c) { c["sliding_window"] = 8, c.erase("rope_parameters"); });
+  expect_load_error("missing field 'rope_parameters'");
+}
+
+TEST_F(BrokenGemma, MultimodalConfigWithoutTextConfig) {
+  edit_config([](nlohmann::json& c) { c = {{"model_type", "gemma4"}, {"architectures", {"Gemma4ForConditionalGeneration"}}}; });
+  expect_load_error("missing field 'text_config'");
 }
 
 TEST_F(BrokenModel, ModelDirectoryMissing) {

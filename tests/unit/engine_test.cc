@@ -1,4 +1,4 @@
-// EngineCore on the tiny fixtures: continuous batching gives exactly the tokens each prompt gives alone
+// EngineCore on the tiny fixtures (gpt-oss and Gemma-4): continuous batching gives exactly the tokens each prompt gives alone
 // (transformers' greedy tokens) whatever the batch: all together, chunked prefill mixed with decode,
 // staggered arrivals, a KV pool far too small (preemption), one request at a time. Scheduler invariants
 // are checked after every step (engine_test_util.cc).
@@ -74,8 +74,10 @@ TEST_P(BatchingEquivalence, GreedyTokensEqualEachPromptAlone) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (std::string fx : {"tiny-gpt-oss", "tiny-gpt-oss-b"}) {
-    std::string tag = fx == "tiny-gpt-oss" ? "a_" : "b_";
+  const std::pair<const char*, const char*> fixtures[] = {
+      {"tiny-gpt-oss", "a_"}, {"tiny-gpt-oss-b", "b_"}, {"tiny-gemma4", "gemma_"}, {"tiny-gemma4-text", "gemma_text_"}};
+  for (const auto& [fx, tag_text] : fixtures) {
+    const std::string tag = tag_text;
     out.push_back({tag + "together", fx});
     out.push_back({tag + "chunked", fx, 4, 5});                       // prompts split into 5-token chunks
     out.push_back({tag + "staggered", fx, 4, 7, 64, 0, 3});           // a new prompt every 3 steps
@@ -91,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchingEquivalence, ::testing::ValuesIn(case
                          [](const auto& info) { return info.param.name; });
 
 TEST(Engine, EachPromptAloneMatchesTransformers) {
-  for (std::string name : {"tiny-gpt-oss", "tiny-gpt-oss-b"}) {
+  for (std::string name : {"tiny-gpt-oss", "tiny-gpt-oss-b", "tiny-gemma4", "tiny-gemma4-text"}) {
     const auto& fx = fixture_model(name);
     for (size_t i = 0; i < fx.prompts.size(); ++i) {
       auto core = EngineCore::create(*fx.model, EngineConfig{});

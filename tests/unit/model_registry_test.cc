@@ -20,6 +20,13 @@ TEST(ModelRegistry, PicksTheFamilyByModelTypeOrArchitectures) {
   auto config = nlohmann::json::parse(fixture_config());
   config.erase("model_type");
   EXPECT_EQ(*model_family(config.dump(), "config.json"), "gpt_oss");  // architectures: GptOssForCausalLM
+  for (const char* gemma : {"tiny-gemma4", "tiny-gemma4-text"}) {
+    auto c = nlohmann::json::parse(test::read_file(test::fixture(gemma) + "/config.json"));
+    const std::string type = c["model_type"];
+    EXPECT_EQ(*model_family(c.dump(), "config.json"), type);  // gemma4, gemma4_text
+    c.erase("model_type");
+    EXPECT_EQ(*model_family(c.dump(), "config.json"), type) << c["architectures"];
+  }
 }
 
 TEST(ModelRegistry, UnknownOrMissingNamesAreOneClearError) {
@@ -27,14 +34,16 @@ TEST(ModelRegistry, UnknownOrMissingNamesAreOneClearError) {
   config["model_type"] = "llama";
   auto unknown = model_family(config.dump(), "x/config.json");
   ASSERT_FALSE(unknown.is_ok());
-  EXPECT_EQ(unknown.status().message(), "x/config.json: model_type 'llama' is not supported (supported: gpt_oss)");
+  EXPECT_EQ(unknown.status().message(),
+            "x/config.json: model_type 'llama' is not supported (supported: gpt_oss, gemma4, gemma4_text)");
   config["model_type"] = 7;
   EXPECT_NE(model_family(config.dump(), "c").status().message().find("'model_type' must be a string"), std::string::npos);
   config.erase("model_type");
   config["architectures"] = {"LlamaForCausalLM"};
   EXPECT_NE(model_family(config.dump(), "c").status().message().find("are not supported"), std::string::npos);
   config.erase("architectures");
-  EXPECT_EQ(model_family(config.dump(), "c").status().message(), "c: missing field 'model_type' (supported: gpt_oss)");
+  EXPECT_EQ(model_family(config.dump(), "c").status().message(),
+            "c: missing field 'model_type' (supported: gpt_oss, gemma4, gemma4_text)");
   EXPECT_NE(model_family("[1]", "c").status().message().find("not a JSON object"), std::string::npos);
 }
 
