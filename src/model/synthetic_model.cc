@@ -2,7 +2,12 @@
 
 #include <functional>
 
+#include <filesystem>
+
+#include "model/gemma4/gemma4_demo_tokenizer.h"
+#include "model/gemma4/gemma4_synthetic.h"
 #include "model/gpt_oss/gpt_oss_synthetic.h"
+#include "model/synthetic_writer.h"
 
 namespace mx {
 namespace {
@@ -27,10 +32,31 @@ Preset gpt_oss_row(const std::string& name) {
       }};
 }
 
+// Gemma-4 presets are written with a tokenizer (the released layout has one; `serve --model` needs it).
+Preset gemma4_row(const std::string& name) {
+  return Preset{
+      name,
+      [name](const std::string& dir, const SyntheticOptions& options) -> Status {
+        MX_ASSIGN_OR_RETURN(Gemma4Preset preset, gemma4_preset(name));
+        MX_RETURN_IF_ERROR(write_gemma4_checkpoint(preset, dir, options));
+        const std::filesystem::path d(dir);
+        MX_RETURN_IF_ERROR(write_text_file((d / "tokenizer.json").string(),
+                                           gemma4_demo_tokenizer_json(preset.text.vocab_size)));
+        return write_text_file((d / "tokenizer_config.json").string(), gemma4_demo_tokenizer_config_json());
+      },
+      [name](const SyntheticOptions& options) -> Result<SyntheticCheckpoint> {
+        MX_ASSIGN_OR_RETURN(Gemma4Preset preset, gemma4_preset(name));
+        MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, gemma4_checkpoint_in_memory(preset, options));
+        MX_ASSIGN_OR_RETURN(GenerationConfig g, parse_generation_config(gemma4_generation_config_json(), name));
+        return SyntheticCheckpoint{gemma4_config_to_json(preset), std::move(g), std::move(checkpoint)};
+      }};
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> table = [] {
     std::vector<Preset> t;
     for (const std::string& name : gpt_oss_preset_names()) t.push_back(gpt_oss_row(name));
+    for (const std::string& name : gemma4_preset_names()) t.push_back(gemma4_row(name));
     return t;
   }();
   return table;

@@ -50,7 +50,9 @@ constexpr const char* kDefaultBackend = "cpu";
 
 const std::vector<CliOption> kCommandOptions = {
     {"model", true, "model directory (config.json + safetensors)"},
-    {"preset", true, "instead of --model: gpt-oss-20b, gpt-oss-120b, demo or tiny synthetic weights made in memory"},
+    {"preset", true,
+     "instead of --model: gpt-oss-20b, gpt-oss-120b, demo, tiny, gemma-4-26b-a4b or gemma-demo synthetic weights "
+     "made in memory"},
     {"seed", true, "seed of synthetic weights and prompts (default 0)"},
     {"backend", true, "cuda (default in CUDA builds) or cpu"},
     {"threads", true, "CPU backend threads (default: all cores)"},

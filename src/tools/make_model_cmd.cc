@@ -11,7 +11,7 @@ namespace mx {
 namespace {
 
 const std::vector<CliOption> kOptions = {
-    {"preset", true, "gpt-oss-20b, gpt-oss-120b, demo or tiny"},
+    {"preset", true, "gpt-oss-20b, gpt-oss-120b, demo, tiny, gemma-4-26b-a4b or gemma-demo"},
     {"out", true, "output directory"},
     {"seed", true, "random seed (default 0)"},
     {"threads", true, "generator threads (default: all cores)"},
@@ -31,7 +31,8 @@ Status run(const CliArgs& args) {
   options.threads = static_cast<int>(threads);
   options.max_shard_bytes = shard_mb << 20;
   const auto start = std::chrono::steady_clock::now();
-  // The demo also gets its tokenizer, so that `serve --model` takes the directory as it is.
+  // The demo also gets its tokenizer, so that `serve --model` takes the directory as it is (the Gemma presets
+  // write theirs with the checkpoint).
   if (args.get("preset") == "demo") {
     MX_RETURN_IF_ERROR(write_demo_model(args.get("out"), options));
   } else {
