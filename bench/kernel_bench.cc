@@ -6,7 +6,8 @@
 // over N is the time per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only | --moe-decode-variants |
-// --attention-prefill-only] [out.json]`).
+// --attention-prefill-only | --attention-decode-only | --attention-gemma | --linear-only] [out.json]`). --attention-gemma times Gemma-4's
+// attention geometry instead (bench_attention_gemma).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -270,7 +271,12 @@ void bench_moe_prefill() {
   report("bf16 dense 2880->5760 M=8192", us, 0, flops, note);
 }
 
-// ---- Attention: 64 q heads, 8 kv heads, head_dim 64, page 16.
+// ---- Attention: gpt-oss (64 q heads, 8 kv heads, head_dim 64) unless told otherwise, page 16.
+struct AttnGeometry {
+  int64_t n_q = 64, n_kv = 8, head_dim = 64;
+  int64_t layers = 1;  // KV layers to rotate through (so that decode reads come from HBM, not L2)
+};
+
 struct AttnSetup {
   KvCache kv;
   BatchStaging staging;
@@ -278,18 +284,20 @@ struct AttnSetup {
   TensorView q, out, sinks;
 };
 
-AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens) {
+AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens, const AttnGeometry& geo = {}) {
   const int64_t page = 16, pages_per_seq = (ctx + page - 1) / page;
-  const KvCacheShape shape = KvCacheShape::uniform(KvLayout::from_layers({KvLayerSpec{8, 64, 0, false}}), seqs * pages_per_seq, page);
+  const std::vector<KvLayerSpec> specs(static_cast<size_t>(geo.layers), KvLayerSpec{geo.n_kv, geo.head_dim, 0, false});
+  const KvCacheShape shape = KvCacheShape::uniform(KvLayout::from_layers(specs), seqs * pages_per_seq, page);
   auto kv = KvCache::allocate(*g_b, shape);
   CHECK_OK(kv.is_ok() ? Status::ok() : kv.status());
   // Random K/V (never zeros).
-  const KvLayerView l = kv->layer(0);
-  std::vector<uint16_t> host(static_cast<size_t>(l.k.numel()));
+  std::vector<uint16_t> host(static_cast<size_t>(kv->layer(0).k.numel()));
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (auto& h : host) h = f32_to_bf16(d(g_rng));
-  CHECK_OK(g_b->copy_from_host(l.k, host.data()));
-  CHECK_OK(g_b->copy_from_host(l.v, host.data()));
+  for (int64_t l = 0; l < geo.layers; ++l) {
+    CHECK_OK(g_b->copy_from_host(kv->layer(static_cast<int>(l)).k, host.data()));
+    CHECK_OK(g_b->copy_from_host(kv->layer(static_cast<int>(l)).v, host.data()));
+  }
   auto staging = BatchStaging::create(*g_b, {seqs * new_tokens, seqs, pages_per_seq, seqs});
   CHECK_OK(staging.is_ok() ? Status::ok() : staging.status());
   std::vector<std::vector<int32_t>> pages(seqs), tokens(seqs, std::vector<int32_t>(new_tokens, 0));
@@ -301,9 +309,9 @@ AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens) {
   }
   auto batch = staging->stage(list);
   CHECK_OK(batch.is_ok() ? Status::ok() : batch.status());
-  const int64_t T = seqs * new_tokens;
-  AttnSetup a{std::move(*kv), std::move(*staging), *batch, random_bf16({T, 64 * 64}, 1.0f), make(DType::kBF16, {T, 64 * 64}),
-              random_bf16({64}, 1.0f)};
+  const int64_t T = seqs * new_tokens, width = geo.n_q * geo.head_dim;
+  AttnSetup a{std::move(*kv), std::move(*staging), *batch, random_bf16({T, width}, 1.0f), make(DType::kBF16, {T, width}),
+              random_bf16({geo.n_q}, 1.0f)};
   return a;
 }
 
@@ -345,7 +353,7 @@ void bench_attention_prefill() {
   CHECK_OK(set_cuda_attention_options(*g_b, {}));
 }
 
-void bench_attention() {
+void bench_attention_decode() {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
   for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1}, {8192, 1}, {32768, 1}, {1024, 32}, {8192, 8}, {32768, 2}}) {
     AttnSetup a = make_attention(seqs, ctx, 1);
@@ -357,7 +365,56 @@ void bench_attention() {
     report("decode attention ctx=" + std::to_string(ctx) + " batch=" + std::to_string(seqs), us, bytes, 0,
            std::to_string(static_cast<int>(bytes / 1e6)) + " MB KV");
   }
+}
+
+void bench_attention() {
+  bench_attention_decode();
   bench_attention_prefill();
+}
+
+// Gemma-4 26B-A4B attention (issue 15): sliding layers (16 q / 8 kv heads, head dim 256, window 1024) and
+// full layers (16 q / 2 kv heads, head dim 512), no sinks, scale 1.0. Prefill: one prompt of 1K/4K/8K
+// tokens (FLOPs of the visible pairs). Decode: batch x context, rotating over KV layers worth >= 150 MB
+// so reads come from HBM; bytes = the K and V a step must read (the window's at most on sliding layers).
+void bench_attention_gemma() {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2816, 704, 128, 8, 16, 8, 512}));
+  struct Layer {
+    const char* name;
+    AttnGeometry geo;
+    int64_t window;
+  };
+  const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1}, 1024}, {"full hd512", {16, 2, 512, 1}, 0}};
+  for (int64_t T : {1024, 4096, 8192})
+    for (const Layer& k : kinds) {
+      AttnSetup a = make_attention(1, T, T, k.geo);
+      double keys = 0;
+      for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(k.window ? std::min(t + 1, k.window) : t + 1);
+      const double flops = 4.0 * k.geo.n_q * k.geo.head_dim * keys;
+      const int n = static_cast<int>(std::clamp<double>(20e-3 * 200e12 / flops, 2, 64));  // ~20 ms per graph
+      const double us = time_graph(n, [&](int) {
+        AttentionParams p{a.q, a.kv.layer(0), TensorView{}, a.out, k.geo.n_q, k.geo.n_kv, k.geo.head_dim, k.window, 1.0f};
+        return g_b->attention(p, a.batch);
+      });
+      char note[64];
+      std::snprintf(note, sizeof note, "%.0f TFLOP/s", flops / us / 1e6);
+      report("gemma prefill " + std::to_string(T / 1024) + "K " + k.name, us, 0, flops, note);
+    }
+  for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1}, {8192, 1}, {32768, 1}, {1024, 32}, {8192, 8}}) {
+    for (Layer k : kinds) {
+      const int64_t keys = k.window ? std::min(ctx, k.window) : ctx;
+      const double layer_bytes = static_cast<double>(seqs) * ctx * k.geo.n_kv * k.geo.head_dim * 2 * 2;
+      k.geo.layers = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(150e6 / layer_bytes)), 1, 16);
+      AttnSetup a = make_attention(seqs, ctx, 1, k.geo);
+      const double us = time_graph(48, [&](int i) {
+        AttentionParams p{a.q, a.kv.layer(i % static_cast<int>(k.geo.layers)), TensorView{}, a.out, k.geo.n_q, k.geo.n_kv,
+                          k.geo.head_dim, k.window, 1.0f};
+        return g_b->attention(p, a.batch);
+      });
+      const double bytes = static_cast<double>(seqs) * keys * k.geo.n_kv * k.geo.head_dim * 2 * 2;
+      report("gemma decode " + std::string(k.name) + " ctx=" + std::to_string(ctx) + " b=" + std::to_string(seqs), us,
+             bytes, 0, std::to_string(static_cast<int>(bytes / 1e6)) + " MB KV");
+    }
+  }
 }
 
 // ---- Dense linears at decode sizes: the skinny kernel (M <= 16) against cuBLASLt on the same shapes.
@@ -514,6 +571,15 @@ int main(int argc, char** argv) {
   // `--attention-prefill-only`: prefill attention at 1K/4K/8K, causal and window 128, each kernel.
   if (argc > arg && std::string(argv[arg]) == "--attention-prefill-only") {
     bench_attention_prefill();
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--attention-gemma`: Gemma-4 26B-A4B attention, prefill 1K/4K/8K and decode, both layer kinds;
+  // `--attention-decode-only`: gpt-oss's decode attention rows.
+  if (argc > arg && (std::string(argv[arg]) == "--attention-gemma" || std::string(argv[arg]) == "--attention-decode-only")) {
+    if (std::string(argv[arg]) == "--attention-gemma") bench_attention_gemma();
+    else bench_attention_decode();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

@@ -70,7 +70,7 @@ struct AttentionParams {
   TensorView q;          // [T, n_q * head_dim] after RoPE
   KvLayerView kv;
   TensorView sinks;      // bf16 [n_q]: one extra logit per head in the softmax denominator, no value; empty =
-                         // no sinks (Gemma-4; CPU only so far, CUDA answers unimplemented)
+                         // no sinks (Gemma-4)
   TensorView out;        // [T, n_q * head_dim]
   int64_t n_q = 0, n_kv = 0, head_dim = 0;
   int64_t window = 0;    // keys visible to a query, itself included; 0 = all earlier keys

@@ -182,6 +182,8 @@ struct AttnCase {
   std::string name;
   int64_t n_q, n_kv, hd, window, page_size;
   std::vector<std::pair<int64_t, int64_t>> spans;  // (cached tokens, new tokens) per sequence
+  bool sinks = true;
+  float scale = 0.0f;  // 0: 1 / sqrt(hd); Gemma-4 uses 1.0 (q and k are normed)
 };
 
 // `label` names the prefill kernel in the report (the backend's options choose it).
@@ -200,10 +202,13 @@ void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c
   Bf16Data q = random_bf16(rng, T * c.n_q * c.hd, 1.0f), sinks = random_bf16(rng, c.n_q, 1.0f);
   Pair pk = upload_activation(cpu, cuda, k, cache_shape), pv = upload_activation(cpu, cuda, v, cache_shape);
   Pair pq = upload_activation(cpu, cuda, q, {T, c.n_q * c.hd});
-  TensorView sk_c = cpu.upload(DType::kBF16, {c.n_q}, sinks.bits.data()),
-             sk_g = cuda.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+  TensorView sk_c, sk_g;  // empty: no sinks
+  if (c.sinks) {
+    sk_c = cpu.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+    sk_g = cuda.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+  }
   TensorView o_c = cpu.make(DType::kF32, {T, c.n_q * c.hd}), o_g = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  const float scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.hd));
   AttentionParams a_c{pq.cpu, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
   AttentionParams a_g{pq.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
   ASSERT_TRUE(cpu.backend().attention(a_c, *batch_c).is_ok());
@@ -256,10 +261,48 @@ TEST_F(KernelTest, AttentionPrefillWgmma) {
       {"g1 (MHA) window 128", 4, 4, 64, 128, 16, {{0, 333}}},
       {"g3 (odd group) full", 6, 2, 64, 0, 16, {{0, 45}, {20, 30}}},
       {"g64 full, 2 tokens per CTA", 64, 1, 64, 0, 16, {{0, 41}, {100, 9}}},
+      {"g8 full, no sinks, scale 1", 16, 2, 64, 0, 16, {{0, 300}, {40, 9}}, false, 1.0f},
   };
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmma}).is_ok());
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (wgmma)");
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
+// Gemma-4 geometry (issue 15): sliding layers hd 256, 16 q / 8 kv heads, window 1024; full layers hd 512,
+// 16 q / 2 kv heads; no sinks, scale 1.0. Several warps share a row block there (kernel_configs.h), so
+// also group sizes that fill a CTA's rows exactly, sinks at the large head dims, pages that split the
+// 32-key tiles, windows crossed inside a chunk, verify-style rows (a few tokens after a long prefix).
+TEST_F(KernelTest, AttentionGemmaPrefill) {
+  const std::vector<AttnCase> cases = {
+      {"gemma sliding hd256 g2 w1024, 1500 tok", 16, 8, 256, 1024, 16, {{0, 1500}}, false, 1.0f},
+      {"gemma sliding chunk 300 after 1000 cached + new 37, page 5", 16, 8, 256, 1024, 5, {{1000, 300}, {0, 37}}, false, 1.0f},
+      {"gemma sliding verify rows 4 after 2000 + mixed", 16, 8, 256, 1024, 16, {{2000, 4}, {50, 1}, {0, 19}, {3, 12}}, false, 1.0f},
+      {"gemma full hd512 g8, 3 seqs", 16, 2, 512, 0, 16, {{0, 77}, {5, 33}, {0, 1}}, false, 1.0f},
+      {"gemma full hd512 chunk 129 after 2000 cached, P32", 16, 2, 512, 0, 32, {{2000, 129}}, false, 1.0f},
+      {"gemma full hd512 verify rows 3 after 700, page 7", 16, 2, 512, 0, 7, {{700, 3}, {10, 5}}, false, 1.0f},
+      {"hd256 g16 (4 tokens per CTA), sinks", 32, 2, 256, 0, 16, {{0, 45}, {20, 30}}},
+      {"hd512 g32 (1 token per CTA), sinks, window 100", 32, 1, 512, 100, 16, {{0, 150}}},
+      {"hd512 g3 (odd group), sinks", 6, 2, 512, 0, 16, {{0, 41}, {100, 9}}},
+      {"hd64 g8 no sinks, scale 1", 16, 2, 64, 0, 16, {{0, 200}, {37, 5}}, false, 1.0f},
+  };
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kMmaSync}).is_ok());
+  run_attention(cpu_, cuda_, rng_, cases.back(), " (mma.sync)");
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
+TEST_F(KernelTest, AttentionGemmaDecode) {
+  const std::vector<AttnCase> cases = {
+      {"gemma sliding hd256 w1024, ctx 1..5000", 16, 8, 256, 1024, 16, {{0, 1}, {1023, 1}, {1024, 1}, {4999, 1}}, false, 1.0f},
+      {"gemma sliding hd256 w1024, 1 seq ctx 1000", 16, 8, 256, 1024, 16, {{999, 1}}, false, 1.0f},
+      {"gemma full hd512, 1 seq ctx 8000, page 5", 16, 2, 512, 0, 5, {{7999, 1}}, false, 1.0f},
+      {"gemma full hd512, ctx 1..33 (tile edges)", 16, 2, 512, 0, 16, {{0, 1}, {31, 1}, {32, 1}, {33, 1}}, false, 1.0f},
+      {"gemma full hd512, 40 seqs ctx 3000", 16, 2, 512, 0, 16, std::vector<std::pair<int64_t, int64_t>>(40, {2999, 1}), false, 1.0f},
+      {"hd512 g20 (2 head blocks), sinks, window 300", 40, 2, 512, 300, 16, {{2000, 1}, {10, 1}}},
+      {"hd256 g2 sinks ctx 3001", 16, 8, 256, 0, 16, {{3000, 1}, {1, 1}}},
+      {"hd64 g8 no sinks, scale 1, ctx 5000", 16, 2, 64, 0, 16, {{4999, 1}, {0, 1}}, false, 1.0f},
+  };
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
 }
 
 TEST_F(KernelTest, AttentionDecode) {

@@ -17,12 +17,42 @@ std::vector<DeviceInfo> chips() {
 
 TEST(CudaKernelConfigs, AttentionPrefillFitsEveryChip) {
   for (const DeviceInfo& d : chips())
-    for (int64_t hd : {32, 64}) {
+    for (int64_t hd : {32, 64, 256, 512}) {
       const AttentionPrefillConfig c = choose_attention_prefill_config(d, hd);
       EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " hd " << hd << " smem " << c.smem_bytes;
       EXPECT_GE(c.stages, 1) << d.name;
-      EXPECT_EQ(c.threads, 128);
+      EXPECT_EQ(c.threads, 32 * attention_prefill_warps(hd));
+      // Q waits in the ring, the partial-score exchange sits beside it.
+      const int64_t exchange = hd > 128 ? c.threads / 32 * 16 * c.keys_per_tile * 4 : 0;
+      EXPECT_GE(c.smem_bytes, exchange + std::max<int64_t>(c.rows_per_cta * hd * 2, c.stages * 4 * c.keys_per_tile * hd));
     }
+}
+
+// Gemma-4's geometry (issue 15): hd 256 sliding layers (group 2) and hd 512 full layers (group 8) run on
+// every chip, two stages where the memory allows (SM90/SM100), one on SM12x's 99 KB.
+TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
+  for (const DeviceInfo& d : chips()) {
+    const bool big = d.max_smem_per_block_optin > 200 * 1024;
+    for (int64_t hd : {256, 512}) {
+      const AttentionPrefillConfig p = choose_attention_prefill_config(d, hd);
+      EXPECT_EQ(p.stages, big ? 2 : 1) << d.name << " hd " << hd;
+      EXPECT_GE(p.rows_per_cta, 32) << "a CTA holds the 8 q heads of a full layer's kv head several times";
+      EXPECT_EQ(p.rows_per_cta % 16, 0);
+      const AttentionDecodeConfig c = choose_attention_decode_config(d, hd, 1, hd == 256 ? 8 : 2, 1, 1024);
+      EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " hd " << hd << " smem " << c.smem_bytes;
+      EXPECT_EQ(c.stages, big ? 2 : 1) << d.name << " hd " << hd;
+      EXPECT_EQ(c.threads, 32 * attention_decode_warps(hd));
+      // The key groups' merge reuses the ring: it must fit there.
+      EXPECT_GE(c.smem_bytes - 16 * hd * 2, attention_decode_key_groups(hd) * 16 * (hd + 2) * 4);
+    }
+    EXPECT_FALSE(choose_attention_prefill_wgmma_config(d, 256).enabled);
+    EXPECT_FALSE(choose_attention_prefill_wgmma_config(d, 512).enabled);
+  }
+  // A 1024-key window at batch 1 spreads over the SMs: 8 kv heads x 16 one-tile splits on an H200.
+  EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 256, 1, 8, 1, 1024).num_splits, 16);
+  EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 512, 1, 2, 1, 1024).num_splits, 32);
+  EXPECT_FALSE(attention_head_dim_supported(128));
+  EXPECT_TRUE(attention_head_dim_supported(512));
 }
 
 // The wgmma prefill kernel: on every sm_90 chip for head dim 64 (and fitting), nowhere else.
@@ -42,15 +72,16 @@ TEST(CudaKernelConfigs, AttentionPrefillWgmmaOnlyOnHopper) {
 
 TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {
   for (const DeviceInfo& d : chips())
-    for (int64_t hd : {32, 64})
+    for (int64_t hd : {32, 64, 256, 512})
       for (int64_t tokens : {1, 8, 256})
         for (int64_t max_keys : {128, 1024, 131072}) {
           const AttentionDecodeConfig c = choose_attention_decode_config(d, hd, tokens, 8, 1, max_keys);
           EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
           EXPECT_GE(c.num_splits, 1);
           EXPECT_LE(c.num_splits, 64);
-          // No split shorter than two tiles of 64 keys.
-          EXPECT_LE((c.num_splits - 1) * 128, max_keys) << d.name << " splits " << c.num_splits;
+          // No split shorter than two tiles of 64 keys at head dim <= 64 (the same bytes above), or one tile.
+          const int64_t min_keys = std::max<int64_t>(c.keys_per_tile, hd <= 64 ? 128 : 0);
+          EXPECT_LE((c.num_splits - 1) * min_keys, max_keys) << d.name << " splits " << c.num_splits;
           // The split scratch bound prepare() allocates: tokens * splits <= tokens + 3 * SMs.
           EXPECT_LE(tokens * c.num_splits, tokens + 3 * d.sm_count) << d.name;
         }

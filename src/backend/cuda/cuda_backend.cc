@@ -344,7 +344,6 @@ class CudaBackend final : public Backend {
   }
 
   Status attention(const AttentionParams& p, const BatchView& batch) override {
-    if (p.sinks.empty()) return unimplemented("cuda attention without sinks (Gemma-4) is not implemented yet");
     expect(p.q, DType::kBF16, "attention q");
     expect(p.kv.k, DType::kBF16, "k cache");
     AttentionKernelParams a;

@@ -30,15 +30,22 @@ bool fits(const DeviceInfo& dev, int64_t smem_bytes, int stages) {
   return stages >= 1 && smem_bytes + kStaticSmemReserve <= dev.max_smem_per_block_optin;
 }
 
+// Partial Q K^T scores exchanged between the warps of a row block: 16 rows x the warp's keys, fp32.
+int64_t attention_score_exchange_bytes(int64_t head_dim, int warps, int keys_per_warp) {
+  return attention_warps_per_rows(head_dim) > 1 ? static_cast<int64_t>(warps) * 16 * keys_per_warp * 4 : 0;
+}
+
 AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, int64_t head_dim) {
   AttentionPrefillConfig c;
-  c.threads = 128;
-  c.rows_per_cta = 64;
-  c.keys_per_tile = 64;
-  const int64_t q_bytes = c.rows_per_cta * head_dim * 2;
+  const int warps = attention_prefill_warps(head_dim);
+  c.threads = 32 * warps;
+  c.rows_per_cta = attention_prefill_rows(head_dim);
+  c.keys_per_tile = attention_keys_per_tile(head_dim);
+  const int64_t q_bytes = c.rows_per_cta * head_dim * 2;  // in the ring's first stage until it is in registers
   const int64_t kv_stage = 2 * c.keys_per_tile * head_dim * 2;  // K and V tiles, bf16
-  c.stages = stages_that_fit(dev, q_bytes, kv_stage);
-  c.smem_bytes = q_bytes + c.stages * kv_stage;
+  const int64_t exchange = attention_score_exchange_bytes(head_dim, warps, c.keys_per_tile);
+  c.stages = stages_that_fit(dev, exchange, std::max(kv_stage, q_bytes));  // Q never outgrows a stage
+  c.smem_bytes = exchange + std::max<int64_t>(c.stages * kv_stage, q_bytes);
   return c;
 }
 
@@ -60,20 +67,27 @@ AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_config(const DeviceIn
 AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int64_t head_dim, int64_t num_tokens,
                                                      int64_t n_kv, int64_t head_blocks, int64_t max_keys) {
   AttentionDecodeConfig c;
-  c.threads = 128;
-  c.keys_per_tile = 64;
+  const int groups = attention_decode_key_groups(head_dim), warps = attention_decode_warps(head_dim);
+  c.threads = 32 * warps;
+  c.keys_per_tile = attention_keys_per_tile(head_dim);
   const int64_t q_bytes = 16 * head_dim * 2;
   const int64_t kv_stage = 2 * c.keys_per_tile * head_dim * 2;
-  // The 4 warps' partial states are merged through shared memory: m, l and 16 x head_dim accumulators each.
-  const int64_t merge_bytes = 4 * 16 * (head_dim + 2) * 4;
-  c.stages = stages_that_fit(dev, q_bytes + merge_bytes, kv_stage);
-  c.smem_bytes = q_bytes + merge_bytes + c.stages * kv_stage;
-  // Enough CTAs to cover the SMs about three times, with splits of at least 4 key tiles so the merge stays
-  // cheap; caches of <= 2K keys may split down to 2 tiles, else most SMs idle (measured on H200: 1K context
-  // at batch 1 13.4 -> 10.4 us; 2x SMs or 2-tile splits at 8K were slower). A 128-key window is one split.
+  const int64_t exchange = attention_score_exchange_bytes(head_dim, warps, c.keys_per_tile / groups);
+  // The key groups' partial states are merged after the last tile, in the ring's memory: m, l and
+  // 16 x head_dim accumulators each.
+  const int64_t merge_bytes = groups * 16 * (head_dim + 2) * 4;
+  // (A stage counts as at least the merge, so that the merge fits whatever the ring's depth.)
+  c.stages = stages_that_fit(dev, q_bytes + exchange, std::max(kv_stage, merge_bytes));
+  c.smem_bytes = q_bytes + exchange + std::max(c.stages * kv_stage, merge_bytes);
+  // Enough CTAs to cover the SMs about three times, with splits of at least 4 tiles of 64 keys at head dim
+  // 64 so the merge stays cheap; caches of <= 2K keys may split down to 2 tiles, else most SMs idle
+  // (measured on H200: 1K context at batch 1 13.4 -> 10.4 us; 2x SMs or 2-tile splits at 8K were slower).
+  // Larger head dims keep the bytes of a split, not its keys (at least one tile). A 128-key window at head
+  // dim 64 is one split.
   const int64_t ctas = std::max<int64_t>(1, num_tokens * n_kv * head_blocks);
   const int64_t want = ceil_div(3 * std::max(1, dev.sm_count), ctas);
-  const int64_t min_split = (max_keys <= 2048 ? 2 : 4) * c.keys_per_tile;
+  const int64_t min_keys = (max_keys <= 2048 ? 2 : 4) * 64 * 64 / std::max<int64_t>(head_dim, 64);
+  const int64_t min_split = std::max<int64_t>(1, ceil_div(min_keys, c.keys_per_tile)) * c.keys_per_tile;
   const int64_t most = std::max<int64_t>(1, ceil_div(max_keys, min_split));
   c.num_splits = static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
   return c;

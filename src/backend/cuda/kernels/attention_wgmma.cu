@@ -9,7 +9,7 @@
 // (16-byte chunks, one page-table lookup per key row), so any page size works.
 // Tile skipping: a pass loads only keys [min first, max last] of its rows (causal and window bounds), and
 // tiles that every row sees whole skip the per-element mask.
-// The sink enters once, at the end: m' = max(m, s), l' = l 2^(m - m') + 2^(s - m'), s in log2 units.
+// The sink (optional) enters once, at the end (attention_common.cuh).
 // Shared-memory tiles: panels of 64 head dims, rows of 128 bytes with the 128-byte swizzle (16-byte chunk c
 // of row n at c ^ (n % 8)) that wgmma's descriptors expect; each tile starts 1024-byte aligned.
 #include <cfloat>
@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/kernels/attention_common.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/wgmma.cuh"
@@ -25,7 +26,6 @@ namespace mx::cuda {
 namespace {
 
 constexpr int kStages = kAttnWgmmaStages;
-constexpr float kLog2e = 1.4426950408889634f;
 
 #if MX_SM90A
 
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(128 * WGS, KT == 64 ? 2 : 1) attention_prefill
     start = end;
   }
 
-  // Finalize: the sink joins the denominator once.
+  // Finalize: the sink (if any) joins the denominator once.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = h == 0 ? r0 : r1;
@@ -295,10 +295,7 @@ __global__ void __launch_bounds__(128 * WGS, KT == 64 ? 2 : 1) attention_prefill
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (!row_valid(row)) continue;
     const int head = row_head(row);
-    const float sink = bf16_bits_to_f32(p.sinks[head]) * kLog2e;
-    const float m_f = fmaxf(m_run[h], sink);
-    const float scale = exp2f(m_run[h] - m_f);
-    const float factor = scale / (l * scale + exp2f(sink - m_f));
+    const float factor = attention_final_factor(m_run[h], l, attention_sink_log2(p.sinks, head));
     uint16_t* out = p.out + ((t0 + row / group) * p.n_q + head) * HD;
 #pragma unroll
     for (int j = 0; j < HD / 8; ++j)

@@ -89,7 +89,7 @@ Status launch_qkv_rope(const RopeParams& p, cudaStream_t stream);
 
 struct AttentionKernelParams {
   const uint16_t* q = nullptr;      // bf16 [tokens, n_q, head_dim]
-  const uint16_t* sinks = nullptr;  // bf16 [n_q]
+  const uint16_t* sinks = nullptr;  // bf16 [n_q], or null: no sinks
   uint16_t* out = nullptr;          // bf16 [tokens, n_q, head_dim]
   PagedKv kv;
   int64_t tokens = 0, n_q = 0, n_kv = 0, head_dim = 0;
