@@ -244,11 +244,15 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
   EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 512 * 4, 32).tile_tokens, 64);    // 64 per expert
   EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 2048 * 4, 32).tile_tokens, 64);   // 256 per expert
   EXPECT_EQ(choose_moe_grouped_config(sm90_h200(), 8192 * 4, 32).tile_tokens, 128);  // 1024 per expert
-  EXPECT_FALSE(use_grouped_moe(64 * 4, 32));   // decode batches stay on the swap-AB kernels
-  EXPECT_FALSE(use_grouped_moe(256 * 4, 32));  // 32 per expert: the two paths tie, keep decode
-  EXPECT_TRUE(use_grouped_moe(384 * 4, 32));
-  EXPECT_TRUE(use_grouped_moe(2048 * 4, 32));
-  EXPECT_TRUE(use_grouped_moe(2048 * 4, 128));
+  EXPECT_FALSE(use_grouped_moe(64 * 4, 32, false));   // decode batches stay on the swap-AB kernels
+  EXPECT_FALSE(use_grouped_moe(256 * 4, 32, false));  // 32 per expert: the two paths tie, keep decode
+  EXPECT_TRUE(use_grouped_moe(384 * 4, 32, false));
+  EXPECT_TRUE(use_grouped_moe(2048 * 4, 32, false));
+  EXPECT_TRUE(use_grouped_moe(2048 * 4, 128, false));
+  // The wgmma kernel takes over from 16 per expert (batched decode at 16-64 tokens per expert).
+  EXPECT_FALSE(use_grouped_moe(64 * 4, 32, true));    // 8 per expert: decode is faster
+  EXPECT_TRUE(use_grouped_moe(128 * 4, 32, true));
+  EXPECT_TRUE(use_grouped_moe(256 * 4, 32, true));
 }
 
 // The wgmma grouped GEMM: only on sm_90 (no wgmma on SM100/SM12x: those keep the mma.sync kernel), its

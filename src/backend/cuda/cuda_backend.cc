@@ -421,14 +421,12 @@ class CudaBackend final : public Backend {
     if (T == 0) return Status::ok();
     const int64_t slots = T * k;
     const CudaMoePath path = options_.moe.path;
+    const MoeWgmmaConfig cw = choose_moe_wgmma_config(dev_, slots, E, options_.moe.grouped_tile_tokens);
     const bool grouped = path == CudaMoePath::kGrouped || path == CudaMoePath::kGroupedMmaSync ||
-                         (path == CudaMoePath::kAuto && use_grouped_moe(slots, E));
+                         (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, cw.enabled));
     if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))
       return moe_experts_decode(p);
-    if (grouped && path != CudaMoePath::kGroupedMmaSync) {
-      const MoeWgmmaConfig cw = choose_moe_wgmma_config(dev_, slots, E, options_.moe.grouped_tile_tokens);
-      if (cw.enabled) return moe_experts_wgmma(p, cw);
-    }
+    if (grouped && path != CudaMoePath::kGroupedMmaSync && cw.enabled) return moe_experts_wgmma(p, cw);
     const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
     const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
     MoeGroupedConfig cg = choose_moe_grouped_config(dev_, slots, E);

@@ -202,8 +202,9 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
   return c;
 }
 
-bool use_grouped_moe(int64_t num_slots, int64_t num_experts) {
-  return num_slots >= kMoeGroupedMinTokensPerExpert * std::max<int64_t>(1, num_experts);
+bool use_grouped_moe(int64_t num_slots, int64_t num_experts, bool wgmma) {
+  const int64_t min_per_expert = wgmma ? kMoeWgmmaMinTokensPerExpert : kMoeGroupedMinTokensPerExpert;
+  return num_slots >= min_per_expert * std::max<int64_t>(1, num_experts);
 }
 
 int64_t moe_max_tiles(int64_t num_slots, int64_t num_experts, int64_t tile_tokens) {

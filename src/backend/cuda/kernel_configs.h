@@ -145,9 +145,14 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
 // grouped GEMM from there on. Measured on H200 at the 20b shape (docs/PERF.md): equal at 32 tokens per
 // expert (604 vs 623 us), grouped 28% faster at 48.
 inline constexpr int64_t kMoeGroupedMinTokensPerExpert = 40;
+// With the wgmma grouped GEMM (sm_90) the crossover is lower. Measured on H100 at the 20b shape (docs/PERF.md,
+// 64-token tiles vs the decode path auto picked): 8 per expert 331 vs 216 us, 16: 338 vs 354, 24: 347 vs 498,
+// 32: 355 vs 636.
+inline constexpr int64_t kMoeWgmmaMinTokensPerExpert = 16;
 // 128-token tiles from this many tokens per expert (5% faster at 1024, tied at 256, slower below).
 inline constexpr int64_t kMoeGroupedLargeTileTokensPerExpert = 512;
-bool use_grouped_moe(int64_t num_slots, int64_t num_experts);
+// `wgmma`: the wgmma grouped GEMM is the one that would run (choose_moe_wgmma_config(...).enabled).
+bool use_grouped_moe(int64_t num_slots, int64_t num_experts, bool wgmma);
 
 // Dense linears at decode (skinny_linear.cu): out[M, N] = x W^T + bias for M <= kSkinnyLinearMaxRows.
 // Weights as the mma.sync A operand (16 output channels per CTA), the M tokens as the 8-wide N side (one
@@ -191,7 +196,8 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
 // shared memory, two warpgroups of 64 weight rows per CTA, a cp.async ring of kMoeWgmmaStages k tiles.
 inline constexpr int kMoeWgmmaThreads = 256;
 inline constexpr int kMoeWgmmaWeightRows = 128;
-inline constexpr int kMoeWgmmaStages = 4;
+// 5: with tile t - 1 still in the MMAs, three tiles load ahead; two CTAs of 128-token tiles (2 x 107 KB) fit an SM.
+inline constexpr int kMoeWgmmaStages = 5;
 // One ring stage: the tile's activations (128 bytes of k per token), packed fp4 and e8m0 scales, rounded
 // up to the 1024 bytes at which the next stage's swizzled activation tile must start.
 inline constexpr int64_t moe_wgmma_stage_bytes(int tile_tokens) {

@@ -6,7 +6,8 @@
 // The expert-sorted tokens are the N side (a routing tile of kN = 64 or 128 tokens), in shared memory as
 // wgmma's K-major B operand with the 128-byte swizzle. A CTA is two warpgroups, each 64 weight rows (warp w
 // of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
-// kMoeWgmmaStages stages (activation rows, 4 KB of packed fp4, 256 B of scales).
+// kMoeWgmmaStages stages (activation rows, 4 KB of packed fp4, 256 B of scales), with two wgmma groups in
+// flight so that a tile's fp4 decode overlaps the previous tile's MMAs.
 //
 // The layout's k permutation: in k-step kk of a 64-k tile, lane q's A registers hold physical k
 // 16q + 4kk + {0, 1} (logical k 2q, 2q + 1 of the step) and 16q + 4kk + {2, 3} (logical 2q + 8, 2q + 9).
@@ -49,6 +50,7 @@ __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t 
 
 #if MX_SM90A
 constexpr int kStages = kMoeWgmmaStages;
+static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least one tile loading");
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 #endif
 
@@ -99,17 +101,22 @@ __global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmP
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
 
-  for (int s = 0; s < kStages - 1; ++s) {
+  // Two wgmma groups in flight: tile t's dequant overlaps tile t - 1's MMAs, so the A registers alternate
+  // between two sets (the k loop is unrolled by 2 to keep their indices static). The slot reloaded at
+  // iteration t is tile t - 2's, which every warpgroup has finished (wait<1> before the barrier); tiles
+  // t + 1 .. t + kStages - 2 are in flight.
+  for (int s = 0; s < kStages - 2; ++s) {
     if (s < n_k) load(s, s);
     cp_async_commit();
   }
-  for (int t = 0; t < n_k; ++t) {
+  uint32_t a[2][4][4];
+  auto step = [&](int t, uint32_t(&at)[4][4]) {
     const int slot = t % kStages;
-    cp_async_wait<kStages - 2>();  // this thread's copies of tile t landed
+    cp_async_wait<kStages - 3>();  // this thread's copies of tile t landed
     fence_proxy_async_smem();      // ... and are visible to wgmma's reads
-    __syncthreads();               // everyone's; every warpgroup finished tile t - 1, whose slot is reloaded next
+    __syncthreads();               // everyone's; every warpgroup finished tile t - 2, whose slot is reloaded next
     {
-      const int next = t + kStages - 1;
+      const int next = t + kStages - 2;
       if (next < n_k) load(next, next % kStages);
       cp_async_commit();
     }
@@ -117,18 +124,24 @@ __global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmP
     const uint8_t* sc = s_tile(slot) + warp * 32 + (q >> 1) * 16;
     const uint32_t sc0 = mxfp4_scale_x2(sc[r]), sc8 = mxfp4_scale_x2(sc[r + 8]);
     const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
-    uint32_t a[4][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, a[kk]);
+    for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, at[kk]);
     const uint32_t b_addr = smem_addr(b_tile(slot));
     wgmma_fence();
-    wgmma_fence_regs(acc);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kN>(acc, a[kk], wgmma_desc_k128(b_addr + kk * 32));
+    for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kN>(acc, at[kk], wgmma_desc_k128(b_addr + kk * 32));
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_regs(acc);
+    wgmma_wait<1>();  // tile t - 1's group done: its A registers and its smem slot are free
+  };
+  wgmma_fence_regs(acc);
+  int t = 0;
+  for (; t + 1 < n_k; t += 2) {
+    step(t, a[0]);
+    step(t + 1, a[1]);
   }
+  if (t < n_k) step(t, a[0]);
+  wgmma_wait<0>();
+  wgmma_fence_regs(acc);
   cp_async_wait<0>();
   if (!strip_ok) return;
 
