@@ -241,13 +241,18 @@ void bench_moe_prefill() {
       CudaMoePath path;
       int tile;
       const char* label;
+      int warpgroups = 0;  // wgmma: warpgroups of 64 weight rows per CTA
     };
-    for (const Variant& v : {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
-                             Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"},
-                             Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
-                             Variant{CudaMoePath::kGrouped, 64, "wgmma/64"}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128"},
-                             Variant{CudaMoePath::kAuto, 0, "auto"}}) {
-      CHECK_OK(set_cuda_moe_options(*g_b, {v.path, v.tile}));
+    for (const Variant& v :
+         {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
+          Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"}, Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
+          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg", 2}, Variant{CudaMoePath::kGrouped, 64, "wgmma/64x3wg", 3},
+          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x4wg", 4}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg", 2},
+          Variant{CudaMoePath::kGrouped, 128, "wgmma/128x3wg", 3}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x4wg", 4},
+          Variant{CudaMoePath::kAuto, 0, "auto"}}) {
+      CudaMoeOptions o{v.path, v.tile};
+      o.wgmma_warpgroups = v.warpgroups;
+      CHECK_OK(set_cuda_moe_options(*g_b, o));
       // About 20 ms of work per graph.
       const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
       const double us = time_graph(n, [&](int i) {

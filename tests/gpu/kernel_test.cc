@@ -475,10 +475,11 @@ const char* path_name(CudaMoePath p) {
 }
 
 // One routing of random experts through the CPU twin and through each CUDA path in `paths` (the grouped
-// path once per tile size in `grouped_tiles`, 0 = its own choice).
+// path once per tile size in `grouped_tiles` and warpgroup count in `wgmma_warpgroups`, 0 = its own choice).
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
                     std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
-                    bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0}) {
+                    bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0},
+                    std::initializer_list<int> wgmma_warpgroups = {0}) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -497,10 +498,13 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
   const std::vector<float> want = cpu.download_f32(o_c);
   for (CudaMoePath path : paths)
-  for (int tile : grouped_tiles) {
+  for (int tile : grouped_tiles)
+  for (int wg : wgmma_warpgroups) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
-    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {path, tile, decode_k_tiles, decode_depth, decode_pdl}).is_ok());
+    CudaMoeOptions options{path, tile, decode_k_tiles, decode_depth, decode_pdl};
+    options.wgmma_warpgroups = wg;
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
     ASSERT_TRUE(st.is_ok()) << st.to_string();
@@ -509,6 +513,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
       variant = " (" + std::to_string(decode_k_tiles) + " k tiles/warp, ring " + std::to_string(decode_depth) +
                 (decode_pdl ? "" : ", no PDL") + ")";
     if (tile != 0) variant += " (" + std::to_string(tile) + "-token tiles)";
+    if (wg != 0) variant += " (" + std::to_string(wg) + " warpgroups if wgmma)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -641,7 +646,7 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
                            MoeCase{32, 2880, 2880, 4, 129, Routing::kHalf}, MoeCase{32, 320, 256, 4, 4097, Routing::kUniform},
                            MoeCase{8, 320, 192, 4, 129, Routing::kSame}, MoeCase{16, 256, 320, 4, 1000, Routing::kHot},
                            MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}})
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128});
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128}, {2, 3, 4});
 }
 
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,

@@ -255,28 +255,35 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
   EXPECT_TRUE(use_grouped_moe(256 * 4, 32, true));
 }
 
-// The wgmma grouped GEMM: only on sm_90 (no wgmma on SM100/SM12x: those keep the mma.sync kernel), its
-// ring fits there with two CTAs per SM (the 128-register cap of __launch_bounds__(256, 2) assumes it).
+// The wgmma grouped GEMM: only on sm_90 (no wgmma on SM100/SM12x: those keep the mma.sync kernel); its
+// ring fits there with as many CTAs per SM as its __launch_bounds__ promise: two with two warpgroups (the
+// 128-register cap assumes it), one with three or four.
 TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {256, 2048, 8192, 32768})
-      for (int tile : {0, 64, 128}) {
-        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile);
-        EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
-        EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 128);
-        if (tile != 0) {
-          EXPECT_EQ(c.tile_tokens, tile);
+      for (int tile : {0, 64, 128})
+        for (int wg : {0, 2, 3, 4}) {
+          const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, wg);
+          EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
+          EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 128);
+          if (tile != 0) {
+            EXPECT_EQ(c.tile_tokens, tile);
+          }
+          EXPECT_EQ(c.warpgroups, wg == 0 ? kMoeWgmmaWarpgroups : wg);
+          EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024);
+          EXPECT_EQ(c.threads, 128 * c.warpgroups);
+          if (!c.enabled) continue;
+          EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name;
+          const int ctas_per_sm = c.warpgroups == 2 ? 2 : 1;
+          EXPECT_LE(ctas_per_sm * (c.smem_bytes + 2048), 233472) << d.name;  // 228 KB per SM
         }
-        EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens) + 1024);
-        EXPECT_EQ(c.threads, kMoeWgmmaThreads);
-        if (!c.enabled) continue;
-        EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name;
-        EXPECT_LE(2 * (c.smem_bytes + 2048), 233472) << d.name;  // 228 KB per SM, two CTAs
-      }
-  EXPECT_EQ(moe_wgmma_stage_bytes(64) % 1024, 0);
-  EXPECT_GE(moe_wgmma_stage_bytes(128), 128 * 128 + kMoeWgmmaWeightRows * 34);
+  for (int wg = kMoeWgmmaMinWarpgroups; wg <= kMoeWgmmaMaxWarpgroups; ++wg) {
+    EXPECT_EQ(moe_wgmma_stage_bytes(64, wg) % 1024, 0);
+    EXPECT_GE(moe_wgmma_stage_bytes(128, wg), 128 * 128 + 64 * wg * 34);
+  }
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 64 * 32, 32).tile_tokens, 64);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 128);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 5).warpgroups, kMoeWgmmaWarpgroups);
   DeviceInfo tiny = sm90_h100();
   tiny.max_smem_per_block_optin = 48 * 1024;
   EXPECT_FALSE(choose_moe_wgmma_config(tiny, 32768, 32).enabled);  // falls back to the mma.sync kernel

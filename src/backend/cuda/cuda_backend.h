@@ -29,6 +29,7 @@ struct CudaMoeOptions {
   int decode_depth = 0;
   bool decode_pdl = true;
   int decode_only_gemm = 0;
+  int wgmma_warpgroups = 0;  // 2, 3 or 4 forces the wgmma grouped kernel's warpgroups per CTA; 0 = its default
 };
 
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to

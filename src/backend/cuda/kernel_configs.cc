@@ -188,15 +188,17 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
 }
 
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens) {
+                                       int tile_tokens, int warpgroups) {
   MoeWgmmaConfig c;
   const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
   c.tile_tokens = tile_tokens == 64 || tile_tokens == 128 ? tile_tokens
                   : per_expert >= kMoeWgmmaLargeTileTokensPerExpert ? 128
                                                                      : 64;
-  c.threads = kMoeWgmmaThreads;
+  c.warpgroups = warpgroups >= kMoeWgmmaMinWarpgroups && warpgroups <= kMoeWgmmaMaxWarpgroups ? warpgroups
+                                                                                             : kMoeWgmmaWarpgroups;
+  c.threads = moe_wgmma_threads(c.warpgroups);
   c.stages = kMoeWgmmaStages;
-  c.smem_bytes = c.stages * moe_wgmma_stage_bytes(c.tile_tokens) + 1024;
+  c.smem_bytes = c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024;
   // wgmma exists on sm_90a only (sm_100 has tcgen05 instead, sm_12x neither).
   c.enabled = dev.sm_major == 9 && fits(dev, c.smem_bytes, c.stages);
   return c;

@@ -193,27 +193,38 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
 
 // MXFP4 experts for many tokens per expert on Hopper (sm_90a only: wgmma, moe_wgmma.cu): weights as the
 // wgmma M side decoded from the swap-AB layout into registers, 64 or 128 expert-sorted tokens as N in
-// shared memory, two warpgroups of 64 weight rows per CTA, a cp.async ring of kMoeWgmmaStages k tiles.
-inline constexpr int kMoeWgmmaThreads = 256;
-inline constexpr int kMoeWgmmaWeightRows = 128;
+// shared memory, 2 to 4 warpgroups of 64 weight rows per CTA sharing each token tile, a cp.async ring of
+// kMoeWgmmaStages k tiles. More warpgroups per CTA cut the L2 -> SM traffic of the bf16 activations (each
+// token tile is read once per CTA, i.e. rows / (64 x warpgroups) times per GEMM); the cost is one CTA per SM
+// (two with two warpgroups) and partly idle CTAs where 64 x warpgroups does not divide the rows (2880 / 256).
+inline constexpr int kMoeWgmmaMinWarpgroups = 2;
+inline constexpr int kMoeWgmmaMaxWarpgroups = 4;
 // 5: with tile t - 1 still in the MMAs, three tiles load ahead; two CTAs of 128-token tiles (2 x 107 KB) fit an SM.
 inline constexpr int kMoeWgmmaStages = 5;
-// One ring stage: the tile's activations (128 bytes of k per token), packed fp4 and e8m0 scales, rounded
-// up to the 1024 bytes at which the next stage's swizzled activation tile must start.
-inline constexpr int64_t moe_wgmma_stage_bytes(int tile_tokens) {
-  return (static_cast<int64_t>(tile_tokens) * 128 + kMoeWgmmaWeightRows * 32 + kMoeWgmmaWeightRows * 2 + 1023) /
-         1024 * 1024;
+inline constexpr int moe_wgmma_threads(int warpgroups) { return 128 * warpgroups; }
+inline constexpr int moe_wgmma_weight_rows(int warpgroups) { return 64 * warpgroups; }
+// One ring stage: the tile's activations (128 bytes of k per token), packed fp4 (32 B per weight row) and
+// e8m0 scales (2 B per row), rounded up to the 1024 bytes at which the next stage's swizzled activation tile
+// must start.
+inline constexpr int64_t moe_wgmma_stage_bytes(int tile_tokens, int warpgroups) {
+  return (static_cast<int64_t>(tile_tokens) * 128 + moe_wgmma_weight_rows(warpgroups) * 34 + 1023) / 1024 * 1024;
 }
 struct MoeWgmmaConfig {
   bool enabled = false;     // sm_90 with the ring in shared memory
   int tile_tokens = 0;      // 64 or 128 expert-sorted tokens per tile
-  int threads = 0;
+  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA
+  int threads = 0;          // 128 per warpgroup
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
 };
-// `tile_tokens` 0 picks from the tokens per expert; 64 or 128 forces that tile.
+// `tile_tokens` 0 picks from the tokens per expert; 64 or 128 forces that tile. `warpgroups` 0 picks
+// kMoeWgmmaWarpgroups; 2, 3 or 4 forces that many.
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens = 0);
+                                       int tile_tokens = 0, int warpgroups = 0);
+// Warpgroups per CTA that `auto` runs. Measured on an H100 (docs/PERF.md, 2026-11-24): 4 halve the L2
+// traffic (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not L2-bound), 3 are slower at
+// T <= 2048; 2 is within 1% of the best everywhere.
+inline constexpr int kMoeWgmmaWarpgroups = 2;
 // 128-token tiles from this many routed tokens per expert.
 inline constexpr int64_t kMoeWgmmaLargeTileTokensPerExpert = 128;
 

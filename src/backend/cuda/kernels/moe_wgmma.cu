@@ -4,8 +4,8 @@
 // whose per-lane 16 bytes per 16-row strip and 64-k tile are exactly the A register fragments of four
 // m64nNk16 steps for one warp once decoded (mxfp4_dequant_step): no shared-memory staging of bf16 weights.
 // The expert-sorted tokens are the N side (a routing tile of kN = 64 or 128 tokens), in shared memory as
-// wgmma's K-major B operand with the 128-byte swizzle. A CTA is two warpgroups, each 64 weight rows (warp w
-// of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
+// wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG warpgroups (2 to 4), each 64 weight rows
+// (warp w of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
 // kMoeWgmmaStages stages (activation rows, 4 KB of packed fp4, 256 B of scales), with two wgmma groups in
 // flight so that a tile's fp4 decode overlaps the previous tile's MMAs.
 //
@@ -27,8 +27,6 @@
 namespace mx::cuda {
 namespace {
 
-constexpr int kStrips = kMoeWgmmaWeightRows / 16;  // one per warp
-static_assert(kMoeWgmmaThreads == 32 * kStrips, "a warp per 16-row strip");
 
 // Position in the logical k order of physical k `p` (see the header comment): within a 64-k tile, physical
 // 16q + 4kk + j goes to 16kk + 2q + (j & 1) + 8 (j >> 1).
@@ -54,12 +52,15 @@ static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least on
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 #endif
 
-template <int kN>
-__global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmParams p) {
+// Two CTAs per SM with two warpgroups (128 registers a thread), one with three or four.
+template <int kN, int kWG>
+__global__ void __launch_bounds__(moe_wgmma_threads(kWG), kWG == 2 ? 2 : 1) moe_wgmma_kernel(MoeGemmParams p) {
 #if MX_SM90A
-  constexpr int kStageBytes = static_cast<int>(moe_wgmma_stage_bytes(kN));
+  constexpr int kThreads = moe_wgmma_threads(kWG), kRows = moe_wgmma_weight_rows(kWG), kStrips = kRows / 16;
+  static_assert(kThreads == 32 * kStrips, "a warp per 16-row strip");
+  constexpr int kStageBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, kWG));
   extern __shared__ uint8_t smem_raw[];
-  __shared__ int src_row[kN];  // input row of each tile row, -1 past the tile's tokens
+  __shared__ int64_t src_off[kN];  // where each tile row's input row starts (elements), -1 past the tile's tokens
   // The swizzle pattern repeats every 1024 bytes; B tiles start on that boundary.
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
@@ -71,30 +72,42 @@ __global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmP
   const int strip0 = blockIdx.x * kStrips;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
 
-  for (int i = tid; i < kN; i += kMoeWgmmaThreads)
-    src_row[i] = i >= n ? -1 : (p.gated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i);
+  for (int i = tid; i < kN; i += kThreads)
+    src_off[i] = i >= n ? -1
+                        : p.k * (p.gated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i);
   __syncthreads();
 
   auto b_tile = [&](int s) { return smem + s * kStageBytes; };
   auto w_tile = [&](int s) { return b_tile(s) + kN * 128; };
-  auto s_tile = [&](int s) { return w_tile(s) + kMoeWgmmaWeightRows * 32; };
+  auto s_tile = [&](int s) { return w_tile(s) + kRows * 32; };
 
+  // The loads' loop-invariant parts, once per CTA (the per-tile address arithmetic was a large share of the
+  // kernel's issued instructions): thread tid copies 16-byte chunk tid % 8 of tile rows tid / 8 + j x
+  // kRowsPerPass, whose swizzled place is the same in every pass (kRowsPerPass is a multiple of 8), and its
+  // warp's strip of fp4 blocks and scales; a k tile t then only adds t x 64 elements, t x 512 or t x 32 bytes.
+  constexpr int kRowsPerPass = kThreads / 8;
+  static_assert(kRowsPerPass % 8 == 0, "one swizzle phase per thread");
+  const int ch = tid % 8, row0 = tid / 8;
+  const int b_off = row0 * 128 + ((ch ^ (row0 & 7)) * 16);
+  const uint16_t* in_ch = p.in + ch * 8;
   const int64_t my_strip = strip0 + warp;
   const bool strip_ok = my_strip < strips;
+  const int64_t strip_tiles = (e * strips + (strip_ok ? my_strip : 0)) * n_k;
+  const uint8_t* w_src = p.blocks + strip_tiles * 512 + lane * 16;
+  const uint8_t* s_src = p.scales + strip_tiles * 32 + (lane & 1) * 16;
   auto load = [&](int t, int s) {
-    uint8_t* b = b_tile(s);
+    uint8_t* b = b_tile(s) + b_off;
+    const int64_t kt = static_cast<int64_t>(t) * 64;
 #pragma unroll
-    for (int j = 0; j < kN * 8 / kMoeWgmmaThreads; ++j) {
-      const int c = tid + kMoeWgmmaThreads * j, row = c / 8, ch = c % 8;
-      const int src = src_row[row];
-      const uint16_t* g = src < 0 ? p.in : p.in + static_cast<int64_t>(src) * p.k + t * 64 + ch * 8;
-      cp_async_16(b + row * 128 + ((ch ^ (row & 7)) * 16), g, src >= 0);
+    for (int j = 0; j < (kN + kRowsPerPass - 1) / kRowsPerPass; ++j) {
+      const int row = row0 + j * kRowsPerPass;
+      if (kN % kRowsPerPass != 0 && row >= kN) break;
+      const int64_t off = src_off[row];
+      cp_async_16(b + j * kRowsPerPass * 128, off < 0 ? p.in : in_ch + off + kt, off >= 0);
     }
     // This warp's strip: 16 bytes per lane (the lane reads back exactly its own bytes), 32 B of scales.
-    const int64_t base = (e * strips + my_strip) * n_k + t;
-    cp_async_16(w_tile(s) + tid * 16, strip_ok ? p.blocks + base * 512 + lane * 16 : p.blocks, strip_ok);
-    if (lane < 2) cp_async_16(s_tile(s) + warp * 32 + lane * 16, strip_ok ? p.scales + base * 32 + lane * 16 : p.scales,
-                              strip_ok);
+    cp_async_16(w_tile(s) + tid * 16, w_src + kt * 8, strip_ok);
+    if (lane < 2) cp_async_16(s_tile(s) + warp * 32 + lane * 16, s_src + kt / 2, strip_ok);
   };
 
   float acc[kN / 2];
@@ -110,15 +123,16 @@ __global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmP
     cp_async_commit();
   }
   uint32_t a[2][4][4];
+  int slot = 0, load_slot = kStages - 2;  // t % kStages and (t + kStages - 2) % kStages, counted
   auto step = [&](int t, uint32_t(&at)[4][4]) {
-    const int slot = t % kStages;
     cp_async_wait<kStages - 3>();  // this thread's copies of tile t landed
     fence_proxy_async_smem();      // ... and are visible to wgmma's reads
     __syncthreads();               // everyone's; every warpgroup finished tile t - 2, whose slot is reloaded next
     {
       const int next = t + kStages - 2;
-      if (next < n_k) load(next, next % kStages);
+      if (next < n_k) load(next, load_slot);
       cp_async_commit();
+      load_slot = load_slot == kStages - 1 ? 0 : load_slot + 1;
     }
     const uint4 wq = lds128(w_tile(slot) + tid * 16);
     const uint8_t* sc = s_tile(slot) + warp * 32 + (q >> 1) * 16;
@@ -132,6 +146,7 @@ __global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmP
     for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kN>(acc, at[kk], wgmma_desc_k128(b_addr + kk * 32));
     wgmma_commit();
     wgmma_wait<1>();  // tile t - 1's group done: its A registers and its smem slot are free
+    slot = slot == kStages - 1 ? 0 : slot + 1;
   };
   wgmma_fence_regs(acc);
   int t = 0;
@@ -174,11 +189,15 @@ __global__ void __launch_bounds__(kMoeWgmmaThreads, 2) moe_wgmma_kernel(MoeGemmP
 #endif
 }
 
-template <typename Kernel>
-Status set_smem(Kernel kernel, int64_t bytes) {
-  return cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-      "cudaFuncSetAttribute(moe wgmma smem)");
+template <int kN, int kWG>
+Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(moe_wgmma_kernel<kN, kWG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(c.smem_bytes)),
+                                 "cudaFuncSetAttribute(moe wgmma smem)"));
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.rows / 16, moe_wgmma_weight_rows(kWG) / 16)),
+                  static_cast<unsigned>(p.max_tiles));
+  moe_wgmma_kernel<kN, kWG><<<grid, c.threads, c.smem_bytes, stream>>>(p);
+  return launch_status("moe_wgmma_kernel");
 }
 
 }  // namespace
@@ -193,24 +212,19 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 
 Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
-  if (!c.enabled || c.threads != kMoeWgmmaThreads || c.stages != kMoeWgmmaStages)
+  if (!c.enabled || c.threads != moe_wgmma_threads(c.warpgroups) || c.stages != kMoeWgmmaStages)
     return internal_error("MoE wgmma GEMM: config does not fit this GPU");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
-  const dim3 grid(static_cast<unsigned>(ceil_div64(p.rows / 16, kStrips)), static_cast<unsigned>(p.max_tiles));
-  switch (c.tile_tokens) {
-    case 64:
-      MX_RETURN_IF_ERROR(set_smem(moe_wgmma_kernel<64>, c.smem_bytes));
-      moe_wgmma_kernel<64><<<grid, c.threads, c.smem_bytes, stream>>>(p);
-      break;
-    case 128:
-      MX_RETURN_IF_ERROR(set_smem(moe_wgmma_kernel<128>, c.smem_bytes));
-      moe_wgmma_kernel<128><<<grid, c.threads, c.smem_bytes, stream>>>(p);
-      break;
-    default:
-      return internal_error("MoE wgmma GEMM: tiles of 64 or 128 tokens");
+  switch (c.tile_tokens * 10 + c.warpgroups) {
+    case 642: return launch<64, 2>(p, c, stream);
+    case 643: return launch<64, 3>(p, c, stream);
+    case 644: return launch<64, 4>(p, c, stream);
+    case 1282: return launch<128, 2>(p, c, stream);
+    case 1283: return launch<128, 3>(p, c, stream);
+    case 1284: return launch<128, 4>(p, c, stream);
+    default: return internal_error("MoE wgmma GEMM: tiles of 64 or 128 tokens, 2 to 4 warpgroups");
   }
-  return launch_status("moe_wgmma_kernel");
 }
 
 }  // namespace mx::cuda
