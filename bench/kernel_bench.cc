@@ -6,8 +6,9 @@
 // over N is the time per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only | --moe-decode-variants |
-// --attention-prefill-only | --attention-decode-only | --attention-gemma | --linear-only] [out.json]`). --attention-gemma times Gemma-4's
-// attention geometry instead (bench_attention_gemma).
+// --attention-prefill-only | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only] [out.json]`).
+// --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
+// bf16 experts and small ops (bench_gemma).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -551,6 +552,82 @@ void write_json(const char* path) {
   std::ofstream(path) << j.dump(2) << "\n";
 }
 
+// ---- Gemma-4 26B-A4B (`--gemma-only`): the fused router (norm + logits + top-8 of 128 + softmax + expert
+// scales; 30 layers' f32 weights rotated, as in a decode step), the bf16 GeGLU experts (128 x 704, top-8;
+// routings rotated over random experts), and the small ops at decode and prefill sizes.
+void bench_gemma() {
+  const int64_t E = 128, H = 2816, I = 704, k = 8, layers = 30;
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, H, I, E, k, 16, 8, 512}));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto random_f32 = [&](Shape shape, float stddev) {
+    std::vector<float> host(static_cast<size_t>(shape.numel()));
+    for (auto& h : host) h = stddev * d(g_rng);
+    TensorView v = make(DType::kF32, shape);
+    CHECK_OK(g_b->copy_from_host(v, host.data()));
+    return v;
+  };
+  std::vector<TensorView> router_w;
+  for (int64_t l = 0; l < layers; ++l) router_w.push_back(random_f32({E, H}, 0.05f));
+  TensorView scale = random_bf16({E}, 1.0f);
+  for (int64_t T : {1, 4, 8, 32, 512, 8192}) {
+    TensorView x = random_f32({T, H}, 2.0f), logits = make(DType::kF32, {T, E});
+    TensorView ids = make(DType::kI32, {T, k}), weights = make(DType::kF32, {T, k});
+    auto op = [&](int i) {
+      return g_b->router_topk(RouterParams{x, router_w[i % layers], TensorView(), logits, ids, weights, k, scale, 1e-6f});
+    };
+    CHECK_OK(op(0));
+    const double us = time_graph(T >= 512 ? 30 : 60, op);
+    report("gemma router T=" + std::to_string(T), us, E * H * 4.0 + T * H * 4.0, 2.0 * T * E * H,
+           "norm+logits+top8+softmax+scale, 1 launch");
+  }
+  // Experts: one copy (1.5 GB, far past L2); each routing touches other experts.
+  TensorView gate_up = random_bf16({E, 2 * I, H}, 0.05f), down = random_bf16({E, H, I}, 0.05f);
+  const double expert_bytes = 3.0 * I * H * 2;
+  for (int64_t T : {1, 8, 64, 1024, 8192}) {
+    const int routings = T >= 1024 ? 2 : 6;
+    std::vector<TensorView> ids, wts;
+    double touched = 0;
+    for (int r = 0; r < routings; ++r) {
+      std::vector<int32_t> h_ids(T * k);
+      std::vector<float> h_w(T * k, 1.0f / k);
+      std::vector<int32_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::set<int32_t> distinct;
+      for (int64_t t = 0; t < T; ++t) {
+        std::shuffle(order.begin(), order.end(), g_rng);
+        for (int64_t j = 0; j < k; ++j) distinct.insert(h_ids[t * k + j] = order[j]);
+      }
+      touched += static_cast<double>(distinct.size()) / routings;
+      ids.push_back(make(DType::kI32, {T, k}));
+      wts.push_back(make(DType::kF32, {T, k}));
+      CHECK_OK(g_b->copy_from_host(ids.back(), h_ids.data()));
+      CHECK_OK(g_b->copy_from_host(wts.back(), h_w.data()));
+    }
+    TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
+    auto op = [&](int i) {
+      return g_b->moe_geglu_experts(GegluMoeParams{x, ids[i % routings], wts[i % routings], gate_up, down, out, k});
+    };
+    CHECK_OK(op(0));
+    const double us = time_graph(T >= 1024 ? 4 : 24, op);
+    report("gemma moe geglu T=" + std::to_string(T), us, touched * expert_bytes, 2.0 * T * k * 3 * I * H,
+           std::to_string(static_cast<int>(touched + 0.5)) + " experts touched");
+  }
+  for (int64_t T : {1, 8192}) {
+    TensorView g = random_bf16({T, 2112}, 1.0f), u = random_bf16({T, 2112}, 1.0f);
+    report("gemma gelu_tanh_mul T=" + std::to_string(T), time_graph(20, [&](int) { return g_b->gelu_tanh_mul(g, u, g); }),
+           3.0 * T * 2112 * 2, 0);
+    TensorView qkv = random_bf16({T, 32 * 256}, 1.0f), qn = random_bf16({256}, 1.0f);
+    report("gemma qkv_norms T=" + std::to_string(T) + " (16+8+8 x 256)",
+           time_graph(20, [&](int) { return g_b->qkv_norms(QkvNormParams{qkv, qn, qn, 16, 8, 256, 1e-6f}); }),
+           2.0 * T * 32 * 256 * 2, 0);
+    TensorView res = random_f32({T, H}, 1.0f), f = random_bf16({1}, 1.0f);
+    report("gemma scale_by T=" + std::to_string(T), time_graph(20, [&](int) { return g_b->scale_by(res, f); }),
+           2.0 * T * H * 4, 0);
+  }
+  TensorView lg = random_f32({1, 262144}, 10.0f);
+  report("gemma soft_cap 1 x 262144", time_graph(20, [&](int) { return g_b->soft_cap(lg, 30.0f); }), 2.0 * 262144 * 4, 0);
+}
+
 }  // namespace
 }  // namespace mx
 
@@ -585,6 +662,13 @@ int main(int argc, char** argv) {
   if (argc > arg && (std::string(argv[arg]) == "--attention-gemma" || std::string(argv[arg]) == "--attention-decode-only")) {
     if (std::string(argv[arg]) == "--attention-gemma") bench_attention_gemma();
     else bench_attention_decode();
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--gemma-only`: Gemma-4 26B-A4B's router, bf16 experts and small ops.
+  if (argc > arg && std::string(argv[arg]) == "--gemma-only") {
+    bench_gemma();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

@@ -79,15 +79,18 @@ struct AttentionParams {
 
 struct RouterParams {
   TensorView x;             // [T, H]
-  TensorView weight;        // bf16 [E, H]
+  TensorView weight;        // bf16 [E, H], or f32 (Gemma-4: learned scale * H^-1/2 folded in)
   TensorView bias;          // bf16 [E]; empty = none (Gemma-4)
   TensorView logits;        // f32 [T, E] (written; fp32 so top-k is not decided by bf16 rounding)
   TensorView topk_ids;      // i32 [T, k], descending by logit
   TensorView topk_weights;  // f32 [T, k] softmax over the k selected logits
   int64_t top_k = 0;
   // bf16/f32 [E] or empty: multiplies each selected expert's weight after the softmax (Gemma-4's
-  // per_expert_scale). CPU only so far; CUDA answers unimplemented when it is set or the bias is empty.
+  // per_expert_scale). CUDA runs it (and an empty bias) with an f32 weight only.
   TensorView expert_scale;
+  // > 0: x is first RMS-normalized without a weight, with this epsilon (Gemma-4's router norm, fused into
+  // the router so that decode routes in one launch); x may then be the f32 residual stream.
+  float x_norm_eps = 0.0f;
 };
 
 // Per-head RMSNorms of a fused q|k|v projection, in place: q heads times q_norm, k heads times k_norm,

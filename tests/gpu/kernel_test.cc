@@ -12,6 +12,7 @@
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
+#include "model/gemma4/gemma4_model.h"
 #include "model/rope.h"
 #include "runtime/batch_staging.h"
 
@@ -30,7 +31,8 @@ std::string shape_str(std::initializer_list<int64_t> dims) {
 class KernelTest : public ::testing::Test {
  protected:
   KernelTest() : cpu_(cpu_backend()), cuda_(cuda_backend()), rng_(test_seed()) {}
-  void run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd);
+  // gemma_rope: Gemma-4's frequencies (theta, partial factor) instead of YaRN's, scale 1.
+  void run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma4Rope* gemma_rope = nullptr);
   Arena cpu_, cuda_;
   std::mt19937 rng_;
 };
@@ -324,12 +326,26 @@ TEST_F(KernelTest, QkvRope) {
     run_qkv_rope(n_q, n_kv, hd);
 }
 
-void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd) {
+// Gemma-4: the sliding layers' default RoPE at head dim 256 and the full layers' proportional RoPE at 512
+// (only the first 64 of 256 frequency pairs rotate; the rest must pass through unchanged).
+TEST_F(KernelTest, QkvRopeGemma) {
+  const Gemma4Rope sliding{10000.0, 1.0}, full{1000000.0, 0.25};
+  run_qkv_rope(16, 8, 256, &sliding);
+  run_qkv_rope(16, 2, 512, &full);
+  run_qkv_rope(3, 1, 136, &full);  // 17 rotated pairs of 68
+}
+
+void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma4Rope* gemma_rope) {
   YarnRope rope;
   rope.factor = 32;
   const int64_t page = 16;
-  const std::string shape = " (q " + std::to_string(n_q) + ", kv " + std::to_string(n_kv) + ", hd " + std::to_string(hd) + ")";
-  const RopeTables tables = compute_yarn_rope(rope, hd);
+  const std::string shape = " (q " + std::to_string(n_q) + ", kv " + std::to_string(n_kv) + ", hd " + std::to_string(hd) +
+                            (gemma_rope ? ", gemma partial " + std::to_string(gemma_rope->partial_rotary_factor) : "") + ")";
+  RopeTables tables = compute_yarn_rope(rope, hd);
+  if (gemma_rope) {
+    tables.inv_freq = gemma4_inv_freq(*gemma_rope, hd);
+    tables.attention_scale = 1.0f;
+  }
   PagedSetup s = make_paged(rng_, {{0, 20}, {100000, 3}, {5, 1}, {4095, 9}}, page);
   const int64_t T = s.total, S = 4, width = (n_q + 2 * n_kv) * hd;
   const BatchLimits lim{T, S, s.max_pages, T};

@@ -192,6 +192,34 @@ TEST(CpuGemmaOps, RouterWithoutBiasWithExpertScale) {
   EXPECT_NEAR(weights[1], (1 - p2) * 0.5, 1e-6);
 }
 
+// x_norm_eps > 0: the router normalizes x without a weight first (the fused form of Gemma-4's router),
+// the same logits as unit_rms_norm followed by the router; an f32 weight is read as is.
+TEST(CpuGemmaOps, RouterFusedNormMatchesUnitNormThenRouter) {
+  auto backend = make_cpu_backend({1});
+  const int64_t T = 2, H = 4, E = 3, K = 2;
+  const std::vector<float> x = {3, 4, 0, 0, -1, 1, 2, -2}, w = {1, 0, 0, 0, 0, 1, 0, 0, 0.5f, 0.5f, 1, 1};
+  std::vector<float> normed(x.size()), logits(T * E), ref_logits(T * E), weights(T * K), ref_weights(T * K);
+  std::vector<int32_t> topk(T * K), ref_topk(T * K);
+  const float eps = 1e-6f;
+  ASSERT_TRUE(backend
+                  ->unit_rms_norm(TensorView(const_cast<float*>(x.data()), DType::kF32, {T, H}), eps,
+                                  TensorView(normed.data(), DType::kF32, {T, H}))
+                  .is_ok());
+  const TensorView wv(const_cast<float*>(w.data()), DType::kF32, {E, H});
+  RouterParams ref{TensorView(normed.data(), DType::kF32, {T, H}), wv, TensorView(),
+                   TensorView(ref_logits.data(), DType::kF32, {T, E}), TensorView(ref_topk.data(), DType::kI32, {T, K}),
+                   TensorView(ref_weights.data(), DType::kF32, {T, K}), K};
+  RouterParams fused{TensorView(const_cast<float*>(x.data()), DType::kF32, {T, H}), wv, TensorView(),
+                     TensorView(logits.data(), DType::kF32, {T, E}), TensorView(topk.data(), DType::kI32, {T, K}),
+                     TensorView(weights.data(), DType::kF32, {T, K}), K, TensorView(), eps};
+  ASSERT_TRUE(backend->router_topk(ref).is_ok());
+  ASSERT_TRUE(backend->router_topk(fused).is_ok());
+  EXPECT_EQ(logits, ref_logits);
+  EXPECT_EQ(topk, ref_topk);
+  EXPECT_EQ(weights, ref_weights);
+  EXPECT_NEAR(logits[0], 3 / 2.5, 1e-6);  // row 0: mean square 25/4
+}
+
 TEST(CpuGemmaOps, GegluExpertsMatchADirectSum) {
   auto backend = make_cpu_backend({2});
   Rng rng(5);

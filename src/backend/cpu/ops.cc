@@ -196,12 +196,18 @@ void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batc
 
 void router_topk(const RouterParams& p) {
   const int64_t e_count = p.weight.dim(0), h = p.weight.dim(1), t_count = p.x.numel() / h;
-  std::vector<float> w(static_cast<size_t>(h));
+  std::vector<float> w(static_cast<size_t>(h)), normed;
+  const float* x = p.x.ptr<const float>();
+  if (p.x_norm_eps > 0.0f) {  // the weightless norm first, as unit_rms_norm computes it
+    normed.resize(static_cast<size_t>(t_count * h));
+    for (int64_t t = 0; t < t_count; ++t) normalize_row(x + t * h, TensorView(), p.x_norm_eps, h, normed.data() + t * h);
+    x = normed.data();
+  }
   float* logits = p.logits.ptr<float>();
   for (int64_t e = 0; e < e_count; ++e) {
     widen_row(p.weight, e * h, h, w.data());
     const float b = p.bias.empty() ? 0.0f : load_f32(p.bias, e);
-    for (int64_t t = 0; t < t_count; ++t) logits[t * e_count + e] = dot(p.x.ptr<const float>() + t * h, w.data(), h) + b;
+    for (int64_t t = 0; t < t_count; ++t) logits[t * e_count + e] = dot(x + t * h, w.data(), h) + b;
   }
   std::vector<int32_t> order(static_cast<size_t>(e_count));
   for (int64_t t = 0; t < t_count; ++t) {

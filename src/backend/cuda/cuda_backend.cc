@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/expert_repack.h"
 #include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 
 namespace mx {
@@ -96,6 +97,7 @@ class CudaDeviceTimer final : public DeviceTimer {
 struct Scratch {
   Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling, linear_partials, linear_tickets;
   Buffer share_ids, share_weights;  // expert parallel: the slots' local expert ids and weights
+  Buffer gemma_router_tickets;
   int64_t max_slots = 0, max_tiles = 0, experts = 0;
 };
 
@@ -385,8 +387,9 @@ class CudaBackend final : public Backend {
   }
 
   Status router_topk(const RouterParams& p) override {
-    if (p.bias.empty() || !p.expert_scale.empty())
-      return unimplemented("cuda router without a bias or with per-expert scales (Gemma-4) is not implemented yet");
+    if (p.weight.dtype() == DType::kF32) return gemma_router(p);
+    if (p.bias.empty() || !p.expert_scale.empty() || p.x_norm_eps > 0.0f)
+      return unimplemented("cuda router: no bias, per-expert scales or the fused norm need an f32 weight (Gemma-4)");
     expect(p.x, DType::kBF16, "router x");
     expect(p.logits, DType::kF32, "router logits");
     const int64_t e = p.weight.dim(0), h = p.weight.dim(1), t = p.x.numel() / h;
@@ -408,6 +411,117 @@ class CudaBackend final : public Backend {
     }
     MX_RETURN_IF_ERROR(lt_->run(p.x.data(), p.weight.data(), nullptr, p.logits.data(), t, e, h, true, stream_.get()));
     return launch_topk_softmax(r, stream_.get());
+  }
+
+  // Gemma-4 (gemma_router.cu): weightless norm, logits, top-k, softmax and expert scales in one launch.
+  Status gemma_router(const RouterParams& p) {
+    if (!p.bias.empty()) return unimplemented("cuda router: an f32 weight takes no bias");
+    MX_CHECK(p.x.dtype() == DType::kF32 || p.x.dtype() == DType::kBF16) << dtype_name(p.x.dtype());
+    expect(p.logits, DType::kF32, "router logits");
+    GemmaRouterParams r;
+    r.x = p.x.data();
+    r.x_f32 = p.x.dtype() == DType::kF32;
+    r.weight = ptr<const float>(p.weight);
+    if (!p.expert_scale.empty()) {
+      MX_CHECK(p.expert_scale.dtype() == DType::kF32 || p.expert_scale.dtype() == DType::kBF16);
+      r.expert_scale = p.expert_scale.data();
+      r.scale_f32 = p.expert_scale.dtype() == DType::kF32;
+    }
+    r.logits = ptr<float>(p.logits);
+    r.topk_ids = ptr<int32_t>(p.topk_ids);
+    r.topk_weights = ptr<float>(p.topk_weights);
+    r.experts = p.weight.dim(0);
+    r.hidden = p.weight.dim(1);
+    r.tokens = p.x.numel() / r.hidden;
+    r.top_k = p.top_k;
+    r.norm_eps = p.x_norm_eps;
+    MX_RETURN_IF_ERROR(ensure(scratch_.gemma_router_tickets, gemma_router_tickets(r.tokens) * 4, "router tickets",
+                              /*zero=*/true));
+    r.tickets = ptr_of<uint32_t>(scratch_.gemma_router_tickets);
+    return launch_gemma_router(r, stream_.get());
+  }
+
+  Status unit_rms_norm(const TensorView& x, float eps, TensorView out) override {
+    return rms_norm(x, TensorView(), eps, out);
+  }
+  Status soft_cap(TensorView x, float cap) override {
+    expect(x, DType::kF32, "soft_cap x");
+    return launch_soft_cap(ptr<float>(x), x.numel(), cap, stream_.get());
+  }
+  Status gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
+    expect(gate, DType::kBF16, "gelu_tanh_mul gate");
+    expect(up, DType::kBF16, "gelu_tanh_mul up");
+    expect(out, DType::kBF16, "gelu_tanh_mul out");
+    MX_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel());
+    return launch_gelu_tanh_mul(ptr<const uint16_t>(gate), ptr<const uint16_t>(up), ptr<uint16_t>(out), out.numel(),
+                                stream_.get());
+  }
+  Status scale_by(TensorView x, const TensorView& factor) override {
+    MX_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) << dtype_name(x.dtype());
+    MX_CHECK(factor.dtype() == DType::kF32 || factor.dtype() == DType::kBF16) << dtype_name(factor.dtype());
+    MX_CHECK_EQ(factor.numel(), 1);
+    return launch_scale_by(x.data(), x.dtype() == DType::kF32, x.numel(), factor.data(),
+                           factor.dtype() == DType::kF32, stream_.get());
+  }
+  Status qkv_norms(const QkvNormParams& p) override {
+    expect(p.qkv, DType::kBF16, "qkv_norms qkv");
+    expect(p.q_norm, DType::kBF16, "q_norm");
+    expect(p.k_norm, DType::kBF16, "k_norm");
+    QkvNormKernelParams k;
+    k.qkv = ptr<uint16_t>(p.qkv);
+    k.q_norm = ptr<const uint16_t>(p.q_norm);
+    k.k_norm = ptr<const uint16_t>(p.k_norm);
+    k.n_q = p.n_q, k.n_kv = p.n_kv, k.head_dim = p.head_dim, k.eps = p.eps;
+    k.tokens = p.qkv.numel() / ((p.n_q + 2 * p.n_kv) * p.head_dim);
+    return launch_qkv_norms(k, stream_.get());
+  }
+
+  // bf16 GeGLU experts (moe_bf16.cu): routing tiles of 8 tokens at decode, 64 when experts get many tokens
+  // each; the two GEMMs; the combine in router order.
+  Status moe_geglu_experts(const GegluMoeParams& p) override {
+    expect(p.x, DType::kBF16, "moe x");
+    expect(p.out, DType::kBF16, "moe out");
+    expect(p.gate_up, DType::kBF16, "experts gate_up");
+    expect(p.down, DType::kBF16, "experts down");
+    const int64_t E = p.gate_up.dim(0), I = p.gate_up.dim(1) / 2, H = p.gate_up.dim(2), k = p.top_k;
+    const int64_t T = p.x.numel() / H, slots = T * k;
+    if (T == 0) return Status::ok();
+    const int64_t tile_tokens = slots >= 32 * E ? 64 : 8;
+    const int64_t max_tiles = moe_max_tiles(slots, E, tile_tokens);
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
+    const MoeRouting r = routing_scratch(E, slots, max_tiles);
+    MX_RETURN_IF_ERROR(
+        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, tile_tokens, max_tiles}, stream_.get()));
+    MoeBf16GemmParams g;
+    g.r = r;
+    g.top_k = k;
+    g.max_tiles = max_tiles;
+    g.tile_tokens = tile_tokens;
+    // Decode: a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
+    auto k_split = [&](int64_t kdim) {
+      return tile_tokens == 8 ? static_cast<int>(std::clamp<int64_t>((kdim + 63) / 64 / 8, 1, 8)) : 1;
+    };
+    g.gated = true;
+    g.w = ptr<const uint16_t>(p.gate_up);
+    g.in = ptr<const uint16_t>(p.x);
+    g.out = ptr_of<uint16_t>(scratch_.moe_h);
+    g.out_rows = I;
+    g.k = H;
+    g.k_split = k_split(H);
+    MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
+    g.gated = false;
+    g.w = ptr<const uint16_t>(p.down);
+    g.in = ptr_of<const uint16_t>(scratch_.moe_h);
+    g.out = ptr_of<uint16_t>(scratch_.moe_y);
+    g.topk_weights = ptr<const float>(p.topk_weights);
+    g.out_rows = H;
+    g.k = I;
+    g.k_split = k_split(I);
+    MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
+    return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
+                              stream_.get());
   }
 
   Status moe_experts(const MoeParams& p) override {
@@ -642,6 +756,8 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((s.num_experts + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", true));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, s.hidden / 16 * 4, "MoE tickets", true));
+    MX_RETURN_IF_ERROR(
+        ensure(scratch_.gemma_router_tickets, gemma_router_tickets(s.max_tokens) * 4, "router tickets", true));
     MX_RETURN_IF_ERROR(ensure_linear_scratch());
     // Decode splits shrink as the batch grows: tokens * splits <= tokens + 3 * SMs (kernel_configs.cc).
     MX_RETURN_IF_ERROR(ensure(scratch_.partials, (s.max_tokens + 3 * dev_.sm_count + 1) * s.n_q * (s.head_dim + 2) * 4,

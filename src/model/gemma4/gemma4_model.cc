@@ -129,7 +129,7 @@ Result<std::unique_ptr<ModelWorkspace>> Gemma4Model::make_workspace(int64_t max_
   MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, c.moe_intermediate_size, c.num_experts, c.experts_per_token,
                                                     c.num_heads, max_kv, max_hd, max_logit_rows, c.vocab_size}));
   MX_ASSIGN_OR_RETURN(ws.residual, make(backend_.residual_dtype(), {T, H}));
-  for (TensorView* t : {&ws.normed, &ws.normed_moe, &ws.router_in, &ws.proj, &ws.branch, &ws.moe_out}) {
+  for (TensorView* t : {&ws.normed, &ws.normed_moe, &ws.proj, &ws.branch, &ws.moe_out}) {
     MX_ASSIGN_OR_RETURN(*t, make(act, {T, H}));
   }
   MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T * qkv_width}));
@@ -152,7 +152,7 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
   Gemma4Workspace& ws = *own;
   if (!(kv.shape().layout.layers == kv_layout_.layers))
     return invalid_argument("gemma4 forward pass given a KV cache of another layout");
-  const int64_t T = batch.num_tokens, R = batch.num_logit_rows, H = c.hidden_size;
+  const int64_t T = batch.num_tokens, R = batch.num_logit_rows;
   if (T <= 0 || T > ws.max_tokens || R > ws.max_logit_rows)
     return invalid_argument("batch of " + std::to_string(T) + " tokens / " + std::to_string(R) +
                             " logit rows exceeds the workspace");
@@ -198,12 +198,12 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     MX_RETURN_IF_ERROR(b.linear(gate, L.mlp_down, TensorView(), proj));
     if (c.moe) {
       MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_mlp_norm, eps, branch));
-      // Experts, routed from the residual (not from the pre-feedforward norm).
-      TensorView router_in = ws.router_in.rows(0, T), normed_moe = ws.normed_moe.rows(0, T);
-      TensorView moe_out = ws.moe_out.rows(0, T);
-      MX_RETURN_IF_ERROR(b.unit_rms_norm(residual, eps, router_in));
-      RouterParams router{router_in, router_weight_[li], TensorView(), ws.router_logits.rows(0, T),
-                          ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token, L.per_expert_scale};
+      // Experts, routed from the residual (not from the pre-feedforward norm); the router's weightless
+      // norm of the residual is fused into the router (x_norm_eps).
+      TensorView normed_moe = ws.normed_moe.rows(0, T), moe_out = ws.moe_out.rows(0, T);
+      RouterParams router{residual, router_weight_[li], TensorView(), ws.router_logits.rows(0, T),
+                          ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token,
+                          L.per_expert_scale, eps};
       MX_RETURN_IF_ERROR(b.router_topk(router));
       MX_RETURN_IF_ERROR(b.rms_norm(residual, L.pre_moe_norm, eps, normed_moe));
       MX_RETURN_IF_ERROR(b.moe_geglu_experts(GegluMoeParams{normed_moe, router.topk_ids, router.topk_weights,

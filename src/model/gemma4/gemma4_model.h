@@ -26,7 +26,6 @@ struct Gemma4Workspace : ModelWorkspace {
   TensorView residual;      // [T, H]
   TensorView normed;        // [T, H] input of the attention / dense MLP
   TensorView normed_moe;    // [T, H] input of the experts (pre_feedforward_layernorm_2)
-  TensorView router_in;     // [T, H] weightless norm of the residual
   TensorView qkv;           // [T, widest layer's (n_q + 2 n_kv) * hd]
   TensorView q;             // [T, n_q * widest hd]
   TensorView attn;          // [T, n_q * widest hd]

@@ -28,7 +28,7 @@ struct RmsNormParams {
   const void* x = nullptr;           // [rows, hidden]
   void* residual = nullptr;          // [rows, hidden] or null
   const uint16_t* delta = nullptr;   // bf16 [rows, hidden] with residual
-  const uint16_t* weight = nullptr;  // bf16 [hidden]
+  const uint16_t* weight = nullptr;  // bf16 [hidden]; null = no weight
   uint16_t* out = nullptr;           // bf16 [rows, hidden]
   int64_t rows = 0, hidden = 0;
   float eps = 1e-5f;

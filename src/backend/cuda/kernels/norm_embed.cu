@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) 
   for (int c = 0; c < kMaxChunks; ++c) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
     if (i >= chunks) break;
-    float w[8], o[8];
-    load8(p.weight, i, w);
+    float w[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f}, o[8];
+    if (p.weight) load8(p.weight, i, w);  // null: weightless (Gemma-4's router and v norms)
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv);
     store8(p.out + row * p.hidden, i, o);

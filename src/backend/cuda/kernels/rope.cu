@@ -14,7 +14,7 @@
 namespace mx::cuda {
 namespace {
 
-constexpr int kMaxHalf = 128;
+constexpr int kMaxHalf = 256;  // head_dim 512 (Gemma-4 full layers)
 constexpr int kPairsPerCta = 128;  // threads per CTA; heads per CTA = kPairsPerCta / half
 
 __global__ void __launch_bounds__(kPairsPerCta) qkv_rope_kernel(RopeParams p, int heads_per_cta) {
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kPairsPerCta) qkv_rope_kernel(RopeParams p, in
 
 Status launch_qkv_rope(const RopeParams& p, cudaStream_t stream) {
   if (p.head_dim < 2 || p.head_dim % 2 != 0 || p.head_dim / 2 > kMaxHalf)
-    return unimplemented("qkv_rope: head_dim must be even and in [2, 256]");
+    return unimplemented("qkv_rope: head_dim must be even and in [2, 512]");
   if (p.tokens == 0) return Status::ok();
   const int half = static_cast<int>(p.head_dim / 2);
   const int heads_per_cta = std::max(1, kPairsPerCta / half);

@@ -1,0 +1,71 @@
+// Parameter structs and launchers of the kernels Gemma-4 adds (gemma_ops.cu, gemma_router.cu, moe_bf16.cu).
+// Same conventions as kernels.h: raw device pointers, int64 sizes, a Status per launch. Host-only header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/kernels.h"
+#include "core/status.h"
+
+namespace mx::cuda {
+
+// x = cap * tanh(x / cap) over n f32 values (the final logit soft-cap).
+Status launch_soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
+// out = gelu_tanh(gate) * up over n bf16 values; out may alias gate or up.
+Status launch_gelu_tanh_mul(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n, cudaStream_t stream);
+// x *= factor[0]: x f32 or bf16 (n values), factor f32 or bf16 in device memory (read on the device, so a
+// captured graph sees the checkpoint's value).
+Status launch_scale_by(void* x, bool x_f32, int64_t n, const void* factor, bool factor_f32, cudaStream_t stream);
+
+// Per-head RMSNorms of a fused bf16 q|k|v row, in place: q heads times q_norm, k heads times k_norm, v heads
+// without a weight. One warp per (token, head); head_dim % 8 == 0 and <= 1024.
+struct QkvNormKernelParams {
+  uint16_t* qkv = nullptr;           // bf16 [tokens, (n_q + 2 n_kv) head_dim]
+  const uint16_t* q_norm = nullptr;  // bf16 [head_dim]
+  const uint16_t* k_norm = nullptr;  // bf16 [head_dim]
+  int64_t tokens = 0, n_q = 0, n_kv = 0, head_dim = 0;
+  float eps = 1e-6f;
+};
+Status launch_qkv_norms(const QkvNormKernelParams& p, cudaStream_t stream);
+
+// Gemma-4's router in one launch: per token the weightless RMSNorm of x (norm_eps > 0; else x as is), the
+// fp32 logits against the folded f32 weight (learned scale * H^-1/2 * proj), top-k (ties to the lower
+// expert), softmax over the k, times expert_scale[id]. CTAs split the experts; the last CTA of a token tile
+// (atomic ticket, reset by it for the next replay) selects the top-k of the tile's tokens.
+struct GemmaRouterParams {
+  const void* x = nullptr;             // [tokens, hidden], f32 when x_f32 else bf16
+  const float* weight = nullptr;       // f32 [experts, hidden]
+  const void* expert_scale = nullptr;  // [experts], f32 when scale_f32 else bf16; null = 1
+  float* logits = nullptr;             // f32 [tokens, experts]
+  int32_t* topk_ids = nullptr;         // [tokens, top_k]
+  float* topk_weights = nullptr;       // [tokens, top_k]
+  uint32_t* tickets = nullptr;         // [gemma_router_tickets(tokens)] zeroed once
+  int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
+  float norm_eps = 0.0f;
+  bool x_f32 = false, scale_f32 = false;
+};
+int64_t gemma_router_tickets(int64_t tokens);
+Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream);
+
+// bf16 GeGLU experts (moe_bf16.cu), "swap AB" on mma.sync: 16 weight rows of one expert are the A operand,
+// loaded from global memory 16 bytes per lane; the routed tokens of a routing tile are the 8-wide B side
+// (tile_tokens / 8 n-tiles per warp). Uses launch_moe_routing's metadata (tiles of 8 or 64 tokens).
+// First GEMM (gated): strip s = 8 gate rows [8s, 8s + 8) and the 8 up rows I + 8s..; out = h [slots, I] by
+// sorted position, h = gelu_tanh(gate) * up. Second GEMM: strip = 16 rows of down; out = y [slots, H] by
+// sorted position, times the slot's routing weight. launch_moe_combine sums a token's k rows.
+struct MoeBf16GemmParams {
+  const uint16_t* w = nullptr;          // gated: bf16 [E, 2I, H]; else [E, H, I]
+  const uint16_t* in = nullptr;         // gated: x [tokens, H]; else h [slots, I] by sorted position
+  uint16_t* out = nullptr;
+  const float* topk_weights = nullptr;  // [slots] (second GEMM)
+  MoeRouting r;
+  int64_t out_rows = 0;                 // gated: I (channels); else H
+  int64_t k = 0, top_k = 0, max_tiles = 0, tile_tokens = 0;
+  int k_split = 1;                      // warps per strip (tile_tokens 8 only)
+  bool gated = false;
+};
+Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+
+}  // namespace mx::cuda

@@ -1,0 +1,221 @@
+// The CUDA ops Gemma-4 adds against their CPU twins: soft-cap, GeGLU, the layer scalar, the weightless norm,
+// per-head q/k/v norms, the fused router (norm, logits, top-k, softmax, per-expert scale) and the bf16 GeGLU
+// experts at decode (8-token tiles) and prefill (64-token tiles). Fresh random inputs, poisoned outputs,
+// odd sizes (partial vectors, strips and k chunks).
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gpu_test_util.h"
+
+namespace mx::gpu_test {
+namespace {
+
+std::string dims(std::initializer_list<int64_t> d) {
+  std::string s;
+  for (int64_t v : d) s += (s.empty() ? "" : "x") + std::to_string(v);
+  return s;
+}
+
+std::vector<float> random_f32(std::mt19937& rng, int64_t n, float mean, float stddev) {
+  std::normal_distribution<float> dist(mean, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+class GemmaKernelTest : public ::testing::Test {
+ protected:
+  GemmaKernelTest() : cpu_(cpu_backend()), cuda_(cuda_backend()), rng_(test_seed()) {}
+  Pair f32_pair(const std::vector<float>& v, Shape shape) {
+    return {cpu_.upload(DType::kF32, shape, v.data()), cuda_.upload(DType::kF32, shape, v.data())};
+  }
+  Arena cpu_, cuda_;
+  std::mt19937 rng_;
+};
+
+TEST_F(GemmaKernelTest, SoftCap) {
+  // 4-wide and one-value paths; values well past the cap (tanh saturates) and near zero.
+  for (const auto& [rows, vocab] : {std::pair<int64_t, int64_t>{3, 1001}, {2, 4096}, {1, 262144}}) {
+    Pair x = f32_pair(random_f32(rng_, rows * vocab, 0.0f, 40.0f), {rows, vocab});
+    ASSERT_TRUE(cpu_backend().soft_cap(x.cpu, 30.0f).is_ok());
+    ASSERT_TRUE(cuda_backend().soft_cap(x.cuda, 30.0f).is_ok());
+    check("soft_cap", dims({rows, vocab}) + " cap 30", cuda_.download_f32(x.cuda), cpu_.download_f32(x.cpu), 1e-6);
+  }
+  EXPECT_FALSE(cuda_backend().soft_cap(cuda_.make(DType::kF32, {4}), 0.0f).is_ok());
+}
+
+TEST_F(GemmaKernelTest, GeluTanhMul) {
+  // n % 8 == 0 (16-byte path), odd n, and the output written over the gate (the model's in-place use).
+  for (const auto& [rows, cols, in_place] :
+       {std::tuple<int64_t, int64_t, bool>{5, 2112, false}, {37, 67, false}, {3, 2112, true}, {1, 9, true}}) {
+    Bf16Data g = random_bf16(rng_, rows * cols, 2.0f), u = random_bf16(rng_, rows * cols, 1.0f);
+    Pair pg = upload_activation(cpu_, cuda_, g, {rows, cols}), pu = upload_activation(cpu_, cuda_, u, {rows, cols});
+    TensorView o_c = in_place ? pg.cpu : cpu_.make(DType::kF32, {rows, cols});
+    TensorView o_g = in_place ? pg.cuda : cuda_.make(DType::kBF16, {rows, cols});
+    ASSERT_TRUE(cpu_backend().gelu_tanh_mul(pg.cpu, pu.cpu, o_c).is_ok());
+    ASSERT_TRUE(cuda_backend().gelu_tanh_mul(pg.cuda, pu.cuda, o_g).is_ok());
+    check("gelu_tanh_mul", dims({rows, cols}) + (in_place ? " in place" : ""), cuda_.download_f32(o_g),
+          cpu_.download_f32(o_c), 5e-3);
+  }
+}
+
+TEST_F(GemmaKernelTest, ScaleByAndUnitRmsNorm) {
+  for (const auto& [rows, h, f32_factor] : {std::tuple<int64_t, int64_t, bool>{5, 2816, false}, {7, 1001, true}}) {
+    Pair x = f32_pair(random_f32(rng_, rows * h, 0.0f, 3.0f), {rows, h});
+    const float factor = 0.37109375f;  // bf16-exact
+    const uint16_t factor_bits = 0x3ebe;
+    TensorView f_c = cpu_.upload(DType::kF32, {1}, &factor);
+    TensorView f_g = f32_factor ? cuda_.upload(DType::kF32, {1}, &factor) : cuda_.upload(DType::kBF16, {1}, &factor_bits);
+    ASSERT_TRUE(cpu_backend().scale_by(x.cpu, f_c).is_ok());
+    ASSERT_TRUE(cuda_backend().scale_by(x.cuda, f_g).is_ok());
+    check("scale_by", dims({rows, h}) + (f32_factor ? " f32 factor" : " bf16 factor"), cuda_.download_f32(x.cuda),
+          cpu_.download_f32(x.cpu), 1e-7);
+  }
+  for (const auto& [rows, h, f32_in] : {std::tuple<int64_t, int64_t, bool>{9, 2816, true}, {3, 64, false}}) {
+    Bf16Data xb = random_bf16(rng_, rows * h, 2.0f);
+    Pair x = f32_in ? f32_pair(random_f32(rng_, rows * h, 0.5f, 2.0f), {rows, h}) : upload_activation(cpu_, cuda_, xb, {rows, h});
+    TensorView o_c = cpu_.make(DType::kF32, {rows, h}), o_g = cuda_.make(DType::kBF16, {rows, h});
+    ASSERT_TRUE(cpu_backend().unit_rms_norm(x.cpu, 1e-6f, o_c).is_ok());
+    ASSERT_TRUE(cuda_backend().unit_rms_norm(x.cuda, 1e-6f, o_g).is_ok());
+    check("unit_rms_norm", dims({rows, h}) + (f32_in ? " f32 in" : " bf16 in"), cuda_.download_f32(o_g),
+          cpu_.download_f32(o_c), 5e-3);
+  }
+}
+
+TEST_F(GemmaKernelTest, QkvNorms) {
+  struct Case {
+    int64_t t, n_q, n_kv, hd;
+  };
+  // Sliding (256) and full (512) layers of 26B-A4B, the tiny fixtures' 32/64, and an odd head dim of 40.
+  for (const Case& c : {Case{5, 16, 8, 256}, Case{3, 16, 2, 512}, Case{7, 4, 2, 32}, Case{2, 3, 1, 40}, Case{1, 4, 2, 64}}) {
+    const int64_t width = (c.n_q + 2 * c.n_kv) * c.hd;
+    Bf16Data qkv = random_bf16(rng_, c.t * width, 1.5f), qn = random_bf16(rng_, c.hd, 1.0f), kn = random_bf16(rng_, c.hd, 1.0f);
+    Pair p = upload_activation(cpu_, cuda_, qkv, {c.t, width});
+    TensorView qn_c = cpu_.upload(DType::kBF16, {c.hd}, qn.bits.data()), qn_g = cuda_.upload(DType::kBF16, {c.hd}, qn.bits.data());
+    TensorView kn_c = cpu_.upload(DType::kBF16, {c.hd}, kn.bits.data()), kn_g = cuda_.upload(DType::kBF16, {c.hd}, kn.bits.data());
+    ASSERT_TRUE(cpu_backend().qkv_norms({p.cpu, qn_c, kn_c, c.n_q, c.n_kv, c.hd, 1e-6f}).is_ok());
+    ASSERT_TRUE(cuda_backend().qkv_norms({p.cuda, qn_g, kn_g, c.n_q, c.n_kv, c.hd, 1e-6f}).is_ok());
+    check("qkv_norms", "T " + std::to_string(c.t) + " q " + std::to_string(c.n_q) + " kv " + std::to_string(c.n_kv) +
+                           " hd " + std::to_string(c.hd),
+          cuda_.download_f32(p.cuda), cpu_.download_f32(p.cpu), 5e-3);
+  }
+}
+
+// The fused router against the twin's norm -> logits -> top-k -> softmax -> scale: logits, weights and ids.
+TEST_F(GemmaKernelTest, FusedRouter) {
+  struct Case {
+    int64_t t, e, h, k;
+    bool norm, f32_x, f32_scale;
+  };
+  // Decode tiles (<= 32 tokens, 4 per tile, 2 experts per CTA) and prefill tiles (16 tokens, 32 experts per
+  // CTA): partial tiles, expert counts that leave a CTA partly empty, hidden sizes not a multiple of 128.
+  for (const Case& c : {Case{1, 128, 2816, 8, true, true, false}, Case{3, 128, 2816, 8, true, true, false},
+                        Case{8, 128, 2816, 8, true, true, true}, Case{33, 128, 2816, 8, true, true, false},
+                        Case{77, 128, 2816, 8, true, false, false}, Case{7, 6, 64, 3, true, true, false},
+                        Case{5, 40, 200, 5, false, false, true}, Case{50, 33, 204, 16, true, true, false},
+                        Case{2, 256, 1024, 8, false, true, false}}) {
+    std::vector<float> w = random_f32(rng_, c.e * c.h, 0.0f, 0.05f), scale = random_f32(rng_, c.e, 1.0f, 0.3f);
+    Bf16Data scale_b = random_bf16(rng_, c.e, 0.3f);
+    for (size_t i = 0; i < scale_b.bits.size(); ++i) {  // |N(1, 0.3)| in bf16
+      scale_b.values[i] = std::abs(scale_b.values[i] + 1.0f);
+      const uint32_t u = std::bit_cast<uint32_t>(scale_b.values[i]) & 0xffff0000u;
+      scale_b.values[i] = std::bit_cast<float>(u);
+      scale_b.bits[i] = static_cast<uint16_t>(u >> 16);
+    }
+    Pair pw = f32_pair(w, {c.e, c.h});
+    Pair ps = c.f32_scale ? f32_pair(scale, {c.e})
+                          : Pair{cpu_.upload(DType::kF32, {c.e}, scale_b.values.data()),
+                                 cuda_.upload(DType::kBF16, {c.e}, scale_b.bits.data())};
+    Bf16Data xb = random_bf16(rng_, c.t * c.h, 1.0f);
+    Pair px = c.f32_x ? f32_pair(random_f32(rng_, c.t * c.h, 0.1f, 4.0f), {c.t, c.h})
+                      : upload_activation(cpu_, cuda_, xb, {c.t, c.h});
+    const float eps = c.norm ? 1e-6f : 0.0f;
+    RouterParams r_c{px.cpu, pw.cpu, TensorView(), cpu_.make(DType::kF32, {c.t, c.e}), cpu_.make(DType::kI32, {c.t, c.k}),
+                     cpu_.make(DType::kF32, {c.t, c.k}), c.k, ps.cpu, eps};
+    RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {c.t, c.e}),
+                     cuda_.make(DType::kI32, {c.t, c.k}), cuda_.make(DType::kF32, {c.t, c.k}), c.k, ps.cuda, eps};
+    ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
+    const Status st = cuda_backend().router_topk(r_g);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const std::string what = std::to_string(c.t) + " tokens, " + std::to_string(c.e) + " experts, hidden " +
+                             std::to_string(c.h) + ", top-" + std::to_string(c.k) + (c.norm ? ", norm" : "") +
+                             (c.f32_x ? ", f32 x" : ", bf16 x") + (c.f32_scale ? ", f32 scale" : ", bf16 scale");
+    check("gemma router logits", what, cuda_.download_f32(r_g.logits), cpu_.download_f32(r_c.logits), 1e-5);
+    check("gemma router weights", what, cuda_.download_f32(r_g.topk_weights), cpu_.download_f32(r_c.topk_weights), 1e-5);
+    const auto ids_c = cpu_.download_bytes(r_c.topk_ids), ids_g = cuda_.download_bytes(r_g.topk_ids);
+    const bool same = ids_c == ids_g;
+    record("gemma router ids", what + (same ? " identical" : " DIFFER"), same ? 0 : 1, 0, 0, same);
+    EXPECT_TRUE(same);
+  }
+  // Equal logits rank the lower expert first (the twin's order): every expert gets the same weight row.
+  {
+    const int64_t e = 128, h = 256, k = 8;
+    std::vector<float> row = random_f32(rng_, h, 0.0f, 0.05f), w;
+    for (int64_t i = 0; i < e; ++i) w.insert(w.end(), row.begin(), row.end());
+    Pair pw = f32_pair(w, {e, h}), px = f32_pair(random_f32(rng_, h, 0.0f, 1.0f), {1, h});
+    RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {1, e}), cuda_.make(DType::kI32, {1, k}),
+                     cuda_.make(DType::kF32, {1, k}), k, TensorView(), 1e-6f};
+    ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok());
+    const auto ids = cuda_.download_bytes(r_g.topk_ids);
+    std::vector<int32_t> got(k), want(k);
+    std::memcpy(got.data(), ids.data(), ids.size());
+    std::iota(want.begin(), want.end(), 0);
+    record("gemma router ties", "128 equal logits -> experts 0..7", got == want ? 0 : 1, 0, 0, got == want);
+    EXPECT_EQ(got, want);
+  }
+}
+
+struct GegluCase {
+  int64_t e, h, i, k, t;
+  bool hot;  // expert 0 in every token's top-k (one expert with many tiles)
+};
+
+TEST_F(GemmaKernelTest, MoeGegluExperts) {
+  // 26B-A4B's shapes at decode (1, 5, 33 tokens: 8-token tiles, k split); the tiny fixture's; odd sizes (I
+  // and H not multiples of 64, H % 16 != 0: partial strips and k chunks); prefill with 64-token tiles
+  // (slots >= 32 per expert), a hot expert spanning many tiles.
+  for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 1, false}, GegluCase{128, 2816, 704, 8, 5, false},
+                             GegluCase{128, 2816, 704, 8, 33, true}, GegluCase{6, 64, 32, 3, 7, false},
+                             GegluCase{9, 264, 200, 3, 11, false}, GegluCase{8, 264, 200, 2, 300, true},
+                             GegluCase{16, 512, 256, 4, 600, false}, GegluCase{4, 128, 72, 4, 130, false}}) {
+    Bf16Data gu = random_bf16(rng_, c.e * 2 * c.i * c.h, 0.05f), dn = random_bf16(rng_, c.e * c.h * c.i, 0.05f);
+    TensorView gu_c = cpu_.upload(DType::kBF16, {c.e, 2 * c.i, c.h}, gu.bits.data()),
+               gu_g = cuda_.upload(DType::kBF16, {c.e, 2 * c.i, c.h}, gu.bits.data());
+    TensorView dn_c = cpu_.upload(DType::kBF16, {c.e, c.h, c.i}, dn.bits.data()),
+               dn_g = cuda_.upload(DType::kBF16, {c.e, c.h, c.i}, dn.bits.data());
+    std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k));
+    std::vector<float> weights(ids.size());
+    std::vector<int32_t> order(static_cast<size_t>(c.e));
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t t = 0; t < c.t; ++t) {
+      std::shuffle(order.begin(), order.end(), rng_);
+      if (c.hot) std::swap(order[0], *std::find(order.begin(), order.end(), 0));
+      for (int64_t j = 0; j < c.k; ++j) {
+        ids[t * c.k + j] = order[j];
+        weights[t * c.k + j] = 0.05f + static_cast<float>(rng_() % 1000) / 1000.0f;
+      }
+    }
+    Bf16Data x = random_bf16(rng_, c.t * c.h, 1.0f);
+    Pair px = upload_activation(cpu_, cuda_, x, {c.t, c.h});
+    TensorView id_c = cpu_.upload(DType::kI32, {c.t, c.k}, ids.data()), id_g = cuda_.upload(DType::kI32, {c.t, c.k}, ids.data());
+    Pair pwt = f32_pair(weights, {c.t, c.k});
+    TensorView o_c = cpu_.make(DType::kF32, {c.t, c.h}), o_g = cuda_.make(DType::kBF16, {c.t, c.h});
+    ASSERT_TRUE(cpu_backend().moe_geglu_experts({px.cpu, id_c, pwt.cpu, gu_c, dn_c, o_c, c.k}).is_ok());
+    const Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_g, c.k});
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const bool prefill = c.t * c.k >= 32 * c.e;
+    check("moe_geglu_experts", dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
+                                   (c.hot ? " hot expert" : "") + (prefill ? " (64-token tiles)" : " (8-token tiles)"),
+          cuda_.download_f32(o_g), cpu_.download_f32(o_c), 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace mx::gpu_test
