@@ -114,13 +114,16 @@ TEST_F(GemmaKernelTest, FusedRouter) {
     int64_t t, e, h, k;
     bool norm, f32_x, f32_scale;
   };
-  // Decode tiles (<= 32 tokens, 4 per tile, 2 experts per CTA) and prefill tiles (16 tokens, 32 experts per
-  // CTA): partial tiles, expert counts that leave a CTA partly empty, hidden sizes not a multiple of 128.
+  // Decode tiles (<= 32 tokens, 4 per tile, 2 experts per CTA), 16-token tiles of 32 experts per CTA, and
+  // from 2048 tokens the GEMM tiles (64 tokens x <= 128 experts): partial tiles, expert counts that
+  // leave a CTA partly empty, hidden sizes not a multiple of 32 or 128.
   for (const Case& c : {Case{1, 128, 2816, 8, true, true, false}, Case{3, 128, 2816, 8, true, true, false},
                         Case{8, 128, 2816, 8, true, true, true}, Case{33, 128, 2816, 8, true, true, false},
                         Case{77, 128, 2816, 8, true, false, false}, Case{7, 6, 64, 3, true, true, false},
                         Case{5, 40, 200, 5, false, false, true}, Case{50, 33, 204, 16, true, true, false},
-                        Case{2, 256, 1024, 8, false, true, false}}) {
+                        Case{2, 256, 1024, 8, false, true, false}, Case{40, 256, 512, 8, true, true, false},
+                        Case{130, 128, 2816, 8, true, true, true}, Case{2100, 128, 2816, 8, true, true, false},
+                        Case{2049, 40, 200, 5, true, false, true}}) {
     std::vector<float> w = random_f32(rng_, c.e * c.h, 0.0f, 0.05f), scale = random_f32(rng_, c.e, 1.0f, 0.3f);
     Bf16Data scale_b = random_bf16(rng_, c.e, 0.3f);
     for (size_t i = 0; i < scale_b.bits.size(); ++i) {  // |N(1, 0.3)| in bf16
@@ -178,10 +181,12 @@ struct GegluCase {
 };
 
 TEST_F(GemmaKernelTest, MoeGegluExperts) {
-  // 26B-A4B's shapes at decode (1, 5, 33 tokens: 8-token tiles, k split); the tiny fixture's; odd sizes (I
+  // 26B-A4B's shapes at decode (1 and 4 tokens: <= 32 slots, self-routed with the combine fused; 5 and 33
+  // tokens: routing metadata, 8-token tiles, k split); the tiny fixture's; odd sizes (I
   // and H not multiples of 64, H % 16 != 0: partial strips and k chunks); prefill with 64-token tiles
   // (slots >= 32 per expert), a hot expert spanning many tiles.
-  for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 1, false}, GegluCase{128, 2816, 704, 8, 5, false},
+  for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 1, false}, GegluCase{128, 2816, 704, 8, 4, true},
+                             GegluCase{128, 2816, 704, 8, 5, false},
                              GegluCase{128, 2816, 704, 8, 33, true}, GegluCase{6, 64, 32, 3, 7, false},
                              GegluCase{9, 264, 200, 3, 11, false}, GegluCase{8, 264, 200, 2, 300, true},
                              GegluCase{16, 512, 256, 4, 600, false}, GegluCase{4, 128, 72, 4, 130, false}}) {
@@ -210,9 +215,11 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
     ASSERT_TRUE(cpu_backend().moe_geglu_experts({px.cpu, id_c, pwt.cpu, gu_c, dn_c, o_c, c.k}).is_ok());
     const Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_g, c.k});
     ASSERT_TRUE(st.is_ok()) << st.to_string();
-    const bool prefill = c.t * c.k >= 32 * c.e;
+    const bool prefill = c.t * c.k >= 32 * c.e, self_routed = c.t * c.k <= 32;
     check("moe_geglu_experts", dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
-                                   (c.hot ? " hot expert" : "") + (prefill ? " (64-token tiles)" : " (8-token tiles)"),
+                                   (c.hot ? " hot expert" : "") + (prefill       ? " (grouped, 64-token tiles)"
+                                    : self_routed ? " (self-routed, fused combine)"
+                                                  : " (8-token tiles)"),
           cuda_.download_f32(o_g), cpu_.download_f32(o_c), 1e-2);
   }
 }

@@ -208,7 +208,7 @@ TEST(CpuGemmaOps, RouterFusedNormMatchesUnitNormThenRouter) {
   const TensorView wv(const_cast<float*>(w.data()), DType::kF32, {E, H});
   RouterParams ref{TensorView(normed.data(), DType::kF32, {T, H}), wv, TensorView(),
                    TensorView(ref_logits.data(), DType::kF32, {T, E}), TensorView(ref_topk.data(), DType::kI32, {T, K}),
-                   TensorView(ref_weights.data(), DType::kF32, {T, K}), K};
+                   TensorView(ref_weights.data(), DType::kF32, {T, K}), K, TensorView(), 0.0f};
   RouterParams fused{TensorView(const_cast<float*>(x.data()), DType::kF32, {T, H}), wv, TensorView(),
                      TensorView(logits.data(), DType::kF32, {T, E}), TensorView(topk.data(), DType::kI32, {T, K}),
                      TensorView(weights.data(), DType::kF32, {T, K}), K, TensorView(), eps};

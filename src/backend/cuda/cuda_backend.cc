@@ -477,7 +477,8 @@ class CudaBackend final : public Backend {
   }
 
   // bf16 GeGLU experts (moe_bf16.cu): routing tiles of 8 tokens at decode, 64 when experts get many tokens
-  // each; the two GEMMs; the combine in router order.
+  // each; the two GEMMs; the combine in router order. Up to 32 routed slots the GEMMs route themselves and
+  // the second one combines (two launches in all).
   Status moe_geglu_experts(const GegluMoeParams& p) override {
     expect(p.x, DType::kBF16, "moe x");
     expect(p.out, DType::kBF16, "moe out");
@@ -486,16 +487,24 @@ class CudaBackend final : public Backend {
     const int64_t E = p.gate_up.dim(0), I = p.gate_up.dim(1) / 2, H = p.gate_up.dim(2), k = p.top_k;
     const int64_t T = p.x.numel() / H, slots = T * k;
     if (T == 0) return Status::ok();
-    const int64_t tile_tokens = slots >= 32 * E ? 64 : 8;
-    const int64_t max_tiles = moe_max_tiles(slots, E, tile_tokens);
+    // 64-token tiles (grouped GEMM) once experts average 32 routed tokens; its epilogues store channel pairs.
+    const int64_t tile_tokens = slots >= 32 * E && I % 2 == 0 ? 64 : 8;
+    const bool self_routed = tile_tokens == 8 && use_fused_moe_routing(slots);
+    const int64_t max_tiles = self_routed ? moe_fused_max_tiles(slots, E) : moe_max_tiles(slots, E, tile_tokens);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
-    MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
-    const MoeRouting r = routing_scratch(E, slots, max_tiles);
-    MX_RETURN_IF_ERROR(
-        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, tile_tokens, max_tiles}, stream_.get()));
     MoeBf16GemmParams g;
-    g.r = r;
+    if (self_routed) {
+      MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, (H + 15) / 16 * 4, "MoE tickets", /*zero=*/true));
+      g.topk_ids = ptr<const int32_t>(p.topk_ids);
+      g.slots = slots;
+      g.experts = E;
+    } else {
+      MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
+      g.r = routing_scratch(E, slots, max_tiles);
+      MX_RETURN_IF_ERROR(
+          launch_moe_routing({ptr<const int32_t>(p.topk_ids), g.r, slots, E, tile_tokens, max_tiles}, stream_.get()));
+    }
     g.top_k = k;
     g.max_tiles = max_tiles;
     g.tile_tokens = tile_tokens;
@@ -519,8 +528,13 @@ class CudaBackend final : public Backend {
     g.out_rows = H;
     g.k = I;
     g.k_split = k_split(I);
+    if (self_routed) {
+      g.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
+      g.combined = ptr<uint16_t>(p.out);
+    }
     MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
-    return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
+    if (self_routed) return Status::ok();
+    return launch_moe_combine({g.out, g.r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());
   }
 
@@ -755,7 +769,7 @@ class CudaBackend final : public Backend {
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((s.num_experts + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", true));
-    MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, s.hidden / 16 * 4, "MoE tickets", true));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, (s.hidden + 15) / 16 * 4, "MoE tickets", true));
     MX_RETURN_IF_ERROR(
         ensure(scratch_.gemma_router_tickets, gemma_router_tickets(s.max_tokens) * 4, "router tickets", true));
     MX_RETURN_IF_ERROR(ensure_linear_scratch());

@@ -49,12 +49,10 @@ struct GemmaRouterParams {
 int64_t gemma_router_tickets(int64_t tokens);
 Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream);
 
-// bf16 GeGLU experts (moe_bf16.cu), "swap AB" on mma.sync: 16 weight rows of one expert are the A operand,
-// loaded from global memory 16 bytes per lane; the routed tokens of a routing tile are the 8-wide B side
-// (tile_tokens / 8 n-tiles per warp). Uses launch_moe_routing's metadata (tiles of 8 or 64 tokens).
-// First GEMM (gated): strip s = 8 gate rows [8s, 8s + 8) and the 8 up rows I + 8s..; out = h [slots, I] by
-// sorted position, h = gelu_tanh(gate) * up. Second GEMM: strip = 16 rows of down; out = y [slots, H] by
-// sorted position, times the slot's routing weight. launch_moe_combine sums a token's k rows.
+// bf16 GeGLU experts over launch_moe_routing's tiles (or self-routed, below): 8-token tiles on the swap-AB
+// decode kernel (moe_bf16.cu), 64-token tiles on the grouped GEMM (moe_bf16_grouped.cu).
+// First GEMM (gated): out = h [slots, I] by sorted position, h = gelu_tanh(gate) * up. Second GEMM: out =
+// y [slots, H] by sorted position, times the slot's routing weight. launch_moe_combine sums a token's k rows.
 struct MoeBf16GemmParams {
   const uint16_t* w = nullptr;          // gated: bf16 [E, 2I, H]; else [E, H, I]
   const uint16_t* in = nullptr;         // gated: x [tokens, H]; else h [slots, I] by sorted position
@@ -63,9 +61,19 @@ struct MoeBf16GemmParams {
   MoeRouting r;
   int64_t out_rows = 0;                 // gated: I (channels); else H
   int64_t k = 0, top_k = 0, max_tiles = 0, tile_tokens = 0;
-  int k_split = 1;                      // warps per strip (tile_tokens 8 only)
+  int k_split = 1;                      // warps per strip (8-token tiles)
   bool gated = false;
+  // Decode, at most 32 slots (tile_tokens 8): every CTA routes itself from the ids (moe_route_tile.cuh) and
+  // `r` is unused; the second GEMM is a programmatic dependent of the first (loads its first weights before
+  // waiting for h), and with `combined` set the last CTA of each 16-row strip (a ticket per strip, reset by
+  // it) writes combined[t] = sum over j in router order of y[pos(t, j)] (no combine kernel).
+  const int32_t* topk_ids = nullptr;    // [slots] or null
+  int64_t slots = 0, experts = 0;
+  uint32_t* tickets = nullptr;          // [ceil(H / 16)] zeroed once
+  uint16_t* combined = nullptr;         // bf16 [slots / top_k, H]
 };
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+// The 64-token-tile path of launch_moe_bf16_gemm (moe_bf16_grouped.cu); out_rows even.
+Status launch_moe_bf16_grouped_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 
 }  // namespace mx::cuda
