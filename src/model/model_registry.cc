@@ -18,6 +18,7 @@ using BuildFn = std::function<Result<std::unique_ptr<Model>>(const std::string& 
 struct Family {
   const char* model_type;                  // config.json's model_type
   std::vector<std::string> architectures;  // accepted when model_type is absent
+  const char* chat_format;                 // chat/chat_formats.h: how its instruction-tuned checkpoints talk
   BuildFn build;
 };
 
@@ -39,9 +40,9 @@ Result<std::unique_ptr<Model>> build_gemma4(const std::string& text, const std::
 
 const std::vector<Family>& families() {
   static const std::vector<Family> table = {
-      {"gpt_oss", {"GptOssForCausalLM"}, build_gpt_oss},
-      {"gemma4", {"Gemma4ForConditionalGeneration"}, build_gemma4},
-      {"gemma4_text", {"Gemma4ForCausalLM"}, build_gemma4},
+      {"gpt_oss", {"GptOssForCausalLM"}, "harmony", build_gpt_oss},
+      {"gemma4", {"Gemma4ForConditionalGeneration"}, "gemma4", build_gemma4},
+      {"gemma4_text", {"Gemma4ForCausalLM"}, "gemma4", build_gemma4},
   };
   return table;
 }
@@ -77,6 +78,13 @@ Result<const Family*> find_family(const std::string& config_json, const std::str
 Result<std::string> model_family(const std::string& config_json, const std::string& source) {
   MX_ASSIGN_OR_RETURN(const Family* f, find_family(config_json, source));
   return std::string(f->model_type);
+}
+
+Result<std::string> model_chat_format(const std::string& model_dir) {
+  const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+  MX_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  MX_ASSIGN_OR_RETURN(const Family* f, find_family(text, path));
+  return std::string(f->chat_format);
 }
 
 Result<std::unique_ptr<Model>> model_from_checkpoint(const std::string& config_json, const std::string& source,

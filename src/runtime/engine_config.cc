@@ -9,8 +9,6 @@
 namespace mx {
 namespace {
 
-constexpr int32_t kHarmonyEndOfMessage = 200007;
-
 Status check_range(const char* name, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi)
     return invalid_argument(std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
@@ -67,7 +65,7 @@ int64_t max_full_pages(const PlanGroups& g, int64_t page_size, int64_t scratch, 
 std::vector<int32_t> default_eos_token_ids(const Model& model) {
   std::vector<int32_t> ids;
   for (int64_t id : model.generation_config().eos_token_ids)
-    if (id >= 0 && id <= INT32_MAX && id != kHarmonyEndOfMessage) ids.push_back(static_cast<int32_t>(id));
+    if (id >= 0 && id <= INT32_MAX) ids.push_back(static_cast<int32_t>(id));
   return ids;
 }
 

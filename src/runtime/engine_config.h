@@ -90,9 +90,9 @@ std::vector<int64_t> kv_group_pages(const EngineConfig& config, int64_t full_pag
 // max-num-batched-tokens. Explicit sizes are sorted, deduplicated and capped the same way.
 std::vector<int64_t> cuda_graph_batch_sizes(const EngineConfig& config);
 
-// Stop ids from a model's generation_config: gpt-oss lists <|return|> 200002, <|endoftext|> 199999 and
-// <|call|> 200012. <|end|> 200007 closes a Harmony message (e.g. the analysis channel) and must never stop
-// generation, so it is dropped even if a config lists it.
+// Stop ids from a model's generation_config (gpt-oss: 200002, 199999, 200012). The family's loader keeps ids
+// that only close a message inside a turn out of that list; chat requests stop on their ChatFormat's
+// stop_ids instead (the server sets them per request).
 std::vector<int32_t> default_eos_token_ids(const Model& model);
 
 // How device memory is split (CUDA; sized after weights are loaded and a worst-case warm-up batch ran).

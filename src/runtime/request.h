@@ -45,7 +45,7 @@ struct RequestInput {
                                            // (needs EngineConfig::max_prompt_logit_rows; skips the prefix cache)
   // Test only: emit these ids in order instead of sampling (the forward passes still run, logprobs are the
   // model's for the forced ids). The request ends with kLength when they run out before a stop. This is how
-  // server tests play real Harmony transcripts through the engine on a random-weight model.
+  // server tests play real chat-format transcripts through the engine on a random-weight model.
   std::vector<int32_t> forced_tokens;
   // Structured outputs: masks the tokens this request may sample (token_constraint.h); null: unconstrained.
   std::shared_ptr<TokenConstraint> constraint;

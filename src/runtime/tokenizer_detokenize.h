@@ -1,5 +1,5 @@
 // The engine's DetokenizeFn over the real tokenizer: raw bytes (the stop-string matcher holds back an
-// incomplete UTF-8 tail itself), special tokens (Harmony's <|channel|> and friends) skipped by default as
+// incomplete UTF-8 tail itself), special tokens (a chat format's control tokens) skipped by default as
 // OpenAI-compatible servers do, unknown ids decoding to nothing rather than failing the request.
 #pragma once
 

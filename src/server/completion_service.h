@@ -1,6 +1,6 @@
 // CompletionService: the seam between the HTTP server and generation. The server parses and validates
 // OpenAI requests into native structs and hands them here together with a GenerationStream to answer
-// through; the service renders (Harmony), tokenizes, submits to the engine and reports text back.
+// through; the service renders (the model's ChatFormat), tokenizes, submits to the engine and reports text back.
 //
 // Wired today: the interface, a service that refuses generation (UnwiredCompletionService, what
 // `mxserve serve` runs until the engine and tokenizer are merged), and a scripted fake in the tests.

@@ -1,4 +1,4 @@
-// Chat stop strings, matched on the answer's content only. gpt-oss writes its reasoning and Harmony headers
+// Chat stop strings, matched on the answer's content only. a model writes its reasoning and format headers
 // before the answer; a stop string such as "\n\n" would end the request inside the reasoning if it were
 // matched on all generated text, leaving no answer. Text that could still be the start of a stop string
 // is held back until it cannot be.

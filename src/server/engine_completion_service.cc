@@ -7,7 +7,6 @@
 
 #include "server/chat_prompt.h"
 #include "server/generation_job.h"
-#include "tokenizer/harmony_tokens.h"
 
 namespace mx::server {
 namespace {
@@ -43,7 +42,10 @@ std::optional<ApiError> check_context(int64_t context, int64_t prompt, const std
                                    "messages", "context_length_exceeded");
 }
 
-RequestInput engine_input(const SamplingOptions& s, bool chat, int64_t max_tokens, uint64_t seed) {
+// `chat_stop_ids`: the format's end-of-turn ids (chat only; completions stop at the engine's eos ids).
+RequestInput engine_input(const SamplingOptions& s, const std::vector<int32_t>* chat_stop_ids, int64_t max_tokens,
+                          uint64_t seed) {
+  const bool chat = chat_stop_ids != nullptr;
   RequestInput in;
   in.max_tokens = max_tokens;
   in.sampling.temperature = static_cast<float>(s.temperature);
@@ -57,10 +59,9 @@ RequestInput engine_input(const SamplingOptions& s, bool chat, int64_t max_token
   in.sampling.seed = seed;
   if (!chat) in.stop = s.stop;  // chat: matched on content by the job (content_stop.h)
   in.ignore_eos = s.ignore_eos;
-  // Harmony: <|return|> ends the answer, <|call|> a tool call; <|end|> only closes a message (the analysis
-  // before the answer) and must never stop generation. The engine's eos ids (generation_config) agree;
-  // these make chat independent of what a checkpoint's config lists.
-  if (chat && !s.ignore_eos) in.stop_token_ids = {harmony::kReturn, harmony::kCall};
+  // The format's end-of-turn ids (Harmony: <|return|>, <|call|>, never <|end|>), whatever the checkpoint's
+  // generation_config lists.
+  if (chat && !s.ignore_eos) in.stop_token_ids = *chat_stop_ids;
   if (!chat) in.return_text = true;
   return in;
 }
@@ -85,9 +86,10 @@ uint64_t EngineCompletionService::next_seed() {
   return mix_seed(*options_.seed + seed_counter_.fetch_add(1, std::memory_order_relaxed));
 }
 
-EngineCompletionService::EngineCompletionService(Engine& engine, std::shared_ptr<const Tokenizer> tokenizer,
+EngineCompletionService::EngineCompletionService(Engine& engine, std::shared_ptr<const ChatFormat> format,
                                                  EngineServiceOptions options)
-    : engine_(engine), tokenizer_(std::move(tokenizer)), structured_(tokenizer_), options_(options),
+    : engine_(engine), format_(std::move(format)), tokenizer_(format_, &format_->tokenizer()), structured_(tokenizer_),
+      options_(options),
       context_length_(options.context_length > 0 ? std::min(options.context_length, engine.config().max_model_len)
                                                   : engine.config().max_model_len) {}
 
@@ -120,7 +122,7 @@ int64_t EngineCompletionService::live_jobs() const {
 
 std::optional<ApiError> EngineCompletionService::tokenize(const std::optional<ChatRequest>& chat, const std::string& prompt,
                                                           std::vector<int32_t>* ids) const {
-  if (chat) return render_chat_prompt(*tokenizer_, *chat, ids);
+  if (chat) return render_chat_prompt(*format_, *chat, ids);
   *ids = tokenizer_->encode(prompt, SpecialTokens::kAllow);  // as completions encode raw model text
   return std::nullopt;
 }
@@ -163,10 +165,12 @@ ServiceStats EngineCompletionService::stats() const {
 namespace {
 
 // Shared by both endpoints: one engine request per (prompt, sample), choice index prompt * n + sample.
-std::optional<ApiError> build_choices(int64_t context_length, bool chat, const std::vector<Prompt>& prompts,
+std::optional<ApiError> build_choices(int64_t context_length, const std::vector<int32_t>* chat_stop_ids,
+                                      const std::vector<Prompt>& prompts,
                                       const SamplingOptions& sampling, const ForcedTranscripts* forced,
                                       std::vector<JobChoice>* choices,
                                       const std::function<uint64_t()>& draw_seed) {
+  const bool chat = chat_stop_ids != nullptr;
   for (size_t p = 0; p < prompts.size(); ++p) {
     int64_t max_tokens = 0;
     if (auto error = check_context(context_length, static_cast<int64_t>(prompts[p].ids.size()), sampling.max_tokens,
@@ -178,7 +182,7 @@ std::optional<ApiError> build_choices(int64_t context_length, bool chat, const s
     for (int64_t s = 0; s < sampling.n; ++s) {
       JobChoice c;
       const uint64_t seed = sampling.seed ? *sampling.seed + static_cast<uint64_t>(s) : draw_seed();
-      c.input = engine_input(sampling, chat, max_tokens, seed);
+      c.input = engine_input(sampling, chat_stop_ids, max_tokens, seed);
       c.input.prompt = prompts[p].ids;
       if (forced_ids) c.input.forced_tokens = *forced_ids;
       c.index = static_cast<int64_t>(p) * sampling.n + s;
@@ -196,14 +200,14 @@ std::optional<ApiError> build_choices(int64_t context_length, bool chat, const s
 std::optional<ApiError> EngineCompletionService::start_chat(const ChatRequest& request,
                                                             std::shared_ptr<GenerationStream> stream) {
   Prompt prompt;
-  if (auto error = render_chat_prompt(*tokenizer_, request, &prompt.ids)) return error;
+  if (auto error = render_chat_prompt(*format_, request, &prompt.ids)) return error;
   for (auto it = request.messages.rbegin(); it != request.messages.rend(); ++it)
     if (it->role == ChatRole::kUser) {
       prompt.match_text = it->content;
       break;
     }
   std::vector<JobChoice> choices;
-  if (auto error = build_choices(context_length_, true, {prompt}, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
+  if (auto error = build_choices(context_length_, &format_->stop_ids(), {prompt}, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
   std::shared_ptr<const HarmonyPlan> plan;
   if (auto error = structured_.plan_for(request, &plan)) return error;
   if (plan)
@@ -232,7 +236,7 @@ std::optional<ApiError> EngineCompletionService::start_completion(const Completi
         if (text.is_ok()) prompt.echo = std::move(text).value();
       }
     } else {
-      // Completions take raw model text: Harmony's special tokens written out in it are recognised.
+      // Completions take raw model text: the format's special tokens written out in it are recognised.
       prompt.ids = tokenizer_->encode(p.text, SpecialTokens::kAllow);
       prompt.match_text = p.text;
       if (request.echo) prompt.echo = p.text;
@@ -241,7 +245,7 @@ std::optional<ApiError> EngineCompletionService::start_completion(const Completi
     prompts.push_back(std::move(prompt));
   }
   std::vector<JobChoice> choices;
-  if (auto error = build_choices(context_length_, false, prompts, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
+  if (auto error = build_choices(context_length_, nullptr, prompts, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
   return launch(GenerationJob::Kind::kCompletion, std::move(choices), std::move(stream));
 }
 

@@ -1,12 +1,12 @@
 // EngineCompletionService: the CompletionService backed by the continuous-batching Engine.
 //
 // On the io thread that received the request (no waiting): chat and responses requests are rendered to
-// Harmony prompt ids (completions: the text tokenized, or the client's ids), checked against the context
-// length (400 with the numbers), and submitted as one engine request per choice (n > 1: n requests; the
-// seed, when given, is seed + choice). The engine's RequestStream notify callback, which runs on the
-// engine thread, only posts a drain to the connection's strand; there a GenerationJob turns new token ids
-// into reasoning, content and tool-call deltas (one HarmonyStreamParser per choice) and ends the
-// response with usage. A client that disconnects aborts its engine requests (freed within one step).
+// prompt ids by the model's ChatFormat (completions: the text tokenized, or the client's ids), checked
+// against the context length (400 with the numbers), and submitted as one engine request per choice (n > 1:
+// n requests; the seed, when given, is seed + choice; chat stops on the format's stop ids). The engine's
+// RequestStream notify callback, which runs on the engine thread, only posts a drain to the connection's
+// strand; there a GenerationJob turns new token ids into reasoning, content and tool-call deltas (one
+// ChatStreamParser of the format per choice) and ends the response with usage. A client that disconnects aborts its engine requests (freed within one step).
 #pragma once
 
 #include <atomic>
@@ -15,6 +15,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "chat/chat_format.h"
 #include "runtime/engine.h"
 #include "server/completion_service.h"
 #include "server/forced_transcripts.h"
@@ -34,8 +35,9 @@ struct EngineServiceOptions {
 
 class EngineCompletionService final : public CompletionService {
  public:
-  // `engine` and `tokenizer` must outlive the service; the service must outlive the server using it.
-  EngineCompletionService(Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, EngineServiceOptions options);
+  // `engine` must outlive the service; the service must outlive the server using it. `format` renders chat
+  // and parses its output; completions use its tokenizer directly.
+  EngineCompletionService(Engine& engine, std::shared_ptr<const ChatFormat> format, EngineServiceOptions options);
   ~EngineCompletionService() override;
 
   std::optional<ApiError> start_chat(const ChatRequest& request, std::shared_ptr<GenerationStream> stream) override;
@@ -60,7 +62,8 @@ class EngineCompletionService final : public CompletionService {
 
   Engine& engine_;
   std::atomic<uint64_t> seed_counter_{0};
-  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::shared_ptr<const ChatFormat> format_;
+  std::shared_ptr<const Tokenizer> tokenizer_;  // format_'s (shares its ownership)
   StructuredOutputs structured_;  // response_format / tool_choice -> token constraints, compiled grammars cached
   EngineServiceOptions options_;
   int64_t context_length_;

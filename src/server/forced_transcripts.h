@@ -1,7 +1,7 @@
 // TEST ONLY: scripted model output for `mxserve serve --test-forced-tokens FILE` and the server tests.
 // Each transcript is a token sequence the engine emits instead of sampling (RequestInput::forced_tokens),
-// so real Harmony outputs (analysis then a tool call, analysis then final, malformed ones) travel the
-// real engine, parser, formatter and HTTP path on a random-weight model.
+// so real chat-format outputs (Harmony: analysis then a tool call, analysis then final, malformed ones)
+// travel the real engine, parser, formatter and HTTP path on a random-weight model.
 //
 // FILE is JSON: {"transcripts": [{"match": "weather", "text": "<|channel|>analysis<|message|>...<|call|>"},
 //                                {"ids": [200005, 17196, ...]}]}

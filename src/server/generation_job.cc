@@ -49,7 +49,7 @@ std::optional<ApiError> GenerationJob::start(std::vector<JobChoice> specs) {
     c.spec = std::move(spec);
     c.id = (*added)->id();
     c.stream = std::move(added).value();
-    if (kind_ == Kind::kChat) c.parser = std::make_unique<HarmonyStreamParser>(*service_->tokenizer_);
+    if (kind_ == Kind::kChat) c.parser = service_->format_->make_parser();
     choices_.push_back(std::move(c));
   }
   // Weak: the engine keeps its streams (and so their callbacks) until the requests finish.
@@ -130,10 +130,10 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
     }
     return deltas.back();
   };
-  auto apply = [&](const HarmonyEvent& e, const SampledToken* logprob) {
+  auto apply = [&](const ChatEvent& e, const SampledToken* logprob) {
     switch (e.type) {
-      case HarmonyEventType::kReasoningDelta: delta_for(DeltaKind::kReasoning).reasoning += e.text; break;
-      case HarmonyEventType::kContentDelta: {
+      case ChatEventType::kReasoningDelta: delta_for(DeltaKind::kReasoning).reasoning += e.text; break;
+      case ChatEventType::kContentDelta: {
         GenerationDelta& d = delta_for(DeltaKind::kContent);
         d.content += e.text;
         // Tokens that produced no text yet (the first bytes of a character) belong to this text.
@@ -142,16 +142,16 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
         if (logprob) d.logprobs.push_back(logprob_info(*logprob));
         break;
       }
-      case HarmonyEventType::kToolCallStart:
+      case ChatEventType::kToolCallStart:
         delta_for(DeltaKind::kTool).tool_calls.push_back({e.tool_index, random_id("call_"), e.text, ""});
         break;
-      case HarmonyEventType::kToolCallArgumentsDelta: {
+      case ChatEventType::kToolCallArgumentsDelta: {
         GenerationDelta& d = delta_for(DeltaKind::kTool);
         if (d.tool_calls.empty() || d.tool_calls.back().index != e.tool_index) d.tool_calls.push_back({e.tool_index, "", "", ""});
         d.tool_calls.back().arguments += e.text;
         break;
       }
-      case HarmonyEventType::kMessageEnd: break;
+      case ChatEventType::kMessageEnd: break;
     }
   };
   const Tokenizer& tok = *service_->tokenizer_;
@@ -161,22 +161,22 @@ void GenerationJob::chat_tokens(Choice& c, const RequestOutput& out) {
     c.parser->push(id, &events_);
     const SampledToken* logprob = c.logprobs && j < out.logprobs.size() ? &out.logprobs[j] : nullptr;
     bool reasoning = false;
-    for (const HarmonyEvent& e : events_) {
-      reasoning = reasoning || e.type == HarmonyEventType::kReasoningDelta;
-      if (e.type != HarmonyEventType::kContentDelta) c.held_logprobs.clear();
+    for (const ChatEvent& e : events_) {
+      reasoning = reasoning || e.type == ChatEventType::kReasoningDelta;
+      if (e.type != ChatEventType::kContentDelta) c.held_logprobs.clear();
       apply(e, logprob);
-      if (e.type == HarmonyEventType::kContentDelta) logprob = nullptr;  // once per token
+      if (e.type == ChatEventType::kContentDelta) logprob = nullptr;  // once per token
     }
     if (reasoning) ++c.reasoning_tokens;
-    // A text token without events is part of a character still incomplete, or header text (a special
-    // token always follows a header, and clears what was held).
+    // A text token without events is part of a character still incomplete, or text the format reads as
+    // structure (a header; a special token always follows one, and clears what was held).
     if (tok.is_special(id)) c.held_logprobs.clear();
     else if (events_.empty() && logprob) c.held_logprobs.push_back(*logprob);
   }
   if (out.finished() && !c.stop.matched()) {
     events_.clear();
     c.parser->finish(&events_);
-    for (const HarmonyEvent& e : events_) apply(e, nullptr);
+    for (const ChatEvent& e : events_) apply(e, nullptr);
   }
   if (c.stop.active()) apply_stop_strings(c, out.finished(), &deltas);
   const int64_t tokens = static_cast<int64_t>(out.token_ids.size());

@@ -11,7 +11,7 @@
 #include "runtime/engine.h"
 #include "server/content_stop.h"
 #include "server/generation_stream.h"
-#include "tokenizer/harmony_parser.h"
+#include "chat/chat_format.h"
 
 namespace mx::server {
 
@@ -39,7 +39,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     JobChoice spec;
     RequestId id = -1;
     std::shared_ptr<RequestStream> stream;
-    std::unique_ptr<HarmonyStreamParser> parser;  // chat
+    std::unique_ptr<ChatStreamParser> parser;  // chat: the model's format
     bool logprobs = false;
     bool finished = false;
     Usage usage;
@@ -66,7 +66,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   std::vector<Choice> choices_;
   std::atomic<bool> drain_pending_{false};
   bool ended_ = false;
-  std::vector<HarmonyEvent> events_;  // scratch
+  std::vector<ChatEvent> events_;  // scratch
 };
 
 }  // namespace mx::server

@@ -140,10 +140,14 @@ std::optional<ApiError> parse_content(const Json& value, const std::string& para
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_effort(const std::string& text, const std::string& param, ReasoningEffort* out) {
-  if (text == "low" || text == "minimal" || text == "none") *out = ReasoningEffort::kLow;
-  else if (text == "medium") *out = ReasoningEffort::kMedium;
-  else if (text == "high") *out = ReasoningEffort::kHigh;
+// "none" asks for no reasoning: low effort for formats with levels only (gpt-oss always reasons), thinking
+// off for formats that can turn it off.
+std::optional<ApiError> parse_effort(const std::string& text, const std::string& param, ChatRequest* out) {
+  ReasoningEffort* effort = &out->reasoning_effort;
+  if (text == "none") out->thinking = false;
+  if (text == "low" || text == "minimal" || text == "none") *effort = ReasoningEffort::kLow;
+  else if (text == "medium") *effort = ReasoningEffort::kMedium;
+  else if (text == "high") *effort = ReasoningEffort::kHigh;
   else return ApiError::invalid_request(quoted(param) + " must be one of low, medium, high.", param);
   return std::nullopt;
 }
@@ -333,7 +337,7 @@ std::optional<ApiError> parse_role(const std::string& text, const std::string& p
   return std::nullopt;
 }
 
-// A tool result names the function it answers by call id; Harmony needs the name, so look it up.
+// A tool result names the function it answers by call id; formats render the name, so look it up.
 void resolve_tool_names(std::vector<ChatMessage>* messages) {
   std::unordered_map<std::string, std::string> names;
   for (auto& m : *messages) {
@@ -503,7 +507,7 @@ std::optional<ApiError> parse_chat_request(const Json& body, ChatRequest* out) {
   MX_TRY(parse_output_constraint(f, /*responses=*/false, &out->output));
   std::string effort;
   MX_TRY(f.string("reasoning_effort", &effort));
-  if (!effort.empty()) MX_TRY(parse_effort(effort, "reasoning_effort", &out->reasoning_effort));
+  if (!effort.empty()) MX_TRY(parse_effort(effort, "reasoning_effort", out));
   MX_TRY(parse_sampling(f, {"max_completion_tokens", "max_tokens"}, &out->sampling));
   MX_TRY(f.boolean("logprobs", &out->sampling.logprobs));
   MX_TRY(f.integer("top_logprobs", 0, kMaxTopLogprobs, &out->sampling.top_logprobs));
@@ -658,7 +662,7 @@ std::optional<ApiError> parse_responses_request(const Json& body, ResponsesReque
     if (!reasoning->is_object()) return f.type_error("reasoning", "an object");
     std::string effort;
     MX_TRY(Fields(*reasoning, "reasoning").string("effort", &effort));
-    if (!effort.empty()) MX_TRY(parse_effort(effort, "reasoning.effort", &chat.reasoning_effort));
+    if (!effort.empty()) MX_TRY(parse_effort(effort, "reasoning.effort", &chat));
   }
   MX_TRY(f.number("temperature", 0.0, 2.0, &chat.sampling.temperature));
   MX_TRY(f.number("top_p", 0.0, 1.0, &chat.sampling.top_p));

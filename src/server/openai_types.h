@@ -10,37 +10,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/harmony_renderer.h"
+#include "chat/chat_format.h"
 
 namespace mx::server {
 
-enum class ChatRole { kSystem, kDeveloper, kUser, kAssistant, kTool };
-// The renderer's effort levels; gpt-oss cannot turn reasoning off: "none" and "minimal" clamp to kLow.
-using ReasoningEffort = ::mx::ReasoningEffort;
+// The conversation's parts are the chat formats' own types (chat/chat_format.h): a request's messages go to
+// ChatFormat::render without a copy into another vocabulary.
+using ::mx::ChatMessage;
+using ::mx::ChatRole;
+using ::mx::FunctionTool;
+using ::mx::ReasoningEffort;  // three levels; "minimal" reads as low, "none" as low with thinking off
+using ::mx::ToolCall;
 
 const char* chat_role_name(ChatRole role);
-
-struct ToolCall {
-  std::string id;         // "call_..." as the client received it
-  std::string name;
-  std::string arguments;  // JSON text, as OpenAI carries it
-};
-
-struct ChatMessage {
-  ChatRole role = ChatRole::kUser;
-  std::string content;    // text parts joined; "" when null
-  std::string reasoning;  // assistant: `reasoning` or `reasoning_content` (clients send either)
-  std::vector<ToolCall> tool_calls;  // assistant
-  std::string tool_call_id;          // tool
-  std::string name;  // tool: the function answered (from the matching assistant call when not given)
-};
-
-struct FunctionTool {
-  std::string name;
-  std::string description;
-  // JSON Schema, rendered by the Harmony renderer in the client's key order (restore_tool_schema_order).
-  nlohmann::ordered_json parameters = nlohmann::ordered_json::object();
-};
 
 struct ToolChoice {
   enum class Mode { kAuto, kNone, kRequired, kNamed };
@@ -89,6 +71,7 @@ struct ChatRequest {
   bool parallel_tool_calls = true;  // Harmony ends a turn at its first call: one call per turn either way
   OutputConstraint output;
   ReasoningEffort reasoning_effort = ReasoningEffort::kMedium;
+  std::optional<bool> thinking;  // reasoning_effort "none": false (Conversation::thinking)
   SamplingOptions sampling;
   StreamOptions stream;
 };

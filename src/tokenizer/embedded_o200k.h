@@ -1,6 +1,6 @@
 // The o200k_base rank file (tests/fixtures/tokenizer/o200k_base.tiktoken, 3.6 MB), linked into the binary
 // so that the demo model never needs a download at run time and works from any working directory. With
-// the Harmony specials the loader adds, it is gpt-oss's o200k_harmony tokenizer.
+// the special tokens of gpt-oss's chat format added on load, it is gpt-oss's o200k_harmony tokenizer.
 #pragma once
 
 #include <string_view>

@@ -2,33 +2,20 @@
 
 #include <algorithm>
 
-#include "tokenizer/harmony_tokens.h"
 #include "tokenizer/utf8.h"
 
 namespace mx {
 
-Status add_harmony_specials(std::vector<SpecialToken>* specials) {
-  std::vector<SpecialToken> wanted = {
-      {"<|startoftext|>", harmony::kStartOfText}, {"<|endoftext|>", harmony::kEndOfText},
-      {"<|return|>", harmony::kReturn},           {"<|constrain|>", harmony::kConstrain},
-      {"<|channel|>", harmony::kChannel},         {"<|start|>", harmony::kStart},
-      {"<|end|>", harmony::kEnd},                 {"<|message|>", harmony::kMessage},
-      {"<|call|>", harmony::kCall},               {"<|endofprompt|>", harmony::kEndOfPrompt},
-  };
-  for (int32_t id = 200000; id < harmony::kVocabSize; ++id) {
-    const bool named = id == harmony::kReturn || id == harmony::kConstrain ||
-                       (id >= harmony::kChannel && id <= harmony::kMessage) || id == harmony::kCall;
-    if (!named) wanted.push_back({"<|reserved_" + std::to_string(id) + "|>", id});
-  }
+Status add_implied_specials(std::vector<SpecialToken>* specials, std::span<const SpecialToken> implied) {
   std::unordered_map<std::string, int32_t> have;
   for (const auto& s : *specials) have.emplace(s.text, s.id);
-  for (const auto& w : wanted) {
+  for (const auto& w : implied) {
     auto it = have.find(w.text);
     if (it == have.end()) {
       specials->push_back(w);
     } else if (it->second != w.id) {
       return invalid_argument("special token " + w.text + " has id " + std::to_string(it->second) +
-                              ", but gpt-oss (o200k_harmony) needs " + std::to_string(w.id));
+                              ", but the model's chat format needs " + std::to_string(w.id));
     }
   }
   return Status::ok();

@@ -1,9 +1,10 @@
 // A BPE tokenizer in one of two kinds:
-// - byte-level with tiktoken semantics (o200k, gpt-oss; the Harmony special tokens are added): text is split
-//   into pre-tokens by the o200k regex (Pretokenizer) and each pre-token is merged by rank (BpeRanks);
+// - byte-level with tiktoken semantics (o200k, gpt-oss): text is split into pre-tokens by the o200k regex
+//   (Pretokenizer) and each pre-token is merged by rank (BpeRanks);
 // - SentencePiece-style as a Hugging Face tokenizer.json describes it (Gemma): added tokens are cut out of
 //   the text first (AddedTokenMatcher), the rest is normalized, split and merged by SentencePieceBpe.
-// Special tokens are recognised only when the caller allows them: text that arrives from users is encoded
+// Special tokens come from the file, plus those the caller's chat format implies; the tokenizer knows no
+// chat format. They are recognised only when the caller allows them: text that arrives from users is encoded
 // with SpecialTokens::kAsText so "<|start|>" typed by a user stays plain text (added tokens that are not
 // special, such as Gemma's whitespace runs, are always recognised, as Hugging Face does). A Tokenizer
 // is immutable after loading except for its bounded pre-token cache (sharded, each shard behind a mutex),
@@ -41,12 +42,20 @@ struct SpecialToken {
 class Tokenizer {
  public:
   // Loads a tokenizer.json (optionally .json.gz), a .tiktoken rank file, or a model directory (tokenizer.json,
-  // tokenizer.json.gz, else its single *.tiktoken). The Harmony special tokens are added when missing.
-  static Result<std::shared_ptr<const Tokenizer>> load(const std::string& path);
-  static Result<std::shared_ptr<const Tokenizer>> load_tiktoken(const std::string& path);
-  static Result<std::shared_ptr<const Tokenizer>> load_hf_json(const std::string& path);
+  // tokenizer.json.gz, else its single *.tiktoken). Special tokens come from the file (tokenizer.json's
+  // added_tokens; a .tiktoken file has none) plus `implied_specials`, the ones a chat format relies on
+  // (chat/chat_formats.h: chat_format_special_tokens), added where a byte-level file lacks them; a file that
+  // gives one of them another id is an error. A SentencePiece-style file lists its own (they are not added;
+  // a chat format checks the ones it needs when it is made).
+  static Result<std::shared_ptr<const Tokenizer>> load(const std::string& path,
+                                                       std::span<const SpecialToken> implied_specials = {});
+  static Result<std::shared_ptr<const Tokenizer>> load_tiktoken(const std::string& path,
+                                                                std::span<const SpecialToken> implied_specials = {});
+  static Result<std::shared_ptr<const Tokenizer>> load_hf_json(const std::string& path,
+                                                               std::span<const SpecialToken> implied_specials = {});
   // From the text of a .tiktoken rank file already in memory, e.g. embedded_o200k_tiktoken().
-  static Result<std::shared_ptr<const Tokenizer>> from_tiktoken_text(std::string_view text);
+  static Result<std::shared_ptr<const Tokenizer>> from_tiktoken_text(std::string_view text,
+                                                                     std::span<const SpecialToken> implied_specials = {});
   // From parts already in memory: ranks (tokens[r] = bytes of rank r), specials and the split pattern.
   static Result<std::shared_ptr<const Tokenizer>> create(std::vector<std::string> tokens,
                                                          std::vector<SpecialToken> specials,
@@ -117,8 +126,8 @@ class Tokenizer {
   std::optional<int32_t> bos_id_;
 };
 
-// Adds the o200k_harmony specials (named ones, and <|reserved_N|> for every other id up to 201087) that
-// `specials` lacks; fails when `specials` gives a Harmony name a different id.
-Status add_harmony_specials(std::vector<SpecialToken>* specials);
+// Adds the `implied` specials that `specials` (a file's) lacks; fails when `specials` gives one of their
+// names a different id.
+Status add_implied_specials(std::vector<SpecialToken>* specials, std::span<const SpecialToken> implied);
 
 }  // namespace mx

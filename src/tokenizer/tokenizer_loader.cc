@@ -124,7 +124,8 @@ std::string find_split_pattern(const nlohmann::json& pre) {
   return "";
 }
 
-Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text, const nlohmann::json& config) {
+Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text, const nlohmann::json& config,
+                                                       std::span<const SpecialToken> implied) {
   nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return invalid_argument("not valid JSON");
   if (!doc.contains("model") || !doc["model"].is_object()) return invalid_argument("no \"model\" object");
@@ -132,6 +133,8 @@ Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text, 
   if (model.value("type", "") != "BPE")
     return unimplemented("model type \"" + model.value("type", "") + "\" is not supported (only BPE)");
   if (!model.contains("vocab") || !model["vocab"].is_object()) return invalid_argument("no model.vocab object");
+  // A SentencePiece-style file lists every token its chat format uses among its added tokens, so `implied`
+  // (the byte-level files' missing specials) does not apply; the format checks its tokens when it is made.
   if (!hf_json_is_byte_level(doc)) return parse_hf_sentencepiece(doc, config);
   const std::string pattern = find_split_pattern(doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : nlohmann::json());
   if (pattern.empty())
@@ -198,11 +201,11 @@ Result<std::shared_ptr<const Tokenizer>> parse_hf_json(const std::string& text, 
       specials.push_back({t["content"].get<std::string>(), static_cast<int32_t>(id)});
     }
   }
-  MX_RETURN_IF_ERROR(add_harmony_specials(&specials));
+  MX_RETURN_IF_ERROR(add_implied_specials(&specials, implied));
   return Tokenizer::create(std::move(tokens), std::move(specials), pattern);
 }
 
-Result<std::shared_ptr<const Tokenizer>> parse_tiktoken(std::string_view text) {
+Result<std::shared_ptr<const Tokenizer>> parse_tiktoken(std::string_view text, std::span<const SpecialToken> implied) {
   std::vector<std::string> tokens;
   size_t pos = 0;
   int64_t line_no = 0;
@@ -233,7 +236,7 @@ Result<std::shared_ptr<const Tokenizer>> parse_tiktoken(std::string_view text) {
   }
   if (tokens.empty()) return invalid_argument("no ranks");
   std::vector<SpecialToken> specials;
-  MX_RETURN_IF_ERROR(add_harmony_specials(&specials));
+  MX_RETURN_IF_ERROR(add_implied_specials(&specials, implied));
   return Tokenizer::create(std::move(tokens), std::move(specials), kO200kPattern);
 }
 
@@ -243,7 +246,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-Result<std::shared_ptr<const Tokenizer>> Tokenizer::load_hf_json(const std::string& path) {
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::load_hf_json(const std::string& path,
+                                                                 std::span<const SpecialToken> implied_specials) {
   MX_ASSIGN_OR_RETURN(std::string text, read_maybe_gzipped(path));
   // The BOS token lives in tokenizer_config.json beside the tokenizer (Hugging Face's layout).
   nlohmann::json config;
@@ -254,27 +258,32 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load_hf_json(const std::stri
     config = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (config.is_discarded() || !config.is_object()) return invalid_argument(config_path.string() + " is not a JSON object");
   }
-  auto result = parse_hf_json(text, config);
+  auto result = parse_hf_json(text, config, implied_specials);
   if (!result.is_ok()) return result.status().with_context(path);
   return result;
 }
 
-Result<std::shared_ptr<const Tokenizer>> Tokenizer::load_tiktoken(const std::string& path) {
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::load_tiktoken(const std::string& path,
+                                                                  std::span<const SpecialToken> implied_specials) {
   MX_ASSIGN_OR_RETURN(std::string text, read_maybe_gzipped(path));
-  auto result = parse_tiktoken(text);
+  auto result = parse_tiktoken(text, implied_specials);
   if (!result.is_ok()) return result.status().with_context(path);
   return result;
 }
 
-Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_tiktoken_text(std::string_view text) { return parse_tiktoken(text); }
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::from_tiktoken_text(std::string_view text,
+                                                                       std::span<const SpecialToken> implied_specials) {
+  return parse_tiktoken(text, implied_specials);
+}
 
-Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& path) {
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& path,
+                                                         std::span<const SpecialToken> implied_specials) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     for (const char* name : {"tokenizer.json", "tokenizer.json.gz"}) {
       const fs::path candidate = fs::path(path) / name;
-      if (fs::is_regular_file(candidate, ec)) return load_hf_json(candidate.string());
+      if (fs::is_regular_file(candidate, ec)) return load_hf_json(candidate.string(), implied_specials);
     }
     std::vector<std::string> tiktoken_files;
     for (const auto& entry : fs::directory_iterator(path, ec)) {
@@ -282,7 +291,7 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& path
         tiktoken_files.push_back(entry.path().string());
     }
     if (ec) return io_error("cannot list " + path + ": " + ec.message());
-    if (tiktoken_files.size() == 1) return load_tiktoken(tiktoken_files[0]);
+    if (tiktoken_files.size() == 1) return load_tiktoken(tiktoken_files[0], implied_specials);
     if (tiktoken_files.empty())
       return not_found(path + " has no tokenizer.json, tokenizer.json.gz or *.tiktoken file");
     std::sort(tiktoken_files.begin(), tiktoken_files.end());
@@ -295,8 +304,8 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& path
     return invalid_argument(message);
   }
   if (!fs::exists(path, ec)) return not_found(path + " does not exist");
-  if (ends_with(path, ".tiktoken") || ends_with(path, ".tiktoken.gz")) return load_tiktoken(path);
-  if (ends_with(path, ".json") || ends_with(path, ".json.gz")) return load_hf_json(path);
+  if (ends_with(path, ".tiktoken") || ends_with(path, ".tiktoken.gz")) return load_tiktoken(path, implied_specials);
+  if (ends_with(path, ".json") || ends_with(path, ".json.gz")) return load_hf_json(path, implied_specials);
   return invalid_argument(path + ": expected a tokenizer.json(.gz), a .tiktoken file or a model directory");
 }
 

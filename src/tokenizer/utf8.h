@@ -1,4 +1,4 @@
-// UTF-8 helpers shared by the tokenizer, the detokenizer and the Harmony parser.
+// UTF-8 helpers shared by the tokenizer, the detokenizer and the chat formats' stream parsers.
 //
 // Invalid input is handled the way tiktoken's decode(errors="replace") and Python's bytes.decode do:
 // each "maximal subpart" of an ill-formed sequence becomes one U+FFFD (Unicode 15, section 3.9, U+FFFD

@@ -16,6 +16,7 @@
 
 #include "core/log.h"
 #include "core/version.h"
+#include "chat/chat_formats.h"
 #include "model/demo_model.h"
 #include "model/model_registry.h"
 #include "model/tensor_parallel_model.h"
@@ -167,6 +168,7 @@ struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<const ChatFormat> format;  // over `tokenizer`
   std::unique_ptr<server::ForcedTranscripts> forced;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<server::EngineCompletionService> service;
@@ -196,9 +198,13 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   backend_options.num_threads = static_cast<int>(threads);
   MX_ASSIGN_OR_RETURN(loaded->backend, make_backend(backend_options));
 
-  auto tokenizer = Tokenizer::load(model_dir);
-  if (!tokenizer.is_ok()) return tokenizer.status().with_context("the model's tokenizer");
-  loaded->tokenizer = std::move(tokenizer).value();
+  // The family's chat format, known from config.json before anything loads: the tokenizer gets its special
+  // tokens (a .tiktoken rank file lists none).
+  MX_ASSIGN_OR_RETURN(const std::string format_name, model_chat_format(model_dir));
+  auto chat = load_chat_tokenizer(model_dir, format_name);
+  if (!chat.is_ok()) return chat.status().with_context("the model's tokenizer");
+  loaded->tokenizer = chat->tokenizer;
+  loaded->format = chat->format;
   MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
   MX_ASSIGN_OR_RETURN(loaded->model, load_tensor_parallel_model(model_dir, *loaded->backend, backend_options, tp));
   const int64_t vocab = loaded->model->dims().vocab_size;
@@ -244,7 +250,7 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
     MX_ASSIGN_OR_RETURN(const int64_t seed, args.get_int("seed", 0));
     service_options.seed = static_cast<uint64_t>(seed);
   }
-  loaded->service = std::make_unique<server::EngineCompletionService>(*loaded->engine, loaded->tokenizer, service_options);
+  loaded->service = std::make_unique<server::EngineCompletionService>(*loaded->engine, loaded->format, service_options);
   return loaded;
 }
 

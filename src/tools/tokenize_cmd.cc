@@ -2,10 +2,13 @@
 // Encoding reads one JSON string per line and prints one JSON int array; --decode does the reverse. A bad
 // line stops the run with its line number on stderr (the lines before it have been answered).
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "chat/chat_formats.h"
+#include "model/model_registry.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "tokenizer/tokenizer.h"
@@ -17,6 +20,9 @@ const std::vector<CliOption> kOptions = {
     {"tokenizer", true, "tokenizer.json(.gz), .tiktoken file, or a model directory"},
     {"decode", false, "read JSON int arrays, print JSON strings"},
     {"allow-special", false, "encode special-token text such as <|start|> as the special id"},
+    {"chat-format", true,
+     "add this chat format's special tokens where the file lacks them, or none (default: a model directory's "
+     "format; harmony, gpt-oss's, for a bare tokenizer file)"},
     {"help", false, "print this help"},
 };
 
@@ -56,6 +62,23 @@ Status process_line(const Tokenizer& tok, const std::string& line, bool decode, 
   return Status::ok();
 }
 
+// The special tokens --chat-format asks for (see kOptions).
+Result<std::vector<SpecialToken>> implied_specials(const CliArgs& args) {
+  const std::string path = args.get("tokenizer");
+  std::string format = args.get("chat-format");
+  if (format == "none") return std::vector<SpecialToken>{};
+  if (format.empty()) {
+    std::error_code ec;
+    const bool model_dir = std::filesystem::is_regular_file(std::filesystem::path(path) / "config.json", ec);
+    if (model_dir) {
+      MX_ASSIGN_OR_RETURN(format, model_chat_format(path));
+    } else {
+      format = "harmony";
+    }
+  }
+  return chat_format_special_tokens(format);
+}
+
 }  // namespace
 
 int run_tokenize_command(int argc, char** argv) {
@@ -68,7 +91,9 @@ int run_tokenize_command(int argc, char** argv) {
   if (!args->has("tokenizer")) return fail("--tokenizer PATH is required");
   const bool decode = args->has("decode");
   if (decode && args->has("allow-special")) return fail("--allow-special applies to encoding only");
-  auto tok = Tokenizer::load(args->get("tokenizer"));
+  auto implied = implied_specials(*args);
+  if (!implied.is_ok()) return fail(implied.status().to_string());
+  auto tok = Tokenizer::load(args->get("tokenizer"), *implied);
   if (!tok.is_ok()) return fail(tok.status().to_string());
   const SpecialTokens specials = args->has("allow-special") ? SpecialTokens::kAllow : SpecialTokens::kAsText;
 

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "tokenizer/detokenizer.h"
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_tokens.h"
 #include "tokenizer/utf8.h"
 #include "tokenizer_util.h"
 

@@ -6,8 +6,8 @@
 
 #include <random>
 
-#include "tokenizer/harmony_parser.h"
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_parser.h"
+#include "chat/harmony/harmony_tokens.h"
 #include "tokenizer/utf8.h"
 #include "tokenizer_util.h"
 

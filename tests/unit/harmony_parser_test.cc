@@ -4,8 +4,8 @@
 
 #include <sstream>
 
-#include "tokenizer/harmony_parser.h"
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_parser.h"
+#include "chat/harmony/harmony_tokens.h"
 #include "tokenizer_util.h"
 
 namespace mx {

@@ -3,8 +3,8 @@
 // token-exact against encoding the expected text with specials allowed.
 #include <gtest/gtest.h>
 
-#include "tokenizer/harmony_renderer.h"
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_renderer.h"
+#include "chat/harmony/harmony_tokens.h"
 #include "tokenizer_util.h"
 
 namespace mx {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/chat_formats.h"
 #include "grammar/ebnf.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/json_schema.h"
@@ -58,6 +59,7 @@ struct DemoModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<const ChatFormat> format;
 
   static DemoModel& get() {
     static DemoModel* demo = [] {
@@ -67,7 +69,9 @@ struct DemoModel {
       BackendOptions options;
       options.num_threads = 2;
       d->backend = std::move(make_backend(options)).value();
-      d->tokenizer = std::move(Tokenizer::load(*dir)).value();
+      auto chat = std::move(load_chat_tokenizer(*dir, std::move(model_chat_format(*dir)).value())).value();
+      d->tokenizer = chat.tokenizer;
+      d->format = chat.format;
       d->model = std::move(load_model(*dir, *d->backend)).value();
       return d;
     }();
@@ -85,7 +89,7 @@ class EngineServer {
     server::EngineServiceOptions service_options;
     service_options.context_length = options.context_length;
     service_options.forced = &forced_;
-    service_ = std::make_unique<server::EngineCompletionService>(*engine_, demo.tokenizer, service_options);
+    service_ = std::make_unique<server::EngineCompletionService>(*engine_, demo.format, service_options);
     server_ = std::move(server::ApiServer::start(options, service_.get())).value();
     server_->set_ready(nullptr, service_->context_length());
   }

@@ -104,6 +104,7 @@ TEST(StopStrings, ContextDependentDecodingUsesTheWindow) {
 }  // namespace mx
 
 // The same matcher over the real o200k tokenizer (tests/fixtures/tokenizer).
+#include "chat/harmony/harmony_tokens.h"
 #include "runtime/tokenizer_detokenize.h"
 #include "tokenizer_util.h"
 
@@ -112,7 +113,7 @@ namespace {
 
 std::shared_ptr<const Tokenizer> shared_o200k() {
   static std::shared_ptr<const Tokenizer> tok = [] {
-    auto t = Tokenizer::load(testing::fixture_path("tokenizer/o200k_base.tiktoken"));
+    auto t = Tokenizer::load(testing::fixture_path("tokenizer/o200k_base.tiktoken"), harmony::special_tokens());
     EXPECT_TRUE(t.is_ok()) << t.status().to_string();
     return *t;
   }();

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "tokenizer/bpe_ranks.h"
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_tokens.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
 #include "tokenizer_util.h"

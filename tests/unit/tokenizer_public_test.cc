@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_tokens.h"
 #include "tokenizer_util.h"
 
 namespace mx {

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat/harmony/harmony_tokens.h"
 #include "core/log.h"
 
 namespace mx::testing {
@@ -22,7 +23,7 @@ std::string read_fixture(const std::string& relative) {
 namespace {
 
 std::shared_ptr<const Tokenizer> load_fixture_tokenizer(const std::string& name) {
-  auto r = Tokenizer::load(fixture_path("tokenizer/" + name));
+  auto r = Tokenizer::load(fixture_path("tokenizer/" + name), harmony::special_tokens());
   MX_CHECK(r.is_ok()) << r.status().to_string();
   return *r;
 }

@@ -12,7 +12,8 @@
 
 namespace mx::testing {
 
-// From o200k_base.tiktoken (fast to load). Aborts the test process if the fixture is missing.
+// From o200k_base.tiktoken (fast to load), with Harmony's special tokens (gpt-oss's o200k_harmony). Aborts
+// the test process if the fixture is missing.
 const Tokenizer& o200k();
 // From gpt-oss.tokenizer.json.gz (slower: use in few tests).
 const Tokenizer& o200k_from_hf_json();

@@ -67,6 +67,9 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::from_checkpoint(GptOssConfig c
   MX_ASSIGN_OR_RETURN(const GptOssShardPlan plan, plan_gpt_oss_shard(config, shard));
   std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend, shard, plan));
   model->generation_config_ = std::move(generation_config);
+  // <|end|> (200007) closes a Harmony message inside a turn (the analysis before the answer): a
+  // generation_config that listed it as eos would end every answer after its reasoning.
+  std::erase(model->generation_config_.eos_token_ids, int64_t{200007});
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gpt_oss_weight_specs(model->config_, model->weights_)));
   MX_RETURN_IF_ERROR(model->upload());

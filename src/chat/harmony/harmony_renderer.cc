@@ -1,6 +1,6 @@
-#include "tokenizer/harmony_renderer.h"
+#include "chat/harmony/harmony_renderer.h"
 
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_tokens.h"
 
 namespace mx {
 namespace {
@@ -156,15 +156,6 @@ const char* harmony_role_name(HarmonyRole role) {
     case HarmonyRole::kTool: return "tool";
   }
   return "user";
-}
-
-const char* reasoning_effort_name(ReasoningEffort effort) {
-  switch (effort) {
-    case ReasoningEffort::kLow: return "low";
-    case ReasoningEffort::kMedium: return "medium";
-    case ReasoningEffort::kHigh: return "high";
-  }
-  return "medium";
 }
 
 HarmonyMessage HarmonyMessage::user(std::string text) {

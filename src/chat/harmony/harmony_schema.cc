@@ -5,7 +5,7 @@
 // the tests pin it byte for byte. Unknown or malformed schema parts degrade to `any`; nothing here fails.
 #include <unordered_set>
 
-#include "tokenizer/harmony_renderer.h"
+#include "chat/harmony/harmony_renderer.h"
 
 namespace mx {
 namespace {

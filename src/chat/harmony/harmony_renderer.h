@@ -17,16 +17,15 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_format.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mx {
 
 enum class HarmonyRole { kSystem, kDeveloper, kUser, kAssistant, kTool };
-enum class ReasoningEffort { kLow, kMedium, kHigh };
 
 const char* harmony_role_name(HarmonyRole role);
-const char* reasoning_effort_name(ReasoningEffort effort);
 
 inline constexpr char kDefaultModelIdentity[] = "You are ChatGPT, a large language model trained by OpenAI.";
 

@@ -1,6 +1,6 @@
-#include "tokenizer/harmony_parser.h"
+#include "chat/harmony/harmony_parser.h"
 
-#include "tokenizer/harmony_tokens.h"
+#include "chat/harmony/harmony_tokens.h"
 
 namespace mx {
 namespace {

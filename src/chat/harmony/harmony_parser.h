@@ -17,25 +17,15 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_format.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace mx {
 
-enum class HarmonyEventType {
-  kReasoningDelta,          // text: more reasoning (analysis channel)
-  kContentDelta,            // text: more user-visible content
-  kToolCallStart,           // text: the function name; tool_index: its index in the result
-  kToolCallArgumentsDelta,  // text: more argument JSON text; tool_index
-  kMessageEnd,              // end_token: the id that closed the message, -1 when implied
-};
-
-struct HarmonyEvent {
-  HarmonyEventType type;
-  std::string text;
-  int tool_index = -1;
-  int32_t end_token = -1;
-};
+// The interface's events (chat_format.h), under the names the Harmony tests use.
+using HarmonyEventType = ChatEventType;
+using HarmonyEvent = ChatEvent;
 
 struct HarmonyToolCall {
   std::string name;          // "get_weather" (the "functions." prefix removed)
@@ -56,16 +46,16 @@ struct HarmonyParseResult {
   int32_t last_end_token = -1;  // <|return|>, <|call|>, <|end|>, <|endoftext|>, or -1
 };
 
-class HarmonyStreamParser {
+class HarmonyStreamParser final : public ChatStreamParser {
  public:
   // `tokenizer` must outlive the parser. The stream starts right after the prompt's <|start|>assistant.
   explicit HarmonyStreamParser(const Tokenizer& tokenizer) : tok_(&tokenizer) {}
 
   // Feeds ids; appends the events they complete to *events (which may be null when only the result matters).
-  void push(int32_t id, std::vector<HarmonyEvent>* events);
+  void push(int32_t id, std::vector<HarmonyEvent>* events) override;
   void push(std::span<const int32_t> ids, std::vector<HarmonyEvent>* events);
   // End of stream: flushes held-back bytes and a pending header, closes an open message or tool call.
-  void finish(std::vector<HarmonyEvent>* events);
+  void finish(std::vector<HarmonyEvent>* events) override;
 
   const HarmonyParseResult& result() const { return result_; }
 
