@@ -97,6 +97,7 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
   MX_RETURN_IF_ERROR(check_range("max-model-len", c.max_model_len, 0, INT32_MAX));
   MX_RETURN_IF_ERROR(check_range("num-kv-pages", c.num_kv_pages, 0, INT32_MAX - 1));
   if (!(c.mem_fraction > 0.0 && c.mem_fraction <= 1.0)) return invalid_argument("mem-fraction must be in (0, 1]");
+  MX_RETURN_IF_ERROR(validate_speculative_config(c.speculative));
 
   c.vocab_size = model.dims().vocab_size;
   c.model_context_len = model.dims().context_len;
@@ -233,7 +234,10 @@ std::string describe_engine_config(const EngineConfig& c) {
                                             " tokens, at most " + std::to_string(kAutoMaxRunningRequests) + ")"
                                       : std::string()) +
          ", prefix cache " + (c.enable_prefix_cache ? "on" : "off") + ", cuda graphs " +
-         (c.enable_cuda_graphs ? "on" : "off") + ", eos [" + eos + "]";
+         (c.enable_cuda_graphs ? "on" : "off") + ", eos [" + eos + "]" +
+         (c.speculative.enabled() ? std::string(", speculative ") + speculative_algorithm_name(c.speculative.algorithm) +
+                                        " k=" + std::to_string(c.speculative.num_draft_tokens)
+                                  : std::string());
 }
 
 Result<KvMemoryPlan> plan_kv_memory(const KvMemoryInputs& in) {

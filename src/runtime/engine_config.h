@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "spec/drafter.h"
 
 namespace mx {
 
@@ -38,6 +39,9 @@ struct EngineConfig {
   // buckets (default_cuda_graph_batch_sizes); sizes above max-running-requests are dropped.
   bool enable_cuda_graphs = true;
   std::vector<int64_t> cuda_graph_batch_sizes;
+  // Speculative decoding (off by default): a drafter proposes up to k tokens per decoding request and step,
+  // verified as k + 1 query rows (see scheduler.h).
+  SpeculativeConfig speculative;
   // Told of prefix-cache changes (KV-cache events); null: nobody listens.
   std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
 

@@ -76,6 +76,7 @@ Status EngineCore::add_request(RequestId id, RequestInput input) {
   const int64_t max_len = r->prompt_len + r->max_new_tokens;
   r->tokens.reserve(static_cast<size_t>(max_len));
   r->tokens = input.prompt;
+  if (config_.speculative.enabled()) r->verify_tokens.reserve(static_cast<size_t>(config_.speculative.num_draft_tokens + 1));
   scheduler_.pools().init_rows((max_len + config_.page_size - 1) / config_.page_size, &r->pages);
   r->rng = Rng(input.sampling.seed);
   if (input.sampling.logprobs) r->logprobs.reserve(static_cast<size_t>(r->max_new_tokens));

@@ -101,6 +101,16 @@ void KvPools::release_below_window(int64_t next_pos, PageRows* rows) {
   }
 }
 
+void KvPools::truncate(int64_t tokens, PageRows* rows) {
+  const auto keep = static_cast<size_t>(pages_for_tokens(tokens));
+  for (size_t g = 0; g < rows->size(); ++g) {
+    std::vector<int32_t>& row = (*rows)[g];
+    if (row.size() <= keep) continue;
+    pools_[g].release(std::span<const int32_t>(row).subspan(keep));
+    row.resize(keep);
+  }
+}
+
 void KvPools::release(PageRows* rows) {
   for (size_t g = 0; g < rows->size(); ++g) {
     pools_[g].release((*rows)[g]);

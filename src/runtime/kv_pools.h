@@ -56,6 +56,9 @@ class KvPools {
   bool allocate(int64_t tokens, PageRows* rows);
   // Releases, in window groups, the pages below the window of a query at `next_pos` (slots -> kNoPage).
   void release_below_window(int64_t next_pos, PageRows* rows);
+  // Releases, in every group, the pages past the first pages_for_tokens(tokens) (speculative rollback: pages
+  // that hold only rejected draft positions).
+  void truncate(int64_t tokens, PageRows* rows);
   // Releases every page of `rows` and empties them.
   void release(PageRows* rows);
   // Registers logical pages [from, to) of a sequence whose first tokens are `tokens` in the prefix cache.

@@ -73,8 +73,10 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
                               " backend (" + mem.status().message() + "); give --num-kv-pages");
     before = *mem;
   }
-  // Logits rows: one sampled row per running request, plus the prompt-logits rows a step may carry.
-  const int64_t rows = config->max_running_requests + config->max_prompt_logit_rows;
+  // Logits rows: one sampled row per running request (1 + k when it verifies k drafts), plus the
+  // prompt-logits rows a step may carry.
+  const int64_t draft_rows = config->speculative.enabled() ? config->speculative.num_draft_tokens : 0;
+  const int64_t rows = config->max_running_requests * (1 + draft_rows) + config->max_prompt_logit_rows;
   const int64_t max_tokens = config->max_num_batched_tokens;
   const BatchLimits limits{max_tokens, config->max_running_requests,
                            (config->max_model_len + config->page_size - 1) / config->page_size, rows,
@@ -237,7 +239,9 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
   std::fill(sample_params_host_.begin(), sample_params_host_.begin() + rows, SampleRowParams{});
   int64_t k = 0;
   for (const ScheduledEntry& e : batch.entries)
-    if (e.sample) sample_params_host_[static_cast<size_t>(k++)] = sample_row_params(e.request->input.sampling, e.request->rng);
+    if (e.sample)
+      for (int64_t i = 0; i <= e.num_draft; ++i)  // a verify row i takes the draw its token will have
+        sample_params_host_[static_cast<size_t>(k++)] = sample_row_params(e.request->input.sampling, e.request->rng.ahead(static_cast<uint64_t>(i)));
   const TensorView params = sample_params_device_.view(DType::kU8, {rows, static_cast<int64_t>(sizeof(SampleRowParams))});
   const TensorView out = sample_out_device_.view(DType::kI32, {2 * rows});
   const TensorView tokens = out.rows(0, rows);
@@ -259,12 +263,13 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
   k = 0;
   for (const ScheduledEntry& e : batch.entries) {
     if (!e.sample) continue;
-    SampledToken& t = (*sampled)[static_cast<size_t>(k)];
-    t.token = sample_out_host_[static_cast<size_t>(k)];
-    std::memcpy(&t.logprob, &sample_out_host_[static_cast<size_t>(rows + k)], sizeof(float));
-    t.top.clear();
-    e.request->rng.advance();
-    ++k;
+    for (int64_t i = 0; i <= e.num_draft; ++i, ++k) {
+      SampledToken& t = (*sampled)[static_cast<size_t>(k)];
+      t.token = sample_out_host_[static_cast<size_t>(k)];
+      std::memcpy(&t.logprob, &sample_out_host_[static_cast<size_t>(rows + k)], sizeof(float));
+      t.top.clear();
+    }
+    if (e.num_draft == 0) e.request->rng.advance();  // a verify entry's draws are taken by the tokens it keeps
   }
   ++sample_op_steps_;
   return Status::ok();
@@ -296,10 +301,11 @@ Result<ModelRunner::StagedStep> ModelRunner::stage_step(const ScheduledBatch& ba
   for (const ScheduledEntry& e : batch.entries) {
     const Request& r = *e.request;
     BatchSequence s;
-    s.tokens = std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(e.start), static_cast<size_t>(e.num_tokens));
+    s.tokens = e.num_draft > 0 ? std::span<const int32_t>(r.verify_tokens)
+                               : std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(e.start), static_cast<size_t>(e.num_tokens));
     s.start_position = e.start;
     s.group_pages = r.pages;
-    s.all_logits = e.all_logits;
+    s.all_logits = e.all_logits || e.num_draft > 0;
     s.no_logits = !e.all_logits && !e.sample;
     seqs_.push_back(s);
   }
@@ -363,7 +369,7 @@ void ModelRunner::copy_prompt_logits(const ScheduledBatch& batch) {
   for (const ScheduledEntry& e : batch.entries) {
     Request& r = *e.request;
     if (!e.all_logits) {
-      row += e.sample ? 1 : 0;
+      row += e.logit_rows();
       continue;
     }
     const int64_t first = std::max(e.start, r.prompt_logits_filled);
@@ -388,6 +394,7 @@ bool ModelRunner::fill_token_masks(const ScheduledBatch& batch) {
     mask_rows_host_[static_cast<size_t>(k)] = on ? 1 : 0;
     any |= on;
     ++k;
+    for (int64_t i = 0; i < e.num_draft; ++i) mask_rows_host_[static_cast<size_t>(k++)] = 0;  // unconstrained verify rows
   }
   if (any) std::fill(mask_rows_host_.begin() + k, mask_rows_host_.end(), 0);
   return any;
@@ -399,19 +406,32 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, std::
   int64_t row = 0, k = 0;
   for (const ScheduledEntry& e : batch.entries) {
     Request& r = *e.request;
-    if (e.all_logits) row += e.num_tokens;
-    else if (e.sample) ++row;
+    row += e.logit_rows();
     if (!e.sample) continue;
-    const PenaltyContext penalties{std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.prompt_len)),
-                                   r.generated()};
-    float* row_logits = logits_host_.data() + (row - 1) * vocab;  // the entry's last row
-    if (masked && mask_rows_host_[static_cast<size_t>(k)] != 0) {
-      cpu::apply_token_mask(row_logits, vocab, token_mask_host_.data() + k * sampling::mask_words(vocab));
+    const std::span<const int32_t> prompt = std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.prompt_len));
+    if (e.num_draft == 0) {
+      float* row_logits = logits_host_.data() + (row - 1) * vocab;  // the entry's last row
+      if (masked && mask_rows_host_[static_cast<size_t>(k)] != 0) {
+        cpu::apply_token_mask(row_logits, vocab, token_mask_host_.data() + k * sampling::mask_words(vocab));
+      }
+      SampledToken& out = (*sampled)[static_cast<size_t>(k++)];
+      sampler_.sample(row_logits, r.input.sampling, PenaltyContext{prompt, r.generated()}, r.rng, &out);
+      const size_t g = static_cast<size_t>(r.num_generated());
+      if (g < r.input.forced_tokens.size()) force_token(row_logits, vocab, r.input.forced_tokens[g], r.input.sampling.logprobs, &out);
+      continue;
     }
-    SampledToken& out = (*sampled)[static_cast<size_t>(k++)];
-    sampler_.sample(row_logits, r.input.sampling, penalties, r.rng, &out);
-    const size_t g = static_cast<size_t>(r.num_generated());
-    if (g < r.input.forced_tokens.size()) force_token(row_logits, vocab, r.input.forced_tokens[g], r.input.sampling.logprobs, &out);
+    // Verify rows (never constrained: the scheduler drafts for no request with a constraint): row i as if
+    // drafts 0..i-1 were accepted (they are part of the output penalties see), with the draw its token will
+    // have; the request's stream moves when the scheduler keeps tokens.
+    const bool penalties = r.input.sampling.has_penalties();
+    if (penalties) verify_output_.assign(r.generated().begin(), r.generated().end());
+    for (int64_t i = 0; i <= e.num_draft; ++i) {
+      const float* row_logits = logits_host_.data() + (row - 1 - e.num_draft + i) * vocab;
+      if (penalties && i > 0) verify_output_.push_back(r.verify_tokens[static_cast<size_t>(i)]);
+      const std::span<const int32_t> output = penalties ? std::span<const int32_t>(verify_output_) : r.generated();
+      Rng rng = r.rng.ahead(static_cast<uint64_t>(i));
+      sampler_.sample(row_logits, r.input.sampling, PenaltyContext{prompt, output}, rng, &(*sampled)[static_cast<size_t>(k++)]);
+    }
   }
 }
 

@@ -116,6 +116,7 @@ class ModelRunner {
   Buffer sample_params_device_;  // u8 [max_logit_rows, sizeof(SampleRowParams)]
   Buffer sample_out_device_;     // i32 tokens [max_logit_rows], then f32 logprobs [max_logit_rows]
   std::vector<SampleRowParams> sample_params_host_;
+  std::vector<int32_t> verify_output_;  // a verify row's output tokens for penalties: generated + drafts before it
   std::vector<int32_t> sample_out_host_;
   // Grammar masks of the sampled rows (SampleParams::token_mask / mask_rows), filled on the host while the
   // forward pass runs on the device.

@@ -94,6 +94,9 @@ struct Request {
   // where a sliding-window group released it (kv_pools.h).
   std::vector<std::vector<int32_t>> pages;
   int64_t num_computed = 0;          // tokens whose keys/values are in `pages`
+  // Speculative decoding: the step in flight's query tokens when it verifies drafts: the last token, then
+  // the drafts (ScheduledEntry::num_draft of them). Reserved at admission for k + 1.
+  std::vector<int32_t> verify_tokens;
   int64_t num_registered_pages = 0;  // leading pages offered to the prefix cache
   bool running = false;
   bool admitted_once = false;

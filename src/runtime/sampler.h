@@ -39,6 +39,13 @@ class Rng {
   uint64_t seed() const { return seed_; }
   uint64_t step() const { return step_; }  // draws taken so far
   void advance() { ++step_; }
+  // The stream `n` draws ahead, leaving this one where it is: a verify step samples row i with the draw its
+  // token will have if the rows before it are accepted.
+  Rng ahead(uint64_t n) const {
+    Rng r = *this;
+    r.step_ += n;
+    return r;
+  }
 
  private:
   uint64_t seed_ = 0;

@@ -22,6 +22,8 @@ std::vector<KvGroupPool> group_pools(const EngineConfig& c) {
 Scheduler::Scheduler(const EngineConfig& config)
     : config_(config), pools_(group_pools(config), config.page_size, config.enable_prefix_cache) {
   pools_.set_observer(config.prefix_cache_observer.get());
+  drafter_ = make_drafter(config.speculative);
+  stats_.spec_accepted_per_pos.assign(static_cast<size_t>(drafter_ ? config.speculative.num_draft_tokens : 0), 0);
   batch_.entries.reserve(static_cast<size_t>(config.max_running_requests));
   running_.reserve(static_cast<size_t>(config.max_running_requests));
 }
@@ -49,6 +51,24 @@ void Scheduler::add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_
   batch_.num_samples += e.sample ? 1 : 0;
 }
 
+int64_t Scheduler::propose_drafts(Request* r, int64_t budget) {
+  if (!drafter_ || r->num_computed + 1 != r->num_tokens() || r->input.want_prompt_logits || !r->input.forced_tokens.empty() ||
+      r->input.constraint)
+    return 0;
+  // Every draft accepted plus the bonus token must stay within max_tokens and the context.
+  const int64_t most = std::min({config_.speculative.num_draft_tokens, r->max_new_tokens - r->num_generated() - 1,
+                                 config_.max_model_len - r->num_tokens() - 1, budget - 1});
+  if (most <= 0) return 0;
+  drafter_->propose(r->tokens, most, &r->verify_tokens);
+  const auto k = static_cast<int64_t>(r->verify_tokens.size());
+  if (k == 0 || !pools_.allocate(r->num_tokens() + k, &r->pages)) {
+    r->verify_tokens.clear();
+    return 0;
+  }
+  r->verify_tokens.insert(r->verify_tokens.begin(), r->tokens.back());
+  return k;
+}
+
 const ScheduledBatch& Scheduler::schedule() {
   batch_.entries.clear();
   batch_.num_tokens = 0;
@@ -63,6 +83,16 @@ const ScheduledBatch& Scheduler::schedule() {
     if (n == 0) {
       ++i;
       continue;
+    }
+    if (n == 1) {
+      if (const int64_t k = propose_drafts(r, budget); k > 0) {
+        add_entry(r, 1 + k, &budget, &rows_left);
+        batch_.entries.back().num_draft = k;  // add_entry saw 1 + k tokens past the end: not a sampling entry
+        batch_.entries.back().sample = true;
+        batch_.num_samples += 1 + k;
+        ++i;
+        continue;
+      }
     }
     bool self_preempted = false;
     while (!pools_.allocate(r->num_computed + n, &r->pages)) {
@@ -169,6 +199,13 @@ void Scheduler::update(const ScheduledBatch& batch, std::span<const SampledToken
   size_t k = 0;
   for (const ScheduledEntry& e : batch.entries) {
     Request* r = e.request;
+    if (e.num_draft > 0) {
+      MX_CHECK(k + 1 + static_cast<size_t>(e.num_draft) <= sampled.size()) << "fewer sampled tokens than verify rows";
+      update_verified(e, sampled.subspan(k, static_cast<size_t>(1 + e.num_draft)));
+      k += static_cast<size_t>(1 + e.num_draft);
+      if (r->touched && r->finish == FinishReason::kNone) touched_.push_back(r);
+      continue;
+    }
     r->num_computed += e.num_tokens;
     register_full_pages(r);
     // The next query is at num_computed: window groups let go of what it cannot see (after registering,
@@ -189,6 +226,31 @@ void Scheduler::update(const ScheduledBatch& batch, std::span<const SampledToken
     else touched_.push_back(r);
   }
   running_.resize(kept);
+}
+
+void Scheduler::update_verified(const ScheduledEntry& e, std::span<const SampledToken> rows) {
+  Request* r = e.request;
+  const auto drafts = std::span<const int32_t>(r->verify_tokens).subspan(1, static_cast<size_t>(e.num_draft));
+  int64_t accepted = 0;
+  while (accepted < e.num_draft && rows[static_cast<size_t>(accepted)].token == drafts[static_cast<size_t>(accepted)]) ++accepted;
+  ++stats_.spec_drafts;
+  stats_.spec_draft_tokens += e.num_draft;
+  stats_.spec_accepted_tokens += accepted;
+  for (int64_t i = 0; i < accepted; ++i) ++stats_.spec_accepted_per_pos[static_cast<size_t>(i)];
+  // Row i computed the KV of position start + i, which holds the token appended before it (row 0: the last
+  // token): it stays once that token is in `tokens`. The sample of row i is the token after it.
+  for (int64_t i = 0; i <= accepted && r->finish == FinishReason::kNone; ++i) {
+    r->num_computed = e.start + 1 + i;
+    register_full_pages(r);
+    pools_.release_below_window(r->num_computed, &r->pages);
+    r->rng.advance();  // the runner sampled row i with draw step + i and left the stream alone
+    append_token(r, rows[static_cast<size_t>(i)]);
+  }
+  // Rollback: positions past num_computed hold rejected drafts' KV; pages with nothing else are freed (the
+  // rest is overwritten when those positions are computed again, and was never registered: only full
+  // pages of computed tokens are).
+  if (r->finish == FinishReason::kNone) pools_.truncate(r->num_computed, &r->pages);
+  r->verify_tokens.clear();
 }
 
 void Scheduler::abort(Request* r) {

@@ -13,34 +13,50 @@
 //     while running < max_running_requests: a prefix-cache lookup (at most (tokens - 1) / P full pages,
 //     so a full hit still recomputes the last token), then a chunk like above. The first one that does
 //     not fit stops admission (no overtaking).
+//  Speculative decoding (EngineConfig::speculative): a running request about to decode one token asks the
+//  drafter for up to k next tokens (capped by max_tokens, the context and the budget); the entry then
+//  computes k + 1 tokens (Request::verify_tokens: the last token and the drafts) with logits for each row,
+//  if the pages for all of them are free (otherwise it decodes plainly: drafts never preempt). update()
+//  appends the sample of row 0, then of row i + 1 while the sample of row i equalled draft i (stop checks
+//  after each token, so eos, stop strings and max_tokens cut an accepted run), counts the rows whose KV
+//  stays as computed, registers only their full pages in the prefix cache and frees the pages that hold
+//  only rejected positions.
 // The oldest running request can always progress: everything newer can be preempted and any request fits
 // the pool alone (EngineConfig caps max_model_len by the pool), so the engine never deadlocks.
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "runtime/engine_config.h"
 #include "runtime/kv_pools.h"
 #include "runtime/request.h"
+#include "spec/drafter.h"
 
 namespace mx {
 
 // One request's share of a step: compute tokens[start, start + num_tokens) and, when `sample`, sample the
 // next token from the last one's logits. `all_logits`: logits for every token (prompt logits).
+// `num_draft` > 0: a verify entry: the tokens are Request::verify_tokens (num_tokens = 1 + num_draft),
+// every row is sampled.
 struct ScheduledEntry {
   Request* request = nullptr;
   int64_t start = 0;
   int64_t num_tokens = 0;
   bool sample = false;
   bool all_logits = false;
+  int64_t num_draft = 0;
+  // Logits rows the entry needs (in batch order): every token for prompt logits and verification, else
+  // one when it samples.
+  int64_t logit_rows() const { return all_logits ? num_tokens : (sample ? 1 + num_draft : 0); }
 };
 
 struct ScheduledBatch {
   std::vector<ScheduledEntry> entries;
   int64_t num_tokens = 0;
-  int64_t num_samples = 0;
+  int64_t num_samples = 0;  // sampled rows: one per sampling entry, 1 + num_draft for a verify entry
   bool empty() const { return entries.empty(); }
 };
 
@@ -53,6 +69,12 @@ struct SchedulerStats {
   int64_t preemptions = 0;
   int64_t finished = 0;
   int64_t aborted = 0;
+  // Speculative decoding (vLLM's spec_decode counters): verify entries, drafts proposed, drafts accepted,
+  // and accepted drafts by position in the draft (0 = the first).
+  int64_t spec_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
 };
 
 class Scheduler {
@@ -68,7 +90,7 @@ class Scheduler {
   void fail(const ScheduledBatch& batch, const std::string& message);
 
   const ScheduledBatch& schedule();
-  // `sampled` holds one token per entry with `sample`, in entry order.
+  // `sampled` holds one token per entry with `sample` (1 + num_draft for a verify entry), in entry order.
   void update(const ScheduledBatch& batch, std::span<const SampledToken> sampled);
 
   // Appends the requests that produced output (tokens, text or a finish) since the last call; finished
@@ -91,6 +113,10 @@ class Scheduler {
   // Tokens the request may compute this step under the budgets (0 when none).
   int64_t chunk_size(const Request& r, int64_t budget, int64_t rows_left) const;
   void add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_left);
+  // Drafts for a request about to decode one token, when speculation is on and its pages fit (0: none).
+  int64_t propose_drafts(Request* r, int64_t budget);
+  // A verify entry's outcome: accepted drafts, appended tokens, computed rows kept, pages rolled back.
+  void update_verified(const ScheduledEntry& e, std::span<const SampledToken> rows);
   void preempt(Request* r);
   void finish(Request* r, FinishReason reason);
   void append_token(Request* r, const SampledToken& sampled);
@@ -98,6 +124,7 @@ class Scheduler {
 
   const EngineConfig& config_;
   KvPools pools_;
+  std::unique_ptr<Drafter> drafter_;  // null: no speculation
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   ScheduledBatch batch_;

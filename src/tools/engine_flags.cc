@@ -19,6 +19,11 @@ std::vector<CliOption> engine_cli_options() {
       {"enable-prefix-caching", false, "reuse KV pages of shared prompt prefixes (the default)"},
       {"disable-cuda-graph", false, "run decode steps eagerly instead of replaying captured CUDA graphs"},
       {"cuda-graph-batch-sizes", true, "decode batch sizes to capture, e.g. 1,2,4,8 (default 1,2,4,8..512)"},
+      {"speculative-algorithm", true, "speculative decoding drafter: ngram (prompt lookup; eagle3 and mtp are planned)"},
+      {"speculative-num-draft-tokens", true, "tokens drafted per request and step, verified in one pass (default 3)",
+       {"num-speculative-tokens"}},
+      {"speculative-ngram-min", true, "ngram: shortest suffix looked up in the sequence (default 1)", {"prompt-lookup-min"}},
+      {"speculative-ngram-max", true, "ngram: longest suffix looked up in the sequence (default 4)", {"prompt-lookup-max"}},
   };
 }
 
@@ -49,7 +54,20 @@ Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
     if (!sizes.is_ok()) return sizes.status().with_context("--cuda-graph-batch-sizes");
     c->cuda_graph_batch_sizes = *sizes;
   }
-  return Status::ok();
+  return read_speculative_flags(args, &c->speculative);
+}
+
+Status read_speculative_flags(const CliArgs& args, SpeculativeConfig* s) {
+  const bool any = args.has("speculative-num-draft-tokens") || args.has("speculative-ngram-min") || args.has("speculative-ngram-max");
+  if (!args.has("speculative-algorithm")) {
+    if (any) return invalid_argument("--speculative-num-draft-tokens and --speculative-ngram-* need --speculative-algorithm");
+    return Status::ok();
+  }
+  MX_ASSIGN_OR_RETURN(s->algorithm, parse_speculative_algorithm(args.get("speculative-algorithm")));
+  MX_ASSIGN_OR_RETURN(s->num_draft_tokens, args.get_int("speculative-num-draft-tokens", 3));
+  MX_ASSIGN_OR_RETURN(s->ngram_min, args.get_int("speculative-ngram-min", s->ngram_min));
+  MX_ASSIGN_OR_RETURN(s->ngram_max, args.get_int("speculative-ngram-max", s->ngram_max));
+  return validate_speculative_config(*s);
 }
 
 }  // namespace mx

@@ -15,6 +15,10 @@ std::vector<CliOption> engine_cli_options();
 // defaults). Ranges are checked later by resolve_engine_config, with one message per bad field.
 Status read_engine_flags(const CliArgs& args, EngineConfig* config);
 
+// --speculative-algorithm and its knobs (read by read_engine_flags); the knobs without an algorithm, an
+// unknown or not yet available algorithm are errors.
+Status read_speculative_flags(const CliArgs& args, SpeculativeConfig* config);
+
 // --tensor-parallel-size (--tp): 1 when absent; the commands that load a model for serving list the flag
 // themselves (generate, serve).
 Result<int> tensor_parallel_size(const CliArgs& args);

@@ -1,0 +1,46 @@
+// Speculative config parsing and the drafter factory.
+#include "spec/drafter.h"
+
+#include "spec/ngram_drafter.h"
+
+namespace mx {
+
+Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name) {
+  if (name == "ngram") return SpeculativeAlgorithm::kNgram;
+  if (name == "eagle3" || name == "mtp")
+    return invalid_argument("speculative algorithm '" + name +
+                            "' is not available yet (its draft model is not implemented); use 'ngram'");
+  return invalid_argument("unknown speculative algorithm '" + name + "' (known: ngram; eagle3 and mtp are planned)");
+}
+
+const char* speculative_algorithm_name(SpeculativeAlgorithm algorithm) {
+  switch (algorithm) {
+    case SpeculativeAlgorithm::kNone: return "none";
+    case SpeculativeAlgorithm::kNgram: return "ngram";
+  }
+  return "none";
+}
+
+Status validate_speculative_config(const SpeculativeConfig& c) {
+  if (c.algorithm == SpeculativeAlgorithm::kNone) {
+    if (c.num_draft_tokens != 0) return invalid_argument("speculative draft tokens need a speculative algorithm");
+    return Status::ok();
+  }
+  if (c.num_draft_tokens < 1 || c.num_draft_tokens > 16)
+    return invalid_argument("speculative-num-draft-tokens must be in [1, 16]");
+  if (c.ngram_min < 1) return invalid_argument("speculative-ngram-min must be at least 1");
+  if (c.ngram_max < c.ngram_min) return invalid_argument("speculative-ngram-max must be at least speculative-ngram-min");
+  if (c.ngram_max > 64) return invalid_argument("speculative-ngram-max must be at most 64");
+  return Status::ok();
+}
+
+std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c) {
+  if (!c.enabled()) return nullptr;
+  switch (c.algorithm) {
+    case SpeculativeAlgorithm::kNgram: return std::make_unique<NgramDrafter>(c.ngram_min, c.ngram_max);
+    case SpeculativeAlgorithm::kNone: break;
+  }
+  return nullptr;
+}
+
+}  // namespace mx

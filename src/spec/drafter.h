@@ -1,0 +1,50 @@
+// Speculative decoding's drafters: each proposes up to k next tokens of a sequence, which the target model
+// then verifies in one step (k + 1 query rows: the last accepted token and the drafts) and accepts by
+// sampling every row and keeping the longest prefix the samples agree with (runtime/scheduler.cc).
+//
+// A drafter here proposes a point mass per position (a token, not a distribution): sampling the target at
+// a position and accepting the draft when the sample equals it is then exactly speculative rejection
+// sampling (accept with probability p(draft); on rejection the sample is a draw from p without the draft,
+// renormalised: the residual max(0, p - q) for a point-mass q). Drafters with a proposal distribution
+// (EAGLE-3, MTP) will have to carry it beside the tokens for the general rule (accept with min(1, p/q),
+// else draw from the normalised max(0, p - q)); not built yet.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace mx {
+
+enum class SpeculativeAlgorithm : uint8_t { kNone = 0, kNgram };
+
+struct SpeculativeConfig {
+  SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
+  int64_t num_draft_tokens = 0;  // k: tokens proposed per sequence and step
+  int64_t ngram_min = 1;         // n-gram: shortest suffix matched (vLLM's prompt_lookup_min)
+  int64_t ngram_max = 4;         // n-gram: longest suffix matched (vLLM's prompt_lookup_max)
+  bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
+};
+
+// "ngram" -> kNgram; "eagle3" and "mtp" are refused until their drafters exist; anything else is unknown.
+Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name);
+const char* speculative_algorithm_name(SpeculativeAlgorithm algorithm);
+// Range checks with one clear message per bad field (the door: flags and configs).
+Status validate_speculative_config(const SpeculativeConfig& config);
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Appends to `out` (cleared first) at most `max_tokens` proposed continuations of `tokens` (prompt and
+  // generated ids so far). May propose none. Allocates nothing once `out` has capacity.
+  virtual void propose(std::span<const int32_t> tokens, int64_t max_tokens, std::vector<int32_t>* out) const = 0;
+};
+
+// The drafter the config names (null when speculation is off).
+std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config);
+
+}  // namespace mx
