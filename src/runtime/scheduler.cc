@@ -2,6 +2,7 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/log.h"
 
@@ -18,6 +19,22 @@ std::vector<KvGroupPool> group_pools(const EngineConfig& c) {
 }
 
 }  // namespace
+
+double mean_accepted_length(const SchedulerStats& s) {
+  return s.spec_drafts > 0 ? 1.0 + static_cast<double>(s.spec_accepted_tokens) / static_cast<double>(s.spec_drafts) : 0.0;
+}
+
+std::string describe_speculation(const SchedulerStats& s) {
+  char head[160];
+  const double rate = s.spec_draft_tokens > 0 ? 100.0 * static_cast<double>(s.spec_accepted_tokens) / static_cast<double>(s.spec_draft_tokens) : 0.0;
+  std::snprintf(head, sizeof(head), "speculation: %lld verify steps, %lld/%lld draft tokens accepted (%.1f%%), mean accepted length %.2f",
+                static_cast<long long>(s.spec_drafts), static_cast<long long>(s.spec_accepted_tokens),
+                static_cast<long long>(s.spec_draft_tokens), rate, mean_accepted_length(s));
+  std::string out = head;
+  out += ", accepted by position [";
+  for (size_t i = 0; i < s.spec_accepted_per_pos.size(); ++i) out += (i ? " " : "") + std::to_string(s.spec_accepted_per_pos[i]);
+  return out + "]";
+}
 
 Scheduler::Scheduler(const EngineConfig& config)
     : config_(config), pools_(group_pools(config), config.page_size, config.enable_prefix_cache) {

@@ -28,6 +28,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/engine_config.h"
@@ -77,6 +78,12 @@ struct SchedulerStats {
   std::vector<int64_t> spec_accepted_per_pos;
 };
 
+// Tokens a verify step yields per request on average: 1 + accepted / drafts (vLLM's mean acceptance
+// length; 0 before the first verify step).
+double mean_accepted_length(const SchedulerStats& stats);
+// "speculation: N verify steps, A/D draft tokens accepted (x%), mean accepted length L, per position ...".
+std::string describe_speculation(const SchedulerStats& stats);
+
 class Scheduler {
  public:
   // `config` is resolved and must outlive the scheduler.
@@ -124,7 +131,7 @@ class Scheduler {
 
   const EngineConfig& config_;
   KvPools pools_;
-  std::unique_ptr<Drafter> drafter_;  // null: no speculation
+  std::shared_ptr<const Drafter> drafter_;  // null: no speculation
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   ScheduledBatch batch_;

@@ -38,7 +38,7 @@ bool is_json_content_type(std::string_view content_type) {
 // The registry of live streams is the one lock of the server: shutdown must reach every request to cancel
 // it, and requests come and go on every io thread.
 struct ApiServer::Shared {
-  explicit Shared(const std::string& model) : registry(model), metrics(&registry) {}
+  Shared(const std::string& model, int64_t speculative_positions) : registry(model), metrics(&registry, speculative_positions) {}
   MetricsRegistry registry;
   ServerMetrics metrics;
   ResponseStore responses;
@@ -50,7 +50,7 @@ struct ApiServer::Shared {
 
 ApiServer::ApiServer(const ApiServerOptions& options, CompletionService* service)
     : options_(options), service_(service), context_length_(options.context_length),
-      max_running_requests_(options.max_running_requests), shared_(std::make_shared<Shared>(options.served_model_name)),
+      max_running_requests_(options.max_running_requests), shared_(std::make_shared<Shared>(options.served_model_name, options.speculative_draft_tokens)),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& options, CompletionService* service) {
@@ -105,6 +105,13 @@ std::string ApiServer::metrics_text() {
   m.preemptions->set(static_cast<double>(stats.preemptions_total));
   m.prefix_cache_queries->set(static_cast<double>(stats.prefix_query_tokens));
   m.prefix_cache_hits->set(static_cast<double>(stats.prefix_hit_tokens));
+  if (m.spec_drafts) {
+    m.spec_drafts->set(static_cast<double>(stats.spec_drafts));
+    m.spec_draft_tokens->set(static_cast<double>(stats.spec_draft_tokens));
+    m.spec_accepted_tokens->set(static_cast<double>(stats.spec_accepted_tokens));
+    for (size_t i = 0; i < m.spec_accepted_per_pos.size() && i < stats.spec_accepted_per_pos.size(); ++i)
+      m.spec_accepted_per_pos[i]->set(static_cast<double>(stats.spec_accepted_per_pos[i]));
+  }
   m.lora_requests_info->set(static_cast<double>(std::time(nullptr)));
   if (stats.num_pages > 0) {
     set_cache_config(&shared_->registry, m,

@@ -30,6 +30,7 @@ struct ApiServerOptions {
   int64_t context_length = 131072;
   int64_t max_running_requests = 256;  // 0: not known until set_ready (the engine sizes it)
   int64_t max_queued_requests = 1024;
+  int64_t speculative_draft_tokens = 0;  // k of the engine's speculative decoding (0: off): /metrics' spec_decode series
   std::chrono::milliseconds shutdown_timeout{30000};
 };
 

@@ -24,6 +24,11 @@ struct ServiceStats {
   int64_t preemptions_total = 0;
   int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache (cumulative)
   int64_t prefix_hit_tokens = 0;    // of those, tokens found (cumulative)
+  // Speculative decoding (cumulative; SchedulerStats' spec_* counters).
+  int64_t spec_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
   // The KV cache's configuration (constant once serving).
   int64_t page_size = 0;
   int64_t num_pages = 0;

@@ -153,6 +153,10 @@ ServiceStats EngineCompletionService::stats() const {
   out.preemptions_total = s.scheduler.preemptions;
   out.prefix_query_tokens = s.scheduler.prefix_query_tokens;
   out.prefix_hit_tokens = s.scheduler.prefix_hit_tokens;
+  out.spec_drafts = s.scheduler.spec_drafts;
+  out.spec_draft_tokens = s.scheduler.spec_draft_tokens;
+  out.spec_accepted_tokens = s.scheduler.spec_accepted_tokens;
+  out.spec_accepted_per_pos = s.scheduler.spec_accepted_per_pos;
   const EngineConfig& config = engine_.config();
   out.page_size = config.page_size;
   out.num_pages = s.num_pages;

@@ -123,7 +123,7 @@ std::vector<double> one_two_five(double max) {
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(MetricsRegistry* r) {
+ServerMetrics::ServerMetrics(MetricsRegistry* r, int64_t speculative_positions) {
   const std::vector<double> ttft = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
   const std::vector<double> itl = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
@@ -169,6 +169,14 @@ ServerMetrics::ServerMetrics(MetricsRegistry* r) {
                                  "Requests refused with 503 because the queue was full or the server was draining.");
   http_inflight = r->gauge({"mxserve:http_requests_in_flight"}, "Generation requests admitted by the HTTP server.");
   cache_config_info->set(1);
+  if (speculative_positions > 0) {
+    spec_drafts = r->counter(both("spec_decode_num_drafts_total"), "Number of spec decoding drafts (verify steps of a request).");
+    spec_draft_tokens = r->counter(both("spec_decode_num_draft_tokens_total"), "Number of draft tokens.");
+    spec_accepted_tokens = r->counter(both("spec_decode_num_accepted_tokens_total"), "Number of accepted tokens.");
+    for (int64_t i = 0; i < speculative_positions; ++i)
+      spec_accepted_per_pos.push_back(r->counter(both("spec_decode_num_accepted_tokens_per_pos_total"),
+                                                 "Accepted tokens per draft position.", label_pair("position", std::to_string(i))));
+  }
 }
 
 void set_cache_config(MetricsRegistry* registry, const ServerMetrics& metrics, const CacheConfigInfo& info) {

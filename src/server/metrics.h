@@ -88,7 +88,8 @@ std::string metric_number(double v);
 
 // The series the server itself updates, plus the engine's (copied from ServiceStats per scrape).
 struct ServerMetrics {
-  explicit ServerMetrics(MetricsRegistry* registry);
+  // `speculative_positions`: draft tokens per verify step (0: no speculation, no spec_decode series).
+  explicit ServerMetrics(MetricsRegistry* registry, int64_t speculative_positions = 0);
 
   Histogram* time_to_first_token;
   Histogram* inter_token_latency;    // every gap between output tokens (a delta of n tokens: n gaps)
@@ -122,6 +123,12 @@ struct ServerMetrics {
   Gauge* cache_config_info;       // 1; labels block_size, num_gpu_blocks, ... (set_cache_config)
   Gauge* lora_requests_info;      // scrape time; labels max_lora, running/waiting_lora_adapters (no LoRA)
   Gauge* http_inflight;           // generation requests the server holds, all states
+  // Speculative decoding, vLLM's series (null without speculation): verify steps per request ("drafts"),
+  // tokens drafted, tokens accepted, accepted tokens by position in the draft (label position="0"...).
+  Counter* spec_drafts = nullptr;
+  Counter* spec_draft_tokens = nullptr;
+  Counter* spec_accepted_tokens = nullptr;
+  std::vector<Counter*> spec_accepted_per_pos;
 };
 
 // What vllm:cache_config_info's labels say.

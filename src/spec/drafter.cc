@@ -17,6 +17,7 @@ const char* speculative_algorithm_name(SpeculativeAlgorithm algorithm) {
   switch (algorithm) {
     case SpeculativeAlgorithm::kNone: return "none";
     case SpeculativeAlgorithm::kNgram: return "ngram";
+    case SpeculativeAlgorithm::kExternal: return "external";
   }
   return "none";
 }
@@ -31,13 +32,16 @@ Status validate_speculative_config(const SpeculativeConfig& c) {
   if (c.ngram_min < 1) return invalid_argument("speculative-ngram-min must be at least 1");
   if (c.ngram_max < c.ngram_min) return invalid_argument("speculative-ngram-max must be at least speculative-ngram-min");
   if (c.ngram_max > 64) return invalid_argument("speculative-ngram-max must be at most 64");
+  if ((c.algorithm == SpeculativeAlgorithm::kExternal) != (c.external != nullptr))
+    return invalid_argument("an external drafter and the external speculative algorithm go together");
   return Status::ok();
 }
 
-std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c) {
+std::shared_ptr<const Drafter> make_drafter(const SpeculativeConfig& c) {
   if (!c.enabled()) return nullptr;
   switch (c.algorithm) {
-    case SpeculativeAlgorithm::kNgram: return std::make_unique<NgramDrafter>(c.ngram_min, c.ngram_max);
+    case SpeculativeAlgorithm::kNgram: return std::make_shared<NgramDrafter>(c.ngram_min, c.ngram_max);
+    case SpeculativeAlgorithm::kExternal: return c.external;
     case SpeculativeAlgorithm::kNone: break;
   }
   return nullptr;

@@ -20,13 +20,18 @@
 
 namespace mx {
 
-enum class SpeculativeAlgorithm : uint8_t { kNone = 0, kNgram };
+class Drafter;
+
+// kExternal: a drafter made by code and handed in (SpeculativeConfig::external): tests and benchmarks
+// (reference_drafter.h); no flag names it.
+enum class SpeculativeAlgorithm : uint8_t { kNone = 0, kNgram, kExternal };
 
 struct SpeculativeConfig {
   SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
   int64_t num_draft_tokens = 0;  // k: tokens proposed per sequence and step
   int64_t ngram_min = 1;         // n-gram: shortest suffix matched (vLLM's prompt_lookup_min)
   int64_t ngram_max = 4;         // n-gram: longest suffix matched (vLLM's prompt_lookup_max)
+  std::shared_ptr<const Drafter> external;  // kExternal: the drafter (shared: configs are copied)
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
 };
 
@@ -45,6 +50,6 @@ class Drafter {
 };
 
 // The drafter the config names (null when speculation is off).
-std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& config);
+std::shared_ptr<const Drafter> make_drafter(const SpeculativeConfig& config);
 
 }  // namespace mx

@@ -14,6 +14,12 @@
 // hold, at the longest prompt length.
 // Pairs whose B x (prompt + output) tokens exceed the KV pool are skipped with a note: the scheduler would
 // run them in waves, which would make the TTFT and TPOT describe a different workload.
+// Speculative decoding (--speculative-algorithm): per row also the drafts, accepted tokens, mean accepted
+// length, the median verify step (every request verified, nothing else ran) and the time per output token
+// over the decode phase (all first tokens -> last token). --forced-acceptance K,...: the verify-cost curve:
+// a plain run records every request's greedy output, then per K an engine whose drafter proposes those
+// outputs (spec/reference_drafter.h) runs the same prompts; each row gets the verify step beside the plain
+// decode step and the time per output token beside plain decoding's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +37,7 @@
 #include "model/synthetic_model.h"
 #include "model/tensor_parallel_model.h"
 #include "runtime/engine_core.h"
+#include "spec/reference_drafter.h"
 #include "tools/bench_probes.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
@@ -62,6 +69,7 @@ const std::vector<CliOption> kCommandOptions = {
     {"output-len", true, "generated tokens per request (default 128)"},
     {"json", true, "also write the results as JSON to this file"},
     {"breakdown", false, "GPU time of one decode step per op category (eager, instrumented)"},
+    {"forced-acceptance", true, "comma-separated draft counts K: verify cost with drafts that are the plain run's outputs"},
     {"log-level", true, "debug, info (default), warning or error"},
     {"help", false, "show this help"},
 };
@@ -104,6 +112,7 @@ struct Setup {
   int64_t output_len = 0;
   uint64_t seed = 0;
   bool breakdown = false;
+  std::vector<int64_t> forced_k;  // --forced-acceptance
 };
 
 // One eager decode step timed op by op, and one that records the routing.
@@ -120,8 +129,13 @@ struct BatchResult {
   std::vector<double> ttft_s;
   double prefill_s = 0;
   std::vector<double> decode_step_s;
+  double decode_s = 0;  // all first tokens -> the last token
   int64_t steps = 0;
   std::optional<Breakdown> breakdown;
+  // Speculative decoding: this batch's share of the counters, and the steps where every request verified.
+  SchedulerStats spec;
+  std::vector<double> verify_step_s;
+  std::vector<ReferenceDrafter::Reference> outputs;  // prompt and generated tokens per request
 };
 
 Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t batch, int64_t top_k, Breakdown* out,
@@ -156,10 +170,13 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(batch));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.dims().vocab_size - 1));
   std::map<RequestId, int64_t> index;
+  BatchResult r;
+  r.outputs.resize(static_cast<size_t>(batch));
   for (int64_t i = 0; i < batch; ++i) {
     RequestInput in;
     in.prompt.resize(static_cast<size_t>(input_len));
     for (auto& t : in.prompt) t = token(rng);
+    r.outputs[static_cast<size_t>(i)].prompt = in.prompt;
     in.max_tokens = output_len;
     in.ignore_eos = true;
     in.sampling.temperature = 0;  // greedy
@@ -167,11 +184,11 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     index[id] = i;
     MX_RETURN_IF_ERROR(core.add_request(id, std::move(in)));
   }
-  BatchResult r;
   r.batch = batch;
   r.ttft_s.assign(static_cast<size_t>(batch), -1);
   int64_t have_first = 0, full_decodes = 0;
   std::vector<RequestOutput> outputs;
+  const SchedulerStats first = core.stats().scheduler;
   const auto start = Clock::now();
   while (core.has_work()) {
     const SchedulerStats before = core.stats().scheduler;
@@ -198,6 +215,8 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     for (const RequestOutput& o : outputs) {
       if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
       const auto i = static_cast<size_t>(index.at(o.id));
+      auto& generated = r.outputs[i].continuation;
+      generated.insert(generated.end(), o.token_ids.begin(), o.token_ids.end());
       if (!o.token_ids.empty() && r.ttft_s[i] < 0) {
         r.ttft_s[i] = since(start);
         ++have_first;
@@ -210,7 +229,16 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
       r.decode_step_s.push_back(dt);
       ++full_decodes;
     }
+    // A verify step of every request and nothing else: each computed 1 + its drafts.
+    if (after.spec_drafts - before.spec_drafts == batch &&
+        computed == batch + after.spec_draft_tokens - before.spec_draft_tokens && have_first == batch)
+      r.verify_step_s.push_back(dt);
   }
+  r.decode_s = since(start) - r.prefill_s;
+  const SchedulerStats last = core.stats().scheduler;
+  r.spec.spec_drafts = last.spec_drafts - first.spec_drafts;
+  r.spec.spec_draft_tokens = last.spec_draft_tokens - first.spec_draft_tokens;
+  r.spec.spec_accepted_tokens = last.spec_accepted_tokens - first.spec_accepted_tokens;
   return r;
 }
 
@@ -298,9 +326,26 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
   j["experts_per_layer_expected"] = expected_experts;
   j["experts_per_layer_used"] = experts;
   j["engine_steps"] = r.steps;
+  // Per request: decode phase / tokens after the first (what a client sees between tokens, speculation
+  // included).
+  j["time_per_output_token_ms"] = r.decode_s / static_cast<double>(output_len - 1) * 1e3;
+  if (r.spec.spec_drafts > 0) {
+    j["spec"] = {{"drafts", r.spec.spec_drafts},
+                 {"draft_tokens", r.spec.spec_draft_tokens},
+                 {"accepted_tokens", r.spec.spec_accepted_tokens},
+                 {"mean_accepted_length", mean_accepted_length(r.spec)},
+                 {"verify_step_ms_median", median(r.verify_step_s) * 1e3},
+                 {"verify_steps_measured", r.verify_step_s.size()}};
+  }
   std::printf("%6lld %10.2f %10.2f %12.0f %7.1f%% %10.3f %10.0f %7.1f%% %10.1f\n", static_cast<long long>(b),
               mean(r.ttft_s) * 1e3, r.prefill_s * 1e3, prefill_rate, 100 * prefill_floor / r.prefill_s, tpot * 1e3,
               j["decode_tokens_per_s"].get<double>(), 100 * j["decode_of_floor"].get<double>(), experts);
+  if (r.spec.spec_drafts > 0)
+    std::printf("       speculation: mean accepted length %.2f (%lld/%lld drafts accepted), verify step %.3f ms, "
+                "%.3f ms per output token\n",
+                mean_accepted_length(r.spec), static_cast<long long>(r.spec.spec_accepted_tokens),
+                static_cast<long long>(r.spec.spec_draft_tokens), median(r.verify_step_s) * 1e3,
+                j["time_per_output_token_ms"].get<double>());
   if (r.breakdown) {
     double idle = 0;
     j["breakdown"] = breakdown_json(*r.breakdown, model.dims().vocab_size, tpot * 1e3, &idle);
@@ -309,6 +354,57 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
     std::printf("\n");
   }
   return j;
+}
+
+struct PlainRow {
+  int64_t input_len = 0, batch = 0;
+  double tpot_ms = 0, time_per_output_token_ms = 0;
+};
+
+// --forced-acceptance: per K, an engine whose drafter proposes the plain run's outputs runs the same
+// batches (same seed: same prompts) after the plain engine is gone (its KV pool is freed first). Prints the
+// verify-cost table: verify step / plain decode step, and time per output token / plain's, per (K, batch).
+Status run_forced_acceptance(const Setup& s, const EngineConfig& base, const Model& model, ProfilingBackend& backend,
+                             const DeviceProbes& probes, std::vector<ReferenceDrafter::Reference> references,
+                             const std::vector<PlainRow>& plain, std::unique_ptr<EngineCore> plain_core, RequestId* next_id,
+                             json* curve) {
+  plain_core.reset();
+  auto drafter = std::make_shared<const ReferenceDrafter>(std::move(references));
+  std::printf("forced acceptance (drafts = the plain run's outputs)\n");
+  std::vector<std::string> table;
+  for (int64_t k : s.forced_k) {
+    EngineConfig config = base;
+    config.speculative.algorithm = SpeculativeAlgorithm::kExternal;
+    config.speculative.num_draft_tokens = k;
+    config.speculative.external = drafter;
+    MX_ASSIGN_OR_RETURN(auto core, EngineCore::create(model, config));
+    MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, model, 1, plain.front().input_len, 4, s.seed + 99, false, next_id));
+    (void)warm;
+    std::printf("k = %lld\n", static_cast<long long>(k));
+    for (const PlainRow& p : plain) {
+      MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, model, p.batch, p.input_len, s.output_len, s.seed, false, next_id));
+      json j = result_json(r, model, backend, probes, p.input_len, s.output_len);
+      const double verify_ms = median(r.verify_step_s) * 1e3;
+      const double per_token_ms = j["time_per_output_token_ms"].get<double>();
+      j["k"] = k;
+      j["plain_tpot_ms"] = p.tpot_ms;
+      j["verify_over_decode"] = p.tpot_ms > 0 ? verify_ms / p.tpot_ms : 0;
+      j["plain_time_per_output_token_ms"] = p.time_per_output_token_ms;
+      j["time_per_output_token_over_plain"] = p.time_per_output_token_ms > 0 ? per_token_ms / p.time_per_output_token_ms : 0;
+      char line[200];
+      std::snprintf(line, sizeof(line), "%4lld %6lld %8lld %10.3f %10.3f %8.2f %8.2f %10.3f %8.2f", static_cast<long long>(k),
+                    static_cast<long long>(p.batch), static_cast<long long>(p.input_len), p.tpot_ms, verify_ms,
+                    j["verify_over_decode"].get<double>(), mean_accepted_length(r.spec), per_token_ms,
+                    j["time_per_output_token_over_plain"].get<double>());
+      table.push_back(line);
+      curve->push_back(std::move(j));
+      std::fflush(stdout);
+    }
+  }
+  std::printf("verify cost (forced acceptance)\n%4s %6s %8s %10s %10s %8s %8s %10s %8s\n", "k", "batch", "input",
+              "decode ms", "verify ms", "ratio", "acc.len", "ms/token", "of plain");
+  for (const std::string& line : table) std::printf("%s\n", line.c_str());
+  return Status::ok();
 }
 
 Status run(const CliArgs& args) {
@@ -325,6 +421,13 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
   s.seed = static_cast<uint64_t>(seed);
   s.breakdown = args.has("breakdown");
+  if (args.has("forced-acceptance")) {
+    MX_ASSIGN_OR_RETURN(s.forced_k, parse_int_list(args.get("forced-acceptance")));
+    for (int64_t k : s.forced_k)
+      if (k < 1 || k > 16) return invalid_argument("--forced-acceptance values must be in [1, 16]");
+    if (args.has("speculative-algorithm"))
+      return invalid_argument("--forced-acceptance brings its own drafter: drop --speculative-algorithm");
+  }
   for (int64_t b : s.batch_sizes)
     if (b < 1 || b > 4096) return invalid_argument("--batch-size values must be in [1, 4096]");
   for (int64_t n : s.input_lens)
@@ -375,7 +478,7 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(auto core, EngineCore::create(*model, config));
   const double engine_s = since(engine_start);
   const double ready_s = since(process_start);
-  const RunnerStartup& startup = core->runner().startup();
+  const RunnerStartup startup = core->runner().startup();  // a copy: --forced-acceptance ends the core early
 
   MX_ASSIGN_OR_RETURN(DeviceProbes probes, measure_device_probes(backend));
   std::fprintf(stderr, "device %s: copy %.2f TB/s (r+w), bf16 GEMM %.0f TFLOP/s at n=%lld (%s)\n",
@@ -384,6 +487,8 @@ Status run(const CliArgs& args) {
 
   const int64_t pool_tokens = core->runner().startup().kv_pages * config.page_size;
   RequestId next_id = 1;
+  std::vector<PlainRow> plain_rows;                     // --forced-acceptance: the plain rows to compare with
+  std::vector<ReferenceDrafter::Reference> references;  // and every request's output
   json results = json::array();
   json skipped = json::array();
   for (int64_t input_len : s.input_lens) {
@@ -407,12 +512,22 @@ Status run(const CliArgs& args) {
       }
       MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown, &next_id));
       results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
+      if (!s.forced_k.empty()) {
+        plain_rows.push_back({input_len, b, results.back()["tpot_ms_median"].get<double>(),
+                              results.back()["time_per_output_token_ms"].get<double>()});
+        references.insert(references.end(), r.outputs.begin(), r.outputs.end());
+      }
       std::fflush(stdout);
     }
   }
+  json verify_curve = json::array();
+  if (!s.forced_k.empty()) {
+    MX_RETURN_IF_ERROR(run_forced_acceptance(s, config, *model, backend, probes, std::move(references), plain_rows,
+                                             std::move(core), &next_id, &verify_curve));
+  }
 
   json prefill_breakdown;
-  if (s.breakdown) {
+  if (s.breakdown && core) {
     // One prompt's prefill step, eager (no graphs for prefill) behind a device hold.
     RequestInput in;
     std::mt19937_64 rng(s.seed + 7);
@@ -490,6 +605,7 @@ Status run(const CliArgs& args) {
   out["results"] = results;
   if (!skipped.empty()) out["skipped"] = skipped;
   if (s.breakdown) out["prefill_breakdown"] = prefill_breakdown;
+  if (!s.forced_k.empty()) out["verify_cost"] = verify_curve;
   std::fprintf(stderr, "ready in %.1f s (load %.1f s, engine %.1f s, graphs %.2f s)\n", ready_s, load_s, engine_s,
                startup.capture_seconds);
   if (args.has("json")) {

@@ -34,7 +34,7 @@ const std::vector<CliOption> kCommandOptions = {
     {"threads", true, "CPU backend threads (default: all cores)"},
     {"tensor-parallel-size", true, "ranks the model is split over, one thread each (CPU backend; default 1)",
      {"tp", "tp-size"}},
-    {"stats", false, "print engine counters (steps, preemptions, prefix hits) to stderr at the end"},
+    {"stats", false, "print engine counters (steps, preemptions, prefix hits, speculation) to stderr at the end"},
     {"log-level", true, "debug, info, warning (default) or error"},
     {"help", false, "show this help"},
 };
@@ -157,6 +157,7 @@ Status run(const CliArgs& args) {
     std::fprintf(stderr, "engine: %lld steps, %lld tokens computed, %lld prefix-cache hit tokens, %lld preemptions\n",
                  static_cast<long long>(st.scheduler.steps), static_cast<long long>(st.scheduler.computed_tokens),
                  static_cast<long long>(st.scheduler.prefix_hit_tokens), static_cast<long long>(st.scheduler.preemptions));
+    if (engine->config().speculative.enabled()) std::fprintf(stderr, "%s\n", describe_speculation(st.scheduler).c_str());
   }
   engine.reset();
 

@@ -134,6 +134,11 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
     if (o.http.allowed_origins.empty()) return invalid_argument("--allowed-origins needs at least one origin");
   }
   if (o.metrics_require_key && o.api_key.empty()) return invalid_argument("--metrics-require-key needs --api-key");
+  {
+    SpeculativeConfig speculative;  // /metrics registers a spec_decode series per draft position up front
+    MX_RETURN_IF_ERROR(read_speculative_flags(args, &speculative));
+    o.speculative_draft_tokens = speculative.enabled() ? speculative.num_draft_tokens : 0;
+  }
   MX_RETURN_IF_ERROR(check_compat_flags(args));
   {
     MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));

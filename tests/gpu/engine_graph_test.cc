@@ -4,7 +4,9 @@
 // except at a near tie, reported with the margin and attributed (chunk shapes vs co-batched sequences):
 // the kernels are batch-variant (cuBLASLt algorithm per M, MoE k-split per slot count, decode attention
 // splits per batch size, prefill vs decode attention kernels), so bf16 logits move by ~1e-3 with the
-// batch; (3) the KV pool planned from --mem-fraction.
+// batch; (3) the KV pool planned from --mem-fraction; (4) speculative decoding (verify steps of k + 1 rows
+// through the prefill kernels) gives plain decoding's greedy tokens, except at a near tie, with the n-gram
+// drafter and with forced acceptance (the drafts are the plain run's outputs: nearly all accepted).
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -13,6 +15,7 @@
 #include "model/model_registry.h"
 #include "gpu_test_util.h"
 #include "runtime/engine_core.h"
+#include "spec/reference_drafter.h"
 
 namespace mx::gpu_test {
 namespace {
@@ -195,6 +198,58 @@ TEST_P(EngineGraphTest, BatchingEquivalenceWithGraphs) {
     }
     std::printf("[batching] %s\n", detail.c_str());
     record("engine batching (cuda, graphs)", detail, static_cast<double>(alone[0].token_ids.size() - d.agree), 0, 0, pass);
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+// Speculation on CUDA vs plain decoding, every prompt together (graphs on for the plain decode steps): the
+// verify rows run through the prefill kernels, so their bf16 logits differ from a decode step's by ~1e-3;
+// a token may differ only at a near tie. Forced acceptance checks that the drafts are accepted.
+TEST_P(EngineGraphTest, SpeculationEqualsPlainDecodingOnCuda) {
+  const Loaded f = load_fixture(GetParam());
+  EngineConfig c;
+  c.num_kv_pages = 256;
+  c.page_size = 4;
+  c.max_running_requests = 8;
+  std::vector<Arrival> together;
+  for (size_t i = 0; i < f.prompts.size(); ++i) together.push_back({0, i});
+  auto plain_core = make_core(f, c);
+  const auto plain = drive(*plain_core, f, together, 2);
+  std::vector<ReferenceDrafter::Reference> refs;
+  for (size_t i = 0; i < f.prompts.size(); ++i) refs.push_back({f.prompts[i], plain[i].token_ids});
+  auto forced = std::make_shared<const ReferenceDrafter>(std::move(refs));
+  int64_t failures = 0;
+  for (const auto& [algorithm, k] : std::vector<std::pair<SpeculativeAlgorithm, int64_t>>{
+           {SpeculativeAlgorithm::kNgram, 3}, {SpeculativeAlgorithm::kExternal, 1}, {SpeculativeAlgorithm::kExternal, 3},
+           {SpeculativeAlgorithm::kExternal, 7}}) {
+    EngineConfig sc = c;
+    sc.speculative.algorithm = algorithm;
+    sc.speculative.num_draft_tokens = k;
+    if (algorithm == SpeculativeAlgorithm::kExternal) sc.speculative.external = forced;
+    auto core = make_core(f, sc);
+    const auto spec = drive(*core, f, together, 2);
+    const SchedulerStats st = core->stats().scheduler;
+    const std::string what = std::string(algorithm == SpeculativeAlgorithm::kNgram ? "ngram" : "forced") + " k=" + std::to_string(k);
+    for (size_t i = 0; i < f.prompts.size(); ++i) {
+      const Divergence d = first_divergence(plain[i], spec[i]);
+      const bool pass = d.equal || d.margin < kNearTie;
+      failures += pass ? 0 : 1;
+      std::string detail = GetParam() + " " + what + " prompt " + std::to_string(i) + ": speculative = plain for " +
+                           std::to_string(d.agree) + "/" + std::to_string(plain[i].token_ids.size());
+      if (!d.equal) detail += (pass ? " (near tie)" : " (NOT a near tie)") + d.where;
+      std::printf("[spec] %s\n", detail.c_str());
+      record("speculation == plain (cuda)", detail, static_cast<double>(plain[i].token_ids.size() - d.agree), 0, 0, pass);
+    }
+    const bool accepted = algorithm == SpeculativeAlgorithm::kNgram ||
+                          st.spec_accepted_tokens * 10 >= st.spec_draft_tokens * 9;  // forced: >= 90% accepted
+    record("speculation acceptance (cuda)",
+           GetParam() + " " + what + ": " + std::to_string(st.spec_accepted_tokens) + "/" +
+               std::to_string(st.spec_draft_tokens) + " drafts accepted in " + std::to_string(st.spec_drafts) +
+               " verify steps, mean accepted length " + std::to_string(mean_accepted_length(st)),
+           0, 0, 0, accepted && st.spec_drafts > 0 && core->stats().pages_used == 0);
+    EXPECT_TRUE(accepted) << what;
+    EXPECT_GT(st.spec_drafts, 0) << what;
+    EXPECT_EQ(core->stats().pages_used, 0) << what;
   }
   EXPECT_EQ(failures, 0);
 }

@@ -18,6 +18,7 @@
 #include "server/content_stop.h"
 #include "server/engine_completion_service.h"
 #include "server_test_util.h"
+#include "spec/reference_drafter.h"
 
 namespace mx::test {
 namespace {
@@ -447,6 +448,98 @@ bool grammar_accepts(const std::shared_ptr<const grammar::CompiledGrammar>& g, c
   grammar::GrammarMatcher m(g);
   if (!text.empty() && !m.accept_bytes(text)) return false;
   return !whole || m.can_end();
+}
+
+// A number in the /metrics text: the value of the series `series` (name{labels}), -1 when absent.
+double metric_value(const std::string& text, const std::string& series) {
+  const size_t at = text.find(series + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + series.size() + 1));
+}
+
+TEST(ServerEngine, SpeculativeDecodingAnswersAsPlainDecodingAndCountsDrafts) {
+  EngineServer plain;
+  // Forced acceptance: the drafts are the plain engine's own greedy tokens for these token-id prompts, so
+  // every step verifies (and, greedy, accepts) k drafts; sampled requests verify them too (and reject).
+  const std::vector<std::vector<int32_t>> prompts = {{17, 2000, 3000, 4000, 17, 2000}, {9, 8, 7, 6, 5, 4, 3}};
+  std::vector<ReferenceDrafter::Reference> refs;
+  for (const auto& p : prompts) {
+    RequestInput in;
+    in.prompt = p;
+    in.max_tokens = 40;
+    in.ignore_eos = true;
+    auto stream = plain.engine().add_request(in);
+    ASSERT_TRUE(stream.is_ok());
+    RequestOutput out, delta;
+    while (!out.finished())
+      if ((*stream)->wait(&delta, 100ms)) out.merge(std::move(delta));
+    refs.push_back({p, out.token_ids});
+  }
+  EngineConfig spec = EngineServer::default_config();
+  spec.speculative.algorithm = SpeculativeAlgorithm::kExternal;
+  spec.speculative.num_draft_tokens = 3;
+  spec.speculative.external = std::make_shared<const ReferenceDrafter>(std::move(refs));
+  auto options = TestServer::default_options();
+  options.speculative_draft_tokens = 3;
+  EngineServer fast(spec, options);
+  const std::vector<std::string> bodies = {
+      R"({"prompt":[[17, 2000, 3000, 4000, 17, 2000], [9, 8, 7, 6, 5, 4, 3]],"max_tokens":40,"temperature":0,"logprobs":2,"ignore_eos":true})",
+      R"({"prompt":[9, 8, 7, 6, 5, 4, 3],"max_tokens":33,"n":2,"seed":3,"temperature":0.9,"top_p":0.9,"top_k":40,"logprobs":1,"ignore_eos":true})",
+      R"({"prompt":[17, 2000, 3000, 4000, 17, 2000],"max_tokens":17,"temperature":0,"ignore_eos":true})",
+  };
+  for (const std::string& body : bodies) {
+    for (bool stream : {false, true}) {
+      const std::string b = stream ? body.substr(0, body.size() - 1) + R"(,"stream":true})" : body;
+      const HttpReply x = http_call(fast.port(), "POST", "/v1/completions", b);
+      const HttpReply y = http_call(plain.port(), "POST", "/v1/completions", b);
+      ASSERT_EQ(x.status, 200) << x.body;
+      if (stream) {  // accepted runs arrive in deltas that add up to the same text
+        std::map<int64_t, std::string> tx, ty;
+        for (const auto& [payloads, texts] : {std::pair{sse_payloads(x.body), &tx}, std::pair{sse_payloads(y.body), &ty}})
+          for (const std::string& p : payloads)
+            if (p != "[DONE]")
+              for (const Json& c : Json::parse(p)["choices"]) (*texts)[c["index"].get<int64_t>()] += c["text"].get<std::string>();
+        EXPECT_EQ(tx, ty) << b;
+        continue;
+      }
+      const Json a = Json::parse(x.body), p = Json::parse(y.body);
+      ASSERT_EQ(a["choices"].size(), p["choices"].size()) << a;
+      for (size_t i = 0; i < a["choices"].size(); ++i) {
+        EXPECT_EQ(a["choices"][i]["text"], p["choices"][i]["text"]) << b;
+        EXPECT_EQ(a["choices"][i]["finish_reason"], p["choices"][i]["finish_reason"]) << b;
+        EXPECT_EQ(a["choices"][i]["logprobs"].dump(), p["choices"][i]["logprobs"].dump()) << b;
+      }
+      EXPECT_EQ(a["usage"], p["usage"]);
+    }
+  }
+  // A constrained request is decoded plainly (no drafts): the same answer as the plain server's.
+  const std::string constrained = chat("Pick one", R"(,"guided_choice":["yes","no"],"max_tokens":64,"seed":5,"temperature":1.0)");
+  EXPECT_EQ(post_json(fast.port(), "/v1/chat/completions", constrained)["choices"].dump(),
+            post_json(plain.port(), "/v1/chat/completions", constrained)["choices"].dump());
+  // The engine publishes its counters after each step: the last ones may land after the reply.
+  std::string metrics;
+  EXPECT_TRUE(eventually([&] {
+    metrics = http_call(fast.port(), "GET", "/metrics").body;
+    return fast.engine().stats().scheduler.spec_drafts ==
+           static_cast<int64_t>(metric_value(metrics, "vllm:spec_decode_num_drafts_total{model_name=\"test-model\"}"));
+  }));
+  const double drafts = metric_value(metrics, "vllm:spec_decode_num_drafts_total{model_name=\"test-model\"}");
+  const double draft_tokens = metric_value(metrics, "vllm:spec_decode_num_draft_tokens_total{model_name=\"test-model\"}");
+  const double accepted = metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_total{model_name=\"test-model\"}");
+  EXPECT_GT(drafts, 0) << metrics;
+  EXPECT_GE(draft_tokens, drafts);
+  EXPECT_GT(accepted, 0);
+  EXPECT_LE(accepted, draft_tokens);
+  double per_pos = 0;
+  for (int i = 0; i < 3; ++i) {
+    const double v = metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"test-model\",position=\"" +
+                                               std::to_string(i) + "\"}");
+    EXPECT_GE(v, 0) << "position " << i;
+    per_pos += v;
+  }
+  EXPECT_EQ(per_pos, accepted);
+  EXPECT_NE(metrics.find("mxserve:spec_decode_num_drafts_total{"), std::string::npos);
+  EXPECT_EQ(http_call(plain.port(), "GET", "/metrics").body.find("spec_decode"), std::string::npos);
+  std::printf("[spec] server: %.0f verify steps, %.0f/%.0f draft tokens accepted\n", drafts, accepted, draft_tokens);
 }
 
 TEST(ServerEngine, StructuredOutputsForceValidAnswers) {
