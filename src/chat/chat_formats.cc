@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "chat/gemma4/gemma4_format.h"
 #include "chat/harmony/harmony_format.h"
 #include "chat/harmony/harmony_tokens.h"
 
@@ -19,9 +20,18 @@ Result<std::shared_ptr<const ChatFormat>> make_harmony(std::shared_ptr<const Tok
   return std::shared_ptr<const ChatFormat>(std::move(format));
 }
 
+Result<std::shared_ptr<const ChatFormat>> make_gemma4(std::shared_ptr<const Tokenizer> tokenizer) {
+  MX_ASSIGN_OR_RETURN(auto format, Gemma4Format::create(std::move(tokenizer)));
+  return std::shared_ptr<const ChatFormat>(std::move(format));
+}
+
+// Gemma-4's tokenizer.json lists every control token its format uses; none are implied.
+std::vector<SpecialToken> no_implied_tokens() { return {}; }
+
 const std::vector<FormatRow>& formats() {
   static const std::vector<FormatRow> table = {
       {"harmony", harmony::special_tokens, make_harmony},
+      {"gemma4", no_implied_tokens, make_gemma4},
   };
   return table;
 }

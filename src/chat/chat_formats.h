@@ -1,5 +1,5 @@
 // The chat formats by name. The model registry says which format a family speaks (model_chat_format in
-// model/model_registry.h: gpt_oss -> "harmony"); a new format adds one row to the table in chat_formats.cc.
+// model/model_registry.h: gpt_oss -> "harmony", gemma4 -> "gemma4"); a new format adds one row to the table in chat_formats.cc.
 #pragma once
 
 #include <memory>

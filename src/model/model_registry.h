@@ -26,7 +26,8 @@ Result<std::unique_ptr<Model>> model_from_checkpoint(const std::string& config_j
                                                      Backend& backend);
 
 // The chat format (chat/chat_formats.h) of the family in `model_dir`, from its config.json: "harmony" for
-// gpt_oss. Known before the model loads, so the tokenizer can be loaded with the format's special tokens.
+// gpt_oss, "gemma4" for gemma4/gemma4_text. Known before the model loads, so the tokenizer can be loaded
+// with the format's special tokens.
 Result<std::string> model_chat_format(const std::string& model_dir);
 
 // The family name config.json asks for ("gpt_oss"), or an error naming the file and the known names.

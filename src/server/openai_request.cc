@@ -141,14 +141,31 @@ std::optional<ApiError> parse_content(const Json& value, const std::string& para
 }
 
 // "none" asks for no reasoning: low effort for formats with levels only (gpt-oss always reasons), thinking
-// off for formats that can turn it off.
+// off for formats that can turn it off; any other level turns their thinking on.
 std::optional<ApiError> parse_effort(const std::string& text, const std::string& param, ChatRequest* out) {
   ReasoningEffort* effort = &out->reasoning_effort;
-  if (text == "none") out->thinking = false;
+  out->thinking = text != "none";
   if (text == "low" || text == "minimal" || text == "none") *effort = ReasoningEffort::kLow;
   else if (text == "medium") *effort = ReasoningEffort::kMedium;
   else if (text == "high") *effort = ReasoningEffort::kHigh;
   else return ApiError::invalid_request(quoted(param) + " must be one of low, medium, high.", param);
+  return std::nullopt;
+}
+
+// vLLM's chat_template_kwargs, the template switches a request may set: enable_thinking (and `thinking`, the
+// name some templates use) turns reasoning on or off and wins over reasoning_effort. Other switches are
+// accepted and ignored, as a template ignores variables it does not read (docs/API.md lists this).
+std::optional<ApiError> parse_template_kwargs(const Fields& f, ChatRequest* out) {
+  const Json* kwargs = f.find("chat_template_kwargs");
+  if (!kwargs) return std::nullopt;
+  if (!kwargs->is_object()) return f.type_error("chat_template_kwargs", "an object");
+  Fields k(*kwargs, f.param("chat_template_kwargs"));
+  for (const char* key : {"thinking", "enable_thinking"}) {
+    if (!k.find(key)) continue;
+    bool on = false;
+    MX_TRY(k.boolean(key, &on));
+    out->thinking = on;
+  }
   return std::nullopt;
 }
 
@@ -508,6 +525,7 @@ std::optional<ApiError> parse_chat_request(const Json& body, ChatRequest* out) {
   std::string effort;
   MX_TRY(f.string("reasoning_effort", &effort));
   if (!effort.empty()) MX_TRY(parse_effort(effort, "reasoning_effort", out));
+  MX_TRY(parse_template_kwargs(f, out));
   MX_TRY(parse_sampling(f, {"max_completion_tokens", "max_tokens"}, &out->sampling));
   MX_TRY(f.boolean("logprobs", &out->sampling.logprobs));
   MX_TRY(f.integer("top_logprobs", 0, kMaxTopLogprobs, &out->sampling.top_logprobs));

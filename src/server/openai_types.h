@@ -71,7 +71,7 @@ struct ChatRequest {
   bool parallel_tool_calls = true;  // Harmony ends a turn at its first call: one call per turn either way
   OutputConstraint output;
   ReasoningEffort reasoning_effort = ReasoningEffort::kMedium;
-  std::optional<bool> thinking;  // reasoning_effort "none": false (Conversation::thinking)
+  std::optional<bool> thinking;  // reasoning_effort ("none": false, a level: true), chat_template_kwargs.enable_thinking
   SamplingOptions sampling;
   StreamOptions stream;
 };

@@ -62,6 +62,26 @@ TEST(ServerProtocol, ChatParsingDetails) {
   EXPECT_DOUBLE_EQ(r.sampling.temperature, 1.0);  // gpt-oss's default, not llama.cpp's 0.8
 }
 
+// Thinking on/off: a reasoning level turns it on, "none" off, chat_template_kwargs.enable_thinking (or
+// `thinking`) wins over both; absent, the format decides.
+TEST(ServerProtocol, ThinkingFromReasoningEffortAndTemplateKwargs) {
+  auto thinking = [](const std::string& extra) {
+    ChatRequest r;
+    EXPECT_FALSE(parse_chat_request(Json::parse(R"({"messages":[{"role":"user","content":"hi"}])" + extra + "}"), &r));
+    return r.thinking;
+  };
+  EXPECT_EQ(thinking(""), std::nullopt);
+  EXPECT_EQ(thinking(R"(,"reasoning_effort":"low")"), true);
+  EXPECT_EQ(thinking(R"(,"reasoning_effort":"none")"), false);
+  EXPECT_EQ(thinking(R"(,"chat_template_kwargs":{"enable_thinking":true})"), true);
+  EXPECT_EQ(thinking(R"(,"reasoning_effort":"high","chat_template_kwargs":{"enable_thinking":false})"), false);
+  EXPECT_EQ(thinking(R"(,"chat_template_kwargs":{"thinking":true,"other":1})"), true);
+  ChatRequest r;
+  auto error = parse_chat_request(Json::parse(R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":"yes"}})"), &r);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->param, "chat_template_kwargs.enable_thinking");
+}
+
 TEST(ServerProtocol, ResponsesInputItemsBecomeChatMessages) {
   const Json body = Json::parse(R"({
     "instructions": "be brief",
