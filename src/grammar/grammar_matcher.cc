@@ -11,23 +11,85 @@ Result<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::create(const Gra
   return std::make_shared<const CompiledGrammar>(std::move(automaton), std::move(vocab));
 }
 
+namespace {
+
+// Nodes with byte edges in breadth-first order from the root's start over byte edges and calls (a callee's
+// start and the node it returns to): the order in which a match is likely to reach them.
+std::vector<int32_t> breadth_first_byte_nodes(const Automaton& a) {
+  std::vector<uint8_t> seen(static_cast<size_t>(a.num_nodes()), 0);
+  std::vector<int32_t> queue, order;
+  auto visit = [&](int32_t n) {
+    if (!seen[n]) {
+      seen[n] = 1;
+      queue.push_back(n);
+    }
+  };
+  visit(a.rule_start(a.root()));
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const int32_t n = queue[i];
+    if (a.has_byte_edges(n)) order.push_back(n);
+    for (const ByteEdge* e = a.byte_edges_begin(n); e != a.byte_edges_end(n); ++e) visit(e->target);
+    for (const CallEdge* c = a.call_edges_begin(n); c != a.call_edges_end(n); ++c) {
+      visit(a.rule_start(c->rule));
+      visit(c->ret);
+    }
+  }
+  return order;
+}
+
+}  // namespace
+
+CompiledGrammar::CompiledGrammar(Automaton automaton, std::shared_ptr<const TokenVocabulary> vocab)
+    : automaton_(std::move(automaton)),
+      vocab_(std::move(vocab)),
+      precompute_order_(breadth_first_byte_nodes(automaton_)),
+      state_(static_cast<size_t>(automaton_.num_nodes()), SlotState::kMissing),
+      masks_(static_cast<size_t>(automaton_.num_nodes())) {}
+
 std::shared_ptr<const NodeMasks> CompiledGrammar::node_masks(int32_t node) const {
+  return build_or_wait(node, /*wait=*/true, /*on_demand=*/true);
+}
+
+std::shared_ptr<const NodeMasks> CompiledGrammar::build_or_wait(int32_t node, bool wait, bool on_demand) const {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (state_[node] == SlotState::kBuilding) {
+      if (!wait) return nullptr;
+      built_.wait(lock);
+    }
+    if (state_[node] == SlotState::kBuilt) return on_demand ? masks_[node] : nullptr;
+    state_[node] = SlotState::kBuilding;
+  }
+  std::shared_ptr<const NodeMasks> masks = compute_node_masks(node);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(node);
-    if (it != cache_.end()) return it->second;
+    masks_[node] = masks;
+    state_[node] = SlotState::kBuilt;
+    cache_bytes_ += masks->bytes();
+    built_on_demand_ += on_demand ? 1 : 0;
   }
-  // Computed outside the lock: two requests may race to build the same entry; both results are equal.
-  auto masks = compute_node_masks(node);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = cache_.emplace(node, std::move(masks));
-  if (inserted) cache_bytes_ += it->second->bytes();
-  return it->second;
+  built_.notify_all();
+  return masks;
+}
+
+int64_t CompiledGrammar::precompute_masks(const std::atomic<bool>& stop, int64_t max_cache_bytes) const {
+  int64_t built = 0;
+  while (!stop.load(std::memory_order_relaxed) && cache_bytes() < max_cache_bytes) {
+    const size_t i = next_precompute_.fetch_add(1);
+    if (i >= precompute_order_.size()) break;
+    built += build_or_wait(precompute_order_[i], /*wait=*/false, /*on_demand=*/false) ? 1 : 0;
+  }
+  return built;
 }
 
 int64_t CompiledGrammar::cache_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cache_bytes_;
+}
+
+int64_t CompiledGrammar::masks_built_on_demand() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return built_on_demand_;
 }
 
 std::shared_ptr<const NodeMasks> CompiledGrammar::compute_node_masks(int32_t node) const {

@@ -8,13 +8,19 @@
 // stack accepts, checked by a sorted walk. Node masks are computed with the context the grammar implies
 // (a rule with one call site returns to it), so for schemas compiled to call-free expressions almost
 // every token is decided by the cache.
+//
+// A node's masks cost one walk of the sorted vocabulary (a few ms at 201k tokens). They are built once per
+// node, by precompute_masks (run on background threads right after compilation, nodes nearest the start
+// first: grammar/mask_precompute.h) or by the first matcher that needs a node not built yet; a matcher that
+// needs a node another thread is building waits for it instead of building it twice.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -42,22 +48,38 @@ class CompiledGrammar {
 
   const Automaton& automaton() const { return automaton_; }
   const TokenVocabulary& vocab() const { return *vocab_; }
-  // The masks of `node` (a node with byte edges), computed on first use; thread-safe.
+  // The masks of `node` (a node with byte edges), built here if nobody has yet; thread-safe.
   std::shared_ptr<const NodeMasks> node_masks(int32_t node) const;
   // Bytes held by the node-mask cache so far.
   int64_t cache_bytes() const;
 
-  CompiledGrammar(Automaton automaton, std::shared_ptr<const TokenVocabulary> vocab)
-      : automaton_(std::move(automaton)), vocab_(std::move(vocab)) {}
+  // Builds the masks of nodes not built yet, in order of distance from the start (bytes and calls), until
+  // all are built, `stop` is set, or the cache holds `max_cache_bytes`. Several threads may run it on one
+  // grammar at once (each takes the next node). Returns how many nodes this call built.
+  int64_t precompute_masks(const std::atomic<bool>& stop, int64_t max_cache_bytes) const;
+  // Nodes with byte edges (those that have masks), and how many of them node_masks built on demand
+  // (a matcher found them missing) rather than precompute_masks.
+  int64_t num_mask_nodes() const { return static_cast<int64_t>(precompute_order_.size()); }
+  int64_t masks_built_on_demand() const;
+
+  CompiledGrammar(Automaton automaton, std::shared_ptr<const TokenVocabulary> vocab);
 
  private:
+  enum class SlotState : uint8_t { kMissing, kBuilding, kBuilt };
   std::shared_ptr<const NodeMasks> compute_node_masks(int32_t node) const;
+  // Builds `node` unless it is built or being built (then returns false at once, or waits when `wait`).
+  std::shared_ptr<const NodeMasks> build_or_wait(int32_t node, bool wait, bool on_demand) const;
 
   Automaton automaton_;
   std::shared_ptr<const TokenVocabulary> vocab_;
+  std::vector<int32_t> precompute_order_;  // nodes with byte edges, breadth first from the start
+  mutable std::atomic<size_t> next_precompute_{0};
   mutable std::mutex mu_;
-  mutable std::unordered_map<int32_t, std::shared_ptr<const NodeMasks>> cache_;
+  mutable std::condition_variable built_;
+  mutable std::vector<SlotState> state_;                         // per node
+  mutable std::vector<std::shared_ptr<const NodeMasks>> masks_;  // per node, once built
   mutable int64_t cache_bytes_ = 0;
+  mutable int64_t built_on_demand_ = 0;
 };
 
 class GrammarMatcher {

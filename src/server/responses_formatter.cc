@@ -31,6 +31,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     tools_ = Json::array();
     for (const auto& t : request.tools)
       tools_.push_back({{"type", "function"}, {"name", t.name}, {"description", t.description}, {"parameters", t.parameters}});
+    parallel_tool_calls_ = request.parallel_tool_calls;
     temperature_ = request.sampling.temperature;
     top_p_ = request.sampling.top_p;
     effort_ = reasoning_effort_name(request.reasoning_effort);
@@ -172,7 +173,7 @@ class ResponsesFormatter final : public ResponseFormatter {
               {"incomplete_details", incomplete ? Json({{"reason", reason_ == FinishReason::kLength ? "max_output_tokens"
                                                                                                     : "aborted"}})
                                                 : Json(nullptr)},
-              {"tools", tools_}, {"tool_choice", tool_choice_}, {"parallel_tool_calls", true},
+              {"tools", tools_}, {"tool_choice", tool_choice_}, {"parallel_tool_calls", parallel_tool_calls_},
               {"temperature", temperature_}, {"top_p", top_p_}, {"reasoning", {{"effort", effort_}, {"summary", nullptr}}},
               {"store", options_.store},
               {"previous_response_id", options_.previous_response_id.empty() ? Json(nullptr) : Json(options_.previous_response_id)}};
@@ -197,6 +198,7 @@ class ResponsesFormatter final : public ResponseFormatter {
   ResponseIdentity id_;
   ResponsesOptions options_;
   Json tool_choice_, tools_;
+  bool parallel_tool_calls_ = true;  // echoed as sent (Harmony makes at most one call per turn either way)
   double temperature_ = 1.0, top_p_ = 1.0;
   const char* effort_ = "medium";
   std::vector<Item> items_;

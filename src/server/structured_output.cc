@@ -12,6 +12,8 @@ namespace mx::server {
 namespace {
 
 constexpr size_t kMaxCachedGrammars = 256;
+// Node masks built ahead per grammar (the rest on demand): 64 MiB holds a few thousand nodes' caches.
+constexpr int64_t kMaxPrecomputedBytes = int64_t{64} << 20;
 constexpr char kToolPrefix[] = "commentary to=functions.";
 
 using grammar::CompiledGrammar;
@@ -52,6 +54,7 @@ class HarmonyConstraint final : public TokenConstraint {
         if (ids.end < vocab) set_bit(words, ids.end);
         return true;
       case Phase::kHeader:
+      case Phase::kContentType:
       case Phase::kRole:
       case Phase::kBody: {
         // Through a buffer of the tokenizer's size: the model's vocabulary may be smaller or larger.
@@ -60,6 +63,10 @@ class HarmonyConstraint final : public TokenConstraint {
         std::copy(scratch_.begin(), scratch_.begin() + std::min<int64_t>(n, scratch_.size()), words);
         const int32_t end = end_token();
         if (matcher_->can_end() && end < vocab) set_bit(words, end);
+        if (phase_ == Phase::kHeader && matcher_->can_end() && ids.constrain >= 0 && ids.constrain < vocab &&
+            is_tool_header()) {
+          set_bit(words, ids.constrain);
+        }
         return true;
       }
       case Phase::kDone: return false;
@@ -88,8 +95,17 @@ class HarmonyConstraint final : public TokenConstraint {
         return;
       case Phase::kHeader:
         if (token == ids.message && matcher_->can_end()) return open_body();
+        if (token == ids.constrain && matcher_->can_end() && is_tool_header()) {
+          phase_ = Phase::kContentType;
+          matcher_.emplace(plan_->content_type);
+          return;
+        }
         if (!matcher_->accept_token(token)) return give_up();
         header_ += matcher_->grammar().vocab().bytes(token);
+        return;
+      case Phase::kContentType:
+        if (token == ids.message && matcher_->can_end()) return open_body();
+        if (!matcher_->accept_token(token)) give_up();
         return;
       case Phase::kBody:
         if (token == body_end_ && matcher_->can_end()) {
@@ -103,11 +119,14 @@ class HarmonyConstraint final : public TokenConstraint {
   }
 
  private:
-  enum class Phase { kChannel, kHeader, kAnalysis, kBody, kStart, kRole, kDone };
+  enum class Phase { kChannel, kHeader, kContentType, kAnalysis, kBody, kStart, kRole, kDone };
 
   int32_t end_token() const {
-    return phase_ == Phase::kHeader ? plan_->ids.message : phase_ == Phase::kRole ? plan_->ids.channel : body_end_;
+    if (phase_ == Phase::kHeader || phase_ == Phase::kContentType) return plan_->ids.message;
+    return phase_ == Phase::kRole ? plan_->ids.channel : body_end_;
   }
+  // The header so far names a tool (complete: the caller checks can_end), maybe with a trailing space.
+  bool is_tool_header() const { return header_.rfind(kToolPrefix, 0) == 0; }
   // A token the structure does not expect (a test's forced transcript): stop constraining rather than guess.
   void give_up() {
     phase_ = Phase::kDone;
@@ -131,8 +150,11 @@ class HarmonyConstraint final : public TokenConstraint {
       matcher_.emplace(plan_->answer);
       return;
     }
-    auto it = plan_->tools.find(header_.substr(sizeof(kToolPrefix) - 1));
-    if (header_.rfind(kToolPrefix, 0) != 0 || it == plan_->tools.end()) return give_up();
+    if (!is_tool_header()) return give_up();
+    std::string name = header_.substr(sizeof(kToolPrefix) - 1);
+    while (!name.empty() && name.back() == ' ') name.pop_back();
+    auto it = plan_->tools.find(name);
+    if (it == plan_->tools.end()) return give_up();
     phase_ = Phase::kBody;
     body_end_ = plan_->ids.call;
     matcher_.emplace(it->second);
@@ -150,7 +172,8 @@ class HarmonyConstraint final : public TokenConstraint {
 
 }  // namespace
 
-StructuredOutputs::StructuredOutputs(std::shared_ptr<const Tokenizer> tokenizer) : tokenizer_(std::move(tokenizer)) {}
+StructuredOutputs::StructuredOutputs(std::shared_ptr<const Tokenizer> tokenizer, int precompute_threads)
+    : tokenizer_(std::move(tokenizer)), precompute_(precompute_threads, kMaxPrecomputedBytes) {}
 
 // The sorted vocabulary costs ~0.1 s: built by the first request that needs it, not at start-up.
 void StructuredOutputs::build_vocabulary() {
@@ -163,7 +186,8 @@ void StructuredOutputs::build_vocabulary() {
   vocab_ = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes));
   text_tokens_ = std::move(text);
   auto id = [&](const char* s) { return tokenizer_->special_id(s).value_or(-1); };
-  ids_ = {id("<|start|>"), id("<|channel|>"), id("<|message|>"), id("<|end|>"), id("<|return|>"), id("<|call|>")};
+  ids_ = {id("<|start|>"), id("<|channel|>"), id("<|message|>"), id("<|end|>"), id("<|return|>"), id("<|call|>"),
+          id("<|constrain|>")};
 }
 
 Result<std::shared_ptr<const CompiledGrammar>> StructuredOutputs::compile(
@@ -179,8 +203,10 @@ Result<std::shared_ptr<const CompiledGrammar>> StructuredOutputs::compile(
   }
   MX_ASSIGN_OR_RETURN(grammar::Grammar g, build());
   MX_ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> compiled, CompiledGrammar::create(g, vocab_));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cache_.count(hash) == 0) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(hash);
+    if (it != cache_.end()) return it->second.first;  // compiled meanwhile by another request: share that one
     if (cache_.size() >= kMaxCachedGrammars) {
       cache_.erase(lru_.front());
       lru_.pop_front();
@@ -188,6 +214,7 @@ Result<std::shared_ptr<const CompiledGrammar>> StructuredOutputs::compile(
     lru_.push_back(hash);
     cache_.emplace(hash, std::make_pair(compiled, std::prev(lru_.end())));
   }
+  precompute_.add(compiled);
   return compiled;
 }
 
@@ -248,6 +275,7 @@ std::optional<ApiError> StructuredOutputs::plan_for(const ChatRequest& request, 
       }
       plan->tools[tool.name] = *args;
       headers.push_back(kToolPrefix + tool.name);
+      headers.push_back(kToolPrefix + tool.name + " ");  // before <|constrain|>json
     }
   }
   if (plan->answer) headers.push_back("final");
@@ -258,12 +286,14 @@ std::optional<ApiError> StructuredOutputs::plan_for(const ChatRequest& request, 
   headers.push_back("analysis");
   auto first = compile(key + "\nanalysis", [&] { return Result<grammar::Grammar>(literal_choice(headers)); });
   auto role = compile("role", [] { return Result<grammar::Grammar>(literal_choice({"assistant"})); });
-  for (const auto* r : {&after, &first, &role}) {
+  auto content_type = compile("content_type", [] { return Result<grammar::Grammar>(literal_choice({"json"})); });
+  for (const auto* r : {&after, &first, &role, &content_type}) {
     if (!r->is_ok()) return fail(r->status(), "tools");
   }
   plan->header = *first;
   plan->header_after_analysis = *after;
   plan->role = *role;
+  plan->content_type = *content_type;
   plan->text_tokens = text_tokens_;
   *out = std::move(plan);
   return std::nullopt;

@@ -4,11 +4,13 @@
 //     <|start|>assistant and the next header), <|return|> (final) or <|call|> (a tool call);
 //   - lets the analysis body run free (only the structural special tokens are withheld, <|end|> is allowed);
 //   - limits the header to what the request allows: "analysis" once, "final" unless a tool call is
-//     required, "commentary to=functions.NAME" for the callable tools (all with required, one when named);
+//     required, "commentary to=functions.NAME" for the callable tools (all with required, one when named),
+//     which may go on with " <|constrain|>json" as gpt-oss writes its calls;
 //   - constrains the final body by the answer's grammar and a call's arguments by the tool's parameters,
 //     forcing the end token once the value is complete.
 // Compiled grammars are cached by the hash of what they were built from; a schema, regex or grammar that
-// does not compile (unsupported keyword, too large) is a 400 naming the field.
+// does not compile (unsupported keyword, too large) is a 400 naming the field. A newly compiled grammar's
+// node masks are built on background threads (grammar/mask_precompute.h), off the engine thread.
 #pragma once
 
 #include <functional>
@@ -20,6 +22,7 @@
 #include <unordered_map>
 
 #include "grammar/grammar_matcher.h"
+#include "grammar/mask_precompute.h"
 #include "runtime/token_constraint.h"
 #include "server/api_error.h"
 #include "server/openai_types.h"
@@ -30,6 +33,7 @@ namespace mx::server {
 // The Harmony special tokens the constraint steers by.
 struct HarmonyIds {
   int32_t start = -1, channel = -1, message = -1, end = -1, return_ = -1, call = -1;
+  int32_t constrain = -1;  // optional: a tokenizer without it gets tool headers without a content type
 };
 
 // What one request's constraints compile to; shared by its choices (each gets its own matchers).
@@ -37,6 +41,7 @@ struct HarmonyPlan {
   std::shared_ptr<const grammar::CompiledGrammar> header;  // the allowed headers (text between channel and message)
   std::shared_ptr<const grammar::CompiledGrammar> header_after_analysis;  // the same without "analysis"
   std::shared_ptr<const grammar::CompiledGrammar> role;    // "assistant" after <|start|>
+  std::shared_ptr<const grammar::CompiledGrammar> content_type;  // "json" after a tool header's <|constrain|>
   std::shared_ptr<const grammar::CompiledGrammar> answer;  // the final body; null when final is not allowed
   std::unordered_map<std::string, std::shared_ptr<const grammar::CompiledGrammar>> tools;  // arguments by name
   HarmonyIds ids;
@@ -45,7 +50,10 @@ struct HarmonyPlan {
 
 class StructuredOutputs {
  public:
-  explicit StructuredOutputs(std::shared_ptr<const Tokenizer> tokenizer);
+  // `precompute_threads`: background threads building new grammars' node masks (0: masks are built by the
+  // engine thread on first use).
+  explicit StructuredOutputs(std::shared_ptr<const Tokenizer> tokenizer,
+                             int precompute_threads = grammar::MaskPrecompute::default_threads());
 
   // What `request` constrains, compiled (null when nothing), or the 400 naming the field that cannot be enforced.
   std::optional<ApiError> plan_for(const ChatRequest& request, std::shared_ptr<const HarmonyPlan>* plan);
@@ -66,6 +74,7 @@ class StructuredOutputs {
   // Compiled grammars by hash of their source, least recently used first out.
   std::list<std::string> lru_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<const grammar::CompiledGrammar>, std::list<std::string>::iterator>> cache_;
+  grammar::MaskPrecompute precompute_;  // last: its threads stop before anything else goes
 };
 
 }  // namespace mx::server

@@ -6,9 +6,13 @@
 // splits per batch size, prefill vs decode attention kernels), so bf16 logits move by ~1e-3 with the
 // batch; (3) the KV pool planned from --mem-fraction; (4) speculative decoding (verify steps of k + 1 rows
 // through the prefill kernels) gives plain decoding's greedy tokens, except at a near tie, with the n-gram
-// drafter and with forced acceptance (the drafts are the plain run's outputs: accepted up to a near tie).
+// drafter and with forced acceptance (the drafts are the plain run's outputs: accepted up to a near tie);
+// (5) grammar masks (TokenConstraint) with graphs: masked decode steps replay the same graphs and give what
+// eager steps give, and no token outside a mask.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "fixture_reference_util.h"
@@ -16,6 +20,7 @@
 #include "gpu_test_util.h"
 #include "runtime/engine_core.h"
 #include "spec/reference_drafter.h"
+#include "runtime/token_constraint.h"
 
 namespace mx::gpu_test {
 namespace {
@@ -44,9 +49,10 @@ struct Arrival {
   size_t prompt = 0;
 };
 
-// Runs the arrivals to completion; outputs in arrival order.
+// Runs the arrivals to completion; outputs in arrival order. `constrain(i)` gives arrival i's constraint.
 std::vector<RequestOutput> drive(EngineCore& core, const Loaded& f, const std::vector<Arrival>& arrivals,
-                                 int64_t top_logprobs) {
+                                 int64_t top_logprobs,
+                                 const std::function<std::shared_ptr<TokenConstraint>(size_t)>& constrain = nullptr) {
   std::vector<RequestOutput> out(arrivals.size());
   std::vector<RequestOutput> deltas;
   size_t added = 0;
@@ -59,6 +65,7 @@ std::vector<RequestOutput> drive(EngineCore& core, const Loaded& f, const std::v
       in.ignore_eos = true;
       in.sampling.logprobs = true;
       in.sampling.top_logprobs = top_logprobs;
+      if (constrain) in.constraint = constrain(i);
       MX_CHECK_OK(core.add_request(static_cast<RequestId>(i), std::move(in)));
       ++added;
     }
@@ -126,6 +133,81 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
     EXPECT_GT(replays[1], 0);
     EXPECT_EQ(padded[0], padded[1]);
     EXPECT_EQ(differing, 0);
+    if (top_logprobs == 0) {
+      EXPECT_GT(op_steps, 0);
+    }
+  }
+}
+
+// A deterministic mask per step: token t is allowed at step s when (t * 7 + s * 13 + salt) % 5 == 0 (every
+// third request is left unconstrained: masked and unmasked rows share batches). Counts tokens outside it.
+class StripedConstraint final : public TokenConstraint {
+ public:
+  explicit StripedConstraint(uint32_t salt) : salt_(salt) {}
+  bool fill_mask(uint32_t* words, int64_t vocab) override {
+    std::fill(words, words + (vocab + 31) / 32, 0u);
+    for (int64_t t = 0; t < vocab; ++t)
+      if (allowed(t)) words[t >> 5] |= 1u << (t & 31);
+    return true;
+  }
+  void accept(int32_t token) override {
+    violations += allowed(token) ? 0 : 1;
+    ++step_;
+  }
+  int64_t violations = 0;
+
+ private:
+  bool allowed(int64_t t) const { return (t * 7 + step_ * 13 + salt_) % 5 == 0; }
+  uint32_t salt_;
+  int64_t step_ = 0;
+};
+
+TEST_P(EngineGraphTest, MaskedDecodeReplaysTheSameGraphsAsEager) {
+  const Loaded f = load_fixture(GetParam());
+  EngineConfig c;
+  c.num_kv_pages = 256;
+  c.page_size = 8;
+  c.max_running_requests = 8;
+  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  std::vector<Arrival> arrivals;
+  for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(i), i});
+  for (const int64_t top_logprobs : {3, 0}) {  // host sampling, the backend's sample op
+    std::vector<RequestOutput> runs[2];
+    int64_t replays[2] = {0, 0}, violations = 0, op_steps = 0;
+    for (int replay = 0; replay < 2; ++replay) {
+      auto core = make_core(f, c);
+      core->runner().set_graph_replay(replay == 1);
+      std::vector<std::shared_ptr<StripedConstraint>> constraints(arrivals.size());
+      runs[replay] = drive(*core, f, arrivals, top_logprobs, [&](size_t i) -> std::shared_ptr<TokenConstraint> {
+        if (i % 3 == 2) return nullptr;
+        constraints[i] = std::make_shared<StripedConstraint>(static_cast<uint32_t>(i));
+        return constraints[i];
+      });
+      replays[replay] = core->runner().num_graph_replays();
+      op_steps = core->runner().sample_op_steps();
+      for (const auto& k : constraints) violations += k ? k->violations : 0;
+    }
+    int64_t differing = 0, tokens = 0;
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      ASSERT_EQ(runs[0][i].token_ids.size(), runs[1][i].token_ids.size());
+      for (size_t t = 0; t < runs[0][i].token_ids.size(); ++t) {
+        ++tokens;
+        differing += runs[0][i].token_ids[t] == runs[1][i].token_ids[t] &&
+                             same_bits(runs[0][i].logprobs[t].logprob, runs[1][i].logprobs[t].logprob)
+                         ? 0
+                         : 1;
+      }
+    }
+    const bool pass = differing == 0 && violations == 0 && replays[1] > 0 && replays[0] == 0;
+    record("masked decode: graphs == eager",
+           GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed steps, " +
+               std::to_string(violations) + " tokens outside their masks (" +
+               (top_logprobs ? "host sampling" : std::to_string(op_steps) + " sample op steps") + ")",
+           static_cast<double>(differing + violations), 0, 0, pass);
+    EXPECT_EQ(differing, 0);
+    EXPECT_EQ(violations, 0);
+    EXPECT_GT(replays[1], 0);
+    EXPECT_EQ(replays[0], 0);
     if (top_logprobs == 0) {
       EXPECT_GT(op_steps, 0);
     }

@@ -10,6 +10,7 @@
 #include "grammar/ebnf.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/json_schema.h"
+#include "grammar/mask_precompute.h"
 #include "grammar/regex.h"
 #include "tokenizer_util.h"
 
@@ -223,15 +224,21 @@ TEST(GrammarJsonSchema, AnyJson) {
   EXPECT_FALSE(matches(g, R"({"a":})"));
 }
 
-// The mask of every step of random walks equals trying every token of the vocabulary byte by byte.
-void check_masks_against_brute_force(const Grammar& grammar, uint32_t seed) {
+// A sample of o200k (every 11th token and every single byte) at the real ids; the rest have no bytes.
+std::vector<std::string> o200k_sample_bytes() {
   const Tokenizer& tok = testing::o200k();
   std::vector<std::string> bytes(tok.vocab_size());
-  for (int32_t id = 0; id < tok.num_ranks(); ++id) {  // a sample, with every single byte
+  for (int32_t id = 0; id < tok.num_ranks(); ++id) {
     std::string b;
     tok.append_token_bytes(id, &b);
     if (id % 11 == 0 || b.size() == 1) bytes[id] = b;
   }
+  return bytes;
+}
+
+// The mask of every step of random walks equals trying every token of the vocabulary byte by byte.
+void check_masks_against_brute_force(const Grammar& grammar, uint32_t seed) {
+  const std::vector<std::string> bytes = o200k_sample_bytes();
   auto vocab = std::make_shared<const TokenVocabulary>(bytes);
   auto compiled = CompiledGrammar::create(grammar, vocab);
   ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
@@ -265,6 +272,52 @@ TEST(GrammarMask, EqualsBruteForceOnSchemas) {
     "required": ["id", "name", "kind"]})")), 1);
   check_masks_against_brute_force(any_json_grammar(false), 2);
   check_masks_against_brute_force(*parse_ebnf("root ::= (\"ab\" | [0-9]+ \" \")* \"end\""), 3);
+}
+
+// Node masks built ahead on background threads equal those a matcher builds on demand, and once every node
+// is built a matcher builds none itself.
+TEST(GrammarMask, PrecomputedMasksEqualOnDemandOnes) {
+  auto vocab = std::make_shared<const TokenVocabulary>(o200k_sample_bytes());
+  const Result<Grammar> g = json_schema_grammar(json::parse(R"({
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": -5, "maximum": 1200},
+                   "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "minItems": 1, "maxItems": 4},
+                   "note": {"type": "string", "maxLength": 6},
+                   "child": {"$ref": "#"}},
+    "required": ["n"]})"));
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  auto lazy = CompiledGrammar::create(*g, vocab), ahead = CompiledGrammar::create(*g, vocab);
+  ASSERT_TRUE(lazy.is_ok() && ahead.is_ok());
+  {
+    MaskPrecompute precompute(2, int64_t{1} << 40);
+    precompute.add(*ahead);
+    precompute.wait_idle();
+  }
+  EXPECT_GT((*ahead)->num_mask_nodes(), 20);
+  std::mt19937 rng(5);
+  for (int walk = 0; walk < 6; ++walk) {
+    GrammarMatcher a(*lazy), b(*ahead);
+    std::vector<uint32_t> ma(vocab->mask_words()), mb(vocab->mask_words());
+    for (int step = 0; step < 40 && !a.must_end(); ++step) {
+      a.fill_mask(ma.data());
+      b.fill_mask(mb.data());
+      ASSERT_EQ(ma, mb) << "walk " << walk << " step " << step;
+      std::vector<int32_t> allowed;
+      for (int32_t id = 0; id < vocab->size(); ++id)
+        if ((ma[id >> 5] >> (id & 31)) & 1) allowed.push_back(id);
+      ASSERT_FALSE(allowed.empty());
+      const int32_t id = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(a.accept_token(id) && b.accept_token(id));
+    }
+  }
+  EXPECT_GT((*lazy)->masks_built_on_demand(), 0);
+  EXPECT_EQ((*ahead)->masks_built_on_demand(), 0);
+  // A budget stops the precomputation early: what is left is built on demand, with equal results.
+  auto capped = CompiledGrammar::create(*g, vocab);
+  ASSERT_TRUE(capped.is_ok());
+  const std::atomic<bool> stop{false};
+  EXPECT_GT((*capped)->precompute_masks(stop, 1), 0);
+  EXPECT_LT((*capped)->cache_bytes(), (*ahead)->cache_bytes());
 }
 
 }  // namespace

@@ -585,7 +585,9 @@ TEST(ServerEngine, StructuredOutputsForceValidAnswers) {
         if (a.finish == "stop") {
           ++finals;
           EXPECT_TRUE(grammar_accepts(c.grammar, a.content, true)) << c.field << ": " << a.content;
-          if (c.field.find("json") != std::string::npos) EXPECT_FALSE(Json::parse(a.content, nullptr, false).is_discarded()) << a.content;
+          if (c.field.find("json") != std::string::npos) {
+            EXPECT_FALSE(Json::parse(a.content, nullptr, false).is_discarded()) << a.content;
+          }
         } else {
           EXPECT_EQ(a.finish, "length") << c.field;
           EXPECT_TRUE(grammar_accepts(c.grammar, a.content, false)) << c.field << ": " << a.content;
@@ -604,7 +606,7 @@ TEST(ServerEngine, ToolChoiceRequiredAndNamedCallAToolWithValidArguments) {
       R"({"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":)"
       R"({"zone":{"type":"string","maxLength":4}},"required":["zone"]}}}])";
   int calls = 0;
-  for (const std::string choice : {std::string(R"("required")"), std::string(R"({"type":"function","function":{"name":"get_time"}})")}) {
+  for (const std::string& choice : {std::string(R"("required")"), std::string(R"({"type":"function","function":{"name":"get_time"}})")}) {
     const Json r = post_patiently(server.port(),
                                   chat("Plan a trip", tools + ",\"n\":8,\"seed\":3,\"max_tokens\":64,\"tool_choice\":" + choice));
     for (const Json& c : r["choices"]) {
@@ -617,7 +619,9 @@ TEST(ServerEngine, ToolChoiceRequiredAndNamedCallAToolWithValidArguments) {
       const Json& call = c["message"]["tool_calls"][0]["function"];
       const Json args = Json::parse(call["arguments"].get<std::string>(), nullptr, false);
       ASSERT_TRUE(args.is_object()) << call;
-      if (choice != R"("required")") EXPECT_EQ(call["name"], "get_time");
+      if (choice != R"("required")") {
+        EXPECT_EQ(call["name"], "get_time");
+      }
       if (call["name"] == "get_weather") {
         EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Oslo") << args;
         EXPECT_TRUE(args["days"].is_number_integer() && args["days"] >= 1 && args["days"] <= 7) << args;

@@ -388,8 +388,11 @@ TEST(ServerHttp, ResponsesStoreContinuesByPreviousIdAndItemReference) {
   EXPECT_EQ(unknown.status, 400);
   EXPECT_NE(unknown.body.find("rs_nope"), std::string::npos);
   EXPECT_EQ(Json::parse(unknown.body)["error"]["param"], "input[0].id");
-  const HttpReply unstored = http_call(server.port(), "POST", "/v1/responses", R"({"input":"hi","store":false})");
+  const HttpReply unstored = http_call(server.port(), "POST", "/v1/responses",
+                                       R"({"input":"hi","store":false,"parallel_tool_calls":false})");
   ASSERT_EQ(unstored.status, 200);
+  EXPECT_EQ(Json::parse(unstored.body)["parallel_tool_calls"], false) << "echoed as sent";
+  EXPECT_EQ(one["parallel_tool_calls"], true) << "the default";
   const std::string unstored_id = Json::parse(unstored.body)["id"];
   const HttpReply gone = http_call(server.port(), "POST", "/v1/responses",
                                    Json({{"previous_response_id", unstored_id}, {"input", "x"}}).dump());

@@ -1,0 +1,101 @@
+// The Harmony token constraint (server/structured_output.h) on hand-written o200k transcripts: every token
+// of what gpt-oss writes for an allowed message is inside its step's mask, and a token the request does not
+// allow is outside it.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/structured_output.h"
+#include "tokenizer_util.h"
+
+namespace mx::server {
+namespace {
+
+using testing::ids_of;
+using testing::Piece;
+
+int32_t special(const char* name) {
+  const auto id = testing::o200k().special_id(name);
+  EXPECT_TRUE(id.has_value()) << name;
+  return id.value_or(-1);
+}
+
+StructuredOutputs& outputs() {
+  // Not owned: the fixture tokenizer lives as long as the test process. No background threads: the masks
+  // are built on demand, which must give the same answers.
+  static StructuredOutputs so(std::shared_ptr<const Tokenizer>(&testing::o200k(), [](const Tokenizer*) {}), 0);
+  return so;
+}
+
+ChatRequest weather_request(ToolChoice::Mode mode) {
+  ChatRequest r;
+  FunctionTool tool;
+  tool.name = "get_weather";
+  tool.parameters = nlohmann::ordered_json::parse(
+      R"({"type":"object","properties":{"city":{"enum":["Paris","Oslo"]},"days":{"type":"integer","minimum":1,"maximum":7}},)"
+      R"("required":["city","days"],"additionalProperties":false})");
+  r.tools.push_back(tool);
+  r.tool_choice.mode = mode;
+  if (mode == ToolChoice::Mode::kNamed) r.tool_choice.name = "get_weather";
+  return r;
+}
+
+// Feeds `ids` through a fresh constraint of `request`: the index of the first token outside its step's mask,
+// or -1 when every token was allowed.
+int64_t first_refused(const ChatRequest& request, const std::vector<int32_t>& ids) {
+  std::shared_ptr<const HarmonyPlan> plan;
+  const auto error = outputs().plan_for(request, &plan);
+  EXPECT_FALSE(error.has_value()) << error->message;
+  if (!plan) return -2;
+  auto constraint = StructuredOutputs::make_constraint(plan);
+  const int64_t vocab = testing::o200k().vocab_size();
+  std::vector<uint32_t> mask(static_cast<size_t>((vocab + 31) / 32));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (constraint->fill_mask(mask.data(), vocab) && !((mask[id >> 5] >> (id & 31)) & 1u)) return static_cast<int64_t>(i);
+    constraint->accept(id);
+  }
+  return -1;
+}
+
+std::vector<int32_t> tool_call(bool with_content_type, const std::string& arguments) {
+  const int32_t channel = special("<|channel|>"), message = special("<|message|>"), end = special("<|end|>"),
+                start = special("<|start|>"), call = special("<|call|>"), constrain = special("<|constrain|>");
+  std::vector<int32_t> ids = ids_of({channel, Piece("analysis"), message, Piece("Need weather."), end, start,
+                                     Piece("assistant"), channel});
+  const auto header = with_content_type ? ids_of({Piece("commentary to=functions.get_weather "), constrain, Piece("json")})
+                                        : ids_of({Piece("commentary to=functions.get_weather")});
+  ids.insert(ids.end(), header.begin(), header.end());
+  const auto body = ids_of({message, Piece(arguments), call});
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+TEST(HarmonyConstraint, ToolCallsWithAndWithoutConstrainJson) {
+  for (const auto mode : {ToolChoice::Mode::kRequired, ToolChoice::Mode::kNamed}) {
+    const ChatRequest r = weather_request(mode);
+    EXPECT_EQ(first_refused(r, tool_call(true, R"({"city":"Oslo","days":3})")), -1);
+    EXPECT_EQ(first_refused(r, tool_call(false, R"({"city":"Paris","days":7})")), -1);
+    // Arguments outside the tool's schema: refused inside the body, after the header.
+    const auto bad = tool_call(true, R"({"city":"Rome","days":3})");
+    const int64_t at = first_refused(r, bad);
+    EXPECT_GT(at, static_cast<int64_t>(tool_call(true, "").size()) - 2);
+    const auto too_many_days = tool_call(false, R"({"city":"Oslo","days":9})");
+    EXPECT_GT(first_refused(r, too_many_days), 0);
+  }
+}
+
+TEST(HarmonyConstraint, ConstrainOnlyAfterAToolHeader) {
+  ChatRequest r;
+  r.output.kind = OutputConstraint::Kind::kChoice;
+  r.output.choices = {"yes", "no"};
+  r.output.param = "guided_choice";
+  const int32_t channel = special("<|channel|>"), message = special("<|message|>"), ret = special("<|return|>"),
+                constrain = special("<|constrain|>");
+  EXPECT_EQ(first_refused(r, ids_of({channel, Piece("final"), message, Piece("yes"), ret})), -1);
+  EXPECT_EQ(first_refused(r, ids_of({channel, Piece("final"), constrain})), 2);
+  EXPECT_EQ(first_refused(r, ids_of({channel, Piece("final"), message, Piece("maybe"), ret})), 3);
+}
+
+}  // namespace
+}  // namespace mx::server
