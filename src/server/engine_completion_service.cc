@@ -250,6 +250,11 @@ std::optional<ApiError> EngineCompletionService::start_completion(const Completi
   }
   std::vector<JobChoice> choices;
   if (auto error = build_choices(context_length_, nullptr, prompts, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
+  std::shared_ptr<const TextPlan> plan;
+  if (auto error = structured_.plan_for_text(request.output, engine_.config().eos_token_ids.value_or(std::vector<int32_t>{}), &plan))
+    return error;
+  if (plan)
+    for (JobChoice& c : choices) c.input.constraint = StructuredOutputs::make_constraint(plan);
   return launch(GenerationJob::Kind::kCompletion, std::move(choices), std::move(stream));
 }
 

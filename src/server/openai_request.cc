@@ -585,11 +585,8 @@ std::optional<ApiError> parse_completion_request(const Json& body, CompletionReq
     out->sampling.top_logprobs = count;
   }
   MX_TRY(f.boolean("echo", &out->echo));
-  for (const char* key : {"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
-    if (f.find(key)) {  // refused rather than ignored: output would be silently unconstrained
-      return ApiError::invalid_request(quoted(key) + " is supported on /v1/chat/completions and /v1/responses, not on /v1/completions.", key);
-    }
-  }
+  // The whole completion follows the constraint (vLLM accepts the same fields here as on chat).
+  MX_TRY(parse_output_constraint(f, /*responses=*/false, &out->output));
   if (static_cast<int64_t>(out->prompts.size()) * out->sampling.n > kMaxPrompts)
     return ApiError::invalid_request("Prompts times 'n' must not exceed " + std::to_string(kMaxPrompts) + ".", "n");
   MX_TRY(parse_stream(f, &out->stream));

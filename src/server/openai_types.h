@@ -89,6 +89,7 @@ struct CompletionRequest {
   SamplingOptions sampling;
   StreamOptions stream;
   bool echo = false;
+  OutputConstraint output;  // the whole completion (not only an answer: there is no message structure)
 };
 
 // POST /v1/responses: the conversation becomes a ChatRequest (instructions as the developer message,

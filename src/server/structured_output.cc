@@ -170,6 +170,39 @@ class HarmonyConstraint final : public TokenConstraint {
   bool analysis_seen_ = false;
 };
 
+// One choice of a raw completion: the grammar from the first token, then an end id (TextPlan).
+class TextConstraint final : public TokenConstraint {
+ public:
+  explicit TextConstraint(std::shared_ptr<const TextPlan> plan) : plan_(std::move(plan)), matcher_(plan_->grammar) {}
+
+  bool fill_mask(uint32_t* words, int64_t vocab) override {
+    if (done_) return false;
+    const int64_t n = (vocab + 31) / 32;
+    scratch_.resize(static_cast<size_t>(matcher_.grammar().vocab().mask_words()));
+    matcher_.fill_mask(scratch_.data());
+    std::fill(words, words + n, 0u);
+    std::copy(scratch_.begin(), scratch_.begin() + std::min<int64_t>(n, scratch_.size()), words);
+    if (matcher_.can_end()) {
+      for (int32_t id : plan_->end_ids)
+        if (id >= 0 && id < vocab) set_bit(words, id);
+    }
+    return true;
+  }
+
+  void accept(int32_t token) override {
+    if (done_) return;
+    const bool end = std::find(plan_->end_ids.begin(), plan_->end_ids.end(), token) != plan_->end_ids.end();
+    // An end id closes the match; a token the grammar refuses (a test's forced transcript) stops constraining.
+    if ((end && matcher_.can_end()) || !matcher_.accept_token(token)) done_ = true;
+  }
+
+ private:
+  std::shared_ptr<const TextPlan> plan_;
+  GrammarMatcher matcher_;
+  std::vector<uint32_t> scratch_;
+  bool done_ = false;
+};
+
 }  // namespace
 
 StructuredOutputs::StructuredOutputs(std::shared_ptr<const Tokenizer> tokenizer, int precompute_threads)
@@ -218,6 +251,25 @@ Result<std::shared_ptr<const CompiledGrammar>> StructuredOutputs::compile(
   return compiled;
 }
 
+Result<std::shared_ptr<const CompiledGrammar>> StructuredOutputs::compile_output(const OutputConstraint& output) {
+  using Kind = OutputConstraint::Kind;
+  switch (output.kind) {
+    case Kind::kJsonObject:
+      return compile("json_object", [] { return Result<grammar::Grammar>(grammar::any_json_grammar(true)); });
+    case Kind::kJsonSchema:
+      return compile("schema:" + output.schema.dump(), [&] { return grammar::json_schema_grammar(output.schema); });
+    case Kind::kRegex: return compile("regex:" + output.text, [&] { return grammar::regex_grammar(output.text); });
+    case Kind::kGrammar: return compile("ebnf:" + output.text, [&] { return grammar::parse_ebnf(output.text); });
+    case Kind::kChoice: {
+      std::string key = "choice";
+      for (const std::string& c : output.choices) key += ":" + std::to_string(c.size()) + ":" + c;
+      return compile(key, [&] { return Result<grammar::Grammar>(literal_choice(output.choices)); });
+    }
+    case Kind::kNone: break;
+  }
+  return internal_error("no output constraint to compile");
+}
+
 std::optional<ApiError> StructuredOutputs::plan_for(const ChatRequest& request, std::shared_ptr<const HarmonyPlan>* out) {
   using Kind = OutputConstraint::Kind;
   const OutputConstraint& output = request.output;
@@ -236,24 +288,7 @@ std::optional<ApiError> StructuredOutputs::plan_for(const ChatRequest& request, 
     return ApiError::invalid_request("Cannot enforce '" + param + "': " + st.message(), param);
   };
   if (!must_call) {
-    Result<std::shared_ptr<const CompiledGrammar>> answer = Status(internal_error("no answer grammar"));
-    switch (output.kind) {
-      case Kind::kJsonObject:
-        answer = compile("json_object", [] { return Result<grammar::Grammar>(grammar::any_json_grammar(true)); });
-        break;
-      case Kind::kJsonSchema:
-        answer = compile("schema:" + output.schema.dump(), [&] { return grammar::json_schema_grammar(output.schema); });
-        break;
-      case Kind::kRegex: answer = compile("regex:" + output.text, [&] { return grammar::regex_grammar(output.text); }); break;
-      case Kind::kGrammar: answer = compile("ebnf:" + output.text, [&] { return grammar::parse_ebnf(output.text); }); break;
-      case Kind::kChoice: {
-        std::string key = "choice";
-        for (const std::string& c : output.choices) key += ":" + std::to_string(c.size()) + ":" + c;
-        answer = compile(key, [&] { return Result<grammar::Grammar>(literal_choice(output.choices)); });
-        break;
-      }
-      case Kind::kNone: break;  // not reached: an unconstrained answer without a required call returned above
-    }
+    auto answer = compile_output(output);
     if (!answer.is_ok()) return fail(answer.status(), output.param);
     plan->answer = *answer;
   }
@@ -302,6 +337,30 @@ std::optional<ApiError> StructuredOutputs::plan_for(const ChatRequest& request, 
 std::shared_ptr<TokenConstraint> StructuredOutputs::make_constraint(std::shared_ptr<const HarmonyPlan> plan) {
   auto text = plan->text_tokens;
   return std::make_shared<HarmonyConstraint>(std::move(plan), std::move(text));
+}
+
+std::optional<ApiError> StructuredOutputs::plan_for_text(const OutputConstraint& output, std::vector<int32_t> end_ids,
+                                                         std::shared_ptr<const TextPlan>* out) {
+  out->reset();
+  if (output.kind == OutputConstraint::Kind::kNone) return std::nullopt;
+  std::call_once(vocabulary_built_, [this] { build_vocabulary(); });
+  auto compiled = compile_output(output);
+  if (!compiled.is_ok()) {
+    return ApiError::invalid_request("Cannot enforce '" + output.param + "': " + compiled.status().message(), output.param);
+  }
+  if (end_ids.empty()) {
+    return ApiError::invalid_request("Cannot enforce '" + output.param + "': the model has no end-of-sequence token to end "
+                                     "a constrained completion with.", output.param);
+  }
+  auto plan = std::make_shared<TextPlan>();
+  plan->grammar = *compiled;
+  plan->end_ids = std::move(end_ids);
+  *out = std::move(plan);
+  return std::nullopt;
+}
+
+std::shared_ptr<TokenConstraint> StructuredOutputs::make_constraint(std::shared_ptr<const TextPlan> plan) {
+  return std::make_shared<TextConstraint>(std::move(plan));
 }
 
 }  // namespace mx::server

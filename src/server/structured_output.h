@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "grammar/grammar_matcher.h"
 #include "grammar/mask_precompute.h"
@@ -48,6 +49,13 @@ struct HarmonyPlan {
   std::shared_ptr<const std::vector<uint32_t>> text_tokens;  // mask of every non-special token
 };
 
+// /v1/completions: the whole output follows the grammar, then one of the end ids (the engine's eos) once
+// the grammar may end; only an end id once nothing else may follow.
+struct TextPlan {
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  std::vector<int32_t> end_ids;
+};
+
 class StructuredOutputs {
  public:
   // `precompute_threads`: background threads building new grammars' node masks (0: masks are built by the
@@ -60,8 +68,15 @@ class StructuredOutputs {
   // One choice's constraint (each choice of n > 1 gets its own).
   static std::shared_ptr<TokenConstraint> make_constraint(std::shared_ptr<const HarmonyPlan> plan);
 
+  // The same for raw completions: null when `output` asks for nothing.
+  std::optional<ApiError> plan_for_text(const OutputConstraint& output, std::vector<int32_t> end_ids,
+                                        std::shared_ptr<const TextPlan>* plan);
+  static std::shared_ptr<TokenConstraint> make_constraint(std::shared_ptr<const TextPlan> plan);
+
  private:
   void build_vocabulary();
+  // The grammar `output` asks for (not kNone).
+  Result<std::shared_ptr<const grammar::CompiledGrammar>> compile_output(const OutputConstraint& output);
   Result<std::shared_ptr<const grammar::CompiledGrammar>> compile(const std::string& key,
                                                                  const std::function<Result<grammar::Grammar>()>& build);
 

@@ -634,6 +634,57 @@ TEST(ServerEngine, ToolChoiceRequiredAndNamedCallAToolWithValidArguments) {
   EXPECT_GT(calls, 0);
 }
 
+// /v1/completions: the whole text follows the constraint, then the model's eos; a bounded constraint
+// always finishes (only eos is allowed once nothing else may follow), streamed and not.
+TEST(ServerEngine, CompletionsFollowTheirConstraint) {
+  EngineServer server;
+  const char* schema = R"({"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer","minimum":1,"maximum":9}},)"
+                       R"("required":["ok","n"],"additionalProperties":false})";
+  struct Case {
+    std::string field;
+    std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  };
+  const std::vector<Case> cases = {
+      {R"("guided_choice":["yes","no","maybe"])", byte_level(grammar::parse_ebnf("root ::= \"yes\" | \"no\" | \"maybe\""))},
+      {R"("structured_outputs":{"regex":"[a-z]{1,5}-[0-9]{2}"})", byte_level(grammar::regex_grammar("[a-z]{1,5}-[0-9]{2}"))},
+      {std::string(R"("guided_json":)") + schema, byte_level(grammar::json_schema_grammar(Json::parse(schema)))},
+  };
+  constexpr int kN = 6;
+  for (const Case& c : cases) {
+    for (bool stream : {false, true}) {
+      const std::string body = std::string(R"({"model":"test-model","prompt":"Answer:","n":6,"seed":5,"max_tokens":48,)") +
+                               c.field + (stream ? R"(,"stream":true})" : "}");
+      RawClient client(server.port(), 300000);
+      client.send(make_request("POST", "/v1/completions", body));
+      const HttpReply r = client.read_reply();
+      ASSERT_EQ(r.status, 200) << r.body;
+      std::vector<std::string> text(kN), finish(kN);
+      if (stream) {
+        for (size_t at = r.body.find("data: "); at != std::string::npos; at = r.body.find("data: ", at + 1)) {
+          const size_t end = r.body.find("\n", at);
+          const Json event = Json::parse(r.body.substr(at + 6, end - at - 6), nullptr, false);
+          if (event.is_discarded()) continue;  // [DONE]
+          for (const Json& ch : event["choices"]) {
+            const int64_t i = ch["index"];
+            text[i] += ch["text"].get<std::string>();
+            if (!ch["finish_reason"].is_null()) finish[i] = ch["finish_reason"];
+          }
+        }
+      } else {
+        const Json reply = Json::parse(r.body);
+        for (const Json& ch : reply["choices"]) {
+          text[ch["index"].get<int64_t>()] = ch["text"];
+          finish[ch["index"].get<int64_t>()] = ch["finish_reason"];
+        }
+      }
+      for (int i = 0; i < kN; ++i) {
+        EXPECT_EQ(finish[i], "stop") << c.field << (stream ? " streamed" : "") << ": " << text[i];
+        EXPECT_TRUE(grammar_accepts(c.grammar, text[i], true)) << c.field << ": '" << text[i] << "'";
+      }
+    }
+  }
+}
+
 TEST(ServerEngine, StructuredOutputErrorsAre400sNamingTheField) {
   EngineServer server;
   auto expect_400 = [&](const std::string& path, const std::string& body, const std::string& param) {
@@ -647,7 +698,8 @@ TEST(ServerEngine, StructuredOutputErrorsAre400sNamingTheField) {
   expect_400("/v1/chat/completions", chat("x", R"(,"structured_outputs":{"grammar":"root ::= undefined_rule"})"),
              "structured_outputs.grammar");
   expect_400("/v1/chat/completions", chat("x", R"(,"guided_json":{"type":"string"},"guided_regex":"a")"), "guided_regex");
-  expect_400("/v1/completions", R"({"model":"test-model","prompt":"x","guided_json":{"type":"string"}})", "guided_json");
+  expect_400("/v1/completions", R"({"model":"test-model","prompt":"x","guided_regex":"(a"})", "guided_regex");
+  expect_400("/v1/completions", R"({"model":"test-model","prompt":"x","guided_json":{"type":"object","patternProperties":{}}})", "guided_json");
   const Json ok = post_json(server.port(), "/v1/chat/completions", chat("x", R"(,"max_tokens":4,"response_format":{"type":"text"})"));
   EXPECT_EQ(ok["choices"][0]["finish_reason"], "length");
 }
