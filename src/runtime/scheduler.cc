@@ -250,6 +250,7 @@ void Scheduler::update_verified(const ScheduledEntry& e, std::span<const Sampled
   const auto drafts = std::span<const int32_t>(r->verify_tokens).subspan(1, static_cast<size_t>(e.num_draft));
   int64_t accepted = 0;
   while (accepted < e.num_draft && rows[static_cast<size_t>(accepted)].token == drafts[static_cast<size_t>(accepted)]) ++accepted;
+  if (config_.speculative.accept_all) accepted = e.num_draft;  // benchmarks: the drafts stand (drafter.h)
   ++stats_.spec_drafts;
   stats_.spec_draft_tokens += e.num_draft;
   stats_.spec_accepted_tokens += accepted;
@@ -261,7 +262,14 @@ void Scheduler::update_verified(const ScheduledEntry& e, std::span<const Sampled
     register_full_pages(r);
     pools_.release_below_window(r->num_computed, &r->pages);
     r->rng.advance();  // the runner sampled row i with draw step + i and left the stream alone
-    append_token(r, rows[static_cast<size_t>(i)]);
+    const SampledToken& row = rows[static_cast<size_t>(i)];
+    if (i < accepted && row.token != drafts[static_cast<size_t>(i)]) {  // accept_all only
+      SampledToken forced = row;
+      forced.token = drafts[static_cast<size_t>(i)];
+      append_token(r, forced);
+    } else {
+      append_token(r, row);
+    }
   }
   // Rollback: positions past num_computed hold rejected drafts' KV; pages with nothing else are freed (the
   // rest is overwritten when those positions are computed again, and was never registered: only full

@@ -34,6 +34,8 @@ Status validate_speculative_config(const SpeculativeConfig& c) {
   if (c.ngram_max > 64) return invalid_argument("speculative-ngram-max must be at most 64");
   if ((c.algorithm == SpeculativeAlgorithm::kExternal) != (c.external != nullptr))
     return invalid_argument("an external drafter and the external speculative algorithm go together");
+  if (c.accept_all && c.algorithm != SpeculativeAlgorithm::kExternal)
+    return invalid_argument("accepting every draft is for external (benchmark) drafters only");
   return Status::ok();
 }
 

@@ -32,6 +32,10 @@ struct SpeculativeConfig {
   int64_t ngram_min = 1;         // n-gram: shortest suffix matched (vLLM's prompt_lookup_min)
   int64_t ngram_max = 4;         // n-gram: longest suffix matched (vLLM's prompt_lookup_max)
   std::shared_ptr<const Drafter> external;  // kExternal: the drafter (shared: configs are copied)
+  // Benchmarks only (kExternal): every draft counts as accepted and is appended whatever the target
+  // sampled, so each verify step yields k + 1 tokens: the all-accepted cost where a backend's numerics part
+  // from the recorded drafts (bf16 near ties of random weights). The tokens are then the drafts'.
+  bool accept_all = false;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
 };
 

@@ -222,6 +222,29 @@ TEST(EngineSpeculative, ForcedAcceptanceAcceptsEveryDraftAndEqualsPlainDecoding)
   }
 }
 
+TEST(EngineSpeculative, AcceptAllAppendsTheDraftsWhateverTheTargetSamples) {
+  const auto& fx = fixture_model("tiny-gpt-oss");
+  const int32_t vocab = static_cast<int32_t>(fx.model->dims().vocab_size);
+  std::vector<int32_t> script;  // not what the model would say
+  for (int32_t i = 0; i < 20; ++i) script.push_back((i * 7 + 3) % vocab);
+  EngineConfig c = spec_config(0);
+  c.speculative.algorithm = SpeculativeAlgorithm::kExternal;
+  c.speculative.num_draft_tokens = 3;
+  c.speculative.external = std::make_shared<const ReferenceDrafter>(std::vector<ReferenceDrafter::Reference>{{fx.prompts[0], script}});
+  c.speculative.accept_all = true;
+  const DriveResult r = run(fx, c, {{0, greedy_request(fx.prompts[0], 21)}});
+  const auto& out = r.outputs[0].token_ids;
+  ASSERT_EQ(out.size(), 21u);
+  // Token 0 comes from the prefill; every verify step after it keeps its 3 drafts and the bonus sample.
+  for (size_t i = 1; i < out.size(); ++i)
+    if (i % 4 != 0) EXPECT_EQ(out[i], script[i]) << i;
+  EXPECT_EQ(r.stats.scheduler.spec_accepted_tokens, r.stats.scheduler.spec_draft_tokens);
+  EXPECT_EQ(r.stats.pages_used, 0);
+  EngineConfig bad = spec_config(3);
+  bad.speculative.accept_all = true;
+  EXPECT_FALSE(EngineCore::create(*fx.model, bad).is_ok());  // only for external (benchmark) drafters
+}
+
 TEST(EngineSpeculative, StopsEosLengthsAndLogprobsInsideAcceptedRuns) {
   const auto& fx = fixture_model("tiny-gpt-oss");
   const auto& prompt = fx.prompts[0];
