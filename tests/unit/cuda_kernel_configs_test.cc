@@ -150,11 +150,13 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 99).k_splits, kSkinnyLinearMaxKSplits);
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 0, 8).chunks_in_flight, 8);
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 12, 5120, 2880, 0, 8).chunks_in_flight, 4);  // two tiles
-  // gpt-oss on an H100/H200 (132 SMs, 264 slots): o (180 strips) takes the skinny kernel; qkv (320 strips,
-  // 1.2 waves) and the lm_head (12,568) stay on cuBLASLt.
-  EXPECT_TRUE(skinny_linear_one_wave(sm90_h200(), 2880));
-  EXPECT_FALSE(skinny_linear_one_wave(sm90_h200(), 201088));
-  EXPECT_FALSE(skinny_linear_one_wave(sm90_h200(), 5120));
+  // gpt-oss on an H100/H200 (132 SMs, 264 slots): o (180 strips, one wave) and the lm_head (12,568, 48
+  // waves) take the skinny kernel; qkv (320 strips, 1.2 waves) stays on cuBLASLt.
+  EXPECT_TRUE(skinny_linear_by_default(sm90_h200(), 2880));
+  EXPECT_TRUE(skinny_linear_by_default(sm90_h200(), 201088));
+  EXPECT_FALSE(skinny_linear_by_default(sm90_h200(), 5120));
+  EXPECT_TRUE(skinny_linear_by_default(sm90_h200(), 16 * 264 * 16));      // exactly 16 waves
+  EXPECT_FALSE(skinny_linear_by_default(sm90_h200(), 16 * 264 * 16 - 16));
   EXPECT_TRUE(use_skinny_linear(1, 2880));
   EXPECT_TRUE(use_skinny_linear(16, 4096));
   EXPECT_FALSE(use_skinny_linear(17, 4096));

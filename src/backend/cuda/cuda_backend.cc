@@ -289,7 +289,7 @@ class CudaBackend final : public Backend {
                          reinterpret_cast<uintptr_t>(weight.data()) % 16 == 0;
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     const int max_rows = so.max_rows;  // > 0: forced, whatever the waves
-    if (aligned && use_skinny_linear(m, k, max_rows) && (max_rows > 0 || skinny_linear_one_wave(dev_, n))) {
+    if (aligned && use_skinny_linear(m, k, max_rows) && (max_rows > 0 || skinny_linear_by_default(dev_, n))) {
       const SkinnyLinearConfig c =
           choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight);
       SkinnyLinearParams s;

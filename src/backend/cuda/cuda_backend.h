@@ -33,7 +33,7 @@ struct CudaMoeOptions {
 };
 
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to
-// kSkinnyLinearMaxRows rows where skinny_linear_one_wave (kernel_configs.h); > 0 = every linear of up
+// kSkinnyLinearMaxRows rows where skinny_linear_by_default (kernel_configs.h); > 0 = every linear of up
 // to that many rows (capped at kSkinnyLinearMaxRows); 0 = none (tests and benchmarks compare the two).
 // `k_splits`, `chunks_in_flight` > 0 force those config fields (benchmarks).
 struct CudaSkinnyLinearOptions {

@@ -150,9 +150,10 @@ SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m,
   return c;
 }
 
-bool skinny_linear_one_wave(const DeviceInfo& dev, int64_t n) {
+bool skinny_linear_by_default(const DeviceInfo& dev, int64_t n) {
   const int64_t strips = ceil_div(n, 16);
-  return strips <= static_cast<int64_t>(std::max(1, dev.sm_count)) * kSkinnyLinearCtasPerSm;
+  const int64_t slots = static_cast<int64_t>(std::max(1, dev.sm_count)) * kSkinnyLinearCtasPerSm;
+  return strips <= slots || strips >= kSkinnyLinearManyWaves * slots;
 }
 
 bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows) {

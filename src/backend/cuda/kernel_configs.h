@@ -161,7 +161,7 @@ bool use_grouped_moe(int64_t num_slots, int64_t num_experts, bool wgmma);
 // also splits K over `k_splits` CTAs whose fp32 partials the last CTA of the strip sums in split order (a
 // ticket per strip); it measured slower (kernel_configs.cc). Nothing depends on M but the token tiles,
 // so a token's sums run in the same order at any M <= the threshold. cuBLASLt above it, and for shapes
-// whose strips do not fit one wave (skinny_linear_one_wave).
+// whose strips neither fit one wave nor fill many (skinny_linear_by_default).
 inline constexpr int64_t kSkinnyLinearMaxRows = 16;
 inline constexpr int kSkinnyLinearWarps = 8;
 inline constexpr int kSkinnyLinearMaxKSplits = 8;
@@ -182,11 +182,14 @@ struct SkinnyLinearConfig {
 // `chunks_in_flight` 8 picks the 8-chunk variant for one token tile (benchmarks; 0 = default, 4).
 SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k,
                                                int k_splits = 0, int chunks_in_flight = 0);
-// Whether the 16-row strips of n fit one wave of resident CTAs; linear() keeps cuBLASLt when they do not.
-// Measured on an H100 at one token (docs/PERF.md): o's 180 strips on 264 slots 10.7-12.5 us against
-// cuBLASLt's 13.7; qkv's 320 strips (1.2 waves) 13.8-16.6 against 12.8; the lm_head's 12,568 strips 423
-// against 410 (at 60% of HBM both: the kernel's per-warp load rounds, not the waves, bound it there).
-bool skinny_linear_one_wave(const DeviceInfo& dev, int64_t n);
+// Whether linear() takes the skinny kernel for n output channels when not forced: the 16-row strips fit
+// one wave of resident CTAs, or fill at least kSkinnyLinearManyWaves waves (the last wave's tail is then
+// small); in between (a wave and a fraction) cuBLASLt. Measured on an H100 (docs/PERF.md,
+// bench/results/2026-11-24-h100-skinny-linear-*): o's 180 strips on 264 slots 10.7-12.4 us against
+// cuBLASLt's 13.0-13.4 at 1-16 tokens; qkv's 320 strips (1.2 waves) 13.7-16.4 against 12.8-13.5; the
+// lm_head's 12,568 strips (48 waves) 388-413 us against 408-418 (5% less at 1-8 tokens).
+inline constexpr int64_t kSkinnyLinearManyWaves = 16;
+bool skinny_linear_by_default(const DeviceInfo& dev, int64_t n);
 // Whether linear() takes the skinny kernel: 1 <= m <= min(max_rows, kSkinnyLinearMaxRows) (max_rows < 0:
 // no further limit) and k a multiple of 8 (16-byte rows).
 bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
