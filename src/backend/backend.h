@@ -239,6 +239,13 @@ class Backend {
   // out[t, n] = sum_k x[t, k] * weight[n, k] + bias[n]; weight bf16 [N, K], bias bf16 [N] or empty.
   // out may be f32 or the activation dtype.
   virtual Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) = 0;
+  // The same product with FP8 dense weights (`--dense-dtype fp8`): weight fp8 e4m3 [N, K], scale f32 [N] (one per
+  // output channel), out[t, n] = scale[n] * sum_k x[t, k] * weight[n, k] + bias[n]. Backends without it refuse.
+  virtual Status linear_fp8(const TensorView& x, const TensorView& weight, const TensorView& scale,
+                            const TensorView& bias, TensorView out) {
+    (void)x, (void)weight, (void)scale, (void)bias, (void)out;
+    return unimplemented(name() + " backend has no FP8 dense linear");
+  }
   virtual Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) = 0;
   virtual Status attention(const AttentionParams& p, const BatchView& batch) = 0;
   virtual Status router_topk(const RouterParams& p) = 0;

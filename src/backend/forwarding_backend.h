@@ -55,6 +55,10 @@ class ForwardingBackend : public Backend {
   Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) override {
     return inner_.linear(x, weight, bias, out);
   }
+  Status linear_fp8(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                    TensorView out) override {
+    return inner_.linear_fp8(x, weight, scale, bias, out);
+  }
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override { return inner_.qkv_rope(p, batch); }
   Status attention(const AttentionParams& p, const BatchView& batch) override { return inner_.attention(p, batch); }
   Status router_topk(const RouterParams& p) override { return inner_.router_topk(p); }

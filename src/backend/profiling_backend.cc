@@ -66,6 +66,11 @@ Status ProfilingBackend::add_rms_norm(TensorView residual, const TensorView& del
 Status ProfilingBackend::linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) {
   return timed("linear", weight.dim(0), [&] { return inner().linear(x, weight, bias, out); });
 }
+// Counted as "linear" so the breakdown files FP8 dense GEMMs with the bf16 ones.
+Status ProfilingBackend::linear_fp8(const TensorView& x, const TensorView& weight, const TensorView& scale,
+                                    const TensorView& bias, TensorView out) {
+  return timed("linear", weight.dim(0), [&] { return inner().linear_fp8(x, weight, scale, bias, out); });
+}
 Status ProfilingBackend::qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
   return timed("qkv_rope", 0, [&] { return inner().qkv_rope(p, batch); });
 }

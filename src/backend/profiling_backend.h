@@ -42,6 +42,8 @@ class ProfilingBackend final : public ForwardingBackend {
   Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                       TensorView out) override;
   Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) override;
+  Status linear_fp8(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                    TensorView out) override;
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override;
   Status attention(const AttentionParams& p, const BatchView& batch) override;
   Status router_topk(const RouterParams& p) override;

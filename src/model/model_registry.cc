@@ -13,7 +13,8 @@ namespace mx {
 namespace {
 
 using BuildFn = std::function<Result<std::unique_ptr<Model>>(const std::string& config_json, const std::string& source,
-                                                             GenerationConfig, Checkpoint, Backend&, const ModelShard&)>;
+                                                             GenerationConfig, Checkpoint, Backend&, const ModelShard&,
+                                                             const ModelLoadOptions&)>;
 
 struct Family {
   const char* model_type;                  // config.json's model_type
@@ -23,16 +24,19 @@ struct Family {
 };
 
 Result<std::unique_ptr<Model>> build_gpt_oss(const std::string& text, const std::string& source, GenerationConfig g,
-                                             Checkpoint checkpoint, Backend& backend, const ModelShard& shard) {
+                                             Checkpoint checkpoint, Backend& backend, const ModelShard& shard,
+                                             const ModelLoadOptions& options) {
   MX_ASSIGN_OR_RETURN(GptOssConfig config, parse_gpt_oss_config(text, source));
   MX_ASSIGN_OR_RETURN(auto model, GptOssModel::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint),
-                                                               backend, shard));
+                                                               backend, shard, options));
   return std::unique_ptr<Model>(std::move(model));
 }
 
 Result<std::unique_ptr<Model>> build_gemma4(const std::string& text, const std::string& source, GenerationConfig g,
-                                            Checkpoint checkpoint, Backend& backend, const ModelShard& shard) {
+                                            Checkpoint checkpoint, Backend& backend, const ModelShard& shard,
+                                            const ModelLoadOptions& options) {
   if (shard.size > 1) return unimplemented(source + ": Gemma-4 cannot be split over tensor-parallel ranks yet");
+  if (options.dense_dtype != DType::kBF16) return unimplemented(source + ": Gemma-4 has no FP8 dense weights yet (--dense-dtype)");
   MX_ASSIGN_OR_RETURN(Gemma4Config config, parse_gemma4_config(text, source));
   MX_ASSIGN_OR_RETURN(auto model, Gemma4Model::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint), backend));
   return std::unique_ptr<Model>(std::move(model));
@@ -89,18 +93,20 @@ Result<std::string> model_chat_format(const std::string& model_dir) {
 
 Result<std::unique_ptr<Model>> model_from_checkpoint(const std::string& config_json, const std::string& source,
                                                      GenerationConfig generation_config, Checkpoint checkpoint,
-                                                     Backend& backend) {
+                                                     Backend& backend, const ModelLoadOptions& options) {
   MX_ASSIGN_OR_RETURN(const Family* f, find_family(config_json, source));
-  return f->build(config_json, source, std::move(generation_config), std::move(checkpoint), backend, ModelShard{});
+  return f->build(config_json, source, std::move(generation_config), std::move(checkpoint), backend, ModelShard{},
+                  options);
 }
 
-Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend, const ModelShard& shard) {
+Result<std::unique_ptr<Model>> load_model(const std::string& model_dir, Backend& backend, const ModelShard& shard,
+                                          const ModelLoadOptions& options) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
   MX_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
   MX_ASSIGN_OR_RETURN(const Family* f, find_family(text, path));
   MX_ASSIGN_OR_RETURN(GenerationConfig generation_config, load_generation_config(model_dir));
   MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open_dir(model_dir));
-  auto model = f->build(text, path, std::move(generation_config), std::move(checkpoint), backend, shard);
+  auto model = f->build(text, path, std::move(generation_config), std::move(checkpoint), backend, shard, options);
   if (!model.is_ok()) return model.status().with_context(model_dir);
   return model;
 }

@@ -93,7 +93,8 @@ class TensorParallelModel final : public Model {
   TensorParallelModel(int size, Backend& rank_zero) : size_(size), threads_(size), rank_zero_(rank_zero) {}
 
   // Rank r on device options.device + r (CUDA) or on another CPU backend; rank 0 on the caller's backend.
-  Status load(const std::string& model_dir, Backend& backend, const BackendOptions& options) {
+  Status load(const std::string& model_dir, Backend& backend, const BackendOptions& options,
+              const ModelLoadOptions& load_options) {
     std::vector<Backend*> raw = {&backend};
     backends_.resize(static_cast<size_t>(size_));
     for (int r = 1; r < size_; ++r) {
@@ -109,7 +110,7 @@ class TensorParallelModel final : public Model {
       Backend& b = *raw[static_cast<size_t>(r)];
       MX_RETURN_IF_ERROR(b.make_current());
       const ModelShard shard{r, size_, comms_[static_cast<size_t>(r)].get(), static_cast<int64_t>(layers.size())};
-      auto rank = load_model(model_dir, b, shard);
+      auto rank = load_model(model_dir, b, shard, load_options);
       if (!rank.is_ok()) {
         MX_RETURN_IF_ERROR(backend.make_current());
         return rank.status();
@@ -221,11 +222,12 @@ Status check_tensor_parallel_backend(const BackendOptions& options, int size) {
 }
 
 Result<std::unique_ptr<Model>> load_tensor_parallel_model(const std::string& model_dir, Backend& backend,
-                                                          const BackendOptions& options, int size) {
+                                                          const BackendOptions& options, int size,
+                                                          const ModelLoadOptions& load_options) {
   MX_RETURN_IF_ERROR(check_tensor_parallel_backend(options, size));
-  if (size == 1) return load_model(model_dir, backend);
+  if (size == 1) return load_model(model_dir, backend, ModelShard{}, load_options);
   auto model = std::make_unique<TensorParallelModel>(size, backend);
-  MX_RETURN_IF_ERROR(model->load(model_dir, backend, options));
+  MX_RETURN_IF_ERROR(model->load(model_dir, backend, options, load_options));
   return std::unique_ptr<Model>(std::move(model));
 }
 

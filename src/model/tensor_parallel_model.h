@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "model/load_options.h"
 #include "model/model.h"
 
 namespace mx {
@@ -25,6 +26,7 @@ namespace mx {
 Status check_tensor_parallel_backend(const BackendOptions& options, int size);
 
 Result<std::unique_ptr<Model>> load_tensor_parallel_model(const std::string& model_dir, Backend& backend,
-                                                          const BackendOptions& options, int size);
+                                                          const BackendOptions& options, int size,
+                                                          const ModelLoadOptions& load_options = {});
 
 }  // namespace mx

@@ -453,11 +453,12 @@ Status run(const CliArgs& args) {
   if (s.breakdown && !backend.make_timer(2).is_ok())
     return invalid_argument("--breakdown needs a backend with a device timer (cuda)");
 
+  MX_ASSIGN_OR_RETURN(const ModelLoadOptions load_options, model_load_options(args));
   const auto load_start = Clock::now();
   std::unique_ptr<Model> model;
   double synth_s = 0;
   if (args.has("model")) {
-    MX_ASSIGN_OR_RETURN(model, load_tensor_parallel_model(args.get("model"), backend, bo, tp));
+    MX_ASSIGN_OR_RETURN(model, load_tensor_parallel_model(args.get("model"), backend, bo, tp, load_options));
   } else {
     SyntheticOptions so;
     so.seed = s.seed;
@@ -466,7 +467,7 @@ Status run(const CliArgs& args) {
     synth_s = since(load_start);
     MX_ASSIGN_OR_RETURN(model, model_from_checkpoint(synthetic.config_json, "preset " + args.get("preset"),
                                                      std::move(synthetic.generation_config),
-                                                     std::move(synthetic.checkpoint), backend));
+                                                     std::move(synthetic.checkpoint), backend, load_options));
   }
   const double load_s = since(load_start);
   const int64_t vocab = model->dims().vocab_size;
@@ -564,6 +565,7 @@ Status run(const CliArgs& args) {
   out["device"] = backend.device_name();
   out["backend"] = backend.name();
   out["model"] = args.has("model") ? args.get("model") : "preset:" + args.get("preset");
+  out["dense_dtype"] = args.get("dense-dtype", "bf16");
   out["input_lens"] = s.input_lens;
   out["output_len"] = s.output_len;
   out["cuda_graphs"] = !startup.graph_batch_sizes.empty();

@@ -24,6 +24,9 @@ std::vector<CliOption> engine_cli_options() {
        {"num-speculative-tokens"}},
       {"speculative-ngram-min", true, "ngram: shortest suffix looked up in the sequence (default 1)", {"prompt-lookup-min"}},
       {"speculative-ngram-max", true, "ngram: longest suffix looked up in the sequence (default 4)", {"prompt-lookup-max"}},
+      {"dense-dtype", true,
+       "bf16 (default) or fp8: qkv, o_proj and lm_head weights converted at load to FP8 e4m3 with one scale per "
+       "output channel (fewer bytes per decode step, less accurate logits: docs/API.md, docs/PERF.md)"},
   };
 }
 
@@ -31,6 +34,14 @@ Result<int> tensor_parallel_size(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(const int64_t tp, args.get_int("tensor-parallel-size", 1));
   if (tp < 1 || tp > 64) return invalid_argument("--tensor-parallel-size must be in [1, 64]");
   return static_cast<int>(tp);
+}
+
+Result<ModelLoadOptions> model_load_options(const CliArgs& args) {
+  ModelLoadOptions options;
+  if (args.has("dense-dtype")) {
+    MX_ASSIGN_OR_RETURN(options.dense_dtype, parse_dense_dtype(args.get("dense-dtype")));
+  }
+  return options;
 }
 
 Status read_engine_flags(const CliArgs& args, EngineConfig* c) {

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "model/load_options.h"
 #include "runtime/engine_config.h"
 #include "tools/cli_args.h"
 
@@ -22,5 +23,8 @@ Status read_speculative_flags(const CliArgs& args, SpeculativeConfig* config);
 // --tensor-parallel-size (--tp): 1 when absent; the commands that load a model for serving list the flag
 // themselves (generate, serve).
 Result<int> tensor_parallel_size(const CliArgs& args);
+
+// --dense-dtype (bf16 when absent): how the model's dense projections are kept on the device.
+Result<ModelLoadOptions> model_load_options(const CliArgs& args);
 
 }  // namespace mx

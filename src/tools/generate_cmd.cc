@@ -126,7 +126,9 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
   MX_RETURN_IF_ERROR(check_tensor_parallel_backend(backend_options, tp));
   MX_ASSIGN_OR_RETURN(auto backend, make_backend(backend_options));
-  MX_ASSIGN_OR_RETURN(auto model, load_tensor_parallel_model(args.get("model"), *backend, backend_options, tp));
+  MX_ASSIGN_OR_RETURN(const ModelLoadOptions load_options, model_load_options(args));
+  MX_ASSIGN_OR_RETURN(auto model,
+                      load_tensor_parallel_model(args.get("model"), *backend, backend_options, tp, load_options));
   MX_ASSIGN_OR_RETURN(auto engine, Engine::start(*model, config));
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -211,7 +211,9 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   loaded->tokenizer = chat->tokenizer;
   loaded->format = chat->format;
   MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
-  MX_ASSIGN_OR_RETURN(loaded->model, load_tensor_parallel_model(model_dir, *loaded->backend, backend_options, tp));
+  MX_ASSIGN_OR_RETURN(const ModelLoadOptions load_options, model_load_options(args));
+  MX_ASSIGN_OR_RETURN(loaded->model,
+                      load_tensor_parallel_model(model_dir, *loaded->backend, backend_options, tp, load_options));
   const int64_t vocab = loaded->model->dims().vocab_size;
   if (loaded->tokenizer->vocab_size() > vocab)
     return invalid_argument("the tokenizer's vocabulary (" + std::to_string(loaded->tokenizer->vocab_size()) +

@@ -99,6 +99,11 @@ class CpuBackend final : public Backend {
     cpu::linear(pool_, x, weight, bias, out);
     return Status::ok();
   }
+  Status linear_fp8(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                    TensorView out) override {
+    cpu::linear_fp8(pool_, x, weight, scale, bias, out);
+    return Status::ok();
+  }
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override {
     cpu::qkv_rope(p, batch);
     return Status::ok();

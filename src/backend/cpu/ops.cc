@@ -129,6 +129,27 @@ void linear(ThreadPool& pool, const TensorView& x, const TensorView& weight, con
   });
 }
 
+void linear_fp8(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& scale,
+                const TensorView& bias, TensorView out) {
+  const int64_t n = weight.dim(0), k = weight.dim(1), t_count = x.numel() / k;
+  MX_CHECK(weight.dtype() == DType::kF8E4M3) << dtype_name(weight.dtype());
+  MX_CHECK(scale.dtype() == DType::kF32 && scale.numel() == n) << "scale " << dtype_name(scale.dtype());
+  MX_CHECK_EQ(out.numel(), t_count * n);
+  MX_CHECK(out.dtype() == DType::kF32) << "CPU activations are f32";
+  const float* xs = x.ptr<const float>();
+  const uint8_t* ws = weight.ptr<const uint8_t>();
+  float* ys = out.ptr<float>();
+  pool.parallel_for(n, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(static_cast<size_t>(k));
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t i = 0; i < k; ++i) w[i] = fp8e4m3_to_f32(ws[row * k + i]);
+      const float s = scale.ptr<const float>()[row];
+      const float b = bias.empty() ? 0.0f : load_f32(bias, row);
+      for (int64_t t = 0; t < t_count; ++t) ys[t * n + row] = s * dot(xs + t * k, w.data(), k) + b;
+    }
+  });
+}
+
 void qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
   const int64_t hd = p.head_dim, half = hd / 2, width = (p.n_q + 2 * p.n_kv) * hd;
   const float* inv_freq = p.inv_freq.ptr<const float>();

@@ -21,6 +21,9 @@ void gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out)
 void scale_by(TensorView x, const TensorView& factor);  // x *= factor[0]
 void add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps, TensorView out);
 void linear(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out);
+// linear with fp8 e4m3 weights [N, K] and an f32 scale per output channel [N] (Backend::linear_fp8).
+void linear_fp8(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& scale,
+                const TensorView& bias, TensorView out);
 void qkv_rope(const QkvRopeParams& p, const BatchView& batch);
 void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batch);
 void router_topk(const RouterParams& p);

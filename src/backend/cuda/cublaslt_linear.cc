@@ -20,7 +20,7 @@ Result<LtLinear> LtLinear::create(int64_t workspace_bytes) {
 Result<LtLinear::Plan*> LtLinear::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
-  const auto [m, n, k, out_f32, has_bias] = key;
+  const auto [m, n, k, out_f32, has_bias, ldd] = key;
   auto p = std::make_unique<Plan>();
   cublasLtMatmulDesc_t desc = nullptr;
   MX_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -44,7 +44,7 @@ Result<LtLinear::Plan*> LtLinear::plan(const Key& key) {
   p->a = LtLayout(a);
   MX_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, k));
   p->b = LtLayout(b);
-  MX_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d, out_type, n, m, n));
+  MX_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d, out_type, n, m, ldd));
   p->d = LtLayout(d);
   cublasLtMatmulPreference_t pref = nullptr;
   MX_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
@@ -66,8 +66,8 @@ Result<LtLinear::Plan*> LtLinear::plan(const Key& key) {
 }
 
 Status LtLinear::run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k,
-                     bool out_f32, cudaStream_t stream) {
-  MX_ASSIGN_OR_RETURN(Plan * p, plan(Key{m, n, k, out_f32, bias != nullptr}));
+                     bool out_f32, cudaStream_t stream, int64_t ldd) {
+  MX_ASSIGN_OR_RETURN(Plan * p, plan(Key{m, n, k, out_f32, bias != nullptr, ldd > 0 ? ldd : n}));
   if (bias)
     MX_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                              sizeof(bias)));

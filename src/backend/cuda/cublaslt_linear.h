@@ -16,9 +16,10 @@ class LtLinear {
  public:
   static Result<LtLinear> create(int64_t workspace_bytes);
 
-  // out: f32 when `out_f32`, else bf16. bias may be null (then no epilogue).
+  // out: f32 when `out_f32`, else bf16. bias may be null (then no epilogue). ldd: elements between out's rows
+  // (0 = n; larger writes n columns of a wider matrix).
   Status run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k, bool out_f32,
-             cudaStream_t stream);
+             cudaStream_t stream, int64_t ldd = 0);
 
  private:
   struct Plan {
@@ -26,7 +27,7 @@ class LtLinear {
     LtLayout a, b, d;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // m, n, k, out_f32, has_bias
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>;  // m, n, k, out_f32, has_bias, ldd
   Result<Plan*> plan(const Key& key);
 
   LtHandle handle_;

@@ -20,6 +20,9 @@ namespace {
 using namespace mx::cuda;
 
 constexpr int64_t kLtWorkspaceBytes = 32ll << 20;
+// linear_fp8 above 16 rows: the largest bf16 slab of widened FP8 weights (gpt-oss qkv and o fit in one; the
+// lm_head takes ~18 slabs at 20b).
+constexpr int64_t kFp8SlabBytes = 64ll << 20;
 // Router batches up to this size run the fused GEMV + top-k kernel; larger ones use cuBLASLt for logits.
 constexpr int64_t kFusedRouterMaxTokens = 32;
 
@@ -98,6 +101,7 @@ struct Scratch {
   Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling, linear_partials, linear_tickets;
   Buffer share_ids, share_weights;  // expert parallel: the slots' local expert ids and weights
   Buffer gemma_router_tickets;
+  Buffer dense_fp8;                  // FP8 dense weights widened to bf16 for M > 16 (linear_fp8)
   int64_t max_slots = 0, max_tiles = 0, experts = 0;
 };
 
@@ -197,6 +201,8 @@ class CudaBackend final : public Backend {
     MX_ASSIGN_OR_RETURN(Buffer b, allocate(host.bytes()));
     TensorView view(b.data(), host.dtype(), host.shape(), Device::kCuda);
     MX_RETURN_IF_ERROR(copy_from_host(view, host.data()));
+    if (host.dtype() == DType::kF8E4M3 && host.rank() == 2)  // prepare() sizes the slab linear_fp8 needs
+      fp8_slab_bytes_ = std::max(fp8_slab_bytes_, fp8_slab_rows(host.dim(0), host.dim(1)) * host.dim(1) * 2);
     owner->push_back(std::move(b));
     return view;
   }
@@ -313,6 +319,62 @@ class CudaBackend final : public Backend {
     if (!bias.empty() && out_f32)
       return launch_add_bias_f32({ptr<float>(out), ptr<const uint16_t>(bias), m, n}, stream_.get());
     return Status::ok();
+  }
+
+  // FP8 dense weights: the skinny kernel reads them as they are for a few rows; more rows widen them to bf16
+  // (scale applied) in slabs of at most kFp8SlabBytes and run each slab on cuBLASLt.
+  Status linear_fp8(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                    TensorView out) override {
+    expect(x, DType::kBF16, "linear_fp8 x");
+    expect(weight, DType::kF8E4M3, "linear_fp8 weight");
+    expect(scale, DType::kF32, "linear_fp8 scale");
+    const int64_t n = weight.dim(0), k = weight.dim(1), m = x.numel() / k;
+    MX_CHECK_EQ(scale.numel(), n);
+    MX_CHECK_EQ(out.numel(), m * n);
+    const bool out_f32 = out.dtype() == DType::kF32;
+    MX_CHECK(out_f32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
+    if (m == 0) return Status::ok();
+    if (k % 8 != 0) return unimplemented("FP8 dense linear: k must be a multiple of 8");
+    const CudaSkinnyLinearOptions& so = options_.skinny_linear;
+    if (reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && use_skinny_linear(m, k, so.max_rows)) {
+      const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight);
+      SkinnyLinearParams s;
+      s.x = ptr<const uint16_t>(x);
+      s.w_fp8 = ptr<const uint8_t>(weight);
+      s.w_scale = ptr<const float>(scale);
+      s.bias = bias.empty() ? nullptr : ptr<const uint16_t>(bias);
+      s.out = out.data();
+      s.m = m, s.n = n, s.k = k;
+      s.out_f32 = out_f32;
+      if (c.k_splits > 1) {
+        MX_RETURN_IF_ERROR(ensure_linear_scratch());
+        s.partials = ptr_of<float>(scratch_.linear_partials);
+        s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
+      }
+      return launch_skinny_linear(s, c, stream_.get());
+    }
+    const int64_t slab_rows = fp8_slab_rows(n, k);
+    MX_RETURN_IF_ERROR(ensure(scratch_.dense_fp8, slab_rows * k * 2, "FP8 dense slab"));
+    const bool fused_bias = !bias.empty() && !out_f32;
+    const int64_t out_bytes = out_f32 ? 4 : 2;
+    for (int64_t r0 = 0; r0 < n; r0 += slab_rows) {
+      const int64_t rows = std::min(slab_rows, n - r0);
+      auto* slab = ptr_of<uint16_t>(scratch_.dense_fp8);
+      MX_RETURN_IF_ERROR(launch_dequant_fp8_rows(ptr<const uint8_t>(weight) + r0 * k, ptr<const float>(scale) + r0,
+                                                 slab, rows, k, stream_.get()));
+      const void* slab_bias = fused_bias ? static_cast<const void*>(ptr<const uint16_t>(bias) + r0) : nullptr;
+      MX_RETURN_IF_ERROR(lt_->run(x.data(), slab, slab_bias, static_cast<char*>(out.data()) + r0 * out_bytes, m, rows, k,
+                                  out_f32, stream_.get(), n));
+    }
+    if (!bias.empty() && out_f32)
+      return launch_add_bias_f32({ptr<float>(out), ptr<const uint16_t>(bias), m, n}, stream_.get());
+    return Status::ok();
+  }
+
+  // Rows of one bf16 slab of an FP8 weight [n, k]: all of them when they fit kFp8SlabBytes, else a multiple of 16.
+  static int64_t fp8_slab_rows(int64_t n, int64_t k) {
+    const int64_t fit = std::max<int64_t>(16, kFp8SlabBytes / (2 * k) / 16 * 16);
+    return std::min(n, fit);
   }
 
   static PagedKv paged(const KvLayerView& kv, const BatchView& batch) {
@@ -773,6 +835,7 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(
         ensure(scratch_.gemma_router_tickets, gemma_router_tickets(s.max_tokens) * 4, "router tickets", true));
     MX_RETURN_IF_ERROR(ensure_linear_scratch());
+    if (fp8_slab_bytes_ > 0) MX_RETURN_IF_ERROR(ensure(scratch_.dense_fp8, fp8_slab_bytes_, "FP8 dense slab"));
     // Decode splits shrink as the batch grows: tokens * splits <= tokens + 3 * SMs (kernel_configs.cc).
     MX_RETURN_IF_ERROR(ensure(scratch_.partials, (s.max_tokens + 3 * dev_.sm_count + 1) * s.n_q * (s.head_dim + 2) * 4,
                               "attention partials"));
@@ -821,6 +884,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
+  int64_t fp8_slab_bytes_ = 0;  // the largest slab an uploaded FP8 weight needs
   DeviceInfo dev_;
   CudaBackendOptions options_;
   CudaStream stream_;

@@ -24,11 +24,19 @@ double expert_bytes(const GptOssConfig& c) {
 }
 
 DecodeStepBytes decode_step_bytes(const GptOssConfig& c, int64_t batch, double experts_per_layer, int64_t context,
-                                  int64_t kv_elem_bytes) {
+                                  int64_t kv_elem_bytes, double dense_weight_bytes) {
   DecodeStepBytes b;
   const double layers = static_cast<double>(c.num_layers);
-  const double per_layer = (attention_params(c) + router_params(c) + 2.0 * c.hidden_size + c.num_heads) * kBf16;
-  b.dense = layers * per_layer + static_cast<double>(c.vocab_size) * c.hidden_size * kBf16 +
+  // qkv and o_proj weights (without biases) at dense_weight_bytes; below 2 bytes each row has an f32 scale.
+  const double qkv_rows = static_cast<double>(c.q_dim() + 2 * c.kv_dim());
+  const double projection_weights = (qkv_rows + c.q_dim()) * c.hidden_size;
+  const double scale_bytes = dense_weight_bytes < kBf16 ? 4.0 : 0.0;
+  const double projections = projection_weights * dense_weight_bytes + (qkv_rows + c.hidden_size) * scale_bytes;
+  const double per_layer =
+      (attention_params(c) - projection_weights + router_params(c) + 2.0 * c.hidden_size + c.num_heads) * kBf16 +
+      projections;
+  const double lm_head = static_cast<double>(c.vocab_size) * (c.hidden_size * dense_weight_bytes + scale_bytes);
+  b.dense = layers * per_layer + lm_head +
             static_cast<double>(c.hidden_size) * kBf16 * (1 + static_cast<double>(batch));  // final norm, embedding rows
   b.experts = layers * experts_per_layer * expert_bytes(c);
   double keys = 0;

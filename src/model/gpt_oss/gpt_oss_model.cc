@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/dense_fp8.h"
 #include "model/load_progress.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
@@ -51,25 +52,32 @@ Status GptOssModel::all_reduce(TensorView x) const {
   return shard_.size > 1 ? shard_.comm->all_reduce_sum(x) : Status::ok();
 }
 
-Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_dir, Backend& backend) {
+Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_dir, Backend& backend,
+                                                       const ModelLoadOptions& options) {
   MX_ASSIGN_OR_RETURN(GptOssConfig config, load_gpt_oss_config(model_dir));
   MX_ASSIGN_OR_RETURN(GenerationConfig generation_config, load_generation_config(model_dir));
   MX_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open_dir(model_dir));
-  auto model = from_checkpoint(std::move(config), std::move(generation_config), std::move(checkpoint), backend);
+  auto model = from_checkpoint(std::move(config), std::move(generation_config), std::move(checkpoint), backend,
+                               ModelShard{}, options);
   if (!model.is_ok()) return model.status().with_context(model_dir);
   return model;
 }
 
 Result<std::unique_ptr<GptOssModel>> GptOssModel::from_checkpoint(GptOssConfig config, GenerationConfig generation_config,
                                                                   Checkpoint checkpoint, Backend& backend,
-                                                                  const ModelShard& shard) {
+                                                                  const ModelShard& shard,
+                                                                  const ModelLoadOptions& options) {
   if (shard.size > 1 && !shard.comm) return invalid_argument("a tensor-parallel rank needs a communicator");
+  if (options.dense_dtype != DType::kBF16 && options.dense_dtype != DType::kF8E4M3)
+    return invalid_argument(std::string("gpt-oss dense weights cannot be ") + dtype_name(options.dense_dtype));
   MX_ASSIGN_OR_RETURN(const GptOssShardPlan plan, plan_gpt_oss_shard(config, shard));
   std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend, shard, plan));
   model->generation_config_ = std::move(generation_config);
   // <|end|> (200007) closes a Harmony message inside a turn (the analysis before the answer): a
   // generation_config that listed it as eos would end every answer after its reasoning.
   std::erase(model->generation_config_.eos_token_ids, int64_t{200007});
+  model->options_ = options;
+  if (options.dense_dtype == DType::kF8E4M3) model->cost_.set_dense_weight_bytes(1);
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gpt_oss_weight_specs(model->config_, model->weights_)));
   MX_RETURN_IF_ERROR(model->upload());
@@ -81,7 +89,8 @@ Status GptOssModel::upload() {
   auto put = [&](const TensorView& host) { return backend_.upload_weight(host, &device_weights_); };
   MX_ASSIGN_OR_RETURN(weights_.embed, put(weights_.embed));
   MX_ASSIGN_OR_RETURN(weights_.final_norm, put(weights_.final_norm));
-  MX_ASSIGN_OR_RETURN(weights_.lm_head, put(weights_.lm_head.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab)));
+  MX_RETURN_IF_ERROR(put_dense(weights_.lm_head.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab), &weights_.lm_head,
+                               &weights_.lm_head_scale));
   const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
   rope_scale_ = rope.attention_scale;
   MX_ASSIGN_OR_RETURN(Buffer freq, backend_.allocate(static_cast<int64_t>(rope.inv_freq.size() * sizeof(float))));
@@ -105,7 +114,7 @@ Status GptOssModel::upload() {
                                        item_rows(L.k_bias, p.first_kv_head, p.kv_heads, hd),
                                        item_rows(L.v_bias, p.first_kv_head, p.kv_heads, hd)}));
     L.qkv_bias = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows});
-    MX_ASSIGN_OR_RETURN(L.qkv_weight, put(L.qkv_weight));
+    MX_RETURN_IF_ERROR(put_dense(L.qkv_weight, &L.qkv_weight, &L.qkv_scale));
     MX_ASSIGN_OR_RETURN(L.qkv_bias, put(L.qkv_bias));
     if (shard_.size > 1) {
       // o_proj is row-parallel: this rank's heads' columns; its bias is added once, by rank 0.
@@ -118,8 +127,8 @@ Status GptOssModel::upload() {
         *t = item_rows(*t, plan_.first_expert, plan_.experts, 1);
       x.num_experts = plan_.experts;
     }
-    for (TensorView* w : {&L.input_norm, &L.post_attention_norm, &L.o_weight, &L.o_bias, &L.sinks, &L.router_weight,
-                          &L.router_bias}) {
+    MX_RETURN_IF_ERROR(put_dense(L.o_weight, &L.o_weight, &L.o_scale));
+    for (TensorView* w : {&L.input_norm, &L.post_attention_norm, &L.o_bias, &L.sinks, &L.router_weight, &L.router_bias}) {
       if (!w->empty()) {
         MX_ASSIGN_OR_RETURN(*w, put(*w));
       }
@@ -128,6 +137,33 @@ Status GptOssModel::upload() {
     progress.step(++layers_done, device_weight_bytes());
   }
   return Status::ok();
+}
+
+Status GptOssModel::put_dense(const TensorView& host, TensorView* weight, TensorView* scale) {
+  if (options_.dense_dtype == DType::kBF16) {
+    MX_ASSIGN_OR_RETURN(*weight, backend_.upload_weight(host, &device_weights_));
+    *scale = TensorView();
+    return Status::ok();
+  }
+  // The CPU backend keeps views of the host copies; other backends copy them.
+  Fp8Rows q = quantize_rows_fp8(host);
+  const int64_t n = host.dim(0);
+  auto& values = host_fp8_.emplace_back(std::move(q.values));
+  auto& scales = host_scales_.emplace_back(std::move(q.scales));
+  MX_ASSIGN_OR_RETURN(*weight, backend_.upload_weight(TensorView(values.data(), DType::kF8E4M3, {n, host.dim(1)}),
+                                                      &device_weights_));
+  MX_ASSIGN_OR_RETURN(*scale, backend_.upload_weight(TensorView(scales.data(), DType::kF32, {n}), &device_weights_));
+  if (backend_.device() != Device::kCpu) {  // a device copy was made: the host one can go
+    host_fp8_.pop_back();
+    host_scales_.pop_back();
+  }
+  return Status::ok();
+}
+
+Status GptOssModel::dense(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                          TensorView out) const {
+  if (scale.empty()) return backend_.linear(x, weight, bias, out);
+  return backend_.linear_fp8(x, weight, scale, bias, out);
 }
 
 int64_t GptOssModel::device_weight_bytes() const {
@@ -201,7 +237,7 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
     const GptOssLayerWeights& L = weights_.layers[static_cast<size_t>(l)];
     const KvLayerView cache = kv.layer(shard_.kv_layer_offset + l);
 
-    MX_RETURN_IF_ERROR(b.linear(normed, L.qkv_weight, L.qkv_bias, ws.qkv.rows(0, T)));
+    MX_RETURN_IF_ERROR(dense(normed, L.qkv_weight, L.qkv_scale, L.qkv_bias, ws.qkv.rows(0, T)));
     QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), cache, inv_freq_, rope_scale_,
                        plan_.heads, plan_.kv_heads, c.head_dim};
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
@@ -209,7 +245,7 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
                          kv_layout_.layers[static_cast<size_t>(l)].window,
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
     MX_RETURN_IF_ERROR(b.attention(attn, batch));
-    MX_RETURN_IF_ERROR(b.linear(ws.attn.rows(0, T), L.o_weight, L.o_bias, proj));
+    MX_RETURN_IF_ERROR(dense(ws.attn.rows(0, T), L.o_weight, L.o_scale, L.o_bias, proj));
     MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's heads' share of o_proj
     MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, L.post_attention_norm, eps, normed));
 
@@ -236,12 +272,12 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
   TensorView gathered = ws.gathered.rows(0, R);
   MX_RETURN_IF_ERROR(b.gather_rows(normed, batch.logit_rows, gathered));
   if (shard_.size == 1) {
-    MX_RETURN_IF_ERROR(b.linear(gathered, weights_.lm_head, TensorView(), logits));
+    MX_RETURN_IF_ERROR(dense(gathered, weights_.lm_head, weights_.lm_head_scale, TensorView(), logits));
     return out;
   }
   // Each rank computes its vocabulary's columns; every rank gets the whole rows.
   TensorView local = ws.logits_local.rows(0, R);
-  MX_RETURN_IF_ERROR(b.linear(gathered, weights_.lm_head, TensorView(), local));
+  MX_RETURN_IF_ERROR(dense(gathered, weights_.lm_head, weights_.lm_head_scale, TensorView(), local));
   MX_RETURN_IF_ERROR(shard_.comm->all_gather_columns(local, logits.rows(0, R)));
   return out;
 }

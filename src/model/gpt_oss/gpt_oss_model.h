@@ -15,6 +15,7 @@
 #include "model/gpt_oss/gpt_oss_cost.h"
 #include "model/gpt_oss/gpt_oss_shard.h"
 #include "model/gpt_oss/gpt_oss_weights.h"
+#include "model/load_options.h"
 #include "model/model.h"
 #include "model/model_shard.h"
 
@@ -39,12 +40,14 @@ struct GptOssWorkspace : ModelWorkspace {
 class GptOssModel : public Model {
  public:
   // Reads config.json (model_type "gpt_oss"), generation_config.json and the safetensors in `model_dir`.
-  static Result<std::unique_ptr<GptOssModel>> load(const std::string& model_dir, Backend& backend);
+  static Result<std::unique_ptr<GptOssModel>> load(const std::string& model_dir, Backend& backend,
+                                                    const ModelLoadOptions& options = {});
   // From an open checkpoint (e.g. a synthetic one in memory); the model keeps it. With a `shard` of size > 1
   // the model is one tensor-parallel rank: it uploads and computes only its share (model_shard.h).
   static Result<std::unique_ptr<GptOssModel>> from_checkpoint(GptOssConfig config, GenerationConfig generation_config,
                                                               Checkpoint checkpoint, Backend& backend,
-                                                              const ModelShard& shard = {});
+                                                              const ModelShard& shard = {},
+                                                              const ModelLoadOptions& options = {});
 
   const GptOssConfig& config() const { return config_; }
 
@@ -62,6 +65,11 @@ class GptOssModel : public Model {
  private:
   GptOssModel(GptOssConfig config, Backend& backend, const ModelShard& shard, const GptOssShardPlan& plan);
   Status upload();
+  // Uploads a dense projection's bf16 host weight as it is, or as fp8 + per-row scales (options_.dense_dtype).
+  Status put_dense(const TensorView& host, TensorView* weight, TensorView* scale);
+  // out = x W^T (+ bias) through linear or linear_fp8, whichever the weight's dtype needs.
+  Status dense(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+               TensorView out) const;
   // Rows [first * per_item, (first + count) * per_item) of t: a rank's items (heads, experts) of a tensor.
   static TensorView item_rows(const TensorView& t, int64_t first, int64_t count, int64_t per_item);
   Status all_reduce(TensorView x) const;
@@ -74,11 +82,14 @@ class GptOssModel : public Model {
   Backend& backend_;
   std::unique_ptr<Checkpoint> checkpoint_;      // owns the mmap the CPU backend reads weights from
   std::vector<std::vector<uint16_t>> host_fused_;  // fused qkv weights and biases (bf16) on the host
+  std::vector<std::vector<uint8_t>> host_fp8_;     // fp8 dense weights and their scales on the host (the CPU
+  std::vector<std::vector<float>> host_scales_;    // backend reads them in place)
   std::vector<Buffer> device_weights_;
   GptOssWeights weights_;  // host views after binding, backend views after upload
   TensorView inv_freq_;    // f32 [head_dim / 2]
   float rope_scale_ = 1.0f;
   ModelShard shard_;
+  ModelLoadOptions options_;
   GptOssShardPlan plan_;  // the whole model unless tensor parallel
 };
 

@@ -16,6 +16,7 @@ struct GptOssLayerWeights {
   TensorView q_weight, k_weight, v_weight, q_bias, k_bias, v_bias;  // bf16 [n*hd, H] / [n*hd]
   TensorView qkv_weight, qkv_bias;  // q|k|v fused at load: [(n_q + 2 n_kv) hd, H] / [(n_q + 2 n_kv) hd]
   TensorView o_weight, o_bias;      // bf16 [H, n_q hd] / [H]
+  TensorView qkv_scale, o_scale;    // f32 [rows] with fp8 dense weights (--dense-dtype fp8), else empty
   TensorView sinks;                 // bf16 [n_q]
   TensorView router_weight, router_bias;  // bf16 [E, H] / [E]
   ExpertWeights experts;
@@ -24,7 +25,8 @@ struct GptOssLayerWeights {
 struct GptOssWeights {
   TensorView embed;       // bf16 [V, H]
   TensorView final_norm;  // bf16 [H]
-  TensorView lm_head;     // bf16 [V, H]
+  TensorView lm_head;     // bf16 [V, H] (fp8 e4m3 with --dense-dtype fp8)
+  TensorView lm_head_scale;  // f32 [V] with fp8 dense weights, else empty
   std::vector<GptOssLayerWeights> layers;
 };
 

@@ -56,7 +56,9 @@ Status launch_add_bias_f32(const AddBiasParams& p, cudaStream_t stream);
 // fp32 accumulation, the bias added in fp32, bf16 or f32 output. k % 8 == 0.
 struct SkinnyLinearParams {
   const uint16_t* x = nullptr;     // bf16 [m, k]
-  const uint16_t* w = nullptr;     // bf16 [n, k]
+  const uint16_t* w = nullptr;     // bf16 [n, k], or null with w_fp8
+  const uint8_t* w_fp8 = nullptr;  // fp8 e4m3 [n, k] (--dense-dtype fp8), with w_scale f32 [n]: out = scale * x w^T
+  const float* w_scale = nullptr;
   const uint16_t* bias = nullptr;  // bf16 [n] or null
   void* out = nullptr;             // [m, n], f32 when out_f32 else bf16
   float* partials = nullptr;       // k splits > 1: kSkinnyLinearPartialFloats
@@ -66,6 +68,9 @@ struct SkinnyLinearParams {
   bool out_f32 = false;
 };
 Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream);
+// out[r, k] = bf16(scale[r] * w[r, k]) for rows [0, rows): fp8 dense weights widened for cuBLASLt (M > 16).
+Status launch_dequant_fp8_rows(const uint8_t* w, const float* scale, uint16_t* out, int64_t rows, int64_t k,
+                               cudaStream_t stream);
 
 // The paged KV cache and the batch, as the attention-side kernels see them.
 struct PagedKv {

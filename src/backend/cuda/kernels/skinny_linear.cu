@@ -9,6 +9,11 @@
 // 0-3 and of the second step with elements 4-7, and the same 16-byte load of the token's activation row
 // supplies B. No shared memory, no shuffles, one 16-byte load per 16 weight bytes. With k splits (grid
 // y) each CTA covers a range of chunks and the strip's last CTA adds the fp32 partials in split order.
+// FP8 weights (e4m3, one scale per row): the same lane takes the same 8 elements as an 8-byte load and widens
+// them to bf16 (exact: every e4m3 value is a bf16 value) just before its mmas; the row's scale multiplies
+// the fp32 sum in the epilogue.
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
@@ -20,7 +25,46 @@ constexpr int kChunk = 32;  // k elements per lane quad per step: 4 lanes x 8 bf
 
 __device__ __forceinline__ uint4 ldg_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
-template <int kTiles, int kChunks>
+__device__ __forceinline__ uint2 ldg_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// Two e4m3 codes (low byte first) -> a bf16x2 word with the first code in the low half.
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 b = __float22bfloat162_rn(f);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 v) {
+  return make_uint4(fp8x2_to_bf16x2(v.x & 0xffffu), fp8x2_to_bf16x2(v.x >> 16), fp8x2_to_bf16x2(v.y & 0xffffu),
+                    fp8x2_to_bf16x2(v.y >> 16));
+}
+
+// The weights' registers: 16 bytes of bf16, or 8 bytes of fp8 widened when used.
+template <bool kFp8>
+struct WeightRegs;
+template <>
+struct WeightRegs<false> {
+  uint4 raw;
+  __device__ __forceinline__ void load(const SkinnyLinearParams& p, int64_t offset, bool ok) {
+    raw = ok ? ldg_stream(p.w + offset) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ __forceinline__ uint4 bf16() const { return raw; }
+};
+template <>
+struct WeightRegs<true> {
+  uint2 raw;
+  __device__ __forceinline__ void load(const SkinnyLinearParams& p, int64_t offset, bool ok) {
+    raw = ok ? ldg_stream8(p.w_fp8 + offset) : make_uint2(0, 0);
+  }
+  __device__ __forceinline__ uint4 bf16() const { return widen_fp8x8(raw); }
+};
+
+template <int kTiles, int kChunks, bool kFp8>
 __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerSm)
     skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split) {
   __shared__ float red[kSkinnyLinearWarps][kTiles * 4][32];
@@ -31,8 +75,8 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   const int64_t end = min((p.k + kChunk - 1) / kChunk, first + chunks_per_split);
   // Rows past n and tokens past m read row 0 / token 0 (always valid) and are masked to zero.
   const bool lo_ok = row0 + g < p.n, hi_ok = row0 + g + 8 < p.n;
-  const uint16_t* w_lo = p.w + (lo_ok ? row0 + g : 0) * p.k + 8 * t;
-  const uint16_t* w_hi = p.w + (hi_ok ? row0 + g + 8 : 0) * p.k + 8 * t;
+  const int64_t w_lo = (lo_ok ? row0 + g : 0) * p.k + 8 * t;  // element offsets of this lane's weights
+  const int64_t w_hi = (hi_ok ? row0 + g + 8 : 0) * p.k + 8 * t;
   const uint16_t* x_row[kTiles];
   bool x_ok[kTiles];
 #pragma unroll
@@ -41,15 +85,16 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
     x_row[j] = p.x + (x_ok[j] ? g + 8 * j : 0) * p.k + 8 * t;
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 a_lo[kChunks], a_hi[kChunks], b[kChunks][kTiles];
+  WeightRegs<kFp8> a_lo[kChunks], a_hi[kChunks];
+  uint4 b[kChunks][kTiles];
   auto in_range = [&](int64_t c) { return c < end && c * kChunk + 8 * t < p.k; };
   auto load_weights = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kChunks; ++u) {
       const int64_t c = c0 + static_cast<int64_t>(u) * kSkinnyLinearWarps;
       const bool in = in_range(c);
-      a_lo[u] = in && lo_ok ? ldg_stream(w_lo + c * kChunk) : zero;
-      a_hi[u] = in && hi_ok ? ldg_stream(w_hi + c * kChunk) : zero;
+      a_lo[u].load(p, w_lo + c * kChunk, in && lo_ok);
+      a_hi[u].load(p, w_hi + c * kChunk, in && hi_ok);
     }
   };
   auto load_activations = [&](int64_t c0) {
@@ -72,8 +117,9 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   for (int64_t c0 = first + warp; c0 < end; c0 += step) {
 #pragma unroll
     for (int u = 0; u < kChunks; ++u) {
-      const uint32_t a0[4] = {a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y};
-      const uint32_t a1[4] = {a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w};
+      const uint4 lo = a_lo[u].bf16(), hi = a_hi[u].bf16();
+      const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+      const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
         mma_bf16_16816(acc[j], a0, b[u][j].x, b[u][j].y);
@@ -121,6 +167,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   const int64_t row = row0 + l / 4 + (e >= 2 ? 8 : 0);
   const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
   if (row >= p.n || token >= p.m) return;
+  if (kFp8) s *= p.w_scale[row];
   if (p.bias) s += bf16_bits_to_f32(p.bias[row]);
   if (p.out_f32) {
     static_cast<float*>(p.out)[token * p.n + row] = s;
@@ -129,7 +176,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   }
 }
 
-template <int kTiles, int kChunks>
+template <int kTiles, int kChunks, bool kFp8>
 Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(ceil_div64(p.n, 16)), static_cast<unsigned>(c.k_splits));
@@ -140,13 +187,42 @@ Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStre
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = c.pdl ? 1 : 0;
-  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks>, p, c.chunks_per_split), "skinny_linear_kernel");
+  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, kFp8>, p, c.chunks_per_split),
+                     "skinny_linear_kernel");
+}
+
+template <int kTiles, int kChunks>
+Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
+  return p.w_fp8 ? launch<kTiles, kChunks, true>(p, c, stream) : launch<kTiles, kChunks, false>(p, c, stream);
+}
+
+// One thread per 8 weights: an 8-byte load, 8 bf16 out in one 16-byte store.
+__global__ void dequant_fp8_rows_kernel(const uint8_t* w, const float* scale, uint16_t* out, int64_t rows, int64_t k) {
+  const int64_t groups = rows * (k / 8);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < groups;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float s = scale[i / (k / 8)];
+    const uint2 v = ldg_stream8(w + 8 * i);
+    const uint32_t words[2] = {v.x, v.y};
+    uint32_t packed[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((words[j / 2] >> (16 * (j % 2))) & 0xffffu), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      const __nv_bfloat162 b = __float22bfloat162_rn(make_float2(f.x * s, f.y * s));
+      packed[j] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    *reinterpret_cast<uint4*>(out + 8 * i) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
 }
 
 }  // namespace
 
 Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
   if (p.k % 8 != 0 || p.k <= 0) return unimplemented("skinny linear: k must be a positive multiple of 8");
+  if ((p.w_fp8 != nullptr) == (p.w != nullptr) || (p.w_fp8 && !p.w_scale))
+    return internal_error("skinny linear: give bf16 weights or fp8 weights with their scales");
   if (p.m < 1 || p.m > 8 * c.n_tiles || c.threads != 32 * kSkinnyLinearWarps)
     return internal_error("skinny linear: config does not match the batch");
   if (p.n == 0) return Status::ok();
@@ -158,6 +234,16 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
   if (c.n_tiles == 1 && c.chunks_in_flight == 4) return launch<1, 4>(p, c, stream);
   if (c.n_tiles == 2 && c.chunks_in_flight == 4) return launch<2, 4>(p, c, stream);
   return internal_error("skinny linear: no compiled variant for this config");
+}
+
+Status launch_dequant_fp8_rows(const uint8_t* w, const float* scale, uint16_t* out, int64_t rows, int64_t k,
+                               cudaStream_t stream) {
+  if (k % 8 != 0) return unimplemented("fp8 dequant: k must be a multiple of 8");
+  const int64_t groups = rows * (k / 8);
+  if (groups == 0) return Status::ok();
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div64(groups, 256), 65535));
+  dequant_fp8_rows_kernel<<<blocks, 256, 0, stream>>>(w, scale, out, rows, k);
+  return cuda_status(cudaGetLastError(), "dequant_fp8_rows_kernel");
 }
 
 }  // namespace mx::cuda
