@@ -17,7 +17,7 @@ float load(const TensorView& t, int64_t i) {
 double condition_scale(const RouterParams& p, int64_t t, int32_t e) {
   const int64_t h = p.weight.dim(1);
   const float* x = p.x.ptr<const float>() + t * h;
-  double s = p.bias.numel() > 0 ? std::fabs(load(p.bias, e)) : 0.0;
+  double s = p.bias.empty() ? 0.0 : std::fabs(load(p.bias, e));  // Gemma-4 routers have no bias
   for (int64_t i = 0; i < h; ++i) s += std::fabs(static_cast<double>(load(p.weight, e * h + i)) * x[i]);
   return s;
 }
@@ -84,7 +84,8 @@ Status RoutingProbe::force(const RouterParams& p, int64_t call) {
       }
     }
     flips_.push_back({call, t, weakest_kept - strongest_taken, scale});
-    // Use the forced set, ordered and weighted by this backend's own logits (as router_topk would).
+    // Use the forced set, ordered and weighted by this backend's own logits (as router_topk would), times
+    // the per-expert scales where the router has them (Gemma-4).
     std::sort(want.begin(), want.end(),
               [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
     const float top = row[want[0]];
@@ -92,7 +93,8 @@ Status RoutingProbe::force(const RouterParams& p, int64_t call) {
     for (int32_t e : want) sum += std::exp(row[e] - top);
     for (int64_t i = 0; i < k; ++i) {
       own[i] = want[static_cast<size_t>(i)];
-      weights[t * k + i] = std::exp(row[own[i]] - top) / sum;
+      const float expert_scale = p.expert_scale.empty() ? 1.0f : load(p.expert_scale, own[i]);
+      weights[t * k + i] = std::exp(row[own[i]] - top) / sum * expert_scale;
     }
   }
   return Status::ok();
