@@ -1,14 +1,15 @@
-// The tiny gpt-oss fixtures end to end on CUDA: batched-prefill logits against transformers' fp32 run
-// (tolerance: 1.25x the error of transformers' own bf16 run, per prompt), greedy tokens of CUDA, the CPU
-// twin and transformers compared and reported, and CUDA-graph replay of decode steps (padded to a batch
-// bucket) equal to eager execution bit for bit.
+// The tiny fixtures (gpt-oss and Gemma-4) end to end on CUDA, loaded through the registry: batched-prefill
+// logits against transformers' fp32 run (tolerance: 1.25x the error of transformers' own bf16 run, per
+// prompt), greedy tokens of CUDA, the CPU twin and transformers compared and reported, and CUDA-graph replay
+// of decode steps (padded to a batch bucket) equal to eager execution bit for bit. A fixture whose ops CUDA
+// does not have yet (Gemma-4 until issue 15 lands them) is skipped, saying which op is missing.
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
 
 #include "fixture_reference_util.h"
-#include "model/gpt_oss/gpt_oss_model.h"
+#include "model/model_registry.h"
 #include "gpu_test_util.h"
 #include "routing_probe_util.h"
 #include "runtime/batch_staging.h"
@@ -40,9 +41,14 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     const char* env = std::getenv("MX_FIXTURES_DIR");  // the GPU machine has its own checkout path
     dir_ = std::string(env ? env : MX_FIXTURES_DIR) + "/" + GetParam();
-    auto model = GptOssModel::load(dir_, cuda_backend());
+    auto model = load_model(dir_, cuda_backend());
+    if (!model.is_ok() && model.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << model.status().to_string();
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     model_ = std::move(*model);
+    // One token through the model: a family whose ops CUDA lacks answers unimplemented here.
+    auto probe = test::prefill_logits(*model_, {{1}});
+    if (!probe.is_ok() && probe.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << probe.status().to_string();
+    ASSERT_TRUE(probe.is_ok()) << probe.status().to_string();
     auto ref = test::load_fixture_reference(dir_);
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
     ref_ = std::move(*ref);
@@ -50,7 +56,7 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {
   TensorView ref(const std::string& name) { return *ref_.file->get(name); }
 
   std::string dir_;
-  std::unique_ptr<GptOssModel> model_;
+  std::unique_ptr<Model> model_;
   test::FixtureReference ref_;
 };
 
@@ -58,10 +64,10 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {
 // the check is made along CUDA's route instead (the fp32 CPU twin replaying it), and only if every such choice
 // was a near tie in fp32 (see RoutingProbe); the raw error is reported either way.
 TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
-  const GptOssConfig& c = model_->config();
+  const ModelDims& c = model_->dims();
   Backend& b = cuda_backend();
   test::RoutingProbe cuda_probe = test::RoutingProbe::recorder(b);
-  auto cuda_model = GptOssModel::load(dir_, cuda_probe);
+  auto cuda_model = load_model(dir_, cuda_probe);
   ASSERT_TRUE(cuda_model.is_ok()) << cuda_model.status().to_string();
   // Hidden states after each layer, for localizing an error (the reference has them all).
   std::map<int64_t, std::vector<float>> hidden;
@@ -80,7 +86,7 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
   ASSERT_TRUE(cuda_logits.is_ok()) << cuda_logits.status().to_string();
   const std::vector<float>& host = *cuda_logits;
   test::RoutingProbe cpu_probe = test::RoutingProbe::forcer(cpu_backend(), cuda_probe.route());
-  auto cpu_model = GptOssModel::load(dir_, cpu_probe);
+  auto cpu_model = load_model(dir_, cpu_probe);
   ASSERT_TRUE(cpu_model.is_ok()) << cpu_model.status().to_string();
   auto routed = test::prefill_logits(**cpu_model, ref_.prompts);
   ASSERT_TRUE(routed.is_ok()) << routed.status().to_string();
@@ -145,7 +151,7 @@ TEST_P(FixtureTest, GreedyTokensCudaVsCpuVsTransformers) {
   const std::vector<GenerateRequest> requests = test::reference_greedy_requests(ref_);
   auto cuda = generate_static(*model_, requests, StaticGeneratorOptions{4, {}});
   ASSERT_TRUE(cuda.is_ok()) << cuda.status().to_string();
-  auto cpu_model = GptOssModel::load(dir_, cpu_backend());
+  auto cpu_model = load_model(dir_, cpu_backend());
   ASSERT_TRUE(cpu_model.is_ok());
   auto cpu = generate_static(**cpu_model, requests, StaticGeneratorOptions{4, {}});
   ASSERT_TRUE(cpu.is_ok());
@@ -170,7 +176,7 @@ TEST_P(FixtureTest, GreedyTokensCudaVsCpuVsTransformers) {
 // Decode steps replayed from a graph captured for a bucket of 4 sequences (3 real + 1 padding sequence
 // pointing at a scratch page) equal eager forward passes of the same padded batch, bit for bit.
 TEST_P(FixtureTest, GraphReplayEqualsEager) {
-  const GptOssConfig& c = model_->config();
+  const ModelDims& c = model_->dims();
   Backend& b = cuda_backend();
   const std::vector<std::vector<int32_t>>& prompts = ref_.prompts;
   const int64_t page_size = 8, bucket = 4, real = 3, steps = 5;
@@ -238,7 +244,13 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   EXPECT_EQ(differing, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(test::kTinyFixtures), test::FixtureParamName());
+std::vector<std::string> fixtures() {
+  std::vector<std::string> all = test::kTinyFixtures;
+  all.insert(all.end(), {"tiny-gemma4", "tiny-gemma4-text"});
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(fixtures()), test::FixtureParamName());
 
 }  // namespace
 }  // namespace mx::gpu_test
