@@ -17,9 +17,16 @@ float load(const TensorView& t, int64_t i) {
 double condition_scale(const RouterParams& p, int64_t t, int32_t e) {
   const int64_t h = p.weight.dim(1);
   const float* x = p.x.ptr<const float>() + t * h;
-  double s = p.bias.empty() ? 0.0 : std::fabs(load(p.bias, e));  // Gemma-4 routers have no bias
+  // Gemma-4's router normalizes x first (x_norm_eps > 0): the logit sees x / rms(x).
+  double inv_rms = 1.0;
+  if (p.x_norm_eps > 0) {
+    double sq = 0;
+    for (int64_t i = 0; i < h; ++i) sq += static_cast<double>(x[i]) * x[i];
+    inv_rms = 1.0 / std::sqrt(sq / static_cast<double>(h) + p.x_norm_eps);
+  }
+  double s = 0;
   for (int64_t i = 0; i < h; ++i) s += std::fabs(static_cast<double>(load(p.weight, e * h + i)) * x[i]);
-  return s;
+  return s * inv_rms + (p.bias.empty() ? 0.0 : std::fabs(load(p.bias, e)));  // Gemma-4 routers have no bias
 }
 
 bool contains(const int32_t* ids, int64_t k, int32_t e) { return std::find(ids, ids + k, e) != ids + k; }
