@@ -365,7 +365,7 @@ TEST_P(EngineGraphTest, PlannedKvPoolStaysInsideTheFraction) {
   EXPECT_EQ(out[0].token_ids.size(), f.greedy[0].size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGraphTest, ::testing::ValuesIn(test::kTinyFixtures), test::FixtureParamName());
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGraphTest, ::testing::ValuesIn(test::all_tiny_fixtures()), test::FixtureParamName());
 
 }  // namespace
 }  // namespace mx::gpu_test

@@ -285,6 +285,8 @@ TEST_F(KernelTest, AttentionGemmaPrefill) {
       {"hd256 g16 (4 tokens per CTA), sinks", 32, 2, 256, 0, 16, {{0, 45}, {20, 30}}},
       {"hd512 g32 (1 token per CTA), sinks, window 100", 32, 1, 512, 100, 16, {{0, 150}}},
       {"hd512 g3 (odd group), sinks", 6, 2, 512, 0, 16, {{0, 41}, {100, 9}}},
+      {"hd128 g4 full (tiny-gemma4), 2 seqs", 4, 1, 128, 0, 16, {{0, 70}, {9, 13}}, false, 1.0f},
+      {"hd128 g2 window 100, sinks, page 7", 8, 4, 128, 100, 7, {{0, 150}, {200, 9}}},
       {"hd64 g8 no sinks, scale 1", 16, 2, 64, 0, 16, {{0, 200}, {37, 5}}, false, 1.0f},
   };
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
@@ -303,6 +305,8 @@ TEST_F(KernelTest, AttentionGemmaDecode) {
       {"hd512 g20 (2 head blocks), sinks, window 300", 40, 2, 512, 300, 16, {{2000, 1}, {10, 1}}},
       {"hd256 g2 sinks ctx 3001", 16, 8, 256, 0, 16, {{3000, 1}, {1, 1}}},
       {"hd64 g8 no sinks, scale 1, ctx 5000", 16, 2, 64, 0, 16, {{4999, 1}, {0, 1}}, false, 1.0f},
+      {"hd128 g4 full (tiny-gemma4), ctx 1..3000", 4, 1, 128, 0, 16, {{0, 1}, {63, 1}, {64, 1}, {2999, 1}}, false, 1.0f},
+      {"hd128 g2 window 100, sinks, page 5", 8, 4, 128, 100, 5, {{1000, 1}, {5, 1}}},
   };
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
 }

@@ -1,8 +1,7 @@
 // The tiny fixtures (gpt-oss and Gemma-4) end to end on CUDA, loaded through the registry: batched-prefill
 // logits against transformers' fp32 run (tolerance: 1.25x the error of transformers' own bf16 run, per
 // prompt), greedy tokens of CUDA, the CPU twin and transformers compared and reported, and CUDA-graph replay
-// of decode steps (padded to a batch bucket) equal to eager execution bit for bit. A fixture whose ops CUDA
-// does not have yet (Gemma-4 until issue 15 lands them) is skipped, saying which op is missing.
+// of decode steps (padded to a batch bucket) equal to eager execution bit for bit.
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -42,13 +41,8 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {
     const char* env = std::getenv("MX_FIXTURES_DIR");  // the GPU machine has its own checkout path
     dir_ = std::string(env ? env : MX_FIXTURES_DIR) + "/" + GetParam();
     auto model = load_model(dir_, cuda_backend());
-    if (!model.is_ok() && model.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << model.status().to_string();
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     model_ = std::move(*model);
-    // One token through the model: a family whose ops CUDA lacks answers unimplemented here.
-    auto probe = test::prefill_logits(*model_, {{1}});
-    if (!probe.is_ok() && probe.status().code() == StatusCode::kUnimplemented) GTEST_SKIP() << probe.status().to_string();
-    ASSERT_TRUE(probe.is_ok()) << probe.status().to_string();
     auto ref = test::load_fixture_reference(dir_);
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
     ref_ = std::move(*ref);
@@ -244,13 +238,7 @@ TEST_P(FixtureTest, GraphReplayEqualsEager) {
   EXPECT_EQ(differing, 0);
 }
 
-std::vector<std::string> fixtures() {
-  std::vector<std::string> all = test::kTinyFixtures;
-  all.insert(all.end(), {"tiny-gemma4", "tiny-gemma4-text"});
-  return all;
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(fixtures()), test::FixtureParamName());
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(test::all_tiny_fixtures()), test::FixtureParamName());
 
 }  // namespace
 }  // namespace mx::gpu_test

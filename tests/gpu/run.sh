@@ -30,7 +30,7 @@ log=$OUT/gpu_tests.log
 MX_GPU_REPORT=$OUT/gpu_table.txt "$bin/mx_gpu_tests" 2>&1 | tee -a "$log"
 status=${PIPESTATUS[0]}
 cli_fail=0
-for fx in tiny-gpt-oss tiny-gpt-oss-b; do
+for fx in tiny-gpt-oss tiny-gpt-oss-b tiny-gemma4 tiny-gemma4-text; do
   for be in cpu cuda; do
     "$bin/mxserve" generate --model "$MX_FIXTURES_DIR/$fx" --backend $be --prompt-ids 1,2,3,4,5,6,7,8,9 \
       --max-new-tokens 24 >"$OUT/generate_${fx}_$be.jsonl" 2>>"$log" || cli_fail=1

@@ -51,7 +51,8 @@ TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
   // A 1024-key window at batch 1 spreads over the SMs: 8 kv heads x 16 one-tile splits on an H200.
   EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 256, 1, 8, 1, 1024).num_splits, 16);
   EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 512, 1, 2, 1, 1024).num_splits, 32);
-  EXPECT_FALSE(attention_head_dim_supported(128));
+  EXPECT_TRUE(attention_head_dim_supported(128));
+  EXPECT_FALSE(attention_head_dim_supported(96));
   EXPECT_TRUE(attention_head_dim_supported(512));
 }
 
@@ -72,7 +73,7 @@ TEST(CudaKernelConfigs, AttentionPrefillWgmmaOnlyOnHopper) {
 
 TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {
   for (const DeviceInfo& d : chips())
-    for (int64_t hd : {32, 64, 256, 512})
+    for (int64_t hd : {32, 64, 128, 256, 512})
       for (int64_t tokens : {1, 8, 256})
         for (int64_t max_keys : {128, 1024, 131072}) {
           const AttentionDecodeConfig c = choose_attention_decode_config(d, hd, tokens, 8, 1, max_keys);

@@ -20,6 +20,13 @@ namespace mx::test {
 // The fixtures (tests/fixtures/<name>) that tests parameterized by fixture run on: ValuesIn(kTinyFixtures),
 // with FixtureParamName() naming the instances (gtest allows no '-' in names).
 inline const std::vector<std::string> kTinyFixtures = {"tiny-gpt-oss", "tiny-gpt-oss-b"};
+// The Gemma-4 fixtures (multimodal layout with hd 64/128, text-only in the released config spelling with hd 32/64).
+inline const std::vector<std::string> kTinyGemma4Fixtures = {"tiny-gemma4", "tiny-gemma4-text"};
+inline std::vector<std::string> all_tiny_fixtures() {
+  std::vector<std::string> all = kTinyFixtures;
+  all.insert(all.end(), kTinyGemma4Fixtures.begin(), kTinyGemma4Fixtures.end());
+  return all;
+}
 struct FixtureParamName {
   std::string operator()(const ::testing::TestParamInfo<std::string>& info) const;
 };

@@ -15,7 +15,9 @@ namespace mx::cuda {
 // of at most 128 output columns: above 128 a row block spreads over head_dim / 128 warps, which sum their
 // partial Q K^T scores through shared memory (a 16 x 512 fp32 accumulator per warp would not fit the
 // register file). Head dim 512 takes 32-key tiles so that one K/V stage (64 KB) fits SM12x's 99 KB.
-constexpr bool attention_head_dim_supported(int64_t hd) { return hd == 32 || hd == 64 || hd == 256 || hd == 512; }
+constexpr bool attention_head_dim_supported(int64_t hd) {
+  return hd == 32 || hd == 64 || hd == 128 || hd == 256 || hd == 512;
+}
 constexpr int attention_d_slice(int64_t hd) { return hd > 128 ? 128 : static_cast<int>(hd); }
 constexpr int attention_warps_per_rows(int64_t hd) { return static_cast<int>(hd / attention_d_slice(hd)); }
 constexpr int attention_keys_per_tile(int64_t hd) { return hd >= 512 ? 32 : 64; }

@@ -1,5 +1,5 @@
 // Paged attention with GQA, optional learned sinks and sliding windows, on mma.sync (m16n8k16, bf16 in,
-// fp32 out), for head dims 32, 64, 256 and 512 (tile shapes in kernel_configs.h).
+// fp32 out), for head dims 32, 64, 128, 256 and 512 (tile shapes in kernel_configs.h).
 //
 // Prefill (FlashAttention-2 style): a CTA takes up to attention_prefill_rows query rows that pack
 // (token, q head) pairs of one kv head (rows / group tokens), so each K/V tile loaded to shared memory
@@ -498,7 +498,7 @@ __global__ void attention_merge_kernel(AttentionKernelParams p, int splits) {
 }
 
 Status check_common(const AttentionKernelParams& p) {
-  if (!attention_head_dim_supported(p.head_dim)) return unimplemented("attention: head_dim must be 32, 64, 256 or 512");
+  if (!attention_head_dim_supported(p.head_dim)) return unimplemented("attention: head_dim must be 32, 64, 128, 256 or 512");
   if (p.n_kv <= 0 || p.n_q % p.n_kv != 0) return invalid_argument("attention: n_q must be a multiple of n_kv");
   return Status::ok();
 }
@@ -543,6 +543,7 @@ Status launch_attention_prefill(const AttentionKernelParams& p, const AttentionP
   switch (p.head_dim) {
     case 32: return launch_prefill<32>(p, c, grid, stream);
     case 64: return launch_prefill<64>(p, c, grid, stream);
+    case 128: return launch_prefill<128>(p, c, grid, stream);
     case 256: return launch_prefill<256>(p, c, grid, stream);
     default: return launch_prefill<512>(p, c, grid, stream);
   }
@@ -559,6 +560,7 @@ Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDe
   switch (p.head_dim) {
     case 32: MX_RETURN_IF_ERROR(launch_decode<32>(p, c, grid, stream)); break;
     case 64: MX_RETURN_IF_ERROR(launch_decode<64>(p, c, grid, stream)); break;
+    case 128: MX_RETURN_IF_ERROR(launch_decode<128>(p, c, grid, stream)); break;
     case 256: MX_RETURN_IF_ERROR(launch_decode<256>(p, c, grid, stream)); break;
     default: MX_RETURN_IF_ERROR(launch_decode<512>(p, c, grid, stream)); break;
   }
