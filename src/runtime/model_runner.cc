@@ -39,19 +39,21 @@ void force_token(const float* logits, int64_t vocab, int32_t id, bool logprobs, 
   out->logprob = static_cast<float>(static_cast<double>(logits[id] - max_logit) - std::log(sum));
 }
 
-// Decode-only: every entry computes one token and samples from it (no prompt logits).
-bool is_decode_only(const ScheduledBatch& batch) {
+// Every entry computes `rows` tokens and samples from each (rows 1: decode; k + 1: verify k drafts), with
+// no prompt logits.
+bool is_uniform_step(const ScheduledBatch& batch, int64_t rows) {
   for (const ScheduledEntry& e : batch.entries)
-    if (e.num_tokens != 1 || !e.sample || e.all_logits) return false;
+    if (e.num_tokens != rows || e.num_draft != rows - 1 || !e.sample || e.all_logits) return false;
   return !batch.entries.empty();
 }
 
 }  // namespace
 
-// One captured decode forward pass: replays read the staging buffers, which stage() fills at the same
-// addresses for every batch of `size` one-token sequences.
-struct ModelRunner::DecodeGraph {
+// One captured forward pass: replays read the staging buffers, which stage() fills at the same addresses
+// for every batch of `size` sequences of `rows` tokens each.
+struct ModelRunner::StepGraph {
   int64_t size = 0;
+  int64_t rows = 1;
   BatchView view;
   std::unique_ptr<ReplayGraph> graph;
 };
@@ -114,6 +116,11 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   MX_ASSIGN_OR_RETURN(r->kv_, model.allocate_kv_cache(with_scratch));
   r->startup_.kv_pages = config->num_kv_pages;
   r->startup_.kv_bytes = shape.bytes(backend.kv_dtype());
+  r->verify_drafts_ = draft_rows;
+  r->padding_tokens_.assign(static_cast<size_t>(1 + draft_rows), 0);
+  r->padding_pages_.clear();
+  for (const auto& row : r->scratch_rows_)
+    r->padding_pages_.push_back(std::vector<int32_t>(static_cast<size_t>(draft_rows / config->page_size + 1), row[0]));
   if (!sizes.empty()) MX_RETURN_IF_ERROR(r->capture_graphs(sizes));
   return r;
 }
@@ -178,24 +185,47 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
   return Status::ok();
 }
 
-void ModelRunner::add_padding(int64_t size) {
+void ModelRunner::add_padding(int64_t size, int64_t rows) {
+  const std::span<const int32_t> tokens = std::span<const int32_t>(padding_tokens_).first(static_cast<size_t>(rows));
   while (static_cast<int64_t>(seqs_.size()) < size)
-    seqs_.push_back({std::span<const int32_t>(&padding_token_, 1), 0, {}, false, false, scratch_rows_});
+    seqs_.push_back({tokens, 0, {}, rows > 1, false, rows > 1 ? padding_pages_ : scratch_rows_});
+}
+
+Result<std::vector<std::unique_ptr<ModelRunner::StepGraph>>> ModelRunner::capture_step_graphs(const std::vector<int64_t>& sizes,
+                                                                                              int64_t rows) {
+  Backend& b = model_.backend();
+  std::vector<std::unique_ptr<StepGraph>> graphs;
+  for (int64_t size : sizes) {
+    seqs_.clear();
+    add_padding(size, rows);
+    MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
+    const TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, model_.dims().vocab_size});
+    // An eager pass first: backend scratch and library plans are set up outside capture.
+    MX_RETURN_IF_ERROR(forward(view, kv_, logits));
+    // The body by value: a backend may keep it (a CPU test double replays it for real).
+    MX_ASSIGN_OR_RETURN(auto graph, b.capture([this, view, logits] { return forward(view, kv_, logits); }));
+    graphs.push_back(std::make_unique<StepGraph>(StepGraph{size, rows, view, std::move(graph)}));
+  }
+  return graphs;
 }
 
 Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
   Backend& b = model_.backend();
   const auto start = std::chrono::steady_clock::now();
   auto before = b.memory_info();
-  for (int64_t size : sizes) {
-    seqs_.clear();
-    add_padding(size);
-    MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
-    const TensorView logits = logits_device_.view(DType::kF32, {size, model_.dims().vocab_size});
-    // An eager pass first: backend scratch and library plans are set up outside capture.
-    MX_RETURN_IF_ERROR(forward(view, kv_, logits));
-    MX_ASSIGN_OR_RETURN(auto graph, b.capture([&] { return forward(view, kv_, logits); }));
-    graphs_.push_back(std::make_unique<DecodeGraph>(DecodeGraph{size, view, std::move(graph)}));
+  MX_ASSIGN_OR_RETURN(graphs_, capture_step_graphs(sizes, 1));
+  if (verify_drafts_ > 0) {
+    // Verify steps of k drafts: the buckets whose k + 1 rows per sequence fit one step. A failed capture
+    // leaves verification eager (slower, still correct) rather than failing start-up.
+    std::vector<int64_t> verify_sizes = sizes;
+    std::erase_if(verify_sizes, [&](int64_t size) { return size * (1 + verify_drafts_) > config_.max_num_batched_tokens; });
+    auto verify = capture_step_graphs(verify_sizes, 1 + verify_drafts_);
+    if (verify.is_ok()) {
+      verify_graphs_ = std::move(*verify);
+      startup_.verify_graph_batch_sizes = verify_sizes;
+    } else {
+      MX_LOG(Warning) << "verify steps run eagerly: their graph capture failed: " << verify.status().to_string();
+    }
   }
   MX_RETURN_IF_ERROR(b.synchronize());
   startup_.graph_batch_sizes = sizes;
@@ -203,7 +233,7 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
   auto after = b.memory_info();
   if (before.is_ok() && after.is_ok()) startup_.graph_bytes = std::max<int64_t>(0, before->free_bytes - after->free_bytes);
   MX_LOG(Info) << "captured " << sizes.size() << " decode graphs (batch " << sizes.front() << ".." << sizes.back()
-               << ") in " << static_cast<int64_t>(startup_.capture_seconds * 1000) << " ms, "
+               << ") and " << verify_graphs_.size() << " verify graphs (" << verify_drafts_ << " drafts) in " << static_cast<int64_t>(startup_.capture_seconds * 1000) << " ms, "
                << mib(startup_.graph_bytes) << " of device memory";
   return Status::ok();
 }
@@ -212,10 +242,13 @@ Status ModelRunner::forward(const BatchView& view, const KvCache& kv, const Tens
   return model_.forward(view, kv, *ws_, logits).status();
 }
 
-const ModelRunner::DecodeGraph* ModelRunner::graph_for(const ScheduledBatch& batch) const {
-  if (graphs_.empty() || !is_decode_only(batch)) return nullptr;
+const ModelRunner::StepGraph* ModelRunner::graph_for(const ScheduledBatch& batch) const {
+  const std::vector<std::unique_ptr<StepGraph>>* graphs = nullptr;
+  if (is_uniform_step(batch, 1)) graphs = &graphs_;
+  else if (verify_drafts_ > 0 && is_uniform_step(batch, 1 + verify_drafts_)) graphs = &verify_graphs_;
+  if (!graphs) return nullptr;
   const auto n = static_cast<int64_t>(batch.entries.size());
-  for (const auto& g : graphs_)
+  for (const auto& g : *graphs)
     if (g->size >= n) return g.get();
   return nullptr;
 }
@@ -278,6 +311,7 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
 // A step: stage -> forward (graph replay or eager) -> sample (device op, or logits to the host: prompt
 // logits copied out, then each row sampled). Verification steps and grammar masks enter between these.
 Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
+  if (step_observer_) step_observer_(batch);
   MX_ASSIGN_OR_RETURN(const StagedStep step, stage_step(batch));
   const TensorView logits = logits_device_.view(DType::kF32, {step.view.num_logit_rows, model_.dims().vocab_size});
   MX_RETURN_IF_ERROR(run_forward(step, logits));
@@ -287,7 +321,7 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
   // ignored by the op, not copied on the host path.
   last_sample_seconds_ = 0;
   if (step.view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, masked, sampled);
-  const int64_t real_rows = step.view.num_logit_rows - step.padding_seqs;
+  const int64_t real_rows = step.view.num_logit_rows - step.padding_rows;
   if (real_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits.rows(0, real_rows)));
   const auto sample_start = std::chrono::steady_clock::now();
   copy_prompt_logits(batch);
@@ -312,8 +346,8 @@ Result<ModelRunner::StagedStep> ModelRunner::stage_step(const ScheduledBatch& ba
   StagedStep step;
   step.graph = graph_for(batch);
   if (step.graph) {
-    step.padding_seqs = step.graph->size - static_cast<int64_t>(seqs_.size());
-    add_padding(step.graph->size);
+    step.padding_rows = (step.graph->size - static_cast<int64_t>(seqs_.size())) * step.graph->rows;
+    add_padding(step.graph->size, step.graph->rows);
     ++num_padded_steps_;
   }
   MX_ASSIGN_OR_RETURN(step.view, staging_.stage(seqs_));
@@ -322,7 +356,7 @@ Result<ModelRunner::StagedStep> ModelRunner::stage_step(const ScheduledBatch& ba
 }
 
 Status ModelRunner::run_forward(const StagedStep& step, const TensorView& logits) {
-  const DecodeGraph* graph = replay_ ? step.graph : nullptr;
+  const StepGraph* graph = replay_ ? step.graph : nullptr;
   if (!graph) return forward(step.view, kv_, logits);
   if (profile_capture_) {
     MX_ASSIGN_OR_RETURN(const bool profiled, run_profiled(*graph, step.view, logits));
@@ -335,13 +369,14 @@ Status ModelRunner::run_forward(const StagedStep& step, const TensorView& logits
     same_tables = view.page_tables[k].data() == g.page_tables[k].data();
   if (view.token_ids.data() != g.token_ids.data() || !same_tables || view.logit_rows.data() != g.logit_rows.data() ||
       view.num_tokens != g.num_tokens)
-    return internal_error("decode step staged away from its graph's buffers");
+    return internal_error("step staged away from its graph's buffers");
   MX_RETURN_IF_ERROR(graph->graph->replay());
   ++num_graph_replays_;
+  num_verify_replays_ += graph->rows > 1 ? 1 : 0;
   return Status::ok();
 }
 
-Result<bool> ModelRunner::run_profiled(const DecodeGraph& graph, const BatchView& view, const TensorView& logits) {
+Result<bool> ModelRunner::run_profiled(const StepGraph& graph, const BatchView& view, const TensorView& logits) {
   // A failed profiling capture must not fail the step: report it and replay the engine's own graph.
   auto once = model_.backend().capture([&] { return forward(view, kv_, logits); });
   Status profiled = once.is_ok() ? (*once)->replay() : once.status();  // first launch of a fresh graph: upload costs

@@ -5,13 +5,17 @@
 //
 // Start-up on a device (CUDA): staging and workspace first; then, when no --num-kv-pages was given, a
 // worst-case warm-up pass on a throwaway pool measures activation memory and the KV pool is sized by
-// plan_kv_memory; then the pool (plus one scratch page); then one graph per decode batch-size bucket.
+// plan_kv_memory; then the pool (plus one scratch page); then one graph per decode batch-size bucket and,
+// when the engine speculates with k drafts, one verify graph per bucket (k + 1 rows per sequence).
 // A decode-only step of n requests is padded to the smallest bucket >= n with rows that read and write
-// only the scratch page (their logits are ignored) and replays that bucket's graph; mixed and prefill
-// steps, and decode steps above the largest bucket, run eagerly. Graph kernels take every size from the
-// bucket or from device memory, never from the step (decode attention splits by page-table capacity).
+// only the scratch page (their logits are ignored) and replays that bucket's graph; a verify-only step
+// whose every entry verifies exactly k drafts likewise, with padding sequences of k + 1 rows. Mixed and
+// prefill steps, verify steps with fewer drafts, and steps above the largest bucket run eagerly. Graph
+// kernels take every size from the bucket or from device memory, never from the step (decode attention
+// splits by page-table capacity; prefill attention, which verify rows take, by token count).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,6 +35,7 @@ struct RunnerStartup {
   int64_t kv_pages = 0;       // usable pages (the scratch page not counted)
   int64_t kv_bytes = 0;
   std::vector<int64_t> graph_batch_sizes;
+  std::vector<int64_t> verify_graph_batch_sizes;  // buckets with a verify graph (k drafts per sequence)
   double capture_seconds = 0;
   int64_t graph_bytes = 0;    // device memory the graphs and their warm-up took (0 where unknown)
 };
@@ -48,6 +53,9 @@ class ModelRunner {
   // Off: decode steps are still padded to their bucket but run eagerly (op-by-op profiling; tests that
   // tell graph replay apart from padding). No effect without graphs.
   void set_graph_replay(bool on) { replay_ = on; }
+  // Tests: called with each step's batch before its forward pass (which request owns which rows, e.g. to
+  // attribute a recording backend's per-row records to request positions). Empty: none.
+  void set_step_observer(std::function<void(const ScheduledBatch&)> observer) { step_observer_ = std::move(observer); }
   // Profiling: a decode step that would replay captures a one-off graph of its forward pass instead (with
   // whatever the backend records during capture, e.g. ProfilingBackend's timer marks) and replays it twice;
   // the second replay recomputes the same KV entries and logits, so the step's outcome is unchanged.
@@ -62,16 +70,17 @@ class ModelRunner {
   double last_sample_seconds() const { return last_sample_seconds_; }
   int64_t max_logit_rows() const { return max_logit_rows_; }
   int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
-  int64_t num_graph_replays() const { return num_graph_replays_; }
-  int64_t num_padded_steps() const { return num_padded_steps_; }  // decode steps padded to a bucket
+  int64_t num_graph_replays() const { return num_graph_replays_; }  // decode and verify graphs
+  int64_t num_verify_replays() const { return num_verify_replays_; }
+  int64_t num_padded_steps() const { return num_padded_steps_; }  // decode and verify steps padded to a bucket
 
  private:
-  struct DecodeGraph;
-  // A step's batch on the device: the view, the graph it replays (null: eager) and its padding sequences.
+  struct StepGraph;
+  // A step's batch on the device: the view, the graph it replays (null: eager) and its padding rows.
   struct StagedStep {
     BatchView view;
-    const DecodeGraph* graph = nullptr;
-    int64_t padding_seqs = 0;
+    const StepGraph* graph = nullptr;
+    int64_t padding_rows = 0;
   };
 
   // The steps of execute(), in order.
@@ -79,7 +88,7 @@ class ModelRunner {
   Status run_forward(const StagedStep& step, const TensorView& logits);
   // Profiling: captures and replays a one-off graph of the step (see set_profile_capture); false when the
   // capture failed and the engine's own graph should run instead.
-  Result<bool> run_profiled(const DecodeGraph& graph, const BatchView& view, const TensorView& logits);
+  Result<bool> run_profiled(const StepGraph& graph, const BatchView& view, const TensorView& logits);
   // Host path (logits_host_ holds the step's real rows): prompt logits into their requests, then sampling.
   void copy_prompt_logits(const ScheduledBatch& batch);
   void sample_on_host(const ScheduledBatch& batch, bool masked, std::vector<SampledToken>* sampled);
@@ -99,9 +108,12 @@ class ModelRunner {
   Status forward(const BatchView& view, const KvCache& kv, const TensorView& logits);
   Status plan_kv_pool(const DeviceMemory& before, bool graphs, EngineConfig* config);
   Status capture_graphs(const std::vector<int64_t>& sizes);
-  // Sequences that fill a batch up to `size` rows: one token each at position 0 of the scratch page.
-  void add_padding(int64_t size);
-  const DecodeGraph* graph_for(const ScheduledBatch& batch) const;
+  // One graph per bucket of sequences with `rows` tokens each (1: decode; k + 1: verify k drafts).
+  Result<std::vector<std::unique_ptr<StepGraph>>> capture_step_graphs(const std::vector<int64_t>& sizes, int64_t rows);
+  // Sequences that fill a batch up to `size` sequences: `rows` tokens each at positions 0 .. rows - 1 of the
+  // scratch page (every logical page maps to it), logits for every row when rows > 1 (as a verify entry).
+  void add_padding(int64_t size, int64_t rows = 1);
+  const StepGraph* graph_for(const ScheduledBatch& batch) const;
 
   const Model& model_;
   EngineConfig config_;
@@ -125,16 +137,20 @@ class ModelRunner {
   std::vector<uint32_t> token_mask_host_;  // [max_logit_rows, ceil(vocab / 32)]
   std::vector<int32_t> mask_rows_host_;    // [max_logit_rows]
   int64_t sample_op_steps_ = 0;
-  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // ascending batch size
-  std::vector<std::vector<int32_t>> scratch_rows_;    // per layer group: {index of its scratch page}
-  int32_t padding_token_ = 0;
+  std::vector<std::unique_ptr<StepGraph>> graphs_;         // decode, ascending batch size
+  std::vector<std::unique_ptr<StepGraph>> verify_graphs_;  // verify k drafts, ascending batch size
+  int64_t verify_drafts_ = 0;                              // k of verify_graphs_
+  std::vector<std::vector<int32_t>> scratch_rows_;         // per layer group: {index of its scratch page}
+  std::vector<std::vector<int32_t>> padding_pages_;        // per layer group: the scratch page, once per logical page
+  std::vector<int32_t> padding_tokens_;
   bool replay_ = true;
+  std::function<void(const ScheduledBatch&)> step_observer_;
   bool profile_capture_ = false;
   Status profile_status_ = Status::ok();
   double profile_graph_ms_ = 0;
   RunnerStartup startup_;
   double last_sample_seconds_ = 0;
-  int64_t num_graph_replays_ = 0, num_padded_steps_ = 0;
+  int64_t num_graph_replays_ = 0, num_verify_replays_ = 0, num_padded_steps_ = 0;
 };
 
 }  // namespace mx

@@ -18,6 +18,7 @@
 #include "fixture_reference_util.h"
 #include "model/model_registry.h"
 #include "gpu_test_util.h"
+#include "route_trace_util.h"
 #include "runtime/engine_core.h"
 #include "spec/reference_drafter.h"
 #include "runtime/token_constraint.h"
@@ -30,11 +31,11 @@ struct Loaded {
   std::vector<std::vector<int32_t>> prompts, greedy;
 };
 
-Loaded load_fixture(const std::string& name) {
+Loaded load_fixture(const std::string& name, Backend& backend = cuda_backend()) {
   const char* env = std::getenv("MX_FIXTURES_DIR");
   const std::string dir = std::string(env ? env : MX_FIXTURES_DIR) + "/" + name;
   Loaded f;
-  auto model = load_model(dir, cuda_backend());
+  auto model = load_model(dir, backend);
   MX_CHECK(model.is_ok()) << model.status().to_string();
   f.model = std::move(*model);
   auto ref = test::load_fixture_reference(dir);
@@ -136,6 +137,59 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
     if (top_logprobs == 0) {
       EXPECT_GT(op_steps, 0);
     }
+  }
+}
+
+// Verify steps (k = 3 forced drafts, every request verifying) replayed from the runner's verify graphs
+// give the same tokens and logprobs, bit for bit, as the same padded steps run eagerly.
+TEST_P(EngineGraphTest, ReplayedVerifyEqualsEagerPaddedBitForBit) {
+  const Loaded f = load_fixture(GetParam());
+  EngineConfig c;
+  c.num_kv_pages = 256;
+  c.page_size = 4;  // 4 verify rows cross pages
+  c.max_running_requests = 8;
+  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  std::vector<Arrival> arrivals;
+  for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(i), i});
+  auto plain_core = make_core(f, c);
+  const auto plain = drive(*plain_core, f, arrivals, 0);
+  std::vector<ReferenceDrafter::Reference> refs;
+  for (size_t i = 0; i < f.prompts.size(); ++i) refs.push_back({f.prompts[i], plain[i].token_ids});
+  c.speculative.algorithm = SpeculativeAlgorithm::kExternal;
+  c.speculative.num_draft_tokens = 3;
+  c.speculative.external = std::make_shared<const ReferenceDrafter>(std::move(refs));
+  for (const int64_t top_logprobs : {3, 0}) {  // host sampling, the backend's sample op
+    std::vector<RequestOutput> runs[2];
+    int64_t verify_replays[2] = {0, 0}, padded[2] = {0, 0};
+    for (int replay = 0; replay < 2; ++replay) {
+      auto core = make_core(f, c);
+      ASSERT_EQ(core->runner().startup().verify_graph_batch_sizes, (std::vector<int64_t>{1, 2, 4, 8}));
+      core->runner().set_graph_replay(replay == 1);
+      runs[replay] = drive(*core, f, arrivals, top_logprobs);
+      verify_replays[replay] = core->runner().num_verify_replays();
+      padded[replay] = core->runner().num_padded_steps();
+    }
+    int64_t differing = 0, tokens = 0;
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      ASSERT_EQ(runs[0][i].token_ids.size(), runs[1][i].token_ids.size());
+      for (size_t t = 0; t < runs[0][i].token_ids.size(); ++t) {
+        ++tokens;
+        const auto& a = runs[0][i].logprobs[t];
+        const auto& b = runs[1][i].logprobs[t];
+        bool same = runs[0][i].token_ids[t] == runs[1][i].token_ids[t] && same_bits(a.logprob, b.logprob) && a.top.size() == b.top.size();
+        for (size_t k = 0; same && k < a.top.size(); ++k) same = a.top[k].token == b.top[k].token && same_bits(a.top[k].logprob, b.top[k].logprob);
+        differing += same ? 0 : 1;
+      }
+    }
+    record("verify graphs == eager padded",
+           GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(verify_replays[1]) +
+               " verify steps replayed, " + std::to_string(padded[1]) + " padded steps (" +
+               (top_logprobs ? "host sampling" : "sample op") + ")",
+           static_cast<double>(differing), 0, 0, differing == 0 && verify_replays[1] > 0);
+    EXPECT_EQ(verify_replays[0], 0);
+    EXPECT_GT(verify_replays[1], 0);
+    EXPECT_EQ(padded[0], padded[1]);
+    EXPECT_EQ(differing, 0);
   }
 }
 
@@ -284,19 +338,37 @@ TEST_P(EngineGraphTest, BatchingEquivalenceWithGraphs) {
   EXPECT_EQ(failures, 0);
 }
 
-// Speculation on CUDA vs plain decoding, every prompt together (graphs on for the plain decode steps): the
-// verify rows run through the prefill kernels, so their bf16 logits differ from a decode step's by ~1e-3;
-// a token may differ only at a near tie. Forced acceptance checks that the recorded drafts are accepted.
+// The largest |difference| of the chosen tokens' logprobs over the first n tokens of two runs.
+double max_logprob_delta(const RequestOutput& a, const RequestOutput& b, size_t n) {
+  double m = 0;
+  for (size_t t = 0; t < n; ++t) m = std::max(m, std::fabs(static_cast<double>(a.logprobs[t].logprob) - b.logprobs[t].logprob));
+  return m;
+}
+
+// Speculation on CUDA vs plain decoding, every prompt together: the verify rows run through the prefill
+// kernels, so their bf16 logits differ from a decode step's by ~1e-3. A token may differ at a near tie of
+// its own logits; elsewhere only where the two runs' routes differed upstream and every first difference
+// was a near tie of the router (RouteTrace, route_trace_util.h): identical routes, or a root far from a tie,
+// fail. Both runs are traced; graph steps run eagerly with their padding, bit for bit what replay gives
+// (ReplayedDecodeEqualsEagerPaddedBitForBit). Forced acceptance checks that the recorded drafts are accepted.
 TEST_P(EngineGraphTest, SpeculationEqualsPlainDecodingOnCuda) {
-  const Loaded f = load_fixture(GetParam());
+  test::RouteTrace trace(cuda_backend());
+  const Loaded f = load_fixture(GetParam(), trace);
   EngineConfig c;
   c.num_kv_pages = 256;
   c.page_size = 4;
   c.max_running_requests = 8;
   std::vector<Arrival> together;
   for (size_t i = 0; i < f.prompts.size(); ++i) together.push_back({0, i});
-  auto plain_core = make_core(f, c);
+  auto traced_core = [&](const EngineConfig& config) {
+    auto core = make_core(f, config);
+    core->runner().set_graph_replay(false);
+    core->runner().set_step_observer([&](const ScheduledBatch& b) { trace.begin_step(b); });
+    return core;
+  };
+  auto plain_core = traced_core(c);
   const auto plain = drive(*plain_core, f, together, 2);
+  const test::RouteLog plain_routes = trace.take();
   std::vector<ReferenceDrafter::Reference> refs;
   for (size_t i = 0; i < f.prompts.size(); ++i) refs.push_back({f.prompts[i], plain[i].token_ids});
   auto forced = std::make_shared<const ReferenceDrafter>(std::move(refs));
@@ -308,17 +380,32 @@ TEST_P(EngineGraphTest, SpeculationEqualsPlainDecodingOnCuda) {
     sc.speculative.algorithm = algorithm;
     sc.speculative.num_draft_tokens = k;
     if (algorithm == SpeculativeAlgorithm::kExternal) sc.speculative.external = forced;
-    auto core = make_core(f, sc);
+    auto core = traced_core(sc);
     const auto spec = drive(*core, f, together, 2);
+    const test::RouteLog spec_routes = trace.take();
     const SchedulerStats st = core->stats().scheduler;
     const std::string what = std::string(algorithm == SpeculativeAlgorithm::kNgram ? "ngram" : "forced") + " k=" + std::to_string(k);
     for (size_t i = 0; i < f.prompts.size(); ++i) {
       const Divergence d = first_divergence(plain[i], spec[i]);
-      const bool pass = d.equal || d.margin < kNearTie;
-      failures += pass ? 0 : 1;
       std::string detail = GetParam() + " " + what + " prompt " + std::to_string(i) + ": speculative = plain for " +
                            std::to_string(d.agree) + "/" + std::to_string(plain[i].token_ids.size());
-      if (!d.equal) detail += (pass ? " (near tie)" : " (NOT a near tie)") + d.where;
+      bool pass = d.equal || d.margin < kNearTie;
+      if (!d.equal) {
+        // Token d.agree was sampled from the logits of position prompt + d.agree - 1.
+        const auto last = static_cast<int64_t>(f.prompts[i].size() + d.agree) - 1;
+        const test::RouteComparison routes = test::compare_routes(plain_routes, spec_routes, static_cast<RequestId>(i), last);
+        pass = pass || routes.explains_divergence();
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "; max |logprob delta| before it %.2e; ", max_logprob_delta(plain[i], spec[i], d.agree));
+        detail += std::string(d.margin < kNearTie ? " (near tie)" : routes.explains_divergence() ? " (after a routing near tie)"
+                                                                                                  : " (NOT a near tie)") +
+                  d.where + buf + routes.describe();
+      }
+      failures += pass ? 0 : 1;
+      if (d.equal) {  // reported: where equal tokens still went through different experts
+        const auto last = static_cast<int64_t>(f.prompts[i].size() + d.agree) - 2;
+        detail += "; " + test::compare_routes(plain_routes, spec_routes, static_cast<RequestId>(i), last).describe();
+      }
       std::printf("[spec] %s\n", detail.c_str());
       record("speculation == plain (cuda)", detail, static_cast<double>(plain[i].token_ids.size() - d.agree), 0, 0, pass);
     }

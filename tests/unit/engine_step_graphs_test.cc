@@ -1,0 +1,112 @@
+// The model runner's step graphs on the CPU: a backend double "captures" a forward pass by keeping its body
+// and "replays" it by running it again, which is what a CUDA graph does to the staging buffers (the body
+// reads whatever stage() last wrote at the captured addresses). So the runner's graph logic (buckets,
+// padding sequences and their rows, which steps replay, the view check) runs here as on a GPU: decode and
+// verify steps replayed from graphs give plain decoding's tokens and logprobs bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backend/forwarding_backend.h"
+#include "engine_test_util.h"
+#include "model/model_registry.h"
+#include "spec/reference_drafter.h"
+#include "test_util.h"
+
+namespace mx::test {
+namespace {
+
+class ReplayingBackend final : public ForwardingBackend {
+ public:
+  explicit ReplayingBackend(Backend& inner) : ForwardingBackend(inner) {}
+  bool can_capture() const override { return true; }
+  Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
+    ++captures;
+    return std::unique_ptr<ReplayGraph>(new Replay(body, &replays));
+  }
+  int64_t captures = 0, replays = 0;
+
+ private:
+  class Replay final : public ReplayGraph {
+   public:
+    Replay(std::function<Status()> body, int64_t* count) : body_(std::move(body)), count_(count) {}
+    Status replay() override {
+      ++*count_;
+      return body_();
+    }
+
+   private:
+    std::function<Status()> body_;
+    int64_t* count_;
+  };
+};
+
+bool same_outputs(const RequestOutput& a, const RequestOutput& b) {
+  if (a.token_ids != b.token_ids || a.logprobs.size() != b.logprobs.size()) return false;
+  for (size_t t = 0; t < a.logprobs.size(); ++t)
+    if (std::memcmp(&a.logprobs[t].logprob, &b.logprobs[t].logprob, sizeof(float)) != 0) return false;
+  return true;
+}
+
+TEST(EngineStepGraphs, DecodeAndVerifyGraphsReplayLikeEagerSteps) {
+  const Fixture& fx = fixture_model("tiny-gpt-oss");
+  CpuBackendOptions options;
+  options.num_threads = 2;  // as the fixture's backend, which the eager run uses
+  auto cpu = make_cpu_backend(options);
+  ReplayingBackend replaying(*cpu);
+  auto model = load_model(std::string(MX_FIXTURES_DIR) + "/tiny-gpt-oss", replaying);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  std::vector<Arrival> arrivals;
+  for (size_t i = 0; i < fx.prompts.size(); ++i) {
+    RequestInput in = greedy_request(fx.prompts[i], 30);
+    in.sampling.logprobs = true;
+    arrivals.push_back({static_cast<int64_t>(i), in});  // staggered: decode and verify batches of 1..3
+  }
+  EngineConfig c;
+  c.page_size = 4;  // 4 verify rows span pages; padding sequences of 8 rows map two logical pages to the scratch page
+  c.num_kv_pages = 128;
+  c.max_running_requests = 4;
+  c.cuda_graph_batch_sizes = {1, 2, 4};
+  const DriveResult plain_eager = [&] {
+    auto core = EngineCore::create(*fx.model, c);  // the plain CPU backend: no graphs
+    EXPECT_TRUE(core.is_ok());
+    return drive(**core, arrivals);
+  }();
+  std::vector<ReferenceDrafter::Reference> refs;
+  for (size_t i = 0; i < fx.prompts.size(); ++i) refs.push_back({fx.prompts[i], plain_eager.outputs[i].token_ids});
+  auto forced = std::make_shared<const ReferenceDrafter>(std::move(refs));
+  for (const int64_t k : {0, 3, 7}) {
+    EngineConfig sc = c;
+    if (k > 0) {
+      sc.speculative.algorithm = SpeculativeAlgorithm::kExternal;
+      sc.speculative.num_draft_tokens = k;
+      sc.speculative.external = forced;
+    }
+    replaying.captures = replaying.replays = 0;
+    auto core = EngineCore::create(**model, sc);
+    ASSERT_TRUE(core.is_ok()) << core.status().to_string();
+    const RunnerStartup& s = (*core)->runner().startup();
+    EXPECT_EQ(s.graph_batch_sizes, (std::vector<int64_t>{1, 2, 4}));
+    // Verify graphs for the buckets whose k + 1 rows per sequence fit a step.
+    const std::vector<int64_t> verify_sizes = k == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{1, 2, 4};
+    EXPECT_EQ(s.verify_graph_batch_sizes, verify_sizes) << k;
+    EXPECT_EQ(replaying.captures, k == 0 ? 3 : 6);
+    const DriveResult run = drive(**core, arrivals);
+    EXPECT_EQ(run.error, "");
+    for (size_t i = 0; i < arrivals.size(); ++i)
+      EXPECT_TRUE(same_outputs(run.outputs[i], plain_eager.outputs[i])) << "k " << k << " prompt " << i;
+    const ModelRunner& r = (*core)->runner();
+    EXPECT_EQ(replaying.replays, r.num_graph_replays());
+    if (k > 0) {
+      EXPECT_GT(r.num_verify_replays(), 0) << k;
+      EXPECT_EQ(run.stats.scheduler.spec_accepted_tokens, run.stats.scheduler.spec_draft_tokens) << k;
+    } else {
+      EXPECT_GT(r.num_graph_replays(), 0);
+      EXPECT_EQ(r.num_verify_replays(), 0);
+    }
+    EXPECT_EQ(run.stats.pages_used, 0);
+  }
+}
+
+}  // namespace
+}  // namespace mx::test
