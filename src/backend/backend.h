@@ -254,7 +254,7 @@ class Backend {
   virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
   virtual Status sample(const SampleParams& p) = 0;
 
-  // Ops Gemma-4 needs (CPU only so far; CUDA answers unimplemented until its kernels land, issue 15).
+  // Ops Gemma-4 needs (CPU and CUDA; a backend without them answers unimplemented).
   // out = rms_norm(x) over the last dim, without a weight; x and out in activation_dtype().
   virtual Status unit_rms_norm(const TensorView& x, float eps, TensorView out) {
     (void)x, (void)eps, (void)out;
