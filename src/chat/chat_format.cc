@@ -1,5 +1,7 @@
 #include "chat/chat_format.h"
 
+#include "chat/chat_constraint.h"
+
 namespace mx {
 
 const char* reasoning_effort_name(ReasoningEffort effort) {
@@ -9,6 +11,10 @@ const char* reasoning_effort_name(ReasoningEffort effort) {
     case ReasoningEffort::kHigh: return "high";
   }
   return "medium";
+}
+
+Result<std::shared_ptr<const TurnConstraintPlan>> ChatFormat::plan_constraint(const TurnConstraintSpec&, GrammarCompiler&) const {
+  return unimplemented("the " + name() + " chat format cannot enforce structured outputs or tool_choice");
 }
 
 }  // namespace mx

@@ -19,6 +19,12 @@
 //   wrote (what it cannot place goes to content), and feeding ids one at a time or all at once must give
 //   the same events, because the engine delivers tokens in arbitrary batches. Reasoning, content and tool
 //   calls come out in the order the model wrote them (the Responses API opens output items in that order).
+// - plan_constraint() (structured outputs, chat_constraint.h): where the answer and tool-call arguments
+//   start and end in the format's output, how the reasoning is closed when its budget runs out, and which
+//   tool call prefixes a required or named tool_choice forces. tool_argument_notation() and
+//   tool_argument_special_tokens() say how the format writes arguments, so the server compiles a tool's
+//   JSON Schema to a grammar of that notation. A format that cannot do this keeps the default, which
+//   refuses (a 400 naming the field), never silently unconstrained output.
 // - special_tokens(): registered with the format in chat_formats.cc, so that a tokenizer file that lacks
 //   them (a bare .tiktoken rank file has none) still gets them; a file that gives them other ids fails to
 //   load. The tokenizer knows no format: it takes its specials from the file plus this list.
@@ -34,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "grammar/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mx {
@@ -105,6 +112,10 @@ class ChatStreamParser {
   virtual void finish(std::vector<ChatEvent>* events) = 0;
 };
 
+class GrammarCompiler;
+struct TurnConstraintSpec;
+class TurnConstraintPlan;
+
 class ChatFormat {
  public:
   virtual ~ChatFormat() = default;
@@ -119,6 +130,17 @@ class ChatFormat {
   virtual const std::vector<int32_t>& stop_ids() const = 0;
   // A parser for one generated stream, which starts right after render()'s last id.
   virtual std::unique_ptr<ChatStreamParser> make_parser() const = 0;
+
+  // ---- Structured outputs (chat_constraint.h) ----
+  // The notation tool-call arguments are written in (default: JSON).
+  virtual grammar::JsonSchemaOptions tool_argument_notation() const { return {}; }
+  // Special tokens inside written arguments, with the bytes tool_argument_notation() spells them as
+  // (Gemma-4: <|"|> around strings). Empty: arguments are ordinary text.
+  virtual std::vector<std::pair<int32_t, std::string>> tool_argument_special_tokens() const { return {}; }
+  // One request's constraint on the turn the model writes next; grammars the format needs beyond `spec`'s
+  // are compiled through `compiler`. Default: an error saying the format has none.
+  virtual Result<std::shared_ptr<const TurnConstraintPlan>> plan_constraint(const TurnConstraintSpec& spec,
+                                                                            GrammarCompiler& compiler) const;
 };
 
 }  // namespace mx

@@ -4,6 +4,7 @@
 // whose unrolled copies would be large.
 #include "grammar/json_schema.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -33,8 +34,6 @@ const std::set<std::string> kKnown = {"type",      "enum",      "const",     "an
                                       "items",     "minItems",  "maxItems",  "pattern",  "format",  "minLength",
                                       "maxLength", "minimum",   "maximum",   "exclusiveMinimum", "exclusiveMaximum",
                                       "multipleOf"};
-
-Expr ws() { return optional(byte_expr(' ')); }
 
 // Digits of unsigned values with equal length, lo <= hi: the usual range-to-pattern split.
 Expr same_length_range(const std::string& lo, const std::string& hi) {
@@ -120,7 +119,7 @@ Expr unbounded_number() {
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const json& root) : root_(root) {}
+  SchemaCompiler(const json& root, const JsonSchemaOptions& options) : root_(root), quote_(options.string_quote) {}
 
   Result<Grammar> run() {
     g_.root = g_.add_rule("root");
@@ -134,8 +133,8 @@ class SchemaCompiler {
     if (any_value_ >= 0) return any_value_;
     any_value_ = g_.add_rule("any_value");
     const int32_t object = g_.add_rule("any_object"), array = g_.add_rule("any_array");
-    Expr member = seq({string_expr(0, -1), byte_expr(':'), ws(), rule_ref(any_value_)});
-    Expr member2 = seq({string_expr(0, -1), byte_expr(':'), ws(), rule_ref(any_value_)});
+    Expr member = seq({any_key(), byte_expr(':'), ws(), rule_ref(any_value_)});
+    Expr member2 = seq({any_key(), byte_expr(':'), ws(), rule_ref(any_value_)});
     g_.rules[object].body = seq({byte_expr('{'),
                                  optional(seq({std::move(member), repeat(seq({byte_expr(','), ws(), std::move(member2)}), 0, -1)})),
                                  byte_expr('}')});
@@ -155,8 +154,12 @@ class SchemaCompiler {
   Grammar take() { return std::move(g_); }
   Grammar& grammar() { return g_; }
 
-  // A JSON string of min..max characters (max < 0: unbounded).
-  static Expr string_expr(int32_t min_len, int32_t max_len) {
+  // A string of min..max characters (max < 0: unbounded).
+  Expr string_expr(int32_t min_len, int32_t max_len) const {
+    if (quoted()) {  // raw text between the quotes: tab, newline and every code point from U+0020
+      Expr ch = utf8_codepoint_ranges({{0x09, 0x0A}, {0x20, 0x10FFFF}});
+      return seq({literal(quote_), repeat(std::move(ch), min_len, max_len), literal(quote_)});
+    }
     ByteSet escapable, hex, hex_no_d, low_hex;
     for (char c : std::string("\"\\/bfnrt")) escapable.add(static_cast<uint8_t>(c));
     hex.add_range('0', '9'), hex.add_range('a', 'f'), hex.add_range('A', 'F');
@@ -174,6 +177,45 @@ class SchemaCompiler {
   }
 
  private:
+  bool quoted() const { return !quote_.empty(); }
+  // One optional space after ',' and ':' in JSON; none in the quoted notation (as its template writes it).
+  Expr ws() const { return quoted() ? empty_expr() : optional(byte_expr(' ')); }
+
+  static bool bare_word(const std::string& key) {
+    if (key.empty()) return false;
+    for (char c : key)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+    return true;
+  }
+  // A fixed value spelled in the output notation (const, enum, keys).
+  std::string value_text(const json& v) const {
+    if (!quoted()) return v.dump();
+    if (v.is_string()) return quote_ + v.get<std::string>() + quote_;
+    std::string out;
+    if (v.is_object()) {
+      out = "{";
+      for (const auto& [key, item] : v.items()) out += (out.size() > 1 ? "," : "") + key_text(key) + ":" + value_text(item);
+      return out + "}";
+    }
+    if (v.is_array()) {
+      out = "[";
+      for (const json& item : v) out += (out.size() > 1 ? "," : "") + value_text(item);
+      return out + "]";
+    }
+    return v.dump();
+  }
+  std::string key_text(const std::string& key) const {
+    if (quoted() && bare_word(key)) return key;
+    return value_text(json(key));
+  }
+  // The key of a member of an object whose keys the schema does not name.
+  Expr any_key() const {
+    if (!quoted()) return string_expr(0, -1);
+    ByteSet word;
+    word.add_range('a', 'z'), word.add_range('A', 'Z'), word.add_range('0', '9'), word.add('_');
+    return repeat(bytes_expr(word), 1, -1);
+  }
+
   Status error(const std::string& where, const std::string& what) const {
     return invalid_argument("JSON schema at '" + where + "': " + what);
   }
@@ -221,7 +263,7 @@ class SchemaCompiler {
       MX_RETURN_IF_ERROR(only_annotations_besides(s, {"$ref"}, where));
       return ref_expr(s["$ref"].get<std::string>(), where);
     }
-    if (s.contains("const")) return literal(s["const"].dump());
+    if (s.contains("const")) return literal(value_text(s["const"]));
     if (s.contains("enum")) return enum_expr(s, where);
     for (const char* combiner : {"anyOf", "oneOf"}) {
       if (!s.contains(combiner)) continue;
@@ -287,7 +329,7 @@ class SchemaCompiler {
     const json& values = s["enum"];
     if (!values.is_array() || values.empty()) return error(where, "enum must be a non-empty array");
     std::vector<Expr> alts;
-    for (const json& v : values) alts.push_back(literal(v.dump()));
+    for (const json& v : values) alts.push_back(literal(value_text(v)));
     return alt(std::move(alts));
   }
 
@@ -335,7 +377,8 @@ class SchemaCompiler {
     options.json_string_safe = true;
     auto body = parse_regex(pattern, options);
     if (!body.is_ok()) return error(where, body.status().message());
-    return seq({byte_expr('"'), std::move(body).value(), byte_expr('"')});
+    const std::string quote = quoted() ? quote_ : "\"";
+    return seq({literal(quote), std::move(body).value(), literal(quote)});
   }
 
   static std::string format_pattern(const std::string& format) {
@@ -440,7 +483,7 @@ class SchemaCompiler {
       MX_ASSIGN_OR_RETURN(Expr v1, compile(*values, where + "/additionalProperties", depth + 1));
       const int32_t value_rule = g_.add_rule(where + " additionalProperties");
       g_.rules[value_rule].body = std::move(v1);
-      auto member = [&] { return seq({string_expr(0, -1), byte_expr(':'), ws(), rule_ref(value_rule)}); };
+      auto member = [&] { return seq({any_key(), byte_expr(':'), ws(), rule_ref(value_rule)}); };
       return seq({byte_expr('{'), optional(seq({member(), repeat(seq({byte_expr(','), ws(), member()}), 0, -1)})),
                   byte_expr('}')});
     }
@@ -450,7 +493,7 @@ class SchemaCompiler {
     std::vector<Expr> members;
     for (const std::string& name : order) {
       MX_ASSIGN_OR_RETURN(Expr v, compile(props[name], where + "/properties/" + name, depth + 1));
-      members.push_back(seq({literal(json(name).dump()), byte_expr(':'), ws(), std::move(v)}));
+      members.push_back(seq({literal(key_text(name)), byte_expr(':'), ws(), std::move(v)}));
     }
     const size_t n = order.size();
     if (required.size() == n) {
@@ -511,6 +554,7 @@ class SchemaCompiler {
   }
 
   const json& root_;
+  const std::string quote_;  // JsonSchemaOptions::string_quote
   Grammar g_;
   std::map<std::string, int32_t> ref_rules_;
   int32_t any_value_ = -1;
@@ -519,17 +563,17 @@ class SchemaCompiler {
 
 }  // namespace
 
-Result<Grammar> json_schema_grammar(const nlohmann::json& schema) {
+Result<Grammar> json_schema_grammar(const nlohmann::json& schema, const JsonSchemaOptions& options) {
   try {
-    return SchemaCompiler(schema).run();
+    return SchemaCompiler(schema, options).run();
   } catch (const nlohmann::json::exception& e) {  // a type mismatch inside the schema document
     return invalid_argument(std::string("JSON schema: ") + e.what());
   }
 }
 
-Grammar any_json_grammar(bool object_only) {
+Grammar any_json_grammar(bool object_only, const JsonSchemaOptions& options) {
   const json empty = json::object();
-  SchemaCompiler c(empty);
+  SchemaCompiler c(empty, options);
   Grammar& g = c.grammar();
   g.root = g.add_rule("root");
   const int32_t target = object_only ? c.any_object_rule() : c.any_value_rule();

@@ -13,7 +13,13 @@
 // properties are never generated (that is always valid). Number bounds that are not integers are rounded
 // inwards; decimals carry at most 15 fraction digits and never an exponent when bounded. Every output the
 // grammar allows validates against the schema.
+//
+// A chat format may write values in a notation other than JSON (Gemma-4's tool calls: {key:value,...} with
+// bare keys, strings between quote tokens with no escapes, no spaces). JsonSchemaOptions::string_quote
+// selects it: the same value space, spelled that way; the caller maps the quote token to those bytes.
 #pragma once
+
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -22,9 +28,16 @@
 
 namespace mx::grammar {
 
-Result<Grammar> json_schema_grammar(const nlohmann::json& schema);
+struct JsonSchemaOptions {
+  // Empty: JSON. Otherwise the quoted notation: strings are `string_quote` + raw UTF-8 (no escapes, no
+  // control characters) + `string_quote`; object keys are bare words ([A-Za-z0-9_]+, others quoted);
+  // no whitespace. `string_quote` must be bytes no UTF-8 text contains (e.g. "\xff").
+  std::string string_quote;
+};
+
+Result<Grammar> json_schema_grammar(const nlohmann::json& schema, const JsonSchemaOptions& options = {});
 
 // Any JSON value (object_only: any JSON object, the json_object response format).
-Grammar any_json_grammar(bool object_only);
+Grammar any_json_grammar(bool object_only, const JsonSchemaOptions& options = {});
 
 }  // namespace mx::grammar

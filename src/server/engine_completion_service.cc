@@ -88,7 +88,7 @@ uint64_t EngineCompletionService::next_seed() {
 
 EngineCompletionService::EngineCompletionService(Engine& engine, std::shared_ptr<const ChatFormat> format,
                                                  EngineServiceOptions options)
-    : engine_(engine), format_(std::move(format)), tokenizer_(format_, &format_->tokenizer()), structured_(tokenizer_),
+    : engine_(engine), format_(std::move(format)), tokenizer_(format_, &format_->tokenizer()), structured_(format_),
       options_(options),
       context_length_(options.context_length > 0 ? std::min(options.context_length, engine.config().max_model_len)
                                                   : engine.config().max_model_len) {}
@@ -212,10 +212,10 @@ std::optional<ApiError> EngineCompletionService::start_chat(const ChatRequest& r
     }
   std::vector<JobChoice> choices;
   if (auto error = build_choices(context_length_, &format_->stop_ids(), {prompt}, request.sampling, options_.forced, &choices, [this] { return next_seed(); })) return error;
-  std::shared_ptr<const HarmonyPlan> plan;
+  std::shared_ptr<const TurnConstraintPlan> plan;
   if (auto error = structured_.plan_for(request, &plan)) return error;
   if (plan)
-    for (JobChoice& c : choices) c.input.constraint = StructuredOutputs::make_constraint(plan);
+    for (JobChoice& c : choices) c.input.constraint = plan->make(StructuredOutputs::reasoning_budget(request, c.input.max_tokens.value_or(0)));
   return launch(GenerationJob::Kind::kChat, std::move(choices), std::move(stream));
 }
 

@@ -503,6 +503,15 @@ std::optional<ApiError> parse_output_constraint(const Fields& f, bool responses,
   return std::nullopt;
 }
 
+// vLLM's thinking_token_budget (chat and responses): a non-negative count of reasoning tokens.
+std::optional<ApiError> parse_thinking_budget(const Fields& f, ChatRequest* out) {
+  if (!f.find("thinking_token_budget")) return std::nullopt;
+  int64_t budget = 0;
+  MX_TRY(f.integer("thinking_token_budget", 0, INT64_MAX, &budget));
+  out->thinking_token_budget = budget;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_chat_request(const Json& body, ChatRequest* out) {
@@ -526,6 +535,7 @@ std::optional<ApiError> parse_chat_request(const Json& body, ChatRequest* out) {
   MX_TRY(f.string("reasoning_effort", &effort));
   if (!effort.empty()) MX_TRY(parse_effort(effort, "reasoning_effort", out));
   MX_TRY(parse_template_kwargs(f, out));
+  MX_TRY(parse_thinking_budget(f, out));
   MX_TRY(parse_sampling(f, {"max_completion_tokens", "max_tokens"}, &out->sampling));
   MX_TRY(f.boolean("logprobs", &out->sampling.logprobs));
   MX_TRY(f.integer("top_logprobs", 0, kMaxTopLogprobs, &out->sampling.top_logprobs));
@@ -683,6 +693,7 @@ std::optional<ApiError> parse_responses_request(const Json& body, ResponsesReque
   MX_TRY(f.number("top_p", 0.0, 1.0, &chat.sampling.top_p));
   if (chat.sampling.top_p <= 0.0) return ApiError::invalid_request("'top_p' must be greater than 0.", "top_p");
   int64_t max_output = 0;
+  MX_TRY(parse_thinking_budget(f, &chat));
   MX_TRY(f.integer("max_output_tokens", 1, INT64_MAX, &max_output));
   if (max_output > 0) chat.sampling.max_tokens = max_output;
   MX_TRY(f.boolean("stream", &chat.stream.stream));

@@ -68,10 +68,13 @@ struct ChatRequest {
   std::vector<ChatMessage> messages;
   std::vector<FunctionTool> tools;
   ToolChoice tool_choice;
-  bool parallel_tool_calls = true;  // Harmony ends a turn at its first call: one call per turn either way
+  bool parallel_tool_calls = true;  // formats that end a turn at its first call (gpt-oss) make one either way
   OutputConstraint output;
   ReasoningEffort reasoning_effort = ReasoningEffort::kMedium;
   std::optional<bool> thinking;  // reasoning_effort ("none": false, a level: true), chat_template_kwargs.enable_thinking
+  // vLLM's thinking_token_budget: reasoning tokens before the chat format closes the reasoning (enforced by
+  // a token constraint: server/structured_output.h, which also bounds constrained requests without it).
+  std::optional<int64_t> thinking_token_budget;
   SamplingOptions sampling;
   StreamOptions stream;
 };

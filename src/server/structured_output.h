@@ -1,13 +1,14 @@
-// Structured outputs and enforced tool choice for Harmony (gpt-oss) chat: a request's response_format /
-// structured_outputs / guided_* and tool_choice become a TokenConstraint per choice that
-//   - keeps the message structure: <|channel|>HEADER<|message|>BODY then <|end|> (analysis, then
-//     <|start|>assistant and the next header), <|return|> (final) or <|call|> (a tool call);
-//   - lets the analysis body run free (only the structural special tokens are withheld, <|end|> is allowed);
-//   - limits the header to what the request allows: "analysis" once, "final" unless a tool call is
-//     required, "commentary to=functions.NAME" for the callable tools (all with required, one when named),
-//     which may go on with " <|constrain|>json" as gpt-oss writes its calls;
-//   - constrains the final body by the answer's grammar and a call's arguments by the tool's parameters,
-//     forcing the end token once the value is complete.
+// Structured outputs and enforced tool choice: a chat request's response_format / structured_outputs /
+// guided_* and tool_choice compile to grammars (the answer's; each callable tool's arguments, in the
+// notation the chat format writes them in), which the model's ChatFormat turns into one TokenConstraint
+// per choice (chat/chat_constraint.h: only the format knows where its answer and tool arguments lie, and
+// how its reasoning ends). Raw completions have no message structure: their constraint lives here (the
+// whole output, then an eos id).
+//
+// Termination: a constrained chat request's reasoning is bounded, so a required tool call or an answer
+// always comes: by `thinking_token_budget` when the request gives one (vLLM's field), else by half of the
+// choice's max_tokens (what the context leaves when unset): the other half is the answer's.
+//
 // Compiled grammars are cached by the hash of what they were built from; a schema, regex or grammar that
 // does not compile (unsupported keyword, too large) is a 400 naming the field. A newly compiled grammar's
 // node masks are built on background threads (grammar/mask_precompute.h), off the engine thread.
@@ -22,6 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "chat/chat_constraint.h"
+#include "chat/chat_format.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/mask_precompute.h"
 #include "runtime/token_constraint.h"
@@ -31,24 +34,6 @@
 
 namespace mx::server {
 
-// The Harmony special tokens the constraint steers by.
-struct HarmonyIds {
-  int32_t start = -1, channel = -1, message = -1, end = -1, return_ = -1, call = -1;
-  int32_t constrain = -1;  // optional: a tokenizer without it gets tool headers without a content type
-};
-
-// What one request's constraints compile to; shared by its choices (each gets its own matchers).
-struct HarmonyPlan {
-  std::shared_ptr<const grammar::CompiledGrammar> header;  // the allowed headers (text between channel and message)
-  std::shared_ptr<const grammar::CompiledGrammar> header_after_analysis;  // the same without "analysis"
-  std::shared_ptr<const grammar::CompiledGrammar> role;    // "assistant" after <|start|>
-  std::shared_ptr<const grammar::CompiledGrammar> content_type;  // "json" after a tool header's <|constrain|>
-  std::shared_ptr<const grammar::CompiledGrammar> answer;  // the final body; null when final is not allowed
-  std::unordered_map<std::string, std::shared_ptr<const grammar::CompiledGrammar>> tools;  // arguments by name
-  HarmonyIds ids;
-  std::shared_ptr<const std::vector<uint32_t>> text_tokens;  // mask of every non-special token
-};
-
 // /v1/completions: the whole output follows the grammar, then one of the end ids (the engine's eos) once
 // the grammar may end; only an end id once nothing else may follow.
 struct TextPlan {
@@ -56,34 +41,45 @@ struct TextPlan {
   std::vector<int32_t> end_ids;
 };
 
-class StructuredOutputs {
+class StructuredOutputs final : public GrammarCompiler {
  public:
+  // `format`: the chat format constraints go through (its tokenizer is the one masks are built over).
   // `precompute_threads`: background threads building new grammars' node masks (0: masks are built by the
   // engine thread on first use).
-  explicit StructuredOutputs(std::shared_ptr<const Tokenizer> tokenizer,
+  explicit StructuredOutputs(std::shared_ptr<const ChatFormat> format,
                              int precompute_threads = grammar::MaskPrecompute::default_threads());
 
   // What `request` constrains, compiled (null when nothing), or the 400 naming the field that cannot be enforced.
-  std::optional<ApiError> plan_for(const ChatRequest& request, std::shared_ptr<const HarmonyPlan>* plan);
-  // One choice's constraint (each choice of n > 1 gets its own).
-  static std::shared_ptr<TokenConstraint> make_constraint(std::shared_ptr<const HarmonyPlan> plan);
+  std::optional<ApiError> plan_for(const ChatRequest& request, std::shared_ptr<const TurnConstraintPlan>* plan);
+  // The reasoning tokens a constrained choice may write before the format closes its reasoning.
+  static int64_t reasoning_budget(const ChatRequest& request, int64_t max_tokens);
 
   // The same for raw completions: null when `output` asks for nothing.
   std::optional<ApiError> plan_for_text(const OutputConstraint& output, std::vector<int32_t> end_ids,
                                         std::shared_ptr<const TextPlan>* plan);
   static std::shared_ptr<TokenConstraint> make_constraint(std::shared_ptr<const TextPlan> plan);
 
+  // GrammarCompiler: over the vocabulary of ordinary text tokens.
+  Result<std::shared_ptr<const grammar::CompiledGrammar>> compile(
+      const std::string& key, const std::function<Result<grammar::Grammar>()>& build) override;
+
  private:
   void build_vocabulary();
   // The grammar `output` asks for (not kNone).
   Result<std::shared_ptr<const grammar::CompiledGrammar>> compile_output(const OutputConstraint& output);
-  Result<std::shared_ptr<const grammar::CompiledGrammar>> compile(const std::string& key,
-                                                                 const std::function<Result<grammar::Grammar>()>& build);
+  // A tool's arguments in the format's notation (tool_argument_vocab_).
+  Result<std::shared_ptr<const grammar::CompiledGrammar>> compile_arguments(const nlohmann::json& schema, bool any_object);
+  Result<std::shared_ptr<const grammar::CompiledGrammar>> compile_over(const std::shared_ptr<const grammar::TokenVocabulary>& vocab,
+                                                                      const std::string& key,
+                                                                      const std::function<Result<grammar::Grammar>()>& build);
 
+  std::shared_ptr<const ChatFormat> format_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::once_flag vocabulary_built_;
   std::shared_ptr<const grammar::TokenVocabulary> vocab_;
-  HarmonyIds ids_;
+  // vocab_ plus the format's special tokens inside arguments (as the bytes its notation spells them), less
+  // the text tokens holding those bytes; vocab_ itself when the format has none.
+  std::shared_ptr<const grammar::TokenVocabulary> tool_argument_vocab_;
   std::shared_ptr<const std::vector<uint32_t>> text_tokens_;
   std::mutex mu_;
   // Compiled grammars by hash of their source, least recently used first out.

@@ -2,7 +2,8 @@
 // Gemma-4 tokenizer) picks the gemma4 chat format from config.json. Scripted outputs (`--test-forced-tokens`)
 // travel the real engine, parser and formatters: thinking -> reasoning, tool calls -> tool_calls with JSON
 // arguments, streamed and not; reasoning on and off by reasoning_effort and chat_template_kwargs; a sampled
-// answer from the random model; the tool result round trip.
+// answer from the random model; the tool result round trip; structured outputs and tool_choice on the
+// random model, validated by npm ajv.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -13,10 +14,12 @@ import path from 'node:path';
 import { startServer, removeScratch, mxserveBinary } from './lib/server.mjs';
 
 let OpenAI;
+let Ajv;
 try {
   ({ default: OpenAI } = await import('openai'));
+  ({ default: Ajv } = await import('ajv'));
 } catch (e) {
-  throw new Error(`the openai npm package is missing from tests/e2e/node_modules: run scripts/bootstrap (${e.message})`);
+  throw new Error(`the openai / ajv npm packages are missing from tests/e2e/node_modules: run scripts/bootstrap (${e.message})`);
 }
 
 const Q = '<|"|>';
@@ -150,8 +153,90 @@ test('the random-weight model samples an answer, streamed and not', async () => 
   assert.equal(streamed.content + streamed.reasoning, (c.content ?? '') + (c.reasoning ?? ''));
 });
 
-test('structured outputs are refused on the Gemma format with a 400 naming the field', async () => {
+// Structured outputs through the gemma4 format's constraint (chat/gemma4/gemma4_constraint.h) on the
+// random-weight model: left alone it never writes valid JSON or a call, so every valid one is the masks'
+// doing. The thought is free but bounded by thinking_token_budget (or half of max_tokens).
+const weather = { type: 'object', properties: { city: { enum: ['Paris', 'Oslo', 'a "quoted" city'] },
+  days: { type: 'integer', minimum: 1, maximum: 7 }, note: { type: 'string', maxLength: 6 },
+  hourly: { type: 'array', items: { type: 'boolean' }, maxItems: 2 } },
+  required: ['city', 'days', 'note', 'hourly'], additionalProperties: false };
+const clock = { type: 'object', properties: { zone: { type: 'string', pattern: '^[A-Z]{3}$' } }, required: ['zone'] };
+const twoTools = [
+  { type: 'function', function: { name: 'get_weather', parameters: weather } },
+  { type: 'function', function: { name: 'get_time', parameters: clock } },
+];
+
+// The choices of one request through the SDK, streamed or not: content, reasoning, calls, finish reason.
+async function choicesOf(body) {
+  if (!body.stream) {
+    const r = await client.chat.completions.create({ model, ...body });
+    return r.choices.map((c) => ({ content: c.message.content ?? '', reasoning: c.message.reasoning_content ?? '',
+      calls: c.message.tool_calls ?? [], finish: c.finish_reason }));
+  }
+  const out = [];
+  for await (const chunk of await client.chat.completions.create({ model, ...body })) {
+    for (const c of chunk.choices) {
+      const o = (out[c.index] ??= { content: '', reasoning: '', calls: [], finish: null });
+      o.content += c.delta?.content ?? '';
+      o.reasoning += c.delta?.reasoning_content ?? '';
+      for (const t of c.delta?.tool_calls ?? []) {
+        o.calls[t.index] ??= { function: { name: '', arguments: '' } };
+        o.calls[t.index].function.name += t.function?.name ?? '';
+        o.calls[t.index].function.arguments += t.function?.arguments ?? '';
+      }
+      if (c.finish_reason) o.finish = c.finish_reason;
+    }
+  }
+  return out;
+}
+
+test('response_format on Gemma-4: every answer finishes and validates, thinking on and off, streamed and not', async (t) => {
+  const ajv = new Ajv({ strict: false });
+  const validate = ajv.compile(weather);
+  let thoughts = 0;
+  for (const thinking of [true, false]) {
+    for (const stream of [false, true]) {
+      const choices = await choicesOf({ messages: ask('weather as JSON'), n: 4, seed: thinking ? 5 : 6, max_tokens: 200,
+        stream, thinking_token_budget: 6, chat_template_kwargs: { enable_thinking: thinking },
+        response_format: { type: 'json_schema', json_schema: { name: 'w', strict: true, schema: weather } } });
+      assert.equal(choices.length, 4);
+      for (const c of choices) {
+        assert.equal(c.finish, 'stop', JSON.stringify(c));
+        assert.deepEqual(c.calls, []);
+        assert.ok(validate(JSON.parse(c.content)), `${c.content} ${JSON.stringify(validate.errors)}`);
+        if (!thinking) assert.equal(c.reasoning, '');
+        if (c.reasoning) thoughts++;
+      }
+      t.diagnostic(`thinking ${thinking}, stream ${stream}: ${JSON.stringify(choices[0])}`);
+    }
+  }
+  assert.ok(thoughts > 0, 'no choice used its thought');
+});
+
+test('tool_choice on Gemma-4: required always calls with valid arguments, named always that tool', async (t) => {
+  const ajv = new Ajv({ strict: false });
+  const check = { get_weather: ajv.compile(weather), get_time: ajv.compile(clock) };
+  const names = new Set();
+  for (const [kind, toolChoice] of [['required', 'required'], ['named', { type: 'function', function: { name: 'get_time' } }]]) {
+    for (const stream of [false, true]) {
+      const choices = await choicesOf({ messages: ask(`plan ${kind}`), n: 4, seed: 9, max_tokens: 160, stream,
+        tools: twoTools, tool_choice: toolChoice, parallel_tool_calls: false, reasoning_effort: 'high' });
+      for (const c of choices) {
+        assert.equal(c.finish, 'tool_calls', JSON.stringify(c));
+        assert.equal(c.calls.length, 1, JSON.stringify(c));
+        const fn = c.calls[0].function;
+        if (kind === 'named') assert.equal(fn.name, 'get_time');
+        names.add(fn.name);
+        assert.ok(check[fn.name](JSON.parse(fn.arguments)), `${fn.name}: ${fn.arguments}`);
+      }
+      t.diagnostic(`${kind}, stream ${stream}: ${JSON.stringify(choices[0])}`);
+    }
+  }
+  assert.ok(names.has('get_weather'), 'required never picked get_weather');
+});
+
+test('unsupported schemas on Gemma-4 are 400s naming the field', async () => {
   await assert.rejects(
-    client.chat.completions.create({ model, messages: ask('json please'), response_format: { type: 'json_object' } }),
-    (e) => e.status === 400 && e.param === 'response_format');
+    client.chat.completions.create({ model, messages: ask('x'), tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', propertyNames: {} } } }] }),
+    (e) => e.status === 400 && e.param === 'tools[0].function.parameters');
 });

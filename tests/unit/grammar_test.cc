@@ -119,6 +119,29 @@ TEST(GrammarLimits, TooLargeIsAnErrorNotAHang) {
   EXPECT_NE(c.status().message().find("too large"), std::string::npos);
 }
 
+// The quoted notation (Gemma-4's tool calls): bare keys, strings between the quote bytes with no escapes,
+// fixed values spelled the same way, no whitespace; the same value space as the JSON form.
+TEST(GrammarJsonSchema, QuotedNotation) {
+  JsonSchemaOptions notation;
+  notation.string_quote = "\xff";
+  const json s = json::parse(R"({"type":"object","properties":{"city":{"enum":["Paris","a \"b\""]},)"
+                             R"("days":{"type":"integer","minimum":1,"maximum":7},"note":{"type":"string","maxLength":3},)"
+                             R"("odd key":{"const":{"k":[1,"x"]}},"zone":{"type":"string","pattern":"^[A-Z]{2}$"},)"
+                             R"("any":{}},"required":["city","days","note","odd key","zone"]})");
+  auto g = compile(json_schema_grammar(s, notation));
+  const std::string q = "\xff";
+  const std::string base = "{city:" + q + "Paris" + q + ",days:3,note:" + q + "a\"\\" + q + "," + q + "odd key" + q +
+                           ":{k:[1," + q + "x" + q + "]},zone:" + q + "AB" + q;
+  EXPECT_TRUE(matches(g, base + "}"));
+  EXPECT_TRUE(matches(g, base + ",any:{x_1:[true,null," + q + "s" + q + "]}}"));
+  EXPECT_TRUE(matches(g, "{city:" + q + "a \"b\"" + q + base.substr(base.find(",days")) + "}"));
+  EXPECT_FALSE(matches(g, "{\"city\":\"Paris\"" + base.substr(base.find(",days")) + "}"));  // JSON keys and strings
+  EXPECT_FALSE(matches(g, "{city: " + q + "Paris" + q + base.substr(base.find(",days")) + "}"));  // a space
+  EXPECT_FALSE(matches(g, "{city:" + q + "Paris" + q + ",days:8" + base.substr(base.find(",note")) + "}"));
+  EXPECT_FALSE(matches(g, "{city:" + q + "Paris" + q + ",days:3,note:" + q + "abcd" + q + base.substr(base.find(",\xff" "odd")) + "}"));
+  EXPECT_FALSE(viable_prefix(g, "{city:" + q + "Paris" + q + ",days:3,note:" + q + "\xff\xff"));  // the quote never inside
+}
+
 TEST(GrammarJsonSchema, IntegerBoundsAreDigitRules) {
   auto g = schema(R"({"type": "integer", "minimum": 0, "maximum": 150})");
   for (int v = -20; v <= 1100; ++v) EXPECT_EQ(matches(g, std::to_string(v)), v >= 0 && v <= 150) << v;

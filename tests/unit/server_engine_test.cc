@@ -605,17 +605,17 @@ TEST(ServerEngine, ToolChoiceRequiredAndNamedCallAToolWithValidArguments) {
       R"({"city":{"enum":["Paris","Oslo"]},"days":{"type":"integer","minimum":1,"maximum":7}},"required":["city","days"]}}},)"
       R"({"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":)"
       R"({"zone":{"type":"string","maxLength":4}},"required":["zone"]}}}])";
+  // The reasoning is bounded (half of max_tokens by default, or thinking_token_budget), so every choice
+  // calls, on a random-weight model that left alone would reason to the end.
   int calls = 0;
   for (const std::string& choice : {std::string(R"("required")"), std::string(R"({"type":"function","function":{"name":"get_time"}})")}) {
-    const Json r = post_patiently(server.port(),
-                                  chat("Plan a trip", tools + ",\"n\":8,\"seed\":3,\"max_tokens\":64,\"tool_choice\":" + choice));
+    for (const std::string& budget : {std::string(), std::string(",\"thinking_token_budget\":4")}) {
+    const Json r = post_patiently(server.port(), chat("Plan a trip", tools + ",\"n\":8,\"seed\":3,\"max_tokens\":128,\"tool_choice\":" +
+                                                                       choice + budget));
     for (const Json& c : r["choices"]) {
-      if (c["finish_reason"] == "length") {
-        EXPECT_FALSE(c["message"].contains("tool_calls")) << c;
-        continue;
-      }
       ++calls;
-      ASSERT_EQ(c["finish_reason"], "tool_calls") << c;  // never a final answer
+      ASSERT_EQ(c["finish_reason"], "tool_calls") << c;  // never a final answer, never cut off
+      if (!budget.empty()) EXPECT_LE(str_or_empty(c["message"]["reasoning"]).size(), 4u * 64) << c;
       const Json& call = c["message"]["tool_calls"][0]["function"];
       const Json args = Json::parse(call["arguments"].get<std::string>(), nullptr, false);
       ASSERT_TRUE(args.is_object()) << call;
@@ -630,8 +630,9 @@ TEST(ServerEngine, ToolChoiceRequiredAndNamedCallAToolWithValidArguments) {
         EXPECT_TRUE(args["zone"].is_string() && args["zone"].get<std::string>().size() <= 16) << args;
       }
     }
+    }
   }
-  EXPECT_GT(calls, 0);
+  EXPECT_EQ(calls, 32);
 }
 
 // /v1/completions: the whole text follows the constraint, then the model's eos; a bounded constraint

@@ -1,10 +1,12 @@
-// The Harmony token constraint (server/structured_output.h) on hand-written o200k transcripts: every token
-// of what gpt-oss writes for an allowed message is inside its step's mask, and a token the request does not
-// allow is outside it.
+// The Harmony token constraint (chat/harmony/harmony_constraint.h, planned by server/structured_output.h)
+// on hand-written o200k transcripts: every token of what gpt-oss writes for an allowed message is inside its
+// step's mask, a token the request does not allow is outside it, and the reasoning budget closes the
+// analysis.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "chat/harmony/harmony_format.h"
 #include "server/structured_output.h"
 #include "tokenizer_util.h"
 
@@ -23,7 +25,8 @@ int32_t special(const char* name) {
 StructuredOutputs& outputs() {
   // Not owned: the fixture tokenizer lives as long as the test process. No background threads: the masks
   // are built on demand, which must give the same answers.
-  static StructuredOutputs so(std::shared_ptr<const Tokenizer>(&testing::o200k(), [](const Tokenizer*) {}), 0);
+  static StructuredOutputs so(
+      HarmonyFormat::create(std::shared_ptr<const Tokenizer>(&testing::o200k(), [](const Tokenizer*) {})).value(), 0);
   return so;
 }
 
@@ -42,12 +45,12 @@ ChatRequest weather_request(ToolChoice::Mode mode) {
 
 // Feeds `ids` through a fresh constraint of `request`: the index of the first token outside its step's mask,
 // or -1 when every token was allowed.
-int64_t first_refused(const ChatRequest& request, const std::vector<int32_t>& ids) {
-  std::shared_ptr<const HarmonyPlan> plan;
+int64_t first_refused(const ChatRequest& request, const std::vector<int32_t>& ids, int64_t reasoning_budget = -1) {
+  std::shared_ptr<const TurnConstraintPlan> plan;
   const auto error = outputs().plan_for(request, &plan);
   EXPECT_FALSE(error.has_value()) << error->message;
   if (!plan) return -2;
-  auto constraint = StructuredOutputs::make_constraint(plan);
+  auto constraint = plan->make(reasoning_budget);
   const int64_t vocab = testing::o200k().vocab_size();
   std::vector<uint32_t> mask(static_cast<size_t>((vocab + 31) / 32));
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -95,6 +98,32 @@ TEST(HarmonyConstraint, ConstrainOnlyAfterAToolHeader) {
   EXPECT_EQ(first_refused(r, ids_of({channel, Piece("final"), message, Piece("yes"), ret})), -1);
   EXPECT_EQ(first_refused(r, ids_of({channel, Piece("final"), constrain})), 2);
   EXPECT_EQ(first_refused(r, ids_of({channel, Piece("final"), message, Piece("maybe"), ret})), 3);
+}
+
+TEST(HarmonyConstraint, ReasoningBudgetClosesTheAnalysis) {
+  const ChatRequest r = weather_request(ToolChoice::Mode::kRequired);
+  const int32_t channel = special("<|channel|>"), message = special("<|message|>"), end = special("<|end|>");
+  // "Need weather." is 3 tokens: with a budget of 2 the third is refused, <|end|> is the only way on.
+  const auto analysis = ids_of({channel, Piece("analysis"), message, Piece("Need weather."), end});
+  EXPECT_EQ(first_refused(r, analysis, 3), -1);
+  EXPECT_EQ(first_refused(r, analysis, 2), 5);
+  const auto closed_early = ids_of({channel, Piece("analysis"), message, Piece("Need weather"), end});
+  EXPECT_EQ(first_refused(r, closed_early, 2), -1);
+  // Budget 0: no analysis at all, the first header is the call.
+  EXPECT_EQ(first_refused(r, analysis, 0), 1);
+  EXPECT_EQ(first_refused(r, ids_of({channel, Piece("commentary to=functions.get_weather"), message,
+                                      Piece(R"({"city":"Oslo","days":1})"), special("<|call|>")}), 0),
+            -1);
+}
+
+TEST(HarmonyConstraint, ThinkingBudgetAloneLeavesTheAnswerFree) {
+  ChatRequest r;
+  r.thinking_token_budget = 1;
+  const int32_t channel = special("<|channel|>"), message = special("<|message|>"), end = special("<|end|>"),
+                start = special("<|start|>"), ret = special("<|return|>");
+  EXPECT_EQ(first_refused(r, ids_of({channel, Piece("analysis"), message, Piece("Hm"), end, start, Piece("assistant"),
+                                     channel, Piece("final"), message, Piece("Anything at all, {not JSON}"), ret})),
+            -1);
 }
 
 }  // namespace

@@ -13,7 +13,11 @@ constexpr const char* kControlTokens[] = {
 }  // namespace
 
 Gemma4Format::Gemma4Format(std::shared_ptr<const Tokenizer> tokenizer, gemma4::ControlIds ids)
-    : tokenizer_(std::move(tokenizer)), ids_(std::move(ids)), stop_ids_(ids_.ends) {}
+    : tokenizer_(std::move(tokenizer)), ids_(std::move(ids)), stop_ids_(ids_.ends) {
+  auto id = [&](const char* token) { return tokenizer_->special_id(token).value_or(-1); };
+  constraint_ids_ = {ids_.channel_open, ids_.channel_close, ids_.tool_call_open, ids_.tool_call_close,
+                     id("<turn|>"),     id("<eos>"),        id("<|tool_response>")};
+}
 
 Result<std::shared_ptr<const Gemma4Format>> Gemma4Format::create(std::shared_ptr<const Tokenizer> tokenizer) {
   std::string missing;
@@ -56,6 +60,21 @@ Result<std::vector<int32_t>> Gemma4Format::render(const Conversation& conversati
 
 std::unique_ptr<ChatStreamParser> Gemma4Format::make_parser() const {
   return std::make_unique<gemma4::StreamParser>(*tokenizer_, ids_);
+}
+
+grammar::JsonSchemaOptions Gemma4Format::tool_argument_notation() const {
+  grammar::JsonSchemaOptions notation;
+  notation.string_quote = gemma4::kQuoteByte;
+  return notation;
+}
+
+std::vector<std::pair<int32_t, std::string>> Gemma4Format::tool_argument_special_tokens() const {
+  return {{ids_.quote, gemma4::kQuoteByte}};
+}
+
+Result<std::shared_ptr<const TurnConstraintPlan>> Gemma4Format::plan_constraint(const TurnConstraintSpec& spec,
+                                                                                GrammarCompiler& compiler) const {
+  return gemma4::plan_constraint(spec, constraint_ids_, compiler);
 }
 
 }  // namespace mx

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "chat/chat_format.h"
+#include "chat/gemma4/gemma4_constraint.h"
 #include "chat/gemma4/gemma4_parser.h"
 #include "chat/gemma4/gemma4_render.h"
 
@@ -24,6 +25,11 @@ class Gemma4Format final : public ChatFormat {
   Result<std::vector<int32_t>> render(const Conversation& conversation) const override;
   const std::vector<int32_t>& stop_ids() const override { return stop_ids_; }
   std::unique_ptr<ChatStreamParser> make_parser() const override;
+  // Structured outputs (gemma4_constraint.h): arguments in the template's notation, <|"|> as kQuoteByte.
+  grammar::JsonSchemaOptions tool_argument_notation() const override;
+  std::vector<std::pair<int32_t, std::string>> tool_argument_special_tokens() const override;
+  Result<std::shared_ptr<const TurnConstraintPlan>> plan_constraint(const TurnConstraintSpec& spec,
+                                                                    GrammarCompiler& compiler) const override;
 
   // The ids of a rendered prompt: text pieces encoded as ordinary text, control tokens as their ids.
   Result<std::vector<int32_t>> encode(const gemma4::RenderedPrompt& prompt) const;
@@ -33,6 +39,7 @@ class Gemma4Format final : public ChatFormat {
  private:
   std::shared_ptr<const Tokenizer> tokenizer_;
   gemma4::ControlIds ids_;
+  gemma4::ConstraintIds constraint_ids_;
   std::vector<int32_t> stop_ids_;
 };
 

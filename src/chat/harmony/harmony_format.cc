@@ -1,5 +1,6 @@
 #include "chat/harmony/harmony_format.h"
 
+#include "chat/harmony/harmony_constraint.h"
 #include "chat/harmony/harmony_parser.h"
 #include "chat/harmony/harmony_tokens.h"
 
@@ -49,6 +50,11 @@ Result<std::vector<int32_t>> HarmonyFormat::render(const Conversation& conversat
 
 std::unique_ptr<ChatStreamParser> HarmonyFormat::make_parser() const {
   return std::make_unique<HarmonyStreamParser>(*tokenizer_);
+}
+
+Result<std::shared_ptr<const TurnConstraintPlan>> HarmonyFormat::plan_constraint(const TurnConstraintSpec& spec,
+                                                                                 GrammarCompiler& compiler) const {
+  return harmony::plan_constraint(spec, compiler);
 }
 
 }  // namespace mx

@@ -30,6 +30,9 @@ class HarmonyFormat final : public ChatFormat {
   Result<std::vector<int32_t>> render(const Conversation& conversation) const override;
   const std::vector<int32_t>& stop_ids() const override { return stop_ids_; }
   std::unique_ptr<ChatStreamParser> make_parser() const override;
+  // harmony_constraint.h
+  Result<std::shared_ptr<const TurnConstraintPlan>> plan_constraint(const TurnConstraintSpec& spec,
+                                                                    GrammarCompiler& compiler) const override;
 
   explicit HarmonyFormat(std::shared_ptr<const Tokenizer> tokenizer);  // use create()
 
