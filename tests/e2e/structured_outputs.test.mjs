@@ -99,14 +99,15 @@ async function ask(body) {
   assert.equal(res.status, 200, text);
   if (!body.stream) {
     return JSON.parse(text).choices.map((c) => ({ content: c.message.content ?? '', finish: c.finish_reason,
-      calls: c.message.tool_calls ?? [] }));
+      calls: c.message.tool_calls ?? [], reasoning: c.message.reasoning_content ?? '' }));
   }
   const out = [];
   for (const line of text.split('\n')) {
     if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
     for (const c of JSON.parse(line.slice(6)).choices) {
-      const o = (out[c.index] ??= { content: '', finish: null, calls: [] });
+      const o = (out[c.index] ??= { content: '', finish: null, calls: [], reasoning: '' });
       if (typeof c.delta?.content === 'string') o.content += c.delta.content;
+      if (typeof c.delta?.reasoning_content === 'string') o.reasoning += c.delta.reasoning_content;
       for (const t of c.delta?.tool_calls ?? []) {
         o.calls[t.index] ??= { function: { name: t.function?.name ?? '', arguments: '' } };
         o.calls[t.index].function.arguments += t.function?.arguments ?? '';
@@ -234,6 +235,35 @@ test('tool_choice required and named always call a tool with valid arguments', a
     }
   }
   assert.equal(calls, 40);
+});
+
+test('answers cut by max_tokens are prefixes of valid JSON', async () => {
+  const schemas = corpus();
+  let cut = 0;
+  await Promise.all(schemas.slice(0, 12).map(async (schema, i) => {
+    const choices = await ask({ messages: [{ role: 'user', content: `Cut ${i}` }], n: 2, seed: 50 + i, max_tokens: 14,
+      thinking_token_budget: 0, response_format: { type: 'json_schema', json_schema: { name: `c${i}`, schema } } });
+    for (const c of choices) {
+      if (c.finish !== 'length') continue;
+      cut++;
+      assert.equal(c.reasoning, '');
+      assert.ok(isJsonPrefix(c.content), `schema ${i}: ${c.content}`);
+    }
+  }));
+  assert.ok(cut >= 12, `only ${cut} choices were cut`);
+  for (const bad of ['{"a":1}}', '{"a" 1', '[1,,2', '{,', 'nul1', '{"a":tru e']) assert.ok(!isJsonPrefix(bad), bad);
+  for (const good of ['{"a": [1, {"b":', '"x\\"y', '-0.5', '[tr', '{}']) assert.ok(isJsonPrefix(good), good);
+});
+
+test('unconstrained requests sample the same tokens beside constrained ones', async () => {
+  const plain = { messages: [{ role: 'user', content: 'Free text please' }], n: 2, seed: 4242, max_tokens: 24 };
+  const alone = await ask(plain);
+  const schema = corpus()[0];
+  const [beside] = await Promise.all([ask(plain), ...[0, 1, 2].map((k) => ask({
+    messages: [{ role: 'user', content: `Busy ${k}` }], n: 2, seed: k, max_tokens: 40, thinking_token_budget: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 'b', schema } } }))]);
+  assert.deepEqual(beside, alone);
+  assert.ok(alone.some((c) => c.reasoning.length > 0 || c.content.length > 0));
 });
 
 test('unsupported schemas are 400s naming the keyword', async () => {
