@@ -28,7 +28,7 @@ for spec in "$@"; do
   model=/dev/shm/$preset
   TIMEFORMAT="make-model %R s"
   { time "$here/mxserve" make-model --preset "$preset" --out "$model" --threads 16; } >>"$log" 2>&1
-  cp "$tiktoken" "$model/"
+  [ -f "$model/tokenizer.json" ] || cp "$tiktoken" "$model/"  # gpt-oss presets come without a tokenizer
   t0=$(date +%s.%N)
   "$here/mxserve" serve --model "$model" --backend cuda --port 8100 "${flags[@]}" >"$OUT/$preset-startup.log" 2>&1 &
   pid=$!

@@ -21,7 +21,13 @@ port=${PORT:-8000}
 mkdir -p "$out"
 
 model_flags=()
-if [ "$model" != demo ]; then model_flags=(--model "$model"); fi
+# The prompts are drawn with the model's tokenizer.json when its folder has one (Gemma-4: 1K tokens of o200k
+# text are ~7K Gemma demo-tokenizer tokens), else with bench serve's built-in o200k.
+prompt_tokenizer=()
+if [ "$model" != demo ]; then
+  model_flags=(--model "$model")
+  if [ -f "$model/tokenizer.json" ]; then prompt_tokenizer=(--tokenizer "$model"); fi
+fi
 "$bin" serve "${model_flags[@]}" --backend "${BACKEND:-cuda}" --port "$port" "$@" >"$out/serve.log" 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
@@ -42,5 +48,5 @@ for c in ${CONCURRENCIES:-1 8 64 256}; do
   echo "serve_table: concurrency $c, $n requests" >&2
   "$bin" bench serve --base-url "http://127.0.0.1:$port" --endpoint "${ENDPOINT:-completions}" \
     --random-input-len "${ISL:-1024}" --random-output-len "${OSL:-1024}" --max-concurrency "$c" \
-    --num-prompts "$n" --warmup-requests "$c" --seed "$c" --json "$out/c$c.json" | tee "$out/c$c.txt"
+    --num-prompts "$n" --warmup-requests "$c" --seed "$c" "${prompt_tokenizer[@]}" --json "$out/c$c.json" | tee "$out/c$c.txt"
 done
