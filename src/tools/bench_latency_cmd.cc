@@ -598,12 +598,15 @@ Status run(const CliArgs& args) {
                   {"kv_tokens", startup.plan.kv_tokens}, {"max_model_len", m.max_model_len},
                   {"full_context_requests", startup.plan.full_context_requests},
                   {"text", describe_kv_memory_plan(m, startup.plan)}};
-    // The same plan on an 80 GB H100 (81,559 MiB as the driver reports it) at the model's full context.
-    KvMemoryInputs h100 = m;
-    h100.device_bytes = 81559ll << 20;
-    h100.max_model_len = model->dims().context_len;
-    auto plan = plan_kv_memory(h100);
-    st["plan_on_h100_80gb"] = plan.is_ok() ? json(describe_kv_memory_plan(h100, *plan)) : json(plan.status().message());
+    // The same plan on an 80 GB H100 and a 141 GB H200 (81,559 / 143,771 MiB as the driver reports them) at the
+    // model's full context, with this run's activations and batch limits.
+    for (const auto& [key, mib] : {std::pair{"plan_on_h100_80gb", 81559ll}, std::pair{"plan_on_h200_141gb", 143771ll}}) {
+      KvMemoryInputs other = m;
+      other.device_bytes = mib << 20;
+      other.max_model_len = model->dims().context_len;
+      auto plan = plan_kv_memory(other);
+      st[key] = plan.is_ok() ? json(describe_kv_memory_plan(other, *plan)) : json(plan.status().message());
+    }
     KvMemoryInputs full = m;
     full.max_model_len = model->dims().context_len;
     auto here = plan_kv_memory(full);
