@@ -1,5 +1,5 @@
 // One step on the device: stage -> forward (graph replay or eager) -> sample on the device (ids back) or
-// logits to host -> sample per request.
+// logits to host -> sample per request. A replayed step graph holds the sample op (its inputs go up first).
 // Start-up: memory plan and graph capture (see model_runner.h).
 #include "runtime/model_runner.h"
 
@@ -200,10 +200,18 @@ Result<std::vector<std::unique_ptr<ModelRunner::StepGraph>>> ModelRunner::captur
     add_padding(size, rows);
     MX_ASSIGN_OR_RETURN(BatchView view, staging_.stage(seqs_));
     const TensorView logits = logits_device_.view(DType::kF32, {view.num_logit_rows, model_.dims().vocab_size});
+    // The step's sample op is part of the graph (its inputs go up before the replay, so nothing runs on the
+    // host between the forward pass and sampling): every row's params, logprobs always, grammar masks
+    // always (rows flagged 0 keep their logits).
+    const SampleParams sample = graph_sample_params(logits);
     // An eager pass first: backend scratch and library plans are set up outside capture.
     MX_RETURN_IF_ERROR(forward(view, kv_, logits));
+    MX_RETURN_IF_ERROR(b.sample(sample));
     // The body by value: a backend may keep it (a CPU test double replays it for real).
-    MX_ASSIGN_OR_RETURN(auto graph, b.capture([this, view, logits] { return forward(view, kv_, logits); }));
+    MX_ASSIGN_OR_RETURN(auto graph, b.capture([this, view, logits, sample] {
+      MX_RETURN_IF_ERROR(forward(view, kv_, logits));
+      return model_.backend().sample(sample);
+    }));
     graphs.push_back(std::make_unique<StepGraph>(StepGraph{size, rows, view, std::move(graph)}));
   }
   return graphs;
@@ -213,6 +221,13 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
   Backend& b = model_.backend();
   const auto start = std::chrono::steady_clock::now();
   auto before = b.memory_info();
+  // What the warm-up samples read: greedy params and no masks in every row.
+  std::fill(sample_params_host_.begin(), sample_params_host_.end(), SampleRowParams{});
+  std::fill(mask_rows_host_.begin(), mask_rows_host_.end(), 0);
+  const int64_t rows = max_logit_rows_;
+  MX_RETURN_IF_ERROR(b.copy_from_host(sample_params_device_.view(DType::kU8, {rows * static_cast<int64_t>(sizeof(SampleRowParams))}),
+                                      sample_params_host_.data()));
+  MX_RETURN_IF_ERROR(b.copy_from_host(mask_rows_device_.view(DType::kI32, {rows}), mask_rows_host_.data()));
   MX_ASSIGN_OR_RETURN(graphs_, capture_step_graphs(sizes, 1));
   if (verify_drafts_ > 0) {
     // Verify steps of k drafts: the buckets whose k + 1 rows per sequence fit one step. A failed capture
@@ -262,38 +277,48 @@ bool ModelRunner::can_use_sample_op(const ScheduledBatch& batch) {
   return true;
 }
 
-// Without prompt logits, the logits rows are the sampling entries in order (then any padding rows, which
-// are sampled greedily and ignored).
-Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView& logits, bool masked,
-                                   std::vector<SampledToken>* sampled) {
-  Backend& b = model_.backend();
+// The sample op's buffers for `logits`' rows (without prompt logits the logits rows are the sampling entries
+// in order, then any padding rows): params, tokens then logprobs in sample_out_device_, grammar masks.
+SampleParams ModelRunner::graph_sample_params(const TensorView& logits) const {
   const int64_t rows = logits.dim(0);
-  if (rows < batch.num_samples) return internal_error("fewer logits rows than sampled entries");
-  std::fill(sample_params_host_.begin(), sample_params_host_.begin() + rows, SampleRowParams{});
-  int64_t k = 0;
-  for (const ScheduledEntry& e : batch.entries)
-    if (e.sample)
-      for (int64_t i = 0; i <= e.num_draft; ++i)  // a verify row i takes the draw its token will have
-        sample_params_host_[static_cast<size_t>(k++)] = sample_row_params(e.request->input.sampling, e.request->rng.ahead(static_cast<uint64_t>(i)));
-  const TensorView params = sample_params_device_.view(DType::kU8, {rows, static_cast<int64_t>(sizeof(SampleRowParams))});
   const TensorView out = sample_out_device_.view(DType::kI32, {2 * rows});
-  const TensorView tokens = out.rows(0, rows);
-  const TensorView logprobs(out.rows(rows, 2 * rows).data(), DType::kF32, {rows}, out.device());
-  MX_RETURN_IF_ERROR(b.copy_from_host(params, sample_params_host_.data()));
-  bool want_logprobs = false;
-  for (const ScheduledEntry& e : batch.entries) want_logprobs |= e.sample && e.request->input.sampling.logprobs;
-  SampleParams sp{logits, params, tokens, want_logprobs ? logprobs : TensorView()};
+  return SampleParams{logits, sample_params_device_.view(DType::kU8, {rows, static_cast<int64_t>(sizeof(SampleRowParams))}),
+                      out.rows(0, rows), TensorView(out.rows(rows, 2 * rows).data(), DType::kF32, {rows}, out.device()),
+                      token_mask_device_.view(DType::kI32, {rows, sampling::mask_words(logits.dim(1))}),
+                      mask_rows_device_.view(DType::kI32, {rows})};
+}
+
+// Params of every sampled row (when `op`; else none are read) and, when `masked`, the masks; the device's
+// mask flags are zeroed once after a masked step, so that a graph's sample op leaves later logits alone.
+Status ModelRunner::upload_sample_inputs(const ScheduledBatch& batch, int64_t rows, bool op, bool masked) {
+  Backend& b = model_.backend();
+  if (rows < batch.num_samples) return internal_error("fewer logits rows than sampled entries");
+  const SampleParams sp = graph_sample_params(logits_device_.view(DType::kF32, {rows, model_.dims().vocab_size}));
+  if (op) {
+    std::fill(sample_params_host_.begin(), sample_params_host_.begin() + rows, SampleRowParams{});
+    int64_t k = 0;
+    for (const ScheduledEntry& e : batch.entries)
+      if (e.sample)
+        for (int64_t i = 0; i <= e.num_draft; ++i)  // a verify row i takes the draw its token will have
+          sample_params_host_[static_cast<size_t>(k++)] = sample_row_params(e.request->input.sampling, e.request->rng.ahead(static_cast<uint64_t>(i)));
+    MX_RETURN_IF_ERROR(b.copy_from_host(sp.params, sample_params_host_.data()));
+  }
   if (masked) {  // rows past the sampled entries (padding) keep flag 0
-    const int64_t words = sampling::mask_words(logits.dim(1));
-    sp.token_mask = token_mask_device_.view(DType::kI32, {rows, words});
-    sp.mask_rows = mask_rows_device_.view(DType::kI32, {rows});
     MX_RETURN_IF_ERROR(b.copy_from_host(sp.token_mask, token_mask_host_.data()));
     MX_RETURN_IF_ERROR(b.copy_from_host(sp.mask_rows, mask_rows_host_.data()));
+    device_mask_rows_ = std::max(device_mask_rows_, rows);
+  } else if (device_mask_rows_ > 0) {
+    const std::vector<int32_t> zeros(static_cast<size_t>(device_mask_rows_), 0);
+    MX_RETURN_IF_ERROR(b.copy_from_host(mask_rows_device_.view(DType::kI32, {device_mask_rows_}), zeros.data()));
+    device_mask_rows_ = 0;
   }
-  MX_RETURN_IF_ERROR(b.sample(sp));
-  MX_RETURN_IF_ERROR(b.copy_to_host(sample_out_host_.data(), out));
+  return Status::ok();
+}
+
+Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, std::vector<SampledToken>* sampled) {
+  MX_RETURN_IF_ERROR(model_.backend().copy_to_host(sample_out_host_.data(), sample_out_device_.view(DType::kI32, {2 * rows})));
   sampled->resize(static_cast<size_t>(batch.num_samples));
-  k = 0;
+  int64_t k = 0;
   for (const ScheduledEntry& e : batch.entries) {
     if (!e.sample) continue;
     for (int64_t i = 0; i <= e.num_draft; ++i, ++k) {
@@ -313,16 +338,43 @@ Status ModelRunner::sample_with_op(const ScheduledBatch& batch, const TensorView
 Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
   if (step_observer_) step_observer_(batch);
   MX_ASSIGN_OR_RETURN(const StagedStep step, stage_step(batch));
-  const TensorView logits = logits_device_.view(DType::kF32, {step.view.num_logit_rows, model_.dims().vocab_size});
+  const int64_t rows = step.view.num_logit_rows;
+  const TensorView logits = logits_device_.view(DType::kF32, {rows, model_.dims().vocab_size});
+  last_sample_seconds_ = 0;
+  const bool op = rows > 0 && can_use_sample_op(batch);
+  // A replayed step graph samples too (padding rows last: sampled greedily and ignored): its params and
+  // masks go up before the replay and the tokens come back after it, with nothing on the host in between.
+  // Steps sampled on the host replay it as well and read the logits (the graph's samples go unread).
+  if (replay_ && step.graph && !profile_capture_) {
+    const bool masked = op && fill_token_masks(batch);
+    MX_RETURN_IF_ERROR(upload_sample_inputs(batch, rows, op, masked));
+    MX_RETURN_IF_ERROR(run_forward(step, logits));
+    if (!op) return sample_logits_on_host(batch, step, fill_token_masks(batch), sampled);
+    ++graph_sampled_steps_;
+    return read_sampled(batch, rows, sampled);
+  }
   MX_RETURN_IF_ERROR(run_forward(step, logits));
   // Grammar masks are computed here, while a device backend still runs the forward pass just launched.
   const bool masked = fill_token_masks(batch);
-  // The sample op runs after the graph (next: inside it). Padding rows come last: sampled greedily and
-  // ignored by the op, not copied on the host path.
-  last_sample_seconds_ = 0;
-  if (step.view.num_logit_rows > 0 && can_use_sample_op(batch)) return sample_with_op(batch, logits, masked, sampled);
+  if (!op) return sample_logits_on_host(batch, step, masked, sampled);
+  MX_RETURN_IF_ERROR(upload_sample_inputs(batch, rows, true, masked));
+  bool want_logprobs = false;
+  for (const ScheduledEntry& e : batch.entries) want_logprobs |= e.sample && e.request->input.sampling.logprobs;
+  SampleParams sp = graph_sample_params(logits);
+  if (!want_logprobs) sp.logprobs = TensorView();
+  if (!masked) sp.token_mask = sp.mask_rows = TensorView();
+  MX_RETURN_IF_ERROR(model_.backend().sample(sp));
+  return read_sampled(batch, rows, sampled);
+}
+
+// Host path: the real rows' logits to the host (padding rows come last and stay), prompt logits into their
+// requests, then each row sampled.
+Status ModelRunner::sample_logits_on_host(const ScheduledBatch& batch, const StagedStep& step, bool masked,
+                                          std::vector<SampledToken>* sampled) {
   const int64_t real_rows = step.view.num_logit_rows - step.padding_rows;
-  if (real_rows > 0) MX_RETURN_IF_ERROR(model_.backend().copy_to_host(logits_host_.data(), logits.rows(0, real_rows)));
+  if (real_rows > 0)
+    MX_RETURN_IF_ERROR(model_.backend().copy_to_host(
+        logits_host_.data(), logits_device_.view(DType::kF32, {real_rows, model_.dims().vocab_size})));
   const auto sample_start = std::chrono::steady_clock::now();
   copy_prompt_logits(batch);
   sample_on_host(batch, masked, sampled);

@@ -9,7 +9,9 @@
 // when the engine speculates with k drafts, one verify graph per bucket (k + 1 rows per sequence).
 // A decode-only step of n requests is padded to the smallest bucket >= n with rows that read and write
 // only the scratch page (their logits are ignored) and replays that bucket's graph; a verify-only step
-// whose every entry verifies exactly k drafts likewise, with padding sequences of k + 1 rows. Mixed and
+// whose every entry verifies exactly k drafts likewise, with padding sequences of k + 1 rows. A step graph
+// ends with the backend's sample op over all its rows (params and grammar masks uploaded before the replay,
+// ids and logprobs read after it: nothing runs on the host between forward pass and sampling). Mixed and
 // prefill steps, verify steps with fewer drafts, and steps above the largest bucket run eagerly. Graph
 // kernels take every size from the bucket or from device memory, never from the step (decode attention
 // splits by page-table capacity; prefill attention, which verify rows take, by token count).
@@ -70,6 +72,7 @@ class ModelRunner {
   double last_sample_seconds() const { return last_sample_seconds_; }
   int64_t max_logit_rows() const { return max_logit_rows_; }
   int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
+  int64_t graph_sampled_steps() const { return graph_sampled_steps_; }  // ... of which inside a step graph
   int64_t num_graph_replays() const { return num_graph_replays_; }  // decode and verify graphs
   int64_t num_verify_replays() const { return num_verify_replays_; }
   int64_t num_padded_steps() const { return num_padded_steps_; }  // decode and verify steps padded to a bucket
@@ -100,8 +103,14 @@ class ModelRunner {
   // Asks each sampled entry's constraint for its mask: row k of token_mask_host_ for the k-th sampled entry.
   // False when no entry is constrained this step.
   bool fill_token_masks(const ScheduledBatch& batch);
-  Status sample_with_op(const ScheduledBatch& batch, const TensorView& logits, bool masked,
-                        std::vector<SampledToken>* sampled);
+  // The sample op's device buffers for `logits`' rows (all of them set: what a step graph captures).
+  SampleParams graph_sample_params(const TensorView& logits) const;
+  Status upload_sample_inputs(const ScheduledBatch& batch, int64_t rows, bool op, bool masked);
+  // The sample op's tokens and logprobs of `rows` logits rows into `sampled`; advances the requests' streams.
+  Status read_sampled(const ScheduledBatch& batch, int64_t rows, std::vector<SampledToken>* sampled);
+  // Host path: the step's real logits rows to the host, prompt logits into their requests, then sampling.
+  Status sample_logits_on_host(const ScheduledBatch& batch, const StagedStep& step, bool masked,
+                               std::vector<SampledToken>* sampled);
 
   ModelRunner(const Model& model, int64_t vocab);
   // The model on the runner's workspace: logits for the batch's logit rows.
@@ -136,7 +145,8 @@ class ModelRunner {
   Buffer mask_rows_device_;                // i32 [max_logit_rows]
   std::vector<uint32_t> token_mask_host_;  // [max_logit_rows, ceil(vocab / 32)]
   std::vector<int32_t> mask_rows_host_;    // [max_logit_rows]
-  int64_t sample_op_steps_ = 0;
+  int64_t sample_op_steps_ = 0, graph_sampled_steps_ = 0;
+  int64_t device_mask_rows_ = 0;  // mask_rows_device_ rows that may hold a nonzero flag (from a masked step)
   std::vector<std::unique_ptr<StepGraph>> graphs_;         // decode, ascending batch size
   std::vector<std::unique_ptr<StepGraph>> verify_graphs_;  // verify k drafts, ascending batch size
   int64_t verify_drafts_ = 0;                              // k of verify_graphs_

@@ -99,7 +99,7 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
   // top_logprobs 3 samples on the host from copied logits; 0 (logprobs on) uses the backend's sample op.
   for (const int64_t top_logprobs : {3, 0}) {
     std::vector<RequestOutput> runs[2];
-    int64_t replays[2] = {0, 0}, padded[2] = {0, 0}, op_steps = 0;
+    int64_t replays[2] = {0, 0}, padded[2] = {0, 0}, in_graph[2] = {0, 0}, op_steps = 0;
     for (int replay = 0; replay < 2; ++replay) {
       auto core = make_core(f, c);
       ASSERT_EQ(core->runner().startup().graph_batch_sizes, (std::vector<int64_t>{1, 2, 4, 8}));
@@ -107,6 +107,7 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
       runs[replay] = drive(*core, f, arrivals, top_logprobs);
       replays[replay] = core->runner().num_graph_replays();
       padded[replay] = core->runner().num_padded_steps();
+      in_graph[replay] = core->runner().graph_sampled_steps();
       op_steps = core->runner().sample_op_steps();
     }
     int64_t differing = 0, tokens = 0;
@@ -128,14 +129,18 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
     record("runner graphs == eager padded",
            GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed / " +
                std::to_string(padded[1]) + " padded steps (token, logprob" + (top_logprobs ? ", top-3 bits; host" : " bits; sample op") +
-               " sampling, " + std::to_string(op_steps) + " op steps)",
+               " sampling, " + std::to_string(op_steps) + " op steps, " + std::to_string(in_graph[1]) + " sampled in the graph)",
            static_cast<double>(differing), 0, 0, differing == 0 && replays[1] > 0);
     EXPECT_EQ(replays[0], 0);
     EXPECT_GT(replays[1], 0);
     EXPECT_EQ(padded[0], padded[1]);
     EXPECT_EQ(differing, 0);
+    EXPECT_EQ(in_graph[0], 0);
     if (top_logprobs == 0) {
       EXPECT_GT(op_steps, 0);
+      EXPECT_EQ(in_graph[1], replays[1]);  // every replayed step sampled inside its graph
+    } else {
+      EXPECT_EQ(in_graph[1], 0);
     }
   }
 }

@@ -2,7 +2,7 @@
 // and "replays" it by running it again, which is what a CUDA graph does to the staging buffers (the body
 // reads whatever stage() last wrote at the captured addresses). So the runner's graph logic (buckets,
 // padding sequences and their rows, which steps replay, the view check) runs here as on a GPU: decode and
-// verify steps replayed from graphs give plain decoding's tokens and logprobs bit for bit.
+// verify steps replayed from graphs, which sample inside, give plain decoding's tokens and logprobs bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -97,6 +97,7 @@ TEST(EngineStepGraphs, DecodeAndVerifyGraphsReplayLikeEagerSteps) {
       EXPECT_TRUE(same_outputs(run.outputs[i], plain_eager.outputs[i])) << "k " << k << " prompt " << i;
     const ModelRunner& r = (*core)->runner();
     EXPECT_EQ(replaying.replays, r.num_graph_replays());
+    EXPECT_EQ(r.graph_sampled_steps(), r.num_graph_replays());  // every replay sampled inside its graph
     if (k > 0) {
       EXPECT_GT(r.num_verify_replays(), 0) << k;
       EXPECT_EQ(run.stats.scheduler.spec_accepted_tokens, run.stats.scheduler.spec_draft_tokens) << k;
