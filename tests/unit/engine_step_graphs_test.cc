@@ -5,11 +5,14 @@
 // verify steps replayed from graphs, which sample inside, give plain decoding's tokens and logprobs bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "backend/forwarding_backend.h"
 #include "engine_test_util.h"
 #include "model/model_registry.h"
+#include "runtime/token_constraint.h"
 #include "spec/reference_drafter.h"
 #include "test_util.h"
 
@@ -107,6 +110,73 @@ TEST(EngineStepGraphs, DecodeAndVerifyGraphsReplayLikeEagerSteps) {
     }
     EXPECT_EQ(run.stats.pages_used, 0);
   }
+}
+
+// Token t allowed at step s when (t * 7 + s * 13 + salt) % 5 == 0; counts tokens sampled outside.
+class StripedConstraint final : public TokenConstraint {
+ public:
+  explicit StripedConstraint(uint32_t salt) : salt_(salt) {}
+  bool fill_mask(uint32_t* words, int64_t vocab) override {
+    std::fill(words, words + (vocab + 31) / 32, 0u);
+    for (int64_t t = 0; t < vocab; ++t)
+      if (allowed(t)) words[t >> 5] |= 1u << (t & 31);
+    return true;
+  }
+  void accept(int32_t token) override {
+    violations += allowed(token) ? 0 : 1;
+    ++step_;
+  }
+  int64_t violations = 0;
+
+ private:
+  bool allowed(int64_t t) const { return (t * 7 + step_ * 13 + salt_) % 5 == 0; }
+  uint32_t salt_;
+  int64_t step_ = 0;
+};
+
+// Grammar masks with the sample op inside the decode graphs: uploaded before the replay (constrained and
+// unconstrained requests share batches, and the device's mask flags must be cleared once no request is
+// constrained any more), the same tokens and logprobs as the plain eager engine, none outside its mask.
+TEST(EngineStepGraphs, MaskedDecodeSamplesInsideTheGraphsLikeEagerSteps) {
+  const Fixture& fx = fixture_model("tiny-gpt-oss");
+  CpuBackendOptions options;
+  options.num_threads = 2;
+  auto cpu = make_cpu_backend(options);
+  ReplayingBackend replaying(*cpu);
+  auto model = load_model(std::string(MX_FIXTURES_DIR) + "/tiny-gpt-oss", replaying);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  EngineConfig c;
+  c.page_size = 4;
+  c.num_kv_pages = 128;
+  c.max_running_requests = 4;
+  c.cuda_graph_batch_sizes = {1, 2, 4};
+  DriveResult runs[2];
+  int64_t violations[2] = {0, 0};
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    std::vector<std::shared_ptr<StripedConstraint>> constraints;
+    std::vector<Arrival> arrivals;
+    for (size_t i = 0; i < fx.prompts.size(); ++i) {
+      // Constrained requests are shorter: the last steps run with no constraint left.
+      RequestInput in = greedy_request(fx.prompts[i], i % 3 == 2 ? 24 : 12);
+      in.sampling.logprobs = true;
+      if (i % 3 != 2) in.constraint = constraints.emplace_back(std::make_shared<StripedConstraint>(static_cast<uint32_t>(i)));
+      arrivals.push_back({static_cast<int64_t>(i), in});
+    }
+    auto core = EngineCore::create(graphs ? **model : *fx.model, c);
+    ASSERT_TRUE(core.is_ok()) << core.status().to_string();
+    runs[graphs] = drive(**core, arrivals);
+    EXPECT_EQ(runs[graphs].error, "");
+    for (const auto& k : constraints) violations[graphs] += k->violations;
+    const ModelRunner& r = (*core)->runner();
+    if (graphs) {
+      EXPECT_GT(r.num_graph_replays(), 0);
+      EXPECT_EQ(r.graph_sampled_steps(), r.num_graph_replays());
+    }
+  }
+  ASSERT_EQ(runs[0].outputs.size(), runs[1].outputs.size());
+  for (size_t i = 0; i < runs[0].outputs.size(); ++i) EXPECT_TRUE(same_outputs(runs[1].outputs[i], runs[0].outputs[i])) << i;
+  EXPECT_EQ(violations[0], 0);
+  EXPECT_EQ(violations[1], 0);
 }
 
 }  // namespace
