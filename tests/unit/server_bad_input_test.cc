@@ -115,6 +115,8 @@ std::vector<BadCase> bad_cases() {
       {"top_logprobs without logprobs", chat(R"(,"top_logprobs":5)"), 400, "top_logprobs"},
       {"top_logprobs absurd", chat(R"(,"logprobs":true,"top_logprobs":1000)"), 400, "top_logprobs"},
       {"reasoning_effort unknown", chat(R"(,"reasoning_effort":"extreme")"), 400, "reasoning_effort"},
+      {"thinking_token_budget negative", chat(R"(,"thinking_token_budget":-1)"), 400, "thinking_token_budget"},
+      {"thinking_token_budget text", chat(R"(,"thinking_token_budget":"8")"), 400, "thinking_token_budget"},
       {"tool of another type", chat(R"(,"tools":[{"type":"retrieval"}])"), 400, "tools[0].type"},
       {"tool name with spaces", chat(R"(,"tools":[{"type":"function","function":{"name":"bad name!"}}])"), 400,
        "tools[0].function.name"},
@@ -175,6 +177,13 @@ TEST(ServerBadInput, UnknownFieldsAndNullsAreAccepted) {
   const HttpReply r = http_call(server.port(), "POST", "/v1/chat/completions", body);
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(server.service().last_chat().reasoning_effort, server::ReasoningEffort::kLow);
+  EXPECT_FALSE(server.service().last_chat().thinking_token_budget.has_value());
+  const std::string budget = R"({"messages":[{"role":"user","content":"hi"}],"thinking_token_budget":12})";
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/chat/completions", budget).status, 200);
+  EXPECT_EQ(server.service().last_chat().thinking_token_budget, 12);
+  const std::string responses = R"({"input":"hi","thinking_token_budget":0})";
+  EXPECT_EQ(http_call(server.port(), "POST", "/v1/responses", responses).status, 200);
+  EXPECT_EQ(server.service().last_chat().thinking_token_budget, 0);
 }
 
 TEST(ServerBadInput, JsonContentTypesWithParametersOrNoneAreAccepted) {
