@@ -223,8 +223,9 @@ void bench_moe(bool variants) {
 
 // ---- MoE prefill: the same layer at T tokens through each expert-GEMM path: decode = swap-AB kernels
 // with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128, wgmma = the sm_90 grouped
-// GEMM (falls back to grouped elsewhere), auto = what moe_experts picks. Then the measured bf16 rate: one
-// dense cuBLASLt GEMM with the first expert GEMM's shape at 8192 tokens, the yardstick of issue 12.
+// GEMM in tiles of 64, 128 or 256 (falls back to grouped elsewhere), auto = what moe_experts picks. Then
+// the measured bf16 rate: one dense cuBLASLt GEMM with the first expert GEMM's shape at 8192 tokens, the
+// yardstick of issue 12.
 void bench_moe_prefill() {
   const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
   const std::vector<ExpertWeights>& experts = bench_experts();
@@ -243,6 +244,7 @@ void bench_moe_prefill() {
       int tile;
       const char* label;
       int warpgroups = 0;  // wgmma: warpgroups of 64 weight rows per CTA
+      int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
     };
     for (const Variant& v :
          {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -250,9 +252,11 @@ void bench_moe_prefill() {
           Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg", 2}, Variant{CudaMoePath::kGrouped, 64, "wgmma/64x3wg", 3},
           Variant{CudaMoePath::kGrouped, 64, "wgmma/64x4wg", 4}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg", 2},
           Variant{CudaMoePath::kGrouped, 128, "wgmma/128x3wg", 3}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x4wg", 4},
-          Variant{CudaMoePath::kAuto, 0, "auto"}}) {
+          Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", 2, -1},
+          Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 2, 1}, Variant{CudaMoePath::kAuto, 0, "auto"}}) {
       CudaMoeOptions o{v.path, v.tile};
       o.wgmma_warpgroups = v.warpgroups;
+      o.wgmma_persistent = v.persistent;
       CHECK_OK(set_cuda_moe_options(*g_b, o));
       // About 20 ms of work per graph.
       const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));

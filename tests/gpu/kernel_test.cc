@@ -519,11 +519,15 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   const std::vector<float> want = cpu.download_f32(o_c);
   for (CudaMoePath path : paths)
   for (int tile : grouped_tiles)
-  for (int wg : wgmma_warpgroups) {
+  for (int wg : wgmma_warpgroups)
+  // 256-token tiles (wgmma) run two warpgroups, on a persistent grid or a CTA per item.
+  for (int persistent : tile == 256 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
+    if (tile == 256 && wg > 2) continue;
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, decode_k_tiles, decode_depth, decode_pdl};
     options.wgmma_warpgroups = wg;
+    options.wgmma_persistent = persistent;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
@@ -534,6 +538,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
                 (decode_pdl ? "" : ", no PDL") + ")";
     if (tile != 0) variant += " (" + std::to_string(tile) + "-token tiles)";
     if (wg != 0) variant += " (" + std::to_string(wg) + " warpgroups if wgmma)";
+    if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -666,7 +671,7 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
                            MoeCase{32, 2880, 2880, 4, 129, Routing::kHalf}, MoeCase{32, 320, 256, 4, 4097, Routing::kUniform},
                            MoeCase{8, 320, 192, 4, 129, Routing::kSame}, MoeCase{16, 256, 320, 4, 1000, Routing::kHot},
                            MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}})
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128}, {2, 3, 4});
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128, 256}, {2, 3, 4});
 }
 
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,
@@ -676,36 +681,46 @@ TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
                                "grouped", {37});
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, CudaMoePath::kGrouped,
                                "grouped 20b shape", {1, 129});
+  // 1025 tokens per expert: 256-token tiles on sm_90 (full and half-width MMAs) against the same tokens alone
+  // (64- and 128-token tiles).
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8200, Routing::kUniform}, CudaMoePath::kGrouped,
+                               "grouped 20b shape, large tiles", {1, 129, 700});
   check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform},
                                CudaMoePath::kGroupedMmaSync, "grouped mma.sync", {37});
 }
 
-// The grouped path replayed from a CUDA graph gives the eager bits (fixed grid, metadata read on the device).
-TEST_F(KernelTest, MoeGroupedGraphReplay) {
+void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile) {
   const MoeCase c{32, 2880, 2880, 4, 777, Routing::kHot};
   HostExperts hx;
-  make_experts(rng_, c.E, c.H, c.I, &hx);
+  make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
   auto up = cuda_backend().upload_experts(hx.view, &owner);
   ASSERT_TRUE(up.is_ok()) << up.status().to_string();
   std::vector<int32_t> ids;
   std::vector<float> weights;
-  make_routing(rng_, c, &ids, &weights);
-  Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
-  TensorView xg = cuda_.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
-  TensorView id = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
-  TensorView eager = cuda_.make(DType::kBF16, {c.T, c.H}), replayed = cuda_.make(DType::kBF16, {c.T, c.H});
-  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {CudaMoePath::kGrouped}).is_ok());
+  make_routing(rng, c, &ids, &weights);
+  Bf16Data x = random_bf16(rng, c.T * c.H, 1.0f);
+  TensorView xg = cuda.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
+  TensorView id = cuda.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
+  TensorView eager = cuda.make(DType::kBF16, {c.T, c.H}), replayed = cuda.make(DType::kBF16, {c.T, c.H});
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {CudaMoePath::kGrouped, tile}).is_ok());
   ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, eager, c.k, 7.0f, 1.702f}).is_ok());
   auto graph = cuda_backend().capture(
       [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, replayed, c.k, 7.0f, 1.702f}); });
   ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
   ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
   ASSERT_TRUE((*graph)->replay().is_ok());
-  const std::vector<uint8_t> a = cuda_.download_bytes(eager), b = cuda_.download_bytes(replayed);
+  const std::vector<uint8_t> a = cuda.download_bytes(eager), b = cuda.download_bytes(replayed);
   const bool same = a == b;
-  record("moe_experts", "grouped 20b shape T=777, graph replay vs eager, bitwise", same ? 0 : 1, 0, 0, same);
+  const std::string what = tile == 0 ? "" : ", " + std::to_string(tile) + "-token tiles";
+  record("moe_experts", "grouped 20b shape T=777" + what + ", graph replay vs eager, bitwise", same ? 0 : 1, 0, 0, same);
   EXPECT_TRUE(same);
+}
+
+// The grouped path replayed from a CUDA graph gives the eager bits (fixed grid, metadata read on the device),
+// at its own tile choice and with 256-token tiles.
+TEST_F(KernelTest, MoeGroupedGraphReplay) {
+  for (int tile : {0, 256}) check_moe_graph_replay(cuda_, rng_, tile);
 }
 
 }  // namespace

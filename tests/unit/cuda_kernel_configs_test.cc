@@ -259,33 +259,47 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
 }
 
 // The wgmma grouped GEMM: only on sm_90 (no wgmma on SM100/SM12x: those keep the mma.sync kernel); its
-// ring fits there with as many CTAs per SM as its __launch_bounds__ promise: two with two warpgroups (the
-// 128-register cap assumes it), one with three or four.
+// ring (plus the kernel's static table of tile rows, 8 bytes each) fits there with as many CTAs per SM as its
+// __launch_bounds__ promise: two with two warpgroups and tiles of <= 128 tokens (the 128-register cap assumes
+// it), else one. 256-token tiles always run two warpgroups.
 TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {256, 2048, 8192, 32768})
-      for (int tile : {0, 64, 128})
+      for (int tile : {0, 64, 128, 256})
         for (int wg : {0, 2, 3, 4}) {
           const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, wg);
           EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
-          EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 128);
+          EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 128 || c.tile_tokens == 256);
           if (tile != 0) {
             EXPECT_EQ(c.tile_tokens, tile);
           }
-          EXPECT_EQ(c.warpgroups, wg == 0 ? kMoeWgmmaWarpgroups : wg);
+          EXPECT_EQ(c.warpgroups, c.tile_tokens == 256 ? 2 : wg == 0 ? kMoeWgmmaWarpgroups : wg);
           EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024);
           EXPECT_EQ(c.threads, 128 * c.warpgroups);
           if (!c.enabled) continue;
-          EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name;
-          const int ctas_per_sm = c.warpgroups == 2 ? 2 : 1;
-          EXPECT_LE(ctas_per_sm * (c.smem_bytes + 2048), 233472) << d.name;  // 228 KB per SM
+          const int64_t tables = (c.persistent ? 16 : 8) * c.tile_tokens;
+          EXPECT_TRUE(fits(d, c.smem_bytes + tables, c.stages)) << d.name;
+          const int ctas_per_sm = moe_wgmma_ctas_per_sm(c.tile_tokens, c.warpgroups);
+          EXPECT_LE(ctas_per_sm * (c.smem_bytes + tables + 1024), 233472) << d.name;  // 228 KB per SM
+          EXPECT_EQ(c.persistent, c.tile_tokens == 256 && kMoeWgmmaPersistent);
+          EXPECT_EQ(c.sms, d.sm_count);
         }
   for (int wg = kMoeWgmmaMinWarpgroups; wg <= kMoeWgmmaMaxWarpgroups; ++wg) {
     EXPECT_EQ(moe_wgmma_stage_bytes(64, wg) % 1024, 0);
     EXPECT_GE(moe_wgmma_stage_bytes(128, wg), 128 * 128 + 64 * wg * 34);
   }
+  EXPECT_EQ(moe_wgmma_ctas_per_sm(128, 2), 2);
+  EXPECT_EQ(moe_wgmma_ctas_per_sm(256, 2), 1);
+  EXPECT_EQ(moe_wgmma_ctas_per_sm(64, 3), 1);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 64 * 32, 32).tile_tokens, 64);
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 128);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 512 * 32, 32).tile_tokens, 128);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 256);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 4).warpgroups, 2);  // 256-token tiles
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 256 * 32, 32, 0, 4).warpgroups, 4);
+  // A persistent grid only with 256-token tiles, on request or by default.
+  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 0, 1).persistent);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 0, -1).persistent);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 128, 0, 1).persistent);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 5).warpgroups, kMoeWgmmaWarpgroups);
   DeviceInfo tiny = sm90_h100();
   tiny.max_smem_per_block_optin = 48 * 1024;

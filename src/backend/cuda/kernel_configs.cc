@@ -189,15 +189,19 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
 }
 
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens, int warpgroups) {
+                                       int tile_tokens, int warpgroups, int persistent) {
   MoeWgmmaConfig c;
   const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
-  c.tile_tokens = tile_tokens == 64 || tile_tokens == 128 ? tile_tokens
-                  : per_expert >= kMoeWgmmaLargeTileTokensPerExpert ? 128
-                                                                     : 64;
-  c.warpgroups = warpgroups >= kMoeWgmmaMinWarpgroups && warpgroups <= kMoeWgmmaMaxWarpgroups ? warpgroups
-                                                                                             : kMoeWgmmaWarpgroups;
+  c.tile_tokens = tile_tokens == 64 || tile_tokens == 128 || tile_tokens == 256 ? tile_tokens
+                  : per_expert >= kMoeWgmmaHugeTileTokensPerExpert               ? 256
+                  : per_expert >= kMoeWgmmaLargeTileTokensPerExpert              ? 128
+                                                                                 : 64;
+  c.warpgroups = c.tile_tokens == 256 ? 2
+                 : warpgroups >= kMoeWgmmaMinWarpgroups && warpgroups <= kMoeWgmmaMaxWarpgroups ? warpgroups
+                                                                                                 : kMoeWgmmaWarpgroups;
   c.threads = moe_wgmma_threads(c.warpgroups);
+  c.persistent = c.tile_tokens == 256 && (persistent == 1 || (persistent == 0 && kMoeWgmmaPersistent));
+  c.sms = dev.sm_count;
   c.stages = kMoeWgmmaStages;
   c.smem_bytes = c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024;
   // wgmma exists on sm_90a only (sm_100 has tcgen05 instead, sm_12x neither).

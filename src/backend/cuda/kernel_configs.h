@@ -197,16 +197,22 @@ bool skinny_linear_by_default(const DeviceInfo& dev, int64_t n);
 bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
 
 // MXFP4 experts for many tokens per expert on Hopper (sm_90a only: wgmma, moe_wgmma.cu): weights as the
-// wgmma M side decoded from the swap-AB layout into registers, 64 or 128 expert-sorted tokens as N in
+// wgmma M side decoded from the swap-AB layout into registers, 64, 128 or 256 expert-sorted tokens as N in
 // shared memory, 2 to 4 warpgroups of 64 weight rows per CTA sharing each token tile, a cp.async ring of
 // kMoeWgmmaStages k tiles. More warpgroups per CTA cut the L2 -> SM traffic of the bf16 activations (each
 // token tile is read once per CTA, i.e. rows / (64 x warpgroups) times per GEMM); the cost is one CTA per SM
 // (two with two warpgroups) and partly idle CTAs where 64 x warpgroups does not divide the rows (2880 / 256).
 inline constexpr int kMoeWgmmaMinWarpgroups = 2;
 inline constexpr int kMoeWgmmaMaxWarpgroups = 4;
-// 5: with tile t - 1 still in the MMAs, three tiles load ahead; two CTAs of 128-token tiles (2 x 107 KB) fit an SM.
+// 5: with tile t - 1 still in the MMAs, three tiles load ahead; two CTAs of 128-token tiles (2 x 107 KB) fit an
+// SM, one of 256-token tiles (186 KB).
 inline constexpr int kMoeWgmmaStages = 5;
 inline constexpr int moe_wgmma_threads(int warpgroups) { return 128 * warpgroups; }
+// Resident CTAs per SM that the kernel's __launch_bounds__ promise: two with two warpgroups and tiles of <= 128
+// tokens (<= 128 registers a thread), else one (256-token tiles hold 128 fp32 accumulators a thread).
+inline constexpr int moe_wgmma_ctas_per_sm(int tile_tokens, int warpgroups) {
+  return warpgroups == 2 && tile_tokens <= 128 ? 2 : 1;
+}
 inline constexpr int moe_wgmma_weight_rows(int warpgroups) { return 64 * warpgroups; }
 // One ring stage: the tile's activations (128 bytes of k per token), packed fp4 (32 B per weight row) and
 // e8m0 scales (2 B per row), rounded up to the 1024 bytes at which the next stage's swizzled activation tile
@@ -216,22 +222,38 @@ inline constexpr int64_t moe_wgmma_stage_bytes(int tile_tokens, int warpgroups) 
 }
 struct MoeWgmmaConfig {
   bool enabled = false;     // sm_90 with the ring in shared memory
-  int tile_tokens = 0;      // 64 or 128 expert-sorted tokens per tile
-  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA
+  int tile_tokens = 0;      // 64, 128 or 256 expert-sorted tokens per tile
+  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA (2 with 256-token tiles)
   int threads = 0;          // 128 per warpgroup
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
+  bool persistent = false;  // a grid of one wave looping over the work items (256-token tiles only)
+  int sms = 0;              // the device's SMs, which size a persistent grid
 };
-// `tile_tokens` 0 picks from the tokens per expert; 64 or 128 forces that tile. `warpgroups` 0 picks
-// kMoeWgmmaWarpgroups; 2, 3 or 4 forces that many.
+// `tile_tokens` 0 picks from the tokens per expert; 64, 128 or 256 forces that tile. `warpgroups` 0 picks
+// kMoeWgmmaWarpgroups; 2, 3 or 4 forces that many (256-token tiles run two: 128 accumulators a thread leave
+// no registers for more). `persistent` 0 picks kMoeWgmmaPersistent, 1 forces a persistent grid and -1 a grid
+// of one CTA per item (tiles of 64 or 128 tokens always have the latter).
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens = 0, int warpgroups = 0);
+                                       int tile_tokens = 0, int warpgroups = 0, int persistent = 0);
 // Warpgroups per CTA that `auto` runs. Measured on an H100 (docs/PERF.md, 2026-11-24): 4 halve the L2
 // traffic (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not L2-bound), 3 are slower at
 // T <= 2048; 2 is within 1% of the best everywhere.
 inline constexpr int kMoeWgmmaWarpgroups = 2;
 // 128-token tiles from this many routed tokens per expert.
 inline constexpr int64_t kMoeWgmmaLargeTileTokensPerExpert = 128;
+// 256-token tiles from this many: the fp4 decode, the B-tile barrier and the weight loads of a k tile are
+// paid once per 256 tokens instead of 128 (one CTA per SM). An expert's last tile of <= 128 tokens runs
+// its MMAs and loads at half width, so the partly filled tile costs about what a 128-token tile does.
+// Measured on an H100 (docs/PERF.md, 2026-11-24, 20b layer, 256 vs 128-token tiles): 1024 tokens per expert
+// 3860 vs 3881 us (a tie within the 2% run-to-run spread), 512 per expert 2046 vs 1978, 256 per expert
+// 1131 vs 1077: 256 only from 1024 on, where it is not slower.
+inline constexpr int64_t kMoeWgmmaHugeTileTokensPerExpert = 1024;
+// 256-token tiles on a persistent grid by default? Not yet: it measured 8-16% slower than a CTA per item on
+// an H100 (4220 vs 3860 us at 1024 tokens per expert, 1311 vs 1131 at 256; docs/PERF.md), likely the item
+// switches, where every warp waits on the next item's metadata and row table and the epilogue still stalls
+// the tensor cores. Kept, tested, as the base of a warp-specialized version.
+inline constexpr bool kMoeWgmmaPersistent = false;
 
 // True when a config's shared memory fits the device and its pipeline has at least one stage.
 bool fits(const DeviceInfo& dev, int64_t smem_bytes, int stages);

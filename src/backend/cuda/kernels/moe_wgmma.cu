@@ -3,11 +3,14 @@
 // Swap AB as at decode: the weights are the MMA's M side, straight from the swap-AB layout (expert_repack.h),
 // whose per-lane 16 bytes per 16-row strip and 64-k tile are exactly the A register fragments of four
 // m64nNk16 steps for one warp once decoded (mxfp4_dequant_step): no shared-memory staging of bf16 weights.
-// The expert-sorted tokens are the N side (a routing tile of kN = 64 or 128 tokens), in shared memory as
-// wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG warpgroups (2 to 4), each 64 weight rows
-// (warp w of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
-// kMoeWgmmaStages stages (activation rows, 4 KB of packed fp4, 256 B of scales), with two wgmma groups in
-// flight so that a tile's fp4 decode overlaps the previous tile's MMAs.
+// The expert-sorted tokens are the N side (a routing tile of kN = 64, 128 or 256 tokens), in shared memory as
+// wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG warpgroups (2 to 4; 2 with 256-token
+// tiles, whose 128 accumulators a thread allow one CTA per SM), each 64 weight rows (warp w of the CTA owns
+// strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of kMoeWgmmaStages
+// stages (activation rows, packed fp4 and scales of the CTA's rows), with two wgmma groups in flight so that
+// a tile's fp4 decode overlaps the previous tile's MMAs. The decode and the per-tile barrier are paid once per
+// kN tokens, which is what larger tiles buy. A 256-token tile with at most 128 tokens (an expert's last) runs
+// its loads and MMAs at half width.
 //
 // The layout's k permutation: in k-step kk of a 64-k tile, lane q's A registers hold physical k
 // 16q + 4kk + {0, 1} (logical k 2q, 2q + 1 of the step) and 16q + 4kk + {2, 3} (logical 2q + 8, 2q + 9).
@@ -17,7 +20,10 @@
 // first GEMM's epilogue. Outputs y are in the natural order; the combine is unchanged.
 //
 // A (token, expert) pair's result depends only on its own row and the weights (the k order is fixed), not
-// on which other tokens share its tile.
+// on which other tokens share its tile nor on the MMA's width (wgmma's columns are independent; the GPU
+// tests check the bits of tokens alone against the same tokens in large tiles).
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
@@ -26,7 +32,6 @@
 
 namespace mx::cuda {
 namespace {
-
 
 // Position in the logical k order of physical k `p` (see the header comment): within a 64-k tile, physical
 // 16q + 4kk + j goes to 16kk + 2q + (j & 1) + 8 (j >> 1).
@@ -49,154 +54,293 @@ __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t 
 #if MX_SM90A
 constexpr int kStages = kMoeWgmmaStages;
 static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least one tile loading");
-__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+// Shared-memory loads at 32-bit shared addresses (no generic pointer kept live: registers are tight).
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t lds8(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
+  return v;
+}
+// 16-byte global -> shared copy at a shared-memory address with a source size of 16 or 0 (zero fill).
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int src_size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+}
 #endif
 
-// Two CTAs per SM with two warpgroups (128 registers a thread), one with three or four.
-template <int kN, int kWG>
-__global__ void __launch_bounds__(moe_wgmma_threads(kWG), kWG == 2 ? 2 : 1) moe_wgmma_kernel(MoeGemmParams p) {
+// The token columns a k loop multiplies: the tile's kN, or, with 256-token tiles, 128 for a tile of at most
+// 128 tokens (an expert's last, partly filled tile), which halves its MMAs and activation loads. Not with
+// 128-token tiles: those kernels run at their 128-register cap, where a second MMA width made ptxas
+// serialize every wgmma (C7512) to fit.
+template <int N>
+struct Columns {
+  static constexpr int value = N;
+};
+
+// One unit of work: weight rows [strip0 * 16, strip0 * 16 + kRows) of expert e against the n tokens of the
+// routing tile that starts at sorted position `start`.
+struct WorkItem {
+  int e, start, n, strip0;
+};
+
+// Two CTAs per SM with two warpgroups and tiles of <= 128 tokens (128 registers a thread), else one.
+// kPersistent: a grid of at most one wave loops over the work items (tile-major, weight rows fastest, so
+// concurrent CTAs share token tiles in L2), skipping the routing's unused tiles; the ring runs on across
+// items, so the next item's first k tiles load while this one's last MMAs and epilogue run (the next item's
+// row table is written, from global metadata, in the step that issues this item's last loads: every warp
+// waits for those reads there). Otherwise one CTA per item on a (column blocks, max tiles) grid.
+template <int kN, int kWG, bool kPersistent>
+__global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(kN, kWG))
+    moe_wgmma_kernel(MoeGemmParams p) {
 #if MX_SM90A
   constexpr int kThreads = moe_wgmma_threads(kWG), kRows = moe_wgmma_weight_rows(kWG), kStrips = kRows / 16;
   static_assert(kThreads == 32 * kStrips, "a warp per 16-row strip");
   constexpr int kStageBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, kWG));
   extern __shared__ uint8_t smem_raw[];
-  __shared__ int64_t src_off[kN];  // where each tile row's input row starts (elements), -1 past the tile's tokens
+  // Where each tile row's input row starts, for the item being loaded (two tables in persistent mode: the
+  // next item's is written while the current one's loads may still read theirs). Rows past the tile's tokens
+  // are zero-filled without a read (they point at input row 0 only to stay a valid address).
+  __shared__ const uint8_t* row_src[kPersistent ? 2 : 1][kN];
   // The swizzle pattern repeats every 1024 bytes; B tiles start on that boundary.
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
-  const int tile = blockIdx.y;
-  if (tile >= *p.r.num_tiles) return;
-  const int e = p.r.tile_expert[tile], start = p.r.tile_start[tile], n = p.r.tile_rows[tile];
   const int64_t strips = p.rows / 16;
   const int n_k = static_cast<int>(p.k / 64);
-  const int strip0 = blockIdx.x * kStrips;
+  const int n_cols = static_cast<int>((strips + kStrips - 1) / kStrips);  // column blocks of kRows weight rows
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
+  // Items are numbered tile * n_cols + column block.
+  int item, n_items, stride;
+  if constexpr (kPersistent) {
+    item = blockIdx.x;
+    n_items = *p.r.num_tiles * n_cols;
+    stride = gridDim.x;
+  } else {
+    if (static_cast<int>(blockIdx.y) >= *p.r.num_tiles) return;
+    item = blockIdx.y * n_cols + blockIdx.x;
+    n_items = item + 1;
+    stride = 1;
+  }
+  if (item >= n_items) return;
+  auto item_at = [&](int i) {
+    const int tile = i / n_cols;
+    return WorkItem{p.r.tile_expert[tile], p.r.tile_start[tile], p.r.tile_rows[tile], (i - tile * n_cols) * kStrips};
+  };
+  auto fill_rows = [&](const WorkItem& w, int buf) {
+    for (int i = tid; i < kN; i += kThreads) {
+      const int64_t row = i >= w.n ? 0 : p.gated ? p.r.sorted_slots[w.start + i] / static_cast<int>(p.top_k) : w.start + i;
+      row_src[buf][i] = reinterpret_cast<const uint8_t*>(p.in + row * p.k);
+    }
+  };
 
-  for (int i = tid; i < kN; i += kThreads)
-    src_off[i] = i >= n ? -1
-                        : p.k * (p.gated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i);
-  __syncthreads();
+  WorkItem cur = item_at(item);  // the item being multiplied
 
-  auto b_tile = [&](int s) { return smem + s * kStageBytes; };
-  auto w_tile = [&](int s) { return b_tile(s) + kN * 128; };
-  auto s_tile = [&](int s) { return w_tile(s) + kRows * 32; };
+  // Stage s of the ring: the B tile (kN rows of 128 bytes, swizzled), this CTA's packed fp4 (32 B per
+  // weight row), then its scales (2 B per row).
+  const uint32_t ring = smem_addr(smem);
+  constexpr int kWeightsAt = kN * 128, kScalesAt = kWeightsAt + kRows * 32;
 
-  // The loads' loop-invariant parts, once per CTA (the per-tile address arithmetic was a large share of the
-  // kernel's issued instructions): thread tid copies 16-byte chunk tid % 8 of tile rows tid / 8 + j x
-  // kRowsPerPass, whose swizzled place is the same in every pass (kRowsPerPass is a multiple of 8), and its
-  // warp's strip of fp4 blocks and scales; a k tile t then only adds t x 64 elements, t x 512 or t x 32 bytes.
+  // The loads' loop-invariant parts (the per-tile address arithmetic was a large share of the kernel's
+  // issued instructions): thread tid copies 16-byte chunk tid % 8 of tile rows tid / 8 + j x kRowsPerPass,
+  // whose swizzled place is the same in every pass (kRowsPerPass is a multiple of 8), and its warp's strip of
+  // fp4 blocks and scales; a k tile t then only adds t x 128, t x 512 or t x 32 bytes.
   constexpr int kRowsPerPass = kThreads / 8;
   static_assert(kRowsPerPass % 8 == 0, "one swizzle phase per thread");
   const int ch = tid % 8, row0 = tid / 8;
-  const int b_off = row0 * 128 + ((ch ^ (row0 & 7)) * 16);
-  const uint16_t* in_ch = p.in + ch * 8;
-  const int64_t my_strip = strip0 + warp;
-  const bool strip_ok = my_strip < strips;
-  const int64_t strip_tiles = (e * strips + (strip_ok ? my_strip : 0)) * n_k;
-  const uint8_t* w_src = p.blocks + strip_tiles * 512 + lane * 16;
-  const uint8_t* s_src = p.scales + strip_tiles * 32 + (lane & 1) * 16;
-  auto load = [&](int t, int s) {
-    uint8_t* b = b_tile(s) + b_off;
-    const int64_t kt = static_cast<int64_t>(t) * 64;
+  const uint32_t b_dst = ring + row0 * 128 + ((ch ^ (row0 & 7)) * 16);
+  const uint32_t w_dst = ring + kWeightsAt + tid * 16;
+  const uint32_t s_dst = ring + kScalesAt + warp * 32 + (lane & 1) * 16;
+  // The item being loaded: its row table, this warp's strip of weights and scales (at k tile 0), its width.
+  struct LoadItem {
+    const uint8_t* w_src;
+    const uint8_t* s_src;
+    int n;       // the tile's tokens: rows from n on are zero-filled
+    int w_size;  // 16, or 0 for a strip past the matrix (zero weights and scales)
+    int buf;     // which row table (0 unless persistent)
+    bool half;
+  };
+  auto load_item = [&](const WorkItem& w, int buf) {
+    const int64_t my_strip = w.strip0 + warp;
+    const bool ok = my_strip < strips;
+    const int64_t strip_tiles = (w.e * strips + (ok ? my_strip : 0)) * n_k;
+    return LoadItem{p.blocks + strip_tiles * 512 + lane * 16, p.scales + strip_tiles * 32 + (lane & 1) * 16, w.n,
+                    ok ? 16 : 0, buf, kN >= 256 && w.n <= kN / 2};
+  };
+  auto load = [&](auto columns, const LoadItem& li, int t, int s) {
+    constexpr int kCols = decltype(columns)::value;
+    const uint32_t stage = static_cast<uint32_t>(s) * kStageBytes;
+    const uint32_t kb = ch * 16 + static_cast<uint32_t>(t) * 128;  // bytes into the input row
 #pragma unroll
-    for (int j = 0; j < (kN + kRowsPerPass - 1) / kRowsPerPass; ++j) {
+    for (int j = 0; j < (kCols + kRowsPerPass - 1) / kRowsPerPass; ++j) {
       const int row = row0 + j * kRowsPerPass;
-      if (kN % kRowsPerPass != 0 && row >= kN) break;
-      const int64_t off = src_off[row];
-      cp_async_16(b + j * kRowsPerPass * 128, off < 0 ? p.in : in_ch + off + kt, off >= 0);
+      if (kCols % kRowsPerPass != 0 && row >= kCols) break;
+      // Rows past the tile's tokens read nothing. Letting them all read input row 0 instead (no zero fill)
+      // measured 11% slower at 64 tokens per expert, where partly filled tiles are common (docs/PERF.md).
+      cp_async_16_to(b_dst + stage + j * kRowsPerPass * 128, row_src[kPersistent ? li.buf : 0][row] + kb,
+                     row < (kPersistent ? li.n : cur.n) ? 16 : 0);
     }
     // This warp's strip: 16 bytes per lane (the lane reads back exactly its own bytes), 32 B of scales.
-    cp_async_16(w_tile(s) + tid * 16, w_src + kt * 8, strip_ok);
-    if (lane < 2) cp_async_16(s_tile(s) + warp * 32 + lane * 16, s_src + kt / 2, strip_ok);
+    cp_async_16_to(w_dst + stage, li.w_src + t * 512, li.w_size);
+    if (lane < 2) cp_async_16_to(s_dst + stage, li.s_src + t * 32, li.w_size);
   };
+
+  fill_rows(cur, 0);
+  LoadItem li = load_item(cur, 0);
+  int ld_item = item, ld_t = 0, load_slot = 0;
+  __syncthreads();
+  // Issues the next k tile's loads into load_slot (an empty group past the last one) and moves on. In
+  // persistent mode the loads run on into the next item: after an item's last k tile it writes the next
+  // item's row table, which the next call reads after a barrier; returns whether it moved to a new item.
+  // Otherwise the k loop's width `columns` is the load's.
+  auto advance_load = [&](auto columns) {
+    bool moved = false;
+    if constexpr (kPersistent) {
+      if (ld_item < n_items) {
+        if (li.half) {
+          load(Columns<kN / 2>{}, li, ld_t, load_slot);
+        } else {
+          load(Columns<kN>{}, li, ld_t, load_slot);
+        }
+        if (++ld_t == n_k) {
+          ld_t = 0;
+          ld_item += stride;
+          moved = true;
+          if (ld_item < n_items) {
+            const WorkItem next = item_at(ld_item);
+            fill_rows(next, li.buf ^ 1);
+            li = load_item(next, li.buf ^ 1);
+          }
+        }
+      }
+    } else {
+      if (ld_t < n_k) load(columns, li, ld_t, load_slot);
+      ++ld_t;
+    }
+    cp_async_commit();
+    load_slot = load_slot == kStages - 1 ? 0 : load_slot + 1;
+    return moved;
+  };
+  if constexpr (kPersistent)
+    for (int s = 0; s < kStages - 2; ++s)
+      if (advance_load(Columns<kN>{})) __syncthreads();  // a new row table before its first load (short items)
 
   float acc[kN / 2];
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+  int slot = 0;  // ring slot of the k tile being multiplied
 
   // Two wgmma groups in flight: tile t's dequant overlaps tile t - 1's MMAs, so the A registers alternate
-  // between two sets (the k loop is unrolled by 2 to keep their indices static). The slot reloaded at
-  // iteration t is tile t - 2's, which every warpgroup has finished (wait<1> before the barrier); tiles
-  // t + 1 .. t + kStages - 2 are in flight.
-  for (int s = 0; s < kStages - 2; ++s) {
-    if (s < n_k) load(s, s);
-    cp_async_commit();
-  }
-  uint32_t a[2][4][4];
-  int slot = 0, load_slot = kStages - 2;  // t % kStages and (t + kStages - 2) % kStages, counted
-  auto step = [&](int t, uint32_t(&at)[4][4]) {
-    cp_async_wait<kStages - 3>();  // this thread's copies of tile t landed
-    fence_proxy_async_smem();      // ... and are visible to wgmma's reads
-    __syncthreads();               // everyone's; every warpgroup finished tile t - 2, whose slot is reloaded next
-    {
-      const int next = t + kStages - 2;
-      if (next < n_k) load(next, load_slot);
-      cp_async_commit();
-      load_slot = load_slot == kStages - 1 ? 0 : load_slot + 1;
+  // between two sets (the k loop is unrolled by 2 to keep their indices static). The slot reloaded at a
+  // step is that of the k tile two steps back, which every warpgroup has finished (wait<1> before the
+  // barrier); the k tiles of the next kStages - 2 steps (across items in persistent mode) are in flight.
+  auto k_loop = [&](auto columns) {
+    constexpr int kCols = decltype(columns)::value;
+    // The accumulator's first kCols / 2 registers are columns 0 .. kCols - 1 in wgmma's layout.
+    float(&d)[kCols / 2] = *reinterpret_cast<float(*)[kCols / 2]>(&acc[0]);
+    if constexpr (!kPersistent)
+      for (int s = 0; s < kStages - 2; ++s) advance_load(columns);
+    uint32_t a[2][4][4];
+    auto step = [&](uint32_t(&at)[4][4]) {
+      cp_async_wait<kStages - 3>();  // this thread's copies of this step's k tile landed
+      fence_proxy_async_smem();      // ... and are visible to wgmma's reads
+      __syncthreads();               // everyone's; everyone finished the slot reloaded next, and its row table
+      advance_load(columns);
+      const uint32_t stage = ring + slot * kStageBytes;
+      const uint4 wq = lds128(stage + kWeightsAt + tid * 16);
+      const uint32_t sc = stage + kScalesAt + warp * 32 + (q >> 1) * 16;
+      const uint32_t sc0 = mxfp4_scale_x2(lds8(sc + r)), sc8 = mxfp4_scale_x2(lds8(sc + r + 8));
+      const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, at[kk]);
+      // A k16 step adds 32 bytes (2 in the descriptor's address field).
+      const uint64_t desc = wgmma_desc_k128(stage);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kCols>(d, at[kk], desc + 2 * kk);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous step's group done: its A registers and its smem slot are free
+      slot = slot == kStages - 1 ? 0 : slot + 1;
+    };
+    wgmma_fence_regs(acc);
+    int t = 0;
+    for (; t + 1 < n_k; t += 2) {
+      step(a[0]);
+      step(a[1]);
     }
-    const uint4 wq = lds128(w_tile(slot) + tid * 16);
-    const uint8_t* sc = s_tile(slot) + warp * 32 + (q >> 1) * 16;
-    const uint32_t sc0 = mxfp4_scale_x2(sc[r]), sc8 = mxfp4_scale_x2(sc[r + 8]);
-    const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, at[kk]);
-    const uint32_t b_addr = smem_addr(b_tile(slot));
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kN>(acc, at[kk], wgmma_desc_k128(b_addr + kk * 32));
-    wgmma_commit();
-    wgmma_wait<1>();  // tile t - 1's group done: its A registers and its smem slot are free
-    slot = slot == kStages - 1 ? 0 : slot + 1;
+    if (t < n_k) step(a[0]);
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
   };
-  wgmma_fence_regs(acc);
-  int t = 0;
-  for (; t + 1 < n_k; t += 2) {
-    step(t, a[0]);
-    step(t + 1, a[1]);
-  }
-  if (t < n_k) step(t, a[0]);
-  wgmma_wait<0>();
-  wgmma_fence_regs(acc);
-  cp_async_wait<0>();
-  if (!strip_ok) return;
 
-  // acc[4j + c]: strip row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1).
-  if (p.gated) {
-    // Gate and up of channel my_strip * 8 + r; h is written in the second GEMM's logical k order.
-    const int64_t channel = my_strip * 8 + r, half = p.rows / 2, col = logical_k(channel);
-    const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
-    const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
+  for (;;) {
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int tok = 8 * j + 2 * q + c;
-        if (tok >= n) continue;
-        const float h = swiglu_clamped(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
-        p.out[(start + tok) * half + col] = f32_to_bf16_bits(h);
+    for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+    if constexpr (kN >= 256) {
+      if (cur.n <= kN / 2) {
+        k_loop(Columns<kN / 2>{});
+      } else {
+        k_loop(Columns<kN>{});
       }
-  } else {
-    const StripBias bias = load_strip_bias(p, e, my_strip, r);
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      if (8 * j >= n) break;
-      const float part[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-      swap_ab_weighted_epilogue(p, part, bias, start + 8 * j, n - 8 * j, my_strip, r, q, [&](int c) {
-        return p.topk_weights[p.r.sorted_slots[start + 8 * j + 2 * q + c]];
-      });
+    } else {
+      k_loop(Columns<kN>{});
     }
+    // Persistent: the item's metadata read again (cached) rather than kept live through the k loop, which
+    // keeps the 256-token kernel within its 255 registers.
+    if constexpr (kPersistent) cur = item_at(item);
+    const int e = cur.e, start = cur.start, n = cur.n;
+    const int64_t my_strip = cur.strip0 + warp;
+    // acc[4j + c]: strip row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1).
+    if (my_strip >= strips) {
+      // A strip past the matrix: nothing to store.
+    } else if (p.gated) {
+      // Gate and up of channel my_strip * 8 + r; h is written in the second GEMM's logical k order.
+      const int64_t channel = my_strip * 8 + r, half = p.rows / 2, col = logical_k(channel);
+      const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
+      const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int tok = 8 * j + 2 * q + c;
+          if (tok >= n) continue;
+          const float h = swiglu_clamped(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
+          p.out[(start + tok) * half + col] = f32_to_bf16_bits(h);
+        }
+    } else {
+      const StripBias bias = load_strip_bias(p, e, my_strip, r);
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        if (8 * j >= n) break;
+        const float part[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+        swap_ab_weighted_epilogue(p, part, bias, start + 8 * j, n - 8 * j, my_strip, r, q, [&](int c) {
+          return p.topk_weights[p.r.sorted_slots[start + 8 * j + 2 * q + c]];
+        });
+      }
+    }
+    if constexpr (!kPersistent) break;
+    item += stride;
+    if (item >= n_items) break;
+    cur = item_at(item);
   }
+  cp_async_wait<0>();
 #endif
 }
 
-template <int kN, int kWG>
+template <int kN, int kWG, bool kPersistent>
 Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
-  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(moe_wgmma_kernel<kN, kWG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      static_cast<int>(c.smem_bytes)),
-                                 "cudaFuncSetAttribute(moe wgmma smem)"));
-  const dim3 grid(static_cast<unsigned>(ceil_div64(p.rows / 16, moe_wgmma_weight_rows(kWG) / 16)),
-                  static_cast<unsigned>(p.max_tiles));
-  moe_wgmma_kernel<kN, kWG><<<grid, c.threads, c.smem_bytes, stream>>>(p);
+  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent>;
+  MX_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
+      "cudaFuncSetAttribute(moe wgmma smem)"));
+  const int64_t n_cols = ceil_div64(p.rows / 16, moe_wgmma_weight_rows(kWG) / 16);
+  // Persistent: one wave of resident CTAs, fewer when the routing cannot have that many items.
+  const dim3 grid = kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(
+                                      n_cols * p.max_tiles, int64_t{c.sms} * moe_wgmma_ctas_per_sm(kN, kWG))))
+                                : dim3(static_cast<unsigned>(n_cols), static_cast<unsigned>(p.max_tiles));
+  kernel<<<grid, c.threads, c.smem_bytes, stream>>>(p);
   return launch_status("moe_wgmma_kernel");
 }
 
@@ -216,14 +360,18 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
     return internal_error("MoE wgmma GEMM: config does not fit this GPU");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
-  switch (c.tile_tokens * 10 + c.warpgroups) {
-    case 642: return launch<64, 2>(p, c, stream);
-    case 643: return launch<64, 3>(p, c, stream);
-    case 644: return launch<64, 4>(p, c, stream);
-    case 1282: return launch<128, 2>(p, c, stream);
-    case 1283: return launch<128, 3>(p, c, stream);
-    case 1284: return launch<128, 4>(p, c, stream);
-    default: return internal_error("MoE wgmma GEMM: tiles of 64 or 128 tokens, 2 to 4 warpgroups");
+  if (c.persistent && c.sms <= 0) return internal_error("MoE wgmma GEMM: a persistent grid needs the SM count");
+  switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
+    case 6420: return launch<64, 2, false>(p, c, stream);
+    case 6430: return launch<64, 3, false>(p, c, stream);
+    case 6440: return launch<64, 4, false>(p, c, stream);
+    case 12820: return launch<128, 2, false>(p, c, stream);
+    case 12830: return launch<128, 3, false>(p, c, stream);
+    case 12840: return launch<128, 4, false>(p, c, stream);
+    case 25620: return launch<256, 2, false>(p, c, stream);
+    case 25621: return launch<256, 2, true>(p, c, stream);
+    default:
+      return internal_error("MoE wgmma GEMM: tiles of 64 or 128 tokens at 2 to 4 warpgroups, or 256 at 2 (persistent or not)");
   }
 }
 
