@@ -41,6 +41,7 @@ struct BatchView {
   TensorView logit_rows;    // i32 [R] token rows whose logits are wanted, in output order
   int64_t num_logit_rows = 0;  // R
   int64_t max_position = 0;    // largest value in `positions` (host copy, sizes grids)
+  int64_t max_seq_tokens = 0;  // most tokens of one sequence in this batch (host copy; 0 = unknown)
 
   const TensorView& page_table(int64_t group) const {
     if (num_kv_groups == 1) return page_tables[0];

@@ -56,6 +56,7 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
       if (!s.no_logits && (s.all_logits || j == n - 1)) logit_rows[r++] = static_cast<int32_t>(t);
     }
     batch.max_position = std::max(batch.max_position, s.start_position + n - 1);
+    batch.max_seq_tokens = std::max(batch.max_seq_tokens, n);
     for (int64_t g = 0; g < lim.num_kv_groups; ++g) {
       const std::span<const int32_t> pages = s.group_pages.empty() ? s.pages : std::span<const int32_t>(s.group_pages[static_cast<size_t>(g)]);
       int32_t* row = page_tables + g * table_size + static_cast<int64_t>(i) * lim.max_pages_per_seq;

@@ -24,6 +24,8 @@ TEST(BatchStaging, OnePageTablePerLayerGroup) {
   auto view = staging->stage(seqs);
   ASSERT_TRUE(view.is_ok()) << view.status().to_string();
   EXPECT_EQ(view->num_kv_groups, 2);
+  EXPECT_EQ(view->max_position, 21);
+  EXPECT_EQ(view->max_seq_tokens, 2);  // the CUDA backend picks the decode attention kernel by it
   EXPECT_EQ(table(view->page_table(0)), (std::vector<int32_t>{4, 1, 0, 2, 0, 0}));
   EXPECT_EQ(table(view->page_table(1)), (std::vector<int32_t>{kNoPage, 9, 0, 3, 0, 0}));
   // Group 1's table follows group 0's: the same address for every batch of two sequences.
@@ -33,6 +35,7 @@ TEST(BatchStaging, OnePageTablePerLayerGroup) {
   const std::vector<int32_t> shared = {8};
   auto one = staging->stage({{std::span(tokens).first(1), 0, shared, false, false}});
   ASSERT_TRUE(one.is_ok());
+  EXPECT_EQ(one->max_seq_tokens, 1);
   EXPECT_EQ(table(one->page_table(0)), table(one->page_table(1)));
 
   const std::vector<std::vector<int32_t>> three = {{1}, {2}, {3}};

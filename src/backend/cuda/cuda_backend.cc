@@ -421,8 +421,15 @@ class CudaBackend final : public Backend {
     a.head_dim = p.head_dim;
     a.window = p.window;
     a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
-    // One query per sequence: decode (split-KV). Otherwise FlashAttention prefill: wgmma on sm_90, else mma.sync.
-    if (batch.num_tokens == batch.num_seqs) {
+    // One query per sequence (decode), or a few (verify rows of <= 7 drafts) unless a prefill kernel is
+    // forced: the split-KV decode kernel, one CTA group per token, which keeps every SM busy at small
+    // batches and long contexts where the prefill kernels' CTAs (a tile of tokens each, all keys) are few.
+    // Otherwise FlashAttention prefill: wgmma on sm_90, else mma.sync.
+    constexpr int64_t kDecodeAttentionMaxRows = 8;
+    const bool few_rows = batch.num_tokens == batch.num_seqs ||
+                          (options_.attention.prefill == CudaAttentionPath::kAuto && batch.max_seq_tokens > 0 &&
+                           batch.max_seq_tokens <= kDecodeAttentionMaxRows);
+    if (few_rows) {
       const int64_t capacity = a.kv.max_pages * a.kv.page_size;
       const int64_t max_keys = p.window > 0 ? std::min(p.window, capacity) : capacity;
       const int64_t group = p.n_q / p.n_kv, head_blocks = (group + 15) / 16;
