@@ -34,4 +34,33 @@ Fp8Rows quantize_rows_fp8(const TensorView& w) {
   return out;
 }
 
+Result<Fp8Rows> read_checkpoint_fp8_rows(const Checkpoint& checkpoint, const std::string& name, const TensorView& values) {
+  MX_CHECK(values.dtype() == DType::kF8E4M3 && values.rank() == 2) << name;
+  const int64_t n = values.dim(0);
+  const std::string scale_name = name + "_scale";
+  if (!checkpoint.has(scale_name))
+    return invalid_argument("tensor '" + name + "' is FP8 (F8_E4M3) but the checkpoint has no '" + scale_name + "'");
+  MX_ASSIGN_OR_RETURN(TensorView scale, checkpoint.get(scale_name));
+  const bool rows = scale.rank() == 1 || (scale.rank() == 2 && scale.dim(1) == 1);
+  if (!rows || scale.dim(0) != n || (scale.dtype() != DType::kF32 && scale.dtype() != DType::kBF16))
+    return invalid_argument("tensor '" + scale_name + "' has dtype " + dtype_name(scale.dtype()) + " and shape " +
+                            scale.shape().to_string() + ", expected f32 or bf16 [" + std::to_string(n) +
+                            "] (one scale per output channel)");
+  Fp8Rows out;
+  const auto* bytes = values.ptr<const uint8_t>();
+  out.values.assign(bytes, bytes + values.numel());
+  out.scales.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    out.scales[static_cast<size_t>(i)] =
+        scale.dtype() == DType::kF32 ? scale.ptr<const float>()[i] : bf16_to_f32(scale.ptr<const uint16_t>()[i]);
+  return out;
+}
+
+std::vector<uint16_t> widen_rows_fp8(const Fp8Rows& rows) {
+  const size_t k = rows.values.size() / std::max<size_t>(rows.scales.size(), 1);
+  std::vector<uint16_t> out(rows.values.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = f32_to_bf16(rows.scales[i / k] * fp8e4m3_to_f32(rows.values[i]));
+  return out;
+}
+
 }  // namespace mx

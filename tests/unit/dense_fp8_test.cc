@@ -150,6 +150,51 @@ TEST(DenseFp8, ModelEqualsBf16ModelOnTheE4m3RoundedWeights) {
   }
 }
 
+// A checkpoint that already holds FP8 dense weights (e4m3 + per-channel f32 scales, [N] or [N, 1]) loads
+// them as they are: with --dense-dtype fp8 the model is the one converted at load from bf16 (bit for bit,
+// the same values and scales), with bf16 the weights are widened (the bf16 model on the rounded weights).
+TEST(DenseFp8, CheckpointFp8WeightsLoadDirectly) {
+  auto backend = make_cpu_backend(CpuBackendOptions{2});
+  const std::string dir = test::fixture("tiny-gpt-oss");
+  auto ck = Checkpoint::open_dir(dir);
+  ASSERT_TRUE(ck.is_ok()) << ck.status().to_string();
+  test::TempDir fp8_dir, rounded_dir;
+  for (const std::string* out : {&fp8_dir.path(), &rounded_dir.path()})
+    for (const char* file : {"config.json", "generation_config.json"}) test::copy_file(dir + "/" + file, *out + "/" + file);
+  ASSERT_TRUE(test::write_fp8_dense_checkpoint(*ck, fp8_dir.file("model.safetensors")).is_ok());
+  ASSERT_TRUE(test::write_e4m3_rounded_checkpoint(*ck, rounded_dir.file("model.safetensors")).is_ok());
+  ModelLoadOptions fp8;
+  fp8.dense_dtype = DType::kF8E4M3;
+  const std::vector<std::vector<int32_t>> prompts = {{1, 5, 9, 200, 17, 4}, {3, 3, 8}};
+  auto logits = [&](const std::string& d, const ModelLoadOptions& o) -> std::vector<float> {
+    auto m = GptOssModel::load(d, *backend, o);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    if (!m.is_ok()) return {};
+    auto l = test::prefill_logits(**m, prompts);
+    EXPECT_TRUE(l.is_ok());
+    return l.is_ok() ? *l : std::vector<float>{};
+  };
+  const std::vector<float> direct = logits(fp8_dir.path(), fp8), converted = logits(dir, fp8);
+  ASSERT_FALSE(direct.empty());
+  EXPECT_EQ(direct, converted);
+  const std::vector<float> widened = logits(fp8_dir.path(), ModelLoadOptions{}),
+                           rounded = logits(rounded_dir.path(), ModelLoadOptions{});
+  ASSERT_FALSE(widened.empty());
+  EXPECT_EQ(widened, rounded);
+  EXPECT_NE(widened, direct);  // one is the bf16 path, the other the fp8 one
+
+  // An FP8 weight without its scales, and scales that do not fit, are errors naming the tensor.
+  test::TempDir bad;
+  for (const char* file : {"config.json", "generation_config.json"}) test::copy_file(dir + "/" + file, bad.file(file));
+  ASSERT_TRUE(test::write_fp8_dense_checkpoint(*ck, bad.file("model.safetensors"), "model.layers.1.self_attn.o_proj.weight").is_ok());
+  auto missing = GptOssModel::load(bad.path(), *backend, fp8);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find("'model.layers.1.self_attn.o_proj.weight' is FP8 (F8_E4M3) but the checkpoint "
+                                            "has no 'model.layers.1.self_attn.o_proj.weight_scale'"),
+            std::string::npos)
+      << missing.status().message();
+}
+
 TEST(DenseFp8, FlagValuesAndErrors) {
   EXPECT_EQ(*parse_dense_dtype("bf16"), DType::kBF16);
   EXPECT_EQ(*parse_dense_dtype("fp8"), DType::kF8E4M3);

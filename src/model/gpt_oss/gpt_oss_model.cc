@@ -79,9 +79,38 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::from_checkpoint(GptOssConfig c
   model->options_ = options;
   if (options.dense_dtype == DType::kF8E4M3) model->cost_.set_dense_weight_bytes(1);
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
-  MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gpt_oss_weight_specs(model->config_, model->weights_)));
+  MX_RETURN_IF_ERROR(model->bind_checkpoint());
   MX_RETURN_IF_ERROR(model->upload());
   return model;
+}
+
+// Dense projections the checkpoint already holds in FP8 (e4m3 + NAME_scale per output channel) are bound as
+// such and read with their scales; the rest as bf16.
+Status GptOssModel::bind_checkpoint() {
+  const Checkpoint& ck = *checkpoint_;
+  std::vector<WeightSpec> specs = gpt_oss_weight_specs(config_, weights_);
+  std::vector<std::string> scale_names;
+  for (WeightSpec& spec : specs) {
+    const bool dense = spec.name == "lm_head.weight" || spec.name.ends_with("_proj.weight");
+    if (!dense || !ck.has(spec.name)) continue;
+    MX_ASSIGN_OR_RETURN(const TensorView view, ck.get(spec.name));
+    if (view.dtype() != DType::kF8E4M3) continue;
+    spec.dtype = DType::kF8E4M3;
+    scale_names.push_back(spec.name + "_scale");
+  }
+  if (!scale_names.empty() && shard_.size > 1)
+    return unimplemented("FP8 dense weights in the checkpoint are not split across tensor-parallel ranks yet");
+  MX_RETURN_IF_ERROR(bind_weights(ck, specs, scale_names));
+  for (const WeightSpec& spec : specs)
+    if (spec.dtype == DType::kF8E4M3) {
+      MX_ASSIGN_OR_RETURN(checkpoint_fp8_[spec.name], read_checkpoint_fp8_rows(ck, spec.name, *spec.destination));
+    }
+  return Status::ok();
+}
+
+const Fp8Rows* GptOssModel::checkpoint_fp8(const std::string& name) const {
+  auto it = checkpoint_fp8_.find(name);
+  return it == checkpoint_fp8_.end() ? nullptr : &it->second;
 }
 
 Status GptOssModel::upload() {
@@ -89,8 +118,8 @@ Status GptOssModel::upload() {
   auto put = [&](const TensorView& host) { return backend_.upload_weight(host, &device_weights_); };
   MX_ASSIGN_OR_RETURN(weights_.embed, put(weights_.embed));
   MX_ASSIGN_OR_RETURN(weights_.final_norm, put(weights_.final_norm));
-  MX_RETURN_IF_ERROR(put_dense(weights_.lm_head.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab), &weights_.lm_head,
-                               &weights_.lm_head_scale));
+  MX_RETURN_IF_ERROR(put_dense(weights_.lm_head.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab),
+                               checkpoint_fp8("lm_head.weight"), &weights_.lm_head, &weights_.lm_head_scale));
   const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
   rope_scale_ = rope.attention_scale;
   MX_ASSIGN_OR_RETURN(Buffer freq, backend_.allocate(static_cast<int64_t>(rope.inv_freq.size() * sizeof(float))));
@@ -106,15 +135,29 @@ Status GptOssModel::upload() {
     // q, k and v run as one projection: one weight read and one launch instead of three.
     // A tensor-parallel rank keeps its heads' rows of q, k and v.
     const GptOssShardPlan& p = plan_;
-    host_fused_.push_back(concat_rows({item_rows(L.q_weight, p.first_head, p.heads, hd),
-                                       item_rows(L.k_weight, p.first_kv_head, p.kv_heads, hd),
-                                       item_rows(L.v_weight, p.first_kv_head, p.kv_heads, hd)}));
-    L.qkv_weight = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows, c.hidden_size});
+    const std::string attn = "model.layers." + std::to_string(layers_done) + ".self_attn.";
+    const Fp8Rows *q8 = checkpoint_fp8(attn + "q_proj.weight"), *k8 = checkpoint_fp8(attn + "k_proj.weight"),
+                  *v8 = checkpoint_fp8(attn + "v_proj.weight");
+    if ((q8 != nullptr) != (k8 != nullptr) || (q8 != nullptr) != (v8 != nullptr))
+      return invalid_argument(attn + "{q,k,v}_proj.weight: some are FP8 and some are not (they run fused)");
+    Fp8Rows qkv8;  // whole heads: a checkpoint's FP8 weights load on one rank only (see bind_checkpoint)
+    if (q8) {
+      for (const Fp8Rows* part : {q8, k8, v8}) {
+        qkv8.values.insert(qkv8.values.end(), part->values.begin(), part->values.end());
+        qkv8.scales.insert(qkv8.scales.end(), part->scales.begin(), part->scales.end());
+      }
+      L.qkv_weight = TensorView(qkv8.values.data(), DType::kF8E4M3, {qkv_rows, c.hidden_size});
+    } else {
+      host_fused_.push_back(concat_rows({item_rows(L.q_weight, p.first_head, p.heads, hd),
+                                         item_rows(L.k_weight, p.first_kv_head, p.kv_heads, hd),
+                                         item_rows(L.v_weight, p.first_kv_head, p.kv_heads, hd)}));
+      L.qkv_weight = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows, c.hidden_size});
+    }
     host_fused_.push_back(concat_rows({item_rows(L.q_bias, p.first_head, p.heads, hd),
                                        item_rows(L.k_bias, p.first_kv_head, p.kv_heads, hd),
                                        item_rows(L.v_bias, p.first_kv_head, p.kv_heads, hd)}));
     L.qkv_bias = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows});
-    MX_RETURN_IF_ERROR(put_dense(L.qkv_weight, &L.qkv_weight, &L.qkv_scale));
+    MX_RETURN_IF_ERROR(put_dense(L.qkv_weight, q8 ? &qkv8 : nullptr, &L.qkv_weight, &L.qkv_scale));
     MX_ASSIGN_OR_RETURN(L.qkv_bias, put(L.qkv_bias));
     if (shard_.size > 1) {
       // o_proj is row-parallel: this rank's heads' columns; its bias is added once, by rank 0.
@@ -127,7 +170,7 @@ Status GptOssModel::upload() {
         *t = item_rows(*t, plan_.first_expert, plan_.experts, 1);
       x.num_experts = plan_.experts;
     }
-    MX_RETURN_IF_ERROR(put_dense(L.o_weight, &L.o_weight, &L.o_scale));
+    MX_RETURN_IF_ERROR(put_dense(L.o_weight, checkpoint_fp8(attn + "o_proj.weight"), &L.o_weight, &L.o_scale));
     for (TensorView* w : {&L.input_norm, &L.post_attention_norm, &L.o_bias, &L.sinks, &L.router_weight, &L.router_bias}) {
       if (!w->empty()) {
         MX_ASSIGN_OR_RETURN(*w, put(*w));
@@ -136,18 +179,25 @@ Status GptOssModel::upload() {
     MX_ASSIGN_OR_RETURN(L.experts, backend_.upload_experts(L.experts, &device_weights_));
     progress.step(++layers_done, device_weight_bytes());
   }
+  checkpoint_fp8_.clear();  // put_dense copied what it kept
   return Status::ok();
 }
 
-Status GptOssModel::put_dense(const TensorView& host, TensorView* weight, TensorView* scale) {
+Status GptOssModel::put_dense(const TensorView& host, const Fp8Rows* fp8, TensorView* weight, TensorView* scale) {
+  const int64_t n = host.dim(0);
   if (options_.dense_dtype == DType::kBF16) {
-    MX_ASSIGN_OR_RETURN(*weight, backend_.upload_weight(host, &device_weights_));
+    TensorView bf16 = host;
+    if (fp8) {  // the checkpoint's FP8 weight, widened
+      host_fused_.push_back(widen_rows_fp8(*fp8));
+      bf16 = TensorView(host_fused_.back().data(), DType::kBF16, {n, host.dim(1)});
+    }
+    MX_ASSIGN_OR_RETURN(*weight, backend_.upload_weight(bf16, &device_weights_));
     *scale = TensorView();
     return Status::ok();
   }
-  // The CPU backend keeps views of the host copies; other backends copy them.
-  Fp8Rows q = quantize_rows_fp8(host);
-  const int64_t n = host.dim(0);
+  // The CPU backend keeps views of the host copies; other backends copy them. A checkpoint's FP8 weight
+  // keeps its own values and scales.
+  Fp8Rows q = fp8 ? *fp8 : quantize_rows_fp8(host);
   auto& values = host_fp8_.emplace_back(std::move(q.values));
   auto& scales = host_scales_.emplace_back(std::move(q.scales));
   MX_ASSIGN_OR_RETURN(*weight, backend_.upload_weight(TensorView(values.data(), DType::kF8E4M3, {n, host.dim(1)}),

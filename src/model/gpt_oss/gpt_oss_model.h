@@ -3,6 +3,7 @@
 // -> o_proj -> add + RMSNorm -> router top-k -> MXFP4 experts -> residual add.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "backend/kv_cache.h"
 #include "io/generation_config.h"
 #include "io/safetensors.h"
+#include "model/dense_fp8.h"
 #include "model/gpt_oss/gpt_oss_config.h"
 #include "model/gpt_oss/gpt_oss_cost.h"
 #include "model/gpt_oss/gpt_oss_shard.h"
@@ -64,9 +66,13 @@ class GptOssModel : public Model {
 
  private:
   GptOssModel(GptOssConfig config, Backend& backend, const ModelShard& shard, const GptOssShardPlan& plan);
+  Status bind_checkpoint();
   Status upload();
-  // Uploads a dense projection's bf16 host weight as it is, or as fp8 + per-row scales (options_.dense_dtype).
-  Status put_dense(const TensorView& host, TensorView* weight, TensorView* scale);
+  // The checkpoint's own FP8 weight `name` with its scales, or null where the checkpoint holds it in bf16.
+  const Fp8Rows* checkpoint_fp8(const std::string& name) const;
+  // Uploads a dense projection as options_.dense_dtype asks: bf16 (the host weight, or `fp8`, the
+  // checkpoint's FP8 form, widened), or fp8 + per-row scales (`fp8` as it is, or the bf16 weight quantized).
+  Status put_dense(const TensorView& host, const Fp8Rows* fp8, TensorView* weight, TensorView* scale);
   // out = x W^T (+ bias) through linear or linear_fp8, whichever the weight's dtype needs.
   Status dense(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
                TensorView out) const;
@@ -84,6 +90,7 @@ class GptOssModel : public Model {
   std::vector<std::vector<uint16_t>> host_fused_;  // fused qkv weights and biases (bf16) on the host
   std::vector<std::vector<uint8_t>> host_fp8_;     // fp8 dense weights and their scales on the host (the CPU
   std::vector<std::vector<float>> host_scales_;    // backend reads them in place)
+  std::map<std::string, Fp8Rows> checkpoint_fp8_;  // dense weights the checkpoint holds in FP8, by name
   std::vector<Buffer> device_weights_;
   GptOssWeights weights_;  // host views after binding, backend views after upload
   TensorView inv_freq_;    // f32 [head_dim / 2]
