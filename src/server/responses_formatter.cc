@@ -198,7 +198,7 @@ class ResponsesFormatter final : public ResponseFormatter {
   ResponseIdentity id_;
   ResponsesOptions options_;
   Json tool_choice_, tools_;
-  bool parallel_tool_calls_ = true;  // echoed as sent (Harmony makes at most one call per turn either way)
+  bool parallel_tool_calls_ = true;  // echoed as sent (formats that end a turn at its first call make one either way)
   double temperature_ = 1.0, top_p_ = 1.0;
   const char* effort_ = "medium";
   std::vector<Item> items_;

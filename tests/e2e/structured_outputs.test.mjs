@@ -3,7 +3,8 @@
 // of 60 schemas (nested objects, enums, bounded integers and numbers, maxLength strings, patterns, formats,
 // bounded arrays, anyOf, optional properties, recursive $ref), each asked with n choices, streamed for half
 // of them and not for the rest, plus 40 tool_choice requests. n is 4 in `make test` (280 engine requests);
-// MX_E2E_STRUCTURED_N=16 runs the full check (1,000 engine requests). The analysis is free but bounded
+// MX_E2E_STRUCTURED_N=16 runs the full check (1,000 engine requests; ~280 s on 2 cores, near ctest's 300 s limit:
+// run it with node directly when the machine is loaded). The analysis is free but bounded
 // (thinking_token_budget, or half of max_tokens by default), so every choice reaches its answer: each one
 // of a schema whose values are all bounded must end with `stop` and validate; the recursive schema may be
 // cut by max_tokens, and then holds a prefix of JSON.
