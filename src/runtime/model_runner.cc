@@ -229,18 +229,23 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
                                       sample_params_host_.data()));
   MX_RETURN_IF_ERROR(b.copy_from_host(mask_rows_device_.view(DType::kI32, {rows}), mask_rows_host_.data()));
   MX_ASSIGN_OR_RETURN(graphs_, capture_step_graphs(sizes, 1));
-  if (verify_drafts_ > 0) {
-    // Verify steps of k drafts: the buckets whose k + 1 rows per sequence fit one step. A failed capture
-    // leaves verification eager (slower, still correct) rather than failing start-up.
+  // Verify steps of k = 1 .. K drafts (drafters may propose fewer than K: n-gram matches, the end of
+  // max_tokens): the buckets whose k + 1 rows per sequence fit one step. A failed capture leaves
+  // verification eager (slower, still correct) rather than failing start-up.
+  for (int64_t k = 1; k <= verify_drafts_; ++k) {
     std::vector<int64_t> verify_sizes = sizes;
-    std::erase_if(verify_sizes, [&](int64_t size) { return size * (1 + verify_drafts_) > config_.max_num_batched_tokens; });
-    auto verify = capture_step_graphs(verify_sizes, 1 + verify_drafts_);
-    if (verify.is_ok()) {
-      verify_graphs_ = std::move(*verify);
-      startup_.verify_graph_batch_sizes = verify_sizes;
-    } else {
+    std::erase_if(verify_sizes, [&](int64_t size) { return size * (1 + k) > config_.max_num_batched_tokens; });
+    auto verify = capture_step_graphs(verify_sizes, 1 + k);
+    if (!verify.is_ok()) {
       MX_LOG(Warning) << "verify steps run eagerly: their graph capture failed: " << verify.status().to_string();
+      verify_graphs_.clear();
+      startup_.verify_graph_batch_sizes.clear();
+      startup_.verify_graphs = 0;
+      break;
     }
+    startup_.verify_graphs += static_cast<int64_t>(verify->size());
+    verify_graphs_.push_back(std::move(*verify));
+    if (k == verify_drafts_) startup_.verify_graph_batch_sizes = verify_sizes;
   }
   MX_RETURN_IF_ERROR(b.synchronize());
   startup_.graph_batch_sizes = sizes;
@@ -248,7 +253,7 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
   auto after = b.memory_info();
   if (before.is_ok() && after.is_ok()) startup_.graph_bytes = std::max<int64_t>(0, before->free_bytes - after->free_bytes);
   MX_LOG(Info) << "captured " << sizes.size() << " decode graphs (batch " << sizes.front() << ".." << sizes.back()
-               << ") and " << verify_graphs_.size() << " verify graphs (" << verify_drafts_ << " drafts) in " << static_cast<int64_t>(startup_.capture_seconds * 1000) << " ms, "
+               << ") and " << startup_.verify_graphs << " verify graphs (1.." << verify_drafts_ << " drafts) in " << static_cast<int64_t>(startup_.capture_seconds * 1000) << " ms, "
                << mib(startup_.graph_bytes) << " of device memory";
   return Status::ok();
 }
@@ -259,8 +264,10 @@ Status ModelRunner::forward(const BatchView& view, const KvCache& kv, const Tens
 
 const ModelRunner::StepGraph* ModelRunner::graph_for(const ScheduledBatch& batch) const {
   const std::vector<std::unique_ptr<StepGraph>>* graphs = nullptr;
-  if (is_uniform_step(batch, 1)) graphs = &graphs_;
-  else if (verify_drafts_ > 0 && is_uniform_step(batch, 1 + verify_drafts_)) graphs = &verify_graphs_;
+  const int64_t k = batch.entries.empty() ? 0 : batch.entries.front().num_draft;
+  if (k == 0 && is_uniform_step(batch, 1)) graphs = &graphs_;
+  else if (k > 0 && k <= static_cast<int64_t>(verify_graphs_.size()) && is_uniform_step(batch, 1 + k))
+    graphs = &verify_graphs_[static_cast<size_t>(k - 1)];
   if (!graphs) return nullptr;
   const auto n = static_cast<int64_t>(batch.entries.size());
   for (const auto& g : *graphs)

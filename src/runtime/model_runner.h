@@ -6,13 +6,14 @@
 // Start-up on a device (CUDA): staging and workspace first; then, when no --num-kv-pages was given, a
 // worst-case warm-up pass on a throwaway pool measures activation memory and the KV pool is sized by
 // plan_kv_memory; then the pool (plus one scratch page); then one graph per decode batch-size bucket and,
-// when the engine speculates with k drafts, one verify graph per bucket (k + 1 rows per sequence).
+// when the engine speculates with up to K drafts, one verify graph per bucket and k = 1..K (k + 1 rows per
+// sequence).
 // A decode-only step of n requests is padded to the smallest bucket >= n with rows that read and write
 // only the scratch page (their logits are ignored) and replays that bucket's graph; a verify-only step
-// whose every entry verifies exactly k drafts likewise, with padding sequences of k + 1 rows. A step graph
+// whose every entry verifies the same k drafts likewise, with padding sequences of k + 1 rows. A step graph
 // ends with the backend's sample op over all its rows (params and grammar masks uploaded before the replay,
 // ids and logprobs read after it: nothing runs on the host between forward pass and sampling). Mixed and
-// prefill steps, verify steps with fewer drafts, and steps above the largest bucket run eagerly. Graph
+// prefill steps, verify steps whose entries carry different draft counts, and steps above the largest bucket run eagerly. Graph
 // kernels take every size from the bucket or from device memory, never from the step (decode attention
 // splits by page-table capacity; prefill attention, which verify rows take, by token count).
 #pragma once
@@ -37,7 +38,10 @@ struct RunnerStartup {
   int64_t kv_pages = 0;       // usable pages (the scratch page not counted)
   int64_t kv_bytes = 0;
   std::vector<int64_t> graph_batch_sizes;
-  std::vector<int64_t> verify_graph_batch_sizes;  // buckets with a verify graph (k drafts per sequence)
+  // Buckets with a verify graph for the configured k drafts per sequence (fewer drafts: these and any other
+  // bucket whose rows fit a step).
+  std::vector<int64_t> verify_graph_batch_sizes;
+  int64_t verify_graphs = 0;  // verify graphs over every k
   double capture_seconds = 0;
   int64_t graph_bytes = 0;    // device memory the graphs and their warm-up took (0 where unknown)
 };
@@ -148,8 +152,9 @@ class ModelRunner {
   int64_t sample_op_steps_ = 0, graph_sampled_steps_ = 0;
   int64_t device_mask_rows_ = 0;  // mask_rows_device_ rows that may hold a nonzero flag (from a masked step)
   std::vector<std::unique_ptr<StepGraph>> graphs_;         // decode, ascending batch size
-  std::vector<std::unique_ptr<StepGraph>> verify_graphs_;  // verify k drafts, ascending batch size
-  int64_t verify_drafts_ = 0;                              // k of verify_graphs_
+  // verify_graphs_[k - 1]: steps verifying k drafts per entry, ascending batch size (k = 1 .. verify_drafts_)
+  std::vector<std::vector<std::unique_ptr<StepGraph>>> verify_graphs_;
+  int64_t verify_drafts_ = 0;  // the configured k
   std::vector<std::vector<int32_t>> scratch_rows_;         // per layer group: {index of its scratch page}
   std::vector<std::vector<int32_t>> padding_pages_;        // per layer group: the scratch page, once per logical page
   std::vector<int32_t> padding_tokens_;

@@ -61,7 +61,7 @@ TEST(EngineStepGraphs, DecodeAndVerifyGraphsReplayLikeEagerSteps) {
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < fx.prompts.size(); ++i) {
-    RequestInput in = greedy_request(fx.prompts[i], 30);
+    RequestInput in = greedy_request(fx.prompts[i], 31);  // k = 3: the last verify step has 1 draft
     in.sampling.logprobs = true;
     arrivals.push_back({static_cast<int64_t>(i), in});  // staggered: decode and verify batches of 1..3
   }
@@ -90,10 +90,21 @@ TEST(EngineStepGraphs, DecodeAndVerifyGraphsReplayLikeEagerSteps) {
     ASSERT_TRUE(core.is_ok()) << core.status().to_string();
     const RunnerStartup& s = (*core)->runner().startup();
     EXPECT_EQ(s.graph_batch_sizes, (std::vector<int64_t>{1, 2, 4}));
-    // Verify graphs for the buckets whose k + 1 rows per sequence fit a step.
+    // Verify graphs for every draft count 1..k, in the buckets whose rows fit a step.
     const std::vector<int64_t> verify_sizes = k == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{1, 2, 4};
     EXPECT_EQ(s.verify_graph_batch_sizes, verify_sizes) << k;
-    EXPECT_EQ(replaying.captures, k == 0 ? 3 : 6);
+    EXPECT_EQ(s.verify_graphs, 3 * k);
+    EXPECT_EQ(replaying.captures, 3 + 3 * k);
+    // Steps whose entries all verify the same number of drafts replay a verify graph: fewer than k too
+    // (the last drafts before max_tokens).
+    int64_t uniform_verify_steps = 0, short_verify_steps = 0;
+    (*core)->runner().set_step_observer([&](const ScheduledBatch& b) {
+      const int64_t d = b.entries.front().num_draft;
+      bool uniform = d > 0;
+      for (const ScheduledEntry& e : b.entries) uniform = uniform && e.num_draft == d && e.num_tokens == 1 + d && !e.all_logits;
+      uniform_verify_steps += uniform ? 1 : 0;
+      short_verify_steps += uniform && d < k ? 1 : 0;
+    });
     const DriveResult run = drive(**core, arrivals);
     EXPECT_EQ(run.error, "");
     for (size_t i = 0; i < arrivals.size(); ++i)
@@ -101,8 +112,9 @@ TEST(EngineStepGraphs, DecodeAndVerifyGraphsReplayLikeEagerSteps) {
     const ModelRunner& r = (*core)->runner();
     EXPECT_EQ(replaying.replays, r.num_graph_replays());
     EXPECT_EQ(r.graph_sampled_steps(), r.num_graph_replays());  // every replay sampled inside its graph
+    EXPECT_EQ(r.num_verify_replays(), uniform_verify_steps) << k;
     if (k > 0) {
-      EXPECT_GT(r.num_verify_replays(), 0) << k;
+      EXPECT_GT(short_verify_steps, 0) << k;
       EXPECT_EQ(run.stats.scheduler.spec_accepted_tokens, run.stats.scheduler.spec_draft_tokens) << k;
     } else {
       EXPECT_GT(r.num_graph_replays(), 0);
