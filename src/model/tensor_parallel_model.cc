@@ -76,11 +76,19 @@ class RankThreads {
   std::vector<std::thread> threads_;
 };
 
-// Rank 0's backend as the engine sees it: the engine's graphs would capture rank 0's stream only, so none.
+class TensorParallelModel;
+
+// Rank 0's backend as the engine sees it. Its capture() records every rank: rank 0's stream around the whole
+// body (so whatever else the body queues on rank 0 lands in its graph), each other rank's stream around its
+// share of each forward pass the body runs (TensorParallelModel::forward); replay launches them all.
 class RankZeroBackend final : public ForwardingBackend {
  public:
-  using ForwardingBackend::ForwardingBackend;
-  bool can_capture() const override { return false; }
+  RankZeroBackend(Backend& inner, TensorParallelModel& model) : ForwardingBackend(inner), model_(model) {}
+  bool can_capture() const override;
+  Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override;
+
+ private:
+  TensorParallelModel& model_;
 };
 
 struct TensorParallelWorkspace : ModelWorkspace {
@@ -90,7 +98,7 @@ struct TensorParallelWorkspace : ModelWorkspace {
 
 class TensorParallelModel final : public Model {
  public:
-  TensorParallelModel(int size, Backend& rank_zero) : size_(size), threads_(size), rank_zero_(rank_zero) {}
+  TensorParallelModel(int size, Backend& rank_zero) : size_(size), threads_(size), rank_zero_(rank_zero, *this) {}
 
   // Rank r on device options.device + r (CUDA) or on another CPU backend; rank 0 on the caller's backend.
   Status load(const std::string& model_dir, Backend& backend, const BackendOptions& options,
@@ -165,6 +173,7 @@ class TensorParallelModel final : public Model {
     auto* ws = dynamic_cast<TensorParallelWorkspace*>(&workspace);
     if (!ws || ws->ranks.size() != ranks_.size())
       return invalid_argument("tensor-parallel forward pass given another model's workspace");
+    if (capture_ && observer) return invalid_argument("a captured tensor-parallel forward pass cannot observe hidden rows");
     comms_[0]->begin_round();
     std::vector<ForwardOutput> outputs(ranks_.size());
     const std::vector<Status> statuses = threads_.run([&](int r) -> Status {
@@ -172,13 +181,25 @@ class TensorParallelModel final : public Model {
       if (r > 0) MX_RETURN_IF_ERROR(ranks_[i]->backend().make_current());
       const TensorView own_logits =
           r == 0 ? logits : ws->logits[i - 1].view(DType::kF32, {batch.num_logit_rows, dims().vocab_size});
-      auto out = ranks_[i]->forward(batch, kv, *ws->ranks[i], own_logits, r == 0 ? observer : nullptr);
-      if (!out.is_ok()) {
-        comms_[i]->abort();  // the others may be waiting for this rank in a collective
-        return out.status();
+      Status st;
+      if (capture_ && r > 0) {
+        // Rank 0's stream is being captured by the caller; the others record their share here, on their own
+        // threads and streams, collectives included.
+        auto graph = ranks_[i]->backend().capture([&] {
+          auto out = ranks_[i]->forward(batch, kv, *ws->ranks[i], own_logits, nullptr);
+          if (out.is_ok()) outputs[i] = *out;
+          return out.status();
+        });
+        if (graph.is_ok()) capture_->ranks[i - 1].push_back(std::move(graph).value());
+        st = graph.status();
+      } else {
+        auto out = ranks_[i]->forward(batch, kv, *ws->ranks[i], own_logits, r == 0 ? observer : nullptr);
+        if (out.is_ok()) outputs[i] = *out;
+        st = out.status();
       }
-      outputs[i] = *out;
-      return Status::ok();
+      // The others may be waiting for this rank in a collective (nothing waits while capturing).
+      if (!st.is_ok() && !capture_) comms_[i]->abort();
+      return st;
     });
     // The failure that caused the others, if any rank failed on its own.
     const Status* first = nullptr;
@@ -188,15 +209,78 @@ class TensorParallelModel final : public Model {
       if (st.message() != kTensorParallelAborted) return st;
     }
     if (first) return *first;
-    // Rank 0 returned once its work was queued; the others' queued work must be done before their buffers
-    // (and the staged batch they read) change.
+    if (!capture_) MX_RETURN_IF_ERROR(finish_others());
+    return outputs[0];
+  }
+
+  // Whether every rank's backend can record its work in a graph (CUDA).
+  bool can_capture() const {
+    for (const auto& r : ranks_)
+      if (!r->backend().can_capture()) return false;
+    return true;
+  }
+
+  // RankZeroBackend::capture: `body` runs once with rank 0's stream in capture and the forward passes it
+  // makes record every other rank's share on that rank (forward above); the graph replays them all.
+  Result<std::unique_ptr<ReplayGraph>> capture(Backend& rank_zero, const std::function<Status()>& body) {
+    if (!can_capture()) return unimplemented("the tensor-parallel ranks' backends cannot capture graphs");
+    if (capture_) return internal_error("nested tensor-parallel graph capture");
+    RankGraphs others;
+    others.ranks.resize(ranks_.size() - 1);
+    capture_ = &others;
+    auto zero = rank_zero.capture(body);
+    capture_ = nullptr;
+    MX_RETURN_IF_ERROR(rank_zero.make_current());
+    if (!zero.is_ok()) return zero.status();
+    for (const auto& rank : others.ranks)
+      if (rank.size() != others.ranks[0].size())
+        return internal_error("the tensor-parallel ranks captured different numbers of forward passes");
+    return std::unique_ptr<ReplayGraph>(new TensorParallelGraph(*this, std::move(zero).value(), std::move(others)));
+  }
+
+ private:
+  // Each rank but 0's graphs of one capture, in the order its forward passes ran.
+  struct RankGraphs {
+    std::vector<std::vector<std::unique_ptr<ReplayGraph>>> ranks;  // [size - 1]
+  };
+
+  // Launches rank 0's graph and every other rank's, one after another from the calling thread: a CUDA graph
+  // launch only queues work, and the ranks' collectives meet on the devices.
+  class TensorParallelGraph final : public ReplayGraph {
+   public:
+    TensorParallelGraph(const TensorParallelModel& model, std::unique_ptr<ReplayGraph> zero, RankGraphs others)
+        : model_(model), zero_(std::move(zero)), others_(std::move(others)) {}
+    Status replay() override {
+      MX_RETURN_IF_ERROR(zero_->replay());
+      for (size_t r = 1; r < model_.ranks_.size(); ++r) {
+        Status st = model_.ranks_[r]->backend().make_current();
+        for (size_t g = 0; st.is_ok() && g < others_.ranks[r - 1].size(); ++g) st = others_.ranks[r - 1][g]->replay();
+        if (!st.is_ok()) {
+          model_.comms_[r]->abort();  // the ranks already launched would wait for this one forever
+          (void)model_.ranks_[0]->backend().make_current();
+          return st;
+        }
+      }
+      MX_RETURN_IF_ERROR(model_.ranks_[0]->backend().make_current());
+      return model_.finish_others();
+    }
+
+   private:
+    const TensorParallelModel& model_;
+    std::unique_ptr<ReplayGraph> zero_;
+    RankGraphs others_;
+  };
+
+  // Rank 0 returns once its work is queued; the others' queued work must be done before their buffers (and
+  // the staged batch they read from rank 0's memory) change. Leaves rank 0's device current.
+  Status finish_others() const {
     for (size_t r = 1; r < ranks_.size(); ++r) {
       MX_RETURN_IF_ERROR(ranks_[r]->backend().make_current());
       const Status st = ranks_[r]->backend().synchronize();
       MX_RETURN_IF_ERROR(ranks_[0]->backend().make_current());
       MX_RETURN_IF_ERROR(st);
     }
-    return outputs[0];
+    return Status::ok();
   }
 
  private:
@@ -208,7 +292,14 @@ class TensorParallelModel final : public Model {
   std::vector<std::unique_ptr<Model>> ranks_;
   std::vector<Backend*> layer_backends_;  // each KV layer's rank's backend
   KvLayout kv_layout_;
+  mutable RankGraphs* capture_ = nullptr;  // set while RankZeroBackend captures
 };
+
+bool RankZeroBackend::can_capture() const { return model_.can_capture(); }
+
+Result<std::unique_ptr<ReplayGraph>> RankZeroBackend::capture(const std::function<Status()>& body) {
+  return model_.capture(inner(), body);
+}
 
 }  // namespace
 

@@ -4,10 +4,14 @@
 // meet in their communicator's collectives, and rank 0's hidden rows and logits are the model's.
 //
 // The KV cache the engine allocates holds every rank's layers one after another (rank r's at r x layers), so
-// page tables, prefix caching and the memory plan need nothing new: each rank's layers are just narrower.
-// Ranks other than 0 read the staged batch and the KV cache where rank 0's backend put them, host memory:
-// the CPU backend only, for now. CUDA ranks need one device each, NCCL collectives and per-device copies of
-// the batch and of their KV (issue 18).
+// page tables, prefix caching and the memory plan need nothing new: each rank's layers are just narrower, and
+// on CUDA each rank's layers live on its own device (device + r). Ranks other than 0 read the staged batch
+// where rank 0's backend put it (host memory on the CPU; rank 0's device memory over peer access on CUDA).
+//
+// CUDA graphs: capturing on the model's backend (rank 0's, as the engine sees it) records every rank. Rank
+// 0's stream is captured around the caller's whole body; each forward pass inside it captures every other
+// rank's share on that rank's thread and stream, NCCL collectives included; replay launches rank 0's graph
+// and then the others' from the calling thread, and waits for the others as an eager pass does.
 #pragma once
 
 #include <memory>

@@ -32,7 +32,7 @@ const std::vector<CliOption> kCommandOptions = {
     {"seed", true, "sampling seed (default 0)"},
     {"logits-out", true, "write prompt_{i}_logits (f32 [T_i, vocab]) to this safetensors file"},
     {"threads", true, "CPU backend threads (default: all cores)"},
-    {"tensor-parallel-size", true, "ranks the model is split over, one thread each (CPU backend; default 1)",
+    {"tensor-parallel-size", true, "ranks the model is split over, one thread each (cpu: threads; cuda: devices 0..N-1; default 1)",
      {"tp", "tp-size"}},
     {"stats", false, "print engine counters (steps, preemptions, prefix hits, speculation) to stderr at the end"},
     {"log-level", true, "debug, info, warning (default) or error"},

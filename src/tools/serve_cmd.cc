@@ -56,7 +56,7 @@ std::vector<CliOption> serve_options() {
       {"dtype", true, "auto or bfloat16 (the only dtype mxserve computes in on the GPU; the CPU reference is fp32)"},
       {"kv-cache-dtype", true, "auto or bfloat16 (fp8 KV is not available)"},
       {"tensor-parallel-size", true,
-       "ranks the model is split over, one thread each (CPU backend so far; on CUDA 1: one GPU per server)",
+       "ranks the model is split over, one thread each (cpu: threads; cuda: devices 0..N-1; default 1)",
        {"tp", "tp-size"}},
       {"reasoning-parser", true, "gpt_oss (also gpt-oss, openai_gptoss): the model's own format; on by default"},
       {"tool-call-parser", true, "openai (also gpt_oss, harmony): the model's own format; on by default"},
