@@ -38,6 +38,13 @@ class Communicator {
   // out [R, N] <- every rank's `local` [R, n_r] side by side in rank order (f32), on every rank; the widths
   // n_r split N as split_range does.
   virtual Status all_gather_columns(const TensorView& local, TensorView out) = 0;
+  // Sizes whatever scratch all_gather_columns needs for up to [rows, columns], before any graph is captured
+  // (a model calls it when it makes its workspace): scratch grown later would not be the scratch that the
+  // graphs captured before hold.
+  virtual Status prepare_all_gather(int64_t rows, int64_t columns) {
+    (void)rows, (void)columns;
+    return Status::ok();
+  }
   // Wakes every rank waiting in a collective of this round, and fails the rest of the round's collectives,
   // with an error. Whoever runs the ranks resets the group before the next round.
   virtual void abort() = 0;

@@ -69,8 +69,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, CudaPlacement where)
       : group_(std::move(group)), rank_(rank), where_(where) {}
   ~NcclCommunicator() override {
-    if (gather_in_) cudaFree(gather_in_);
-    if (gather_out_) cudaFree(gather_out_);
+    for (void* p : gather_buffers_) cudaFree(p);
   }
 
   int rank() const override { return rank_; }
@@ -98,10 +97,10 @@ class NcclCommunicator final : public Communicator {
     if (out.dim(0) != rows || local.dim(1) != b1 - b0)
       return invalid_argument("all_gather_columns: this rank's block does not match its share of the columns");
     if (rows == 0) return Status::ok();
-    const int64_t widest = split_range(total, 0, static_cast<int>(n)).second;
-    const size_t block = static_cast<size_t>(rows * widest);
-    MX_RETURN_IF_ERROR(reserve(block * sizeof(float), block * static_cast<size_t>(n) * sizeof(float)));
+    const size_t block = gather_block(rows, total);
+    MX_RETURN_IF_ERROR(reserve(block));
     cudaStream_t s = stream();
+    const int64_t widest = split_range(total, 0, static_cast<int>(n)).second;
     MX_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(gather_in_, widest * sizeof(float), local.data(), local.dim(1) * sizeof(float),
                                               local.dim(1) * sizeof(float), rows, cudaMemcpyDeviceToDevice, s));
     MX_RETURN_IF_ERROR(nccl_status(*group_->lib, group_->lib->all_gather(gather_in_, gather_out_, block, ncclFloat32, comm(), s),
@@ -114,6 +113,11 @@ class NcclCommunicator final : public Communicator {
                                                 cudaMemcpyDeviceToDevice, s));
     }
     return Status::ok();
+  }
+
+  Status prepare_all_gather(int64_t rows, int64_t columns) override {
+    if (rows <= 0 || columns <= 0) return Status::ok();
+    return reserve(gather_block(rows, columns));
   }
 
   // NCCL cannot wake a rank whose GPU waits for a peer that never comes: the group is torn down instead,
@@ -133,30 +137,36 @@ class NcclCommunicator final : public Communicator {
     if (group_->aborted[static_cast<size_t>(rank_)]) return internal_error(kTensorParallelAborted);
     return Status::ok();
   }
-  Status reserve(size_t in_bytes, size_t out_bytes) {
-    if (in_bytes > gather_in_bytes_) {
-      MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
-      if (gather_in_) cudaFree(gather_in_);
-      gather_in_ = nullptr;
-      MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&gather_in_, in_bytes));
-      gather_in_bytes_ = in_bytes;
-    }
-    if (out_bytes > gather_out_bytes_) {
-      MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream()));
-      if (gather_out_) cudaFree(gather_out_);
-      gather_out_ = nullptr;
-      MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&gather_out_, out_bytes));
-      gather_out_bytes_ = out_bytes;
-    }
+  // Floats of one rank's padded block when [rows, columns] are gathered: every block is the widest rank's.
+  size_t gather_block(int64_t rows, int64_t columns) const {
+    return static_cast<size_t>(rows * split_range(columns, 0, size()).second);
+  }
+  // Room for a gather of `block`-float blocks. Outgrown buffers are kept, not freed, until the communicator
+  // goes: a graph captured earlier still reads and writes them (prepare_all_gather sizes them up front so
+  // that this does not happen). Growing inside a capture is an error.
+  Status reserve(size_t block) {
+    if (block <= gather_block_) return Status::ok();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream(), &capture));
+    if (capture != cudaStreamCaptureStatusNone)
+      return internal_error("all_gather_columns scratch too small inside graph capture: call prepare_all_gather first");
+    void* in = nullptr;
+    void* out = nullptr;
+    MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&in, block * sizeof(float)));
+    gather_buffers_.push_back(in);
+    MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&out, block * static_cast<size_t>(size()) * sizeof(float)));
+    gather_buffers_.push_back(out);
+    gather_in_ = in, gather_out_ = out, gather_block_ = block;
     return Status::ok();
   }
 
   std::shared_ptr<NcclGroup> group_;
   const int rank_;
   const CudaPlacement where_;
-  void* gather_in_ = nullptr;
-  void* gather_out_ = nullptr;
-  size_t gather_in_bytes_ = 0, gather_out_bytes_ = 0;
+  void* gather_in_ = nullptr;   // f32 [gather_block_]: this rank's padded block
+  void* gather_out_ = nullptr;  // f32 [size, gather_block_]: every rank's
+  size_t gather_block_ = 0;
+  std::vector<void*> gather_buffers_;  // every buffer made, the outgrown ones included
 };
 
 }  // namespace

@@ -253,6 +253,7 @@ Result<std::unique_ptr<ModelWorkspace>> GptOssModel::make_workspace(int64_t max_
   MX_ASSIGN_OR_RETURN(ws.gathered, make(act, {max_logit_rows, H}));
   if (shard_.size > 1) {
     MX_ASSIGN_OR_RETURN(ws.logits_local, make(DType::kF32, {max_logit_rows, plan_.vocab}));
+    MX_RETURN_IF_ERROR(shard_.comm->prepare_all_gather(max_logit_rows, c.vocab_size));
   }
   return std::unique_ptr<ModelWorkspace>(std::move(owned));
 }
