@@ -35,10 +35,10 @@ Result<std::unique_ptr<Model>> build_gpt_oss(const std::string& text, const std:
 Result<std::unique_ptr<Model>> build_gemma4(const std::string& text, const std::string& source, GenerationConfig g,
                                             Checkpoint checkpoint, Backend& backend, const ModelShard& shard,
                                             const ModelLoadOptions& options) {
-  if (shard.size > 1) return unimplemented(source + ": Gemma-4 cannot be split over tensor-parallel ranks yet");
   if (options.dense_dtype != DType::kBF16) return unimplemented(source + ": Gemma-4 has no FP8 dense weights yet (--dense-dtype)");
   MX_ASSIGN_OR_RETURN(Gemma4Config config, parse_gemma4_config(text, source));
-  MX_ASSIGN_OR_RETURN(auto model, Gemma4Model::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint), backend));
+  MX_ASSIGN_OR_RETURN(auto model, Gemma4Model::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint), backend,
+                                                               shard));
   return std::unique_ptr<Model>(std::move(model));
 }
 

@@ -475,11 +475,13 @@ TEST_P(EngineGraphTest, PlannedKvPoolStaysInsideTheFraction) {
 // its own stream, NCCL all-reduces and the lm_head's all-gather inside), and replaying them gives the
 // tokens and logprobs of the same padded steps run eagerly, bit for bit, with host and device sampling.
 // Greedy agreement with TP 1 (graphs too) is reported, not gated: bf16 routing near ties may part them.
-TEST(TensorParallelGraphTest, ReplayedDecodeAtTp2EqualsEagerBitForBit) {
+class TensorParallelGraphTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TensorParallelGraphTest, ReplayedDecodeAtTp2EqualsEagerBitForBit) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (devices < 2) GTEST_SKIP() << "tensor parallel on CUDA needs 2 GPUs; " << devices << " visible";
-  const std::string name = "tiny-gpt-oss";  // 2 KV heads: TP 2 (tiny-gpt-oss-b's 3 need 3 GPUs)
+  const std::string name = GetParam();
   const Loaded f = load_fixture(name, cuda_backend(), 2), one = load_fixture(name);
   EngineConfig c;
   c.num_kv_pages = 256;
@@ -519,6 +521,10 @@ TEST(TensorParallelGraphTest, ReplayedDecodeAtTp2EqualsEagerBitForBit) {
     EXPECT_EQ(differing, 0);
   }
 }
+
+// The fixtures with 2 KV heads (tiny-gpt-oss-b's 3 need 3 GPUs).
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGraphTest, ::testing::Values("tiny-gpt-oss", "tiny-gemma4", "tiny-gemma4-text"),
+                         test::FixtureParamName());
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGraphTest, ::testing::ValuesIn(test::all_tiny_fixtures()), test::FixtureParamName());
 

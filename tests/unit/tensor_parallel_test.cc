@@ -1,6 +1,6 @@
 // Tensor parallel on the CPU backend: the thread communicator's collectives (rank-order sums, uneven
-// gathers, abort), gpt-oss's shard plans, and every fixture split over 2, 3 or 4 ranks giving the logits
-// (within 1e-5) and greedy tokens of one rank, through `mxserve generate` and `serve`.
+// gathers, abort), gpt-oss's and Gemma-4's shard plans, and every fixture split over 2, 3 or 4 ranks giving
+// the logits (within 1e-5) and greedy tokens of one rank, through `mxserve generate` and `serve`.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "engine_test_util.h"
 #include "io/safetensors.h"
+#include "model/gemma4/gemma4_shard.h"
 #include "model/gpt_oss/gpt_oss_shard.h"
 #include "server_test_util.h"
 #include "test_util.h"
@@ -157,6 +158,49 @@ TEST(GptOssShard, PlansCoverEveryHeadExpertAndVocabularyRowOnce) {
             std::string::npos);
 }
 
+// Gemma-4 26B-A4B's shapes: 16 query heads; sliding layers 8 KV heads, full layers 2 (replicated past TP 2);
+// dense MLP 2112 wide, experts 704 (split as evenly as they go, so any size that divides the heads works).
+TEST(Gemma4Shard, PlansCoverEveryHeadIntermediateAndVocabularyRowOnce) {
+  Gemma4Config c;
+  c.num_heads = 16;
+  c.layer_kv_heads = {8, 8, 8, 8, 8, 2};
+  c.layer_is_sliding = {true, true, true, true, true, false};
+  c.intermediate_size = 2112;
+  c.moe = true;
+  c.moe_intermediate_size = 704;
+  c.vocab_size = 262144;
+  for (int n : {1, 2, 4, 8}) {
+    int64_t next_head = 0, next_i = 0, next_m = 0, next_vocab = 0;
+    for (int r = 0; r < n; ++r) {
+      auto p = plan_gemma4_shard(c, ModelShard{r, n});
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      EXPECT_EQ(p->first_head, next_head);
+      EXPECT_EQ(p->heads, 16 / n);
+      EXPECT_EQ(p->kv_heads[0], 8 / n);
+      EXPECT_EQ(p->first_kv_head[0], r * (8 / n));
+      // Full layers: 2 KV heads; past TP 2 each serves the ranks whose query heads are in its group.
+      EXPECT_EQ(p->kv_heads[5], std::max(1, 2 / n));
+      EXPECT_EQ(p->first_kv_head[5], n <= 2 ? r * (2 / n) : r / (n / 2));
+      EXPECT_EQ(p->first_head / 8, p->first_kv_head[5]);  // 8 query heads per full-layer KV head
+      EXPECT_EQ(p->first_intermediate, next_i);
+      EXPECT_EQ(p->first_expert_intermediate, next_m);
+      EXPECT_EQ(p->first_vocab, next_vocab);
+      next_head += p->heads, next_i += p->intermediate, next_m += p->expert_intermediate, next_vocab += p->vocab;
+    }
+    EXPECT_EQ(next_head, 16);
+    EXPECT_EQ(next_i, 2112);
+    EXPECT_EQ(next_m, 704);
+    EXPECT_EQ(next_vocab, 262144);
+  }
+  EXPECT_NE(plan_gemma4_shard(c, ModelShard{0, 3}).status().message().find("16 attention heads"), std::string::npos);
+  c.num_heads = 24;  // divisible by 3, but 8 and 2 KV heads are not
+  EXPECT_NE(plan_gemma4_shard(c, ModelShard{0, 3}).status().message().find("8 KV heads"), std::string::npos);
+  c.num_heads = 16;
+  c.moe_intermediate_size = 2;
+  EXPECT_NE(plan_gemma4_shard(c, ModelShard{0, 4}).status().message().find("exceeds the model's MLP widths"),
+            std::string::npos);
+}
+
 struct Generated {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logits;  // each prompt's prompt logits
@@ -193,20 +237,27 @@ TEST(TensorParallel, EveryFixtureSplitGivesTheLogitsAndTokensOfOneRank) {
   const struct {
     const char* fixture;
     int tp;
-  } cases[] = {{"tiny-gpt-oss", 2}, {"tiny-gpt-oss", 4}, {"tiny-gpt-oss-b", 3}};
+  } cases[] = {{"tiny-gpt-oss", 2},   {"tiny-gpt-oss", 4},      {"tiny-gpt-oss-b", 3},
+               {"tiny-gemma4", 2},    {"tiny-gemma4", 4},       // 4 query heads: no 3; 4 replicates the KV heads
+               {"tiny-gemma4-text", 2}, {"tiny-gemma4-text", 4}};
   for (const auto& c : cases) {
     test::TempDir dir;
     const Generated one = generate(c.fixture, 1, dir), split = generate(c.fixture, c.tp, dir);
     ASSERT_EQ(one.logits.size(), split.logits.size());
     ASSERT_FALSE(one.logits.empty());
-    double worst = 0;
+    // Within 1e-5 of one rank's logits, relative to the largest of them (fp32 sums in another order; Gemma-4's
+    // logits reach the soft cap's tens).
+    double worst = 0, largest = 0;
     for (size_t i = 0; i < one.logits.size(); ++i) {
       ASSERT_EQ(one.logits[i].size(), split.logits[i].size());
-      for (size_t j = 0; j < one.logits[i].size(); ++j)
+      for (size_t j = 0; j < one.logits[i].size(); ++j) {
         worst = std::max(worst, static_cast<double>(std::fabs(one.logits[i][j] - split.logits[i][j])));
+        largest = std::max(largest, static_cast<double>(std::fabs(one.logits[i][j])));
+      }
     }
-    std::printf("%s TP %d: largest logit difference to one rank %.3g\n", c.fixture, c.tp, worst);
-    EXPECT_LE(worst, 1e-5) << c.fixture << " TP " << c.tp;
+    std::printf("%s TP %d: largest logit difference to one rank %.3g (largest logit %.3g)\n", c.fixture, c.tp, worst,
+                largest);
+    EXPECT_LE(worst, 1e-5 * std::max(1.0, largest)) << c.fixture << " TP " << c.tp;
     EXPECT_GT(worst, 0.0) << c.fixture << " TP " << c.tp << ": bit-identical logits, so were the ranks split at all?";
     EXPECT_EQ(one.tokens, split.tokens) << c.fixture << " TP " << c.tp;
   }

@@ -15,26 +15,82 @@ std::vector<float> gemma4_inv_freq(const Gemma4Rope& rope, int64_t head_dim) {
   return inv;
 }
 
-Gemma4Model::Gemma4Model(Gemma4Config config, Backend& backend)
-    : config_(std::move(config)), cost_(config_), backend_(backend) {
+Gemma4Model::Gemma4Model(Gemma4Config config, Backend& backend, const ModelShard& shard, Gemma4ShardPlan plan)
+    : config_(std::move(config)), cost_(config_), backend_(backend), shard_(shard), plan_(std::move(plan)) {
   const Gemma4Config& c = config_;
   dims_ = ModelDims{c.vocab_size, c.hidden_size, c.num_layers, c.max_position_embeddings};
   std::vector<KvLayerSpec> layers;
   // K and V differ even on K=V layers (K: k_norm + RoPE, V: weightless norm), so both are stored.
   for (size_t l = 0; l < c.layer_is_sliding.size(); ++l)
-    layers.push_back({c.layer_kv_heads[l], c.layer_head_dim[l], c.layer_is_sliding[l] ? c.sliding_window : 0, false});
+    layers.push_back({plan_.kv_heads[l], c.layer_head_dim[l], c.layer_is_sliding[l] ? c.sliding_window : 0, false});
   kv_layout_ = KvLayout::from_layers(std::move(layers));
 }
 
 Result<std::unique_ptr<Gemma4Model>> Gemma4Model::from_checkpoint(Gemma4Config config, GenerationConfig generation_config,
-                                                                  Checkpoint checkpoint, Backend& backend) {
-  std::unique_ptr<Gemma4Model> model(new Gemma4Model(std::move(config), backend));
+                                                                  Checkpoint checkpoint, Backend& backend,
+                                                                  const ModelShard& shard) {
+  if (shard.size > 1 && !shard.comm) return invalid_argument("a tensor-parallel rank needs a communicator");
+  MX_ASSIGN_OR_RETURN(Gemma4ShardPlan plan, plan_gemma4_shard(config, shard));
+  std::unique_ptr<Gemma4Model> model(new Gemma4Model(std::move(config), backend, shard, std::move(plan)));
   model->generation_config_ = std::move(generation_config);
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MX_RETURN_IF_ERROR(bind_weights(*model->checkpoint_, gemma4_weight_specs(model->config_, model->weights_),
                                   gemma4_skipped_prefixes(model->config_)));
+  MX_RETURN_IF_ERROR(model->slice_for_rank());
   MX_RETURN_IF_ERROR(model->upload());
   return model;
+}
+
+Status Gemma4Model::all_reduce(TensorView x) const {
+  return shard_.size > 1 ? shard_.comm->all_reduce_sum(x) : Status::ok();
+}
+
+Status Gemma4Model::slice_for_rank() {
+  const Gemma4Config& c = config_;
+  const int64_t H = c.hidden_size;
+  // Blocks [r0, r1) x [c0, c1) of each of `count` stacked [rows, cols] matrices, as a host view of a copy.
+  auto block = [&](const TensorView& t, int64_t count, int64_t rows, int64_t cols,
+                   std::initializer_list<std::pair<int64_t, int64_t>> row_ranges, int64_t c0, int64_t c1) {
+    std::vector<uint16_t> out;
+    int64_t kept_rows = 0;
+    for (int64_t e = 0; e < count; ++e)
+      for (const auto& [r0, r1] : row_ranges) {
+        append_bf16_block(t.ptr<const uint16_t>() + e * rows * cols, cols, r0, r1, c0, c1, &out);
+        if (e == 0) kept_rows += r1 - r0;
+      }
+    host_copies_.push_back(std::move(out));
+    Shape shape = count == 1 ? Shape{kept_rows, c1 - c0} : Shape{count, kept_rows, c1 - c0};
+    return TensorView(host_copies_.back().data(), DType::kBF16, shape);
+  };
+  // Each layer's fused q|k|v: the rank's query heads, then its KV heads' k and v rows (K=V layers: k's twice).
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    Gemma4LayerWeights& L = weights_.layers[l];
+    const int64_t hd = c.layer_head_dim[l], kv0 = plan_.first_kv_head[l], kv1 = kv0 + plan_.kv_heads[l];
+    const TensorView& v_rows = L.v_weight.empty() ? L.k_weight : L.v_weight;
+    std::vector<uint16_t> fused;
+    append_bf16_block(L.q_weight.ptr<const uint16_t>(), H, plan_.first_head * hd, (plan_.first_head + plan_.heads) * hd, 0, H, &fused);
+    append_bf16_block(L.k_weight.ptr<const uint16_t>(), H, kv0 * hd, kv1 * hd, 0, H, &fused);
+    append_bf16_block(v_rows.ptr<const uint16_t>(), H, kv0 * hd, kv1 * hd, 0, H, &fused);
+    host_copies_.push_back(std::move(fused));
+    qkv_weight_.emplace_back(host_copies_.back().data(), DType::kBF16, Shape{(plan_.heads + 2 * (kv1 - kv0)) * hd, H});
+    if (shard_.size == 1) continue;
+    // o_proj's columns of the rank's heads; the dense MLP's and each expert's intermediate slice (gate and up
+    // rows, down columns).
+    const int64_t q0 = plan_.first_head * hd, q1 = q0 + plan_.heads * hd, I = c.intermediate_size;
+    const int64_t i0 = plan_.first_intermediate, i1 = i0 + plan_.intermediate;
+    L.o_weight = block(L.o_weight, 1, H, c.num_heads * hd, {{0, H}}, q0, q1);
+    L.mlp_gate = L.mlp_gate.rows(i0, i1);
+    L.mlp_up = L.mlp_up.rows(i0, i1);
+    L.mlp_down = block(L.mlp_down, 1, H, I, {{0, H}}, i0, i1);
+    if (c.moe) {
+      const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
+      const int64_t m0 = plan_.first_expert_intermediate, m1 = m0 + plan_.expert_intermediate;
+      L.experts_gate_up = block(L.experts_gate_up, E, 2 * Im, H, {{m0, m1}, {Im + m0, Im + m1}}, 0, H);
+      L.experts_down = block(L.experts_down, E, H, Im, {{0, H}}, m0, m1);
+    }
+  }
+  if (shard_.size > 1) lm_head_ = weights_.embed.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab);
+  return Status::ok();
 }
 
 Result<TensorView> Gemma4Model::upload_host_f32(const std::vector<float>& values) {
@@ -57,22 +113,14 @@ Status Gemma4Model::upload() {
   // transformers multiplies by sqrt(H) in the weights' dtype; the fp32 reference keeps it in f32.
   MX_ASSIGN_OR_RETURN(embed_scale_, upload_host_f32({static_cast<float>(std::sqrt(static_cast<double>(H)))}));
   MX_ASSIGN_OR_RETURN(weights_.embed, put(weights_.embed));
+  if (!lm_head_.empty()) {
+    MX_ASSIGN_OR_RETURN(lm_head_, put(lm_head_));
+  }
   MX_ASSIGN_OR_RETURN(weights_.final_norm, put(weights_.final_norm));
   const double root = 1.0 / std::sqrt(static_cast<double>(H));
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     Gemma4LayerWeights& L = weights_.layers[l];
-    const int64_t hd = c.layer_head_dim[l], kv = c.layer_kv_heads[l];
-    // One q|k|v projection; on K=V layers the v rows are the k rows (V = weightless norm of raw k).
-    const TensorView& v_rows = L.v_weight.empty() ? L.k_weight : L.v_weight;
-    std::vector<uint16_t> fused;
-    for (const TensorView* part : std::initializer_list<const TensorView*>{&L.q_weight, &L.k_weight, &v_rows}) {
-      const auto* src = part->ptr<const uint16_t>();
-      fused.insert(fused.end(), src, src + part->numel());
-    }
-    host_fused_.push_back(std::move(fused));
-    MX_ASSIGN_OR_RETURN(TensorView qkv,
-                        put(TensorView(host_fused_.back().data(), DType::kBF16, {(c.num_heads + 2 * kv) * hd, H})));
-    qkv_weight_.push_back(qkv);
+    MX_ASSIGN_OR_RETURN(qkv_weight_[l], put(qkv_weight_[l]));
     if (c.moe) {
       // The router's learned per-dim scale and H^-1/2 fold into its weight (f32, so nothing is rounded twice).
       std::vector<float> router(static_cast<size_t>(c.num_experts * H));
@@ -120,14 +168,15 @@ Result<std::unique_ptr<ModelWorkspace>> Gemma4Model::make_workspace(int64_t max_
   const int64_t T = max_tokens, H = c.hidden_size;
   int64_t qkv_width = 0, q_width = 0, max_hd = 0, max_kv = 0;
   for (size_t l = 0; l < c.layer_head_dim.size(); ++l) {
-    qkv_width = std::max(qkv_width, (c.num_heads + 2 * c.layer_kv_heads[l]) * c.layer_head_dim[l]);
-    q_width = std::max(q_width, c.num_heads * c.layer_head_dim[l]);
+    qkv_width = std::max(qkv_width, (plan_.heads + 2 * plan_.kv_heads[l]) * c.layer_head_dim[l]);
+    q_width = std::max(q_width, plan_.heads * c.layer_head_dim[l]);
     max_hd = std::max(max_hd, c.layer_head_dim[l]);
-    max_kv = std::max(max_kv, c.layer_kv_heads[l]);
+    max_kv = std::max(max_kv, plan_.kv_heads[l]);
   }
   const int64_t E = std::max<int64_t>(c.num_experts, 1), K = std::max<int64_t>(c.experts_per_token, 1);
-  MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, c.moe_intermediate_size, c.num_experts, c.experts_per_token,
-                                                    c.num_heads, max_kv, max_hd, max_logit_rows, c.vocab_size}));
+  MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, std::max<int64_t>(plan_.expert_intermediate, 1), c.num_experts,
+                                                    c.experts_per_token, plan_.heads, max_kv, max_hd, max_logit_rows,
+                                                    c.vocab_size}));
   MX_ASSIGN_OR_RETURN(ws.residual, make(backend_.residual_dtype(), {T, H}));
   for (TensorView* t : {&ws.normed, &ws.normed_moe, &ws.proj, &ws.branch, &ws.moe_out}) {
     MX_ASSIGN_OR_RETURN(*t, make(act, {T, H}));
@@ -135,12 +184,16 @@ Result<std::unique_ptr<ModelWorkspace>> Gemma4Model::make_workspace(int64_t max_
   MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T * qkv_width}));
   MX_ASSIGN_OR_RETURN(ws.q, make(act, {T * q_width}));
   MX_ASSIGN_OR_RETURN(ws.attn, make(act, {T * q_width}));
-  MX_ASSIGN_OR_RETURN(ws.gate, make(act, {T, c.intermediate_size}));
-  MX_ASSIGN_OR_RETURN(ws.up, make(act, {T, c.intermediate_size}));
+  MX_ASSIGN_OR_RETURN(ws.gate, make(act, {T, plan_.intermediate}));
+  MX_ASSIGN_OR_RETURN(ws.up, make(act, {T, plan_.intermediate}));
   MX_ASSIGN_OR_RETURN(ws.router_logits, make(DType::kF32, {T, E}));
   MX_ASSIGN_OR_RETURN(ws.topk_ids, make(DType::kI32, {T, K}));
   MX_ASSIGN_OR_RETURN(ws.topk_weights, make(DType::kF32, {T, K}));
   MX_ASSIGN_OR_RETURN(ws.gathered, make(act, {max_logit_rows, H}));
+  if (shard_.size > 1) {
+    MX_ASSIGN_OR_RETURN(ws.logits_local, make(DType::kF32, {max_logit_rows, plan_.vocab}));
+    MX_RETURN_IF_ERROR(shard_.comm->prepare_all_gather(max_logit_rows, c.vocab_size));
+  }
   return std::unique_ptr<ModelWorkspace>(std::move(owned));
 }
 
@@ -150,7 +203,11 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
   auto* own = dynamic_cast<Gemma4Workspace*>(&workspace);
   if (!own) return invalid_argument("gemma4 forward pass given another model's workspace");
   Gemma4Workspace& ws = *own;
-  if (!(kv.shape().layout.layers == kv_layout_.layers))
+  // A tensor-parallel rank's layers sit at its offset in the KV cache the ranks share.
+  const auto& kv_layers = kv.shape().layout.layers;
+  const auto offset = static_cast<size_t>(shard_.kv_layer_offset);
+  if (kv_layers.size() < offset + kv_layout_.layers.size() ||
+      !std::equal(kv_layout_.layers.begin(), kv_layout_.layers.end(), kv_layers.begin() + static_cast<std::ptrdiff_t>(offset)))
     return invalid_argument("gemma4 forward pass given a KV cache of another layout");
   const int64_t T = batch.num_tokens, R = batch.num_logit_rows;
   if (T <= 0 || T > ws.max_tokens || R > ws.max_logit_rows)
@@ -170,8 +227,8 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const auto li = static_cast<size_t>(l);
     const Gemma4LayerWeights& L = weights_.layers[li];
-    const KvLayerView cache = kv.layer(l);
-    const int64_t hd = c.layer_head_dim[li], n_kv = c.layer_kv_heads[li], nq = c.num_heads;
+    const KvLayerView cache = kv.layer(shard_.kv_layer_offset + l);
+    const int64_t hd = c.layer_head_dim[li], n_kv = plan_.kv_heads[li], nq = plan_.heads;
     const bool sliding = c.layer_is_sliding[li];
 
     // Attention.
@@ -186,6 +243,7 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     AttentionParams ap{q, cache, TensorView(), attn, nq, n_kv, hd, kv_layout_.layers[li].window, 1.0f};
     MX_RETURN_IF_ERROR(b.attention(ap, batch));
     MX_RETURN_IF_ERROR(b.linear(attn, L.o_weight, TensorView(), proj));
+    MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's heads' share of o_proj
     MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_attention_norm, eps, branch));
     // residual += normed attention; the dense MLP's input is the pre-feedforward norm of the new residual.
     MX_RETURN_IF_ERROR(b.add_rms_norm(residual, branch, L.pre_mlp_norm, eps, normed));
@@ -196,6 +254,7 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     MX_RETURN_IF_ERROR(b.linear(normed, L.mlp_up, TensorView(), up));
     MX_RETURN_IF_ERROR(b.gelu_tanh_mul(gate, up, gate));
     MX_RETURN_IF_ERROR(b.linear(gate, L.mlp_down, TensorView(), proj));
+    MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's intermediate slice
     if (c.moe) {
       MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_mlp_norm, eps, branch));
       // Experts, routed from the residual (not from the pre-feedforward norm); the router's weightless
@@ -209,6 +268,7 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
       MX_RETURN_IF_ERROR(b.moe_geglu_experts(GegluMoeParams{normed_moe, router.topk_ids, router.topk_weights,
                                                              L.experts_gate_up, L.experts_down, moe_out,
                                                              c.experts_per_token}));
+      MX_RETURN_IF_ERROR(all_reduce(moe_out));  // each rank's slice of every expert
       MX_RETURN_IF_ERROR(b.rms_norm(moe_out, L.post_moe_norm, eps, proj));
       // branch = dense + experts, then its norm (into proj).
       MX_RETURN_IF_ERROR(b.add_rms_norm(branch, proj, L.post_ffn_norm, eps, proj));
@@ -229,10 +289,13 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
   if (R == 0) return out;
   TensorView gathered = ws.gathered.rows(0, R);
   MX_RETURN_IF_ERROR(b.gather_rows(normed, batch.logit_rows, gathered));
-  MX_RETURN_IF_ERROR(b.linear(gathered, weights_.embed, TensorView(), logits));
+  // Tensor parallel: each rank computes (and soft-caps) its vocabulary's columns; every rank gets whole rows.
+  const TensorView own_logits = shard_.size > 1 ? ws.logits_local.rows(0, R) : logits.rows(0, R);
+  MX_RETURN_IF_ERROR(b.linear(gathered, shard_.size > 1 ? lm_head_ : weights_.embed, TensorView(), own_logits));
   if (c.final_logit_softcap > 0) {
-    MX_RETURN_IF_ERROR(b.soft_cap(logits.rows(0, R), static_cast<float>(c.final_logit_softcap)));
+    MX_RETURN_IF_ERROR(b.soft_cap(own_logits, static_cast<float>(c.final_logit_softcap)));
   }
+  if (shard_.size > 1) MX_RETURN_IF_ERROR(shard_.comm->all_gather_columns(own_logits, logits.rows(0, R)));
   return out;
 }
 

@@ -16,8 +16,10 @@
 #include "io/safetensors.h"
 #include "model/gemma4/gemma4_config.h"
 #include "model/gemma4/gemma4_cost.h"
+#include "model/gemma4/gemma4_shard.h"
 #include "model/gemma4/gemma4_weights.h"
 #include "model/model.h"
+#include "model/model_shard.h"
 
 namespace mx {
 
@@ -37,12 +39,16 @@ struct Gemma4Workspace : ModelWorkspace {
   TensorView topk_ids;      // i32 [T, k]
   TensorView topk_weights;  // f32 [T, k]
   TensorView gathered;      // [R, H]
+  TensorView logits_local;  // f32 [R, this rank's vocabulary] (tensor parallel only)
 };
 
 class Gemma4Model : public Model {
  public:
+  // With a `shard` of size > 1 the model is one tensor-parallel rank: it uploads and computes only its share
+  // (gemma4_shard.h).
   static Result<std::unique_ptr<Gemma4Model>> from_checkpoint(Gemma4Config config, GenerationConfig generation_config,
-                                                              Checkpoint checkpoint, Backend& backend);
+                                                              Checkpoint checkpoint, Backend& backend,
+                                                              const ModelShard& shard = {});
 
   const Gemma4Config& config() const { return config_; }
   std::string family() const override { return "gemma4"; }
@@ -57,8 +63,12 @@ class Gemma4Model : public Model {
   const ModelCost& cost() const override { return cost_; }
 
  private:
-  Gemma4Model(Gemma4Config config, Backend& backend);
+  Gemma4Model(Gemma4Config config, Backend& backend, const ModelShard& shard, Gemma4ShardPlan plan);
   Status upload();
+  // The rank's share of each split weight, as host views of copies kept in host_copies_ (unsplit: as is).
+  Status slice_for_rank();
+  // x <- the sum over ranks (tensor parallel), else nothing.
+  Status all_reduce(TensorView x) const;
   Result<TensorView> upload_host_f32(const std::vector<float>& values);
 
   Gemma4Config config_;
@@ -67,11 +77,14 @@ class Gemma4Model : public Model {
   Gemma4Cost cost_;
   GenerationConfig generation_config_;
   Backend& backend_;
+  ModelShard shard_;
+  Gemma4ShardPlan plan_;  // the whole model unless tensor parallel
   std::unique_ptr<Checkpoint> checkpoint_;
-  std::vector<std::vector<uint16_t>> host_fused_;  // fused q|k|v weights (bf16) on the host
+  std::vector<std::vector<uint16_t>> host_copies_;  // fused q|k|v weights and the rank's slices (bf16) on the host
   std::vector<Buffer> device_weights_;
   Gemma4Weights weights_;
   std::vector<TensorView> qkv_weight_;     // per layer [(n_q + 2 n_kv) hd, H]; K=V layers repeat k rows
+  TensorView lm_head_;                     // the rank's rows of the tied embedding (tensor parallel only)
   std::vector<TensorView> router_weight_;  // per layer f32 [E, H]: proj.weight * scale * H^-1/2 folded
   TensorView sliding_inv_freq_, full_inv_freq_;  // f32 [hd / 2]
   TensorView embed_scale_;                       // f32 [1]: sqrt(H)
