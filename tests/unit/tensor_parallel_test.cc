@@ -192,6 +192,11 @@ TEST(Gemma4Shard, PlansCoverEveryHeadIntermediateAndVocabularyRowOnce) {
     EXPECT_EQ(next_m, 704);
     EXPECT_EQ(next_vocab, 262144);
   }
+  // Slices of 8 (CUDA's experts need them) where each rank gets one: 24 over 2 is 16 + 8; over 4, 6 each.
+  c.moe_intermediate_size = 24;
+  EXPECT_EQ(plan_gemma4_shard(c, ModelShard{0, 2})->expert_intermediate, 16);
+  EXPECT_EQ(plan_gemma4_shard(c, ModelShard{1, 2})->first_expert_intermediate, 16);
+  EXPECT_EQ(plan_gemma4_shard(c, ModelShard{3, 4})->expert_intermediate, 6);
   EXPECT_NE(plan_gemma4_shard(c, ModelShard{0, 3}).status().message().find("16 attention heads"), std::string::npos);
   c.num_heads = 24;  // divisible by 3, but 8 and 2 KV heads are not
   EXPECT_NE(plan_gemma4_shard(c, ModelShard{0, 3}).status().message().find("8 KV heads"), std::string::npos);

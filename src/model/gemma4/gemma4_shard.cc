@@ -2,8 +2,21 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 namespace mx {
+namespace {
+
+// A rank's share of an intermediate dimension `width`: in slices of 8 where every rank gets at least one
+// (CUDA's bf16 GeGLU experts take inner dimensions in multiples of 8), else as evenly as single columns go.
+std::pair<int64_t, int64_t> intermediate_range(int64_t width, int rank, int size) {
+  constexpr int64_t kSlice = 8;
+  if (width % kSlice != 0 || width / kSlice < size) return shard_range(width, rank, size);
+  const auto [b, e] = shard_range(width / kSlice, rank, size);
+  return {b * kSlice, e * kSlice};
+}
+
+}  // namespace
 
 Result<Gemma4ShardPlan> plan_gemma4_shard(const Gemma4Config& c, const ModelShard& shard) {
   const int n = shard.size, r = shard.rank;
@@ -25,11 +38,11 @@ Result<Gemma4ShardPlan> plan_gemma4_shard(const Gemma4Config& c, const ModelShar
     return invalid_argument("tensor parallel size " + std::to_string(n) + " exceeds the model's MLP widths (" +
                             std::to_string(c.intermediate_size) + " dense, " + std::to_string(c.moe_intermediate_size) +
                             " per expert)");
-  const auto [i0, i1] = shard_range(c.intermediate_size, r, n);
+  const auto [i0, i1] = intermediate_range(c.intermediate_size, r, n);
   p.first_intermediate = i0;
   p.intermediate = i1 - i0;
   if (c.moe) {
-    const auto [m0, m1] = shard_range(c.moe_intermediate_size, r, n);
+    const auto [m0, m1] = intermediate_range(c.moe_intermediate_size, r, n);
     p.first_expert_intermediate = m0;
     p.expert_intermediate = m1 - m0;
   }
