@@ -468,6 +468,22 @@ TEST_F(Gemma4Constraint, ToolCallsInTheTemplateNotation) {
   EXPECT_EQ(first_refused(r, with(thought, good), 0), 0);
 }
 
+TEST_F(Gemma4Constraint, ParallelCallsOnlyWhenAllowed) {
+  const int32_t q = id("<|\"|>"), call = id("<|tool_call>"), call_end = id("<tool_call|>"), response = id("<|tool_response>");
+  auto r = weather(server::ToolChoice::Mode::kAuto, false);
+  r.thinking_token_budget = 8;  // constrained in structure only (without it, auto is not constrained at all)
+  const auto one = ids({call, std::string("call:get_weather"), std::string("{city:"), q, std::string("Oslo"), q,
+                        std::string(",days:1}"), call_end});
+  auto two = one;
+  two.insert(two.end(), one.begin(), one.end());
+  two.push_back(response);
+  EXPECT_EQ(first_refused(r, two), -1);
+  r.parallel_tool_calls = false;
+  EXPECT_EQ(first_refused(r, two), static_cast<int64_t>(one.size()));
+  // With tool_choice auto and no response_format the answer is free text, and may end the turn.
+  EXPECT_EQ(first_refused(r, ids({std::string("Anything, {not JSON}"), id("<turn|>")})), -1);
+}
+
 TEST_F(Gemma4Constraint, AnswerFollowsResponseFormat) {
   server::ChatRequest r;
   r.output.kind = server::OutputConstraint::Kind::kJsonSchema;
