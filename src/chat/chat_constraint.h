@@ -5,9 +5,10 @@
 //
 // The contract every format's constraint keeps:
 // - The reasoning is free text (only the format's structural special tokens are withheld), but bounded:
-//   after `reasoning_budget` reasoning tokens the mask holds only the token that closes the reasoning, so a
-//   request that must answer or call a tool always gets there (as vLLM's thinking_token_budget and
-//   SGLang's strict thinking do). Budget 0: no reasoning span at all.
+//   after `reasoning_budget` reasoning tokens the mask holds only the token that closes the reasoning (after
+//   at most three more that finish a UTF-8 character the budget cut: ReasoningBudget), so a request that
+//   must answer or call a tool always gets there (as vLLM's thinking_token_budget and SGLang's strict
+//   thinking do). Budget 0: no reasoning span at all.
 // - The answer matches TurnConstraintSpec::answer (free text when null); its end token is allowed once the
 //   grammar may end and forced once nothing else may follow.
 // - A tool call names one of TurnConstraintSpec::tools and its arguments match that tool's grammar (compiled
@@ -73,6 +74,30 @@ void write_text_mask(const std::vector<uint32_t>& text, uint32_t* words, int64_t
 // Clears the model's mask and copies the matcher's allowed tokens into it, through `scratch` (the grammar's
 // vocabulary may be smaller or larger than the model's).
 void write_matcher_mask(grammar::GrammarMatcher& matcher, std::vector<uint32_t>* scratch, uint32_t* words, int64_t vocab);
+// The reasoning span's token budget, shared by the formats' constraints. Within the budget the reasoning is
+// any text token or the token that closes it; once spent, only the closing token, unless the reasoning stops
+// inside a UTF-8 character (byte-level o200k tokens and Gemma's <0xHH> byte-fallback tokens split CJK and
+// emoji): then only text tokens that go on with that character are allowed until it is whole, because closing
+// there would end the reasoning in U+FFFD (the stream parser flushes the dangling bytes as one). Each such
+// token adds at least one of the at most three missing bytes, so the reasoning runs at most kMaxUtf8Overrun
+// tokens past the budget; past that (a forced transcript) or when no token continues the character, the
+// closing token alone.
+class ReasoningBudget {
+ public:
+  static constexpr int64_t kMaxUtf8Overrun = 3;
+  explicit ReasoningBudget(int64_t budget) : budget_(budget) {}  // < 0: unbounded
+  // A reasoning token (not the closing one), its bytes in `vocab` (empty for an id outside it).
+  void accept(const grammar::TokenVocabulary& vocab, int32_t token);
+  // The next reasoning step's mask (`text`: every ordinary text token of `vocab`).
+  void fill_mask(const grammar::TokenVocabulary& vocab, const std::vector<uint32_t>& text, int32_t close,
+                 uint32_t* words, int64_t model_vocab) const;
+
+ private:
+  const int64_t budget_;
+  int64_t tokens_ = 0;
+  std::string unfinished_;  // the bytes of a character the reasoning has begun and not finished
+};
+
 // Alternatives of fixed strings as a grammar.
 grammar::Grammar literal_choice(const std::vector<std::string>& options);
 

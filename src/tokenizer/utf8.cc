@@ -49,6 +49,20 @@ int utf8_sequence_length(std::string_view text, size_t pos, int* maximal_subpart
   return 0;
 }
 
+int utf8_unfinished_tail(std::string_view text) {
+  // A lead byte starts a fresh sequence whatever precedes it, so only the last lead byte (within the last three
+  // bytes: a longer tail would be whole or ill-formed) matters.
+  for (size_t k = 1; k <= 3 && k <= text.size(); ++k) {
+    const size_t start = text.size() - k;
+    if ((static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) continue;  // a continuation byte
+    if (lead_info(static_cast<uint8_t>(text[start])).length <= 1) return 0;  // ASCII or a byte no sequence starts with
+    int subpart = 0;
+    const bool prefix = utf8_sequence_length(text, start, &subpart) == 0 && static_cast<size_t>(subpart) == k;
+    return prefix ? static_cast<int>(k) : 0;
+  }
+  return 0;
+}
+
 bool utf8_is_valid(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {

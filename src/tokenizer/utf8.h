@@ -25,6 +25,10 @@ std::string utf8_make_valid(std::string_view text);
 // could still start a valid sequence (>= 1 when the result is 0 and pos < size).
 int utf8_sequence_length(std::string_view text, size_t pos, int* maximal_subpart = nullptr);
 
+// Length of the unfinished character at the end of `text`: the bytes after its last whole character when they
+// are a prefix of a well-formed sequence (1..3), else 0 (it ends on a whole character or an ill-formed byte).
+int utf8_unfinished_tail(std::string_view text);
+
 // Appends the UTF-8 encoding of a code point (callers pass valid scalar values).
 void utf8_append(uint32_t code_point, std::string* out);
 

@@ -67,6 +67,32 @@ TEST(Utf8Stream, RandomBytesSplitAnywhereEqualOneShotDecode) {
   }
 }
 
+// utf8_unfinished_tail (the reasoning budget's view of a cut character) agrees with the stream decoder: the
+// tail is what the decoder holds back.
+TEST(Utf8Stream, UnfinishedTailIsWhatTheDecoderHoldsBack) {
+  EXPECT_EQ(utf8_unfinished_tail("ab\xE6\x97"), 2);
+  EXPECT_EQ(utf8_unfinished_tail("\xF0\x9F\x98"), 3);
+  EXPECT_EQ(utf8_unfinished_tail("\xE6\x97\xA5"), 0);
+  EXPECT_EQ(utf8_unfinished_tail("\xE0\x80"), 0);  // E0 80 can never complete
+  EXPECT_EQ(utf8_unfinished_tail("\xFF"), 0);
+  EXPECT_EQ(utf8_unfinished_tail(""), 0);
+  std::mt19937 rng(99);
+  const std::string pool[] = {"a", "\xC3\xA9", "\xE6\x97\xA5", "\xF0\x9F\x98\x80", "\x80", "\xC3", "\xE6\x97", "\xF0\x9F",
+                              "\xF0", "\xFF", "\xED\xA0", "\xE0\xA4", "\xF4\x90", "\xC0"};
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::string bytes;
+    for (int n = rng() % 6; n > 0; --n) bytes += pool[rng() % std::size(pool)];
+    Utf8StreamDecoder d;
+    std::string out;
+    d.push(bytes, &out);
+    ASSERT_EQ(utf8_unfinished_tail(bytes) > 0, d.has_pending()) << iter;
+    if (d.has_pending()) {  // the held-back bytes are exactly the tail: out + tail is everything, re-encoded
+      const int tail = utf8_unfinished_tail(bytes);
+      ASSERT_EQ(out, utf8_make_valid(bytes.substr(0, bytes.size() - static_cast<size_t>(tail)))) << iter;
+    }
+  }
+}
+
 TEST(Detokenizer, DeltasAddUpToDecodeForRealTokens) {
   const std::string text = "Hello 👨‍👩‍👧 東京 naïve 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 Привет 🇯🇵!";
   const std::vector<int32_t> ids = o200k().encode(text);

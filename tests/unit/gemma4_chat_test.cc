@@ -468,6 +468,26 @@ TEST_F(Gemma4Constraint, ToolCallsInTheTemplateNotation) {
   EXPECT_EQ(first_refused(r, with(thought, good), 0), 0);
 }
 
+// A budget that runs out inside a character written as <0xHH> byte-fallback tokens: its remaining bytes
+// pass, <channel|> only once it is whole (closing at once would end the thought in U+FFFD).
+TEST_F(Gemma4Constraint, ReasoningBudgetFinishesACutCharacter) {
+  const auto r = weather(server::ToolChoice::Mode::kRequired, true);
+  const int32_t e7 = *tok_->rank_of("<0xE7>"), b95 = *tok_->rank_of("<0x95>"), b8c = *tok_->rank_of("<0x8C>"),
+                close = id("<channel|>");
+  const auto head = ids({id("<|channel>"), std::string("thought\n"), std::string("Hi")});
+  const int64_t budget = static_cast<int64_t>(ids({std::string("Hi")}).size()) + 1;  // spent right after E7
+  auto with = [&](std::initializer_list<int32_t> tail) {
+    auto out = head;
+    out.insert(out.end(), tail);
+    return out;
+  };
+  const auto at = static_cast<int64_t>(head.size());
+  EXPECT_EQ(first_refused(r, with({e7, b95, b8c, close, id("<|tool_call>")}), budget), -1);
+  EXPECT_EQ(first_refused(r, with({e7, close}), budget), at + 1);
+  EXPECT_EQ(first_refused(r, with({e7, b95, close}), budget), at + 2);
+  EXPECT_EQ(first_refused(r, with({e7, b95, b8c, b95}), budget), at + 3);  // whole: only <channel|>
+}
+
 TEST_F(Gemma4Constraint, ParallelCallsOnlyWhenAllowed) {
   const int32_t q = id("<|\"|>"), call = id("<|tool_call>"), call_end = id("<tool_call|>"), response = id("<|tool_response>");
   auto r = weather(server::ToolChoice::Mode::kAuto, false);

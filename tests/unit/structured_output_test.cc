@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/chat_constraint.h"
 #include "chat/harmony/harmony_format.h"
 #include "server/structured_output.h"
 #include "tokenizer_util.h"
@@ -114,6 +115,62 @@ TEST(HarmonyConstraint, ReasoningBudgetClosesTheAnalysis) {
   EXPECT_EQ(first_refused(r, ids_of({channel, Piece("commentary to=functions.get_weather"), message,
                                       Piece(R"({"city":"Oslo","days":1})"), special("<|call|>")}), 0),
             -1);
+}
+
+// A budget that runs out inside a character: its remaining byte tokens pass, <|end|> only once it is whole
+// (closing at once would end the reasoning in U+FFFD). o200k writes any character as its byte tokens.
+TEST(HarmonyConstraint, ReasoningBudgetFinishesACutCharacter) {
+  const ChatRequest r = weather_request(ToolChoice::Mode::kRequired);
+  const int32_t channel = special("<|channel|>"), message = special("<|message|>"), end = special("<|end|>");
+  const int32_t e7 = *testing::o200k().rank_of("\xE7"), b95 = *testing::o200k().rank_of("\x95"),
+                b8c = *testing::o200k().rank_of("\x8C");  // U+754C
+  const auto head = ids_of({channel, Piece("analysis"), message, Piece("Hi")});
+  const int64_t budget = static_cast<int64_t>(ids_of({Piece("Hi")}).size()) + 1;  // spent right after E7
+  auto with = [&](std::initializer_list<int32_t> tail) {
+    auto ids = head;
+    ids.insert(ids.end(), tail);
+    return ids;
+  };
+  const auto at = static_cast<int64_t>(head.size());
+  EXPECT_EQ(first_refused(r, with({e7, b95, b8c, end}), budget), -1);
+  EXPECT_EQ(first_refused(r, with({e7, end}), budget), at + 1);  // not while the character is cut
+  EXPECT_EQ(first_refused(r, with({e7, b95, end}), budget), at + 2);
+  EXPECT_EQ(first_refused(r, with({e7, e7}), budget), at + 1);  // nor another character
+  EXPECT_EQ(first_refused(r, with({e7, b95, b8c, b95}), budget), at + 3);  // whole: only <|end|>
+  EXPECT_EQ(first_refused(r, with({e7, b95, b8c}), budget - 1), at);  // spent before the character: <|end|>
+}
+
+// ReasoningBudget on a hand-made vocabulary: which continuations pass, and the hard cap on the overrun.
+TEST(ReasoningBudget, OnlyContinuationsOfACutCharacterThenTheClose) {
+  // 0..5 text tokens, 6 the close (a special: no bytes). E0 takes A0..BF second, then one of 80..BF.
+  const grammar::TokenVocabulary vocab({"a", "\xE0", "\xA4", "\x80", "\xA4\x80", "\x80\x80\x80", ""});
+  const std::vector<uint32_t> text = {0x3Fu};
+  const int32_t close = 6;
+  auto allowed = [&](const ReasoningBudget& b) {
+    uint32_t words = 0;
+    b.fill_mask(vocab, text, close, &words, 7);
+    return words;
+  };
+  ReasoningBudget b(2);
+  EXPECT_EQ(allowed(b), 0x7Fu);
+  b.accept(vocab, 0);
+  b.accept(vocab, 1);  // spent, inside E0
+  EXPECT_EQ(allowed(b), (1u << 2) | (1u << 4));  // A4, or A4 80 which completes it; not 80 (E0 80 is ill-formed)
+  b.accept(vocab, 2);
+  EXPECT_EQ(allowed(b), (1u << 2) | (1u << 3));  // one more byte of 80..BF
+  b.accept(vocab, 3);
+  EXPECT_EQ(allowed(b), 1u << close);
+  // A forced transcript that keeps starting characters past the budget: the close alone after three.
+  ReasoningBudget forced(1);
+  for (int i = 0; i < 3; ++i) {
+    forced.accept(vocab, 1);
+    EXPECT_EQ(allowed(forced), (1u << 2) | (1u << 4)) << i;
+  }
+  forced.accept(vocab, 1);
+  EXPECT_EQ(allowed(forced), 1u << close);
+  ReasoningBudget unbounded(-1);
+  unbounded.accept(vocab, 1);
+  EXPECT_EQ(allowed(unbounded), 0x7Fu);
 }
 
 TEST(HarmonyConstraint, ThinkingBudgetAloneLeavesTheAnswerFree) {

@@ -14,7 +14,7 @@ using grammar::GrammarMatcher;
 class Constraint final : public TokenConstraint {
  public:
   Constraint(std::shared_ptr<const ConstraintPlan> plan, int64_t reasoning_budget)
-      : plan_(std::move(plan)), ids_(plan_->ids), budget_(reasoning_budget),
+      : plan_(std::move(plan)), ids_(plan_->ids), reasoning_(reasoning_budget),
         can_think_(plan_->thinking && reasoning_budget != 0) {
     open();
   }
@@ -35,12 +35,7 @@ class Constraint final : public TokenConstraint {
         write_matcher_mask(*matcher_, &scratch_, words, vocab);
         return true;
       case Phase::kThought:  // free text and <channel|>; only <channel|> once the budget is spent
-        if (budget_ >= 0 && reasoning_tokens_ >= budget_) {
-          std::fill(words, words + n, 0u);
-        } else {
-          write_text_mask(*plan_->text_tokens, words, vocab);
-        }
-        set_token_if_in(words, vocab, ids_.channel_close);
+        reasoning_.fill_mask(plan_->text_vocab(), *plan_->text_tokens, ids_.channel_close, words, vocab);
         return true;
       case Phase::kAnswer:
         answer_mask(words, vocab);
@@ -95,7 +90,7 @@ class Constraint final : public TokenConstraint {
           can_think_ = false;
           open();
         } else {
-          ++reasoning_tokens_;
+          reasoning_.accept(plan_->text_vocab(), token);
         }
         return;
       case Phase::kAnswer:
@@ -184,8 +179,7 @@ class Constraint final : public TokenConstraint {
 
   std::shared_ptr<const ConstraintPlan> plan_;
   const ConstraintIds ids_;
-  const int64_t budget_;
-  int64_t reasoning_tokens_ = 0;
+  ReasoningBudget reasoning_;
   bool can_think_;
   Phase phase_ = Phase::kOpen;
   std::optional<GrammarMatcher> matcher_;

@@ -3,7 +3,7 @@
 //   or <|tool_call>call:NAME{ARGUMENTS}<tool_call|> ... <|tool_response>.
 // - A thought may open only at the start and only when the prompt turned thinking on (with thinking off the
 //   prompt already holds the empty thought); its label is forced, its text is free for at most the
-//   reasoning budget, then only <channel|> is allowed.
+//   reasoning budget, then only <channel|> is allowed (once a character the budget cut is whole).
 // - The answer follows the answer's grammar (free text when there is none; a free answer may be followed by
 //   tool calls, as the model writes them) and ends with <turn|> or <eos> once the grammar may end.
 // - A call names one of the tools (call:NAME, a literal choice), its arguments follow the tool's grammar in
@@ -38,6 +38,9 @@ struct ConstraintPlan final : TurnConstraintPlan {
   std::shared_ptr<const grammar::CompiledGrammar> names;  // "call:NAME" for each tool
   std::unordered_map<std::string, std::shared_ptr<const grammar::CompiledGrammar>> tools;  // arguments by name
   std::shared_ptr<const std::vector<uint32_t>> text_tokens;
+
+  // The bytes of the text tokens (the label and name grammars are compiled over them).
+  const grammar::TokenVocabulary& text_vocab() const { return label->vocab(); }
 
   std::shared_ptr<TokenConstraint> make(int64_t reasoning_budget) const override;
 };

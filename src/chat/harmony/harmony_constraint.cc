@@ -15,7 +15,7 @@ using grammar::GrammarMatcher;
 class Constraint final : public TokenConstraint {
  public:
   Constraint(std::shared_ptr<const ConstraintPlan> plan, int64_t reasoning_budget)
-      : plan_(std::move(plan)), budget_(reasoning_budget), analysis_seen_(reasoning_budget == 0) {}
+      : plan_(std::move(plan)), reasoning_(reasoning_budget), analysis_seen_(reasoning_budget == 0) {}
 
   bool fill_mask(uint32_t* words, int64_t vocab) override {
     switch (phase_) {
@@ -25,12 +25,7 @@ class Constraint final : public TokenConstraint {
         set_token_if_in(words, vocab, phase_ == Phase::kChannel ? kChannel : kStart);
         return true;
       case Phase::kAnalysis:  // free text and <|end|>; only <|end|> once the budget is spent
-        if (budget_ >= 0 && reasoning_tokens_ >= budget_) {
-          std::fill(words, words + (vocab + 31) / 32, 0u);
-        } else {
-          write_text_mask(*plan_->text_tokens, words, vocab);
-        }
-        set_token_if_in(words, vocab, kEnd);
+        reasoning_.fill_mask(plan_->text_vocab(), *plan_->text_tokens, kEnd, words, vocab);
         return true;
       case Phase::kHeader:
       case Phase::kContentType:
@@ -69,7 +64,7 @@ class Constraint final : public TokenConstraint {
         if (token == kEnd) {
           phase_ = Phase::kStart;
         } else {
-          ++reasoning_tokens_;
+          reasoning_.accept(plan_->text_vocab(), token);
         }
         return;
       case Phase::kHeader:
@@ -148,8 +143,7 @@ class Constraint final : public TokenConstraint {
   }
 
   std::shared_ptr<const ConstraintPlan> plan_;
-  const int64_t budget_;
-  int64_t reasoning_tokens_ = 0;
+  ReasoningBudget reasoning_;
   Phase phase_ = Phase::kChannel;
   std::optional<GrammarMatcher> matcher_;
   std::string header_;

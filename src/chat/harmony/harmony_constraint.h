@@ -2,7 +2,8 @@
 //   <|channel|>HEADER<|message|>BODY then <|end|> (analysis, then <|start|>assistant and the next header),
 //   <|return|> (final) or <|call|> (a tool call).
 // - The analysis body runs free (only the structural special tokens are withheld, <|end|> is allowed) for at
-//   most the reasoning budget; then only <|end|> is allowed. Budget 0: the first header cannot be analysis.
+//   most the reasoning budget; then only <|end|> is allowed (once a character the budget cut is whole).
+//   Budget 0: the first header cannot be analysis.
 // - The header is limited to what the request allows: "analysis" once, "final" unless a tool call is
 //   required, "commentary to=functions.NAME" for the callable tools (all with required, one when named),
 //   which may go on with " <|constrain|>json" as gpt-oss writes its calls.
@@ -28,6 +29,9 @@ struct ConstraintPlan final : TurnConstraintPlan {
   bool answer_allowed = true;
   std::unordered_map<std::string, std::shared_ptr<const grammar::CompiledGrammar>> tools;  // arguments by name
   std::shared_ptr<const std::vector<uint32_t>> text_tokens;
+
+  // The bytes of the text tokens (every grammar above is compiled over them).
+  const grammar::TokenVocabulary& text_vocab() const { return role->vocab(); }
 
   std::shared_ptr<TokenConstraint> make(int64_t reasoning_budget) const override;
 };
