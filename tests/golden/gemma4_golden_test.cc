@@ -14,14 +14,7 @@
 namespace mx {
 namespace {
 
-double rel_l2(const float* got, const float* want, int64_t n) {
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
+using test::rel_l2;
 
 class Gemma4GoldenTest : public ::testing::TestWithParam<std::string> {
  protected:

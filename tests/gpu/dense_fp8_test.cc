@@ -26,15 +26,7 @@
 namespace mx::gpu_test {
 namespace {
 
-double rel_l2(const float* got, const float* want, int64_t n) {
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    diff += std::isfinite(got[i]) ? d * d : 1e30;
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
+using test::rel_l2;
 
 int64_t argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
 

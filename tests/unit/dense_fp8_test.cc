@@ -110,12 +110,7 @@ void write_e4m3_rounded_fixture(const std::string& fixture_dir, const std::strin
 }
 
 double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    norm += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
+  return test::rel_l2(got.data(), want.data(), static_cast<int64_t>(got.size()));
 }
 
 // The FP8 model computes what the bf16 model computes on the e4m3-rounded weights: its whole error is the

@@ -2,10 +2,22 @@
 #include "fixture_reference_util.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "runtime/batch_staging.h"
 
 namespace mx::test {
+
+double rel_l2(const float* got, const float* want, int64_t n) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    diff += std::isfinite(got[i]) ? d * d : 1e30;
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
 namespace {
 
 Result<std::vector<int32_t>> read_ids(const Checkpoint& file, const std::string& name) {

@@ -31,6 +31,10 @@ struct FixtureParamName {
   std::string operator()(const ::testing::TestParamInfo<std::string>& info) const;
 };
 
+// Relative L2 error of `got` against `want` (n values each); a non-finite value in `got` counts as a huge
+// error, so NaN or inf output can never pass a tolerance.
+double rel_l2(const float* got, const float* want, int64_t n);
+
 // The values of an i32 tensor.
 std::vector<int32_t> ids_of(const TensorView& t);
 
