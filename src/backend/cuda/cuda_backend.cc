@@ -296,21 +296,9 @@ class CudaBackend final : public Backend {
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     const int max_rows = so.max_rows;  // > 0: forced, whatever the waves
     if (aligned && use_skinny_linear(m, k, max_rows) && (max_rows > 0 || skinny_linear_by_default(dev_, n))) {
-      const SkinnyLinearConfig c =
-          choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight);
       SkinnyLinearParams s;
-      s.x = ptr<const uint16_t>(x);
       s.w = ptr<const uint16_t>(weight);
-      s.bias = bias.empty() ? nullptr : ptr<const uint16_t>(bias);
-      s.out = out.data();
-      s.m = m, s.n = n, s.k = k;
-      s.out_f32 = out_f32;
-      if (c.k_splits > 1) {
-        MX_RETURN_IF_ERROR(ensure_linear_scratch());
-        s.partials = ptr_of<float>(scratch_.linear_partials);
-        s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
-      }
-      return launch_skinny_linear(s, c, stream_.get());
+      return run_skinny_linear(s, x, bias, out, n, k);
     }
     // cuBLASLt's bias epilogue takes a bias of the output type; an f32 output gets its bf16 bias separately.
     const bool fused_bias = !bias.empty() && !out_f32;
@@ -337,21 +325,10 @@ class CudaBackend final : public Backend {
     if (k % 8 != 0) return unimplemented("FP8 dense linear: k must be a multiple of 8");
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     if (reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 && use_skinny_linear(m, k, so.max_rows)) {
-      const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight);
       SkinnyLinearParams s;
-      s.x = ptr<const uint16_t>(x);
       s.w_fp8 = ptr<const uint8_t>(weight);
       s.w_scale = ptr<const float>(scale);
-      s.bias = bias.empty() ? nullptr : ptr<const uint16_t>(bias);
-      s.out = out.data();
-      s.m = m, s.n = n, s.k = k;
-      s.out_f32 = out_f32;
-      if (c.k_splits > 1) {
-        MX_RETURN_IF_ERROR(ensure_linear_scratch());
-        s.partials = ptr_of<float>(scratch_.linear_partials);
-        s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
-      }
-      return launch_skinny_linear(s, c, stream_.get());
+      return run_skinny_linear(s, x, bias, out, n, k);
     }
     const int64_t slab_rows = fp8_slab_rows(n, k);
     MX_RETURN_IF_ERROR(ensure(scratch_.dense_fp8, slab_rows * k * 2, "FP8 dense slab"));
@@ -870,6 +847,25 @@ class CudaBackend final : public Backend {
   template <typename T>
   static T* ptr_of(const Buffer& b) {
     return static_cast<T*>(b.data());
+  }
+
+  // The skinny kernel on `s`'s weights (bf16 w, or e4m3 w_fp8 with w_scale; n x k): x, bias, out and the
+  // shapes filled in here, and the k-split scratch when the chosen config splits k.
+  Status run_skinny_linear(SkinnyLinearParams s, const TensorView& x, const TensorView& bias, TensorView out,
+                           int64_t n, int64_t k) {
+    const CudaSkinnyLinearOptions& so = options_.skinny_linear;
+    s.x = ptr<const uint16_t>(x);
+    s.bias = bias.empty() ? nullptr : ptr<const uint16_t>(bias);
+    s.out = out.data();
+    s.m = x.numel() / k, s.n = n, s.k = k;
+    s.out_f32 = out.dtype() == DType::kF32;
+    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, s.m, n, k, so.k_splits, so.chunks_in_flight);
+    if (c.k_splits > 1) {
+      MX_RETURN_IF_ERROR(ensure_linear_scratch());
+      s.partials = ptr_of<float>(scratch_.linear_partials);
+      s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
+    }
+    return launch_skinny_linear(s, c, stream_.get());
   }
 
   // The skinny linear's k-split partials and per-strip tickets (fixed size, kernel_configs.h).
