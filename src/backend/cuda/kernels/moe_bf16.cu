@@ -175,17 +175,7 @@ __global__ void moe_bf16_kernel(MoeBf16GemmParams p) {
   }
   if constexpr (!kGated) {
     if (p.combined == nullptr) return;
-    // The last tile of this strip to finish combines: publish y, take a ticket (threadFenceReduction).
-    __threadfence();
-    __syncwarp();
-    unsigned last = 0;
-    if (lane == 0) {
-      last = atomicAdd(p.tickets + strip, 1u) == static_cast<unsigned>(rt.tiles - 1);
-      if (last) p.tickets[strip] = 0u;
-    }
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();
-    combine_strip_rows(p, rt, strip);
+    if (last_tile_of_strip(p.tickets, strip, rt.tiles)) combine_strip_rows(p, rt, strip);
   }
 }
 

@@ -136,17 +136,7 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
     swap_ab_weighted_epilogue(g, acc, bias, rt.start, rt.rows, strip, r, q,
                               [&](int c) { return g.topk_weights[slot_of[c]]; });
     if (p.tickets == nullptr) return;
-    // The last tile of this strip to finish combines: publish y, take a ticket (threadFenceReduction).
-    __threadfence();
-    __syncwarp();
-    unsigned last = 0;
-    if (lane == 0) {
-      last = atomicAdd(p.tickets + strip, 1u) == static_cast<unsigned>(rt.tiles - 1);
-      if (last) p.tickets[strip] = 0u;
-    }
-    if (!__shfl_sync(kAll, last, 0)) return;
-    __threadfence();
-    combine_strip(p, rt, strip);
+    if (last_tile_of_strip(p.tickets, strip, rt.tiles)) combine_strip(p, rt, strip);
   }
 }
 

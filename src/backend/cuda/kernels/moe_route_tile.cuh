@@ -55,4 +55,20 @@ __device__ __forceinline__ TileRoute route_tile(const int32_t* ids, int slots, i
   return t;
 }
 
+// Called by one warp after its tile wrote its share of the strip: true in every lane when this tile is the
+// strip's last to finish (threadFenceReduction: publish, take a ticket; the last one resets the ticket for
+// the next launch or graph replay and then sees every other tile's writes), so it combines the strip.
+__device__ __forceinline__ bool last_tile_of_strip(uint32_t* tickets, int strip, int tiles) {
+  __threadfence();
+  __syncwarp();
+  unsigned last = 0;
+  if (threadIdx.x % 32 == 0) {
+    last = atomicAdd(tickets + strip, 1u) == static_cast<unsigned>(tiles - 1);
+    if (last) tickets[strip] = 0u;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return false;
+  __threadfence();
+  return true;
+}
+
 }  // namespace mx::cuda
