@@ -471,18 +471,20 @@ TEST_P(EngineGraphTest, PlannedKvPoolStaysInsideTheFraction) {
   EXPECT_EQ(out[0].token_ids.size(), f.greedy[0].size());
 }
 
-// TP 2 on devices 0 and 1: the runner captures graphs through the tensor-parallel model (each rank records
-// its own stream, NCCL all-reduces and the lm_head's all-gather inside), and replaying them gives the
-// tokens and logprobs of the same padded steps run eagerly, bit for bit, with host and device sampling.
-// Greedy agreement with TP 1 (graphs too) is reported, not gated: bf16 routing near ties may part them.
-class TensorParallelGraphTest : public ::testing::TestWithParam<std::string> {};
+// TP N on devices 0..N-1 (test::kTensorParallelCases): the runner captures graphs through the tensor-parallel
+// model (each rank records its own stream, NCCL all-reduces and the lm_head's all-gather inside), and
+// replaying them gives the tokens and logprobs of the same padded steps run eagerly, bit for bit, with host
+// and device sampling. Greedy agreement with TP 1 (graphs too) is reported, not gated: bf16 routing near
+// ties may part them.
+class TensorParallelGraphTest : public ::testing::TestWithParam<test::TensorParallelCase> {};
 
-TEST_P(TensorParallelGraphTest, ReplayedDecodeAtTp2EqualsEagerBitForBit) {
+TEST_P(TensorParallelGraphTest, ReplayedDecodeEqualsEagerBitForBit) {
+  const auto& [name, tp, not_on_cuda] = GetParam();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-  if (devices < 2) GTEST_SKIP() << "tensor parallel on CUDA needs 2 GPUs; " << devices << " visible";
-  const std::string name = GetParam();
-  const Loaded f = load_fixture(name, cuda_backend(), 2), one = load_fixture(name);
+  if (devices < tp) GTEST_SKIP() << "TP " << tp << " on CUDA needs " << tp << " GPUs; " << devices << " visible";
+  if (not_on_cuda) GTEST_SKIP() << name << " at TP " << tp << ": " << not_on_cuda;
+  const Loaded f = load_fixture(name, cuda_backend(), tp), one = load_fixture(name);
   EngineConfig c;
   c.num_kv_pages = 256;
   c.page_size = 8;
@@ -490,6 +492,7 @@ TEST_P(TensorParallelGraphTest, ReplayedDecodeAtTp2EqualsEagerBitForBit) {
   c.cuda_graph_batch_sizes = {1, 2, 4, 8};
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(2 * i), i});
+  const std::string what = "TP " + std::to_string(tp) + " graphs == eager padded";
   for (const int64_t top_logprobs : {3, 0}) {
     std::vector<RequestOutput> runs[2];
     int64_t replays[2] = {0, 0};
@@ -511,7 +514,7 @@ TEST_P(TensorParallelGraphTest, ReplayedDecodeAtTp2EqualsEagerBitForBit) {
       agree += static_cast<int64_t>(t);
       total += static_cast<int64_t>(tp1[i].token_ids.size());
     }
-    record("TP 2 graphs == eager padded",
+    record(what,
            name + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed steps (" +
                (top_logprobs ? "host" : "sample op") + " sampling); greedy prefix = TP 1 for " + std::to_string(agree) +
                "/" + std::to_string(total) + " tokens",
@@ -522,9 +525,8 @@ TEST_P(TensorParallelGraphTest, ReplayedDecodeAtTp2EqualsEagerBitForBit) {
   }
 }
 
-// The fixtures with 2 KV heads (tiny-gpt-oss-b's 3 need 3 GPUs).
-INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGraphTest, ::testing::Values("tiny-gpt-oss", "tiny-gemma4", "tiny-gemma4-text"),
-                         test::FixtureParamName());
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGraphTest, ::testing::ValuesIn(test::kTensorParallelCases),
+                         test::TensorParallelCaseName());
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGraphTest, ::testing::ValuesIn(test::all_tiny_fixtures()), test::FixtureParamName());
 

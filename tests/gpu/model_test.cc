@@ -1,7 +1,10 @@
 // The tiny fixtures (gpt-oss and Gemma-4) end to end on CUDA, loaded through the registry: batched-prefill
 // logits against transformers' fp32 run (tolerance: 1.25x the error of transformers' own bf16 run, per
 // prompt), greedy tokens of CUDA, the CPU twin and transformers compared and reported, and CUDA-graph replay
-// of decode steps (padded to a batch bucket) equal to eager execution bit for bit.
+// of decode steps (padded to a batch bucket) equal to eager execution bit for bit; the logits gate again with
+// the model split over 2-4 GPUs where the machine has them.
+#include <cuda_runtime.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -9,6 +12,7 @@
 
 #include "fixture_reference_util.h"
 #include "model/model_registry.h"
+#include "model/tensor_parallel_model.h"
 #include "gpu_test_util.h"
 #include "routing_probe_util.h"
 #include "runtime/batch_staging.h"
@@ -27,34 +31,29 @@ std::string join(const std::vector<int32_t>& v) {
   return s;
 }
 
-class FixtureTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const char* env = std::getenv("MX_FIXTURES_DIR");  // the GPU machine has its own checkout path
-    dir_ = std::string(env ? env : MX_FIXTURES_DIR) + "/" + GetParam();
-    auto model = load_model(dir_, cuda_backend());
-    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-    model_ = std::move(*model);
-    auto ref = test::load_fixture_reference(dir_);
-    ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
-    ref_ = std::move(*ref);
-  }
-  TensorView ref(const std::string& name) { return *ref_.file->get(name); }
+std::string fixture_dir(const std::string& name) {
+  const char* env = std::getenv("MX_FIXTURES_DIR");  // the GPU machine has its own checkout path
+  return std::string(env ? env : MX_FIXTURES_DIR) + "/" + name;
+}
 
-  std::string dir_;
-  std::unique_ptr<Model> model_;
-  test::FixtureReference ref_;
-};
-
-// Prefill logits against transformers' fp32 run. Where CUDA's router picked other experts than the fp32 run,
-// the check is made along CUDA's route instead (the fp32 CPU twin replaying it), and only if every such choice
-// was a near tie in fp32 (see RoutingProbe); the raw error is reported either way.
-TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
-  const ModelDims& c = model_->dims();
+// Prefill logits of fixture `name` on CUDA, split over `tp` ranks (devices 0..tp-1) when tp > 1, against
+// transformers' fp32 run. Where CUDA's router picked other experts than the fp32 run, the check is made along
+// CUDA's route instead (the fp32 CPU twin, one rank, replaying it), and only if every such choice was a near
+// tie in fp32 (see RoutingProbe); the raw error is reported either way. Under TP the router is replicated:
+// rank 0's choices are every rank's.
+void expect_prefill_logits_within_bf16_tolerance(const std::string& name, int tp) {
+  const std::string dir = fixture_dir(name);
+  auto ref_or = test::load_fixture_reference(dir);
+  ASSERT_TRUE(ref_or.is_ok()) << ref_or.status().to_string();
+  const test::FixtureReference& reference = *ref_or;
+  auto ref = [&](const std::string& tensor) { return *reference.file->get(tensor); };
   Backend& b = cuda_backend();
   test::RoutingProbe cuda_probe = test::RoutingProbe::recorder(b);
-  auto cuda_model = load_model(dir_, cuda_probe);
+  auto cuda_model = tp == 1 ? load_model(dir, cuda_probe)
+                            : load_tensor_parallel_model(dir, cuda_probe, BackendOptions{"cuda", 0, 0}, tp);
   ASSERT_TRUE(cuda_model.is_ok()) << cuda_model.status().to_string();
+  const ModelDims& c = (*cuda_model)->dims();
+  const std::string label = tp == 1 ? name : name + " TP " + std::to_string(tp);
   // Hidden states after each layer, for localizing an error (the reference has them all).
   std::map<int64_t, std::vector<float>> hidden;
   HiddenObserver observer = [&](int64_t index, const TensorView& h) {
@@ -68,18 +67,18 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
     MX_CHECK_OK(b.copy_to_host(bits.data(), h));
     for (size_t j = 0; j < bits.size(); ++j) dst[j] = bf16_to_f32(bits[j]);
   };
-  auto cuda_logits = test::prefill_logits(**cuda_model, ref_.prompts, &observer);
+  auto cuda_logits = test::prefill_logits(**cuda_model, reference.prompts, &observer);
   ASSERT_TRUE(cuda_logits.is_ok()) << cuda_logits.status().to_string();
   const std::vector<float>& host = *cuda_logits;
   test::RoutingProbe cpu_probe = test::RoutingProbe::forcer(cpu_backend(), cuda_probe.route());
-  auto cpu_model = load_model(dir_, cpu_probe);
+  auto cpu_model = load_model(dir, cpu_probe);
   ASSERT_TRUE(cpu_model.is_ok()) << cpu_model.status().to_string();
-  auto routed = test::prefill_logits(**cpu_model, ref_.prompts);
+  auto routed = test::prefill_logits(**cpu_model, reference.prompts);
   ASSERT_TRUE(routed.is_ok()) << routed.status().to_string();
 
   int64_t row = 0;
-  for (size_t i = 0; i < ref_.prompts.size(); ++i) {
-    const auto len = static_cast<int64_t>(ref_.prompts[i].size());
+  for (size_t i = 0; i < reference.prompts.size(); ++i) {
+    const auto len = static_cast<int64_t>(reference.prompts[i].size());
     const std::string p = "prompt_" + std::to_string(i);
     const TensorView want = ref(p + "_logits"), bf16 = ref(p + "_logits_bf16");
     std::vector<float> bf16_f32(static_cast<size_t>(bf16.numel()));
@@ -119,11 +118,11 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
       worst += buf;
     }
     std::printf("[fixture] %s %s hidden rel-L2 by layer:%s\n  per-position logits rel-L2:%s\n  routing flips:%s\n",
-                GetParam().c_str(), p.c_str(), layers.c_str(), worst.c_str(), flip_text.empty() ? " none" : flip_text.c_str());
-    record("fixture logits", GetParam() + " " + p + " (" + std::to_string(len) + " tok) vs fp32, tol 1.25x bf16 ref", err,
+                label.c_str(), p.c_str(), layers.c_str(), worst.c_str(), flip_text.empty() ? " none" : flip_text.c_str());
+    record("fixture logits", label + " " + p + " (" + std::to_string(len) + " tok) vs fp32, tol 1.25x bf16 ref", err,
            0, tol, flips.empty() ? pass : true);
     if (!flips.empty()) {
-      record("fixture logits, CUDA route", GetParam() + " " + p + ": " + std::to_string(flips.size()) +
+      record("fixture logits, CUDA route", label + " " + p + ": " + std::to_string(flips.size()) +
                                                " flip(s), all near ties: " + (near_ties ? "yes" : "NO"),
              routed_err, 0, tol, pass);
     }
@@ -132,6 +131,41 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) {
     row += len;
   }
 }
+
+class FixtureTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = fixture_dir(GetParam());
+    auto model = load_model(dir_, cuda_backend());
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    model_ = std::move(*model);
+    auto ref = test::load_fixture_reference(dir_);
+    ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+    ref_ = std::move(*ref);
+  }
+  TensorView ref(const std::string& name) { return *ref_.file->get(name); }
+
+  std::string dir_;
+  std::unique_ptr<Model> model_;
+  test::FixtureReference ref_;
+};
+
+TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) { expect_prefill_logits_within_bf16_tolerance(GetParam(), 1); }
+
+// The same gate with the model split over devices 0..tp-1 (test::kTensorParallelCases).
+class TensorParallelFixtureTest : public ::testing::TestWithParam<test::TensorParallelCase> {};
+
+TEST_P(TensorParallelFixtureTest, PrefillLogitsWithinBf16Tolerance) {
+  const auto& [name, tp, not_on_cuda] = GetParam();
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  if (devices < tp) GTEST_SKIP() << "TP " << tp << " on CUDA needs " << tp << " GPUs; " << devices << " visible";
+  if (not_on_cuda) GTEST_SKIP() << name << " at TP " << tp << ": " << not_on_cuda;
+  expect_prefill_logits_within_bf16_tolerance(name, tp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixtureTest, ::testing::ValuesIn(test::kTensorParallelCases),
+                         test::TensorParallelCaseName());
 
 TEST_P(FixtureTest, GreedyTokensCudaVsCpuVsTransformers) {
   const std::vector<GenerateRequest> requests = test::reference_greedy_requests(ref_);

@@ -34,6 +34,12 @@ std::string FixtureParamName::operator()(const ::testing::TestParamInfo<std::str
   return name;
 }
 
+std::string TensorParallelCaseName::operator()(const ::testing::TestParamInfo<TensorParallelCase>& info) const {
+  std::string name = info.param.fixture + "_tp" + std::to_string(info.param.tp);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 std::vector<int32_t> ids_of(const TensorView& t) {
   return std::vector<int32_t>(t.ptr<const int32_t>(), t.ptr<const int32_t>() + t.numel());
 }

@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_communicator.h"
 #include "core/dtype.h"
 #include "engine_test_util.h"
+#include "fixture_reference_util.h"
 #include "io/safetensors.h"
 #include "model/gemma4/gemma4_shard.h"
 #include "model/gpt_oss/gpt_oss_shard.h"
@@ -239,13 +240,7 @@ Generated generate(const std::string& fixture, int tp, const test::TempDir& dir)
 }
 
 TEST(TensorParallel, EveryFixtureSplitGivesTheLogitsAndTokensOfOneRank) {
-  const struct {
-    const char* fixture;
-    int tp;
-  } cases[] = {{"tiny-gpt-oss", 2},   {"tiny-gpt-oss", 4},      {"tiny-gpt-oss-b", 3},
-               {"tiny-gemma4", 2},    {"tiny-gemma4", 4},       // 4 query heads: no 3; 4 replicates the KV heads
-               {"tiny-gemma4-text", 2}, {"tiny-gemma4-text", 4}};
-  for (const auto& c : cases) {
+  for (const test::TensorParallelCase& c : test::kTensorParallelCases) {
     test::TempDir dir;
     const Generated one = generate(c.fixture, 1, dir), split = generate(c.fixture, c.tp, dir);
     ASSERT_EQ(one.logits.size(), split.logits.size());
@@ -260,7 +255,7 @@ TEST(TensorParallel, EveryFixtureSplitGivesTheLogitsAndTokensOfOneRank) {
         largest = std::max(largest, static_cast<double>(std::fabs(one.logits[i][j])));
       }
     }
-    std::printf("%s TP %d: largest logit difference to one rank %.3g (largest logit %.3g)\n", c.fixture, c.tp, worst,
+    std::printf("%s TP %d: largest logit difference to one rank %.3g (largest logit %.3g)\n", c.fixture.c_str(), c.tp, worst,
                 largest);
     EXPECT_LE(worst, 1e-5 * std::max(1.0, largest)) << c.fixture << " TP " << c.tp;
     EXPECT_GT(worst, 0.0) << c.fixture << " TP " << c.tp << ": bit-identical logits, so were the ranks split at all?";
