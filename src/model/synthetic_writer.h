@@ -19,7 +19,7 @@ namespace mx {
 struct SyntheticFill {
   enum class Kind { kNormal, kRandomBytes, kConstantByte };
   Kind kind = Kind::kNormal;
-  float mean = 0, stddev = 1;  // kNormal: bf16 values mean + stddev * N(0, 1)
+  float mean = 0, stddev = 1;  // kNormal: bf16 values mean + stddev * z, z ~ N(0, 1) (a 4-uniform sum)
   uint8_t byte = 0;            // kConstantByte
 };
 using SyntheticFillRule = std::function<SyntheticFill(const WeightSpec&)>;

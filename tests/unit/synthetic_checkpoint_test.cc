@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "model/gpt_oss/gpt_oss_model.h"
 #include "model/gpt_oss/gpt_oss_weights.h"
+#include "model/synthetic_model.h"
 #include "runtime/static_generator.h"
 #include "test_util.h"
 
@@ -90,6 +92,29 @@ TEST(SyntheticCheckpoint, WritesShardsThatLoadAndGenerateDeterministically) {
   const double stddev = std::sqrt(sum_sq / n - (sum / n) * (sum / n));
   EXPECT_GT(stddev, 0.1);  // decisive enough to matter, small enough to stay sane
   EXPECT_LT(stddev, 10.0);
+}
+
+// The in-memory checkpoint is made in place by all threads over one flat range of every tensor; its tensors
+// must be the written checkpoint's byte for byte whatever the thread count (chunks cross tensor boundaries).
+TEST(SyntheticCheckpoint, InMemoryTensorsMatchTheWrittenOnes) {
+  test::TempDir dir;
+  SyntheticOptions options;
+  options.seed = 9;
+  options.threads = 1;
+  ASSERT_TRUE(write_synthetic_model("tiny", dir.path(), options).is_ok());
+  auto written = Checkpoint::open_dir(dir.path());
+  ASSERT_TRUE(written.is_ok()) << written.status().to_string();
+  for (int threads : {1, 3}) {
+    options.threads = threads;
+    auto memory = synthetic_checkpoint_in_memory("tiny", options);
+    ASSERT_TRUE(memory.is_ok()) << memory.status().to_string();
+    EXPECT_EQ(memory->checkpoint.names(), written->names());
+    for (const std::string& name : written->names()) {
+      const TensorView a = *written->get(name), b = *memory->checkpoint.get(name);
+      ASSERT_EQ(a.bytes(), b.bytes()) << name;
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())), 0) << name << ", " << threads << " threads";
+    }
+  }
 }
 
 TEST(SyntheticCheckpoint, CliErrors) {
