@@ -558,7 +558,7 @@ void write_json(const char* path) {
 
 // ---- Gemma-4 26B-A4B (`--gemma-only`): the fused router (norm + logits + top-8 of 128 + softmax + expert
 // scales; 30 layers' f32 weights rotated, as in a decode step), the bf16 GeGLU experts (128 x 704, top-8;
-// routings rotated over random experts), and the small ops at decode and prefill sizes.
+// routings rotated over random experts), and the small and fused row ops at decode and prefill sizes.
 void bench_gemma() {
   const int64_t E = 128, H = 2816, I = 704, k = 8, layers = 30;
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, H, I, E, k, 16, 8, 512}));
@@ -627,6 +627,18 @@ void bench_gemma() {
     TensorView res = random_f32({T, H}, 1.0f), f = random_bf16({1}, 1.0f);
     report("gemma scale_by T=" + std::to_string(T), time_graph(20, [&](int) { return g_b->scale_by(res, f); }),
            2.0 * T * H * 4, 0);
+    TensorView gu = random_bf16({T, 2 * 2112}, 1.0f), act = make(DType::kBF16, {T, 2112});
+    report("gemma geglu T=" + std::to_string(T) + " (fused gate|up 2 x 2112)",
+           time_graph(20, [&](int) { return g_b->geglu(gu, act); }), 3.0 * T * 2112 * 2, 0);
+    // The fused norms between a layer's blocks (the residual stays O(1): no layer scalar).
+    TensorView a = random_bf16({T, H}, 1.0f), m = random_bf16({T, H}, 1.0f), w = random_bf16({H}, 1.0f);
+    TensorView o1 = make(DType::kBF16, {T, H}), o2 = make(DType::kBF16, {T, H});
+    report("gemma attention_end norms T=" + std::to_string(T),
+           time_graph(20, [&](int) { return g_b->gemma_attention_end({a, res, w, w, w, o1, o2, 1e-6f}); }),
+           T * H * (2.0 + 8 + 4), 0, "post-attn norm + residual add + pre-mlp / pre-moe norms, 1 launch");
+    report("gemma layer_end norms T=" + std::to_string(T),
+           time_graph(20, [&](int) { return g_b->gemma_layer_end({a, m, w, w, w, TensorView(), res, w, o1, 1e-6f}); }),
+           T * H * (4.0 + 8 + 2), 0, "3 branch norms + residual add + next input norm, 1 launch");
   }
   TensorView lg = random_f32({1, 262144}, 10.0f);
   report("gemma soft_cap 1 x 262144", time_graph(20, [&](int) { return g_b->soft_cap(lg, 30.0f); }), 2.0 * 262144 * 4, 0);

@@ -65,6 +65,10 @@ struct QkvRopeParams {
   TensorView inv_freq;   // f32 [head_dim / 2] YaRN-adjusted inverse frequencies
   float rope_scale = 1;  // YaRN concentration: multiplies cos and sin (so q.k carries its square)
   int64_t n_q = 0, n_kv = 0, head_dim = 0;
+  // Gemma-4: norm_eps > 0 runs the per-head RMSNorms of qkv_norms (q heads times q_norm, k heads times
+  // k_norm, v heads weightless) first, in the same op (one launch at decode); qkv is scratch afterwards.
+  TensorView q_norm, k_norm;  // bf16 [head_dim], with norm_eps > 0
+  float norm_eps = 0;
 };
 
 struct AttentionParams {
@@ -101,6 +105,37 @@ struct QkvNormParams {
   TensorView q_norm;  // bf16 [head_dim]
   TensorView k_norm;  // bf16 [head_dim]
   int64_t n_q = 0, n_kv = 0, head_dim = 0;
+  float eps = 1e-6f;
+};
+
+// Gemma-4's norms between attention and the feed-forward blocks in one op, per token row (fp32 throughout):
+//   residual += rms_norm(attn_out) * post_attention_norm
+//   mlp_in = rms_norm(residual) * pre_mlp_norm, moe_in = rms_norm(residual) * pre_moe_norm
+struct GemmaAttentionEndParams {
+  TensorView attn_out;             // [T, H] o_proj output, activation dtype
+  TensorView residual;             // [T, H] residual_dtype(), updated in place
+  TensorView post_attention_norm;  // bf16 [H]
+  TensorView pre_mlp_norm;         // bf16 [H]
+  TensorView pre_moe_norm;         // bf16 [H]; empty (a model without experts) = no moe_in
+  TensorView mlp_in, moe_in;       // [T, H] activation dtype
+  float eps = 1e-6f;
+};
+
+// Gemma-4's end of a layer and the next layer's input norm in one op, per token row (fp32 throughout):
+//   with experts: f = rms_norm(rms_norm(dense) * post_mlp_norm + rms_norm(moe) * post_moe_norm) * post_ffn_norm
+//   without:      f = rms_norm(dense) * post_mlp_norm (the caller passes the layer's post-feedforward norm)
+//   residual = (residual + f) * layer_scalar[0]
+//   next_in = rms_norm(residual) * next_norm (the next layer's input norm, or the final norm)
+struct GemmaLayerEndParams {
+  TensorView dense;          // [T, H] the dense MLP's output, activation dtype
+  TensorView moe;            // [T, H] the experts' output, or empty
+  TensorView post_mlp_norm;  // bf16 [H]
+  TensorView post_moe_norm;  // bf16 [H], with moe
+  TensorView post_ffn_norm;  // bf16 [H], with moe
+  TensorView layer_scalar;   // bf16/f32 [1] in backend memory; empty = 1
+  TensorView residual;       // [T, H] residual_dtype(), updated in place
+  TensorView next_norm;      // bf16 [H]
+  TensorView next_in;        // [T, H] activation dtype
   float eps = 1e-6f;
 };
 
@@ -271,6 +306,12 @@ class Backend {
     (void)gate, (void)up, (void)out;
     return unimplemented(name() + " backend has no gelu_tanh_mul yet");
   }
+  // out[t, i] = gelu_tanh(gate_up[t, i]) * gate_up[t, I + i]: GeGLU on a fused gate|up projection [T, 2I]
+  // (Gemma-4's dense MLP runs both halves as one GEMM); out [T, I]; all in activation_dtype().
+  virtual Status geglu(const TensorView& gate_up, TensorView out) {
+    (void)gate_up, (void)out;
+    return unimplemented(name() + " backend has no geglu yet");
+  }
   virtual Status qkv_norms(const QkvNormParams& p) {
     (void)p;
     return unimplemented(name() + " backend has no per-head q/k/v norms yet");
@@ -283,6 +324,15 @@ class Backend {
   virtual Status scale_by(TensorView x, const TensorView& factor) {
     (void)x, (void)factor;
     return unimplemented(name() + " backend has no scale_by yet");
+  }
+
+  virtual Status gemma_attention_end(const GemmaAttentionEndParams& p) {
+    (void)p;
+    return unimplemented(name() + " backend has no fused Gemma-4 attention-end norms");
+  }
+  virtual Status gemma_layer_end(const GemmaLayerEndParams& p) {
+    (void)p;
+    return unimplemented(name() + " backend has no fused Gemma-4 layer-end norms");
   }
 
   // dst = src, both in backend memory with the same byte size (the bandwidth probe's copy).

@@ -74,9 +74,12 @@ class ForwardingBackend : public Backend {
   Status gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
     return inner_.gelu_tanh_mul(gate, up, out);
   }
+  Status geglu(const TensorView& gate_up, TensorView out) override { return inner_.geglu(gate_up, out); }
   Status qkv_norms(const QkvNormParams& p) override { return inner_.qkv_norms(p); }
   Status moe_geglu_experts(const GegluMoeParams& p) override { return inner_.moe_geglu_experts(p); }
   Status scale_by(TensorView x, const TensorView& factor) override { return inner_.scale_by(x, factor); }
+  Status gemma_attention_end(const GemmaAttentionEndParams& p) override { return inner_.gemma_attention_end(p); }
+  Status gemma_layer_end(const GemmaLayerEndParams& p) override { return inner_.gemma_layer_end(p); }
   Status copy(TensorView dst, const TensorView& src) override { return inner_.copy(dst, src); }
 
   std::string device_name() const override { return inner_.device_name(); }

@@ -104,6 +104,9 @@ Status ProfilingBackend::soft_cap(TensorView x, float cap) {
 Status ProfilingBackend::gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) {
   return timed("gelu_tanh_mul", 0, [&] { return inner().gelu_tanh_mul(gate, up, out); });
 }
+Status ProfilingBackend::geglu(const TensorView& gate_up, TensorView out) {
+  return timed("geglu", 0, [&] { return inner().geglu(gate_up, out); });
+}
 Status ProfilingBackend::qkv_norms(const QkvNormParams& p) {
   return timed("qkv_norms", 0, [&] { return inner().qkv_norms(p); });
 }
@@ -112,6 +115,12 @@ Status ProfilingBackend::moe_geglu_experts(const GegluMoeParams& p) {
 }
 Status ProfilingBackend::scale_by(TensorView x, const TensorView& factor) {
   return timed("scale_by", 0, [&] { return inner().scale_by(x, factor); });
+}
+Status ProfilingBackend::gemma_attention_end(const GemmaAttentionEndParams& p) {
+  return timed("gemma_attention_end", 0, [&] { return inner().gemma_attention_end(p); });
+}
+Status ProfilingBackend::gemma_layer_end(const GemmaLayerEndParams& p) {
+  return timed("gemma_layer_end", 0, [&] { return inner().gemma_layer_end(p); });
 }
 
 Result<std::unique_ptr<ReplayGraph>> ProfilingBackend::capture(const std::function<Status()>& body) {

@@ -53,9 +53,12 @@ class ProfilingBackend final : public ForwardingBackend {
   Status unit_rms_norm(const TensorView& x, float eps, TensorView out) override;
   Status soft_cap(TensorView x, float cap) override;
   Status gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) override;
+  Status geglu(const TensorView& gate_up, TensorView out) override;
   Status qkv_norms(const QkvNormParams& p) override;
   Status moe_geglu_experts(const GegluMoeParams& p) override;
   Status scale_by(TensorView x, const TensorView& factor) override;
+  Status gemma_attention_end(const GemmaAttentionEndParams& p) override;
+  Status gemma_layer_end(const GemmaLayerEndParams& p) override;
   // Marks the capture so that ops inside it are timed by event nodes and routing is not recorded.
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override;
 

@@ -1,5 +1,5 @@
 // The CUDA ops Gemma-4 adds against their CPU twins: soft-cap, GeGLU, the layer scalar, the weightless norm,
-// per-head q/k/v norms, the fused router (norm, logits, top-k, softmax, per-expert scale) and the bf16 GeGLU
+// per-head q/k/v norms, the fused norms between a layer's blocks, the fused router (norm, logits, top-k, softmax, per-expert scale) and the bf16 GeGLU
 // experts at decode (8-token tiles) and prefill (64-token tiles). Fresh random inputs, poisoned outputs,
 // odd sizes (partial vectors, strips and k chunks).
 #include <algorithm>
@@ -66,6 +66,19 @@ TEST_F(GemmaKernelTest, GeluTanhMul) {
   }
 }
 
+// The fused gate|up form: halves of one row; inter % 8 == 0 (16-byte path) and odd.
+TEST_F(GemmaKernelTest, Geglu) {
+  for (const auto& [rows, inter] : {std::pair<int64_t, int64_t>{1, 2112}, {9, 2112}, {5, 37}, {64, 704}}) {
+    Bf16Data gu = random_bf16(rng_, rows * 2 * inter, 2.0f);
+    Pair p = upload_activation(cpu_, cuda_, gu, {rows, 2 * inter});
+    TensorView o_c = cpu_.make(DType::kF32, {rows, inter}), o_g = cuda_.make(DType::kBF16, {rows, inter});
+    ASSERT_TRUE(cpu_backend().geglu(p.cpu, o_c).is_ok());
+    ASSERT_TRUE(cuda_backend().geglu(p.cuda, o_g).is_ok());
+    check("geglu", dims({rows, 2 * inter}), cuda_.download_f32(o_g), cpu_.download_f32(o_c), 5e-3);
+  }
+  EXPECT_FALSE(cuda_backend().geglu(cuda_.make(DType::kBF16, {2, 10}), cuda_.make(DType::kBF16, {2, 4})).is_ok());
+}
+
 TEST_F(GemmaKernelTest, ScaleByAndUnitRmsNorm) {
   for (const auto& [rows, h, f32_factor] : {std::tuple<int64_t, int64_t, bool>{5, 2816, false}, {7, 1001, true}}) {
     Pair x = f32_pair(random_f32(rng_, rows * h, 0.0f, 3.0f), {rows, h});
@@ -106,6 +119,80 @@ TEST_F(GemmaKernelTest, QkvNorms) {
                            " hd " + std::to_string(c.hd),
           cuda_.download_f32(p.cuda), cpu_.download_f32(p.cpu), 5e-3);
   }
+}
+
+// The fused norms between a layer's blocks: every output (the f32 residual, the bf16 norm outputs) against
+// the twin, with and without the experts' outputs, a bf16 / f32 / absent layer scalar, widths that leave
+// threads with 1-4 chunks or none (64, 1000, 2816, 8192).
+TEST_F(GemmaKernelTest, FusedAttentionEndNorms) {
+  for (const auto& [rows, h, moe] : {std::tuple<int64_t, int64_t, bool>{1, 2816, true}, {5, 2816, true}, {3, 1000, false},
+                                     {2, 8192, true}, {33, 64, true}}) {
+    Bf16Data attn = random_bf16(rng_, rows * h, 3.0f);
+    std::vector<Bf16Data> w;
+    for (int i = 0; i < 3; ++i) w.push_back(random_bf16(rng_, h, 1.0f));
+    Pair a = upload_activation(cpu_, cuda_, attn, {rows, h});
+    Pair res = f32_pair(random_f32(rng_, rows * h, 0.2f, 4.0f), {rows, h});
+    Pair wp[3];
+    for (int i = 0; i < 3; ++i)
+      wp[i] = {cpu_.upload(DType::kBF16, {h}, w[i].bits.data()), cuda_.upload(DType::kBF16, {h}, w[i].bits.data())};
+    TensorView mlp_c = cpu_.make(DType::kF32, {rows, h}), moe_c = cpu_.make(DType::kF32, {rows, h});
+    TensorView mlp_g = cuda_.make(DType::kBF16, {rows, h}), moe_g = cuda_.make(DType::kBF16, {rows, h});
+    ASSERT_TRUE(cpu_backend()
+                    .gemma_attention_end({a.cpu, res.cpu, wp[0].cpu, wp[1].cpu, moe ? wp[2].cpu : TensorView(), mlp_c,
+                                          moe_c, 1e-6f})
+                    .is_ok());
+    ASSERT_TRUE(cuda_backend()
+                    .gemma_attention_end({a.cuda, res.cuda, wp[0].cuda, wp[1].cuda, moe ? wp[2].cuda : TensorView(),
+                                          mlp_g, moe_g, 1e-6f})
+                    .is_ok());
+    const std::string what = dims({rows, h}) + (moe ? " with experts" : " dense only");
+    check("gemma_attention_end residual", what, cuda_.download_f32(res.cuda), cpu_.download_f32(res.cpu), 1e-5);
+    check("gemma_attention_end mlp_in", what, cuda_.download_f32(mlp_g), cpu_.download_f32(mlp_c), 5e-3);
+    if (moe) check("gemma_attention_end moe_in", what, cuda_.download_f32(moe_g), cpu_.download_f32(moe_c), 5e-3);
+  }
+  TensorView x = cuda_.make(DType::kBF16, {2, 12}), r = cuda_.make(DType::kF32, {2, 12}), w = cuda_.make(DType::kBF16, {12});
+  EXPECT_FALSE(cuda_backend().gemma_attention_end({x, r, w, w, TensorView(), x, x, 1e-6f}).is_ok());  // 12 % 8 != 0
+  TensorView w16 = cuda_.make(DType::kBF16, {16});
+  EXPECT_FALSE(cuda_backend().gemma_attention_end({x, r, w16, w16, TensorView(), x, x, 1e-6f}).is_ok());  // width
+}
+
+TEST_F(GemmaKernelTest, FusedLayerEndNorms) {
+  enum class Scalar { kNone, kBf16, kF32 };
+  for (const auto& [rows, h, moe, scalar] :
+       {std::tuple<int64_t, int64_t, bool, Scalar>{1, 2816, true, Scalar::kBf16}, {7, 2816, true, Scalar::kF32},
+        {3, 1000, false, Scalar::kBf16}, {2, 8192, true, Scalar::kNone}, {33, 64, false, Scalar::kF32}}) {
+    Bf16Data dense = random_bf16(rng_, rows * h, 2.0f), experts = random_bf16(rng_, rows * h, 0.5f);
+    std::vector<Bf16Data> w;
+    for (int i = 0; i < 4; ++i) w.push_back(random_bf16(rng_, h, 1.0f));
+    Pair d = upload_activation(cpu_, cuda_, dense, {rows, h}), m = upload_activation(cpu_, cuda_, experts, {rows, h});
+    Pair res = f32_pair(random_f32(rng_, rows * h, -0.3f, 5.0f), {rows, h});
+    Pair wp[4];
+    for (int i = 0; i < 4; ++i)
+      wp[i] = {cpu_.upload(DType::kBF16, {h}, w[i].bits.data()), cuda_.upload(DType::kBF16, {h}, w[i].bits.data())};
+    const float factor = 0.6171875f;  // bf16-exact
+    const uint16_t factor_bits = 0x3f1e;
+    Pair sc;
+    if (scalar != Scalar::kNone) {
+      sc.cpu = cpu_.upload(DType::kF32, {1}, &factor);
+      sc.cuda = scalar == Scalar::kF32 ? cuda_.upload(DType::kF32, {1}, &factor) : cuda_.upload(DType::kBF16, {1}, &factor_bits);
+    }
+    TensorView next_c = cpu_.make(DType::kF32, {rows, h}), next_g = cuda_.make(DType::kBF16, {rows, h});
+    ASSERT_TRUE(cpu_backend()
+                    .gemma_layer_end({d.cpu, moe ? m.cpu : TensorView(), wp[0].cpu, wp[1].cpu, wp[2].cpu, sc.cpu,
+                                      res.cpu, wp[3].cpu, next_c, 1e-6f})
+                    .is_ok());
+    ASSERT_TRUE(cuda_backend()
+                    .gemma_layer_end({d.cuda, moe ? m.cuda : TensorView(), wp[0].cuda, wp[1].cuda, wp[2].cuda, sc.cuda,
+                                      res.cuda, wp[3].cuda, next_g, 1e-6f})
+                    .is_ok());
+    const char* scalar_name = scalar == Scalar::kNone ? "no scalar" : scalar == Scalar::kBf16 ? "bf16 scalar" : "f32 scalar";
+    const std::string what = dims({rows, h}) + (moe ? " with experts, " : " dense only, ") + scalar_name;
+    check("gemma_layer_end residual", what, cuda_.download_f32(res.cuda), cpu_.download_f32(res.cpu), 1e-5);
+    check("gemma_layer_end next_in", what, cuda_.download_f32(next_g), cpu_.download_f32(next_c), 5e-3);
+  }
+  TensorView x = cuda_.make(DType::kBF16, {2, 16}), r = cuda_.make(DType::kF32, {2, 16}), w = cuda_.make(DType::kBF16, {16});
+  TensorView two = cuda_.make(DType::kF32, {2});
+  EXPECT_FALSE(cuda_backend().gemma_layer_end({x, TensorView(), w, w, w, two, r, w, x, 1e-6f}).is_ok());  // scalar
 }
 
 // The fused router against the twin's norm -> logits -> top-k -> softmax -> scale: logits, weights and ids.

@@ -32,7 +32,8 @@ class KernelTest : public ::testing::Test {
  protected:
   KernelTest() : cpu_(cpu_backend()), cuda_(cuda_backend()), rng_(test_seed()) {}
   // gemma_rope: Gemma-4's frequencies (theta, partial factor) instead of YaRN's, scale 1.
-  void run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma4Rope* gemma_rope = nullptr);
+  // norms: Gemma-4's per-head q/k/v norms fused into the op (QkvRopeParams::norm_eps).
+  void run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma4Rope* gemma_rope = nullptr, bool norms = false);
   Arena cpu_, cuda_;
   std::mt19937 rng_;
 };
@@ -347,12 +348,23 @@ TEST_F(KernelTest, QkvRopeGemma) {
   run_qkv_rope(3, 1, 136, &full);  // 17 rotated pairs of 68
 }
 
-void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma4Rope* gemma_rope) {
+// The same with the per-head q/k/v norms fused in (norm_eps > 0: one kernel at head dims up to 512): CTAs of
+// 8 heads that mix q, k and v heads, a last CTA with idle warps, a half (68) that is not a multiple of 8.
+TEST_F(KernelTest, QkvNormRopeGemma) {
+  const Gemma4Rope sliding{10000.0, 1.0}, full{1000000.0, 0.25};
+  run_qkv_rope(16, 8, 256, &sliding, /*norms=*/true);
+  run_qkv_rope(16, 2, 512, &full, true);
+  run_qkv_rope(3, 1, 136, &full, true);
+  run_qkv_rope(5, 2, 64, &sliding, true);
+}
+
+void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma4Rope* gemma_rope, bool norms) {
   YarnRope rope;
   rope.factor = 32;
   const int64_t page = 16;
   const std::string shape = " (q " + std::to_string(n_q) + ", kv " + std::to_string(n_kv) + ", hd " + std::to_string(hd) +
-                            (gemma_rope ? ", gemma partial " + std::to_string(gemma_rope->partial_rotary_factor) : "") + ")";
+                            (gemma_rope ? ", gemma partial " + std::to_string(gemma_rope->partial_rotary_factor) : "") +
+                            (norms ? ", q/k/v norms" : "") + ")";
   RopeTables tables = compute_yarn_rope(rope, hd);
   if (gemma_rope) {
     tables.inv_freq = gemma4_inv_freq(*gemma_rope, hd);
@@ -375,8 +387,16 @@ void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma
   const int64_t half = hd / 2;
   TensorView f_c = cpu_.upload(DType::kF32, {half}, tables.inv_freq.data()),
              f_g = cuda_.upload(DType::kF32, {half}, tables.inv_freq.data());
-  ASSERT_TRUE(cpu_backend().qkv_rope({p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd}, *b_c).is_ok());
-  ASSERT_TRUE(cuda_backend().qkv_rope({p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd}, *b_g).is_ok());
+  Bf16Data qn = random_bf16(rng_, hd, 1.0f), kn = random_bf16(rng_, hd, 1.0f);
+  QkvRopeParams rc{p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd};
+  QkvRopeParams rg{p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd};
+  if (norms) {
+    rc.q_norm = cpu_.upload(DType::kBF16, {hd}, qn.bits.data()), rc.k_norm = cpu_.upload(DType::kBF16, {hd}, kn.bits.data());
+    rg.q_norm = cuda_.upload(DType::kBF16, {hd}, qn.bits.data()), rg.k_norm = cuda_.upload(DType::kBF16, {hd}, kn.bits.data());
+    rc.norm_eps = rg.norm_eps = 1e-6f;
+  }
+  ASSERT_TRUE(cpu_backend().qkv_rope(rc, *b_c).is_ok());
+  ASSERT_TRUE(cuda_backend().qkv_rope(rg, *b_g).is_ok());
   check("qkv_rope q", "4 seqs, positions to 100002" + shape, cuda_.download_f32(q_g), cpu_.download_f32(q_c), 5e-3);
   // Only the written slots of the cache are defined.
   const auto kc = cpu_.download_f32(k_c), vc = cpu_.download_f32(v_c), kg = cuda_.download_f32(k_g), vg = cuda_.download_f32(v_g);
@@ -391,7 +411,8 @@ void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma
       wv_g.insert(wv_g.end(), vg.begin() + off, vg.begin() + off + n_kv * hd);
     }
   check("qkv_rope k cache", "rotated keys at token slots" + shape, wk_g, wk_c, 5e-3);
-  check("qkv_rope v cache", "values at token slots" + shape, wv_g, wv_c, 0.0);
+  // Plain values are copied exactly; normed ones are rounded to bf16 once from fp32 (the twin keeps f32).
+  check("qkv_rope v cache", "values at token slots" + shape, wv_g, wv_c, norms ? 5e-3 : 0.0);
 }
 
 TEST_F(KernelTest, RouterTopK) {

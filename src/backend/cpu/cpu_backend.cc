@@ -78,6 +78,11 @@ class CpuBackend final : public Backend {
     cpu::gelu_tanh_mul(gate, up, out);
     return Status::ok();
   }
+  Status geglu(const TensorView& gate_up, TensorView out) override {
+    if (gate_up.numel() != 2 * out.numel()) return invalid_argument("geglu: gate_up must hold twice out's values");
+    cpu::geglu(gate_up, out);
+    return Status::ok();
+  }
   Status qkv_norms(const QkvNormParams& p) override {
     cpu::qkv_norms(p);
     return Status::ok();
@@ -88,6 +93,14 @@ class CpuBackend final : public Backend {
   }
   Status scale_by(TensorView x, const TensorView& factor) override {
     cpu::scale_by(x, factor);
+    return Status::ok();
+  }
+  Status gemma_attention_end(const GemmaAttentionEndParams& p) override {
+    cpu::gemma_attention_end(p);
+    return Status::ok();
+  }
+  Status gemma_layer_end(const GemmaLayerEndParams& p) override {
+    cpu::gemma_layer_end(p);
     return Status::ok();
   }
   Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,

@@ -97,6 +97,15 @@ void gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out)
   for (int64_t i = 0; i < out.numel(); ++i) o[i] = gelu_tanh(g[i]) * u[i];
 }
 
+void geglu(const TensorView& gate_up, TensorView out) {
+  const int64_t inter = out.dim(-1), rows = out.numel() / inter;
+  MX_CHECK_EQ(gate_up.numel(), 2 * rows * inter);
+  const float* gu = gate_up.ptr<const float>();
+  float* o = out.ptr<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) o[r * inter + i] = gelu_tanh(gu[2 * r * inter + i]) * gu[(2 * r + 1) * inter + i];
+}
+
 void scale_by(TensorView x, const TensorView& factor) {
   MX_CHECK_EQ(factor.numel(), 1);
   const float f = load_f32(factor, 0);
@@ -152,6 +161,7 @@ void linear_fp8(ThreadPool& pool, const TensorView& x, const TensorView& weight,
 
 void qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
   const int64_t hd = p.head_dim, half = hd / 2, width = (p.n_q + 2 * p.n_kv) * hd;
+  if (p.norm_eps > 0) qkv_norms(QkvNormParams{p.qkv, p.q_norm, p.k_norm, p.n_q, p.n_kv, hd, p.norm_eps});
   const float* inv_freq = p.inv_freq.ptr<const float>();
   std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
   auto rotate = [&](const float* x, float* y) {
@@ -334,6 +344,35 @@ void qkv_norms(const QkvNormParams& p) {
       const TensorView& weight = h < p.n_q ? p.q_norm : h < p.n_q + p.n_kv ? p.k_norm : TensorView();
       normalize_row(x, weight, p.eps, hd, x);  // reads a row fully before writing it
     }
+}
+
+void gemma_attention_end(const GemmaAttentionEndParams& p) {
+  const int64_t h = p.residual.dim(-1), rows = p.residual.numel() / h;
+  std::vector<float> normed(static_cast<size_t>(h));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* res = p.residual.ptr<float>() + r * h;
+    normalize_row(p.attn_out.ptr<const float>() + r * h, p.post_attention_norm, p.eps, h, normed.data());
+    for (int64_t i = 0; i < h; ++i) res[i] += normed[static_cast<size_t>(i)];
+    normalize_row(res, p.pre_mlp_norm, p.eps, h, p.mlp_in.ptr<float>() + r * h);
+    if (!p.pre_moe_norm.empty()) normalize_row(res, p.pre_moe_norm, p.eps, h, p.moe_in.ptr<float>() + r * h);
+  }
+}
+
+void gemma_layer_end(const GemmaLayerEndParams& p) {
+  const int64_t h = p.residual.dim(-1), rows = p.residual.numel() / h;
+  const float scalar = p.layer_scalar.empty() ? 1.0f : load_f32(p.layer_scalar, 0);
+  std::vector<float> f(static_cast<size_t>(h)), moe(static_cast<size_t>(h));
+  for (int64_t r = 0; r < rows; ++r) {
+    normalize_row(p.dense.ptr<const float>() + r * h, p.post_mlp_norm, p.eps, h, f.data());
+    if (!p.moe.empty()) {
+      normalize_row(p.moe.ptr<const float>() + r * h, p.post_moe_norm, p.eps, h, moe.data());
+      for (size_t i = 0; i < f.size(); ++i) f[i] += moe[i];
+      normalize_row(f.data(), p.post_ffn_norm, p.eps, h, f.data());  // reads the row fully before writing it
+    }
+    float* res = p.residual.ptr<float>() + r * h;
+    for (int64_t i = 0; i < h; ++i) res[i] = (res[i] + f[static_cast<size_t>(i)]) * scalar;
+    normalize_row(res, p.next_norm, p.eps, h, p.next_in.ptr<float>() + r * h);
+  }
 }
 
 void moe_geglu_experts(ThreadPool& pool, const GegluMoeParams& p) {

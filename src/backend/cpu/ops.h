@@ -18,6 +18,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorVi
 void soft_cap(TensorView x, float cap);  // x = cap * tanh(x / cap)
 float gelu_tanh(float x);                // GELU, tanh approximation (gelu_pytorch_tanh)
 void gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out);
+void geglu(const TensorView& gate_up, TensorView out);  // Backend::geglu
 void scale_by(TensorView x, const TensorView& factor);  // x *= factor[0]
 void add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps, TensorView out);
 void linear(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out);
@@ -29,6 +30,8 @@ void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batc
 void router_topk(const RouterParams& p);
 void moe_experts(ThreadPool& pool, const MoeParams& p);
 void qkv_norms(const QkvNormParams& p);
+void gemma_attention_end(const GemmaAttentionEndParams& p);
+void gemma_layer_end(const GemmaLayerEndParams& p);
 void moe_geglu_experts(ThreadPool& pool, const GegluMoeParams& p);
 void gather_rows(const TensorView& x, const TensorView& rows, TensorView out);
 void sample(ThreadPool& pool, const SampleParams& p);  // rows in parallel; cpu/sampling.cc

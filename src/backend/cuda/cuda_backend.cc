@@ -371,6 +371,22 @@ class CudaBackend final : public Backend {
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override {
     expect(p.qkv, DType::kBF16, "qkv");
     expect(p.kv.k, DType::kBF16, "k cache");
+    if (p.norm_eps > 0) {
+      expect(p.q_norm, DType::kBF16, "q_norm");
+      expect(p.k_norm, DType::kBF16, "k_norm");
+      if (p.q_norm.numel() != p.head_dim || p.k_norm.numel() != p.head_dim)
+        return invalid_argument("qkv_rope: q_norm and k_norm need head_dim values");
+      GemmaQkvNormRopeParams g;
+      g.qkv = ptr<const uint16_t>(p.qkv);
+      g.q_out = ptr<uint16_t>(p.q_out);
+      g.inv_freq = ptr<const float>(p.inv_freq);
+      g.q_norm = ptr<const uint16_t>(p.q_norm);
+      g.k_norm = ptr<const uint16_t>(p.k_norm);
+      g.kv = paged(p.kv, batch);
+      g.tokens = batch.num_tokens, g.n_q = p.n_q, g.n_kv = p.n_kv, g.head_dim = p.head_dim;
+      g.rope_scale = p.rope_scale, g.eps = p.norm_eps;
+      return launch_gemma_qkv_norm_rope(g, stream_.get());
+    }
     RopeParams r;
     r.qkv = ptr<const uint16_t>(p.qkv);
     r.q_out = ptr<uint16_t>(p.q_out);
@@ -502,12 +518,73 @@ class CudaBackend final : public Backend {
     return launch_gelu_tanh_mul(ptr<const uint16_t>(gate), ptr<const uint16_t>(up), ptr<uint16_t>(out), out.numel(),
                                 stream_.get());
   }
+  Status geglu(const TensorView& gate_up, TensorView out) override {
+    expect(gate_up, DType::kBF16, "geglu gate_up");
+    expect(out, DType::kBF16, "geglu out");
+    if (gate_up.numel() != 2 * out.numel()) return invalid_argument("geglu: gate_up must hold twice out's values");
+    const int64_t inter = out.dim(-1);
+    return launch_geglu(ptr<const uint16_t>(gate_up), ptr<uint16_t>(out), out.numel() / inter, inter, stream_.get());
+  }
   Status scale_by(TensorView x, const TensorView& factor) override {
     MX_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) << dtype_name(x.dtype());
     MX_CHECK(factor.dtype() == DType::kF32 || factor.dtype() == DType::kBF16) << dtype_name(factor.dtype());
     MX_CHECK_EQ(factor.numel(), 1);
     return launch_scale_by(x.data(), x.dtype() == DType::kF32, x.numel(), factor.data(),
                            factor.dtype() == DType::kF32, stream_.get());
+  }
+  Status gemma_attention_end(const GemmaAttentionEndParams& p) override {
+    expect(p.residual, DType::kF32, "gemma_attention_end residual");
+    const int64_t h = p.residual.dim(-1), n = p.residual.numel();
+    for (const TensorView* t : {&p.attn_out, &p.mlp_in}) expect(*t, DType::kBF16, "gemma_attention_end activation");
+    for (const TensorView* t : {&p.post_attention_norm, &p.pre_mlp_norm}) expect(*t, DType::kBF16, "gemma norm weight");
+    const bool moe = !p.pre_moe_norm.empty();
+    if (moe) {
+      expect(p.pre_moe_norm, DType::kBF16, "gemma norm weight");
+      expect(p.moe_in, DType::kBF16, "moe_in");
+    }
+    if (p.attn_out.numel() != n || p.mlp_in.numel() != n || (moe && p.moe_in.numel() != n) ||
+        p.post_attention_norm.numel() != h || p.pre_mlp_norm.numel() != h || (moe && p.pre_moe_norm.numel() != h))
+      return invalid_argument("gemma_attention_end: rows of " + std::to_string(h) + " values expected everywhere");
+    GemmaAttentionEndKernelParams k;
+    k.attn_out = ptr<const uint16_t>(p.attn_out);
+    k.residual = ptr<float>(p.residual);
+    k.post_attention_norm = ptr<const uint16_t>(p.post_attention_norm);
+    k.pre_mlp_norm = ptr<const uint16_t>(p.pre_mlp_norm);
+    k.pre_moe_norm = moe ? ptr<const uint16_t>(p.pre_moe_norm) : nullptr;
+    k.mlp_in = ptr<uint16_t>(p.mlp_in);
+    k.moe_in = moe ? ptr<uint16_t>(p.moe_in) : nullptr;
+    k.rows = n / h, k.hidden = h, k.eps = p.eps;
+    return launch_gemma_attention_end(k, stream_.get());
+  }
+  Status gemma_layer_end(const GemmaLayerEndParams& p) override {
+    expect(p.residual, DType::kF32, "gemma_layer_end residual");
+    const int64_t h = p.residual.dim(-1), n = p.residual.numel();
+    for (const TensorView* t : {&p.dense, &p.next_in}) expect(*t, DType::kBF16, "gemma_layer_end activation");
+    for (const TensorView* t : {&p.post_mlp_norm, &p.next_norm}) expect(*t, DType::kBF16, "gemma norm weight");
+    const bool moe = !p.moe.empty();
+    if (moe) {
+      expect(p.moe, DType::kBF16, "gemma_layer_end moe");
+      for (const TensorView* t : {&p.post_moe_norm, &p.post_ffn_norm}) expect(*t, DType::kBF16, "gemma norm weight");
+    }
+    if (p.dense.numel() != n || p.next_in.numel() != n || (moe && p.moe.numel() != n) || p.post_mlp_norm.numel() != h ||
+        p.next_norm.numel() != h || (moe && (p.post_moe_norm.numel() != h || p.post_ffn_norm.numel() != h)))
+      return invalid_argument("gemma_layer_end: rows of " + std::to_string(h) + " values expected everywhere");
+    if (!p.layer_scalar.empty() && (p.layer_scalar.numel() != 1 || (p.layer_scalar.dtype() != DType::kF32 &&
+                                                                      p.layer_scalar.dtype() != DType::kBF16)))
+      return invalid_argument("gemma_layer_end: layer_scalar must be one bf16 or f32 value");
+    GemmaLayerEndKernelParams k;
+    k.dense = ptr<const uint16_t>(p.dense);
+    k.moe = moe ? ptr<const uint16_t>(p.moe) : nullptr;
+    k.post_mlp_norm = ptr<const uint16_t>(p.post_mlp_norm);
+    k.post_moe_norm = moe ? ptr<const uint16_t>(p.post_moe_norm) : nullptr;
+    k.post_ffn_norm = moe ? ptr<const uint16_t>(p.post_ffn_norm) : nullptr;
+    k.layer_scalar = p.layer_scalar.empty() ? nullptr : p.layer_scalar.data();
+    k.scalar_f32 = p.layer_scalar.dtype() == DType::kF32;
+    k.residual = ptr<float>(p.residual);
+    k.next_norm = ptr<const uint16_t>(p.next_norm);
+    k.next_in = ptr<uint16_t>(p.next_in);
+    k.rows = n / h, k.hidden = h, k.eps = p.eps;
+    return launch_gemma_layer_end(k, stream_.get());
   }
   Status qkv_norms(const QkvNormParams& p) override {
     expect(p.qkv, DType::kBF16, "qkv_norms qkv");

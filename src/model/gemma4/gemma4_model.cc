@@ -121,6 +121,14 @@ Status Gemma4Model::upload() {
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     Gemma4LayerWeights& L = weights_.layers[l];
     MX_ASSIGN_OR_RETURN(qkv_weight_[l], put(qkv_weight_[l]));
+    // The dense MLP's gate and up projections (the rank's slices) as one weight: one GEMM at decode.
+    std::vector<uint16_t> gate_up;
+    const int64_t inter = L.mlp_gate.dim(0);
+    append_bf16_block(L.mlp_gate.ptr<const uint16_t>(), H, 0, inter, 0, H, &gate_up);
+    append_bf16_block(L.mlp_up.ptr<const uint16_t>(), H, 0, inter, 0, H, &gate_up);
+    host_copies_.push_back(std::move(gate_up));
+    MX_ASSIGN_OR_RETURN(TensorView fused, put(TensorView(host_copies_.back().data(), DType::kBF16, {2 * inter, H})));
+    mlp_gate_up_.push_back(fused);
     if (c.moe) {
       // The router's learned per-dim scale and H^-1/2 fold into its weight (f32, so nothing is rounded twice).
       std::vector<float> router(static_cast<size_t>(c.num_experts * H));
@@ -136,7 +144,7 @@ Status Gemma4Model::upload() {
       router_weight_.emplace_back();
     }
     for (TensorView* t : {&L.input_norm, &L.post_attention_norm, &L.q_norm, &L.k_norm, &L.o_weight, &L.pre_mlp_norm,
-                          &L.post_mlp_norm, &L.mlp_gate, &L.mlp_up, &L.mlp_down, &L.pre_moe_norm, &L.post_moe_norm,
+                          &L.post_mlp_norm, &L.mlp_down, &L.pre_moe_norm, &L.post_moe_norm,
                           &L.post_ffn_norm, &L.per_expert_scale, &L.experts_gate_up, &L.experts_down, &L.layer_scalar}) {
       if (!t->empty()) {
         MX_ASSIGN_OR_RETURN(*t, put(*t));
@@ -178,14 +186,14 @@ Result<std::unique_ptr<ModelWorkspace>> Gemma4Model::make_workspace(int64_t max_
                                                     c.experts_per_token, plan_.heads, max_kv, max_hd, max_logit_rows,
                                                     c.vocab_size}));
   MX_ASSIGN_OR_RETURN(ws.residual, make(backend_.residual_dtype(), {T, H}));
-  for (TensorView* t : {&ws.normed, &ws.normed_moe, &ws.proj, &ws.branch, &ws.moe_out}) {
+  for (TensorView* t : {&ws.normed, &ws.normed_moe, &ws.proj, &ws.moe_out}) {
     MX_ASSIGN_OR_RETURN(*t, make(act, {T, H}));
   }
   MX_ASSIGN_OR_RETURN(ws.qkv, make(act, {T * qkv_width}));
   MX_ASSIGN_OR_RETURN(ws.q, make(act, {T * q_width}));
   MX_ASSIGN_OR_RETURN(ws.attn, make(act, {T * q_width}));
-  MX_ASSIGN_OR_RETURN(ws.gate, make(act, {T, plan_.intermediate}));
-  MX_ASSIGN_OR_RETURN(ws.up, make(act, {T, plan_.intermediate}));
+  MX_ASSIGN_OR_RETURN(ws.gate_up, make(act, {T, 2 * plan_.intermediate}));
+  MX_ASSIGN_OR_RETURN(ws.mlp_act, make(act, {T, plan_.intermediate}));
   MX_ASSIGN_OR_RETURN(ws.router_logits, make(DType::kF32, {T, E}));
   MX_ASSIGN_OR_RETURN(ws.topk_ids, make(DType::kI32, {T, K}));
   MX_ASSIGN_OR_RETURN(ws.topk_weights, make(DType::kF32, {T, K}));
@@ -216,7 +224,7 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
   Backend& b = backend_;
   const float eps = static_cast<float>(c.rms_norm_eps);
   TensorView residual = ws.residual.rows(0, T), normed = ws.normed.rows(0, T), proj = ws.proj.rows(0, T);
-  TensorView branch = ws.branch.rows(0, T);
+  TensorView normed_moe = ws.normed_moe.rows(0, T), moe_out = ws.moe_out.rows(0, T);
   auto observe = [&](int64_t index, const TensorView& t) {
     if (observer) (*observer)(index, t);
   };
@@ -224,6 +232,8 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
   MX_RETURN_IF_ERROR(b.embedding(weights_.embed, batch.token_ids, residual));
   MX_RETURN_IF_ERROR(b.scale_by(residual, embed_scale_));
   observe(0, residual);
+  // The first layer's input norm; each later one (and the final norm) comes out of the layer before's end.
+  MX_RETURN_IF_ERROR(b.rms_norm(residual, weights_.layers[0].input_norm, eps, normed));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const auto li = static_cast<size_t>(l);
     const Gemma4LayerWeights& L = weights_.layers[li];
@@ -231,59 +241,51 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     const int64_t hd = c.layer_head_dim[li], n_kv = plan_.kv_heads[li], nq = plan_.heads;
     const bool sliding = c.layer_is_sliding[li];
 
-    // Attention.
-    MX_RETURN_IF_ERROR(b.rms_norm(residual, L.input_norm, eps, normed));
+    // Attention (normed holds the input norm of the residual).
     TensorView qkv = ws.qkv.rows(0, T * (nq + 2 * n_kv) * hd).reshaped({T, (nq + 2 * n_kv) * hd});
     TensorView q = ws.q.rows(0, T * nq * hd).reshaped({T, nq * hd});
     TensorView attn = ws.attn.rows(0, T * nq * hd).reshaped({T, nq * hd});
     MX_RETURN_IF_ERROR(b.linear(normed, qkv_weight_[li], TensorView(), qkv));
-    MX_RETURN_IF_ERROR(b.qkv_norms(QkvNormParams{qkv, L.q_norm, L.k_norm, nq, n_kv, hd, eps}));
-    QkvRopeParams rope{qkv, q, cache, sliding ? sliding_inv_freq_ : full_inv_freq_, 1.0f, nq, n_kv, hd};
+    // Per-head q/k/v norms, then RoPE and the KV write, in one op.
+    QkvRopeParams rope{qkv, q, cache, sliding ? sliding_inv_freq_ : full_inv_freq_, 1.0f, nq, n_kv, hd, L.q_norm,
+                       L.k_norm, eps};
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
     AttentionParams ap{q, cache, TensorView(), attn, nq, n_kv, hd, kv_layout_.layers[li].window, 1.0f};
     MX_RETURN_IF_ERROR(b.attention(ap, batch));
     MX_RETURN_IF_ERROR(b.linear(attn, L.o_weight, TensorView(), proj));
     MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's heads' share of o_proj
-    MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_attention_norm, eps, branch));
-    // residual += normed attention; the dense MLP's input is the pre-feedforward norm of the new residual.
-    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, branch, L.pre_mlp_norm, eps, normed));
+    // residual += normed attention; the dense MLP's and the experts' input norms of the new residual.
+    MX_RETURN_IF_ERROR(b.gemma_attention_end(GemmaAttentionEndParams{
+        proj, residual, L.post_attention_norm, L.pre_mlp_norm, c.moe ? L.pre_moe_norm : TensorView(), normed,
+        normed_moe, eps}));
 
     // Dense MLP.
-    TensorView gate = ws.gate.rows(0, T), up = ws.up.rows(0, T);
-    MX_RETURN_IF_ERROR(b.linear(normed, L.mlp_gate, TensorView(), gate));
-    MX_RETURN_IF_ERROR(b.linear(normed, L.mlp_up, TensorView(), up));
-    MX_RETURN_IF_ERROR(b.gelu_tanh_mul(gate, up, gate));
-    MX_RETURN_IF_ERROR(b.linear(gate, L.mlp_down, TensorView(), proj));
+    TensorView gate_up = ws.gate_up.rows(0, T), mlp_act = ws.mlp_act.rows(0, T);
+    MX_RETURN_IF_ERROR(b.linear(normed, mlp_gate_up_[li], TensorView(), gate_up));
+    MX_RETURN_IF_ERROR(b.geglu(gate_up, mlp_act));
+    MX_RETURN_IF_ERROR(b.linear(mlp_act, L.mlp_down, TensorView(), proj));
     MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's intermediate slice
     if (c.moe) {
-      MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_mlp_norm, eps, branch));
       // Experts, routed from the residual (not from the pre-feedforward norm); the router's weightless
       // norm of the residual is fused into the router (x_norm_eps).
-      TensorView normed_moe = ws.normed_moe.rows(0, T), moe_out = ws.moe_out.rows(0, T);
       RouterParams router{residual, router_weight_[li], TensorView(), ws.router_logits.rows(0, T),
                           ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token,
                           L.per_expert_scale, eps};
       MX_RETURN_IF_ERROR(b.router_topk(router));
-      MX_RETURN_IF_ERROR(b.rms_norm(residual, L.pre_moe_norm, eps, normed_moe));
       MX_RETURN_IF_ERROR(b.moe_geglu_experts(GegluMoeParams{normed_moe, router.topk_ids, router.topk_weights,
                                                              L.experts_gate_up, L.experts_down, moe_out,
                                                              c.experts_per_token}));
       MX_RETURN_IF_ERROR(all_reduce(moe_out));  // each rank's slice of every expert
-      MX_RETURN_IF_ERROR(b.rms_norm(moe_out, L.post_moe_norm, eps, proj));
-      // branch = dense + experts, then its norm (into proj).
-      MX_RETURN_IF_ERROR(b.add_rms_norm(branch, proj, L.post_ffn_norm, eps, proj));
-    } else {
-      MX_RETURN_IF_ERROR(b.rms_norm(proj, L.post_ffn_norm, eps, branch));
-      std::swap(branch, proj);
     }
-    // residual = (residual + normed FFN) * layer_scalar. add_rms_norm's norm output is scratch here.
-    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, L.input_norm, eps, normed));
-    MX_RETURN_IF_ERROR(b.scale_by(residual, L.layer_scalar));
-    if (l + 1 < c.num_layers) observe(l + 1, residual);
-    branch = ws.branch.rows(0, T);
-    proj = ws.proj.rows(0, T);
+    // residual = (residual + normed FFN) * layer_scalar, then the next layer's input norm (or the final
+    // norm) into normed. With experts the FFN is the norm of (normed dense + normed experts).
+    const bool last = l + 1 == c.num_layers;
+    MX_RETURN_IF_ERROR(b.gemma_layer_end(GemmaLayerEndParams{
+        proj, c.moe ? moe_out : TensorView(), c.moe ? L.post_mlp_norm : L.post_ffn_norm, L.post_moe_norm,
+        L.post_ffn_norm, L.layer_scalar, residual, last ? weights_.final_norm : weights_.layers[li + 1].input_norm,
+        normed, eps}));
+    if (!last) observe(l + 1, residual);
   }
-  MX_RETURN_IF_ERROR(b.rms_norm(residual, weights_.final_norm, eps, normed));
   observe(c.num_layers, normed);
   const ForwardOutput out{normed};
   if (R == 0) return out;

@@ -3,7 +3,10 @@
 // v is the raw k projection) -> RoPE (default on sliding layers, proportional partial on full layers) ->
 // attention with scale 1.0 and no sinks -> o_proj -> norm, residual add; a dense GeGLU MLP beside the
 // routed bf16 GeGLU experts, each branch normed, their sum normed and added; the residual times the layer
-// scalar. Final norm, tied lm_head, logit soft-cap. Runs on backends with the Gemma-4 ops (the CPU today).
+// scalar. Final norm, tied lm_head, logit soft-cap. Runs on backends with the Gemma-4 ops (CPU and CUDA).
+// The norms between the blocks run as two fused ops per layer: gemma_attention_end (post-attention norm,
+// residual add, both pre-feedforward norms) and gemma_layer_end (the branch norms, their sum's norm, the
+// residual add, the layer scalar and the next layer's input norm).
 #pragma once
 
 #include <memory>
@@ -32,9 +35,9 @@ struct Gemma4Workspace : ModelWorkspace {
   TensorView q;             // [T, n_q * widest hd]
   TensorView attn;          // [T, n_q * widest hd]
   TensorView proj;          // [T, H] o_proj out; then the dense branch
-  TensorView branch;        // [T, H] normed branch outputs
   TensorView moe_out;       // [T, H]
-  TensorView gate, up;      // [T, I] dense MLP
+  TensorView gate_up;       // [T, 2I] dense MLP: gate | up projections
+  TensorView mlp_act;       // [T, I] dense MLP: gelu_tanh(gate) * up
   TensorView router_logits; // f32 [T, E]
   TensorView topk_ids;      // i32 [T, k]
   TensorView topk_weights;  // f32 [T, k]
@@ -84,6 +87,7 @@ class Gemma4Model : public Model {
   std::vector<Buffer> device_weights_;
   Gemma4Weights weights_;
   std::vector<TensorView> qkv_weight_;     // per layer [(n_q + 2 n_kv) hd, H]; K=V layers repeat k rows
+  std::vector<TensorView> mlp_gate_up_;    // per layer [2 I, H]: the dense MLP's gate rows, then its up rows
   TensorView lm_head_;                     // the rank's rows of the tied embedding (tensor parallel only)
   std::vector<TensorView> router_weight_;  // per layer f32 [E, H]: proj.weight * scale * H^-1/2 folded
   TensorView sliding_inv_freq_, full_inv_freq_;  // f32 [hd / 2]

@@ -1,4 +1,5 @@
-// Parameter structs and launchers of the kernels Gemma-4 adds (gemma_ops.cu, gemma_router.cu, moe_bf16.cu).
+// Parameter structs and launchers of the kernels Gemma-4 adds (gemma_ops.cu, gemma_norms.cu, gemma_router.cu,
+// moe_bf16.cu).
 // Same conventions as kernels.h: raw device pointers, int64 sizes, a Status per launch. Host-only header.
 #pragma once
 
@@ -15,6 +16,8 @@ namespace mx::cuda {
 Status launch_soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
 // out = gelu_tanh(gate) * up over n bf16 values; out may alias gate or up.
 Status launch_gelu_tanh_mul(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n, cudaStream_t stream);
+// out[r, i] = gelu_tanh(gate_up[r, i]) * gate_up[r, inter + i]: bf16 gate_up [rows, 2 inter], out [rows, inter].
+Status launch_geglu(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t inter, cudaStream_t stream);
 // x *= factor[0]: x f32 or bf16 (n values), factor f32 or bf16 in device memory (read on the device, so a
 // captured graph sees the checkpoint's value).
 Status launch_scale_by(void* x, bool x_f32, int64_t n, const void* factor, bool factor_f32, cudaStream_t stream);
@@ -29,6 +32,51 @@ struct QkvNormKernelParams {
   float eps = 1e-6f;
 };
 Status launch_qkv_norms(const QkvNormKernelParams& p, cudaStream_t stream);
+
+// QkvRopeParams with norm_eps > 0 (gemma_rope.cu): the per-head RMSNorms of launch_qkv_norms and the RoPE +
+// paged KV write of launch_qkv_rope in one launch; qkv is read, not written. head_dim % 8 == 0, <= 512.
+struct GemmaQkvNormRopeParams {
+  const uint16_t* qkv = nullptr;     // bf16 [tokens, (n_q + 2 n_kv) head_dim]
+  uint16_t* q_out = nullptr;         // bf16 [tokens, n_q head_dim]
+  const float* inv_freq = nullptr;   // [head_dim / 2]
+  const uint16_t* q_norm = nullptr;  // bf16 [head_dim]
+  const uint16_t* k_norm = nullptr;  // bf16 [head_dim]
+  PagedKv kv;
+  int64_t tokens = 0, n_q = 0, n_kv = 0, head_dim = 0;
+  float rope_scale = 1.0f, eps = 1e-6f;
+};
+Status launch_gemma_qkv_norm_rope(const GemmaQkvNormRopeParams& p, cudaStream_t stream);
+
+// The fused norms of Backend::gemma_attention_end / gemma_layer_end (gemma_norms.cu): one CTA per row; the
+// residual stream f32, everything else bf16; hidden % 8 == 0 and <= 8192.
+struct GemmaAttentionEndKernelParams {
+  const uint16_t* attn_out = nullptr;             // [rows, hidden]
+  float* residual = nullptr;                      // [rows, hidden], updated
+  const uint16_t* post_attention_norm = nullptr;  // [hidden]
+  const uint16_t* pre_mlp_norm = nullptr;         // [hidden]
+  const uint16_t* pre_moe_norm = nullptr;         // [hidden] or null (then moe_in is not written)
+  uint16_t* mlp_in = nullptr;                     // [rows, hidden]
+  uint16_t* moe_in = nullptr;                     // [rows, hidden]
+  int64_t rows = 0, hidden = 0;
+  float eps = 1e-6f;
+};
+Status launch_gemma_attention_end(const GemmaAttentionEndKernelParams& p, cudaStream_t stream);
+
+struct GemmaLayerEndKernelParams {
+  const uint16_t* dense = nullptr;          // [rows, hidden]
+  const uint16_t* moe = nullptr;            // [rows, hidden] or null (no experts)
+  const uint16_t* post_mlp_norm = nullptr;  // [hidden]
+  const uint16_t* post_moe_norm = nullptr;  // [hidden], with moe
+  const uint16_t* post_ffn_norm = nullptr;  // [hidden], with moe
+  const void* layer_scalar = nullptr;       // [1], f32 when scalar_f32 else bf16; null = 1
+  float* residual = nullptr;                // [rows, hidden], updated
+  const uint16_t* next_norm = nullptr;      // [hidden]
+  uint16_t* next_in = nullptr;              // [rows, hidden]
+  int64_t rows = 0, hidden = 0;
+  float eps = 1e-6f;
+  bool scalar_f32 = false;
+};
+Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t stream);
 
 // Gemma-4's router in one launch: per token the weightless RMSNorm of x (norm_eps > 0; else x as is), the
 // fp32 logits against the folded f32 weight (learned scale * H^-1/2 * proj), top-k (ties to the lower

@@ -1,5 +1,5 @@
-// Gemma-4's small ops: the logit soft-cap, GeGLU's gelu_tanh(gate) * up, the layer scalar, and the per-head
-// q/k/v RMSNorms. Elementwise ops move 16 bytes per thread access where the size allows, else one value;
+// Gemma-4's small ops: the logit soft-cap, GeGLU's gelu_tanh(gate) * up (gate and up apart, or the halves of
+// one fused gate|up row), the layer scalar, and the per-head q/k/v RMSNorms. Elementwise ops move 16 bytes per thread access where the size allows, else one value;
 // fp32 math and the precise tanhf, as the CPU twin computes them.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
@@ -48,6 +48,31 @@ __global__ void gelu_tanh_mul_kernel(const uint16_t* gate, const uint16_t* up, u
     reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(o);
   } else if (i < n) {
     out[i] = f32_to_bf16_bits(gelu_tanh(bf16_bits_to_f32(gate[i])) * bf16_bits_to_f32(up[i]));
+  }
+}
+
+// One row of a fused gate|up projection per (row, group): vec = 8 values per thread (inter % 8 == 0 and 16-byte
+// aligned pointers), else one.
+__global__ void geglu_kernel(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t inter, bool vec) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vec) {
+    const int64_t per_row = inter / 8;
+    if (i >= rows * per_row) return;
+    const int64_t r = i / per_row, c = i % per_row;
+    const uint4 g = reinterpret_cast<const uint4*>(gate_up + 2 * r * inter)[c];
+    const uint4 u = reinterpret_cast<const uint4*>(gate_up + (2 * r + 1) * inter)[c];
+    const uint16_t* gs = reinterpret_cast<const uint16_t*>(&g);
+    const uint16_t* us = reinterpret_cast<const uint16_t*>(&u);
+    uint16_t o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(gelu_tanh(bf16_bits_to_f32(gs[j])) * bf16_bits_to_f32(us[j]));
+    reinterpret_cast<uint4*>(out + r * inter)[c] = *reinterpret_cast<const uint4*>(o);
+  } else if (i < rows * inter) {
+    const int64_t r = i / inter, c = i % inter;
+    out[i] = f32_to_bf16_bits(gelu_tanh(bf16_bits_to_f32(gate_up[2 * r * inter + c])) *
+                              bf16_bits_to_f32(gate_up[(2 * r + 1) * inter + c]));
   }
 }
 
@@ -136,6 +161,15 @@ Status launch_gelu_tanh_mul(const uint16_t* gate, const uint16_t* up, uint16_t* 
   return cuda_status(launch_pdl(gelu_tanh_mul_kernel, dim3(blocks_for(vec ? n / 8 : n)), dim3(kThreads), 0, stream,
                                 gate, up, out, n, vec),
                      "gelu_tanh_mul_kernel");
+}
+
+Status launch_geglu(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t inter, cudaStream_t stream) {
+  const int64_t n = rows * inter;
+  if (n == 0) return Status::ok();
+  const bool vec = inter % 8 == 0 && (reinterpret_cast<uintptr_t>(gate_up) | reinterpret_cast<uintptr_t>(out)) % 16 == 0;
+  return cuda_status(launch_pdl(geglu_kernel, dim3(blocks_for(vec ? n / 8 : n)), dim3(kThreads), 0, stream, gate_up,
+                                out, rows, inter, vec),
+                     "geglu_kernel");
 }
 
 Status launch_scale_by(void* x, bool x_f32, int64_t n, const void* factor, bool factor_f32, cudaStream_t stream) {

@@ -1,0 +1,212 @@
+// Gemma-4's norms between a layer's blocks, fused so that a decode layer runs two row kernels where it ran
+// eight (three norms, two residual adds, the layer scalar and the next layer's input norm were separate
+// launches of ~1.5 us each at batch 1). One CTA per token row; each thread keeps its 8-element chunks in
+// registers across the row's reductions, so every input is read once and every output written once. fp32
+// math throughout, as the CPU twin (cpu::gemma_attention_end / gemma_layer_end) computes it.
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/gemma_kernels.h"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxChunks = 4;  // hidden <= 8 * kThreads * kMaxChunks = 8192
+
+__device__ __forceinline__ void load8(const uint16_t* p, int64_t i, float (&v)[8]) {
+  const uint4 a = reinterpret_cast<const uint4*>(p)[i];
+  const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = bf16_bits_to_f32(as[j]);
+}
+__device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[2 * i], b = reinterpret_cast<const float4*>(p)[2 * i + 1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(uint16_t* p, int64_t i, const float (&v)[8]) {
+  uint16_t o[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(v[j]);
+  reinterpret_cast<uint4*>(p)[i] = *reinterpret_cast<const uint4*>(o);
+}
+__device__ __forceinline__ void store8(float* p, int64_t i, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[2 * i] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[2 * i + 1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// Sums a and b over the CTA (two sums for the price of one pair of barriers). The trailing barrier lets the
+// next call reuse `scratch`.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float2* scratch) {
+  a = warp_sum(a), b = warp_sum(b);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) scratch[warp] = make_float2(a, b);
+  __syncthreads();
+  float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total.x += scratch[w].x, total.y += scratch[w].y;
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ float sum_sq(const float (&v)[8]) {
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s += v[j] * v[j];
+  return s;
+}
+
+// The chunk index of this thread's c-th chunk, or -1 past the row's end.
+__device__ __forceinline__ int64_t chunk_index(int c, int64_t chunks) {
+  const int64_t i = threadIdx.x + static_cast<int64_t>(c) * kThreads;
+  return i < chunks ? i : -1;
+}
+
+__global__ void __launch_bounds__(kThreads) gemma_attention_end_kernel(GemmaAttentionEndKernelParams p) {
+  __shared__ float2 scratch[kThreads / 32];
+  pdl_wait();  // every input comes from the kernels before
+  pdl_launch_dependents();
+  const int64_t row = blockIdx.x, chunks = p.hidden / 8, base = row * p.hidden;
+  float v[kMaxChunks][8];
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = chunk_index(c, chunks);
+    if (i < 0) break;
+    load8(p.attn_out + base, i, v[c]);
+    s += sum_sq(v[c]);
+  }
+  const float inv_attn = rsqrtf(block_sum2(s, 0.f, scratch).x / static_cast<float>(p.hidden) + p.eps);
+  s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = chunk_index(c, chunks);
+    if (i < 0) break;
+    float w[8], r[8];
+    load8(p.post_attention_norm, i, w);
+    load8(p.residual + base, i, r);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[c][j] = r[j] + w[j] * (v[c][j] * inv_attn);
+    store8(p.residual + base, i, v[c]);
+    s += sum_sq(v[c]);
+  }
+  const float inv_res = rsqrtf(block_sum2(s, 0.f, scratch).x / static_cast<float>(p.hidden) + p.eps);
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = chunk_index(c, chunks);
+    if (i < 0) break;
+    float w[8], o[8];
+    load8(p.pre_mlp_norm, i, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv_res);
+    store8(p.mlp_in + base, i, o);
+    if (p.pre_moe_norm) {
+      load8(p.pre_moe_norm, i, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv_res);
+      store8(p.moe_in + base, i, o);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEndKernelParams p) {
+  __shared__ float2 scratch[kThreads / 32];
+  pdl_wait();
+  pdl_launch_dependents();
+  const float scalar = !p.layer_scalar ? 1.f
+                       : p.scalar_f32  ? *static_cast<const float*>(p.layer_scalar)
+                                       : bf16_bits_to_f32(*static_cast<const uint16_t*>(p.layer_scalar));
+  const int64_t row = blockIdx.x, chunks = p.hidden / 8, base = row * p.hidden;
+  const float inv_h = 1.f / static_cast<float>(p.hidden);
+  float f[kMaxChunks][8], m[kMaxChunks][8];
+  float sd = 0.f, sm = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = chunk_index(c, chunks);
+    if (i < 0) break;
+    load8(p.dense + base, i, f[c]);
+    sd += sum_sq(f[c]);
+    if (p.moe) {
+      load8(p.moe + base, i, m[c]);
+      sm += sum_sq(m[c]);
+    }
+  }
+  const float2 sums = block_sum2(sd, sm, scratch);
+  const float inv_dense = rsqrtf(sums.x * inv_h + p.eps), inv_moe = rsqrtf(sums.y * inv_h + p.eps);
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = chunk_index(c, chunks);
+    if (i < 0) break;
+    float w[8];
+    load8(p.post_mlp_norm, i, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[c][j] = w[j] * (f[c][j] * inv_dense);
+    if (p.moe) {
+      load8(p.post_moe_norm, i, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[c][j] += w[j] * (m[c][j] * inv_moe);
+      s += sum_sq(f[c]);
+    }
+  }
+  if (p.moe) {  // uniform across the CTA: the barrier inside is reached by every thread
+    const float inv_ffn = rsqrtf(block_sum2(s, 0.f, scratch).x * inv_h + p.eps);
+#pragma unroll
+    for (int c = 0; c < kMaxChunks; ++c) {
+      const int64_t i = chunk_index(c, chunks);
+      if (i < 0) break;
+      float w[8];
+      load8(p.post_ffn_norm, i, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[c][j] = w[j] * (f[c][j] * inv_ffn);
+    }
+  }
+  s = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = chunk_index(c, chunks);
+    if (i < 0) break;
+    float r[8];
+    load8(p.residual + base, i, r);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[c][j] = (r[j] + f[c][j]) * scalar;
+    store8(p.residual + base, i, f[c]);
+    s += sum_sq(f[c]);
+  }
+  const float inv_res = rsqrtf(block_sum2(s, 0.f, scratch).x * inv_h + p.eps);
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = chunk_index(c, chunks);
+    if (i < 0) break;
+    float w[8], o[8];
+    load8(p.next_norm, i, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = w[j] * (f[c][j] * inv_res);
+    store8(p.next_in + base, i, o);
+  }
+}
+
+Status check_hidden(int64_t hidden, const char* op) {
+  if (hidden <= 0 || hidden % 8 != 0 || hidden > 8 * kThreads * kMaxChunks)
+    return unimplemented(std::string(op) + ": hidden size must be a positive multiple of 8 and at most 8192");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_gemma_attention_end(const GemmaAttentionEndKernelParams& p, cudaStream_t stream) {
+  MX_RETURN_IF_ERROR(check_hidden(p.hidden, "gemma_attention_end"));
+  if (p.rows == 0) return Status::ok();
+  return cuda_status(launch_pdl(gemma_attention_end_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0,
+                                stream, p),
+                     "gemma_attention_end_kernel");
+}
+
+Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t stream) {
+  MX_RETURN_IF_ERROR(check_hidden(p.hidden, "gemma_layer_end"));
+  if (p.rows == 0) return Status::ok();
+  return cuda_status(launch_pdl(gemma_layer_end_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0,
+                                stream, p),
+                     "gemma_layer_end_kernel");
+}
+
+}  // namespace mx::cuda

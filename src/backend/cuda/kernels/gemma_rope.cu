@@ -1,0 +1,117 @@
+// Gemma-4's per-head q/k/v RMSNorms and RoPE with the paged KV write in one kernel (QkvRopeParams with
+// norm_eps > 0): at decode the two were separate launches of ~1.5 us each per layer, and the norms wrote
+// the whole q|k|v row back only for RoPE to read it again. Grid: (token, group of 8 heads), one warp per
+// head: the warp holds its head's row in registers for the sum of squares, puts the normed row (fp32) in
+// shared memory for the half rotation's partner elements, and writes 16 bytes per lane access. cos/sin as
+// rope.cu computes them (fp32 angle, precise sincosf); v heads are normed and copied, not rotated.
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/gemma_kernels.h"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kWarps = 8;       // heads per CTA
+constexpr int kMaxHalf = 256;   // head_dim <= 512 (Gemma-4's full layers)
+constexpr int kMaxChunks = 2;   // 8-element chunks per lane: 32 * 2 * 8 = 512
+
+__global__ void __launch_bounds__(kWarps * 32) gemma_qkv_norm_rope_kernel(GemmaQkvNormRopeParams p) {
+  __shared__ float cos_t[kMaxHalf], sin_t[kMaxHalf];
+  __shared__ float normed[kWarps][2 * kMaxHalf];
+  const int64_t t = blockIdx.x;
+  const int hd = static_cast<int>(p.head_dim), half = hd / 2, chunks = hd / 8;
+  const int heads = static_cast<int>(p.n_q + 2 * p.n_kv);
+  pdl_wait();  // qkv comes from the projection before; positions and pages from the step's staging
+  pdl_launch_dependents();
+  const int32_t pos = p.kv.positions[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float s, c;
+    sincosf(static_cast<float>(pos) * p.inv_freq[i], &s, &c);
+    cos_t[i] = c * p.rope_scale;
+    sin_t[i] = s * p.rope_scale;
+  }
+  __syncthreads();  // the last barrier: warps whose head is past the end may leave below
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = static_cast<int>(blockIdx.y) * kWarps + warp;
+  if (h >= heads) return;
+  const int32_t seq = p.kv.token_seq[t];
+  const int64_t logical = pos / p.kv.page_size;
+  int64_t page = -1;
+  if (pos >= 0 && logical < p.kv.max_pages) page = p.kv.page_table[seq * p.kv.max_pages + logical];
+  const bool cache_ok = page >= 0 && page < p.kv.num_pages;
+  const int64_t slot = ((cache_ok ? page : 0) * p.kv.page_size + pos % p.kv.page_size) * p.n_kv;
+
+  const uint4* x = reinterpret_cast<const uint4*>(p.qkv + (t * heads + h) * hd);
+  float v[kMaxChunks][8];
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int i = lane + 32 * c;
+    if (i >= chunks) break;
+    const uint4 a = x[i];
+    const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[c][j] = bf16_bits_to_f32(as[j]);
+      sum_sq += v[c][j] * v[c][j];
+    }
+  }
+  const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(hd) + p.eps);
+  const bool is_q = h < p.n_q, is_k = !is_q && h < p.n_q + p.n_kv;
+  const uint16_t* weight = is_q ? p.q_norm : is_k ? p.k_norm : nullptr;
+  float* row = normed[warp];
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int i = lane + 32 * c;
+    if (i >= chunks) break;
+    float w[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
+    if (weight) {
+      const uint4 wa = reinterpret_cast<const uint4*>(weight)[i];
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(&wa);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j] = bf16_bits_to_f32(ws[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[c][j] = w[j] * (v[c][j] * inv);
+      row[8 * i + j] = v[c][j];
+    }
+  }
+  __syncwarp();
+  uint16_t* dst = is_q ? p.q_out + (t * p.n_q + h) * hd
+                  : is_k ? (cache_ok ? p.kv.k + (slot + (h - p.n_q)) * hd : nullptr)
+                         : (cache_ok ? p.kv.v + (slot + (h - p.n_q - p.n_kv)) * hd : nullptr);
+  if (!dst) return;  // a token without a cache slot (validated on the host; never written out of bounds)
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int i = lane + 32 * c;
+    if (i >= chunks) break;
+    uint16_t o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int e = 8 * i + j;
+      float y = v[c][j];
+      if (is_q || is_k) {
+        // NeoX half rotation: (a, b) = (x[e], x[e + half]) -> (a cos - b sin, b cos + a sin).
+        y = e < half ? y * cos_t[e] - row[e + half] * sin_t[e] : y * cos_t[e - half] + row[e - half] * sin_t[e - half];
+      }
+      o[j] = f32_to_bf16_bits(y);
+    }
+    reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(o);
+  }
+}
+
+}  // namespace
+
+Status launch_gemma_qkv_norm_rope(const GemmaQkvNormRopeParams& p, cudaStream_t stream) {
+  if (p.head_dim < 8 || p.head_dim % 8 != 0 || p.head_dim > 2 * kMaxHalf)
+    return unimplemented("qkv norms + rope: head_dim must be a multiple of 8 in [8, 512]");
+  if (p.tokens == 0) return Status::ok();
+  const int64_t groups = ceil_div64(p.n_q + 2 * p.n_kv, kWarps);
+  if (groups > 65535) return unimplemented("qkv norms + rope: too many heads");
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(groups));
+  return cuda_status(launch_pdl(gemma_qkv_norm_rope_kernel, grid, dim3(kWarps * 32), 0, stream, p),
+                     "gemma_qkv_norm_rope_kernel");
+}
+
+}  // namespace mx::cuda
