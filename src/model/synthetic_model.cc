@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "model/gemma4/gemma4_demo_tokenizer.h"
+#include "model/gemma4/gemma4_assistant_synthetic.h"
 #include "model/gemma4/gemma4_synthetic.h"
 #include "model/gpt_oss/gpt_oss_synthetic.h"
 #include "model/synthetic_writer.h"
@@ -52,11 +53,26 @@ Preset gemma4_row(const std::string& name) {
       }};
 }
 
+// A draft model (Gemma-4's MTP assistant for the 26B-A4B preset): written to a folder for
+// --speculative-draft-model; it is no servable model of its own.
+Preset gemma4_assistant_row(const std::string& name) {
+  return Preset{
+      name,
+      [](const std::string& dir, const SyntheticOptions& options) -> Status {
+        return write_gemma4_assistant_checkpoint(gemma4_26b_a4b_assistant(), dir, options);
+      },
+      [name](const SyntheticOptions&) -> Result<SyntheticCheckpoint> {
+        return invalid_argument("preset '" + name + "' is a draft model: write it with make-model and pass its folder "
+                                "to --speculative-draft-model");
+      }};
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> table = [] {
     std::vector<Preset> t;
     for (const std::string& name : gpt_oss_preset_names()) t.push_back(gpt_oss_row(name));
     for (const std::string& name : gemma4_preset_names()) t.push_back(gemma4_row(name));
+    t.push_back(gemma4_assistant_row("gemma-4-26b-a4b-assistant"));
     return t;
   }();
   return table;

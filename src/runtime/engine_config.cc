@@ -107,8 +107,9 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
   // On a device the pool is sized by the model runner from measured memory (plan_kv_memory), which then
   // calls set_kv_pool_pages; on the CPU from a fixed budget.
   const KvLayout& layout = model.kv_layout();
+  MX_RETURN_IF_ERROR(check_range("kv window slack", c.kv_window_slack, 0, 1 << 20));
   c.kv_group_windows.clear();
-  for (const KvLayerSpec& g : layout.groups) c.kv_group_windows.push_back(g.window);
+  for (const KvLayerSpec& g : layout.groups) c.kv_group_windows.push_back(g.window > 0 ? g.window + c.kv_window_slack : 0);
   if (c.num_kv_pages == 0 && on_cpu) {
     KvMemoryInputs in = kv_memory_inputs(c, layout, model.backend().kv_dtype());
     c.num_kv_pages = std::max<int64_t>(1, max_full_pages(plan_groups(in), c.page_size, 0, c.cpu_kv_cache_bytes));
@@ -151,7 +152,8 @@ KvMemoryInputs kv_memory_inputs(const EngineConfig& c, const KvLayout& layout, D
   in.max_model_len = c.max_model_len;
   in.mem_fraction = c.mem_fraction;
   for (int64_t g = 0; g < layout.num_groups(); ++g) {
-    const int64_t w = layout.groups[static_cast<size_t>(g)].window;
+    const int64_t w = static_cast<size_t>(g) < c.kv_group_windows.size() ? c.kv_group_windows[static_cast<size_t>(g)]
+                                                                         : layout.groups[static_cast<size_t>(g)].window;
     in.group_bytes_per_token.push_back(layout.group_bytes_per_token(g, kv_dtype) / devices);
     in.group_windows.push_back(w);
     in.group_window_pages.push_back(w > 0 ? window_group_pages(w, c) : 0);

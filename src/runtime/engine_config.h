@@ -42,6 +42,9 @@ struct EngineConfig {
   // Speculative decoding (off by default): a drafter proposes up to k tokens per decoding request and step,
   // verified as k + 1 query rows (see scheduler.h).
   SpeculativeConfig speculative;
+  // Keys below each sliding window that the window groups keep as well, for a draft model that reads them
+  // (DraftModel::window_slack; EngineCore sets it from the draft model it loads).
+  int64_t kv_window_slack = 0;
   // Told of prefix-cache changes (KV-cache events); null: nobody listens.
   std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
 
@@ -49,7 +52,9 @@ struct EngineConfig {
   bool auto_max_running_requests = false;  // max_running_requests was 0: the memory plan lowers it
   int64_t vocab_size = 0;
   int64_t model_context_len = 0;        // the model's own limit (max_position_embeddings)
-  std::vector<int64_t> kv_group_windows;  // each KV layer group's window (0 = full attention); empty = one full group
+  // Each KV layer group's window as the pools keep it (the model's window + kv_window_slack; 0 = full
+  // attention); empty = one full group.
+  std::vector<int64_t> kv_group_windows;
   // Filled by set_kv_pool_pages: each group's pool size (full groups num_kv_pages, sliding-window groups
   // what their window can need at once: window_group_pages, at most num_kv_pages).
   std::vector<int64_t> kv_group_pages;

@@ -9,9 +9,17 @@ namespace mx {
 
 Result<std::unique_ptr<EngineCore>> EngineCore::create(const Model& model, const EngineConfig& config,
                                                        DetokenizeFn detokenize) {
-  MX_ASSIGN_OR_RETURN(EngineConfig resolved, resolve_engine_config(config, model));
-  // The runner first: on a device it sizes the KV pool, which the scheduler's page pool then mirrors.
-  MX_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::create(model, &resolved));
+  // A draft model first: the window pools keep the keys it reads below the windows.
+  std::unique_ptr<DraftModel> draft_model;
+  EngineConfig wanted = config;
+  if (uses_draft_model(config.speculative.algorithm) && config.speculative.enabled()) {
+    MX_RETURN_IF_ERROR(validate_speculative_config(config.speculative));
+    MX_ASSIGN_OR_RETURN(draft_model, load_draft_model(config.speculative.draft_model, model));
+    wanted.kv_window_slack = std::max(wanted.kv_window_slack, draft_model->window_slack());
+  }
+  MX_ASSIGN_OR_RETURN(EngineConfig resolved, resolve_engine_config(wanted, model));
+  // The runner next: on a device it sizes the KV pool, which the scheduler's page pool then mirrors.
+  MX_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::create(model, &resolved, std::move(draft_model)));
   std::unique_ptr<EngineCore> core(new EngineCore(model, std::move(resolved), std::move(detokenize)));
   core->runner_ = std::move(runner);
   MX_LOG(Info) << describe_engine_config(core->config_);
@@ -76,7 +84,10 @@ Status EngineCore::add_request(RequestId id, RequestInput input) {
   const int64_t max_len = r->prompt_len + r->max_new_tokens;
   r->tokens.reserve(static_cast<size_t>(max_len));
   r->tokens = input.prompt;
-  if (config_.speculative.enabled()) r->verify_tokens.reserve(static_cast<size_t>(config_.speculative.num_draft_tokens + 1));
+  if (config_.speculative.enabled()) {
+    r->verify_tokens.reserve(static_cast<size_t>(config_.speculative.num_draft_tokens + 1));
+    r->draft_tokens.reserve(static_cast<size_t>(config_.speculative.num_draft_tokens));
+  }
   scheduler_.pools().init_rows((max_len + config_.page_size - 1) / config_.page_size, &r->pages);
   r->rng = Rng(input.sampling.seed);
   if (input.sampling.logprobs) r->logprobs.reserve(static_cast<size_t>(r->max_new_tokens));
@@ -113,6 +124,12 @@ void EngineCore::step(std::vector<RequestOutput>* outputs) {
     const Status status = runner_->execute(batch, &sampled_);
     if (status.is_ok()) {
       scheduler_.update(batch, sampled_);
+      if (runner_->has_draft_model()) {
+        const Status drafted = runner_->draft(batch, [this](const Request& r) { return scheduler_.may_speculate(r); });
+        if (!drafted.is_ok()) {
+          MX_LOG(Warning) << "drafting failed; the requests decode without drafts: " << drafted.to_string();
+        }
+      }
     } else {
       MX_LOG(Error) << "forward pass failed, failing its " << batch.entries.size() << " requests: " << status.to_string();
       scheduler_.fail(batch, status.to_string());

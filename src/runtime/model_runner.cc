@@ -55,13 +55,15 @@ struct ModelRunner::StepGraph {
   int64_t size = 0;
   int64_t rows = 1;
   BatchView view;
+  TensorView hidden;  // where a replay leaves the final hidden rows (the draft model reads them)
   std::unique_ptr<ReplayGraph> graph;
 };
 
 ModelRunner::ModelRunner(const Model& model, int64_t vocab) : model_(model), sampler_(vocab) {}
 ModelRunner::~ModelRunner() = default;
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, EngineConfig* config) {
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, EngineConfig* config,
+                                                         std::unique_ptr<DraftModel> draft_model) {
   Backend& backend = model.backend();
   const int64_t vocab = model.dims().vocab_size;
   std::unique_ptr<ModelRunner> r(new ModelRunner(model, vocab));
@@ -98,6 +100,19 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   r->mask_rows_host_.assign(static_cast<size_t>(rows), 0);
   r->logits_host_.assign(static_cast<size_t>(rows * vocab), 0.0f);
   r->seqs_.reserve(static_cast<size_t>(config->max_running_requests));
+  if (draft_model) {  // before the plan: its buffers count as activations
+    const int64_t S = config->max_running_requests, k = config->speculative.num_draft_tokens;
+    const BatchLimits draft_limits{S, S, limits.max_pages_per_seq, 1, limits.num_kv_groups};
+    MX_ASSIGN_OR_RETURN(r->draft_ws_, draft_model->make_workspace(S));
+    MX_ASSIGN_OR_RETURN(r->draft_queries_, BatchStaging::create(backend, draft_limits));
+    MX_ASSIGN_OR_RETURN(r->draft_context_, BatchStaging::create(backend, draft_limits));
+    MX_ASSIGN_OR_RETURN(r->draft_rows_device_, backend.allocate(S * 4));
+    MX_ASSIGN_OR_RETURN(r->drafts_device_, backend.allocate(k * S * 4));
+    r->draft_rows_host_.reserve(static_cast<size_t>(S));
+    r->draft_last_tokens_.reserve(static_cast<size_t>(S));  // the staged rows' token spans point into it
+    r->drafts_host_.resize(static_cast<size_t>(k * S));
+    r->draft_model_ = std::move(draft_model);
+  }
 
   const bool graphs = config->enable_cuda_graphs && backend.can_capture();
   if (plan) MX_RETURN_IF_ERROR(r->plan_kv_pool(before, graphs, config));
@@ -206,13 +221,14 @@ Result<std::vector<std::unique_ptr<ModelRunner::StepGraph>>> ModelRunner::captur
     const SampleParams sample = graph_sample_params(logits);
     // An eager pass first: backend scratch and library plans are set up outside capture.
     MX_RETURN_IF_ERROR(forward(view, kv_, logits));
+    const TensorView hidden = step_hidden_;
     MX_RETURN_IF_ERROR(b.sample(sample));
     // The body by value: a backend may keep it (a CPU test double replays it for real).
     MX_ASSIGN_OR_RETURN(auto graph, b.capture([this, view, logits, sample] {
       MX_RETURN_IF_ERROR(forward(view, kv_, logits));
       return model_.backend().sample(sample);
     }));
-    graphs.push_back(std::make_unique<StepGraph>(StepGraph{size, rows, view, std::move(graph)}));
+    graphs.push_back(std::make_unique<StepGraph>(StepGraph{size, rows, view, hidden, std::move(graph)}));
   }
   return graphs;
 }
@@ -259,7 +275,9 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
 }
 
 Status ModelRunner::forward(const BatchView& view, const KvCache& kv, const TensorView& logits) {
-  return model_.forward(view, kv, *ws_, logits).status();
+  MX_ASSIGN_OR_RETURN(const ForwardOutput out, model_.forward(view, kv, *ws_, logits));
+  step_hidden_ = out.hidden;
+  return Status::ok();
 }
 
 const ModelRunner::StepGraph* ModelRunner::graph_for(const ScheduledBatch& batch) const {
@@ -430,8 +448,60 @@ Status ModelRunner::run_forward(const StagedStep& step, const TensorView& logits
       view.num_tokens != g.num_tokens)
     return internal_error("step staged away from its graph's buffers");
   MX_RETURN_IF_ERROR(graph->graph->replay());
+  step_hidden_ = graph->hidden;
   ++num_graph_replays_;
   num_verify_replays_ += graph->rows > 1 ? 1 : 0;
+  return Status::ok();
+}
+
+Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(const Request&)>& may_speculate) {
+  if (!draft_model_) return Status::ok();
+  const auto start = std::chrono::steady_clock::now();
+  draft_requests_.clear();
+  draft_rows_host_.clear();
+  draft_last_tokens_.clear();
+  // The row that produced each request's last token: the one at position num_computed - 1 (a verify entry's
+  // last accepted row; a prefill's or decode's last row).
+  int64_t offset = 0;
+  for (const ScheduledEntry& e : batch.entries) {
+    Request* r = e.request;
+    const int64_t row = r->num_computed - 1 - e.start;
+    if (e.sample && row >= 0 && row < e.num_tokens && may_speculate(*r)) {
+      draft_requests_.push_back(r);
+      draft_rows_host_.push_back(static_cast<int32_t>(offset + row));
+      draft_last_tokens_.push_back(r->tokens.back());
+    }
+    offset += e.num_tokens;
+  }
+  const auto S = static_cast<int64_t>(draft_requests_.size());
+  if (S == 0) return Status::ok();
+  draft_seqs_.clear();
+  for (int64_t i = 0; i < S; ++i) {
+    const Request& r = *draft_requests_[static_cast<size_t>(i)];
+    draft_seqs_.push_back({std::span<const int32_t>(&draft_last_tokens_[static_cast<size_t>(i)], 1), r.num_computed, {},
+                           false, true, r.pages});
+  }
+  Backend& b = model_.backend();
+  DraftBatch db;
+  db.num_seqs = S;
+  MX_ASSIGN_OR_RETURN(db.queries, draft_queries_.stage(draft_seqs_));
+  for (BatchSequence& s : draft_seqs_) s.start_position -= 1;
+  MX_ASSIGN_OR_RETURN(db.context, draft_context_.stage(draft_seqs_));
+  db.hidden_rows = draft_rows_device_.view(DType::kI32, {S});
+  MX_RETURN_IF_ERROR(b.copy_from_host(db.hidden_rows, draft_rows_host_.data()));
+  db.target_hidden = step_hidden_;
+  const int64_t k = config_.speculative.num_draft_tokens;
+  const TensorView drafts = drafts_device_.view(DType::kI32, {k, S});
+  MX_RETURN_IF_ERROR(draft_model_->draft(db, kv_, *draft_ws_, k, drafts));
+  MX_RETURN_IF_ERROR(b.copy_to_host(drafts_host_.data(), drafts));
+  for (int64_t i = 0; i < S; ++i) {
+    Request& r = *draft_requests_[static_cast<size_t>(i)];
+    r.draft_tokens.clear();
+    for (int64_t j = 0; j < k; ++j) r.draft_tokens.push_back(drafts_host_[static_cast<size_t>(j * S + i)]);
+    r.drafts_for_tokens = r.num_tokens();
+  }
+  ++num_draft_calls_;
+  draft_seconds_ += seconds_since(start);
   return Status::ok();
 }
 

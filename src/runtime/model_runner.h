@@ -16,6 +16,9 @@
 // prefill steps, verify steps whose entries carry different draft counts, and steps above the largest bucket run eagerly. Graph
 // kernels take every size from the bucket or from device memory, never from the step (decode attention
 // splits by page-table capacity; prefill attention, which verify rows take, by token count).
+// Draft-model speculation (model/draft_model.h): after a step, draft() runs the draft model for the requests
+// that will decode next, from the step's final hidden rows and the KV cache, and leaves k drafts in each
+// (Request::draft_tokens) for the next schedule(). Eager (no graph yet).
 #pragma once
 
 #include <functional>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "backend/kv_cache.h"
+#include "model/draft_model.h"
 #include "model/model.h"
 #include "runtime/batch_staging.h"
 #include "runtime/engine_config.h"
@@ -48,13 +52,23 @@ struct RunnerStartup {
 
 class ModelRunner {
  public:
-  // Fills config->num_kv_pages (and caps max_model_len) when the pool is planned here.
-  static Result<std::unique_ptr<ModelRunner>> create(const Model& model, EngineConfig* config);
+  // Fills config->num_kv_pages (and caps max_model_len) when the pool is planned here. `draft_model` (may be
+  // null) drafts for draft-model speculation; its buffers are allocated before the pool is planned.
+  static Result<std::unique_ptr<ModelRunner>> create(const Model& model, EngineConfig* config,
+                                                     std::unique_ptr<DraftModel> draft_model = nullptr);
   ~ModelRunner();
 
   // Runs `batch` and writes one SampledToken per entry with `sample`, in entry order. Copies prompt logits
   // into the requests that asked for them.
   Status execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
+
+  bool has_draft_model() const { return draft_model_ != nullptr; }
+  // After `batch` ran and the scheduler applied it: drafts for each of its sampled requests that
+  // `may_speculate` (Scheduler::may_speculate) from the step's hidden rows. Requests without drafts decode
+  // plainly; an error leaves them so.
+  Status draft(const ScheduledBatch& batch, const std::function<bool(const Request&)>& may_speculate);
+  int64_t num_draft_calls() const { return num_draft_calls_; }
+  double draft_seconds() const { return draft_seconds_; }  // host wall time in draft() (device work included)
 
   // Off: decode steps are still padded to their bucket but run eagerly (op-by-op profiling; tests that
   // tell graph replay apart from padding). No effect without graphs.
@@ -165,6 +179,19 @@ class ModelRunner {
   double profile_graph_ms_ = 0;
   RunnerStartup startup_;
   double last_sample_seconds_ = 0;
+  TensorView step_hidden_;  // the last forward pass's final hidden rows (ForwardOutput::hidden)
+  // Draft-model speculation: the model and its workspace, and each draft call's rows: queries at the last
+  // token's position p, context rows at p - 1 (draft_model.h), each row's target hidden row, the drafts.
+  std::unique_ptr<DraftModel> draft_model_;
+  std::unique_ptr<DraftWorkspace> draft_ws_;
+  BatchStaging draft_queries_, draft_context_;
+  Buffer draft_rows_device_;  // i32 [max_running_requests]
+  Buffer drafts_device_;      // i32 [k, max_running_requests]
+  std::vector<int32_t> draft_rows_host_, draft_last_tokens_, drafts_host_;
+  std::vector<Request*> draft_requests_;
+  std::vector<BatchSequence> draft_seqs_;
+  int64_t num_draft_calls_ = 0;
+  double draft_seconds_ = 0;
   int64_t num_graph_replays_ = 0, num_verify_replays_ = 0, num_padded_steps_ = 0;
 };
 

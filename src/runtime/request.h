@@ -97,6 +97,10 @@ struct Request {
   // Speculative decoding: the step in flight's query tokens when it verifies drafts: the last token, then
   // the drafts (ScheduledEntry::num_draft of them). Reserved at admission for k + 1.
   std::vector<int32_t> verify_tokens;
+  // Draft-model speculation (model/draft_model.h): the drafts the engine's draft model proposed after the last
+  // step, valid while the request still has `drafts_for_tokens` tokens (the next schedule() verifies them).
+  std::vector<int32_t> draft_tokens;
+  int64_t drafts_for_tokens = -1;
   int64_t num_registered_pages = 0;  // leading pages offered to the prefix cache
   bool running = false;
   bool admitted_once = false;

@@ -39,8 +39,9 @@ std::string describe_speculation(const SchedulerStats& s) {
 Scheduler::Scheduler(const EngineConfig& config)
     : config_(config), pools_(group_pools(config), config.page_size, config.enable_prefix_cache) {
   pools_.set_observer(config.prefix_cache_observer.get());
+  speculating_ = config.speculative.enabled();
   drafter_ = make_drafter(config.speculative);
-  stats_.spec_accepted_per_pos.assign(static_cast<size_t>(drafter_ ? config.speculative.num_draft_tokens : 0), 0);
+  stats_.spec_accepted_per_pos.assign(static_cast<size_t>(speculating_ ? config.speculative.num_draft_tokens : 0), 0);
   batch_.entries.reserve(static_cast<size_t>(config.max_running_requests));
   running_.reserve(static_cast<size_t>(config.max_running_requests));
 }
@@ -68,15 +69,27 @@ void Scheduler::add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_
   batch_.num_samples += e.sample ? 1 : 0;
 }
 
+bool Scheduler::may_speculate(const Request& r) const {
+  if (!speculating_ || !r.running || r.finish != FinishReason::kNone || r.num_computed + 1 != r.num_tokens() ||
+      r.input.want_prompt_logits || !r.input.forced_tokens.empty() || r.input.constraint)
+    return false;
+  return r.max_new_tokens - r.num_generated() - 1 > 0 && config_.max_model_len - r.num_tokens() - 1 > 0;
+}
+
 int64_t Scheduler::propose_drafts(Request* r, int64_t budget) {
-  if (!drafter_ || r->num_computed + 1 != r->num_tokens() || r->input.want_prompt_logits || !r->input.forced_tokens.empty() ||
-      r->input.constraint)
-    return 0;
+  if (!may_speculate(*r)) return 0;
   // Every draft accepted plus the bonus token must stay within max_tokens and the context.
   const int64_t most = std::min({config_.speculative.num_draft_tokens, r->max_new_tokens - r->num_generated() - 1,
                                  config_.max_model_len - r->num_tokens() - 1, budget - 1});
   if (most <= 0) return 0;
-  drafter_->propose(r->tokens, most, &r->verify_tokens);
+  if (drafter_) {
+    drafter_->propose(r->tokens, most, &r->verify_tokens);
+  } else if (r->drafts_for_tokens == r->num_tokens()) {  // the draft model's, made for exactly these tokens
+    const auto n = std::min<size_t>(static_cast<size_t>(most), r->draft_tokens.size());
+    r->verify_tokens.assign(r->draft_tokens.begin(), r->draft_tokens.begin() + static_cast<std::ptrdiff_t>(n));
+  } else {
+    r->verify_tokens.clear();
+  }
   const auto k = static_cast<int64_t>(r->verify_tokens.size());
   if (k == 0 || !pools_.allocate(r->num_tokens() + k, &r->pages)) {
     r->verify_tokens.clear();

@@ -104,6 +104,12 @@ class Scheduler {
   // ones have left the scheduler and hold no pages.
   void take_touched(std::vector<Request*>* out);
 
+  // A request that will decode its next token and may verify drafts then: speculation is on, it is running
+  // with only its last token to compute, it has no grammar constraint, prompt logits or forced tokens, and
+  // room for a draft and the bonus token under max_tokens and the context. The engine's draft model drafts
+  // for these after each step (Request::draft_tokens).
+  bool may_speculate(const Request& r) const;
+
   const KvPools& pools() const { return pools_; }
   const std::vector<Request*>& running() const { return running_; }
   const std::deque<Request*>& waiting() const { return waiting_; }
@@ -131,7 +137,8 @@ class Scheduler {
 
   const EngineConfig& config_;
   KvPools pools_;
-  std::shared_ptr<const Drafter> drafter_;  // null: no speculation
+  bool speculating_ = false;
+  std::shared_ptr<const Drafter> drafter_;  // null: no speculation, or drafts from the engine's draft model
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
   ScheduledBatch batch_;

@@ -23,8 +23,10 @@ namespace mx {
 class Drafter;
 
 // kExternal: a drafter made by code and handed in (SpeculativeConfig::external): tests and benchmarks
-// (reference_drafter.h); no flag names it.
-enum class SpeculativeAlgorithm : uint8_t { kNone = 0, kNgram, kExternal };
+// (reference_drafter.h); no flag names it. kMtp: a draft model (model/draft_model.h) loaded from
+// SpeculativeConfig::draft_model drafts on the device after each target step (Gemma-4's MTP assistant);
+// the scheduler takes its drafts from the request (Request::draft_tokens) instead of a Drafter.
+enum class SpeculativeAlgorithm : uint8_t { kNone = 0, kNgram, kExternal, kMtp };
 
 struct SpeculativeConfig {
   SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
@@ -32,6 +34,7 @@ struct SpeculativeConfig {
   int64_t ngram_min = 1;         // n-gram: shortest suffix matched (vLLM's prompt_lookup_min)
   int64_t ngram_max = 4;         // n-gram: longest suffix matched (vLLM's prompt_lookup_max)
   std::shared_ptr<const Drafter> external;  // kExternal: the drafter (shared: configs are copied)
+  std::string draft_model;                  // kMtp: the draft model's checkpoint folder
   // Benchmarks only (kExternal): every draft counts as accepted and is appended whatever the target
   // sampled, so each verify step yields k + 1 tokens: the all-accepted cost where a backend's numerics part
   // from the recorded drafts (bf16 near ties of random weights). The tokens are then the drafts'.
@@ -39,7 +42,10 @@ struct SpeculativeConfig {
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
 };
 
-// "ngram" -> kNgram; "eagle3" and "mtp" are refused until their drafters exist; anything else is unknown.
+// True for the algorithms whose drafts come from a draft model run by the engine (not from a Drafter).
+bool uses_draft_model(SpeculativeAlgorithm algorithm);
+
+// "ngram" -> kNgram, "mtp" -> kMtp; "eagle3" is refused until its drafter exists; anything else is unknown.
 Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name);
 const char* speculative_algorithm_name(SpeculativeAlgorithm algorithm);
 // Range checks with one clear message per bad field (the door: flags and configs).
@@ -53,7 +59,7 @@ class Drafter {
   virtual void propose(std::span<const int32_t> tokens, int64_t max_tokens, std::vector<int32_t>* out) const = 0;
 };
 
-// The drafter the config names (null when speculation is off).
+// The drafter the config names (null when speculation is off or drafts come from a draft model).
 std::shared_ptr<const Drafter> make_drafter(const SpeculativeConfig& config);
 
 }  // namespace mx

@@ -16,7 +16,8 @@
 // run them in waves, which would make the TTFT and TPOT describe a different workload.
 // Speculative decoding (--speculative-algorithm): per row also the drafts, accepted tokens, mean accepted
 // length, the median verify step (every request verified, nothing else ran) and the time per output token
-// over the decode phase (all first tokens -> last token). --forced-acceptance K,...: the verify-cost curve:
+// over the decode phase (all first tokens -> last token); with a draft model (mtp) also the mean time of its
+// draft calls (k draft steps for every request, part of each verify step). --forced-acceptance K,...: the verify-cost curve:
 // a plain run records every request's greedy output, then per K an engine whose drafter proposes those
 // outputs (spec/reference_drafter.h) runs the same prompts, every draft counted as accepted
 // (SpeculativeConfig::accept_all: on random weights bf16 near ties would soon part a sequence from its
@@ -137,6 +138,9 @@ struct BatchResult {
   // Speculative decoding: this batch's share of the counters, and the steps where every request verified.
   SchedulerStats spec;
   std::vector<double> verify_step_s;
+  // Draft-model speculation (mtp): host wall time of the draft calls (k draft steps each, inside the steps above).
+  double draft_s = 0;
+  int64_t draft_calls = 0;
   std::vector<ReferenceDrafter::Reference> outputs;  // prompt and generated tokens per request
 };
 
@@ -191,6 +195,8 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   int64_t have_first = 0, full_decodes = 0;
   std::vector<RequestOutput> outputs;
   const SchedulerStats first = core.stats().scheduler;
+  const double draft_s_before = core.runner().draft_seconds();
+  const int64_t draft_calls_before = core.runner().num_draft_calls();
   const auto start = Clock::now();
   while (core.has_work()) {
     const SchedulerStats before = core.stats().scheduler;
@@ -241,6 +247,8 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   r.spec.spec_drafts = last.spec_drafts - first.spec_drafts;
   r.spec.spec_draft_tokens = last.spec_draft_tokens - first.spec_draft_tokens;
   r.spec.spec_accepted_tokens = last.spec_accepted_tokens - first.spec_accepted_tokens;
+  r.draft_s = core.runner().draft_seconds() - draft_s_before;
+  r.draft_calls = core.runner().num_draft_calls() - draft_calls_before;
   return r;
 }
 
@@ -338,6 +346,7 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
                  {"mean_accepted_length", mean_accepted_length(r.spec)},
                  {"verify_step_ms_median", median(r.verify_step_s) * 1e3},
                  {"verify_steps_measured", r.verify_step_s.size()}};
+    if (r.draft_calls > 0) j["spec"]["draft_call_ms_mean"] = r.draft_s / static_cast<double>(r.draft_calls) * 1e3;
   }
   std::printf("%6lld %10.2f %10.2f %12.0f %7.1f%% %10.3f %10.0f %7.1f%% %10.1f\n", static_cast<long long>(b),
               mean(r.ttft_s) * 1e3, r.prefill_s * 1e3, prefill_rate, 100 * prefill_floor / r.prefill_s, tpot * 1e3,
@@ -348,6 +357,9 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
                 mean_accepted_length(r.spec), static_cast<long long>(r.spec.spec_accepted_tokens),
                 static_cast<long long>(r.spec.spec_draft_tokens), median(r.verify_step_s) * 1e3,
                 j["time_per_output_token_ms"].get<double>());
+  if (r.draft_calls > 0)
+    std::printf("       draft model: %.3f ms per call (all of the step's k draft steps, in the verify step above)\n",
+                r.draft_s / static_cast<double>(r.draft_calls) * 1e3);
   if (r.breakdown) {
     double idle = 0;
     j["breakdown"] = breakdown_json(*r.breakdown, model.dims().vocab_size, tpot * 1e3, &idle);

@@ -19,7 +19,10 @@ std::vector<CliOption> engine_cli_options() {
       {"enable-prefix-caching", false, "reuse KV pages of shared prompt prefixes (the default)"},
       {"disable-cuda-graph", false, "run decode steps eagerly instead of replaying captured CUDA graphs"},
       {"cuda-graph-batch-sizes", true, "decode batch sizes to capture, e.g. 1,2,4,8 (default 1,2,4,8..512)"},
-      {"speculative-algorithm", true, "speculative decoding drafter: ngram (prompt lookup; eagle3 and mtp are planned)"},
+      {"speculative-algorithm", true,
+       "speculative decoding drafter: ngram (prompt lookup) or mtp (Gemma-4's MTP assistant, from "
+       "--speculative-draft-model); eagle3 is planned"},
+      {"speculative-draft-model", true, "mtp: the draft model's checkpoint folder (a Gemma4AssistantForCausalLM)"},
       {"speculative-num-draft-tokens", true, "tokens drafted per request and step, verified in one pass (default 3)",
        {"num-speculative-tokens"}},
       {"speculative-ngram-min", true, "ngram: shortest suffix looked up in the sequence (default 1)", {"prompt-lookup-min"}},
@@ -69,15 +72,19 @@ Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
 }
 
 Status read_speculative_flags(const CliArgs& args, SpeculativeConfig* s) {
-  const bool any = args.has("speculative-num-draft-tokens") || args.has("speculative-ngram-min") || args.has("speculative-ngram-max");
+  const bool any = args.has("speculative-num-draft-tokens") || args.has("speculative-ngram-min") ||
+                   args.has("speculative-ngram-max") || args.has("speculative-draft-model");
   if (!args.has("speculative-algorithm")) {
-    if (any) return invalid_argument("--speculative-num-draft-tokens and --speculative-ngram-* need --speculative-algorithm");
+    if (any)
+      return invalid_argument(
+          "--speculative-num-draft-tokens, --speculative-ngram-* and --speculative-draft-model need --speculative-algorithm");
     return Status::ok();
   }
   MX_ASSIGN_OR_RETURN(s->algorithm, parse_speculative_algorithm(args.get("speculative-algorithm")));
   MX_ASSIGN_OR_RETURN(s->num_draft_tokens, args.get_int("speculative-num-draft-tokens", 3));
   MX_ASSIGN_OR_RETURN(s->ngram_min, args.get_int("speculative-ngram-min", s->ngram_min));
   MX_ASSIGN_OR_RETURN(s->ngram_max, args.get_int("speculative-ngram-max", s->ngram_max));
+  if (args.has("speculative-draft-model")) s->draft_model = args.get("speculative-draft-model");
   return validate_speculative_config(*s);
 }
 

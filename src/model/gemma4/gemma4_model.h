@@ -64,6 +64,12 @@ class Gemma4Model : public Model {
   Result<ForwardOutput> forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& ws, TensorView logits,
                                 const HiddenObserver* observer = nullptr) const override;
   const ModelCost& cost() const override { return cost_; }
+  // What a draft model reads of the target (model/draft_model.h; the MTP assistant embeds its input tokens with
+  // the target's table, scaled as the target scales it): the embedding table bf16 [V, H] and sqrt(H) f32 [1], in
+  // backend memory.
+  const TensorView& embedding_table() const { return weights_.embed; }
+  const TensorView& embedding_scale() const { return embed_scale_; }
+  bool is_tensor_parallel_rank() const { return shard_.size > 1; }
 
  private:
   Gemma4Model(Gemma4Config config, Backend& backend, const ModelShard& shard, Gemma4ShardPlan plan);
