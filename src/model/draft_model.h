@@ -15,7 +15,9 @@
 //     It may read the target's KV cache (the pages of positions 0 .. p - 1; in window groups the last
 //     `window + window_slack()` of them, which the engine keeps for it).
 // A new drafter (EAGLE-3, ...) implements DraftModel and one case of load_draft_model. What it needs from the
-// target beyond the final hidden rows (other layers' hidden states) comes through ForwardOutput.
+// target beyond the final hidden rows (other layers' hidden states) comes through ForwardOutput. Not covered
+// yet: a drafter with a KV cache of its own (EAGLE-3's draft layer) needs pages per request beside the target's
+// (written while drafting, truncated with the verify outcome as Scheduler::update_verified truncates the target's).
 #pragma once
 
 #include <memory>
