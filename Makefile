@@ -22,14 +22,14 @@ build: bootstrap
 # Binaries to carry to a GPU machine: sm_90a only, libstdc++/libgcc linked statically, no libzmq (KV events off).
 build-gpu: bootstrap
 	@cmake -S . -B $(BUILD_GPU) -G Ninja -DMX_CUDA=ON -DMX_CUDA_ARCHS=90a -DMX_STATIC_RUNTIME=ON -DMX_KV_EVENTS=OFF $(CMAKE_FLAGS) >/dev/null
-	@cmake --build $(BUILD_GPU) -j $(JOBS) --target mxserve mx_gpu_tests mx_kernel_bench
+	@cmake --build $(BUILD_GPU) -j $(JOBS) --target mxserve mx_gpu_tests mx_kernel_bench mx_all_reduce_bench
 
 # build-gpu plus the run script in one folder (default .devgpu/): `cd .devgpu && ./run.sh` on the GPU machine,
 # from the repository root of a checkout (the fixtures are read from tests/fixtures).
 GPU_BUNDLE ?= .devgpu
 gpu-bundle: build-gpu
 	@mkdir -p $(GPU_BUNDLE)
-	@cp $(BUILD_GPU)/mxserve $(BUILD_GPU)/mx_gpu_tests $(BUILD_GPU)/mx_kernel_bench tests/gpu/run.sh $(GPU_BUNDLE)/
+	@cp $(BUILD_GPU)/mxserve $(BUILD_GPU)/mx_gpu_tests $(BUILD_GPU)/mx_kernel_bench $(BUILD_GPU)/mx_all_reduce_bench tests/gpu/run.sh $(GPU_BUNDLE)/
 
 # Serves the demo model (random weights, real tokenizer; made once in ~/.cache/mxserve) on the CPU at
 # http://127.0.0.1:8000 until Ctrl-C.

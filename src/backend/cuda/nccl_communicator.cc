@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/all_reduce.h"
 
 namespace mx {
 namespace {
@@ -53,11 +54,78 @@ Status nccl_status(const NcclLibrary& lib, ncclResult_t r, const char* what) {
   return internal_error(std::string(what) + ": " + lib.error_string(r));
 }
 
-// The NCCL communicators of one group; destroyed when the last rank's communicator goes.
+// The one-shot all-reduce's exchange on every rank's device (kernels/all_reduce.h) and the host-mapped word
+// its kernels poll to learn that the group aborted. Made only where every rank can reach every other's memory.
+class PeerExchange {
+ public:
+  static Result<std::unique_ptr<PeerExchange>> make(const std::vector<int>& devices) {
+    std::unique_ptr<PeerExchange> x(new PeerExchange());
+    const auto ranks = static_cast<int64_t>(devices.size());
+    const int64_t slot_bytes = 2 * ranks * cuda::kOneShotSlotBytes;
+    const int64_t flag_bytes = cuda::kOneShotMaxBlocks * ranks * static_cast<int64_t>(sizeof(uint64_t));
+    MX_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&x->abort_), sizeof(int),
+                                          cudaHostAllocMapped | cudaHostAllocPortable));
+    *x->abort_ = 0;
+    for (int d : devices) {
+      MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(d));
+      x->devices_.push_back(d);
+      void* slots = nullptr;
+      void* flags = nullptr;
+      void* state = nullptr;
+      x->slots_.push_back(nullptr), x->flags_.push_back(nullptr), x->states_.push_back(nullptr);
+      MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&slots, static_cast<size_t>(slot_bytes)));
+      x->slots_.back() = static_cast<uint8_t*>(slots);
+      MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&flags, static_cast<size_t>(flag_bytes)));
+      x->flags_.back() = static_cast<uint64_t*>(flags);
+      MX_CUDA_RETURN_IF_ERROR(cudaMalloc(&state, sizeof(cuda::OneShotState)));
+      x->states_.back() = static_cast<cuda::OneShotState*>(state);
+      MX_CUDA_RETURN_IF_ERROR(cudaMemset(flags, 0, static_cast<size_t>(flag_bytes)));
+      MX_CUDA_RETURN_IF_ERROR(cudaMemset(state, 0, sizeof(cuda::OneShotState)));
+      MX_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    }
+    return x;
+  }
+  ~PeerExchange() {
+    for (size_t r = 0; r < devices_.size(); ++r) {
+      cudaSetDevice(devices_[r]);
+      cudaFree(slots_[r]), cudaFree(flags_[r]), cudaFree(states_[r]);
+    }
+    if (abort_) cudaFreeHost(abort_);
+  }
+
+  // The kernel's parameters for `rank`'s all-reduce of x.
+  cuda::OneShotAllReduceParams params(int rank, const TensorView& x) const {
+    cuda::OneShotAllReduceParams p;
+    p.x = x.data();
+    p.n = x.numel();
+    p.bf16 = x.dtype() == DType::kBF16;
+    p.rank = rank;
+    p.ranks = static_cast<int>(devices_.size());
+    for (size_t r = 0; r < devices_.size(); ++r) p.slots[r] = slots_[r], p.flags[r] = flags_[r];
+    p.state = states_[static_cast<size_t>(rank)];
+    p.abort = abort_;
+    return p;
+  }
+  // Wakes every one-shot kernel waiting for a peer; they leave their outputs undefined.
+  void abort() { __atomic_store_n(abort_, 1, __ATOMIC_SEQ_CST); }
+
+ private:
+  PeerExchange() = default;
+  std::vector<int> devices_;
+  std::vector<uint8_t*> slots_;              // [rank] u8 [2][ranks][kOneShotSlotBytes] on rank's device
+  std::vector<uint64_t*> flags_;             // [rank] u64 [kOneShotMaxBlocks][ranks] on rank's device
+  std::vector<cuda::OneShotState*> states_;  // [rank] on rank's device
+  int* abort_ = nullptr;                     // host-mapped, readable from every device
+};
+
+// The NCCL communicators of one group and the one-shot exchange; destroyed when the last rank's communicator
+// goes.
 struct NcclGroup {
   const NcclLibrary* lib = nullptr;
   std::vector<ncclComm_t> comms;
   std::vector<bool> aborted;
+  std::unique_ptr<PeerExchange> exchange;  // null where some rank cannot reach another's memory
+  int64_t one_shot_max_bytes = 0;          // AllReduceOptions
   ~NcclGroup() {
     for (size_t r = 0; r < comms.size(); ++r)
       if (comms[r] && !aborted[r]) lib->comm_destroy(comms[r]);
@@ -75,12 +143,20 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(group_->comms.size()); }
 
+  // Small messages one-shot over peer memory, the rest over NCCL (all_reduce_config.h): the same choice on every
+  // rank, since every rank reduces the same shapes.
   Status all_reduce_sum(TensorView x) override {
     MX_RETURN_IF_ERROR(usable());
     ncclDataType_t type;
     if (x.dtype() == DType::kBF16) type = ncclBfloat16;
     else if (x.dtype() == DType::kF32) type = ncclFloat32;
     else return invalid_argument(std::string("all_reduce_sum of ") + dtype_name(x.dtype()));
+    if (x.numel() == 0) return Status::ok();
+    const int64_t bytes = dtype_bytes(x.dtype(), x.numel());
+    if (cuda::use_one_shot_all_reduce(bytes, size(), group_->exchange != nullptr, group_->one_shot_max_bytes)) {
+      MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(where_.device));
+      return cuda::launch_one_shot_all_reduce(group_->exchange->params(rank_, x), stream());
+    }
     return nccl_status(*group_->lib,
                        group_->lib->all_reduce(x.data(), x.data(), static_cast<size_t>(x.numel()), type, ncclSum, comm(), stream()),
                        "ncclAllReduce");
@@ -121,8 +197,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   // NCCL cannot wake a rank whose GPU waits for a peer that never comes: the group is torn down instead,
-  // and every later collective of it fails.
+  // and every later collective of it fails. One-shot kernels waiting for a peer see the exchange's abort word
+  // and return.
   void abort() override {
+    if (group_->exchange) group_->exchange->abort();
     for (size_t r = 0; r < group_->comms.size(); ++r) {
       if (group_->aborted[r]) continue;
       group_->aborted[r] = true;
@@ -171,7 +249,12 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(const std::vector<Backend*>& ranks) {
+Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(const std::vector<Backend*>& ranks,
+                                                                          const AllReduceOptions& options) {
+  if (options.one_shot_max_bytes != cuda::kOneShotAutoMaxBytes &&
+      (options.one_shot_max_bytes < 0 || options.one_shot_max_bytes > cuda::kOneShotSlotBytes))
+    return invalid_argument("one_shot_max_bytes " + std::to_string(options.one_shot_max_bytes) + " is not in [0, " +
+                            std::to_string(cuda::kOneShotSlotBytes) + "] (or automatic)");
   MX_ASSIGN_OR_RETURN(const NcclLibrary* lib, NcclLibrary::get());
   std::vector<CudaPlacement> where;
   std::vector<int> devices;
@@ -182,17 +265,30 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(const
     where.push_back(p);
     devices.push_back(p.device);
   }
-  // Every rank's kernels read rank 0's staged batch.
-  for (size_t r = 1; r < devices.size(); ++r) {
+  // Every rank's kernels read rank 0's staged batch (required); the one-shot all-reduce writes into every
+  // rank's exchange (all pairs, else NCCL only).
+  bool all_pairs = true;
+  for (size_t r = 0; r < devices.size(); ++r) {
     MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
-    int can = 0;
-    MX_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, devices[r], devices[0]));
-    if (!can)
-      return unimplemented("CUDA device " + std::to_string(devices[r]) + " cannot access device " + std::to_string(devices[0]) +
-                           "'s memory (peer access), which tensor parallel needs");
-    const cudaError_t e = cudaDeviceEnablePeerAccess(devices[0], 0);
-    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) MX_CUDA_RETURN_IF_ERROR(e);
-    cudaGetLastError();
+    for (size_t peer = 0; peer < devices.size(); ++peer) {
+      if (peer == r) continue;
+      int can = 0;
+      MX_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, devices[r], devices[peer]));
+      if (!can && peer == 0)
+        return unimplemented("CUDA device " + std::to_string(devices[r]) + " cannot access device " +
+                             std::to_string(devices[0]) + "'s memory (peer access), which tensor parallel needs");
+      if (!can) {
+        all_pairs = false;
+        continue;
+      }
+      const cudaError_t e = cudaDeviceEnablePeerAccess(devices[peer], 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) MX_CUDA_RETURN_IF_ERROR(e);
+      cudaGetLastError();
+    }
+  }
+  std::unique_ptr<PeerExchange> exchange;
+  if (all_pairs && devices.size() <= static_cast<size_t>(cuda::kOneShotMaxRanks) && options.one_shot_max_bytes != 0) {
+    MX_ASSIGN_OR_RETURN(exchange, PeerExchange::make(devices));
   }
   MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[0]));
   // NVLink multicast (NVLS) stays off, whatever the environment says: on shared multi-GPU hosts a program using
@@ -203,6 +299,8 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(const
   group->lib = lib;
   group->comms.assign(devices.size(), nullptr);
   group->aborted.assign(devices.size(), false);
+  group->exchange = std::move(exchange);
+  group->one_shot_max_bytes = options.one_shot_max_bytes;
   MX_RETURN_IF_ERROR(nccl_status(*lib, lib->comm_init_all(group->comms.data(), static_cast<int>(devices.size()), devices.data()),
                                  "ncclCommInitAll"));
   std::vector<std::unique_ptr<Communicator>> comms;

@@ -1,0 +1,29 @@
+#include "backend/cuda/all_reduce_config.h"
+
+#include <algorithm>
+
+namespace mx::cuda {
+
+int64_t one_shot_default_max_bytes(int ranks) {
+  if (ranks < 2 || ranks > kOneShotMaxRanks) return 0;
+  // Each rank sends ranks - 1 copies of its message: the crossover with NCCL falls as the group grows.
+  // PLACEHOLDER: replaced by the measured crossover.
+  return std::min<int64_t>(kOneShotSlotBytes, (int64_t{512} << 10) / (ranks - 1));
+}
+
+bool use_one_shot_all_reduce(int64_t bytes, int ranks, bool peer_exchange, int64_t max_bytes) {
+  if (!peer_exchange || ranks < 2 || ranks > kOneShotMaxRanks || bytes <= 0) return false;
+  const int64_t limit = max_bytes == kOneShotAutoMaxBytes ? one_shot_default_max_bytes(ranks) : max_bytes;
+  return bytes <= std::min(limit, kOneShotSlotBytes);
+}
+
+OneShotLaunch one_shot_launch(int64_t bytes, int64_t element_bytes, bool aligned16) {
+  OneShotLaunch l;
+  l.vectorized = aligned16 && bytes % 16 == 0;
+  l.units = l.vectorized ? bytes / 16 : bytes / element_bytes;
+  l.threads = kOneShotThreads;
+  l.blocks = static_cast<int>(std::clamp<int64_t>((l.units + l.threads - 1) / l.threads, 1, kOneShotMaxBlocks));
+  return l;
+}
+
+}  // namespace mx::cuda

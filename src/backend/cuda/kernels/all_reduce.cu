@@ -1,0 +1,146 @@
+// The one-shot all-reduce over peer memory: the handshake and why it is safe are in all_reduce.h.
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/all_reduce.h"
+#include "backend/cuda/kernels/common.cuh"
+
+namespace mx::cuda {
+namespace {
+
+__device__ __forceinline__ void store_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t load_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Spins until *flag >= epoch; false when the group aborted first. The abort word is host memory (a PCIe read),
+// so it is looked at only every 1024 polls.
+__device__ bool wait_for_flag(const uint64_t* flag, uint64_t epoch, const int* abort) {
+  for (uint32_t polls = 1;; ++polls) {
+    if (load_acquire_sys(flag) >= epoch) return true;
+    if ((polls & 1023) == 0 && *reinterpret_cast<const volatile int*>(abort) != 0) return false;
+  }
+}
+
+// Loads of the slots bypass L1: peers write them over NVLink, and a line of an earlier call could still sit there.
+template <typename Unit>
+__device__ __forceinline__ Unit load_slot(const Unit* p) {
+  if constexpr (sizeof(Unit) == 16) return __ldcg(reinterpret_cast<const uint4*>(p));
+  else if constexpr (sizeof(Unit) == 4) return __ldcg(reinterpret_cast<const float*>(p));
+  else return __ldcg(reinterpret_cast<const unsigned short*>(p));
+}
+
+// Adds one unit of `Element`s (bf16 bits or f32) into acc, in f32.
+template <typename Element, typename Unit>
+__device__ __forceinline__ void accumulate(float* acc, const Unit& u) {
+  constexpr int kCount = sizeof(Unit) / sizeof(Element);
+  const auto* e = reinterpret_cast<const Element*>(&u);
+#pragma unroll
+  for (int j = 0; j < kCount; ++j) {
+    if constexpr (sizeof(Element) == 2) acc[j] += bf16_bits_to_f32(e[j]);
+    else acc[j] += e[j];
+  }
+}
+
+template <typename Element, typename Unit>
+__device__ __forceinline__ Unit pack(const float* acc) {
+  constexpr int kCount = sizeof(Unit) / sizeof(Element);
+  Unit u;
+  auto* e = reinterpret_cast<Element*>(&u);
+#pragma unroll
+  for (int j = 0; j < kCount; ++j) {
+    if constexpr (sizeof(Element) == 2) e[j] = f32_to_bf16_bits(acc[j]);
+    else e[j] = acc[j];
+  }
+  return u;
+}
+
+// Element: uint16_t (bf16 bits) or float. Unit: what one thread moves at a time, uint4 (16 bytes) or Element.
+template <typename Element, typename Unit>
+__global__ void __launch_bounds__(kOneShotThreads) one_shot_all_reduce_kernel(OneShotAllReduceParams p, int64_t units) {
+  __shared__ uint64_t epoch_s;
+  __shared__ int aborted_s;
+  pdl_wait();  // launched as a programmatic dependent: x (and the state) come from earlier kernels
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+  const int tid = static_cast<int>(threadIdx.x), b = static_cast<int>(blockIdx.x);
+  if (tid == 0) {
+    epoch_s = *reinterpret_cast<volatile uint64_t*>(&p.state->epoch) + 1;
+    aborted_s = 0;
+  }
+  __syncthreads();
+  const uint64_t epoch = epoch_s;
+  const int64_t parity_offset = static_cast<int64_t>(epoch & 1) * p.ranks * kOneShotSlotBytes;
+  // This CTA's share: units [begin, end).
+  const int64_t per_block = (units + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = b * per_block, end = min(units, begin + per_block);
+  auto slot = [&](int owner, int sender) {
+    return reinterpret_cast<Unit*>(p.slots[owner] + parity_offset + sender * kOneShotSlotBytes);
+  };
+
+  // 1. This rank's share into every rank's slot [parity][rank] (its own included, so that the sum below reads
+  // every rank's the same way).
+  const Unit* x = static_cast<const Unit*>(p.x);
+  for (int64_t i = begin + tid; i < end; i += blockDim.x) {
+    const Unit u = x[i];
+    for (int r = 0; r < p.ranks; ++r) slot(r, p.rank)[i] = u;
+  }
+  __syncthreads();
+  // 2. Thread r raises this CTA's flag on rank r (the release orders the CTA's writes above, which the barrier
+  // made this thread's predecessors), then waits for rank r's flag here.
+  if (tid < p.ranks) {
+    store_release_sys(p.flags[tid] + b * p.ranks + p.rank, epoch);
+    if (!wait_for_flag(p.flags[p.rank] + b * p.ranks + tid, epoch, p.abort)) aborted_s = 1;
+  }
+  __syncthreads();
+  if (aborted_s) return;
+  // 3. The sum in rank order, in f32 from zero (the CPU communicator's order, so the same bits), into x.
+  constexpr int kCount = sizeof(Unit) / sizeof(Element);
+  Unit* out = static_cast<Unit*>(p.x);
+  for (int64_t i = begin + tid; i < end; i += blockDim.x) {
+    float acc[kCount];
+#pragma unroll
+    for (int j = 0; j < kCount; ++j) acc[j] = 0.0f;
+    for (int r = 0; r < p.ranks; ++r) accumulate<Element>(acc, load_slot(slot(p.rank, r) + i));
+    out[i] = pack<Element, Unit>(acc);
+  }
+  // 4. The last CTA to finish advances the epoch: every CTA read it before counting itself done.
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    if (atomicAdd(&p.state->blocks_done, 1u) == gridDim.x - 1) {
+      p.state->blocks_done = 0;
+      *reinterpret_cast<volatile uint64_t*>(&p.state->epoch) = epoch;
+    }
+  }
+}
+
+template <typename Element>
+Status launch_typed(const OneShotAllReduceParams& p, cudaStream_t stream) {
+  const bool aligned16 = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  const OneShotLaunch l = one_shot_launch(p.n * static_cast<int64_t>(sizeof(Element)), sizeof(Element), aligned16);
+  const cudaError_t e =
+      l.vectorized ? launch_pdl(one_shot_all_reduce_kernel<Element, uint4>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units)
+                   : launch_pdl(one_shot_all_reduce_kernel<Element, Element>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units);
+  return cuda_status(e, "one_shot_all_reduce_kernel");
+}
+
+}  // namespace
+
+Status launch_one_shot_all_reduce(const OneShotAllReduceParams& p, cudaStream_t stream) {
+  const int64_t element_bytes = p.bf16 ? 2 : 4;
+  if (p.ranks < 2 || p.ranks > kOneShotMaxRanks || p.rank < 0 || p.rank >= p.ranks)
+    return invalid_argument("one-shot all-reduce of rank " + std::to_string(p.rank) + " of " + std::to_string(p.ranks));
+  if (p.n <= 0 || p.n * element_bytes > kOneShotSlotBytes)
+    return invalid_argument("one-shot all-reduce of " + std::to_string(p.n) + " elements: 1 to " +
+                            std::to_string(kOneShotSlotBytes / element_bytes) + " fit a slot");
+  for (int r = 0; r < p.ranks; ++r)
+    if (!p.slots[r] || !p.flags[r]) return invalid_argument("one-shot all-reduce without rank " + std::to_string(r) + "'s exchange");
+  if (!p.x || !p.state || !p.abort) return invalid_argument("one-shot all-reduce without its buffers");
+  return p.bf16 ? launch_typed<uint16_t>(p, stream) : launch_typed<float>(p, stream);
+}
+
+}  // namespace mx::cuda
