@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/status.h"
 #include "core/tensor_view.h"
 
@@ -35,6 +36,14 @@ class Communicator {
   // x <- the sum of every rank's x, added in rank order (so every rank gets the same bits). f32 or bf16
   // (summed in f32).
   virtual Status all_reduce_sum(TensorView x) = 0;
+  // all_reduce_sum(x), then backend.add_rms_norm(residual, x, weight, eps, out): the step after a row-parallel
+  // projection. A transport may do both in one pass (CUDA's one-shot path, for a few rows); the result is the
+  // pair's. `backend` is this rank's.
+  virtual Status all_reduce_add_rms_norm(TensorView x, Backend& backend, TensorView residual, const TensorView& weight,
+                                         float eps, TensorView out) {
+    MX_RETURN_IF_ERROR(all_reduce_sum(x));
+    return backend.add_rms_norm(residual, x, weight, eps, out);
+  }
   // out [R, N] <- every rank's `local` [R, n_r] side by side in rank order (f32), on every rank; the widths
   // n_r split N as split_range does.
   virtual Status all_gather_columns(const TensorView& local, TensorView out) = 0;
@@ -50,7 +59,6 @@ class Communicator {
   virtual void abort() = 0;
 };
 
-class Backend;
 // One communicator per rank, rank r's on ranks[r] (all of one kind: the CPU's threads, or CUDA devices over
 // NCCL); they share whatever connects them and keep it alive.
 Result<std::vector<std::unique_ptr<Communicator>>> make_communicators(const std::vector<Backend*>& ranks);

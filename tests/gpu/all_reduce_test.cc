@@ -217,6 +217,13 @@ TEST_P(AllReduceTest, GraphReplayGivesTheSumEveryTime) {
   std::vector<std::vector<TensorView>> xs(cases.size());  // [case][rank]
   for (size_t c = 0; c < cases.size(); ++c)
     for (int r = 0; r < ranks; ++r) xs[c].push_back(g.make(r, cases[c].dtype, cases[c].n));
+  // NCCL sets up its connections on a group's first collective, which a capture cannot hold: one eager pass first
+  // (as the engine's warm-up pass does before it captures).
+  const std::vector<Status> warm = g.run([&](int r) -> Status {
+    for (size_t c = 0; c < cases.size(); ++c) MX_RETURN_IF_ERROR(g.comms[static_cast<size_t>(r)]->all_reduce_sum(xs[c][static_cast<size_t>(r)]));
+    return g.backends[static_cast<size_t>(r)]->synchronize();
+  });
+  for (const Status& s : warm) ASSERT_TRUE(s.is_ok()) << s.to_string();
   std::vector<std::unique_ptr<ReplayGraph>> graphs(static_cast<size_t>(ranks));
   const std::vector<Status> captured = g.run([&](int r) -> Status {
     const auto i = static_cast<size_t>(r);
@@ -292,6 +299,75 @@ TEST_P(AllReduceTest, AbortFreesARankWaitingForAPeer) {
     const Status later = g.comms[static_cast<size_t>(r)]->all_reduce_sum(x);
     EXPECT_EQ(later.message(), kTensorParallelAborted) << later.to_string();
   }
+}
+
+// all_reduce_add_rms_norm (the step after gpt-oss's o_proj and experts): one kernel up to
+// kOneShotMaxNormRows rows, the pair (all_reduce_sum, then the backend's add_rms_norm) past them. Both give the
+// pair's bits on every rank (f32 and bf16 residuals, odd row counts, 20b's width and a narrow one), and the CPU
+// twin's values within bf16 rounding.
+TEST_P(AllReduceTest, AddRmsNormAfterTheSumEqualsThePairBitForBit) {
+  const int ranks = GetParam();
+  Group g(ranks, cuda::kOneShotAutoMaxBytes);
+  ASSERT_TRUE(g.ok());
+  std::mt19937 rng(gpu_test::test_seed());
+  const float eps = 1e-5f;
+  for (const DType res_dtype : {DType::kF32, DType::kBF16})
+    for (const int64_t hidden : {int64_t{2880}, int64_t{64}})
+      for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}}) {
+        const int64_t n = rows * hidden;
+        const Inputs in = random_inputs(rng, ranks, n, DType::kBF16);
+        const Inputs residual = random_inputs(rng, 1, n, res_dtype), weight = random_inputs(rng, 1, hidden, DType::kBF16);
+        // [path][rank]: 0 fused, 1 the pair
+        std::vector<TensorView> x[2], res[2], out[2], w;
+        for (int r = 0; r < ranks; ++r) {
+          Backend& b = *g.backends[static_cast<size_t>(r)];
+          w.push_back(g.make(r, DType::kBF16, hidden));
+          ASSERT_TRUE(upload(b, w.back(), weight.values[0]).is_ok());
+          for (int path = 0; path < 2; ++path) {
+            x[path].push_back(g.make(r, DType::kBF16, n).reshaped({rows, hidden}));
+            res[path].push_back(g.make(r, res_dtype, n).reshaped({rows, hidden}));
+            out[path].push_back(g.make(r, DType::kBF16, n).reshaped({rows, hidden}));
+            ASSERT_TRUE(upload(b, x[path].back(), in.values[static_cast<size_t>(r)]).is_ok());
+            ASSERT_TRUE(upload(b, res[path].back(), residual.values[0]).is_ok());
+          }
+        }
+        const std::vector<Status> st = g.run([&](int r) -> Status {
+          const auto i = static_cast<size_t>(r);
+          Backend& b = *g.backends[i];
+          MX_RETURN_IF_ERROR(g.comms[i]->all_reduce_add_rms_norm(x[0][i], b, res[0][i], w[i], eps, out[0][i]));
+          MX_RETURN_IF_ERROR(g.comms[i]->all_reduce_sum(x[1][i]));
+          MX_RETURN_IF_ERROR(b.add_rms_norm(res[1][i], x[1][i], w[i], eps, out[1][i]));
+          return b.synchronize();
+        });
+        for (const Status& s : st) ASSERT_TRUE(s.is_ok()) << s.to_string();
+        // The CPU twin: the residual plus the (bf16) sum, normed in f32.
+        Backend& cpu = gpu_test::cpu_backend();
+        std::vector<float> cpu_res = residual.values[0], cpu_out(static_cast<size_t>(n));
+        const TensorView cres(cpu_res.data(), DType::kF32, Shape{rows, hidden});
+        std::vector<float> delta = in.sum, cpu_w = weight.values[0];
+        ASSERT_TRUE(cpu.add_rms_norm(cres, TensorView(delta.data(), DType::kF32, Shape{rows, hidden}),
+                                     TensorView(cpu_w.data(), DType::kF32, Shape{hidden}), eps,
+                                     TensorView(cpu_out.data(), DType::kF32, Shape{rows, hidden}))
+                        .is_ok());
+        int64_t vs_pair = 0;
+        for (int r = 0; r < ranks; ++r) {
+          Backend& b = *g.backends[static_cast<size_t>(r)];
+          const auto i = static_cast<size_t>(r);
+          vs_pair += differing_bits(download(b, out[0][i]), download(b, out[1][i]));
+          vs_pair += differing_bits(download(b, res[0][i]), download(b, res[1][i]));
+          vs_pair += differing_bits(download(b, out[0][i]), download(*g.backends[0], out[0][0]));
+        }
+        const gpu_test::Errors e = gpu_test::compare(download(*g.backends[0], out[0][0]), cpu_out);
+        const bool fused = rows <= cuda::kOneShotMaxNormRows;
+        const bool pass = vs_pair == 0 && e.non_finite == 0 && e.rel_l2 <= 1e-2;
+        record("all-reduce + add_rms_norm TP " + std::to_string(ranks),
+               std::string(dtype_name(res_dtype)) + " residual [" + std::to_string(rows) + ", " + std::to_string(hidden) +
+                   "] " + (fused ? "fused" : "pair") + ": " + std::to_string(vs_pair) + " bits differ from the pair / rank 0",
+               e.rel_l2, e.max_abs, 1e-2, pass);
+        EXPECT_EQ(vs_pair, 0) << rows << " x " << hidden;
+        EXPECT_EQ(e.non_finite, 0);
+        EXPECT_LE(e.rel_l2, 1e-2);
+      }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AllReduceTest, ::testing::Values(2, 4),

@@ -19,6 +19,9 @@ inline constexpr int64_t kOneShotSlotBytes = int64_t{512} << 10;
 // Most CTAs of one launch: the flags hold one row per CTA, [kOneShotMaxBlocks, ranks].
 inline constexpr int kOneShotMaxBlocks = 32;
 inline constexpr int kOneShotThreads = 256;
+// Most rows the all-reduce fused with the following add + RMSNorm takes (one CTA per row: more rows would
+// leave CTAs each moving a whole row, and batches past 8 spend their time elsewhere).
+inline constexpr int64_t kOneShotMaxNormRows = 8;
 
 // `one_shot_max_bytes` of AllReduceOptions: the measured default below.
 inline constexpr int64_t kOneShotAutoMaxBytes = -1;

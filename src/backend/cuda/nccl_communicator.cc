@@ -162,6 +162,32 @@ class NcclCommunicator final : public Communicator {
                        "ncclAllReduce");
   }
 
+  // One kernel for both where the message goes one-shot and has at most kOneShotMaxNormRows rows the norm kernel
+  // could take; the pair otherwise (same bits either way).
+  Status all_reduce_add_rms_norm(TensorView x, Backend& backend, TensorView residual, const TensorView& weight, float eps,
+                                 TensorView out) override {
+    MX_RETURN_IF_ERROR(usable());
+    const int64_t hidden = residual.numel() > 0 ? residual.dim(-1) : 0;
+    const bool fits = x.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 && weight.dtype() == DType::kBF16 &&
+                      (residual.dtype() == DType::kF32 || residual.dtype() == DType::kBF16) && hidden > 0 &&
+                      hidden % 8 == 0 && hidden <= 8192 && weight.numel() == hidden && x.numel() == residual.numel() &&
+                      out.numel() == residual.numel() && residual.numel() / hidden <= cuda::kOneShotMaxNormRows &&
+                      reinterpret_cast<uintptr_t>(x.data()) % 16 == 0;
+    if (!fits || !cuda::use_one_shot_all_reduce(x.bytes(), size(), group_->exchange != nullptr, group_->one_shot_max_bytes))
+      return Communicator::all_reduce_add_rms_norm(x, backend, residual, weight, eps, out);
+    cuda::OneShotAllReduceParams p = group_->exchange->params(rank_, x);
+    p.norm.residual = residual.data();
+    p.norm.residual_f32 = residual.dtype() == DType::kF32;
+    p.norm.delta = x.ptr<const uint16_t>();
+    p.norm.weight = weight.ptr<const uint16_t>();
+    p.norm.out = out.ptr<uint16_t>();
+    p.norm.rows = residual.numel() / hidden;
+    p.norm.hidden = hidden;
+    p.norm.eps = eps;
+    MX_CUDA_RETURN_IF_ERROR(cudaSetDevice(where_.device));
+    return cuda::launch_one_shot_all_reduce(p, stream());
+  }
+
   // NCCL gathers equal blocks one after another: each rank's columns go out padded to the widest rank's
   // width, and each block lands in its columns of `out` with one strided copy.
   Status all_gather_columns(const TensorView& local, TensorView out) override {

@@ -48,8 +48,10 @@ TensorView GptOssModel::item_rows(const TensorView& t, int64_t first, int64_t co
   return t.rows(first * per_item, (first + count) * per_item);
 }
 
-Status GptOssModel::all_reduce(TensorView x) const {
-  return shard_.size > 1 ? shard_.comm->all_reduce_sum(x) : Status::ok();
+Status GptOssModel::all_reduce_add_rms_norm(TensorView x, TensorView residual, const TensorView& weight, float eps,
+                                            TensorView out) const {
+  if (shard_.size == 1) return backend_.add_rms_norm(residual, x, weight, eps, out);
+  return shard_.comm->all_reduce_add_rms_norm(x, backend_, residual, weight, eps, out);
 }
 
 Result<std::unique_ptr<GptOssModel>> GptOssModel::load(const std::string& model_dir, Backend& backend,
@@ -297,8 +299,8 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
     MX_RETURN_IF_ERROR(b.attention(attn, batch));
     MX_RETURN_IF_ERROR(dense(ws.attn.rows(0, T), L.o_weight, L.o_scale, L.o_bias, proj));
-    MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's heads' share of o_proj
-    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, L.post_attention_norm, eps, normed));
+    // Each rank's heads' share of o_proj, summed over the ranks.
+    MX_RETURN_IF_ERROR(all_reduce_add_rms_norm(proj, residual, L.post_attention_norm, eps, normed));
 
     RouterParams router{normed, L.router_weight, L.router_bias, ws.router_logits.rows(0, T),
                         ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token};
@@ -310,12 +312,12 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
       moe.first_expert = plan_.first_expert;
     }
     MX_RETURN_IF_ERROR(b.moe_experts(moe));
-    MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's experts' share
 
-    // The residual add is fused with the next norm: the next layer's input norm, or the final norm.
+    // Each rank's experts' share, summed; the residual add is fused with the next norm: the next layer's input
+    // norm, or the final norm.
     const bool last = l + 1 == c.num_layers;
     const TensorView& next_norm = last ? weights_.final_norm : weights_.layers[static_cast<size_t>(l + 1)].input_norm;
-    MX_RETURN_IF_ERROR(b.add_rms_norm(residual, proj, next_norm, eps, normed));
+    MX_RETURN_IF_ERROR(all_reduce_add_rms_norm(proj, residual, next_norm, eps, normed));
     observe(last ? c.num_layers : l + 1, last ? normed : residual);
   }
   const ForwardOutput out{normed};

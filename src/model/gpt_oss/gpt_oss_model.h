@@ -78,7 +78,9 @@ class GptOssModel : public Model {
                TensorView out) const;
   // Rows [first * per_item, (first + count) * per_item) of t: a rank's items (heads, experts) of a tensor.
   static TensorView item_rows(const TensorView& t, int64_t first, int64_t count, int64_t per_item);
-  Status all_reduce(TensorView x) const;
+  // residual += the sum of every rank's partial rows x, then out = rms_norm(residual) * weight (a rank's
+  // partial o_proj or expert rows; at TP 1 x is the whole).
+  Status all_reduce_add_rms_norm(TensorView x, TensorView residual, const TensorView& weight, float eps, TensorView out) const;
 
   GptOssConfig config_;
   ModelDims dims_;

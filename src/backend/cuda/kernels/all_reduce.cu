@@ -1,9 +1,11 @@
 // The one-shot all-reduce over peer memory: the handshake and why it is safe are in all_reduce.h.
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/all_reduce.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/row_norm.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -60,10 +62,13 @@ __device__ __forceinline__ Unit pack(const float* acc) {
 }
 
 // Element: uint16_t (bf16 bits) or float. Unit: what one thread moves at a time, uint4 (16 bytes) or Element.
-template <typename Element, typename Unit>
+// NormRes: void, or the residual's element type (float or bf16 bits) when the add + RMSNorm follows (one CTA
+// per row).
+template <typename Element, typename Unit, typename NormRes>
 __global__ void __launch_bounds__(kOneShotThreads) one_shot_all_reduce_kernel(OneShotAllReduceParams p, int64_t units) {
   __shared__ uint64_t epoch_s;
   __shared__ int aborted_s;
+  __shared__ float norm_scratch[kOneShotThreads / 32];
   pdl_wait();  // launched as a programmatic dependent: x (and the state) come from earlier kernels
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int tid = static_cast<int>(threadIdx.x), b = static_cast<int>(blockIdx.x);
@@ -107,6 +112,11 @@ __global__ void __launch_bounds__(kOneShotThreads) one_shot_all_reduce_kernel(On
     for (int r = 0; r < p.ranks; ++r) accumulate<Element>(acc, load_slot(slot(p.rank, r) + i));
     out[i] = pack<Element, Unit>(acc);
   }
+  // 3b. This CTA's row of the sum is in x: its residual add and norm.
+  if constexpr (!std::is_void_v<NormRes>) {
+    __syncthreads();
+    rms_norm_row<NormRes>(p.norm, b, norm_scratch);
+  }
   // 4. The last CTA to finish advances the epoch: every CTA read it before counting itself done.
   __syncthreads();
   if (tid == 0) {
@@ -123,9 +133,27 @@ Status launch_typed(const OneShotAllReduceParams& p, cudaStream_t stream) {
   const bool aligned16 = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   const OneShotLaunch l = one_shot_launch(p.n * static_cast<int64_t>(sizeof(Element)), sizeof(Element), aligned16);
   const cudaError_t e =
-      l.vectorized ? launch_pdl(one_shot_all_reduce_kernel<Element, uint4>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units)
-                   : launch_pdl(one_shot_all_reduce_kernel<Element, Element>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units);
+      l.vectorized ? launch_pdl(one_shot_all_reduce_kernel<Element, uint4, void>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units)
+                   : launch_pdl(one_shot_all_reduce_kernel<Element, Element, void>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units);
   return cuda_status(e, "one_shot_all_reduce_kernel");
+}
+
+// One CTA per row: the kernel's even split of the rows' 16-byte units gives each CTA exactly its row.
+Status launch_with_norm(const OneShotAllReduceParams& p, cudaStream_t stream) {
+  const RmsNormParams& n = p.norm;
+  if (!p.bf16 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || n.delta != p.x || !n.residual)
+    return invalid_argument("one-shot all-reduce + add_rms_norm: x must be bf16, 16-byte aligned, and the norm's delta");
+  if (n.rows < 1 || n.rows > kOneShotMaxNormRows || n.hidden % 8 != 0 || n.hidden > 8 * kRowThreads * kMaxChunks ||
+      n.rows * n.hidden != p.n)
+    return invalid_argument("one-shot all-reduce + add_rms_norm of [" + std::to_string(n.rows) + ", " + std::to_string(n.hidden) +
+                            "]: 1 to " + std::to_string(kOneShotMaxNormRows) + " rows of a multiple of 8 up to 8192");
+  static_assert(kRowThreads == kOneShotThreads, "the norm's rows take the all-reduce's CTAs");
+  const dim3 grid(static_cast<unsigned>(n.rows)), block(kOneShotThreads);
+  const int64_t units = p.n / 8;
+  const cudaError_t e = n.residual_f32
+                            ? launch_pdl(one_shot_all_reduce_kernel<uint16_t, uint4, float>, grid, block, 0, stream, p, units)
+                            : launch_pdl(one_shot_all_reduce_kernel<uint16_t, uint4, uint16_t>, grid, block, 0, stream, p, units);
+  return cuda_status(e, "one_shot_all_reduce_kernel (+ add_rms_norm)");
 }
 
 }  // namespace
@@ -140,6 +168,7 @@ Status launch_one_shot_all_reduce(const OneShotAllReduceParams& p, cudaStream_t 
   for (int r = 0; r < p.ranks; ++r)
     if (!p.slots[r] || !p.flags[r]) return invalid_argument("one-shot all-reduce without rank " + std::to_string(r) + "'s exchange");
   if (!p.x || !p.state || !p.abort) return invalid_argument("one-shot all-reduce without its buffers");
+  if (p.norm.out) return launch_with_norm(p, stream);
   return p.bf16 ? launch_typed<uint16_t>(p, stream) : launch_typed<float>(p, stream);
 }
 

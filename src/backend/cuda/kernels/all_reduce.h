@@ -16,6 +16,10 @@
 //
 // Abort: a rank waiting for a peer that never comes polls `abort` (host-mapped memory the communicator's
 // abort() sets) and leaves x undefined; the round fails on the host.
+//
+// Fused with the add + RMSNorm that follows a row-parallel projection (norm.out set): one CTA per row of x
+// (at most kOneShotMaxNormRows rows), which after writing its row of the sum runs the row's residual add and
+// norm exactly as rms_norm_kernel does (row_norm.cuh), so the result is the unfused pair's, bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +27,7 @@
 #include <cstdint>
 
 #include "backend/cuda/all_reduce_config.h"
+#include "backend/cuda/kernels/kernels.h"
 #include "core/status.h"
 
 namespace mx::cuda {
@@ -42,8 +47,12 @@ struct OneShotAllReduceParams {
   uint64_t* flags[kOneShotMaxRanks] = {};   // rank r's flags, u64 [kOneShotMaxBlocks][ranks] (peer memory)
   OneShotState* state = nullptr;            // this rank's
   const int* abort = nullptr;               // host-mapped; nonzero once the group aborted
+  // With norm.out set: x is bf16 [norm.rows, norm.hidden], then residual += x, out = rms_norm(residual) * weight
+  // (norm.delta is x).
+  RmsNormParams norm;
 };
-// n * element size <= kOneShotSlotBytes, 2 <= ranks <= kOneShotMaxRanks.
+// n * element size <= kOneShotSlotBytes, 2 <= ranks <= kOneShotMaxRanks; with the norm, bf16 x at a 16-byte
+// aligned address, 1 <= rows <= kOneShotMaxNormRows, hidden a multiple of 8 up to 8192.
 Status launch_one_shot_all_reduce(const OneShotAllReduceParams& p, cudaStream_t stream);
 
 }  // namespace mx::cuda

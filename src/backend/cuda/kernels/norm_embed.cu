@@ -3,33 +3,10 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/row_norm.cuh"
 
 namespace mx::cuda {
 namespace {
-
-constexpr int kRowThreads = 256;
-
-// 8 consecutive elements of a bf16 or f32 row as floats, and back.
-__device__ __forceinline__ void load8(const uint16_t* p, int64_t i, float (&v)[8]) {
-  const uint4 a = reinterpret_cast<const uint4*>(p)[i];
-  const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = bf16_bits_to_f32(as[j]);
-}
-__device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[2 * i], b = reinterpret_cast<const float4*>(p)[2 * i + 1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ void store8(uint16_t* p, int64_t i, const float (&v)[8]) {
-  uint16_t o[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(v[j]);
-  reinterpret_cast<uint4*>(p)[i] = *reinterpret_cast<const uint4*>(o);
-}
-__device__ __forceinline__ void store8(float* p, int64_t i, const float (&v)[8]) {
-  reinterpret_cast<float4*>(p)[2 * i] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[2 * i + 1] = make_float4(v[4], v[5], v[6], v[7]);
-}
 
 template <typename Out>
 __global__ void embedding_kernel(EmbeddingParams p) {
@@ -45,61 +22,13 @@ __global__ void embedding_kernel(EmbeddingParams p) {
   }
 }
 
-__device__ float block_sum(float v, float* scratch) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += scratch[w];
-  return total;
-}
-
-// Each thread keeps its 8-element chunks in registers between the two passes (hidden <= 8 * 256 * kMaxChunks).
-constexpr int kMaxChunks = 4;
-
 // Res: the residual stream's element type (float or bf16 bits).
 template <typename Res>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) {
   __shared__ float scratch[kRowThreads / 32];
   pdl_wait();  // launched as a programmatic dependent: x / residual / delta come from earlier kernels
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
-  const int64_t row = blockIdx.x;
-  const int64_t chunks = p.hidden / 8;
-  float v[kMaxChunks][8];
-  float sum_sq = 0;
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
-    if (i >= chunks) break;
-    if (p.residual) {
-      Res* res = static_cast<Res*>(p.residual) + row * p.hidden;
-      float d[8];
-      load8(res, i, v[c]);
-      load8(p.delta + row * p.hidden, i, d);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[c][j] += d[j];
-      store8(res, i, v[c]);
-      // The norm sees what the residual now holds (rounded to bf16 when the stream is bf16).
-      load8(res, i, v[c]);
-    } else {
-      load8(static_cast<const Res*>(p.x) + row * p.hidden, i, v[c]);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sum_sq += v[c][j] * v[c][j];
-  }
-  const float total = block_sum(sum_sq, scratch);
-  const float inv = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
-    if (i >= chunks) break;
-    float w[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f}, o[8];
-    if (p.weight) load8(p.weight, i, w);  // null: weightless (Gemma-4's router and v norms)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv);
-    store8(p.out + row * p.hidden, i, o);
-  }
+  rms_norm_row<Res>(p, blockIdx.x, scratch);
 }
 
 __global__ void gather_rows_kernel(GatherRowsParams p) {
