@@ -155,7 +155,8 @@ int run(int argc, char** argv) {
     j["devices"] = devices;
     j["calls_per_graph"] = kCalls;
     j["replays"] = kReplays;
-    for (const Measured& m : rows) j["rows"].push_back({{"ranks", m.ranks}, {"bytes", m.bytes}, {"path", m.path}, {"us", m.us}});
+    for (const Measured& m : rows)
+      j["rows"].push_back({{"ranks", m.ranks}, {"bytes", m.bytes}, {"path", m.path}, {"us", m.us}});
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   return 0;

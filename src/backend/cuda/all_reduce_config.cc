@@ -6,9 +6,11 @@ namespace mx::cuda {
 
 int64_t one_shot_default_max_bytes(int ranks) {
   if (ranks < 2 || ranks > kOneShotMaxRanks) return 0;
-  // Each rank sends ranks - 1 copies of its message: the crossover with NCCL falls as the group grows.
-  // PLACEHOLDER: replaced by the measured crossover.
-  return std::min<int64_t>(kOneShotSlotBytes, (int64_t{512} << 10) / (ranks - 1));
+  // Two H100s over NVLink (mx_all_reduce_bench, bench/results/2026-11-27-h100x2-tp-one-shot-all-reduce.txt):
+  // one-shot 4.8 us vs NCCL 6.7 us at one 20b row, 7.6 vs 9.9 us at the slot's 512 KB, so TP 2 takes it up
+  // to the slot. Each rank sends ranks - 1 copies of its message, so the crossover falls as the group grows:
+  // scaled by 1 / (ranks - 1) from there (not measured past TP 2).
+  return std::min<int64_t>(kOneShotSlotBytes, kOneShotSlotBytes / (ranks - 1));
 }
 
 bool use_one_shot_all_reduce(int64_t bytes, int ranks, bool peer_exchange, int64_t max_bytes) {

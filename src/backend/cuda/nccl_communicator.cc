@@ -86,11 +86,14 @@ class PeerExchange {
     return x;
   }
   ~PeerExchange() {
+    int current = 0;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess;
     for (size_t r = 0; r < devices_.size(); ++r) {
       cudaSetDevice(devices_[r]);
       cudaFree(slots_[r]), cudaFree(flags_[r]), cudaFree(states_[r]);
     }
     if (abort_) cudaFreeHost(abort_);
+    if (restore) cudaSetDevice(current);
   }
 
   // The kernel's parameters for `rank`'s all-reduce of x.
