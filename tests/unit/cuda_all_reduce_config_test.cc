@@ -1,6 +1,6 @@
 // The CUDA all-reduce's path choice and the one-shot kernel's launch shape (all_reduce_config.h), on the CPU:
 // which messages go one-shot, that none outgrows an exchange slot, and that the launch covers every unit with
-// no more CTAs than the flags have rows for.
+// no more CTAs than the flags have rows for (from the size alone: every rank must launch the same CTAs).
 #include <gtest/gtest.h>
 
 #include "backend/cuda/all_reduce_config.h"
@@ -41,21 +41,20 @@ TEST(CudaAllReduceConfig, NcclWhereTheExchangeCannotTakeIt) {
 
 TEST(CudaAllReduceConfig, LaunchCoversEveryUnitWithinTheFlagRows) {
   for (int64_t element : {2, 4})
-    for (int64_t elements : {int64_t{1}, int64_t{7}, int64_t{2880}, int64_t{2883}, int64_t{2880 * 8}, kOneShotSlotBytes / element})
-      for (bool aligned : {true, false}) {
-        const int64_t bytes = elements * element;
-        const OneShotLaunch l = one_shot_launch(bytes, element, aligned);
-        EXPECT_EQ(l.vectorized, aligned && bytes % 16 == 0) << bytes;
-        EXPECT_EQ(l.units, l.vectorized ? bytes / 16 : elements) << bytes;
-        EXPECT_GE(l.blocks, 1);
-        EXPECT_LE(l.blocks, kOneShotMaxBlocks);
-        EXPECT_EQ(l.threads, kOneShotThreads);
-        // Each CTA takes ceil(units / blocks) units; a CTA with none still joins the handshake.
-        EXPECT_GE(static_cast<int64_t>(l.blocks) * l.threads * 64, l.units) << "fewer than 64 units per thread";
-        if (l.units <= kOneShotThreads) {
-          EXPECT_EQ(l.blocks, 1) << bytes;
-        }
+    for (int64_t elements : {int64_t{1}, int64_t{7}, int64_t{2880}, int64_t{2883}, int64_t{2880 * 8}, kOneShotSlotBytes / element}) {
+      const int64_t bytes = elements * element;
+      const OneShotLaunch l = one_shot_launch(bytes, element);
+      EXPECT_EQ(l.vectorized, bytes % 16 == 0) << bytes;
+      EXPECT_EQ(l.units, l.vectorized ? bytes / 16 : elements) << bytes;
+      EXPECT_GE(l.blocks, 1);
+      EXPECT_LE(l.blocks, kOneShotMaxBlocks);
+      EXPECT_EQ(l.threads, kOneShotThreads);
+      // Each CTA takes ceil(units / blocks) units; a CTA with none still joins the handshake.
+      EXPECT_GE(static_cast<int64_t>(l.blocks) * l.threads * 64, l.units) << "fewer than 64 units per thread";
+      if (l.units <= kOneShotThreads) {
+        EXPECT_EQ(l.blocks, 1) << bytes;
       }
+    }
 }
 
 }  // namespace

@@ -19,9 +19,9 @@ bool use_one_shot_all_reduce(int64_t bytes, int ranks, bool peer_exchange, int64
   return bytes <= std::min(limit, kOneShotSlotBytes);
 }
 
-OneShotLaunch one_shot_launch(int64_t bytes, int64_t element_bytes, bool aligned16) {
+OneShotLaunch one_shot_launch(int64_t bytes, int64_t element_bytes) {
   OneShotLaunch l;
-  l.vectorized = aligned16 && bytes % 16 == 0;
+  l.vectorized = bytes % 16 == 0;
   l.units = l.vectorized ? bytes / 16 : bytes / element_bytes;
   l.threads = kOneShotThreads;
   l.blocks = static_cast<int>(std::clamp<int64_t>((l.units + l.threads - 1) / l.threads, 1, kOneShotMaxBlocks));

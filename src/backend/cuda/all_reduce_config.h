@@ -37,11 +37,13 @@ bool use_one_shot_all_reduce(int64_t bytes, int ranks, bool peer_exchange, int64
 
 struct OneShotLaunch {
   int blocks = 0, threads = 0;
-  bool vectorized = false;  // 16-byte units (the message and its address are 16-byte aligned), else elements
+  bool vectorized = false;  // 16-byte units (the message is a multiple of 16 bytes), else elements
   int64_t units = 0;        // 16-byte units or elements of the message
 };
-// `bytes` of elements of `element_bytes`, at an address that is 16-byte aligned or not: enough CTAs that each
-// thread moves about one unit, at most kOneShotMaxBlocks (the CTAs then loop). bytes > 0.
-OneShotLaunch one_shot_launch(int64_t bytes, int64_t element_bytes, bool aligned16);
+// `bytes` of elements of `element_bytes`: enough CTAs that each thread moves about one unit, at most
+// kOneShotMaxBlocks (the CTAs then loop). bytes > 0. From the message's size alone, never its address: every
+// rank must split the message among the same CTAs, whose flags pair up across ranks (a rank whose x is not
+// 16-byte aligned still moves 16-byte units, reading and writing x an element at a time).
+OneShotLaunch one_shot_launch(int64_t bytes, int64_t element_bytes);
 
 }  // namespace mx::cuda

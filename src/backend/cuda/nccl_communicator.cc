@@ -166,7 +166,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   // One kernel for both where the message goes one-shot and has at most kOneShotMaxNormRows rows the norm kernel
-  // could take; the pair otherwise (same bits either way).
+  // could take; the pair otherwise (same bits either way). The choice reads shapes only, never addresses: every
+  // rank must launch the same kernel (a rank whose tensors the fused kernel cannot take fails, and the
+  // tensor-parallel model's abort() frees the others).
   Status all_reduce_add_rms_norm(TensorView x, Backend& backend, TensorView residual, const TensorView& weight, float eps,
                                  TensorView out) override {
     MX_RETURN_IF_ERROR(usable());
@@ -174,8 +176,7 @@ class NcclCommunicator final : public Communicator {
     const bool fits = x.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 && weight.dtype() == DType::kBF16 &&
                       (residual.dtype() == DType::kF32 || residual.dtype() == DType::kBF16) && hidden > 0 &&
                       hidden % 8 == 0 && hidden <= 8192 && weight.numel() == hidden && x.numel() == residual.numel() &&
-                      out.numel() == residual.numel() && residual.numel() / hidden <= cuda::kOneShotMaxNormRows &&
-                      reinterpret_cast<uintptr_t>(x.data()) % 16 == 0;
+                      out.numel() == residual.numel() && residual.numel() / hidden <= cuda::kOneShotMaxNormRows;
     if (!fits || !cuda::use_one_shot_all_reduce(x.bytes(), size(), group_->exchange != nullptr, group_->one_shot_max_bytes))
       return Communicator::all_reduce_add_rms_norm(x, backend, residual, weight, eps, out);
     cuda::OneShotAllReduceParams p = group_->exchange->params(rank_, x);

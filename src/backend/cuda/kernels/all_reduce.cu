@@ -36,6 +36,36 @@ __device__ __forceinline__ Unit load_slot(const Unit* p) {
   else return __ldcg(reinterpret_cast<const unsigned short*>(p));
 }
 
+// Unit i of x, which is element-aligned but for 16-byte units maybe not 16-byte aligned (a view at an odd
+// offset): the launch shape depends on the size alone, so that every rank's CTAs pair up, whatever each address.
+template <typename Unit>
+__device__ __forceinline__ Unit load_x(const void* x, int64_t i, bool aligned) {
+  if constexpr (sizeof(Unit) == 16) {
+    if (!aligned) {
+      Unit u;
+      const uint16_t* src = static_cast<const uint16_t*>(x) + i * 8;  // bf16 and f32 are 2-byte aligned
+      auto* dst = reinterpret_cast<uint16_t*>(&u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dst[j] = src[j];
+      return u;
+    }
+  }
+  return static_cast<const Unit*>(x)[i];
+}
+template <typename Unit>
+__device__ __forceinline__ void store_x(void* x, int64_t i, const Unit& u, bool aligned) {
+  if constexpr (sizeof(Unit) == 16) {
+    if (!aligned) {
+      uint16_t* dst = static_cast<uint16_t*>(x) + i * 8;
+      const auto* src = reinterpret_cast<const uint16_t*>(&u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dst[j] = src[j];
+      return;
+    }
+  }
+  static_cast<Unit*>(x)[i] = u;
+}
+
 // Adds one unit of `Element`s (bf16 bits or f32) into acc, in f32.
 template <typename Element, typename Unit>
 __device__ __forceinline__ void accumulate(float* acc, const Unit& u) {
@@ -88,9 +118,9 @@ __global__ void __launch_bounds__(kOneShotThreads) one_shot_all_reduce_kernel(On
 
   // 1. This rank's share into every rank's slot [parity][rank] (its own included, so that the sum below reads
   // every rank's the same way).
-  const Unit* x = static_cast<const Unit*>(p.x);
+  const bool aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   for (int64_t i = begin + tid; i < end; i += blockDim.x) {
-    const Unit u = x[i];
+    const Unit u = load_x<Unit>(p.x, i, aligned);
     for (int r = 0; r < p.ranks; ++r) slot(r, p.rank)[i] = u;
   }
   __syncthreads();
@@ -104,13 +134,12 @@ __global__ void __launch_bounds__(kOneShotThreads) one_shot_all_reduce_kernel(On
   if (aborted_s) return;
   // 3. The sum in rank order, in f32 from zero (the CPU communicator's order, so the same bits), into x.
   constexpr int kCount = sizeof(Unit) / sizeof(Element);
-  Unit* out = static_cast<Unit*>(p.x);
   for (int64_t i = begin + tid; i < end; i += blockDim.x) {
     float acc[kCount];
 #pragma unroll
     for (int j = 0; j < kCount; ++j) acc[j] = 0.0f;
     for (int r = 0; r < p.ranks; ++r) accumulate<Element>(acc, load_slot(slot(p.rank, r) + i));
-    out[i] = pack<Element, Unit>(acc);
+    store_x(p.x, i, pack<Element, Unit>(acc), aligned);
   }
   // 3b. This CTA's row of the sum is in x: its residual add and norm.
   if constexpr (!std::is_void_v<NormRes>) {
@@ -130,8 +159,7 @@ __global__ void __launch_bounds__(kOneShotThreads) one_shot_all_reduce_kernel(On
 
 template <typename Element>
 Status launch_typed(const OneShotAllReduceParams& p, cudaStream_t stream) {
-  const bool aligned16 = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
-  const OneShotLaunch l = one_shot_launch(p.n * static_cast<int64_t>(sizeof(Element)), sizeof(Element), aligned16);
+  const OneShotLaunch l = one_shot_launch(p.n * static_cast<int64_t>(sizeof(Element)), sizeof(Element));
   const cudaError_t e =
       l.vectorized ? launch_pdl(one_shot_all_reduce_kernel<Element, uint4, void>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units)
                    : launch_pdl(one_shot_all_reduce_kernel<Element, Element, void>, dim3(l.blocks), dim3(l.threads), 0, stream, p, l.units);
