@@ -5,10 +5,12 @@
 // rotated so that weights come from HBM, not L2), the graph replayed after a warm-up; the median replay
 // over N is the time per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
-// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] | --sampling-only | --moe-decode-variants |
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
+// --moe-decode-variants |
 // --attention-prefill-only | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only] [out.json]`).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
-// bf16 experts and small ops (bench_gemma).
+// bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
+// whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -45,6 +47,7 @@ Backend* g_b = nullptr;
 std::vector<Buffer> g_keep;
 std::mt19937 g_rng(1234);
 std::vector<int64_t> bench_only_prefill_sizes;
+std::vector<std::string> bench_prefill_variant_prefixes;  // empty: every variant
 
 #define CHECK_OK(expr)                                                   \
   do {                                                                   \
@@ -223,7 +226,8 @@ void bench_moe(bool variants) {
 
 // ---- MoE prefill: the same layer at T tokens through each expert-GEMM path: decode = swap-AB kernels
 // with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128, wgmma = the sm_90 grouped
-// GEMM in tiles of 64, 128 or 256 (falls back to grouped elsewhere), auto = what moe_experts picks. Then
+// GEMM in tiles of 64, 128 or 256 (falls back to grouped elsewhere), wgmma-ws = its warp-specialized form in
+// tiles of 128 or 256, auto = what moe_experts picks. Then
 // the measured bf16 rate: one dense cuBLASLt GEMM with the first expert GEMM's shape at 8192 tokens, the
 // yardstick of issue 12.
 void bench_moe_prefill() {
@@ -245,6 +249,7 @@ void bench_moe_prefill() {
       const char* label;
       int warpgroups = 0;  // wgmma: warpgroups of 64 weight rows per CTA
       int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
+      int warp_specialized = -1;  // wgmma: 1 the warp-specialized kernel (moe_wgmma_ws.cu), 0 auto's choice
     };
     for (const Variant& v :
          {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -253,10 +258,18 @@ void bench_moe_prefill() {
           Variant{CudaMoePath::kGrouped, 64, "wgmma/64x4wg", 4}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg", 2},
           Variant{CudaMoePath::kGrouped, 128, "wgmma/128x3wg", 3}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x4wg", 4},
           Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", 2, -1},
-          Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 2, 1}, Variant{CudaMoePath::kAuto, 0, "auto"}}) {
+          Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 2, 1},
+          Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 0, 1},
+          Variant{CudaMoePath::kAuto, 0, "auto", 0, 0, 0}}) {
+      const std::string label = v.label;
+      if (!bench_prefill_variant_prefixes.empty() &&
+          std::none_of(bench_prefill_variant_prefixes.begin(), bench_prefill_variant_prefixes.end(),
+                       [&](const std::string& prefix) { return label.rfind(prefix, 0) == 0; }))
+        continue;
       CudaMoeOptions o{v.path, v.tile};
       o.wgmma_warpgroups = v.warpgroups;
       o.wgmma_persistent = v.persistent;
+      o.wgmma_warp_specialized = v.warp_specialized;
       CHECK_OK(set_cuda_moe_options(*g_b, o));
       // About 20 ms of work per graph.
       const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
@@ -710,6 +723,16 @@ int main(int argc, char** argv) {
       i = end + 1;
     }
     ++arg;
+    const std::string variants = "--variants=";
+    if (argc > arg && std::string(argv[arg]).rfind(variants, 0) == 0) {
+      const std::string v = std::string(argv[arg]).substr(variants.size());
+      for (size_t i = 0; i < v.size();) {
+        const size_t end = std::min(v.find(',', i), v.size());
+        if (end > i) bench_prefill_variant_prefixes.push_back(v.substr(i, end - i));
+        i = end + 1;
+      }
+      ++arg;
+    }
   }
   if (sampling_only) {
     bench_sampling();

@@ -524,11 +524,12 @@ const char* path_name(CudaMoePath p) {
 }
 
 // One routing of random experts through the CPU twin and through each CUDA path in `paths` (the grouped
-// path once per tile size in `grouped_tiles` and warpgroup count in `wgmma_warpgroups`, 0 = its own choice).
+// path once per tile size in `grouped_tiles` and warpgroup count in `wgmma_warpgroups`, 0 = its own choice;
+// `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized).
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
                     std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
                     bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0},
-                    std::initializer_list<int> wgmma_warpgroups = {0}) {
+                    std::initializer_list<int> wgmma_warpgroups = {0}, int warp_specialized = 0) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -549,14 +550,16 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   for (CudaMoePath path : paths)
   for (int tile : grouped_tiles)
   for (int wg : wgmma_warpgroups)
-  // 256-token tiles (wgmma) run two warpgroups, on a persistent grid or a CTA per item.
-  for (int persistent : tile == 256 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
+  // 256-token tiles (wgmma) run two warpgroups, on a persistent grid or a CTA per item (the warp-specialized
+  // kernel is always persistent).
+  for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
     if (tile == 256 && wg > 2) continue;
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, decode_k_tiles, decode_depth, decode_pdl};
     options.wgmma_warpgroups = wg;
     options.wgmma_persistent = persistent;
+    options.wgmma_warp_specialized = warp_specialized;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
@@ -568,6 +571,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     if (tile != 0) variant += " (" + std::to_string(tile) + "-token tiles)";
     if (wg != 0) variant += " (" + std::to_string(wg) + " warpgroups if wgmma)";
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
+    if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -640,7 +644,7 @@ TEST_F(KernelTest, MoeExpertsDecode) {
 
 // Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and
 // requires those tokens' output bits to equal their bits inside the full batch.
-void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase& c, CudaMoePath path,
+void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,
                                   const std::string& label, std::initializer_list<int64_t> alone) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
@@ -651,7 +655,7 @@ void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase&
   std::vector<float> weights;
   make_routing(rng, c, &ids, &weights);
   Bf16Data x = random_bf16(rng, c.T * c.H, 1.0f);
-  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {path}).is_ok());
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
   std::vector<uint8_t> full;
   std::vector<int64_t> counts = {c.T};
   counts.insert(counts.end(), alone.begin(), alone.end());
@@ -678,7 +682,7 @@ void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase&
 // mma columns are independent and the combine sums in router order, so the first tokens alone (self-routed,
 // 1 to 8 tokens) give the bits they get inside a batch of 40 (routing kernel + combine kernel).
 TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
-  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform}, CudaMoePath::kDecode,
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform}, {CudaMoePath::kDecode},
                                "decode", {1, 3, 8});
 }
 
@@ -700,25 +704,35 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
                            MoeCase{32, 2880, 2880, 4, 129, Routing::kHalf}, MoeCase{32, 320, 256, 4, 4097, Routing::kUniform},
                            MoeCase{8, 320, 192, 4, 129, Routing::kSame}, MoeCase{16, 256, 320, 4, 1000, Routing::kHot},
                            MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}})
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128, 256}, {2, 3, 4});
+  {
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128, 256}, {2, 3, 4}, -1);
+    // The warp-specialized kernel (moe_wgmma_ws.cu): both tile sizes, half- and full-width items.
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {128, 256}, {0}, 1);
+  }
 }
 
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,
 // the k order is fixed, the combine sums in router order): the first tokens alone give the same bits.
 TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
-  check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform}, CudaMoePath::kGrouped,
+  check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform}, {CudaMoePath::kGrouped},
                                "grouped", {37});
-  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, CudaMoePath::kGrouped,
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, {CudaMoePath::kGrouped},
                                "grouped 20b shape", {1, 129});
   // 1025 tokens per expert: 256-token tiles on sm_90 (full and half-width MMAs) against the same tokens alone
   // (64- and 128-token tiles).
-  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8200, Routing::kUniform}, CudaMoePath::kGrouped,
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8200, Routing::kUniform}, {CudaMoePath::kGrouped},
                                "grouped 20b shape, large tiles", {1, 129, 700});
   check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform},
-                               CudaMoePath::kGroupedMmaSync, "grouped mma.sync", {37});
+                               {CudaMoePath::kGroupedMmaSync}, "grouped mma.sync", {37});
+  // The warp-specialized wgmma kernel against itself (sm_90; elsewhere the mma.sync grouped GEMM): 256-token
+  // tiles at full and half width, and the same tokens alone in partly filled tiles.
+  CudaMoeOptions ws{CudaMoePath::kGrouped, 256};
+  ws.wgmma_warp_specialized = 1;
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8200, Routing::kUniform}, ws,
+                               "grouped 20b shape, warp-specialized", {1, 129, 700});
 }
 
-void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile) {
+void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile, int warp_specialized = 0) {
   const MoeCase c{32, 2880, 2880, 4, 777, Routing::kHot};
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
@@ -732,7 +746,9 @@ void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile) {
   TensorView xg = cuda.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
   TensorView id = cuda.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
   TensorView eager = cuda.make(DType::kBF16, {c.T, c.H}), replayed = cuda.make(DType::kBF16, {c.T, c.H});
-  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {CudaMoePath::kGrouped, tile}).is_ok());
+  CudaMoeOptions options{CudaMoePath::kGrouped, tile};
+  options.wgmma_warp_specialized = warp_specialized;
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
   ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, eager, c.k, 7.0f, 1.702f}).is_ok());
   auto graph = cuda_backend().capture(
       [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, replayed, c.k, 7.0f, 1.702f}); });
@@ -741,15 +757,17 @@ void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile) {
   ASSERT_TRUE((*graph)->replay().is_ok());
   const std::vector<uint8_t> a = cuda.download_bytes(eager), b = cuda.download_bytes(replayed);
   const bool same = a == b;
-  const std::string what = tile == 0 ? "" : ", " + std::to_string(tile) + "-token tiles";
+  const std::string what = (tile == 0 ? "" : ", " + std::to_string(tile) + "-token tiles") +
+                           (warp_specialized > 0 ? ", warp-specialized" : "");
   record("moe_experts", "grouped 20b shape T=777" + what + ", graph replay vs eager, bitwise", same ? 0 : 1, 0, 0, same);
   EXPECT_TRUE(same);
 }
 
 // The grouped path replayed from a CUDA graph gives the eager bits (fixed grid, metadata read on the device),
-// at its own tile choice and with 256-token tiles.
+// at its own tile choice, with 256-token tiles, and on the warp-specialized kernel.
 TEST_F(KernelTest, MoeGroupedGraphReplay) {
   for (int tile : {0, 256}) check_moe_graph_replay(cuda_, rng_, tile);
+  check_moe_graph_replay(cuda_, rng_, 256, 1);
 }
 
 }  // namespace

@@ -306,6 +306,40 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   EXPECT_FALSE(choose_moe_wgmma_config(tiny, 32768, 32).enabled);  // falls back to the mma.sync kernel
 }
 
+// The warp-specialized wgmma kernel: sm_90 only, 384 threads (a producer and two MMA warpgroups), a
+// persistent grid of one CTA per SM, tiles of 128 or 256 tokens (a forced 64 runs as 128), and as deep a ring
+// as fits next to its static row table and barriers; the other knobs do not apply to it.
+TEST(CudaKernelConfigs, MoeWgmmaWarpSpecialized) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t slots : {256, 2048, 8192, 32768})
+      for (int tile : {0, 64, 128, 256}) {
+        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, 3, -1, 1);
+        EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
+        EXPECT_TRUE(c.warp_specialized);
+        EXPECT_EQ(c.tile_tokens, tile == 0 ? (slots / 32 >= kMoeWgmmaLargeTileTokensPerExpert ? 256 : 128)
+                                 : tile == 64 ? 128 : tile);
+        EXPECT_EQ(c.threads, kMoeWgmmaWsThreads);
+        EXPECT_EQ(c.warpgroups, 2);
+        EXPECT_TRUE(c.persistent);
+        EXPECT_EQ(c.sms, d.sm_count);
+        if (!c.enabled) continue;
+        EXPECT_GE(c.stages, 3);
+        EXPECT_LE(c.stages, kMoeWgmmaWsMaxStages);
+        EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens, 2) + 1024);
+        EXPECT_LE(c.smem_bytes + moe_wgmma_ws_static_bytes(c.tile_tokens), d.max_smem_per_block_optin) << d.name;
+        // One more stage would not fit.
+        EXPECT_TRUE(c.stages == kMoeWgmmaWsMaxStages ||
+                    c.smem_bytes + moe_wgmma_stage_bytes(c.tile_tokens, 2) + moe_wgmma_ws_static_bytes(c.tile_tokens) >
+                        d.max_smem_per_block_optin);
+      }
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 0, 0, 1).stages, 6);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 0, 0, -1).warp_specialized, false);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).warp_specialized, kMoeWgmmaWarpSpecialized);
+  DeviceInfo tiny = sm90_h100();
+  tiny.max_smem_per_block_optin = 64 * 1024;  // two stages of 128-token tiles: too shallow a ring
+  EXPECT_FALSE(choose_moe_wgmma_config(tiny, 32768, 32, 128, 0, 0, 1).enabled);
+}
+
 TEST(CudaKernelConfigs, MoeGroupedRefusesTooLittleSharedMemory) {
   DeviceInfo tiny = sm120_rtx_pro_6000();
   tiny.max_smem_per_block_optin = 48 * 1024;

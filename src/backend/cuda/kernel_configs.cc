@@ -189,9 +189,28 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
 }
 
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens, int warpgroups, int persistent) {
+                                       int tile_tokens, int warpgroups, int persistent, int warp_specialized) {
   MoeWgmmaConfig c;
   const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
+  if (warp_specialized == 1 || (warp_specialized == 0 && kMoeWgmmaWarpSpecialized)) {
+    c.warp_specialized = true;
+    c.tile_tokens = tile_tokens == 128 || tile_tokens == 256 ? tile_tokens
+                    : tile_tokens == 64                     ? 128
+                    : per_expert >= kMoeWgmmaLargeTileTokensPerExpert ? 256
+                                                                      : 128;
+    c.warpgroups = 2;
+    c.threads = kMoeWgmmaWsThreads;
+    c.persistent = true;
+    c.sms = dev.sm_count;
+    // As deep a ring as fits next to the static table and barriers (the 1 KB aligns the ring).
+    const int64_t stage = moe_wgmma_stage_bytes(c.tile_tokens, 2);
+    const int64_t room = dev.max_smem_per_block_optin - moe_wgmma_ws_static_bytes(c.tile_tokens) - 1024;
+    c.stages = static_cast<int>(std::clamp<int64_t>(room / stage, 0, kMoeWgmmaWsMaxStages));
+    c.smem_bytes = c.stages * stage + 1024;
+    c.enabled = dev.sm_major == 9 && c.stages >= 3 &&
+                c.smem_bytes + moe_wgmma_ws_static_bytes(c.tile_tokens) <= dev.max_smem_per_block_optin;
+    return c;
+  }
   c.tile_tokens = tile_tokens == 64 || tile_tokens == 128 || tile_tokens == 256 ? tile_tokens
                   : per_expert >= kMoeWgmmaHugeTileTokensPerExpert               ? 256
                   : per_expert >= kMoeWgmmaLargeTileTokensPerExpert              ? 128

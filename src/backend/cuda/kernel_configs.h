@@ -220,22 +220,38 @@ inline constexpr int moe_wgmma_weight_rows(int warpgroups) { return 64 * warpgro
 inline constexpr int64_t moe_wgmma_stage_bytes(int tile_tokens, int warpgroups) {
   return (static_cast<int64_t>(tile_tokens) * 128 + moe_wgmma_weight_rows(warpgroups) * 34 + 1023) / 1024 * 1024;
 }
+// The warp-specialized form (moe_wgmma_ws.cu): warpgroup 0 of the CTA only loads (cp.async of the gathered
+// activation rows, fp4 strips and scales into an mbarrier full/empty ring, 24 registers a thread), warpgroups
+// 1 and 2 decode the fp4 in registers and issue the MMAs (240 registers: 256-token tiles fit), with no CTA
+// barrier in the k loop. One CTA per SM on a persistent grid over the work items; an item's MMAs run at half
+// the tile's token columns when its tokens fit. Tiles of 128 or 256 tokens.
+inline constexpr int kMoeWgmmaWsThreads = 384;
+inline constexpr int kMoeWgmmaWsMaxStages = 12;
+// Static shared memory of the warp-specialized kernel: the producer's table of tile rows (8 bytes each) and
+// the full and empty barriers (8 bytes each per stage).
+inline constexpr int64_t moe_wgmma_ws_static_bytes(int tile_tokens) {
+  return static_cast<int64_t>(tile_tokens) * 8 + 2 * kMoeWgmmaWsMaxStages * 8;
+}
 struct MoeWgmmaConfig {
   bool enabled = false;     // sm_90 with the ring in shared memory
   int tile_tokens = 0;      // 64, 128 or 256 expert-sorted tokens per tile
-  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA (2 with 256-token tiles)
-  int threads = 0;          // 128 per warpgroup
+  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA (2 with 256-token tiles), MMA ones
+  int threads = 0;          // 128 per warpgroup (plus the producer's 128 when warp-specialized)
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
-  bool persistent = false;  // a grid of one wave looping over the work items (256-token tiles only)
+  bool persistent = false;  // a grid of one wave looping over the work items (256-token tiles, or warp-specialized)
+  bool warp_specialized = false;  // moe_wgmma_ws.cu (tiles of 128 or 256 tokens, two MMA warpgroups)
   int sms = 0;              // the device's SMs, which size a persistent grid
 };
 // `tile_tokens` 0 picks from the tokens per expert; 64, 128 or 256 forces that tile. `warpgroups` 0 picks
 // kMoeWgmmaWarpgroups; 2, 3 or 4 forces that many (256-token tiles run two: 128 accumulators a thread leave
 // no registers for more). `persistent` 0 picks kMoeWgmmaPersistent, 1 forces a persistent grid and -1 a grid
-// of one CTA per item (tiles of 64 or 128 tokens always have the latter).
+// of one CTA per item (tiles of 64 or 128 tokens always have the latter). `warp_specialized` 0 picks
+// kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized kernel (tiles of 128 or 256 tokens: a forced 64
+// becomes 128), -1 the other one; it runs two MMA warpgroups on a persistent grid whatever the other knobs say.
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens = 0, int warpgroups = 0, int persistent = 0);
+                                       int tile_tokens = 0, int warpgroups = 0, int persistent = 0,
+                                       int warp_specialized = 0);
 // Warpgroups per CTA that `auto` runs. Measured on an H100 (docs/PERF.md, 2026-11-24): 4 halve the L2
 // traffic (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not L2-bound), 3 are slower at
 // T <= 2048; 2 is within 1% of the best everywhere.
@@ -254,6 +270,9 @@ inline constexpr int64_t kMoeWgmmaHugeTileTokensPerExpert = 1024;
 // switches, where every warp waits on the next item's metadata and row table and the epilogue still stalls
 // the tensor cores. Kept, tested, as the base of a warp-specialized version.
 inline constexpr bool kMoeWgmmaPersistent = false;
+// The warp-specialized kernel by default? No: measured 9-16% slower than the best other tile on an H100 at
+// 64-1024 tokens per expert (docs/PERF.md, 2026-11-27).
+inline constexpr bool kMoeWgmmaWarpSpecialized = false;
 
 // True when a config's shared memory fits the device and its pipeline has at least one stage.
 bool fits(const DeviceInfo& dev, int64_t smem_bytes, int stages);

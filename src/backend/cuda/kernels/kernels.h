@@ -195,6 +195,8 @@ Status launch_moe_grouped_gemm(const MoeGemmParams& p, const MoeGroupedConfig& c
 // the permuted order that launch_moe_permute_k writes and writes h in that order too; the second reads h
 // so. Outputs and epilogues otherwise as launch_moe_grouped_gemm.
 Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream);
+// Its warp-specialized form (moe_wgmma_ws.cu; launch_moe_wgmma_gemm hands c.warp_specialized configs to it).
+Status launch_moe_wgmma_ws_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream);
 // out [rows, k] = in with k permuted within each 64-k tile into the order the wgmma GEMM reads.
 Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int64_t k, cudaStream_t stream);
 

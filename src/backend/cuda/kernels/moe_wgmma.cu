@@ -27,18 +27,12 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/moe_wgmma_parts.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
 
 namespace mx::cuda {
 namespace {
-
-// Position in the logical k order of physical k `p` (see the header comment): within a 64-k tile, physical
-// 16q + 4kk + j goes to 16kk + 2q + (j & 1) + 8 (j >> 1).
-__device__ __forceinline__ int64_t logical_k(int64_t p) {
-  const int w = static_cast<int>(p & 63), q = w >> 4, kk = (w >> 2) & 3, j = w & 3;
-  return (p & ~int64_t{63}) + 16 * kk + 2 * q + (j & 1) + 8 * (j >> 1);
-}
 
 // out[t, logical_k(p)] = in[t, p]: one thread per 4 physical k (8 bytes in, two 4-byte pairs out).
 __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t rows, int64_t k) {
@@ -54,24 +48,6 @@ __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t 
 #if MX_SM90A
 constexpr int kStages = kMoeWgmmaStages;
 static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least one tile loading");
-// Shared-memory loads at 32-bit shared addresses (no generic pointer kept live: registers are tight).
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t lds8(uint32_t addr) {
-  uint16_t v;
-  asm volatile("ld.shared.u8 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
-  return v;
-}
-// 16-byte global -> shared copy at a shared-memory address with a source size of 16 or 0 (zero fill).
-__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int src_size) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
-}
 #endif
 
 // The token columns a k loop multiplies: the tile's kN, or, with 256-token tiles, 128 for a tile of at most
@@ -81,12 +57,6 @@ __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, in
 template <int N>
 struct Columns {
   static constexpr int value = N;
-};
-
-// One unit of work: weight rows [strip0 * 16, strip0 * 16 + kRows) of expert e against the n tokens of the
-// routing tile that starts at sorted position `start`.
-struct WorkItem {
-  int e, start, n, strip0;
 };
 
 // Two CTAs per SM with two warpgroups and tiles of <= 128 tokens (128 registers a thread), else one.
@@ -127,10 +97,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     stride = 1;
   }
   if (item >= n_items) return;
-  auto item_at = [&](int i) {
-    const int tile = i / n_cols;
-    return WorkItem{p.r.tile_expert[tile], p.r.tile_start[tile], p.r.tile_rows[tile], (i - tile * n_cols) * kStrips};
-  };
+  auto item_at = [&](int i) { return moe_work_item(p, i, n_cols, kStrips); };
   auto fill_rows = [&](const WorkItem& w, int buf) {
     for (int i = tid; i < kN; i += kThreads) {
       const int64_t row = i >= w.n ? 0 : p.gated ? p.r.sorted_slots[w.start + i] / static_cast<int>(p.top_k) : w.start + i;
@@ -242,37 +209,17 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     float(&d)[kCols / 2] = *reinterpret_cast<float(*)[kCols / 2]>(&acc[0]);
     if constexpr (!kPersistent)
       for (int s = 0; s < kStages - 2; ++s) advance_load(columns);
-    uint32_t a[2][4][4];
     auto step = [&](uint32_t(&at)[4][4]) {
       cp_async_wait<kStages - 3>();  // this thread's copies of this step's k tile landed
       fence_proxy_async_smem();      // ... and are visible to wgmma's reads
       __syncthreads();               // everyone's; everyone finished the slot reloaded next, and its row table
       advance_load(columns);
       const uint32_t stage = ring + slot * kStageBytes;
-      const uint4 wq = lds128(stage + kWeightsAt + tid * 16);
-      const uint32_t sc = stage + kScalesAt + warp * 32 + (q >> 1) * 16;
-      const uint32_t sc0 = mxfp4_scale_x2(lds8(sc + r)), sc8 = mxfp4_scale_x2(lds8(sc + r + 8));
-      const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, at[kk]);
-      // A k16 step adds 32 bytes (2 in the descriptor's address field).
-      const uint64_t desc = wgmma_desc_k128(stage);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kCols>(d, at[kk], desc + 2 * kk);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous step's group done: its A registers and its smem slot are free
+      moe_wgmma_k_tile<kCols>(d, at, stage, stage + kWeightsAt + tid * 16,
+                              stage + kScalesAt + warp * 32 + (q >> 1) * 16, r);
       slot = slot == kStages - 1 ? 0 : slot + 1;
     };
-    wgmma_fence_regs(acc);
-    int t = 0;
-    for (; t + 1 < n_k; t += 2) {
-      step(a[0]);
-      step(a[1]);
-    }
-    if (t < n_k) step(a[0]);
-    wgmma_wait<0>();
-    wgmma_fence_regs(acc);
+    moe_wgmma_k_loop(acc, n_k, step);
   };
 
   for (;;) {
@@ -290,36 +237,8 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     // Persistent: the item's metadata read again (cached) rather than kept live through the k loop, which
     // keeps the 256-token kernel within its 255 registers.
     if constexpr (kPersistent) cur = item_at(item);
-    const int e = cur.e, start = cur.start, n = cur.n;
     const int64_t my_strip = cur.strip0 + warp;
-    // acc[4j + c]: strip row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1).
-    if (my_strip >= strips) {
-      // A strip past the matrix: nothing to store.
-    } else if (p.gated) {
-      // Gate and up of channel my_strip * 8 + r; h is written in the second GEMM's logical k order.
-      const int64_t channel = my_strip * 8 + r, half = p.rows / 2, col = logical_k(channel);
-      const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
-      const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int tok = 8 * j + 2 * q + c;
-          if (tok >= n) continue;
-          const float h = swiglu_clamped(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
-          p.out[(start + tok) * half + col] = f32_to_bf16_bits(h);
-        }
-    } else {
-      const StripBias bias = load_strip_bias(p, e, my_strip, r);
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        if (8 * j >= n) break;
-        const float part[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-        swap_ab_weighted_epilogue(p, part, bias, start + 8 * j, n - 8 * j, my_strip, r, q, [&](int c) {
-          return p.topk_weights[p.r.sorted_slots[start + 8 * j + 2 * q + c]];
-        });
-      }
-    }
+    if (my_strip < strips) moe_wgmma_store<kN>(p, acc, cur, my_strip, r, q);  // else a strip past the matrix
     if constexpr (!kPersistent) break;
     item += stride;
     if (item >= n_items) break;
@@ -355,6 +274,7 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 }
 
 Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
+  if (c.warp_specialized) return launch_moe_wgmma_ws_gemm(p, c, stream);
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
   if (!c.enabled || c.threads != moe_wgmma_threads(c.warpgroups) || c.stages != kMoeWgmmaStages)
     return internal_error("MoE wgmma GEMM: config does not fit this GPU");

@@ -1,0 +1,127 @@
+// Device pieces shared by the two MXFP4 wgmma grouped GEMMs (moe_wgmma.cu: every warp loads and multiplies;
+// moe_wgmma_ws.cu: a producer warpgroup loads, two warpgroups multiply): the k permutation of their
+// activations, 32-bit shared-memory loads and copies, the work items and the epilogue. One definition keeps
+// the kernels bitwise in step (the GPU tests compare them with the CPU twin and with each other's bits).
+#pragma once
+
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
+#include "backend/cuda/kernels/wgmma.cuh"
+
+namespace mx::cuda {
+
+// Position in the logical k order of physical k `p` (moe_wgmma.cu's header comment): within a 64-k tile,
+// physical 16q + 4kk + j goes to 16kk + 2q + (j & 1) + 8 (j >> 1).
+__device__ __forceinline__ int64_t logical_k(int64_t p) {
+  const int w = static_cast<int>(p & 63), q = w >> 4, kk = (w >> 2) & 3, j = w & 3;
+  return (p & ~int64_t{63}) + 16 * kk + 2 * q + (j & 1) + 8 * (j >> 1);
+}
+
+// Shared-memory loads at 32-bit shared addresses (no generic pointer kept live: registers are tight).
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t lds8(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
+  return v;
+}
+// 16-byte global -> shared copy at a shared-memory address with a source size of 16 or 0 (zero fill).
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int src_size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size));
+}
+
+#if MX_SM90A
+// One k tile of a warp's 16-row strip, once the ring stage at `stage` (B tile first) holds it: lane (r, q)'s
+// 16 fp4 bytes at `weights` and the strip's scales at `scales` (rows r and r + 8 of this lane's half) decoded
+// into the A registers `at`, the warpgroup's four k16 wgmma against the stage's B tile issued as one group,
+// then a wait until the previous tile's group is done (its A registers and ring slot are free again).
+template <int kCols>
+__device__ __forceinline__ void moe_wgmma_k_tile(float (&d)[kCols / 2], uint32_t (&at)[4][4], uint32_t stage,
+                                                 uint32_t weights, uint32_t scales, int r) {
+  const uint4 wq = lds128(weights);
+  const uint32_t sc0 = mxfp4_scale_x2(lds8(scales + r)), sc8 = mxfp4_scale_x2(lds8(scales + r + 8));
+  const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, at[kk]);
+  // A k16 step adds 32 bytes (2 in the descriptor's address field).
+  const uint64_t desc = wgmma_desc_k128(stage);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<kCols>(d, at[kk], desc + 2 * kk);
+  wgmma_commit();
+  wgmma_wait<1>();
+}
+
+// The k loop around it: `step(at)` for each of n_k k tiles with two sets of A registers alternating (tile t's
+// decode overlaps tile t - 1's MMAs; unrolled by 2 to keep the set indices static), between the fences that
+// keep the accumulators `acc` in place around the asynchronous MMAs, and the last group drained.
+template <int R, typename Step>
+__device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[R], int n_k, Step&& step) {
+  uint32_t a[2][4][4];
+  wgmma_fence_regs(acc);
+  int t = 0;
+  for (; t + 1 < n_k; t += 2) {
+    step(a[0]);
+    step(a[1]);
+  }
+  if (t < n_k) step(a[0]);
+  wgmma_wait<0>();
+  wgmma_fence_regs(acc);
+}
+#endif
+
+// One unit of work: weight rows [strip0 * 16, strip0 * 16 + 16 x strips per CTA) of expert e against the n
+// tokens of the routing tile that starts at sorted position `start`.
+struct WorkItem {
+  int e, start, n, strip0;
+};
+// Items are numbered tile * n_cols + column block (tile-major, weight rows fastest, so that concurrent CTAs
+// share token tiles in L2).
+__device__ __forceinline__ WorkItem moe_work_item(const MoeGemmParams& p, int item, int n_cols, int strips_per_cta) {
+  const int tile = item / n_cols;
+  return WorkItem{p.r.tile_expert[tile], p.r.tile_start[tile], p.r.tile_rows[tile], (item - tile * n_cols) * strips_per_cta};
+}
+
+// Epilogue of one warp's 16-row strip `strip` (inside the matrix) for the item's n tokens: acc[4j + c] is strip
+// row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1), as wgmma leaves it. First GEMM: bias +
+// clamped SwiGLU into h, in the second GEMM's logical k order; second GEMM: (acc + bias) x routing weight into
+// the tile's sorted rows of y.
+template <int kN>
+__device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const float (&acc)[kN / 2], const WorkItem& w,
+                                                int64_t strip, int r, int q) {
+  const int e = w.e, start = w.start, n = w.n;
+  if (p.gated) {
+    // Gate and up of channel strip * 8 + r.
+    const int64_t channel = strip * 8 + r, half = p.rows / 2, col = logical_k(channel);
+    const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
+    const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = 8 * j + 2 * q + c;
+        if (tok >= n) continue;
+        const float h = swiglu_clamped(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
+        p.out[(start + tok) * half + col] = f32_to_bf16_bits(h);
+      }
+  } else {
+    const StripBias bias = load_strip_bias(p, e, strip, r);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      if (8 * j >= n) break;
+      const float part[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+      swap_ab_weighted_epilogue(p, part, bias, start + 8 * j, n - 8 * j, strip, r, q, [&](int c) {
+        return p.topk_weights[p.r.sorted_slots[start + 8 * j + 2 * q + c]];
+      });
+    }
+  }
+}
+
+}  // namespace mx::cuda
