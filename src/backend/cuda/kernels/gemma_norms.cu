@@ -6,33 +6,13 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
+#include "backend/cuda/kernels/row_norm.cuh"
 
 namespace mx::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxChunks = 4;  // hidden <= 8 * kThreads * kMaxChunks = 8192
-
-__device__ __forceinline__ void load8(const uint16_t* p, int64_t i, float (&v)[8]) {
-  const uint4 a = reinterpret_cast<const uint4*>(p)[i];
-  const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = bf16_bits_to_f32(as[j]);
-}
-__device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[2 * i], b = reinterpret_cast<const float4*>(p)[2 * i + 1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ void store8(uint16_t* p, int64_t i, const float (&v)[8]) {
-  uint16_t o[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(v[j]);
-  reinterpret_cast<uint4*>(p)[i] = *reinterpret_cast<const uint4*>(o);
-}
-__device__ __forceinline__ void store8(float* p, int64_t i, const float (&v)[8]) {
-  reinterpret_cast<float4*>(p)[2 * i] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[2 * i + 1] = make_float4(v[4], v[5], v[6], v[7]);
-}
+// The row kernels' shape and 16-byte row accesses are row_norm.cuh's (hidden <= 8 * kThreads * kMaxChunks = 8192).
+constexpr int kThreads = kRowThreads;
 
 // Sums a and b over the CTA (two sums for the price of one pair of barriers). The trailing barrier lets the
 // next call reuse `scratch`.
