@@ -335,6 +335,19 @@ class Backend {
     return unimplemented(name() + " backend has no fused Gemma-4 layer-end norms");
   }
 
+  // Ops the EAGLE-3 drafter needs (a Llama-style layer; CPU and CUDA).
+  // out = silu(gate) * up elementwise (SwiGLU); all in activation_dtype().
+  virtual Status silu_mul(const TensorView& gate, const TensorView& up, TensorView out) {
+    (void)gate, (void)up, (void)out;
+    return unimplemented(name() + " backend has no silu_mul yet");
+  }
+  // out = x elementwise in out's dtype (f32 or bf16 either way, round to nearest even): the f32 residual
+  // stream as a bf16 operand of linear.
+  virtual Status convert(const TensorView& x, TensorView out) {
+    (void)x, (void)out;
+    return unimplemented(name() + " backend has no dtype convert yet");
+  }
+
   // dst = src, both in backend memory with the same byte size (the bandwidth probe's copy).
   virtual Status copy(TensorView dst, const TensorView& src) {
     (void)dst, (void)src;

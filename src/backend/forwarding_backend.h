@@ -80,6 +80,10 @@ class ForwardingBackend : public Backend {
   Status scale_by(TensorView x, const TensorView& factor) override { return inner_.scale_by(x, factor); }
   Status gemma_attention_end(const GemmaAttentionEndParams& p) override { return inner_.gemma_attention_end(p); }
   Status gemma_layer_end(const GemmaLayerEndParams& p) override { return inner_.gemma_layer_end(p); }
+  Status silu_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
+    return inner_.silu_mul(gate, up, out);
+  }
+  Status convert(const TensorView& x, TensorView out) override { return inner_.convert(x, out); }
   Status copy(TensorView dst, const TensorView& src) override { return inner_.copy(dst, src); }
 
   std::string device_name() const override { return inner_.device_name(); }

@@ -122,6 +122,12 @@ Status ProfilingBackend::gemma_attention_end(const GemmaAttentionEndParams& p) {
 Status ProfilingBackend::gemma_layer_end(const GemmaLayerEndParams& p) {
   return timed("gemma_layer_end", 0, [&] { return inner().gemma_layer_end(p); });
 }
+Status ProfilingBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorView out) {
+  return timed("silu_mul", 0, [&] { return inner().silu_mul(gate, up, out); });
+}
+Status ProfilingBackend::convert(const TensorView& x, TensorView out) {
+  return timed("convert", 0, [&] { return inner().convert(x, out); });
+}
 
 Result<std::unique_ptr<ReplayGraph>> ProfilingBackend::capture(const std::function<Status()>& body) {
   capturing_ = true;

@@ -59,6 +59,8 @@ class ProfilingBackend final : public ForwardingBackend {
   Status scale_by(TensorView x, const TensorView& factor) override;
   Status gemma_attention_end(const GemmaAttentionEndParams& p) override;
   Status gemma_layer_end(const GemmaLayerEndParams& p) override;
+  Status silu_mul(const TensorView& gate, const TensorView& up, TensorView out) override;
+  Status convert(const TensorView& x, TensorView out) override;
   // Marks the capture so that ops inside it are timed by event nodes and routing is not recorded.
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override;
 

@@ -17,6 +17,7 @@ int dtype_bits(DType dt) {
     case DType::kI8: return 8;
     case DType::kI32: return 32;
     case DType::kI64: return 64;
+    case DType::kBool: return 8;
   }
   return 0;
 }
@@ -35,6 +36,7 @@ const char* dtype_name(DType dt) {
     case DType::kI8: return "i8";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
+    case DType::kBool: return "bool";
   }
   return "?";
 }
@@ -48,7 +50,7 @@ struct SafetensorsName {
 constexpr SafetensorsName kSafetensorsNames[] = {
     {"F32", DType::kF32},  {"BF16", DType::kBF16}, {"F16", DType::kF16}, {"F8_E4M3", DType::kF8E4M3},
     {"F8_E8M0", DType::kE8M0}, {"U8", DType::kU8}, {"I8", DType::kI8},   {"I32", DType::kI32},
-    {"I64", DType::kI64},
+    {"I64", DType::kI64},  {"BOOL", DType::kBool},
 };
 }  // namespace
 

@@ -20,6 +20,7 @@ enum class DType : uint8_t {
   kI8,
   kI32,
   kI64,
+  kBool,  // one byte per element (safetensors BOOL: e.g. EAGLE-3's t2d mask)
 };
 
 // Bits per element (4 for FP4, which is stored packed two per byte).
@@ -27,7 +28,7 @@ int dtype_bits(DType dt);
 // Bytes for `count` elements; FP4 rounds up to whole bytes.
 int64_t dtype_bytes(DType dt, int64_t count);
 const char* dtype_name(DType dt);
-// Safetensors dtype strings: "F32", "BF16", "F16", "F8_E4M3", "F8_E8M0", "U8", "I8", "I32", "I64".
+// Safetensors dtype strings: "F32", "BF16", "F16", "F8_E4M3", "F8_E8M0", "U8", "I8", "I32", "I64", "BOOL".
 bool dtype_from_safetensors(std::string_view name, DType* out);
 const char* dtype_to_safetensors(DType dt);
 

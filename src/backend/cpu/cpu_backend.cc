@@ -91,6 +91,14 @@ class CpuBackend final : public Backend {
     cpu::moe_geglu_experts(pool_, p);
     return Status::ok();
   }
+  Status silu_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
+    cpu::silu_mul(gate, up, out);
+    return Status::ok();
+  }
+  Status convert(const TensorView& x, TensorView out) override {
+    cpu::convert(x, out);
+    return Status::ok();
+  }
   Status scale_by(TensorView x, const TensorView& factor) override {
     cpu::scale_by(x, factor);
     return Status::ok();

@@ -106,6 +106,27 @@ void geglu(const TensorView& gate_up, TensorView out) {
     for (int64_t i = 0; i < inter; ++i) o[r * inter + i] = gelu_tanh(gu[2 * r * inter + i]) * gu[(2 * r + 1) * inter + i];
 }
 
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+void silu_mul(const TensorView& gate, const TensorView& up, TensorView out) {
+  MX_CHECK_EQ(gate.numel(), up.numel());
+  MX_CHECK_EQ(gate.numel(), out.numel());
+  const float* g = gate.ptr<const float>();
+  const float* u = up.ptr<const float>();
+  float* o = out.ptr<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) o[i] = silu(g[i]) * u[i];
+}
+
+void convert(const TensorView& x, TensorView out) {
+  MX_CHECK_EQ(x.numel(), out.numel());
+  MX_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float v = load_f32(x, i);
+    if (out.dtype() == DType::kF32) out.ptr<float>()[i] = v;
+    else out.ptr<uint16_t>()[i] = f32_to_bf16(v);
+  }
+}
+
 void scale_by(TensorView x, const TensorView& factor) {
   MX_CHECK_EQ(factor.numel(), 1);
   const float f = load_f32(factor, 0);

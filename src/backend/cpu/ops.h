@@ -20,6 +20,10 @@ float gelu_tanh(float x);                // GELU, tanh approximation (gelu_pytor
 void gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out);
 void geglu(const TensorView& gate_up, TensorView out);  // Backend::geglu
 void scale_by(TensorView x, const TensorView& factor);  // x *= factor[0]
+float silu(float x);                     // x * sigmoid(x)
+void silu_mul(const TensorView& gate, const TensorView& up, TensorView out);
+// out = x in out's dtype (f32 or bf16; x f32 or bf16), bf16 rounded to nearest even.
+void convert(const TensorView& x, TensorView out);
 void add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps, TensorView out);
 void linear(ThreadPool& pool, const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out);
 // linear with fp8 e4m3 weights [N, K] and an f32 scale per output channel [N] (Backend::linear_fp8).

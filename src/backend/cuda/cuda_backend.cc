@@ -13,6 +13,7 @@
 #include "backend/cuda/kernel_configs.h"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/llama_kernels.h"
 
 namespace mx {
 namespace {
@@ -524,6 +525,21 @@ class CudaBackend final : public Backend {
     if (gate_up.numel() != 2 * out.numel()) return invalid_argument("geglu: gate_up must hold twice out's values");
     const int64_t inter = out.dim(-1);
     return launch_geglu(ptr<const uint16_t>(gate_up), ptr<uint16_t>(out), out.numel() / inter, inter, stream_.get());
+  }
+  Status silu_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
+    expect(gate, DType::kBF16, "silu_mul gate");
+    expect(up, DType::kBF16, "silu_mul up");
+    expect(out, DType::kBF16, "silu_mul out");
+    MX_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel());
+    return launch_silu_mul(ptr<const uint16_t>(gate), ptr<const uint16_t>(up), ptr<uint16_t>(out), out.numel(),
+                           stream_.get());
+  }
+  Status convert(const TensorView& x, TensorView out) override {
+    MX_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) << dtype_name(x.dtype());
+    MX_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
+    MX_CHECK_EQ(x.numel(), out.numel());
+    return launch_convert(x.data(), x.dtype() == DType::kF32, out.data(), out.dtype() == DType::kF32, x.numel(),
+                          stream_.get());
   }
   Status scale_by(TensorView x, const TensorView& factor) override {
     MX_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) << dtype_name(x.dtype());
