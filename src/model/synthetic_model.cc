@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "model/eagle3/eagle3_synthetic.h"
 #include "model/gemma4/gemma4_demo_tokenizer.h"
 #include "model/gemma4/gemma4_assistant_synthetic.h"
 #include "model/gemma4/gemma4_synthetic.h"
@@ -67,12 +68,27 @@ Preset gemma4_assistant_row(const std::string& name) {
       }};
 }
 
+// EAGLE-3 drafts for gpt-oss targets: draft models too (--speculative-draft-model reads the folder).
+Preset eagle3_row(const std::string& name) {
+  return Preset{
+      name,
+      [name](const std::string& dir, const SyntheticOptions& options) -> Status {
+        MX_ASSIGN_OR_RETURN(Eagle3Config config, eagle3_preset(name));
+        return write_eagle3_checkpoint(config, dir, options);
+      },
+      [name](const SyntheticOptions&) -> Result<SyntheticCheckpoint> {
+        return invalid_argument("preset '" + name + "' is a draft model: write it with make-model and pass its folder "
+                                "to --speculative-draft-model");
+      }};
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> table = [] {
     std::vector<Preset> t;
     for (const std::string& name : gpt_oss_preset_names()) t.push_back(gpt_oss_row(name));
     for (const std::string& name : gemma4_preset_names()) t.push_back(gemma4_row(name));
     t.push_back(gemma4_assistant_row("gemma-4-26b-a4b-assistant"));
+    for (const std::string& name : eagle3_preset_names()) t.push_back(eagle3_row(name));
     return t;
   }();
   return table;

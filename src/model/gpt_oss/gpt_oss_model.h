@@ -63,6 +63,13 @@ class GptOssModel : public Model {
   Result<ForwardOutput> forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& ws, TensorView logits,
                                 const HiddenObserver* observer = nullptr) const override;
   const ModelCost& cost() const override { return cost_; }
+  // What a draft model reads of the target (model/eagle3: EAGLE-3 embeds its input tokens with the target's
+  // table and may propose over its lm_head), in backend memory: bf16 [V, H]; the lm_head fp8 with its f32 [V]
+  // scale under --dense-dtype fp8 (else the scale is empty).
+  const TensorView& embedding_table() const { return weights_.embed; }
+  const TensorView& lm_head() const { return weights_.lm_head; }
+  const TensorView& lm_head_scale() const { return weights_.lm_head_scale; }
+  bool is_tensor_parallel_rank() const { return shard_.size > 1; }
 
  private:
   GptOssModel(GptOssConfig config, Backend& backend, const ModelShard& shard, const GptOssShardPlan& plan);

@@ -1,0 +1,102 @@
+// EAGLE-3 drafting for a batch of sequences after a target step (chain drafting, one greedy token per
+// step): capture the target's hidden states during its forward pass, extend the draft's KV over the
+// positions the target just kept, and run the chain.
+//
+// The draft's KV (one layer) is paged like the target's full-attention layers and indexed by the same
+// pages: the target's full-attention group's page table is the draft's, so the page pool, prefix caching
+// and rollback need nothing of their own. A page the target shares through its prefix cache carries the
+// draft KV its first owner wrote (at the page's last position that pairs with the first owner's next
+// token: a draft-quality detail, never a correctness one: the target verifies every draft).
+// Rollback is implicit: the entries a step writes are (a) the extend rows, at positions the target kept,
+// and (b) the chain rows, at positions past the target's last kept one; the next step's extend rewrites
+// every position from the last kept one on before any chain row reads it, so rejected drafts leave nothing
+// behind. A chain position on a page the sequence does not hold yet goes to a scratch page of the draft's
+// own (one per sequence of the step, after the pool's pages): with page_size >= K - 1 the chain spills onto
+// at most one such page.
+// The draft KV is zeroed when made: positions the draft never wrote (prefix pages whose first owner did not
+// draft) read as zeros, not as NaN garbage.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/kv_cache.h"
+#include "model/eagle3/eagle3_model.h"
+#include "model/model.h"
+
+namespace mx {
+
+// One sequence's share of a draft step.
+struct Eagle3SequenceStep {
+  // The target step's rows of this sequence whose hidden states the draft takes: rows first_target_row ...
+  // at positions first_position ..., one per entry of next_tokens (token first_position + i + 1, the one
+  // each row's hidden state predicted). Rows whose next token is not known (the last row of a sequence
+  // that stops) are left out.
+  int64_t first_target_row = 0;
+  int64_t first_position = 0;
+  std::span<const int32_t> next_tokens;
+  // The sequence's pages in the target's full-attention group, in logical order.
+  std::span<const int32_t> pages;
+  // Draft tokens wanted after the last row (0: extend the KV only); needs at least one row.
+  int64_t num_drafts = 0;
+};
+
+// Sizes known when the engine makes its workspaces (before it plans the KV pool).
+struct Eagle3DrafterLimits {
+  int64_t max_tokens = 0;  // rows of one target step (max_num_batched_tokens)
+  int64_t max_seqs = 0;    // sequences of one draft step
+};
+
+// The target's full-attention page pool, known once the engine planned it.
+struct Eagle3DraftPool {
+  int64_t pages = 0;              // the draft's page numbering: the same pages
+  int64_t page_size = 0;
+  int64_t max_pages_per_seq = 0;  // page table width the engine stages (the draft adds one scratch page)
+};
+
+class Eagle3Drafter {
+ public:
+  // Allocates the workspace (the capture buffers the target's forward passes write: before any graph of
+  // them is captured); `model` must outlive the drafter.
+  static Result<std::unique_ptr<Eagle3Drafter>> create(const Eagle3Model& model, const Eagle3DrafterLimits& limits);
+  // Allocates (once) and zeroes the draft KV for the target's pool, which the engine sizes after the
+  // workspaces; a later call with another pool is an error.
+  Status attach_pool(const Eagle3DraftPool& pool);
+
+  const Eagle3Model& model() const { return model_; }
+  // Pass to the target's forward (Model::forward's observer): copies the residual streams the draft fuses
+  // into the workspace, rows as the target batch has them.
+  const HiddenObserver& capture_observer() const { return observer_; }
+  // Extends the draft KV over each sequence's rows and appends each sequence's drafts (target ids) to
+  // drafts[i] (cleared first; resized to seqs.size()). A sequence drafts at most page_size + 1 tokens.
+  Status step(std::span<const Eagle3SequenceStep> seqs, std::vector<std::vector<int32_t>>* drafts);
+  int64_t num_forward_passes() const { return forward_passes_; }
+  // The last forward pass's buffers (its logits and g: tests compare backends on them).
+  const Eagle3Workspace& workspace() const { return *ws_; }
+
+ private:
+  Eagle3Drafter(const Eagle3Model& model, const Eagle3DrafterLimits& limits) : model_(model), limits_(limits) {}
+  Status allocate();
+  // One forward pass over the batch in host_: uploads it (one copy: token ids, positions, sequences, logit
+  // rows, then for an extend pass the capture rows and the page table), fuses the captures (extend) or takes
+  // the previous pass's g (chain), runs the layer.
+  Status run(bool extend, int64_t seqs, int64_t max_position, int64_t max_seq_tokens);
+
+  const Eagle3Model& model_;
+  Eagle3DrafterLimits limits_;
+  Eagle3DraftPool pool_;  // pages 0: no KV yet; the scratch pages follow the pool's
+  std::unique_ptr<Eagle3Workspace> ws_;
+  KvCache kv_;
+  Buffer staging_;  // i32, sized by attach_pool for the largest pass
+  HiddenObserver observer_;
+  // One pass's batch on the host, packed as it is uploaded.
+  struct HostBatch {
+    std::vector<int32_t> tokens, positions, seqs, logit_rows, captured_rows, pages;
+  } host_;
+  std::vector<int32_t> packed_, ids_;
+  int64_t page_width_ = 0;  // the page table's width this step
+  int64_t forward_passes_ = 0;
+};
+
+}  // namespace mx
