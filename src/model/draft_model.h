@@ -14,20 +14,32 @@
 //  3. Nothing to roll back on the draft side when drafts are rejected: a draft model writes no KV of its own.
 //     It may read the target's KV cache (the pages of positions 0 .. p - 1; in window groups the last
 //     `window + window_slack()` of them, which the engine keeps for it).
-// A new drafter (EAGLE-3, ...) implements DraftModel and one case of load_draft_model. What it needs from the
-// target beyond the final hidden rows (other layers' hidden states) comes through ForwardOutput. Not covered
-// yet: a drafter with a KV cache of its own (EAGLE-3's draft layer) needs pages per request beside the target's
-// (written while drafting, truncated with the verify outcome as Scheduler::update_verified truncates the target's).
+//     Except a drafter that keeps_own_kv() (EAGLE-3): it extends its own KV over every row the target kept
+//     (DraftBatch::drafting / extend_only give each sequence's rows, tokens and pages on the host, including
+//     prompt chunks that draft nothing yet) and rolls back by rewriting (model/eagle3/eagle3_drafter.h).
+// A new drafter (EAGLE-3, ...) implements DraftModel and one case of load_draft_model. Hidden states of other
+// target layers come through target_observer, which the engine passes to every target forward pass (graphs
+// included).
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/kv_cache.h"
 #include "model/model.h"
 
 namespace mx {
+
+// A sequence's rows in the step the target just ran, on the host (for drafters that keep KV of their own).
+struct DraftSequenceRows {
+  int64_t first_row = 0, num_rows = 0;          // rows [first_row, first_row + num_rows) of target_hidden
+  int64_t first_position = 0;                   // the first row's position; the rest follow
+  std::span<const int32_t> tokens;              // the sequence's tokens (each row's next token is among them)
+  std::span<const std::vector<int32_t>> pages;  // its page table per KV group (logical -> physical page)
+};
 
 // One draft call's inputs, all in the target backend's memory. Row i of every view is sequence i.
 struct DraftBatch {
@@ -40,6 +52,9 @@ struct DraftBatch {
   BatchView context;
   TensorView hidden_rows;     // i32 [S]: each sequence's row in target_hidden
   TensorView target_hidden;   // [T, H_target] the target's ForwardOutput::hidden of the step just run
+  // Filled when the draft model keeps_own_kv(): drafting[i] = sequence i's kept rows (the last is its hidden
+  // row); extend_only = sequences whose rows this step drafts nothing (prompt chunks before the last).
+  std::vector<DraftSequenceRows> drafting, extend_only;
 };
 
 // A draft model's activation buffers, sized once for up to max_seqs sequences (make_workspace).
@@ -55,16 +70,28 @@ class DraftModel {
   virtual std::string name() const = 0;  // for logs: "gemma4_assistant"
   // Keys below each window group's window that the drafter reads (0: none); the engine keeps them in the pools.
   virtual int64_t window_slack() const { return 0; }
-  virtual Result<std::unique_ptr<DraftWorkspace>> make_workspace(int64_t max_seqs) const = 0;
+  // Buffers for up to max_seqs sequences of a draft call and target steps of up to max_target_tokens rows.
+  virtual Result<std::unique_ptr<DraftWorkspace>> make_workspace(int64_t max_seqs, int64_t max_target_tokens) const = 0;
   // Runs `num_drafts` draft steps for the batch's sequences: drafts i32 [num_drafts, S] (step-major: row j holds
-  // every sequence's draft j), in backend memory. `kv` is the target's cache. Allocates nothing.
+  // every sequence's draft j), in backend memory. `kv` is the target's cache. Allocates nothing (a drafter
+  // that keeps its own KV allocates it at its first call, once the pool is planned). S may be 0 when only
+  // extend_only rows came (keeps_own_kv()).
   virtual Status draft(const DraftBatch& batch, const KvCache& kv, DraftWorkspace& ws, int64_t num_drafts,
                        TensorView drafts) const = 0;
+  // True: the draft keeps KV of its own over every target position (the batch's host rows are filled, and
+  // draft() is called for prompt chunks too).
+  virtual bool keeps_own_kv() const { return false; }
+  // Passed to every forward pass of the target (eager, warm-up and captured graphs): a drafter that reads
+  // hidden states of other target layers copies them into `ws` here. Empty: none.
+  virtual HiddenObserver target_observer(DraftWorkspace& ws) const {
+    (void)ws;
+    return {};
+  }
 };
 
 // Loads the draft model in `dir` (config.json's model_type picks it) for `target`, on the target's backend:
-// "gemma4_assistant" (Gemma-4's MTP drafter, for a Gemma-4 target). Mismatched targets and unsupported
-// checkpoints are clear errors.
+// "gemma4_assistant" (Gemma-4's MTP drafter, for a Gemma-4 target) or an EAGLE-3 draft (architectures
+// LlamaForCausalLMEagle3, for a gpt-oss target). Mismatched targets and unsupported checkpoints are clear errors.
 Result<std::unique_ptr<DraftModel>> load_draft_model(const std::string& dir, const Model& target);
 
 }  // namespace mx

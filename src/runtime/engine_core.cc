@@ -15,6 +15,10 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(const Model& model, const
   if (uses_draft_model(config.speculative.algorithm) && config.speculative.enabled()) {
     MX_RETURN_IF_ERROR(validate_speculative_config(config.speculative));
     MX_ASSIGN_OR_RETURN(draft_model, load_draft_model(config.speculative.draft_model, model));
+    const bool eagle3 = config.speculative.algorithm == SpeculativeAlgorithm::kEagle3;
+    if (eagle3 != (draft_model->name() == "eagle3"))
+      return invalid_argument(std::string("speculative algorithm ") + speculative_algorithm_name(config.speculative.algorithm) +
+                              " cannot use the " + draft_model->name() + " draft model in " + config.speculative.draft_model);
     wanted.kv_window_slack = std::max(wanted.kv_window_slack, draft_model->window_slack());
   }
   MX_ASSIGN_OR_RETURN(EngineConfig resolved, resolve_engine_config(wanted, model));

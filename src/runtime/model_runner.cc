@@ -103,7 +103,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   if (draft_model) {  // before the plan: its buffers count as activations
     const int64_t S = config->max_running_requests, k = config->speculative.num_draft_tokens;
     const BatchLimits draft_limits{S, S, limits.max_pages_per_seq, 1, limits.num_kv_groups};
-    MX_ASSIGN_OR_RETURN(r->draft_ws_, draft_model->make_workspace(S));
+    MX_ASSIGN_OR_RETURN(r->draft_ws_, draft_model->make_workspace(S, max_tokens));
+    r->target_observer_ = draft_model->target_observer(*r->draft_ws_);  // before the warm-up and the graphs
     MX_ASSIGN_OR_RETURN(r->draft_queries_, BatchStaging::create(backend, draft_limits));
     MX_ASSIGN_OR_RETURN(r->draft_context_, BatchStaging::create(backend, draft_limits));
     MX_ASSIGN_OR_RETURN(r->draft_rows_device_, backend.allocate(S * 4));
@@ -275,7 +276,8 @@ Status ModelRunner::capture_graphs(const std::vector<int64_t>& sizes) {
 }
 
 Status ModelRunner::forward(const BatchView& view, const KvCache& kv, const TensorView& logits) {
-  MX_ASSIGN_OR_RETURN(const ForwardOutput out, model_.forward(view, kv, *ws_, logits));
+  MX_ASSIGN_OR_RETURN(const ForwardOutput out,
+                      model_.forward(view, kv, *ws_, logits, target_observer_ ? &target_observer_ : nullptr));
   step_hidden_ = out.hidden;
   return Status::ok();
 }
@@ -460,8 +462,13 @@ Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(
   draft_requests_.clear();
   draft_rows_host_.clear();
   draft_last_tokens_.clear();
+  DraftBatch& db = draft_batch_;
+  db.drafting.clear();
+  db.extend_only.clear();
+  const bool own_kv = draft_model_->keeps_own_kv();
   // The row that produced each request's last token: the one at position num_computed - 1 (a verify entry's
-  // last accepted row; a prefill's or decode's last row).
+  // last accepted row; a prefill's or decode's last row). A draft with KV of its own also gets every kept row
+  // of each drafting request and the rows of prompt chunks that sample nothing.
   int64_t offset = 0;
   for (const ScheduledEntry& e : batch.entries) {
     Request* r = e.request;
@@ -470,11 +477,14 @@ Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(
       draft_requests_.push_back(r);
       draft_rows_host_.push_back(static_cast<int32_t>(offset + row));
       draft_last_tokens_.push_back(r->tokens.back());
+      if (own_kv) db.drafting.push_back({offset, row + 1, e.start, r->tokens, r->pages});
+    } else if (own_kv && !e.sample && e.num_tokens > 0 && r->finish == FinishReason::kNone) {
+      db.extend_only.push_back({offset, e.num_tokens, e.start, r->tokens, r->pages});
     }
     offset += e.num_tokens;
   }
   const auto S = static_cast<int64_t>(draft_requests_.size());
-  if (S == 0) return Status::ok();
+  if (S == 0 && db.extend_only.empty()) return Status::ok();
   draft_seqs_.clear();
   for (int64_t i = 0; i < S; ++i) {
     const Request& r = *draft_requests_[static_cast<size_t>(i)];
@@ -482,13 +492,14 @@ Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(
                            false, true, r.pages});
   }
   Backend& b = model_.backend();
-  DraftBatch db;
   db.num_seqs = S;
-  MX_ASSIGN_OR_RETURN(db.queries, draft_queries_.stage(draft_seqs_));
-  for (BatchSequence& s : draft_seqs_) s.start_position -= 1;
-  MX_ASSIGN_OR_RETURN(db.context, draft_context_.stage(draft_seqs_));
-  db.hidden_rows = draft_rows_device_.view(DType::kI32, {S});
-  MX_RETURN_IF_ERROR(b.copy_from_host(db.hidden_rows, draft_rows_host_.data()));
+  if (S > 0) {
+    MX_ASSIGN_OR_RETURN(db.queries, draft_queries_.stage(draft_seqs_));
+    for (BatchSequence& s : draft_seqs_) s.start_position -= 1;
+    MX_ASSIGN_OR_RETURN(db.context, draft_context_.stage(draft_seqs_));
+    db.hidden_rows = draft_rows_device_.view(DType::kI32, {S});
+    MX_RETURN_IF_ERROR(b.copy_from_host(db.hidden_rows, draft_rows_host_.data()));
+  }
   db.target_hidden = step_hidden_;
   const int64_t k = config_.speculative.num_draft_tokens;
   const TensorView drafts = drafts_device_.view(DType::kI32, {k, S});

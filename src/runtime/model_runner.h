@@ -184,6 +184,8 @@ class ModelRunner {
   // token's position p, context rows at p - 1 (draft_model.h), each row's target hidden row, the drafts.
   std::unique_ptr<DraftModel> draft_model_;
   std::unique_ptr<DraftWorkspace> draft_ws_;
+  HiddenObserver target_observer_;  // the draft model's, passed to every target forward pass (empty: none)
+  DraftBatch draft_batch_;          // reused: its host rows keep their capacity
   BatchStaging draft_queries_, draft_context_;
   Buffer draft_rows_device_;  // i32 [max_running_requests]
   Buffer drafts_device_;      // i32 [k, max_running_requests]

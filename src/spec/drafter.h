@@ -25,8 +25,9 @@ class Drafter;
 // kExternal: a drafter made by code and handed in (SpeculativeConfig::external): tests and benchmarks
 // (reference_drafter.h); no flag names it. kMtp: a draft model (model/draft_model.h) loaded from
 // SpeculativeConfig::draft_model drafts on the device after each target step (Gemma-4's MTP assistant);
-// the scheduler takes its drafts from the request (Request::draft_tokens) instead of a Drafter.
-enum class SpeculativeAlgorithm : uint8_t { kNone = 0, kNgram, kExternal, kMtp };
+// the scheduler takes its drafts from the request (Request::draft_tokens) instead of a Drafter. kEagle3: the
+// same with an EAGLE-3 draft for a gpt-oss target (model/eagle3).
+enum class SpeculativeAlgorithm : uint8_t { kNone = 0, kNgram, kExternal, kMtp, kEagle3 };
 
 struct SpeculativeConfig {
   SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
@@ -34,7 +35,7 @@ struct SpeculativeConfig {
   int64_t ngram_min = 1;         // n-gram: shortest suffix matched (vLLM's prompt_lookup_min)
   int64_t ngram_max = 4;         // n-gram: longest suffix matched (vLLM's prompt_lookup_max)
   std::shared_ptr<const Drafter> external;  // kExternal: the drafter (shared: configs are copied)
-  std::string draft_model;                  // kMtp: the draft model's checkpoint folder
+  std::string draft_model;                  // kMtp, kEagle3: the draft model's checkpoint folder
   // Benchmarks only (kExternal): every draft counts as accepted and is appended whatever the target
   // sampled, so each verify step yields k + 1 tokens: the all-accepted cost where a backend's numerics part
   // from the recorded drafts (bf16 near ties of random weights). The tokens are then the drafts'.
@@ -45,7 +46,7 @@ struct SpeculativeConfig {
 // True for the algorithms whose drafts come from a draft model run by the engine (not from a Drafter).
 bool uses_draft_model(SpeculativeAlgorithm algorithm);
 
-// "ngram" -> kNgram, "mtp" -> kMtp; "eagle3" is refused until its drafter exists; anything else is unknown.
+// "ngram" -> kNgram, "mtp" -> kMtp, "eagle3" -> kEagle3; anything else is unknown.
 Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name);
 const char* speculative_algorithm_name(SpeculativeAlgorithm algorithm);
 // Range checks with one clear message per bad field (the door: flags and configs).

@@ -20,9 +20,10 @@ std::vector<CliOption> engine_cli_options() {
       {"disable-cuda-graph", false, "run decode steps eagerly instead of replaying captured CUDA graphs"},
       {"cuda-graph-batch-sizes", true, "decode batch sizes to capture, e.g. 1,2,4,8 (default 1,2,4,8..512)"},
       {"speculative-algorithm", true,
-       "speculative decoding drafter: ngram (prompt lookup) or mtp (Gemma-4's MTP assistant, from "
-       "--speculative-draft-model); eagle3 is planned"},
-      {"speculative-draft-model", true, "mtp: the draft model's checkpoint folder (a Gemma4AssistantForCausalLM)"},
+       "speculative decoding drafter: ngram (prompt lookup), mtp (Gemma-4's MTP assistant) or eagle3 (an EAGLE-3 "
+       "draft for gpt-oss); mtp and eagle3 read --speculative-draft-model"},
+      {"speculative-draft-model", true,
+       "mtp, eagle3: the draft model's checkpoint folder (a Gemma4AssistantForCausalLM or a LlamaForCausalLMEagle3)"},
       {"speculative-num-draft-tokens", true, "tokens drafted per request and step, verified in one pass (default 3)",
        {"num-speculative-tokens"}},
       {"speculative-ngram-min", true, "ngram: shortest suffix looked up in the sequence (default 1)", {"prompt-lookup-min"}},

@@ -68,7 +68,7 @@ TEST(Eagle3Gpu, DrafterPassesMatchTheCpu) {
   auto make = [&](const Eagle3Model& m) {
     auto d = Eagle3Drafter::create(m, limits);
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{32, 16, 8}).is_ok());
+    EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{32, 16}).is_ok());
     return std::move(*d);
   };
   auto cpu_model = load(cpu_backend(), cpu), cuda_model = load(cuda_backend(), cuda);

@@ -6,7 +6,7 @@
 // splits per batch size, prefill vs decode attention kernels), so bf16 logits move by ~1e-3 with the
 // batch; (3) the KV pool planned from --mem-fraction; (4) speculative decoding (verify steps of k + 1 rows
 // through the prefill kernels) gives plain decoding's greedy tokens, except at a near tie, with the n-gram
-// drafter and with forced acceptance (the drafts are the plain run's outputs: accepted up to a near tie);
+// drafter, the draft models (MTP, EAGLE-3) and with forced acceptance (the drafts are the plain run's outputs: accepted up to a near tie);
 // (5) grammar masks (TokenConstraint) with graphs: masked decode steps replay the same graphs and give what
 // eager steps give, and no token outside a mask; (6) tensor parallel at TP 2 (two GPUs): graphs that hold
 // both ranks' work, NCCL collectives inside, replay what eager steps give.
@@ -15,11 +15,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 
 #include "fixture_reference_util.h"
 #include "model/model_registry.h"
+#include "model/synthetic_model.h"
 #include "model/tensor_parallel_model.h"
 #include "gpu_test_util.h"
 #include "route_trace_util.h"
@@ -402,12 +404,20 @@ TEST_P(EngineGraphTest, SpeculationEqualsPlainDecodingOnCuda) {
     cases.push_back({SpeculativeAlgorithm::kMtp, 1});
     cases.push_back({SpeculativeAlgorithm::kMtp, 4});
   }
+  // EAGLE-3 drafts of the gpt-oss fixtures' shapes (synthetic presets, random weights: mostly rejected).
+  const std::string eagle3 = (std::filesystem::temp_directory_path() / ("mx-gpu-" + GetParam() + "-eagle3")).string();
+  if (GetParam() == "tiny-gpt-oss" || GetParam() == "tiny-gpt-oss-b") {
+    ASSERT_TRUE(write_synthetic_model(GetParam() + "-eagle3", eagle3, SyntheticOptions{}).is_ok());
+    cases.push_back({SpeculativeAlgorithm::kEagle3, 1});
+    cases.push_back({SpeculativeAlgorithm::kEagle3, 4});
+  }
   for (const auto& [algorithm, k] : cases) {
     EngineConfig sc = c;
     sc.speculative.algorithm = algorithm;
     sc.speculative.num_draft_tokens = k;
     if (algorithm == SpeculativeAlgorithm::kExternal) sc.speculative.external = forced;
     if (algorithm == SpeculativeAlgorithm::kMtp) sc.speculative.draft_model = assistant;
+    if (algorithm == SpeculativeAlgorithm::kEagle3) sc.speculative.draft_model = eagle3;
     auto core = traced_core(sc);
     const auto spec = drive(*core, f, together, 2);
     const test::RouteLog spec_routes = trace.take();

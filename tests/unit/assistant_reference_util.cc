@@ -41,7 +41,7 @@ Result<DraftRound> run_draft_round(const Model& target, const Gemma4AssistantMod
   MX_RETURN_IF_ERROR(b.copy_from_host(token, &next));
   batch.target_hidden = out.hidden;
 
-  MX_ASSIGN_OR_RETURN(std::unique_ptr<DraftWorkspace> draft_ws, assistant.make_workspace(1));
+  MX_ASSIGN_OR_RETURN(std::unique_ptr<DraftWorkspace> draft_ws, assistant.make_workspace(1, T));
   auto& aws = dynamic_cast<Gemma4AssistantWorkspace&>(*draft_ws);
   MX_RETURN_IF_ERROR(assistant.load_target_state(batch, aws));
   DraftRound round;

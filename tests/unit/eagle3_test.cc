@@ -444,7 +444,7 @@ TEST(Eagle3Drafter, RejectedDraftsLeaveNothingBehind) {
   auto make = [&]() {
     auto d = Eagle3Drafter::create(**model, limits);
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{16, 4, 8}).is_ok());
+    EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{16, 4}).is_ok());
     return std::move(*d);
   };
   const int64_t Ht = 256;

@@ -207,7 +207,8 @@ TEST(Gemma4Assistant, FlagsNeedADraftModel) {
   s.algorithm = SpeculativeAlgorithm::kNgram;
   EXPECT_FALSE(validate_speculative_config(s).is_ok());
   EXPECT_TRUE(parse_speculative_algorithm("mtp").is_ok());
-  EXPECT_FALSE(parse_speculative_algorithm("eagle3").is_ok());
+  EXPECT_TRUE(parse_speculative_algorithm("eagle3").is_ok());
+  EXPECT_FALSE(parse_speculative_algorithm("medusa").is_ok());
 }
 
 }  // namespace

@@ -32,10 +32,9 @@ Status Eagle3Drafter::allocate() {
 }
 
 Status Eagle3Drafter::attach_pool(const Eagle3DraftPool& pool) {
-  if (pool.pages < 1 || pool.page_size < 1 || pool.max_pages_per_seq < 1)
-    return invalid_argument("EAGLE-3 drafter: the target's pool must have pages");
+  if (pool.pages < 1 || pool.page_size < 1) return invalid_argument("EAGLE-3 drafter: the target's pool must have pages");
   if (pool_.pages != 0) {
-    if (pool.pages != pool_.pages || pool.page_size != pool_.page_size || pool.max_pages_per_seq != pool_.max_pages_per_seq)
+    if (pool.pages != pool_.pages || pool.page_size != pool_.page_size)
       return internal_error("EAGLE-3 drafter: the target's pool changed");
     return Status::ok();
   }
@@ -51,9 +50,7 @@ Status Eagle3Drafter::attach_pool(const Eagle3DraftPool& pool) {
   for (const TensorView& t : {layer.k, layer.v})
     for (int64_t p = 0; p < pages; p += slab_pages)
       MX_RETURN_IF_ERROR(b.copy_from_host(t.rows(p, std::min(pages, p + slab_pages)), zeros.data()));
-  // Staging: the page table (a sequence's pages and its scratch page) first, then one pass's rows.
-  const int64_t table = limits_.max_seqs * (pool.max_pages_per_seq + 1);
-  MX_ASSIGN_OR_RETURN(staging_, b.allocate((table + 6 * limits_.max_tokens + limits_.max_seqs) * 4));
+  MX_ASSIGN_OR_RETURN(rows_staging_, b.allocate((6 * limits_.max_tokens + limits_.max_seqs) * 4));
   pool_ = pool;
   return Status::ok();
 }
@@ -61,14 +58,19 @@ Status Eagle3Drafter::attach_pool(const Eagle3DraftPool& pool) {
 Status Eagle3Drafter::run(bool extend, int64_t seqs, int64_t max_position, int64_t max_seq_tokens) {
   Backend& b = model_.backend();
   const auto T = static_cast<int64_t>(host_.tokens.size()), R = static_cast<int64_t>(host_.logit_rows.size());
-  const int64_t table = limits_.max_seqs * (pool_.max_pages_per_seq + 1);
-  const TensorView all = staging_.view(DType::kI32, {staging_.bytes() / 4});
-  if (extend) MX_RETURN_IF_ERROR(b.copy_from_host(all.rows(0, static_cast<int64_t>(host_.pages.size())), host_.pages.data()));
+  if (extend) {
+    if (table_staging_.bytes() < static_cast<int64_t>(host_.pages.size()) * 4) {  // outside graphs: drafts run eagerly
+      table_staging_ = Buffer();
+      MX_ASSIGN_OR_RETURN(table_staging_, b.allocate(static_cast<int64_t>(host_.pages.size()) * 2 * 4));
+    }
+    const TensorView t = table_staging_.view(DType::kI32, {static_cast<int64_t>(host_.pages.size())});
+    MX_RETURN_IF_ERROR(b.copy_from_host(t, host_.pages.data()));
+  }
   packed_.clear();
   for (const std::vector<int32_t>* part : {&host_.tokens, &host_.positions, &host_.seqs, &host_.logit_rows})
     packed_.insert(packed_.end(), part->begin(), part->end());
   if (extend) packed_.insert(packed_.end(), host_.captured_rows.begin(), host_.captured_rows.end());
-  const TensorView rows = all.rows(table, table + static_cast<int64_t>(packed_.size()));
+  const TensorView rows = rows_staging_.view(DType::kI32, {static_cast<int64_t>(packed_.size())});
   MX_RETURN_IF_ERROR(b.copy_from_host(rows, packed_.data()));
 
   BatchView batch;
@@ -77,7 +79,7 @@ Status Eagle3Drafter::run(bool extend, int64_t seqs, int64_t max_position, int64
   batch.token_ids = rows.rows(0, T);
   batch.positions = rows.rows(T, 2 * T);
   batch.token_seq = rows.rows(2 * T, 3 * T);
-  batch.page_tables[0] = all.rows(0, seqs * page_width_).reshaped({seqs, page_width_});
+  batch.page_tables[0] = table_staging_.view(DType::kI32, {seqs, page_width_});
   batch.num_kv_groups = 1;
   batch.logit_rows = rows.rows(3 * T, 3 * T + R);
   batch.num_logit_rows = R;
@@ -144,8 +146,6 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
   }
   if (static_cast<int64_t>(h.tokens.size()) > max_tokens)
     return invalid_argument("EAGLE-3: more rows in a step than the drafter holds");
-  if (page_width_ > pool_.max_pages_per_seq + 1)
-    return invalid_argument("EAGLE-3: a sequence outgrows the drafter's page table");
   h.pages.assign(static_cast<size_t>(S * page_width_), 0);
   for (int64_t c = 0; c < S; ++c) {
     const std::span<const int32_t> pages = seqs[order[static_cast<size_t>(c)]].pages;

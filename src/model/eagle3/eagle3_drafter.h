@@ -50,9 +50,8 @@ struct Eagle3DrafterLimits {
 
 // The target's full-attention page pool, known once the engine planned it.
 struct Eagle3DraftPool {
-  int64_t pages = 0;              // the draft's page numbering: the same pages
+  int64_t pages = 0;  // the draft's page numbering: the same pages
   int64_t page_size = 0;
-  int64_t max_pages_per_seq = 0;  // page table width the engine stages (the draft adds one scratch page)
 };
 
 class Eagle3Drafter {
@@ -88,7 +87,8 @@ class Eagle3Drafter {
   Eagle3DraftPool pool_;  // pages 0: no KV yet; the scratch pages follow the pool's
   std::unique_ptr<Eagle3Workspace> ws_;
   KvCache kv_;
-  Buffer staging_;  // i32, sized by attach_pool for the largest pass
+  Buffer rows_staging_;   // i32: one pass's token ids, positions, sequences, logit rows and capture rows
+  Buffer table_staging_;  // i32: the step's page table, grown to the widest step seen
   HiddenObserver observer_;
   // One pass's batch on the host, packed as it is uploaded.
   struct HostBatch {

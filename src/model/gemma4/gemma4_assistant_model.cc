@@ -72,7 +72,7 @@ Status Gemma4AssistantModel::upload() {
   return Status::ok();
 }
 
-Result<std::unique_ptr<DraftWorkspace>> Gemma4AssistantModel::make_workspace(int64_t max_seqs) const {
+Result<std::unique_ptr<DraftWorkspace>> Gemma4AssistantModel::make_workspace(int64_t max_seqs, int64_t /*max_target_tokens*/) const {
   const Gemma4AssistantConfig& c = config_;
   if (max_seqs < 1) return invalid_argument("a draft workspace needs room for at least one sequence");
   auto owned = std::make_unique<Gemma4AssistantWorkspace>();

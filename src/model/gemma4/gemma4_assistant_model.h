@@ -51,7 +51,7 @@ class Gemma4AssistantModel : public DraftModel {
   std::string name() const override { return "gemma4_assistant"; }
   // The target's query at p keeps keys p - W + 1 .. p; this one reads p - W - 1 .. p - 1.
   int64_t window_slack() const override { return 1 + kSlidingKeysBeyondWindow; }
-  Result<std::unique_ptr<DraftWorkspace>> make_workspace(int64_t max_seqs) const override;
+  Result<std::unique_ptr<DraftWorkspace>> make_workspace(int64_t max_seqs, int64_t max_target_tokens) const override;
   Status draft(const DraftBatch& batch, const KvCache& kv, DraftWorkspace& ws, int64_t num_drafts,
                TensorView drafts) const override;
   // One draft step on `tokens` (i32 [S]) from ws.state: fills ws.logits (f32 [S, V]) and ws.state with the next
