@@ -14,10 +14,12 @@
 #include "grammar/regex.h"
 #include "model/demo_model.h"
 #include "model/model_registry.h"
+#include "model/synthetic_model.h"
 #include "runtime/tokenizer_detokenize.h"
 #include "server/content_stop.h"
 #include "server/engine_completion_service.h"
 #include "server_test_util.h"
+#include "test_util.h"
 #include "spec/reference_drafter.h"
 
 namespace mx::test {
@@ -546,6 +548,55 @@ TEST(ServerEngine, SpeculativeDecodingAnswersAsPlainDecodingAndCountsDrafts) {
   EXPECT_NE(metrics.find("mxserve:spec_decode_num_drafts_total{"), std::string::npos);
   EXPECT_EQ(http_call(plain.port(), "GET", "/metrics").body.find("spec_decode"), std::string::npos);
   std::printf("[spec] server: %.0f verify steps, %.0f/%.0f draft tokens accepted\n", drafts, accepted, draft_tokens);
+}
+
+// EAGLE-3 through the server: a random-weight draft of the demo model's shapes (the demo-eagle3 preset)
+// drafts for every request (mostly rejected: the draft's rollback runs); the answers, greedy and seeded,
+// streamed or not, are the plain server's.
+TEST(ServerEngine, Eagle3SpeculationAnswersAsPlainDecoding) {
+  TempDir draft;
+  ASSERT_TRUE(write_synthetic_model("demo-eagle3", draft.path(), SyntheticOptions{}).is_ok());
+  EngineConfig spec = EngineServer::default_config();
+  spec.speculative.algorithm = SpeculativeAlgorithm::kEagle3;
+  spec.speculative.num_draft_tokens = 3;
+  spec.speculative.draft_model = draft.path();
+  auto options = TestServer::default_options();
+  options.speculative_draft_tokens = 3;
+  EngineServer plain, fast(spec, options);
+  const std::vector<std::string> bodies = {
+      R"({"prompt":[[17, 2000, 3000, 4000, 17, 2000], [9, 8, 7, 6, 5, 4, 3]],"max_tokens":24,"temperature":0,"ignore_eos":true})",
+      R"({"prompt":[9, 8, 7, 6, 5, 4, 3],"max_tokens":20,"n":2,"seed":3,"temperature":0.9,"top_k":40,"ignore_eos":true})",
+  };
+  for (const std::string& body : bodies) {
+    for (bool stream : {false, true}) {
+      const std::string b = stream ? body.substr(0, body.size() - 1) + R"(,"stream":true})" : body;
+      const auto patient_call = [&b](int port) {
+        RawClient client(port, 300000);
+        client.send(make_request("POST", "/v1/completions", b));
+        return client.read_reply();
+      };
+      const HttpReply x = patient_call(fast.port());
+      const HttpReply y = patient_call(plain.port());
+      ASSERT_EQ(x.status, 200) << x.body;
+      ASSERT_EQ(y.status, 200) << y.body;
+      if (stream) {
+        std::map<int64_t, std::string> tx, ty;
+        for (const auto& [payloads, texts] : {std::pair{sse_payloads(x.body), &tx}, std::pair{sse_payloads(y.body), &ty}})
+          for (const std::string& p : payloads)
+            if (p != "[DONE]")
+              for (const Json& c : Json::parse(p)["choices"]) (*texts)[c["index"].get<int64_t>()] += c["text"].get<std::string>();
+        EXPECT_EQ(tx, ty) << b;
+        continue;
+      }
+      const Json a = Json::parse(x.body), p = Json::parse(y.body);
+      ASSERT_EQ(a["choices"].size(), p["choices"].size()) << a;
+      for (size_t i = 0; i < a["choices"].size(); ++i) {
+        EXPECT_EQ(a["choices"][i]["text"], p["choices"][i]["text"]) << b;
+        EXPECT_EQ(a["choices"][i]["finish_reason"], p["choices"][i]["finish_reason"]) << b;
+      }
+    }
+  }
+  EXPECT_GT(fast.engine().stats().scheduler.spec_drafts, 0);
 }
 
 TEST(ServerEngine, StructuredOutputsForceValidAnswers) {
