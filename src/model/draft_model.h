@@ -52,8 +52,10 @@ struct DraftBatch {
   BatchView context;
   TensorView hidden_rows;     // i32 [S]: each sequence's row in target_hidden
   TensorView target_hidden;   // [T, H_target] the target's ForwardOutput::hidden of the step just run
-  // Filled when the draft model keeps_own_kv(): drafting[i] = sequence i's kept rows (the last is its hidden
-  // row); extend_only = sequences whose rows this step drafts nothing (prompt chunks before the last).
+  // Filled when the draft model keeps_own_kv(), which then gets these host rows instead of queries, context
+  // and hidden_rows (left empty: each upload synchronizes the stream): drafting[i] = sequence i's kept rows
+  // (the last is its hidden row); extend_only = sequences whose rows this step drafts nothing (prompt chunks
+  // before the last).
   std::vector<DraftSequenceRows> drafting, extend_only;
 };
 

@@ -493,7 +493,7 @@ Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(
   }
   Backend& b = model_.backend();
   db.num_seqs = S;
-  if (S > 0) {
+  if (S > 0 && !own_kv) {
     MX_ASSIGN_OR_RETURN(db.queries, draft_queries_.stage(draft_seqs_));
     for (BatchSequence& s : draft_seqs_) s.start_position -= 1;
     MX_ASSIGN_OR_RETURN(db.context, draft_context_.stage(draft_seqs_));

@@ -1,13 +1,19 @@
 // EAGLE-3 draft (model/eagle3): config parsing and its refusals, the loader's checks against the target,
 // one forward pass against a plain fp32 reference written out here (the concatenation order, the residual,
-// the chain's pre-norm hidden state, d2t), and the drafter's rollback: after rejected drafts its proposals
-// equal those of a fresh drafter that saw only the kept tokens.
+// the chain's pre-norm hidden state, d2t), the drafter's chain (its passes feed each other on the device)
+// against the model driven pass by pass from the host, and the drafter's rollback: after rejected drafts its
+// proposals equal those of a fresh drafter that saw only the kept tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "model/eagle3/eagle3_drafter.h"
@@ -429,6 +435,98 @@ void capture(const Eagle3Drafter& drafter, const std::vector<std::pair<int64_t, 
       data.insert(data.end(), r.begin(), r.end());
     }
     drafter.capture_observer()(index, TensorView(data.data(), DType::kF32, {static_cast<int64_t>(rows.size()), width}));
+  }
+}
+
+// Rewrites the int64 d2t tensor of the draft checkpoint in `dir` in place (the synthetic fills make it zero).
+void set_d2t(const std::string& dir, const std::function<int64_t(int64_t)>& offset_of) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_bytes = 0;
+    f.read(reinterpret_cast<char*>(&header_bytes), 8);
+    std::string header(header_bytes, ' ');
+    f.read(header.data(), static_cast<std::streamsize>(header_bytes));
+    const nlohmann::json h = nlohmann::json::parse(header);
+    if (!h.contains("d2t")) continue;
+    const int64_t begin = h["d2t"]["data_offsets"][0], end = h["d2t"]["data_offsets"][1];
+    std::vector<int64_t> d2t(static_cast<size_t>((end - begin) / 8));
+    for (size_t d = 0; d < d2t.size(); ++d) d2t[d] = offset_of(static_cast<int64_t>(d));
+    f.seekp(static_cast<std::streamoff>(8 + header_bytes + static_cast<uint64_t>(begin)));
+    f.write(reinterpret_cast<const char*>(d2t.data()), end - begin);
+  }
+}
+
+// The drafter's chain (drafts mapped to target ids and fed to the next pass on the device) against the
+// model driven pass by pass with the mapping on the host, under a d2t that reverses the vocabulary.
+TEST(Eagle3Drafter, ChainEqualsPassByPassOnTheHost) {
+  auto backend = make_cpu_backend(CpuBackendOptions{2});
+  TinyTarget tiny;
+  auto config = eagle3_preset("tiny-gpt-oss-eagle3");
+  ASSERT_TRUE(config.is_ok());
+  test::TempDir dir;
+  ASSERT_TRUE(write_draft(dir.path(), *config, {true, true, false, false}, small_normal).is_ok());
+  set_d2t(dir.path(), [](int64_t d) { return 1023 - 2 * d; });  // draft id d -> target id 1023 - d
+  auto model = Eagle3Model::load(dir.path(), *backend, tiny.target);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  ASSERT_EQ((*model)->target_id(5), 1018);
+  const int64_t Ht = 256, T = 7, K = 5, P = 4, max_tokens = 16;
+
+  auto drafter = Eagle3Drafter::create(**model, Eagle3DrafterLimits{max_tokens, 2});
+  ASSERT_TRUE(drafter.is_ok());
+  ASSERT_TRUE((*drafter)->attach_pool(Eagle3DraftPool{16, P}).is_ok());
+  const std::vector<int32_t> tokens = {5, 9, 100, 77, 3, 41, 8, 600};
+  std::vector<std::pair<int64_t, int32_t>> rows;
+  for (int64_t p = 0; p < T; ++p) rows.emplace_back(p, tokens[static_cast<size_t>(p)]);
+  capture(**drafter, rows, Ht);
+  const std::vector<int32_t> pages = {3, 7};  // the chain reaches position 10: page 2 is the scratch page
+  Eagle3SequenceStep s{0, 0, std::span<const int32_t>(tokens).subspan(1, T), pages, K};
+  std::vector<std::vector<int32_t>> drafts;
+  ASSERT_TRUE((*drafter)->step(std::span(&s, 1), &drafts).is_ok());
+  ASSERT_EQ(drafts[0].size(), static_cast<size_t>(K));
+
+  // By hand: the captures into a workspace of the same row count, the extend pass, then one pass per draft.
+  auto ws = (*model)->make_workspace(max_tokens, 2);
+  ASSERT_TRUE(ws.is_ok());
+  auto kv = KvCache::allocate(*backend, KvCacheShape{KvLayout::from_layers({(*model)->kv_spec()}), P, {3}});
+  ASSERT_TRUE(kv.is_ok());
+  int32_t captured_rows[3 * T], positions[T], seqs[T] = {}, logit_rows[1] = {T - 1}, table[3] = {0, 1, 2};
+  for (int64_t j = 0; j < 3; ++j) {
+    const int64_t index = (*model)->aux_indices()[static_cast<size_t>(j)];
+    float* slot = (*ws)->captured.rows(j, j + 1).reshaped({max_tokens, Ht}).ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<float> r = fake_stream(index, t, tokens[static_cast<size_t>(t)], Ht);
+      std::memcpy(slot + t * Ht, r.data(), r.size() * sizeof(float));
+      captured_rows[3 * t + j] = static_cast<int32_t>(j * max_tokens + t);
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t);
+  ASSERT_TRUE((*model)->fuse_captured(TensorView(captured_rows, DType::kI32, {3 * T}), **ws).is_ok());
+  BatchView batch;
+  batch.num_tokens = T;
+  batch.num_seqs = 1;
+  batch.token_ids = TensorView(const_cast<int32_t*>(tokens.data() + 1), DType::kI32, {T});
+  batch.positions = TensorView(positions, DType::kI32, {T});
+  batch.token_seq = TensorView(seqs, DType::kI32, {T});
+  batch.page_tables[0] = TensorView(table, DType::kI32, {1, 3});
+  batch.logit_rows = TensorView(logit_rows, DType::kI32, {1});
+  batch.num_logit_rows = 1;
+  batch.max_position = T - 1 + K - 1;
+  batch.max_seq_tokens = T;
+  ASSERT_TRUE((*model)->forward(batch, kv->layer(0), **ws).is_ok());
+  int32_t chain_token[1], chain_position[1];
+  logit_rows[0] = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    chain_token[0] = (*model)->target_id((*ws)->draft_ids.ptr<int32_t>()[0]);
+    EXPECT_EQ(drafts[0][static_cast<size_t>(j)], chain_token[0]) << "draft " << j;
+    if (j + 1 == K) break;
+    chain_position[0] = static_cast<int32_t>(T + j);
+    batch.num_tokens = 1;
+    batch.token_ids = TensorView(chain_token, DType::kI32, {1});
+    batch.positions = TensorView(chain_position, DType::kI32, {1});
+    batch.max_seq_tokens = 1;
+    ASSERT_TRUE((*model)->continue_chain(1, **ws).is_ok());
+    ASSERT_TRUE((*model)->forward(batch, kv->layer(0), **ws).is_ok());
   }
 }
 

@@ -50,45 +50,17 @@ Status Eagle3Drafter::attach_pool(const Eagle3DraftPool& pool) {
   for (const TensorView& t : {layer.k, layer.v})
     for (int64_t p = 0; p < pages; p += slab_pages)
       MX_RETURN_IF_ERROR(b.copy_from_host(t.rows(p, std::min(pages, p + slab_pages)), zeros.data()));
-  MX_ASSIGN_OR_RETURN(rows_staging_, b.allocate((6 * limits_.max_tokens + limits_.max_seqs) * 4));
+  MX_ASSIGN_OR_RETURN(drafted_, b.allocate((pool.page_size + 1) * limits_.max_seqs * 4));
   pool_ = pool;
   return Status::ok();
 }
 
-Status Eagle3Drafter::run(bool extend, int64_t seqs, int64_t max_position, int64_t max_seq_tokens) {
-  Backend& b = model_.backend();
-  const auto T = static_cast<int64_t>(host_.tokens.size()), R = static_cast<int64_t>(host_.logit_rows.size());
-  if (extend) {
-    if (table_staging_.bytes() < static_cast<int64_t>(host_.pages.size()) * 4) {  // outside graphs: drafts run eagerly
-      table_staging_ = Buffer();
-      MX_ASSIGN_OR_RETURN(table_staging_, b.allocate(static_cast<int64_t>(host_.pages.size()) * 2 * 4));
-    }
-    const TensorView t = table_staging_.view(DType::kI32, {static_cast<int64_t>(host_.pages.size())});
-    MX_RETURN_IF_ERROR(b.copy_from_host(t, host_.pages.data()));
-  }
-  packed_.clear();
-  for (const std::vector<int32_t>* part : {&host_.tokens, &host_.positions, &host_.seqs, &host_.logit_rows})
-    packed_.insert(packed_.end(), part->begin(), part->end());
-  if (extend) packed_.insert(packed_.end(), host_.captured_rows.begin(), host_.captured_rows.end());
-  const TensorView rows = rows_staging_.view(DType::kI32, {static_cast<int64_t>(packed_.size())});
-  MX_RETURN_IF_ERROR(b.copy_from_host(rows, packed_.data()));
-
-  BatchView batch;
-  batch.num_tokens = T;
-  batch.num_seqs = seqs;
-  batch.token_ids = rows.rows(0, T);
-  batch.positions = rows.rows(T, 2 * T);
-  batch.token_seq = rows.rows(2 * T, 3 * T);
-  batch.page_tables[0] = table_staging_.view(DType::kI32, {seqs, page_width_});
-  batch.num_kv_groups = 1;
-  batch.logit_rows = rows.rows(3 * T, 3 * T + R);
-  batch.num_logit_rows = R;
-  batch.max_position = max_position;
-  batch.max_seq_tokens = max_seq_tokens;
-  if (extend) MX_RETURN_IF_ERROR(model_.fuse_captured(rows.rows(3 * T + R, 6 * T + R), *ws_));
-  else MX_RETURN_IF_ERROR(model_.continue_chain(T, *ws_));
+Status Eagle3Drafter::run(const BatchView& batch, const TensorView* captured_rows, TensorView drafted) {
+  if (captured_rows) MX_RETURN_IF_ERROR(model_.fuse_captured(*captured_rows, *ws_));
+  else MX_RETURN_IF_ERROR(model_.continue_chain(batch.num_tokens, *ws_));
   ++forward_passes_;
-  return model_.forward(batch, kv_.layer(0), *ws_);
+  MX_RETURN_IF_ERROR(model_.forward(batch, kv_.layer(0), *ws_));
+  return model_.to_target_ids(ws_->draft_ids.rows(0, batch.num_logit_rows), drafted);
 }
 
 Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector<std::vector<int32_t>>* drafts) {
@@ -115,14 +87,14 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
   const auto S = static_cast<int64_t>(order.size());
   if (S == 0) return Status::ok();
   if (S > limits_.max_seqs) return invalid_argument("EAGLE-3: more sequences in a step than the drafter holds");
+  auto drafts_of = [&](int64_t c) { return seqs[order[static_cast<size_t>(c)]].num_drafts; };
 
   // The extend pass: every sequence's rows, its page table (chain positions past its pages on its scratch
   // page), the last row of each drafting sequence as a logit row.
   HostBatch& h = host_;
   h.tokens.clear(), h.positions.clear(), h.seqs.clear(), h.logit_rows.clear(), h.captured_rows.clear();
   std::vector<int64_t> last_position(static_cast<size_t>(S));
-  int64_t max_position = 0, max_seq_tokens = 0;
-  page_width_ = 1;
+  int64_t max_position = 0, max_seq_tokens = 0, page_width = 1;
   for (int64_t c = 0; c < S; ++c) {
     const Eagle3SequenceStep& s = seqs[order[static_cast<size_t>(c)]];
     const auto n = static_cast<int64_t>(s.next_tokens.size());
@@ -130,7 +102,7 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
     const int64_t chain_end = last + std::max<int64_t>(s.num_drafts - 1, 0);
     const auto held = static_cast<int64_t>(s.pages.size());
     if (s.first_position < 0 || last / P >= held) return invalid_argument("EAGLE-3: a sequence's rows reach past its pages");
-    page_width_ = std::max(page_width_, chain_end / P + 1);
+    page_width = std::max(page_width, chain_end / P + 1);
     max_position = std::max(max_position, chain_end);
     max_seq_tokens = std::max(max_seq_tokens, n);
     last_position[static_cast<size_t>(c)] = last;
@@ -144,48 +116,83 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
       for (int64_t j = 0; j < 3; ++j) h.captured_rows.push_back(static_cast<int32_t>(j * max_tokens + row));
     }
   }
-  if (static_cast<int64_t>(h.tokens.size()) > max_tokens)
-    return invalid_argument("EAGLE-3: more rows in a step than the drafter holds");
-  h.pages.assign(static_cast<size_t>(S * page_width_), 0);
+  const auto T = static_cast<int64_t>(h.tokens.size()), R = static_cast<int64_t>(h.logit_rows.size());
+  if (T > max_tokens) return invalid_argument("EAGLE-3: more rows in a step than the drafter holds");
+  // Chain pass j (1 ..): each sequence with more than j drafts (a prefix of the order) feeds its draft j at
+  // the position after its last + j - 1; per pass its positions, sequences and logit rows (= 0 .. active).
+  const int64_t most_drafts = R > 0 ? drafts_of(0) : 0;
+  h.chain.clear();
+  std::vector<int64_t> active(static_cast<size_t>(std::max<int64_t>(most_drafts, 1)), 0);
+  for (int64_t j = 1; j < most_drafts; ++j) {
+    int64_t& a = active[static_cast<size_t>(j)];
+    while (a < S && drafts_of(a) > j) ++a;
+    for (int64_t c = 0; c < a; ++c) h.chain.push_back(static_cast<int32_t>(last_position[static_cast<size_t>(c)] + j));
+    for (int64_t c = 0; c < a; ++c) h.chain.push_back(static_cast<int32_t>(c));
+    for (int64_t c = 0; c < a; ++c) h.chain.push_back(static_cast<int32_t>(c));
+  }
+  h.pages.assign(static_cast<size_t>(S * page_width), 0);
   for (int64_t c = 0; c < S; ++c) {
     const std::span<const int32_t> pages = seqs[order[static_cast<size_t>(c)]].pages;
-    for (int64_t k = 0; k < page_width_; ++k) {
+    for (int64_t k = 0; k < page_width; ++k) {
       int32_t page = static_cast<int32_t>(pool_.pages + c);  // the sequence's scratch page
       if (k < static_cast<int64_t>(pages.size())) {
         page = pages[static_cast<size_t>(k)];
         if (page < 0 || page >= pool_.pages) return invalid_argument("EAGLE-3: a page outside the target's pool");
       }
-      h.pages[static_cast<size_t>(c * page_width_ + k)] = page;
+      h.pages[static_cast<size_t>(c * page_width + k)] = page;
     }
   }
-  MX_RETURN_IF_ERROR(run(true, S, max_position, max_seq_tokens));
 
-  // The chain: pass j feeds each still-drafting sequence its draft j - 1 at the position after its last.
+  // One upload for every pass of the step.
+  packed_.clear();
+  for (const std::vector<int32_t>* part : {&h.tokens, &h.positions, &h.seqs, &h.logit_rows, &h.captured_rows, &h.chain, &h.pages})
+    packed_.insert(packed_.end(), part->begin(), part->end());
   Backend& b = model_.backend();
-  auto produced = static_cast<int64_t>(h.logit_rows.size());  // the last pass's logit rows: the first sequences
-  for (int64_t j = 1;; ++j) {
-    ids_.resize(static_cast<size_t>(produced));
-    MX_RETURN_IF_ERROR(b.copy_to_host(ids_.data(), ws_->draft_ids.rows(0, produced)));
-    for (int64_t c = 0; c < produced; ++c) {
-      const int32_t id = model_.target_id(ids_[static_cast<size_t>(c)]);
-      if (id < 0) return internal_error("EAGLE-3 draft id outside the draft vocabulary");
-      ids_[static_cast<size_t>(c)] = id;
-      (*drafts)[order[static_cast<size_t>(c)]].push_back(id);
-    }
-    int64_t active = 0;
-    while (active < produced && seqs[order[static_cast<size_t>(active)]].num_drafts > j) ++active;
-    if (active == 0) return Status::ok();
-    h.tokens.assign(ids_.begin(), ids_.begin() + active);
-    h.positions.resize(static_cast<size_t>(active));
-    h.seqs.resize(static_cast<size_t>(active));
-    for (int64_t c = 0; c < active; ++c) {
-      h.positions[static_cast<size_t>(c)] = static_cast<int32_t>(last_position[static_cast<size_t>(c)] + j);
-      h.seqs[static_cast<size_t>(c)] = static_cast<int32_t>(c);
-    }
-    h.logit_rows = h.seqs;
-    MX_RETURN_IF_ERROR(run(false, S, max_position, 1));
-    produced = active;
+  const auto packed_size = static_cast<int64_t>(packed_.size());
+  if (staging_.bytes() < packed_size * 4) {
+    staging_ = Buffer();
+    MX_ASSIGN_OR_RETURN(staging_, b.allocate(packed_size * 2 * 4));
   }
+  const TensorView up = staging_.view(DType::kI32, {packed_size});
+  MX_RETURN_IF_ERROR(b.copy_from_host(up, packed_.data()));
+  const int64_t chain_at = 6 * T + R, table_at = chain_at + static_cast<int64_t>(h.chain.size());
+  const TensorView drafted = drafted_.view(DType::kI32, {(P + 1) * limits_.max_seqs});
+
+  BatchView batch;
+  batch.num_tokens = T;
+  batch.num_seqs = S;
+  batch.token_ids = up.rows(0, T);
+  batch.positions = up.rows(T, 2 * T);
+  batch.token_seq = up.rows(2 * T, 3 * T);
+  batch.page_tables[0] = up.rows(table_at, table_at + S * page_width).reshaped({S, page_width});
+  batch.num_kv_groups = 1;
+  batch.logit_rows = up.rows(3 * T, 3 * T + R);
+  batch.num_logit_rows = R;
+  batch.max_position = max_position;
+  batch.max_seq_tokens = max_seq_tokens;
+  const TensorView captured_rows = up.rows(3 * T + R, 6 * T + R);
+  MX_RETURN_IF_ERROR(run(batch, &captured_rows, drafted.rows(0, R)));
+  // The chain: pass j's tokens are pass j - 1's drafts, on the device.
+  int64_t at = chain_at;
+  for (int64_t j = 1; j < most_drafts; ++j) {
+    const int64_t a = active[static_cast<size_t>(j)];
+    batch.num_tokens = a;
+    batch.token_ids = drafted.rows((j - 1) * S, (j - 1) * S + a);
+    batch.positions = up.rows(at, at + a);
+    batch.token_seq = up.rows(at + a, at + 2 * a);
+    batch.logit_rows = up.rows(at + 2 * a, at + 3 * a);
+    batch.num_logit_rows = a;
+    batch.max_seq_tokens = 1;
+    at += 3 * a;
+    MX_RETURN_IF_ERROR(run(batch, nullptr, drafted.rows(j * S, j * S + a)));
+  }
+  if (most_drafts == 0) return Status::ok();
+  drafted_host_.resize(static_cast<size_t>(most_drafts * S));
+  MX_RETURN_IF_ERROR(b.copy_to_host(drafted_host_.data(), drafted.rows(0, most_drafts * S)));
+  for (int64_t c = 0; c < S; ++c)
+    for (int64_t j = 0; j < drafts_of(c); ++j)
+      (*drafts)[order[static_cast<size_t>(c)]].push_back(drafted_host_[static_cast<size_t>(j * S + c)]);
+  return Status::ok();
 }
 
 }  // namespace mx

@@ -77,25 +77,25 @@ class Eagle3Drafter {
  private:
   Eagle3Drafter(const Eagle3Model& model, const Eagle3DrafterLimits& limits) : model_(model), limits_(limits) {}
   Status allocate();
-  // One forward pass over the batch in host_: uploads it (one copy: token ids, positions, sequences, logit
-  // rows, then for an extend pass the capture rows and the page table), fuses the captures (extend) or takes
-  // the previous pass's g (chain), runs the layer.
-  Status run(bool extend, int64_t seqs, int64_t max_position, int64_t max_seq_tokens);
+  // One forward pass: an extend pass fuses the captures at `captured_rows`, a chain pass takes the previous
+  // pass's g; both leave their logit rows' drafts (target ids) in `drafted`.
+  Status run(const BatchView& batch, const TensorView* captured_rows, TensorView drafted);
 
   const Eagle3Model& model_;
   Eagle3DrafterLimits limits_;
   Eagle3DraftPool pool_;  // pages 0: no KV yet; the scratch pages follow the pool's
   std::unique_ptr<Eagle3Workspace> ws_;
   KvCache kv_;
-  Buffer rows_staging_;   // i32: one pass's token ids, positions, sequences, logit rows and capture rows
-  Buffer table_staging_;  // i32: the step's page table, grown to the widest step seen
+  // The step's rows of every pass and its page table, uploaded in one copy (each upload synchronizes the
+  // stream); grown to the largest step seen (drafts run eagerly, outside graphs).
+  Buffer staging_;
+  Buffer drafted_;  // i32 [page_size + 1, max_seqs]: draft j's target ids of the step's sequences at row j
   HiddenObserver observer_;
-  // One pass's batch on the host, packed as it is uploaded.
+  // The step on the host, packed as it is uploaded: the extend pass's rows, then each chain pass's.
   struct HostBatch {
-    std::vector<int32_t> tokens, positions, seqs, logit_rows, captured_rows, pages;
+    std::vector<int32_t> tokens, positions, seqs, logit_rows, captured_rows, chain, pages;
   } host_;
-  std::vector<int32_t> packed_, ids_;
-  int64_t page_width_ = 0;  // the page table's width this step
+  std::vector<int32_t> packed_, drafted_host_;
   int64_t forward_passes_ = 0;
 };
 

@@ -94,6 +94,12 @@ Status Eagle3Model::upload(const Eagle3Target& target) {
     MX_RETURN_IF_ERROR(put(&w.lm_head));
   }
 
+  const auto Vd = static_cast<int64_t>(draft_to_target_.size());
+  MX_ASSIGN_OR_RETURN(Buffer d2t, backend_.allocate(Vd * 4));
+  draft_to_target_table_ = d2t.view(DType::kI32, {Vd, 1});
+  MX_RETURN_IF_ERROR(backend_.copy_from_host(draft_to_target_table_, draft_to_target_.data()));
+  device_weights_.push_back(std::move(d2t));
+
   const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
   rope_scale_ = rope.attention_scale;
   MX_ASSIGN_OR_RETURN(Buffer freq, backend_.allocate(static_cast<int64_t>(rope.inv_freq.size() * sizeof(float))));
@@ -112,6 +118,13 @@ int64_t Eagle3Model::device_weight_bytes() const {
 int32_t Eagle3Model::target_id(int32_t draft_id) const {
   if (draft_id < 0 || draft_id >= static_cast<int32_t>(draft_to_target_.size())) return -1;
   return draft_to_target_[static_cast<size_t>(draft_id)];
+}
+
+// gather_rows moves whole rows bit for bit (CUDA: bytes; CPU: 4-byte words), so a [Vd, 1] i32 table works.
+Status Eagle3Model::to_target_ids(const TensorView& draft_ids, TensorView target_ids) const {
+  const int64_t n = draft_ids.numel();
+  if (target_ids.numel() != n) return invalid_argument("EAGLE-3 to_target_ids: sizes differ");
+  return backend_.gather_rows(draft_to_target_table_, draft_ids, target_ids.reshaped({n, 1}));
 }
 
 Result<std::unique_ptr<Eagle3Workspace>> Eagle3Model::make_workspace(int64_t max_tokens, int64_t max_seqs) const {
@@ -205,7 +218,7 @@ Status Eagle3Model::forward(const BatchView& batch, const KvLayerView& kv, Eagle
 
   MX_RETURN_IF_ERROR(b.linear(x, weights_.qkv_weight, TensorView(), ws.qkv.rows(0, T)));
   QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), kv, inv_freq_, rope_scale_, c.num_heads, c.num_kv_heads,
-                     c.head_dim};
+                     c.head_dim, TensorView(), TensorView(), 0.0f};  // no per-head norms
   MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
   AttentionParams attn{ws.q.rows(0, T), kv, TensorView(), ws.attn.rows(0, T), c.num_heads, c.num_kv_heads,
                        c.head_dim, 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
