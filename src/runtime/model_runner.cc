@@ -106,10 +106,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
     MX_ASSIGN_OR_RETURN(r->draft_ws_, draft_model->make_workspace(S, max_tokens));
     r->target_observer_ = draft_model->target_observer(*r->draft_ws_);  // before the warm-up and the graphs
     MX_ASSIGN_OR_RETURN(r->draft_queries_, BatchStaging::create(backend, draft_limits));
-    MX_ASSIGN_OR_RETURN(r->draft_context_, BatchStaging::create(backend, draft_limits));
-    MX_ASSIGN_OR_RETURN(r->draft_rows_device_, backend.allocate(S * 4));
+    MX_ASSIGN_OR_RETURN(r->draft_rows_device_, backend.allocate(2 * S * 4));
     MX_ASSIGN_OR_RETURN(r->drafts_device_, backend.allocate(k * S * 4));
-    r->draft_rows_host_.reserve(static_cast<size_t>(S));
+    r->draft_rows_host_.reserve(static_cast<size_t>(2 * S));
     r->draft_last_tokens_.reserve(static_cast<size_t>(S));  // the staged rows' token spans point into it
     r->drafts_host_.resize(static_cast<size_t>(k * S));
     r->draft_model_ = std::move(draft_model);
@@ -495,10 +494,15 @@ Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(
   db.num_seqs = S;
   if (S > 0 && !own_kv) {
     MX_ASSIGN_OR_RETURN(db.queries, draft_queries_.stage(draft_seqs_));
-    for (BatchSequence& s : draft_seqs_) s.start_position -= 1;
-    MX_ASSIGN_OR_RETURN(db.context, draft_context_.stage(draft_seqs_));
-    db.hidden_rows = draft_rows_device_.view(DType::kI32, {S});
-    MX_RETURN_IF_ERROR(b.copy_from_host(db.hidden_rows, draft_rows_host_.data()));
+    // The context rows are the query rows one position back: the same views but the positions, which go up
+    // behind the hidden rows in one copy (each upload synchronizes the stream; a second staging took five).
+    for (const BatchSequence& s : draft_seqs_) draft_rows_host_.push_back(static_cast<int32_t>(s.start_position - 1));
+    const TensorView rows = draft_rows_device_.view(DType::kI32, {2 * S});
+    MX_RETURN_IF_ERROR(b.copy_from_host(rows, draft_rows_host_.data()));
+    db.hidden_rows = rows.rows(0, S);
+    db.context = db.queries;
+    db.context.positions = rows.rows(S, 2 * S);
+    db.context.max_position = db.queries.max_position - 1;
   }
   db.target_hidden = step_hidden_;
   const int64_t k = config_.speculative.num_draft_tokens;
@@ -511,6 +515,7 @@ Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(
     for (int64_t j = 0; j < k; ++j) r.draft_tokens.push_back(drafts_host_[static_cast<size_t>(j * S + i)]);
     r.drafts_for_tokens = r.num_tokens();
   }
+  last_draft_values_ = k * S;
   ++num_draft_calls_;
   draft_seconds_ += seconds_since(start);
   return Status::ok();

@@ -23,6 +23,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/kv_cache.h"
@@ -69,6 +70,8 @@ class ModelRunner {
   Status draft(const ScheduledBatch& batch, const std::function<bool(const Request&)>& may_speculate);
   int64_t num_draft_calls() const { return num_draft_calls_; }
   double draft_seconds() const { return draft_seconds_; }  // host wall time in draft() (device work included)
+  // The last draft call's drafts, step-major [k, S] in the order of its sequences (tests check them).
+  std::span<const int32_t> last_drafts() const { return {drafts_host_.data(), static_cast<size_t>(last_draft_values_)}; }
 
   // Off: decode steps are still padded to their bucket but run eagerly (op-by-op profiling; tests that
   // tell graph replay apart from padding). No effect without graphs.
@@ -186,13 +189,14 @@ class ModelRunner {
   std::unique_ptr<DraftWorkspace> draft_ws_;
   HiddenObserver target_observer_;  // the draft model's, passed to every target forward pass (empty: none)
   DraftBatch draft_batch_;          // reused: its host rows keep their capacity
-  BatchStaging draft_queries_, draft_context_;
-  Buffer draft_rows_device_;  // i32 [max_running_requests]
+  BatchStaging draft_queries_;
+  Buffer draft_rows_device_;  // i32 [2, max_running_requests]: each row's target hidden row, then its p - 1
   Buffer drafts_device_;      // i32 [k, max_running_requests]
   std::vector<int32_t> draft_rows_host_, draft_last_tokens_, drafts_host_;
   std::vector<Request*> draft_requests_;
   std::vector<BatchSequence> draft_seqs_;
   int64_t num_draft_calls_ = 0;
+  int64_t last_draft_values_ = 0;  // k * S of the last draft call
   double draft_seconds_ = 0;
   int64_t num_graph_replays_ = 0, num_verify_replays_ = 0, num_padded_steps_ = 0;
 };

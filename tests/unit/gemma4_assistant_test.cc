@@ -197,6 +197,34 @@ TEST(Gemma4Assistant, DraftsMatchTransformers) {
   EXPECT_EQ(prompts, 4);
 }
 
+// The engine's draft call (ModelRunner::draft: the query row at the new token's position p, the context row
+// at p - 1, the target's hidden row of p - 1) gives transformers' drafts for each reference prompt whose
+// next token the engine's target samples as the reference has it.
+TEST(Gemma4Assistant, EngineDraftsMatchTransformers) {
+  const auto& fx = fixture_model("tiny-gemma4-text");
+  const std::string assistant = fixture("tiny-gemma4-text-assistant");
+  auto ref = Checkpoint::open_file(assistant + "/reference.safetensors");
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  int checked = 0;
+  for (int i = 0; ref->has("prompt_" + std::to_string(i) + "_ids"); ++i) {
+    const std::string p = "prompt_" + std::to_string(i) + "_";
+    const std::vector<int32_t> ids = ids_of(*ref->get(p + "ids"));
+    const std::vector<int32_t> want = ids_of(*ref->get(p + "drafts"));
+    auto core = EngineCore::create(*fx.model, mtp_config(assistant, static_cast<int64_t>(want.size())));
+    ASSERT_TRUE(core.is_ok()) << core.status().to_string();
+    ASSERT_TRUE((*core)->add_request(1, greedy_request(std::vector<int32_t>(ids.begin(), ids.end() - 1), 4)).is_ok());
+    std::vector<RequestOutput> outputs;
+    while ((*core)->runner().num_draft_calls() == 0 && (*core)->has_work()) (*core)->step(&outputs);
+    ASSERT_EQ(outputs.size(), 1u);
+    ASSERT_EQ(outputs[0].token_ids.size(), 1u);
+    if (outputs[0].token_ids[0] != ids.back()) continue;
+    const std::span<const int32_t> drafts = (*core)->runner().last_drafts();  // [k, 1]
+    EXPECT_EQ(std::vector<int32_t>(drafts.begin(), drafts.end()), want) << "prompt " << i;
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
+}
+
 TEST(Gemma4Assistant, FlagsNeedADraftModel) {
   SpeculativeConfig s;
   s.algorithm = SpeculativeAlgorithm::kMtp;
