@@ -458,6 +458,14 @@ double metric_value(const std::string& text, const std::string& series) {
   return at == std::string::npos ? -1 : std::stod(text.substr(at + series.size() + 1));
 }
 
+// POST /v1/completions with a long read timeout: non-streamed replies come whole after every step, which on
+// a loaded machine can pass a 10 s read.
+HttpReply patient_completion(int port, const std::string& body) {
+  RawClient client(port, 300000);
+  client.send(make_request("POST", "/v1/completions", body));
+  return client.read_reply();
+}
+
 // A streamed completion's text per choice index, its deltas joined (speculation sends accepted runs in
 // other deltas than plain decoding: only the sums compare).
 std::map<int64_t, std::string> streamed_texts(const HttpReply& reply) {
@@ -466,6 +474,25 @@ std::map<int64_t, std::string> streamed_texts(const HttpReply& reply) {
     if (p != "[DONE]")
       for (const Json& c : Json::parse(p)["choices"]) texts[c["index"].get<int64_t>()] += c["text"].get<std::string>();
   return texts;
+}
+
+// The speculative server's reply `x` to `body` against the plain server's `y`: streamed, the same text per
+// choice; else the same choices (text, finish reason, logprobs) and usage.
+void expect_same_answer(const HttpReply& x, const HttpReply& y, const std::string& body) {
+  ASSERT_EQ(x.status, 200) << x.body;
+  ASSERT_EQ(y.status, 200) << y.body;
+  if (body.find("\"stream\":true") != std::string::npos) {
+    EXPECT_EQ(streamed_texts(x), streamed_texts(y)) << body;
+    return;
+  }
+  const Json a = Json::parse(x.body), p = Json::parse(y.body);
+  ASSERT_EQ(a["choices"].size(), p["choices"].size()) << a;
+  for (size_t i = 0; i < a["choices"].size(); ++i) {
+    EXPECT_EQ(a["choices"][i]["text"], p["choices"][i]["text"]) << body;
+    EXPECT_EQ(a["choices"][i]["finish_reason"], p["choices"][i]["finish_reason"]) << body;
+    EXPECT_EQ(a["choices"][i]["logprobs"].dump(), p["choices"][i]["logprobs"].dump()) << body;
+  }
+  EXPECT_EQ(a["usage"], p["usage"]);
 }
 
 TEST(ServerEngine, SpeculativeDecodingAnswersAsPlainDecodingAndCountsDrafts) {
@@ -501,27 +528,7 @@ TEST(ServerEngine, SpeculativeDecodingAnswersAsPlainDecodingAndCountsDrafts) {
   for (const std::string& body : bodies) {
     for (bool stream : {false, true}) {
       const std::string b = stream ? body.substr(0, body.size() - 1) + R"(,"stream":true})" : body;
-      // Non-streamed replies come whole after every step: on a loaded machine that can pass a 10 s read.
-      const auto patient_call = [&b](int port) {
-        RawClient client(port, 300000);
-        client.send(make_request("POST", "/v1/completions", b));
-        return client.read_reply();
-      };
-      const HttpReply x = patient_call(fast.port());
-      const HttpReply y = patient_call(plain.port());
-      ASSERT_EQ(x.status, 200) << x.body;
-      if (stream) {  // accepted runs arrive in deltas that add up to the same text
-        EXPECT_EQ(streamed_texts(x), streamed_texts(y)) << b;
-        continue;
-      }
-      const Json a = Json::parse(x.body), p = Json::parse(y.body);
-      ASSERT_EQ(a["choices"].size(), p["choices"].size()) << a;
-      for (size_t i = 0; i < a["choices"].size(); ++i) {
-        EXPECT_EQ(a["choices"][i]["text"], p["choices"][i]["text"]) << b;
-        EXPECT_EQ(a["choices"][i]["finish_reason"], p["choices"][i]["finish_reason"]) << b;
-        EXPECT_EQ(a["choices"][i]["logprobs"].dump(), p["choices"][i]["logprobs"].dump()) << b;
-      }
-      EXPECT_EQ(a["usage"], p["usage"]);
+      expect_same_answer(patient_completion(fast.port(), b), patient_completion(plain.port(), b), b);
     }
   }
   // A constrained request is decoded plainly (no drafts): the same answer as the plain server's.
@@ -572,28 +579,8 @@ TEST(ServerEngine, Eagle3SpeculationAnswersAsPlainDecoding) {
       R"({"prompt":[[17, 2000, 3000, 4000, 17, 2000], [9, 8, 7, 6, 5, 4, 3]],"max_tokens":16,"temperature":0,"ignore_eos":true})",
       R"({"prompt":[9, 8, 7, 6, 5, 4, 3],"max_tokens":16,"n":2,"seed":3,"temperature":0.9,"top_k":40,"ignore_eos":true,"stream":true})",
   };
-  for (const std::string& b : bodies) {
-    const bool stream = b.find("\"stream\"") != std::string::npos;
-    const auto patient_call = [&b](int port) {
-      RawClient client(port, 300000);
-      client.send(make_request("POST", "/v1/completions", b));
-      return client.read_reply();
-    };
-    const HttpReply x = patient_call(fast.port());
-    const HttpReply y = patient_call(plain.port());
-    ASSERT_EQ(x.status, 200) << x.body;
-    ASSERT_EQ(y.status, 200) << y.body;
-    if (stream) {
-      EXPECT_EQ(streamed_texts(x), streamed_texts(y)) << b;
-      continue;
-    }
-    const Json a = Json::parse(x.body), p = Json::parse(y.body);
-    ASSERT_EQ(a["choices"].size(), p["choices"].size()) << a;
-    for (size_t i = 0; i < a["choices"].size(); ++i) {
-      EXPECT_EQ(a["choices"][i]["text"], p["choices"][i]["text"]) << b;
-      EXPECT_EQ(a["choices"][i]["finish_reason"], p["choices"][i]["finish_reason"]) << b;
-    }
-  }
+  for (const std::string& b : bodies)
+    expect_same_answer(patient_completion(fast.port(), b), patient_completion(plain.port(), b), b);
   EXPECT_GT(fast.engine().stats().scheduler.spec_drafts, 0);
 }
 
