@@ -457,15 +457,16 @@ void set_d2t(const std::string& dir, const std::function<int64_t(int64_t)>& offs
   }
 }
 
-// The drafter's chain (drafts mapped to target ids and fed to the next pass on the device) against the
-// model driven pass by pass with the mapping on the host, under a d2t that reverses the vocabulary.
+// The drafter's chain (each pass's drafts fed to the next on the device as draft-vocabulary ids, embedded
+// through the draft vocabulary's table) against the model driven pass by pass with target ids from the
+// host, under a d2t that reverses the vocabulary.
 TEST(Eagle3Drafter, ChainEqualsPassByPassOnTheHost) {
   auto backend = make_cpu_backend(CpuBackendOptions{2});
   TinyTarget tiny;
   auto config = eagle3_preset("tiny-gpt-oss-eagle3");
   ASSERT_TRUE(config.is_ok());
   test::TempDir dir;
-  ASSERT_TRUE(write_draft(dir.path(), *config, {true, true, false, false}, small_normal).is_ok());
+  ASSERT_TRUE(write_eagle3_checkpoint(*config, dir.path(), SyntheticOptions{}).is_ok());
   set_d2t(dir.path(), [](int64_t d) { return 1023 - 2 * d; });  // draft id d -> target id 1023 - d
   auto model = Eagle3Model::load(dir.path(), *backend, tiny.target);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();

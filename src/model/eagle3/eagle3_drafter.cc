@@ -59,8 +59,8 @@ Status Eagle3Drafter::run(const BatchView& batch, const TensorView* captured_row
   if (captured_rows) MX_RETURN_IF_ERROR(model_.fuse_captured(*captured_rows, *ws_));
   else MX_RETURN_IF_ERROR(model_.continue_chain(batch.num_tokens, *ws_));
   ++forward_passes_;
-  MX_RETURN_IF_ERROR(model_.forward(batch, kv_.layer(0), *ws_));
-  return model_.to_target_ids(ws_->draft_ids.rows(0, batch.num_logit_rows), drafted);
+  MX_RETURN_IF_ERROR(model_.forward(batch, kv_.layer(0), *ws_, /*draft_vocabulary=*/captured_rows == nullptr));
+  return model_.backend().copy(drafted, ws_->draft_ids.rows(0, batch.num_logit_rows));
 }
 
 Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector<std::vector<int32_t>>* drafts) {
@@ -172,7 +172,7 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
   batch.max_seq_tokens = max_seq_tokens;
   const TensorView captured_rows = up.rows(3 * T + R, 6 * T + R);
   MX_RETURN_IF_ERROR(run(batch, &captured_rows, drafted.rows(0, R)));
-  // The chain: pass j's tokens are pass j - 1's drafts, on the device.
+  // The chain: pass j's tokens are pass j - 1's drafts (draft-vocabulary ids), on the device.
   int64_t at = chain_at;
   for (int64_t j = 1; j < most_drafts; ++j) {
     const int64_t a = active[static_cast<size_t>(j)];
@@ -190,8 +190,11 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
   drafted_host_.resize(static_cast<size_t>(most_drafts * S));
   MX_RETURN_IF_ERROR(b.copy_to_host(drafted_host_.data(), drafted.rows(0, most_drafts * S)));
   for (int64_t c = 0; c < S; ++c)
-    for (int64_t j = 0; j < drafts_of(c); ++j)
-      (*drafts)[order[static_cast<size_t>(c)]].push_back(drafted_host_[static_cast<size_t>(j * S + c)]);
+    for (int64_t j = 0; j < drafts_of(c); ++j) {
+      const int32_t id = model_.target_id(drafted_host_[static_cast<size_t>(j * S + c)]);
+      if (id < 0) return internal_error("EAGLE-3 draft id outside the draft vocabulary");
+      (*drafts)[order[static_cast<size_t>(c)]].push_back(id);
+    }
   return Status::ok();
 }
 

@@ -78,7 +78,7 @@ class Eagle3Drafter {
   Eagle3Drafter(const Eagle3Model& model, const Eagle3DrafterLimits& limits) : model_(model), limits_(limits) {}
   Status allocate();
   // One forward pass: an extend pass fuses the captures at `captured_rows`, a chain pass takes the previous
-  // pass's g; both leave their logit rows' drafts (target ids) in `drafted`.
+  // pass's g and drafts; both leave their logit rows' drafts (draft-vocabulary ids) in `drafted`.
   Status run(const BatchView& batch, const TensorView* captured_rows, TensorView drafted);
 
   const Eagle3Model& model_;
@@ -89,7 +89,7 @@ class Eagle3Drafter {
   // The step's rows of every pass and its page table, uploaded in one copy (each upload synchronizes the
   // stream); grown to the largest step seen (drafts run eagerly, outside graphs).
   Buffer staging_;
-  Buffer drafted_;  // i32 [page_size + 1, max_seqs]: draft j's target ids of the step's sequences at row j
+  Buffer drafted_;  // i32 [page_size + 1, max_seqs]: draft j (draft-vocabulary ids) of the step's sequences at row j
   HiddenObserver observer_;
   // The step on the host, packed as it is uploaded: the extend pass's rows, then each chain pass's.
   struct HostBatch {

@@ -94,11 +94,17 @@ Status Eagle3Model::upload(const Eagle3Target& target) {
     MX_RETURN_IF_ERROR(put(&w.lm_head));
   }
 
+  // The draft vocabulary's embeddings: the embedding op gathers the rows of d2t's target ids.
   const auto Vd = static_cast<int64_t>(draft_to_target_.size());
-  MX_ASSIGN_OR_RETURN(Buffer d2t, backend_.allocate(Vd * 4));
-  draft_to_target_table_ = d2t.view(DType::kI32, {Vd, 1});
-  MX_RETURN_IF_ERROR(backend_.copy_from_host(draft_to_target_table_, draft_to_target_.data()));
-  device_weights_.push_back(std::move(d2t));
+  MX_ASSIGN_OR_RETURN(Buffer ids, backend_.allocate(Vd * 4));
+  const TensorView id_view = ids.view(DType::kI32, {Vd});
+  MX_RETURN_IF_ERROR(backend_.copy_from_host(id_view, draft_to_target_.data()));
+  const DType act = backend_.activation_dtype();
+  MX_ASSIGN_OR_RETURN(Buffer table, backend_.allocate(dtype_bytes(act, Vd * c.hidden_size)));
+  draft_embed_ = table.view(act, {Vd, c.hidden_size});
+  MX_RETURN_IF_ERROR(backend_.embedding(w.embed, id_view, draft_embed_));
+  MX_RETURN_IF_ERROR(backend_.synchronize());  // `ids` goes when this returns
+  device_weights_.push_back(std::move(table));
 
   const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
   rope_scale_ = rope.attention_scale;
@@ -118,13 +124,6 @@ int64_t Eagle3Model::device_weight_bytes() const {
 int32_t Eagle3Model::target_id(int32_t draft_id) const {
   if (draft_id < 0 || draft_id >= static_cast<int32_t>(draft_to_target_.size())) return -1;
   return draft_to_target_[static_cast<size_t>(draft_id)];
-}
-
-// gather_rows moves whole rows bit for bit (CUDA: bytes; CPU: 4-byte words), so a [Vd, 1] i32 table works.
-Status Eagle3Model::to_target_ids(const TensorView& draft_ids, TensorView target_ids) const {
-  const int64_t n = draft_ids.numel();
-  if (target_ids.numel() != n) return invalid_argument("EAGLE-3 to_target_ids: sizes differ");
-  return backend_.gather_rows(draft_to_target_table_, draft_ids, target_ids.reshaped({n, 1}));
 }
 
 Result<std::unique_ptr<Eagle3Workspace>> Eagle3Model::make_workspace(int64_t max_tokens, int64_t max_seqs) const {
@@ -198,7 +197,8 @@ Status Eagle3Model::continue_chain(int64_t rows, Eagle3Workspace& ws) const {
   return backend_.copy(ws.residual.rows(0, rows), ws.next_hidden.rows(0, rows));
 }
 
-Status Eagle3Model::forward(const BatchView& batch, const KvLayerView& kv, Eagle3Workspace& ws) const {
+Status Eagle3Model::forward(const BatchView& batch, const KvLayerView& kv, Eagle3Workspace& ws,
+                            bool draft_vocabulary) const {
   const Eagle3Config& c = config_;
   const int64_t T = batch.num_tokens, R = batch.num_logit_rows, H = c.hidden_size;
   if (T < 1 || T > ws.max_tokens || R > ws.max_seqs)
@@ -210,7 +210,7 @@ Status Eagle3Model::forward(const BatchView& batch, const KvLayerView& kv, Eagle
 
   // x = [input_layernorm(embed(t)) | hidden_norm(h)]: the two norms land in row blocks of `halves`, one
   // gather interleaves them into rows of 2H.
-  MX_RETURN_IF_ERROR(b.embedding(weights_.embed, batch.token_ids, ws.embedded.rows(0, T)));
+  MX_RETURN_IF_ERROR(b.embedding(draft_vocabulary ? draft_embed_ : weights_.embed, batch.token_ids, ws.embedded.rows(0, T)));
   MX_RETURN_IF_ERROR(b.rms_norm(ws.embedded.rows(0, T), weights_.input_norm, eps, ws.halves.rows(0, T)));
   MX_RETURN_IF_ERROR(b.rms_norm(residual, weights_.hidden_norm, eps, ws.halves.rows(ws.max_tokens, ws.max_tokens + T)));
   TensorView x = ws.x.rows(0, T);

@@ -93,13 +93,12 @@ class Eagle3Model {
   Status continue_chain(int64_t rows, Eagle3Workspace& ws) const;
   // Runs the layer over `batch` (its token ids are each row's next token, embedded; its hidden input is in
   // ws.residual), writing the draft KV at every row's position through the batch's page table 0; for the
-  // batch's logit rows leaves the greedy draft ids in ws.draft_ids and g in ws.next_hidden.
-  Status forward(const BatchView& batch, const KvLayerView& kv, Eagle3Workspace& ws) const;
+  // batch's logit rows leaves the greedy draft ids in ws.draft_ids and g in ws.next_hidden. With
+  // `draft_vocabulary` the token ids are draft-vocabulary ids (a chain pass fed the previous pass's drafts
+  // as they are, with no round trip through the host to map them), else target ids.
+  Status forward(const BatchView& batch, const KvLayerView& kv, Eagle3Workspace& ws, bool draft_vocabulary = false) const;
   // The target vocabulary's id of a draft-vocabulary id (d2t), or -1 outside the draft vocabulary.
   int32_t target_id(int32_t draft_id) const;
-  // target_ids[i] = target_id(draft_ids[i]) on the backend (i32 [n] each; the ids come from the draft's own
-  // argmax, so they are in range): the chain feeds a pass's drafts to the next without a host round trip.
-  Status to_target_ids(const TensorView& draft_ids, TensorView target_ids) const;
 
  private:
   Eagle3Model(Eagle3Config config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
@@ -115,7 +114,9 @@ class Eagle3Model {
   Eagle3Weights weights_;                   // host views after binding, backend views after upload
   TensorView lm_head_scale_;                // f32 [Vd] when the target's fp8 lm_head is used
   std::vector<int32_t> draft_to_target_;    // [Vd]
-  TensorView draft_to_target_table_;        // i32 [Vd, 1] in backend memory: d2t as rows for gather_rows
+  // [Vd, H] activation dtype: row d = the embedding of target_id(d) (built with the embedding op at load;
+  // 184 MB for the published gpt-oss drafts), so a chain pass embeds draft ids directly.
+  TensorView draft_embed_;
   TensorView inv_freq_;                     // f32 [head_dim / 2]
   float rope_scale_ = 1.0f;
 };
