@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
+#include "backend/cuda/kernels/head_rows.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -111,20 +112,8 @@ __global__ void __launch_bounds__(kThreads) qkv_norms_kernel(QkvNormKernelParams
   const uint16_t* weight = h < p.n_q ? p.q_norm : h < p.n_q + p.n_kv ? p.k_norm : nullptr;
   uint4* x = reinterpret_cast<uint4*>(p.qkv + row * p.head_dim);
   float v[kMaxNormChunks][8];
-  float sum_sq = 0.f;
-#pragma unroll
-  for (int c = 0; c < kMaxNormChunks; ++c) {
-    const int64_t i = lane + 32 * c;
-    if (i >= chunks) break;
-    const uint4 a = x[i];
-    const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      v[c][j] = bf16_bits_to_f32(as[j]);
-      sum_sq += v[c][j] * v[c][j];
-    }
-  }
-  const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(p.head_dim) + p.eps);
+  const float sum_sq = load_head_row(p.qkv + row * p.head_dim, static_cast<int>(chunks), v);
+  const float inv = rsqrtf(sum_sq / static_cast<float>(p.head_dim) + p.eps);
 #pragma unroll
   for (int c = 0; c < kMaxNormChunks; ++c) {
     const int64_t i = lane + 32 * c;

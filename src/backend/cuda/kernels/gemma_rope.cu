@@ -5,8 +5,8 @@
 // shared memory for the half rotation's partner elements, and writes 16 bytes per lane access. cos/sin as
 // rope.cu computes them (fp32 angle, precise sincosf); v heads are normed and copied, not rotated.
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
+#include "backend/cuda/kernels/head_rows.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -24,39 +24,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemma_qkv_norm_rope_kernel(GemmaQ
   pdl_wait();  // qkv comes from the projection before; positions and pages from the step's staging
   pdl_launch_dependents();
   const int32_t pos = p.kv.positions[t];
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(static_cast<float>(pos) * p.inv_freq[i], &s, &c);
-    cos_t[i] = c * p.rope_scale;
-    sin_t[i] = s * p.rope_scale;
-  }
+  rope_table(cos_t, sin_t, half, pos, p.inv_freq, p.rope_scale);
   __syncthreads();  // the last barrier: warps whose head is past the end may leave below
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = static_cast<int>(blockIdx.y) * kWarps + warp;
   if (h >= heads) return;
-  const int32_t seq = p.kv.token_seq[t];
-  const int64_t logical = pos / p.kv.page_size;
-  int64_t page = -1;
-  if (pos >= 0 && logical < p.kv.max_pages) page = p.kv.page_table[seq * p.kv.max_pages + logical];
-  const bool cache_ok = page >= 0 && page < p.kv.num_pages;
-  const int64_t slot = ((cache_ok ? page : 0) * p.kv.page_size + pos % p.kv.page_size) * p.n_kv;
+  const int64_t slot = kv_row(p.kv, t, pos, p.n_kv);
+  const bool cache_ok = slot >= 0;
 
-  const uint4* x = reinterpret_cast<const uint4*>(p.qkv + (t * heads + h) * hd);
   float v[kMaxChunks][8];
-  float sum_sq = 0.f;
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    const int i = lane + 32 * c;
-    if (i >= chunks) break;
-    const uint4 a = x[i];
-    const uint16_t* as = reinterpret_cast<const uint16_t*>(&a);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      v[c][j] = bf16_bits_to_f32(as[j]);
-      sum_sq += v[c][j] * v[c][j];
-    }
-  }
-  const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(hd) + p.eps);
+  const float sum_sq = load_head_row(p.qkv + (t * heads + h) * hd, chunks, v);
+  const float inv = rsqrtf(sum_sq / static_cast<float>(hd) + p.eps);
   const bool is_q = h < p.n_q, is_k = !is_q && h < p.n_q + p.n_kv;
   const uint16_t* weight = is_q ? p.q_norm : is_k ? p.k_norm : nullptr;
   float* row = normed[warp];

@@ -8,8 +8,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kernels/common.cuh"
-#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/head_rows.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -25,20 +24,10 @@ __global__ void __launch_bounds__(kPairsPerCta) qkv_rope_kernel(RopeParams p, in
   const int hd = static_cast<int>(p.head_dim), half = hd / 2;
   const int n_q = static_cast<int>(p.n_q), n_kv = static_cast<int>(p.n_kv);
   const int32_t pos = p.kv.positions[t];
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float angle = static_cast<float>(pos) * p.inv_freq[i];
-    float s, c;
-    sincosf(angle, &s, &c);
-    cos_t[i] = c * p.rope_scale;
-    sin_t[i] = s * p.rope_scale;
-  }
+  rope_table(cos_t, sin_t, half, pos, p.inv_freq, p.rope_scale);
   __syncthreads();
-  const int32_t seq = p.kv.token_seq[t];
-  const int64_t logical = pos / p.kv.page_size;
-  int64_t page = -1;
-  if (pos >= 0 && logical < p.kv.max_pages) page = p.kv.page_table[seq * p.kv.max_pages + logical];
-  const bool cache_ok = page >= 0 && page < p.kv.num_pages;
-  const int64_t slot = ((cache_ok ? page : 0) * p.kv.page_size + pos % p.kv.page_size) * p.n_kv;
+  const int64_t slot = kv_row(p.kv, t, pos, p.n_kv);
+  const bool cache_ok = slot >= 0;
   const uint16_t* row = p.qkv + t * (p.n_q + 2 * p.n_kv) * hd;
   // Heads in qkv order: n_q query heads, n_kv key heads (both rotated), n_kv value heads (copied).
   const int first = static_cast<int>(blockIdx.y) * heads_per_cta;
