@@ -3,31 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include "io/json_fields.h"
+#include "model/gemma4/gemma4_config_json.h"
 
 namespace mx {
-namespace {
 
 using nlohmann::json;
-
-Status parse_rope(const json& params, const char* layer_type, const std::string& where, Gemma4Rope* rope) {
-  auto it = params.find(layer_type);
-  if (it == params.end() || it->is_null()) return Status::ok();
-  const std::string here = where + "." + layer_type;
-  if (!it->is_object()) return invalid_argument(here + " must be an object");
-  JsonFieldReader r(*it, here);
-  MX_RETURN_IF_ERROR(r.optional_double("rope_theta", &rope->theta));
-  std::string type = "default";
-  if (auto t = it->find("rope_type"); t != it->end() && t->is_string()) type = t->get<std::string>();
-  if (type == "default") rope->partial_rotary_factor = 1.0;
-  else if (type == "proportional") MX_RETURN_IF_ERROR(r.optional_double("partial_rotary_factor", &rope->partial_rotary_factor));
-  else return unimplemented(here + ": rope_type '" + type + "' is not supported (default, proportional)");
-  if (rope->theta <= 0) return invalid_argument(here + ": rope_theta must be > 0");
-  if (rope->partial_rotary_factor <= 0 || rope->partial_rotary_factor > 1)
-    return invalid_argument(here + ": partial_rotary_factor must be in (0, 1]");
-  return Status::ok();
-}
-
-}  // namespace
 
 Result<Gemma4AssistantConfig> parse_gemma4_assistant_config(const std::string& text_json, const std::string& source) {
   MX_ASSIGN_OR_RETURN(json root, parse_json_object(text_json, source));
@@ -62,60 +42,15 @@ Result<Gemma4AssistantConfig> parse_gemma4_assistant_config(const std::string& t
   bool moe = false;
   MX_RETURN_IF_ERROR(r.optional_bool("enable_moe_block", &moe));
   if (moe) return unimplemented(where + ": enable_moe_block (experts in an assistant) is not supported");
-  int64_t per_layer_input = 0;
-  MX_RETURN_IF_ERROR(r.optional_int("hidden_size_per_layer_input", &per_layer_input, 0));
-  if (per_layer_input != 0) return unimplemented(where + ": hidden_size_per_layer_input (per-layer embeddings) is not supported");
-  bool double_wide = false;
-  MX_RETURN_IF_ERROR(r.optional_bool("use_double_wide_mlp", &double_wide));
-  if (double_wide) return unimplemented(where + ": use_double_wide_mlp is not supported");
-  bool bias = false;
-  MX_RETURN_IF_ERROR(r.optional_bool("attention_bias", &bias));
-  if (bias) return unimplemented(where + ": attention_bias is not supported");
-  if (auto act = text.find("hidden_activation"); act != text.end() && !act->is_null() && *act != "gelu_pytorch_tanh")
-    return unimplemented(where + ": hidden_activation " + act->dump() + " is not supported (gelu_pytorch_tanh)");
-
-  c.layer_is_sliding.resize(static_cast<size_t>(c.num_layers));
-  auto types = text.find("layer_types");
-  if (types == text.end() || !types->is_array() || types->size() != static_cast<size_t>(c.num_layers))
-    return invalid_argument(where + ": layer_types must be an array of num_hidden_layers entries");
-  for (size_t i = 0; i < types->size(); ++i) {
-    const json& t = (*types)[i];
-    if (t == "sliding_attention") c.layer_is_sliding[i] = true;
-    else if (t == "full_attention") c.layer_is_sliding[i] = false;
-    else return invalid_argument(where + ": layer_types[" + std::to_string(i) + "] must be sliding_attention or full_attention");
-  }
-  // Head dims: `head_dim` on sliding layers, `global_head_dim` (released spelling) or a per_layer_config
-  // override (transformers 5.x) on full ones.
-  int64_t head_dim = 0, global_head_dim = 0;
-  MX_RETURN_IF_ERROR(r.required_int("head_dim", &head_dim, 2));
-  global_head_dim = head_dim;
-  MX_RETURN_IF_ERROR(r.optional_int("global_head_dim", &global_head_dim, 2));
-  c.layer_head_dim.assign(static_cast<size_t>(c.num_layers), head_dim);
-  for (size_t l = 0; l < c.layer_is_sliding.size(); ++l)
-    if (!c.layer_is_sliding[l]) c.layer_head_dim[l] = global_head_dim;
-  if (auto per = text.find("per_layer_config"); per != text.end() && !per->is_null()) {
-    if (!per->is_object()) return invalid_argument(where + ": per_layer_config must be an object");
-    for (const auto& [key, entry] : per->items()) {
-      const std::string here = where + " per_layer_config." + key;
-      size_t layer = 0, used = 0;
-      try {
-        layer = std::stoul(key, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != key.size() || key.empty() || layer >= c.layer_is_sliding.size())
-        return invalid_argument(here + ": the key must be a layer index below num_hidden_layers");
-      if (!entry.is_object()) return invalid_argument(here + " must be an object");
-      MX_RETURN_IF_ERROR(JsonFieldReader(entry, here).optional_int("head_dim", &c.layer_head_dim[layer], 2));
-    }
-  }
+  MX_RETURN_IF_ERROR(check_gemma4_refused_features(text, where));
+  // The layout fields as the target's parser reads them, less the KV heads (no K/V projections here) and
+  // without transformers' default layer pattern (an assistant lists its layer types).
+  MX_RETURN_IF_ERROR(parse_gemma4_layer_types(text, c.num_layers, /*default_pattern=*/false, where, &c.layer_is_sliding));
+  MX_RETURN_IF_ERROR(parse_gemma4_layer_geometry(text, c.layer_is_sliding, where, &c.layer_head_dim, nullptr));
   for (size_t l = 0; l < c.layer_head_dim.size(); ++l)
     if (c.layer_head_dim[l] % 2 != 0)
       return invalid_argument(where + ": layer " + std::to_string(l) + ": head_dim must be even for RoPE");
-  auto rope = text.find("rope_parameters");
-  if (rope == text.end() || !rope->is_object()) return invalid_argument(where + ": missing field 'rope_parameters'");
-  MX_RETURN_IF_ERROR(parse_rope(*rope, "sliding_attention", where + " rope_parameters", &c.sliding_rope));
-  MX_RETURN_IF_ERROR(parse_rope(*rope, "full_attention", where + " rope_parameters", &c.full_rope));
+  MX_RETURN_IF_ERROR(parse_gemma4_rope_parameters(text, where, &c.sliding_rope, &c.full_rope));
   return c;
 }
 

@@ -1,8 +1,11 @@
 #include "model/gemma4/gemma4_config.h"
 
+#include <stdexcept>
+
 #include <nlohmann/json.hpp>
 
 #include "io/json_fields.h"
+#include "model/gemma4/gemma4_config_json.h"
 
 namespace mx {
 namespace {
@@ -31,66 +34,91 @@ Status parse_rope_entry(const json& params, const char* layer_type, const std::s
   return Status::ok();
 }
 
-// The full layers' head dim and KV heads: released `global_head_dim` / `num_global_key_value_heads`, or
-// transformers 5.x's per_layer_config overrides (any layer may be overridden; missing entries keep the
-// sliding values, as transformers does).
-Status parse_layer_geometry(const json& text, const JsonFieldReader& r, const std::string& source, Gemma4Config* c) {
-  int64_t head_dim = 0, kv_heads = 0;
+}  // namespace
+
+Status check_gemma4_refused_features(const json& text, const std::string& where) {
+  JsonFieldReader r(text, where);
+  int64_t per_layer_input = 0;
+  MX_RETURN_IF_ERROR(r.optional_int("hidden_size_per_layer_input", &per_layer_input, 0));
+  if (per_layer_input != 0)
+    return unimplemented(where + ": hidden_size_per_layer_input != 0 (per-layer embeddings, E-series Gemma-4) is not supported");
+  bool double_wide = false;
+  MX_RETURN_IF_ERROR(r.optional_bool("use_double_wide_mlp", &double_wide));
+  if (double_wide) return unimplemented(where + ": use_double_wide_mlp is not supported");
+  bool bias = false;
+  MX_RETURN_IF_ERROR(r.optional_bool("attention_bias", &bias));
+  if (bias) return unimplemented(where + ": attention_bias is not supported (Gemma-4 has none)");
+  if (auto it = text.find("hidden_activation"); it != text.end() && !it->is_null() && *it != "gelu_pytorch_tanh")
+    return unimplemented(where + ": hidden_activation " + it->dump() + " is not supported (gelu_pytorch_tanh)");
+  return Status::ok();
+}
+
+Status parse_gemma4_layer_types(const json& text, int64_t num_layers, bool default_pattern, const std::string& where,
+                                std::vector<bool>* sliding) {
+  sliding->assign(static_cast<size_t>(num_layers), true);
+  auto it = text.find("layer_types");
+  if ((it == text.end() || it->is_null()) && default_pattern) {
+    for (int64_t i = 0; i < num_layers; ++i) (*sliding)[static_cast<size_t>(i)] = (i + 1) % 6 != 0;
+    sliding->back() = false;
+    return Status::ok();
+  }
+  if (it == text.end() || !it->is_array() || it->size() != static_cast<size_t>(num_layers))
+    return invalid_argument(where + ": layer_types must be an array of num_hidden_layers entries");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& t = (*it)[i];
+    if (t == "sliding_attention") (*sliding)[i] = true;
+    else if (t == "full_attention") (*sliding)[i] = false;
+    else return invalid_argument(where + ": layer_types[" + std::to_string(i) + "] must be sliding_attention or full_attention");
+  }
+  return Status::ok();
+}
+
+Status parse_gemma4_layer_geometry(const json& text, const std::vector<bool>& sliding, const std::string& where,
+                                   std::vector<int64_t>* head_dims, std::vector<int64_t>* kv_heads) {
+  JsonFieldReader r(text, where);
+  int64_t head_dim = 0, kv = 0;
   MX_RETURN_IF_ERROR(r.required_int("head_dim", &head_dim, 2));
-  MX_RETURN_IF_ERROR(r.required_int("num_key_value_heads", &kv_heads, 1));
-  int64_t global_head_dim = head_dim, global_kv_heads = kv_heads;
+  if (kv_heads) MX_RETURN_IF_ERROR(r.required_int("num_key_value_heads", &kv, 1));
+  int64_t global_head_dim = head_dim, global_kv = kv;
   MX_RETURN_IF_ERROR(r.optional_int("global_head_dim", &global_head_dim, 2));
-  MX_RETURN_IF_ERROR(r.optional_int("num_global_key_value_heads", &global_kv_heads, 1));
-  const size_t L = static_cast<size_t>(c->num_layers);
-  c->layer_head_dim.assign(L, head_dim);
-  c->layer_kv_heads.assign(L, kv_heads);
+  if (kv_heads) MX_RETURN_IF_ERROR(r.optional_int("num_global_key_value_heads", &global_kv, 1));
+  const size_t L = sliding.size();
+  head_dims->assign(L, head_dim);
+  if (kv_heads) kv_heads->assign(L, kv);
   for (size_t l = 0; l < L; ++l)
-    if (!c->layer_is_sliding[l]) {
-      c->layer_head_dim[l] = global_head_dim;
-      c->layer_kv_heads[l] = global_kv_heads;
+    if (!sliding[l]) {
+      (*head_dims)[l] = global_head_dim;
+      if (kv_heads) (*kv_heads)[l] = global_kv;
     }
   auto it = text.find("per_layer_config");
   if (it == text.end() || it->is_null()) return Status::ok();
-  if (!it->is_object()) return invalid_argument(source + ": per_layer_config must be an object");
+  if (!it->is_object()) return invalid_argument(where + ": per_layer_config must be an object");
   for (const auto& [key, entry] : it->items()) {
-    const std::string where = source + " per_layer_config." + key;
+    const std::string here = where + " per_layer_config." + key;
     size_t layer = 0;
     try {
       size_t used = 0;
       layer = std::stoul(key, &used);
       if (used != key.size()) throw std::invalid_argument(key);
     } catch (const std::exception&) {
-      return invalid_argument(where + ": the key must be a layer index");
+      return invalid_argument(here + ": the key must be a layer index");
     }
-    if (layer >= L) return invalid_argument(where + ": layer index out of range");
-    if (!entry.is_object()) return invalid_argument(where + " must be an object");
-    JsonFieldReader er(entry, where);
-    MX_RETURN_IF_ERROR(er.optional_int("head_dim", &c->layer_head_dim[layer], 2));
-    MX_RETURN_IF_ERROR(er.optional_int("num_key_value_heads", &c->layer_kv_heads[layer], 1));
+    if (layer >= L) return invalid_argument(here + ": layer index out of range");
+    if (!entry.is_object()) return invalid_argument(here + " must be an object");
+    JsonFieldReader er(entry, here);
+    MX_RETURN_IF_ERROR(er.optional_int("head_dim", &(*head_dims)[layer], 2));
+    if (kv_heads) MX_RETURN_IF_ERROR(er.optional_int("num_key_value_heads", &(*kv_heads)[layer], 1));
   }
   return Status::ok();
 }
 
-Status check_refused_features(const JsonFieldReader& r, const std::string& source) {
-  const std::pair<const char*, const char*> zero_fields[] = {
-      {"hidden_size_per_layer_input", "per-layer embeddings"},
-      {"num_kv_shared_layers", "KV-shared layers"},
-  };
-  for (const auto& [key, what] : zero_fields) {
-    int64_t v = 0;
-    MX_RETURN_IF_ERROR(r.optional_int(key, &v, 0));
-    if (v != 0) return unimplemented(source + ": " + key + " != 0 (" + what + ", E-series Gemma-4) is not supported");
-  }
-  bool double_wide = false;
-  MX_RETURN_IF_ERROR(r.optional_bool("use_double_wide_mlp", &double_wide));
-  if (double_wide) return unimplemented(source + ": use_double_wide_mlp is not supported");
-  bool bias = false;
-  MX_RETURN_IF_ERROR(r.optional_bool("attention_bias", &bias));
-  if (bias) return unimplemented(source + ": attention_bias is not supported (Gemma-4 has none)");
-  return Status::ok();
+Status parse_gemma4_rope_parameters(const json& text, const std::string& where, Gemma4Rope* sliding, Gemma4Rope* full) {
+  auto it = text.find("rope_parameters");
+  if (it == text.end() || it->is_null()) return invalid_argument(where + ": missing field 'rope_parameters'");
+  if (!it->is_object()) return invalid_argument(where + ": rope_parameters must be an object");
+  MX_RETURN_IF_ERROR(parse_rope_entry(*it, "sliding_attention", where + " rope_parameters", sliding));
+  return parse_rope_entry(*it, "full_attention", where + " rope_parameters", full);
 }
-
-}  // namespace
 
 int64_t Gemma4Config::global_head_dim() const {
   for (size_t l = 0; l < layer_is_sliding.size(); ++l)
@@ -127,7 +155,11 @@ Result<Gemma4Config> parse_gemma4_config(const std::string& text_json, const std
     where = source + " text_config";
   }
   JsonFieldReader r(*text, where);
-  MX_RETURN_IF_ERROR(check_refused_features(r, where));
+  MX_RETURN_IF_ERROR(check_gemma4_refused_features(*text, where));
+  int64_t kv_shared = 0;
+  MX_RETURN_IF_ERROR(r.optional_int("num_kv_shared_layers", &kv_shared, 0));
+  if (kv_shared != 0)
+    return unimplemented(where + ": num_kv_shared_layers != 0 (KV-shared layers, E-series Gemma-4) is not supported");
   MX_RETURN_IF_ERROR(r.required_int("vocab_size", &c.vocab_size, 1));
   MX_RETURN_IF_ERROR(r.required_int("hidden_size", &c.hidden_size, 1));
   MX_RETURN_IF_ERROR(r.required_int("intermediate_size", &c.intermediate_size, 1));
@@ -145,40 +177,17 @@ Result<Gemma4Config> parse_gemma4_config(const std::string& text_json, const std
     MX_RETURN_IF_ERROR(r.required_int("moe_intermediate_size", &c.moe_intermediate_size, 1));
     if (c.experts_per_token > c.num_experts) return invalid_argument(where + ": top_k_experts exceeds num_experts");
   }
-  if (auto it = text->find("hidden_activation"); it != text->end() && !it->is_null() && *it != "gelu_pytorch_tanh")
-    return unimplemented(where + ": hidden_activation " + it->dump() + " is not supported (gelu_pytorch_tanh)");
   bool tied = true;
   MX_RETURN_IF_ERROR(r.optional_bool("tie_word_embeddings", &tied));
   if (!tied) return unimplemented(where + ": tie_word_embeddings false is not supported (Gemma-4 ties lm_head)");
   if (c.rms_norm_eps <= 0) return invalid_argument(where + ": rms_norm_eps must be > 0");
   if (c.final_logit_softcap < 0) return invalid_argument(where + ": final_logit_softcapping must be >= 0");
 
-  // layer_types when given; otherwise transformers' default pattern (every sixth layer full) with the last
-  // layer forced to full attention.
-  c.layer_is_sliding.resize(static_cast<size_t>(c.num_layers));
-  if (auto it = text->find("layer_types"); it != text->end() && !it->is_null()) {
-    if (!it->is_array() || it->size() != static_cast<size_t>(c.num_layers))
-      return invalid_argument(where + ": layer_types must be an array of num_hidden_layers entries");
-    for (size_t i = 0; i < it->size(); ++i) {
-      const json& t = (*it)[i];
-      if (t == "sliding_attention") c.layer_is_sliding[i] = true;
-      else if (t == "full_attention") c.layer_is_sliding[i] = false;
-      else return invalid_argument(where + ": layer_types[" + std::to_string(i) + "] must be sliding_attention or full_attention");
-    }
-  } else {
-    for (int64_t i = 0; i < c.num_layers; ++i) c.layer_is_sliding[static_cast<size_t>(i)] = (i + 1) % 6 != 0;
-    c.layer_is_sliding.back() = false;
-  }
-  MX_RETURN_IF_ERROR(parse_layer_geometry(*text, r, where, &c));
-
+  // layer_types when given; otherwise transformers' default pattern.
+  MX_RETURN_IF_ERROR(parse_gemma4_layer_types(*text, c.num_layers, /*default_pattern=*/true, where, &c.layer_is_sliding));
+  MX_RETURN_IF_ERROR(parse_gemma4_layer_geometry(*text, c.layer_is_sliding, where, &c.layer_head_dim, &c.layer_kv_heads));
   c.full_rope = {1000000.0, 1.0};
-  if (auto it = text->find("rope_parameters"); it != text->end() && !it->is_null()) {
-    if (!it->is_object()) return invalid_argument(where + ": rope_parameters must be an object");
-    MX_RETURN_IF_ERROR(parse_rope_entry(*it, "sliding_attention", where + " rope_parameters", &c.sliding_rope));
-    MX_RETURN_IF_ERROR(parse_rope_entry(*it, "full_attention", where + " rope_parameters", &c.full_rope));
-  } else {
-    return invalid_argument(where + ": missing field 'rope_parameters'");
-  }
+  MX_RETURN_IF_ERROR(parse_gemma4_rope_parameters(*text, where, &c.sliding_rope, &c.full_rope));
 
   // Every layer's geometry must be usable, and the full layers must agree with each other (one KV group).
   for (size_t l = 0; l < c.layer_is_sliding.size(); ++l) {
