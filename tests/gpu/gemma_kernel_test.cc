@@ -1,17 +1,20 @@
 // The CUDA ops Gemma-4 adds against their CPU twins: soft-cap, GeGLU, the layer scalar, the weightless norm,
 // per-head q/k/v norms, the fused norms between a layer's blocks, the fused router (norm, logits, top-k, softmax, per-expert scale) and the bf16 GeGLU
-// experts at decode (8-token tiles) and prefill (64-token tiles). Fresh random inputs, poisoned outputs,
-// odd sizes (partial vectors, strips and k chunks).
+// experts at decode (8-token tiles, both the register-load and the bulk-copy kernels) and prefill (64-token
+// tiles). Fresh random inputs, poisoned outputs, odd sizes (partial vectors, strips and k chunks).
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
 #include "gpu_test_util.h"
 
 namespace mx::gpu_test {
@@ -267,21 +270,47 @@ struct GegluCase {
   bool hot;  // expert 0 in every token's top-k (one expert with many tiles)
 };
 
+// bf16 bits of ~N(0, stddev) (a sum of four 16-bit uniforms per 64-bit draw): the 26B-A4B expert tables
+// are 761M values, which normal_distribution on mt19937 took ~20 s to draw per case.
+std::vector<uint16_t> quick_random_bf16(std::mt19937_64& rng, int64_t n, float stddev) {
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  const float scale = stddev * 1.7320508075688772f;  // each uniform has variance 1/12: sum of 4 -> 1/3
+  for (auto& b : bits) {
+    const uint64_t r = rng();
+    const auto sum = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
+    b = f32_to_bf16(((sum + 2.0f) * 0x1.0p-16f - 2.0f) * scale);
+  }
+  return bits;
+}
+
+// One model's expert tables on both backends.
+struct GegluExpertTables {
+  TensorView gu_c, gu_g, dn_c, dn_g;
+};
+GegluExpertTables upload_geglu_experts(Arena& cpu, Arena& cuda, std::mt19937_64& rng, int64_t e, int64_t h,
+                                       int64_t i) {
+  const std::vector<uint16_t> gu = quick_random_bf16(rng, e * 2 * i * h, 0.05f), dn = quick_random_bf16(rng, e * h * i, 0.05f);
+  return {cpu.upload(DType::kBF16, {e, 2 * i, h}, gu.data()), cuda.upload(DType::kBF16, {e, 2 * i, h}, gu.data()),
+          cpu.upload(DType::kBF16, {e, h, i}, dn.data()), cuda.upload(DType::kBF16, {e, h, i}, dn.data())};
+}
+
 TEST_F(GemmaKernelTest, MoeGegluExperts) {
   // 26B-A4B's shapes at decode (1 and 4 tokens: <= 32 slots, self-routed with the combine fused; 5 and 33
   // tokens: routing metadata, 8-token tiles, k split); the tiny fixture's; odd sizes (I
   // and H not multiples of 64, H % 16 != 0: partial strips and k chunks); prefill with 64-token tiles
-  // (slots >= 32 per expert), a hot expert spanning many tiles.
+  // (slots >= 32 per expert), a hot expert spanning many tiles. The 26B cases share one set of expert
+  // tables (1.5 GB; their routings and inputs are fresh per case).
+  std::mt19937_64 table_rng(rng_());
+  std::map<std::tuple<int64_t, int64_t, int64_t>, GegluExpertTables> tables;
   for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 1, false}, GegluCase{128, 2816, 704, 8, 4, true},
                              GegluCase{128, 2816, 704, 8, 5, false},
                              GegluCase{128, 2816, 704, 8, 33, true}, GegluCase{6, 64, 32, 3, 7, false},
                              GegluCase{9, 264, 200, 3, 11, false}, GegluCase{8, 264, 200, 2, 300, true},
                              GegluCase{16, 512, 256, 4, 600, false}, GegluCase{4, 128, 72, 4, 130, false}}) {
-    Bf16Data gu = random_bf16(rng_, c.e * 2 * c.i * c.h, 0.05f), dn = random_bf16(rng_, c.e * c.h * c.i, 0.05f);
-    TensorView gu_c = cpu_.upload(DType::kBF16, {c.e, 2 * c.i, c.h}, gu.bits.data()),
-               gu_g = cuda_.upload(DType::kBF16, {c.e, 2 * c.i, c.h}, gu.bits.data());
-    TensorView dn_c = cpu_.upload(DType::kBF16, {c.e, c.h, c.i}, dn.bits.data()),
-               dn_g = cuda_.upload(DType::kBF16, {c.e, c.h, c.i}, dn.bits.data());
+    const auto key = std::make_tuple(c.e, c.h, c.i);
+    if (!tables.count(key)) tables.emplace(key, upload_geglu_experts(cpu_, cuda_, table_rng, c.e, c.h, c.i));
+    const GegluExpertTables& w = tables.at(key);
+    const TensorView &gu_c = w.gu_c, &gu_g = w.gu_g, &dn_c = w.dn_c, &dn_g = w.dn_g;
     std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k));
     std::vector<float> weights(ids.size());
     std::vector<int32_t> order(static_cast<size_t>(c.e));
@@ -298,16 +327,34 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
     Pair px = upload_activation(cpu_, cuda_, x, {c.t, c.h});
     TensorView id_c = cpu_.upload(DType::kI32, {c.t, c.k}, ids.data()), id_g = cuda_.upload(DType::kI32, {c.t, c.k}, ids.data());
     Pair pwt = f32_pair(weights, {c.t, c.k});
-    TensorView o_c = cpu_.make(DType::kF32, {c.t, c.h}), o_g = cuda_.make(DType::kBF16, {c.t, c.h});
+    TensorView o_c = cpu_.make(DType::kF32, {c.t, c.h});
     ASSERT_TRUE(cpu_backend().moe_geglu_experts({px.cpu, id_c, pwt.cpu, gu_c, dn_c, o_c, c.k}).is_ok());
-    const Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_g, c.k});
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const std::vector<float> want = cpu_.download_f32(o_c);
     const bool prefill = c.t * c.k >= 32 * c.e, self_routed = c.t * c.k <= 32;
-    check("moe_geglu_experts", dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
-                                   (c.hot ? " hot expert" : "") + (prefill       ? " (grouped, 64-token tiles)"
-                                    : self_routed ? " (self-routed, fused combine)"
-                                                  : " (8-token tiles)"),
-          cuda_.download_f32(o_g), cpu_.download_f32(o_c), 1e-2);
+    const std::string what = dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
+                             (c.hot ? " hot expert" : "") +
+                             (prefill ? " (grouped, 64-token tiles)" : self_routed ? " (self-routed, fused combine)"
+                                                                                   : " (8-token tiles)");
+    // Both decode kernels on 8-token tiles; a token's row alone equals its row in the batch, bit for bit.
+    for (const auto& [decode, name] : {std::pair{CudaBf16ExpertsDecode::kRegisterLoads, ", register loads"},
+                                       std::pair{CudaBf16ExpertsDecode::kBulkCopies, ", bulk copies"}}) {
+      if (prefill && decode == CudaBf16ExpertsDecode::kBulkCopies) continue;  // one grouped kernel
+      ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
+      TensorView o_g = cuda_.make(DType::kBF16, {c.t, c.h}), one_g = cuda_.make(DType::kBF16, {1, c.h});
+      Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_g, c.k});
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      const std::vector<float> got = cuda_.download_f32(o_g);
+      check("moe_geglu_experts", what + (prefill ? "" : name), got, want, 1e-2);
+      if (prefill || c.t == 1) continue;
+      st = cuda_backend().moe_geglu_experts({px.cuda.rows(0, 1), id_g.rows(0, 1), pwt.cuda.rows(0, 1),
+                                             gu_g, dn_g, one_g, c.k});
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      const bool same = cuda_.download_f32(one_g) == std::vector<float>(got.begin(), got.begin() + c.h);
+      record("moe_geglu_experts batch independence", what + name + (same ? ": token 0 alone identical" : ": DIFFER"),
+             same ? 0 : 1, 0, 0, same);
+      EXPECT_TRUE(same);
+    }
+    ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {}).is_ok());
   }
 }
 

@@ -647,7 +647,12 @@ class CudaBackend final : public Backend {
     g.top_k = k;
     g.max_tiles = max_tiles;
     g.tile_tokens = tile_tokens;
-    // Decode: a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
+    const CudaBf16ExpertsDecode decode = options_.bf16_experts.decode;
+    if (decode == CudaBf16ExpertsDecode::kBulkCopies && dev_.sm_major < 9)
+      return unimplemented("bf16 experts: the bulk-copy decode kernels need sm_90 or later");
+    g.bulk_copies = decode == CudaBf16ExpertsDecode::kBulkCopies ||
+                    (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major >= 9);
+    // Decode (register loads): a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
     auto k_split = [&](int64_t kdim) {
       return tile_tokens == 8 ? static_cast<int>(std::clamp<int64_t>((kdim + 63) / 64 / 8, 1, 8)) : 1;
     };
@@ -1029,6 +1034,12 @@ Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOp
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention) {
   MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
   options->attention = attention;
+  return Status::ok();
+}
+
+Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->bf16_experts = bf16_experts;
   return Status::ok();
 }
 

@@ -53,11 +53,20 @@ struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
 };
 
+// Which decode GEMMs Gemma-4's bf16 GeGLU experts run on 8-token tiles: kAuto = the bulk-copy kernels where
+// the device has the copy engine (sm_90+, moe_bf16_bulk.cu), else the register-load ones (moe_bf16.cu);
+// forced by tests and benchmarks to compare the two. kBulkCopies below sm_90 is an error.
+enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies };
+struct CudaBf16ExpertsOptions {
+  CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
+};
+
 // Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.
 struct CudaBackendOptions {
   CudaMoeOptions moe;
   CudaSkinnyLinearOptions skinny_linear;
   CudaAttentionOptions attention;
+  CudaBf16ExpertsOptions bf16_experts;
 };
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options = {});
@@ -66,6 +75,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackend
 Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe);
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny);
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention);
+Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts);
 
 // A CUDA backend's device ordinal and stream (cudaStream_t), for the collectives that run on its stream.
 struct CudaPlacement {

@@ -1,5 +1,5 @@
 // Parameter structs and launchers of the kernels Gemma-4 adds (gemma_ops.cu, gemma_norms.cu, gemma_router.cu,
-// moe_bf16.cu).
+// moe_bf16*.cu).
 // Same conventions as kernels.h: raw device pointers, int64 sizes, a Status per launch. Host-only header.
 #pragma once
 
@@ -97,8 +97,8 @@ struct GemmaRouterParams {
 int64_t gemma_router_tickets(int64_t tokens);
 Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream);
 
-// bf16 GeGLU experts over launch_moe_routing's tiles (or self-routed, below): 8-token tiles on the swap-AB
-// decode kernel (moe_bf16.cu), 64-token tiles on the grouped GEMM (moe_bf16_grouped.cu).
+// bf16 GeGLU experts over launch_moe_routing's tiles (or self-routed, below): 8-token tiles on a swap-AB
+// decode kernel (moe_bf16.cu or moe_bf16_bulk.cu), 64-token tiles on the grouped GEMM (moe_bf16_grouped.cu).
 // First GEMM (gated): out = h [slots, I] by sorted position, h = gelu_tanh(gate) * up. Second GEMM: out =
 // y [slots, H] by sorted position, times the slot's routing weight. launch_moe_combine sums a token's k rows.
 struct MoeBf16GemmParams {
@@ -109,8 +109,11 @@ struct MoeBf16GemmParams {
   MoeRouting r;
   int64_t out_rows = 0;                 // gated: I (channels); else H
   int64_t k = 0, top_k = 0, max_tiles = 0, tile_tokens = 0;
-  int k_split = 1;                      // warps per strip (8-token tiles)
+  int k_split = 1;                      // warps per strip (8-token tiles, register loads)
   bool gated = false;
+  // 8-token tiles: weights by cp.async.bulk into shared memory (moe_bf16_bulk.cu, sm_90+; 4 warps per strip)
+  // instead of 16-byte loads into registers (moe_bf16.cu).
+  bool bulk_copies = false;
   // Decode, at most 32 slots (tile_tokens 8): every CTA routes itself from the ids (moe_route_tile.cuh) and
   // `r` is unused; the second GEMM is a programmatic dependent of the first (loads its first weights before
   // waiting for h), and with `combined` set the last CTA of each 16-row strip (a ticket per strip, reset by
@@ -123,5 +126,7 @@ struct MoeBf16GemmParams {
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The 64-token-tile path of launch_moe_bf16_gemm (moe_bf16_grouped.cu); out_rows even.
 Status launch_moe_bf16_grouped_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+// The 8-token-tile path with bulk_copies (moe_bf16_bulk.cu).
+Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 
 }  // namespace mx::cuda

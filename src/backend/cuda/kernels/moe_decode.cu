@@ -43,24 +43,6 @@ __device__ __forceinline__ uint4 load_act(const uint4* p) {
   return __ldcg(p);
 }
 
-// Sums the top-k rows of this strip for every token, in router order (the combine of moe.cu, same
-// arithmetic): run by the last CTA of the strip, after every tile's y is visible.
-__device__ void combine_strip(const MoeFusedParams& p, const TileRoute& rt, int64_t strip) {
-  const MoeGemmParams& g = p.g;
-  const int lane = threadIdx.x % 32, top_k = static_cast<int>(g.top_k);
-  const int tokens = static_cast<int>(p.slots) / top_k;
-  for (int b = 0; b < tokens * 16; b += 32) {
-    const int idx = b + lane, t = min(idx / 16, tokens - 1);
-    const int64_t row = strip * 16 + idx % 16;
-    float sum = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-      const int pos = __shfl_sync(kAll, rt.pos, t * top_k + j);
-      sum += bf16_bits_to_f32(__ldcg(g.out + pos * g.rows + row));
-    }
-    if (idx < tokens * 16) p.combined[t * g.rows + row] = f32_to_bf16_bits(sum);
-  }
-}
-
 template <bool kGated, int kDepth>
 __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   extern __shared__ float red[];  // [k_split - 1][4][32]
@@ -136,7 +118,8 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
     swap_ab_weighted_epilogue(g, acc, bias, rt.start, rt.rows, strip, r, q,
                               [&](int c) { return g.topk_weights[slot_of[c]]; });
     if (p.tickets == nullptr) return;
-    if (last_tile_of_strip(p.tickets, strip, rt.tiles)) combine_strip(p, rt, strip);
+    if (last_tile_of_strip(p.tickets, strip, rt.tiles))
+      combine_strip(g.out, p.combined, g.rows, static_cast<int>(p.slots), static_cast<int>(g.top_k), rt.pos, strip);
   }
 }
 

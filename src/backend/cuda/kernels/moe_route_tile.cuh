@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/kernels/common.cuh"
 
 namespace mx::cuda {
 
@@ -69,6 +70,24 @@ __device__ __forceinline__ bool last_tile_of_strip(uint32_t* tickets, int strip,
   if (!__shfl_sync(0xffffffffu, last, 0)) return false;
   __threadfence();
   return true;
+}
+
+// Run by one warp of a strip's last tile (after last_tile_of_strip): combined[t, row] = the sum over j in
+// router order of y[pos(t, j), row] for the strip's 16 rows below `rows`, where lane s holds the sorted
+// position `pos` of slot s (TileRoute::pos). The combine kernel's arithmetic: bf16 y, fp32 sum, bf16 out.
+__device__ __forceinline__ void combine_strip(const uint16_t* y, uint16_t* combined, int64_t rows, int slots, int top_k,
+                                              int pos, int64_t strip) {
+  const int lane = threadIdx.x % 32, tokens = slots / top_k;
+  for (int b = 0; b < tokens * 16; b += 32) {
+    const int idx = b + lane, t = min(idx / 16, tokens - 1);
+    const int64_t row = strip * 16 + idx % 16;
+    float sum = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int at = __shfl_sync(0xffffffffu, pos, t * top_k + j);
+      if (row < rows) sum += bf16_bits_to_f32(__ldcg(y + at * rows + row));
+    }
+    if (idx < tokens * 16 && row < rows) combined[t * rows + row] = f32_to_bf16_bits(sum);
+  }
 }
 
 }  // namespace mx::cuda
