@@ -650,8 +650,9 @@ class CudaBackend final : public Backend {
     const CudaBf16ExpertsDecode decode = options_.bf16_experts.decode;
     if (decode == CudaBf16ExpertsDecode::kBulkCopies && dev_.sm_major < 9)
       return unimplemented("bf16 experts: the bulk-copy decode kernels need sm_90 or later");
+    // kAuto: bulk copies where they were measured faster (Hopper: docs/PERF.md); not yet timed on sm_100/120.
     g.bulk_copies = decode == CudaBf16ExpertsDecode::kBulkCopies ||
-                    (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major >= 9);
+                    (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9);
     // Decode (register loads): a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
     auto k_split = [&](int64_t kdim) {
       return tile_tokens == 8 ? static_cast<int>(std::clamp<int64_t>((kdim + 63) / 64 / 8, 1, 8)) : 1;

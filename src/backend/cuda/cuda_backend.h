@@ -53,9 +53,9 @@ struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
 };
 
-// Which decode GEMMs Gemma-4's bf16 GeGLU experts run on 8-token tiles: kAuto = the bulk-copy kernels where
-// the device has the copy engine (sm_90+, moe_bf16_bulk.cu), else the register-load ones (moe_bf16.cu);
-// forced by tests and benchmarks to compare the two. kBulkCopies below sm_90 is an error.
+// Which decode GEMMs Gemma-4's bf16 GeGLU experts run on 8-token tiles: kAuto = the bulk-copy kernels on
+// Hopper (sm_90, where they were measured faster; moe_bf16_bulk.cu), else the register-load ones
+// (moe_bf16.cu); forced by tests and benchmarks to compare the two. kBulkCopies below sm_90 is an error.
 enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies };
 struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
