@@ -25,14 +25,7 @@ Result<Gemma4AssistantConfig> parse_gemma4_assistant_config(const std::string& t
   const json& text = *it;
   const std::string where = source + " text_config";
   JsonFieldReader r(text, where);
-  MX_RETURN_IF_ERROR(r.required_int("vocab_size", &c.vocab_size, 1));
-  MX_RETURN_IF_ERROR(r.required_int("hidden_size", &c.hidden_size, 1));
-  MX_RETURN_IF_ERROR(r.required_int("intermediate_size", &c.intermediate_size, 1));
-  MX_RETURN_IF_ERROR(r.required_int("num_hidden_layers", &c.num_layers, 1));
-  MX_RETURN_IF_ERROR(r.required_int("num_attention_heads", &c.num_heads, 1));
-  MX_RETURN_IF_ERROR(r.required_int("sliding_window", &c.sliding_window, 1));
-  MX_RETURN_IF_ERROR(r.optional_double("rms_norm_eps", &c.rms_norm_eps));
-  if (c.rms_norm_eps <= 0) return invalid_argument(where + ": rms_norm_eps must be > 0");
+  MX_RETURN_IF_ERROR(parse_gemma4_text_sizes(r, &c));
   // Every layer reads the target's KV: the assistant has no K/V projections at all.
   int64_t shared = 0;
   MX_RETURN_IF_ERROR(r.optional_int("num_kv_shared_layers", &shared, 0));

@@ -160,14 +160,8 @@ Result<Gemma4Config> parse_gemma4_config(const std::string& text_json, const std
   MX_RETURN_IF_ERROR(r.optional_int("num_kv_shared_layers", &kv_shared, 0));
   if (kv_shared != 0)
     return unimplemented(where + ": num_kv_shared_layers != 0 (KV-shared layers, E-series Gemma-4) is not supported");
-  MX_RETURN_IF_ERROR(r.required_int("vocab_size", &c.vocab_size, 1));
-  MX_RETURN_IF_ERROR(r.required_int("hidden_size", &c.hidden_size, 1));
-  MX_RETURN_IF_ERROR(r.required_int("intermediate_size", &c.intermediate_size, 1));
-  MX_RETURN_IF_ERROR(r.required_int("num_hidden_layers", &c.num_layers, 1));
-  MX_RETURN_IF_ERROR(r.required_int("num_attention_heads", &c.num_heads, 1));
-  MX_RETURN_IF_ERROR(r.required_int("sliding_window", &c.sliding_window, 1));
+  MX_RETURN_IF_ERROR(parse_gemma4_text_sizes(r, &c));
   MX_RETURN_IF_ERROR(r.required_int("max_position_embeddings", &c.max_position_embeddings, 1));
-  MX_RETURN_IF_ERROR(r.optional_double("rms_norm_eps", &c.rms_norm_eps));
   MX_RETURN_IF_ERROR(r.optional_double("final_logit_softcapping", &c.final_logit_softcap));
   MX_RETURN_IF_ERROR(r.optional_bool("attention_k_eq_v", &c.k_eq_v));
   MX_RETURN_IF_ERROR(r.optional_bool("enable_moe_block", &c.moe));
@@ -180,7 +174,6 @@ Result<Gemma4Config> parse_gemma4_config(const std::string& text_json, const std
   bool tied = true;
   MX_RETURN_IF_ERROR(r.optional_bool("tie_word_embeddings", &tied));
   if (!tied) return unimplemented(where + ": tie_word_embeddings false is not supported (Gemma-4 ties lm_head)");
-  if (c.rms_norm_eps <= 0) return invalid_argument(where + ": rms_norm_eps must be > 0");
   if (c.final_logit_softcap < 0) return invalid_argument(where + ": final_logit_softcapping must be >= 0");
 
   // layer_types when given; otherwise transformers' default pattern.
