@@ -7,7 +7,7 @@
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
 // --moe-decode-variants |
-// --attention-prefill-only | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only] [out.json]`).
+// --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only] [out.json]`).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time).
@@ -340,7 +340,7 @@ AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens, const At
 
 // Prefill attention, one prompt of T tokens, causal or window 128, through each prefill kernel (auto is
 // wgmma on sm_90). FLOPs count the visible (query, key) pairs only: 4 * heads * head_dim per pair.
-void bench_attention_prefill() {
+void bench_attention_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
   auto placement = cuda_placement(*g_b);
   CHECK_OK(placement.is_ok() ? Status::ok() : placement.status());
@@ -351,15 +351,15 @@ void bench_attention_prefill() {
     CudaAttentionPath path;
     const char* label;
   };
-  for (int64_t T : {1024, 4096, 8192}) {
+  for (int64_t T : lengths) {
     AttnSetup a = make_attention(1, T, T);
     for (int64_t window : {0, 128}) {
       double keys = 0;
       for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
       const double flops = 4.0 * 64 * 64 * keys;
       for (const Path& path : {Path{CudaAttentionPath::kMmaSync, "mma.sync"}, Path{CudaAttentionPath::kWgmma, "wgmma"},
-                               Path{CudaAttentionPath::kAuto, "auto"}}) {
-        if (path.path == CudaAttentionPath::kWgmma && !sm90) continue;
+                               Path{CudaAttentionPath::kWgmmaWs, "wgmma-ws"}, Path{CudaAttentionPath::kAuto, "auto"}}) {
+        if ((path.path == CudaAttentionPath::kWgmma || path.path == CudaAttentionPath::kWgmmaWs) && !sm90) continue;
         CHECK_OK(set_cuda_attention_options(*g_b, {path.path}));
         const int n = static_cast<int>(std::clamp<double>(20e-3 * 200e12 / flops, 2, 64));  // ~20 ms per graph
         const double us = time_graph(n, [&](int) {
@@ -392,7 +392,7 @@ void bench_attention_decode() {
 
 void bench_attention() {
   bench_attention_decode();
-  bench_attention_prefill();
+  bench_attention_prefill({1024, 4096, 8192});
 }
 
 // Gemma-4 26B-A4B attention (issue 15): sliding layers (16 q / 8 kv heads, head dim 256, window 1024) and
@@ -703,9 +703,18 @@ int main(int argc, char** argv) {
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }
-  // `--attention-prefill-only`: prefill attention at 1K/4K/8K, causal and window 128, each kernel.
-  if (argc > arg && std::string(argv[arg]) == "--attention-prefill-only") {
-    bench_attention_prefill();
+  // `--attention-prefill-only[=T,T,...]`: prefill attention at 1K/4K/8K (or the given prompt lengths),
+  // causal and window 128, each kernel.
+  const std::string attn_flag = "--attention-prefill-only";
+  if (argc > arg && std::string(argv[arg]).rfind(attn_flag, 0) == 0) {
+    const std::string v = std::string(argv[arg]).substr(attn_flag.size());
+    std::vector<int64_t> lengths;
+    for (size_t i = v.empty() ? std::string::npos : 1; i < v.size();) {
+      const size_t end = std::min(v.find(',', i), v.size());
+      lengths.push_back(std::stoll(v.substr(i, end - i)));
+      i = end + 1;
+    }
+    bench_attention_prefill(lengths.empty() ? std::vector<int64_t>{1024, 4096, 8192} : lengths);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

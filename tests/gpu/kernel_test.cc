@@ -189,8 +189,10 @@ struct AttnCase {
   float scale = 0.0f;  // 0: 1 / sqrt(hd); Gemma-4 uses 1.0 (q and k are normed)
 };
 
-// `label` names the prefill kernel in the report (the backend's options choose it).
-void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c, const std::string& label = "") {
+// `label` names the prefill kernel in the report (the backend's options choose it). `replay`: the same call
+// captured in a graph and replayed into a fresh (poisoned) output must give the eager bits.
+void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c, const std::string& label = "",
+                   bool replay = false) {
   PagedSetup s = make_paged(rng, c.spans, c.page_size);
   const int64_t T = s.total, S = static_cast<int64_t>(c.spans.size());
   const BatchLimits lim{T, S, s.max_pages, T};
@@ -221,6 +223,14 @@ void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c
   const bool decode = T == S || (label.empty() && batch_g->max_seq_tokens <= 8);
   check("attention " + std::string(decode ? "decode" : "prefill") + label, c.name, cuda.download_f32(o_g),
         cpu.download_f32(o_c), 1e-2);
+  if (!replay) return;
+  TensorView o_r = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
+  AttentionParams a_r = a_g;
+  a_r.out = o_r;
+  auto graph = cuda.backend().capture([&] { return cuda.backend().attention(a_r, *batch_g); });
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE((*graph)->replay().is_ok());
+  EXPECT_EQ(cuda.download_bytes(o_r), cuda.download_bytes(o_g)) << c.name << label << ": graph replay != eager";
 }
 
 TEST_F(KernelTest, AttentionPrefill) {
@@ -240,9 +250,10 @@ TEST_F(KernelTest, AttentionPrefill) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
-// The wgmma prefill kernel (sm_90a): 128 rows of (token, head) pairs per CTA and 128-key tiles, so query
-// counts and cached prefixes that are not multiples of either, sequences that share a CTA, every group
-// size that packs differently, pages that split tiles, window 128 and full, and a 4097-token prompt.
+// The wgmma prefill kernels (sm_90a; attention_wgmma.cu: 128 rows of (token, head) pairs per CTA, and its
+// warp-specialized form attention_wgmma_ws.cu: 192 rows), 128-key tiles: query counts and cached prefixes
+// that are not multiples of either, sequences that share a CTA, every group size that packs differently,
+// pages that split tiles, window 128 and full, a 4097-token prompt, and graph replay equal to eager.
 TEST_F(KernelTest, AttentionPrefillWgmma) {
   auto placement = cuda_placement(cuda_backend());
   ASSERT_TRUE(placement.is_ok());
@@ -267,9 +278,17 @@ TEST_F(KernelTest, AttentionPrefillWgmma) {
       {"g3 (odd group) full", 6, 2, 64, 0, 16, {{0, 45}, {20, 30}}},
       {"g64 full, 2 tokens per CTA", 64, 1, 64, 0, 16, {{0, 41}, {100, 9}}},
       {"g8 full, no sinks, scale 1", 16, 2, 64, 0, 16, {{0, 300}, {40, 9}}, false, 1.0f},
+      // The warp-specialized kernel's 24-token CTAs (g8): chunks around that and the 128-key tiles after a
+      // long cached prefix (the ring wraps many times within a pass), and several multi-tile passes per CTA.
+      {"g8 full, chunks 23 / 25 / 48 after 3000 / 129 / 0 cached", 16, 2, 64, 0, 16, {{3000, 23}, {129, 25}, {0, 48}}},
+      {"g8 window 128, chunk 200 after 2900 cached, odd page 7", 16, 2, 64, 128, 7, {{2900, 200}}},
+      {"g8 full, 3 seqs of 8 in one CTA after 500 / 900 / 260 cached", 16, 2, 64, 0, 16, {{500, 8}, {900, 8}, {260, 8}}},
   };
-  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmma}).is_ok());
-  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (wgmma)");
+  for (const auto& [path, label] : {std::pair{CudaAttentionPath::kWgmma, " (wgmma)"},
+                                    std::pair{CudaAttentionPath::kWgmmaWs, " (wgmma-ws)"}}) {
+    ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {path}).is_ok());
+    for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, label, /*replay=*/&c == &cases[0]);
+  }
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 

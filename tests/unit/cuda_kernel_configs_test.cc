@@ -71,6 +71,22 @@ TEST(CudaKernelConfigs, AttentionPrefillWgmmaOnlyOnHopper) {
     }
 }
 
+// Its warp-specialized form: the same rule, one producer warpgroup next to the consumers, and the shared
+// memory the kernel lays out (Q, the ring, 2 barriers a stage, the token and pass tables, alignment slack).
+TEST(CudaKernelConfigs, AttentionPrefillWgmmaWsOnlyOnHopper) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t hd : {32, 64, 128}) {
+      const AttentionPrefillWgmmaConfig c = choose_attention_prefill_wgmma_ws_config(d, hd);
+      EXPECT_EQ(c.enabled, d.sm_major == 9 && hd == 64) << d.name << " hd " << hd;
+      if (!c.enabled) continue;
+      EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
+      EXPECT_EQ(c.threads, 128 + 2 * c.rows_per_cta);
+      EXPECT_EQ(c.stages, kAttnWgmmaWsStages);
+      EXPECT_EQ(c.smem_bytes, 1024 + c.rows_per_cta * hd * 2 + c.stages * (4 * c.keys_per_tile * hd + 16) +
+                                  (7 * c.rows_per_cta + 3) * 4);
+    }
+}
+
 TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {
   for (const DeviceInfo& d : chips())
     for (int64_t hd : {32, 64, 128, 256, 512})

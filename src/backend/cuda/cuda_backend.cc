@@ -438,6 +438,12 @@ class CudaBackend final : public Backend {
       return launch_attention_decode(a, c, stream_.get());
     }
     const CudaAttentionPath path = options_.attention.prefill;
+    if (path == CudaAttentionPath::kWgmmaWs) {
+      const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_ws_config(dev_, p.head_dim);
+      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta)
+        return launch_attention_prefill_wgmma_ws(a, cw, stream_.get());
+      return unimplemented("attention: the warp-specialized wgmma prefill kernel needs sm_90 and head_dim 64");
+    }
     if (path == CudaAttentionPath::kWgmma || (path == CudaAttentionPath::kAuto && p.window == 0)) {
       const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_config(dev_, p.head_dim);
       if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma(a, cw, stream_.get());

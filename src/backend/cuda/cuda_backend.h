@@ -46,9 +46,9 @@ struct CudaSkinnyLinearOptions {
 
 // Which prefill attention kernel runs: kAuto = wgmma for full-attention layers where the device and head
 // dim have it (sm_90, attention_wgmma.cu), else mma.sync (attention.cu; faster on 128-key windows, see
-// docs/PERF.md); forced by tests and benchmarks to compare the two.
-// kWgmma where there is none is an error.
-enum class CudaAttentionPath { kAuto, kWgmma, kMmaSync };
+// docs/PERF.md); forced by tests and benchmarks to compare them. kWgmmaWs: the warp-specialized wgmma
+// kernel (attention_wgmma_ws.cu). kWgmma or kWgmmaWs where there is none is an error.
+enum class CudaAttentionPath { kAuto, kWgmma, kWgmmaWs, kMmaSync };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
 };

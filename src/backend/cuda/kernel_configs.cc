@@ -64,6 +64,17 @@ AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_config(const DeviceIn
   return c;
 }
 
+AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim) {
+  AttentionPrefillWgmmaConfig c;
+  c.threads = kAttnWgmmaWsThreads;
+  c.rows_per_cta = 64 * kAttnWgmmaWsConsumers;
+  c.keys_per_tile = kAttnWgmmaKeysPerTile;
+  c.stages = kAttnWgmmaWsStages;
+  c.smem_bytes = attention_prefill_wgmma_ws_smem_bytes(head_dim);
+  c.enabled = dev.sm_major == 9 && head_dim == 64 && fits(dev, c.smem_bytes, c.stages);
+  return c;
+}
+
 AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int64_t head_dim, int64_t num_tokens,
                                                      int64_t n_kv, int64_t head_blocks, int64_t max_keys) {
   AttentionDecodeConfig c;

@@ -61,6 +61,20 @@ struct AttentionPrefillWgmmaConfig {
 };
 AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_config(const DeviceInfo& dev, int64_t head_dim);
 
+// The warp-specialized form (attention_wgmma_ws.cu): one producer warpgroup fills a ring of
+// kAttnWgmmaWsStages K/V stages (mbarriers), kAttnWgmmaWsConsumers warpgroups of 64 rows consume it.
+inline constexpr int kAttnWgmmaWsConsumers = 3;
+inline constexpr int kAttnWgmmaWsStages = 4;
+inline constexpr int kAttnWgmmaWsThreads = 128 * (1 + kAttnWgmmaWsConsumers);
+// Q, the ring, its full and empty barriers, per-token and per-pass tables (7 ints a row, 3 more), and the
+// slack that aligns the tiles to 1024 bytes.
+constexpr int64_t attention_prefill_wgmma_ws_smem_bytes(int64_t head_dim) {
+  const int64_t rows = 64 * kAttnWgmmaWsConsumers;
+  return 1024 + rows * head_dim * 2 + kAttnWgmmaWsStages * 2 * kAttnWgmmaKeysPerTile * head_dim * 2 +
+         2 * kAttnWgmmaWsStages * 8 + (7 * rows + 3) * 4;
+}
+AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim);
+
 // Decode attention: one CTA per (token, kv head, head block, KV split); the warps split each key tile
 // into attention_decode_key_groups groups, merged through shared memory that aliases the K/V ring.
 struct AttentionDecodeConfig {

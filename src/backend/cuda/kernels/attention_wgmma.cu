@@ -17,7 +17,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernel_configs.h"
-#include "backend/cuda/kernels/attention_common.cuh"
+#include "backend/cuda/kernels/attention_wgmma_parts.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/wgmma.cuh"
@@ -28,51 +28,6 @@ namespace {
 constexpr int kStages = kAttnWgmmaStages;
 
 #if MX_SM90A
-
-// Descriptor of an MN-major B operand: rows of 64 n (128 bytes, 128-byte swizzle) along k, 8-row groups
-// 1024 bytes apart (stride byte offset), the next 64 n at `panel_bytes` (leading byte offset).
-__device__ __forceinline__ uint64_t wgmma_desc_mn128(uint32_t addr, uint32_t panel_bytes) {
-  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<uint64_t>((panel_bytes >> 4) & 0x3fff) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
-}
-
-// D(64 x 64, fp32) += A(64 x 16, bf16, registers) * B(16 x 64) with B MN-major (transposed flag set).
-__device__ __forceinline__ void wgmma_bf16_rs_mn64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-      "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-// wgmma.fence must follow every register write to a wgmma's accumulators and A fragments. An empty asm that
-// "modifies" them pins those writes before the (volatile) fence; without it the compiler sank the zeroing
-// of S past the fence in the 64-key kernel (measured: wrong results, PTX showed the movs after the fence).
-template <int R>
-__device__ __forceinline__ void pin_fragments(uint32_t (&a)[R][4]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
-}
-
-// Byte offset of 16-byte chunk c (8 head dims) of row `row` in a [panels][rows][64] swizzled tile.
-template <int ROWS>
-__device__ __forceinline__ int tile_offset(int row, int c) {
-  return (c / 8) * ROWS * 128 + row * 128 + (((c % 8) ^ (row & 7)) << 4);
-}
-
-__device__ __forceinline__ void key_range(const AttentionKernelParams& p, int64_t t, int* first, int* last) {
-  const int pos = p.kv.positions[t];
-  *last = pos;
-  *first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
-}
 
 // Issues the copies of keys [k0, k0 + KT) of kv head g of sequence seq into {K, V} at `stage`
 // (zero-filled past k_last or outside the cache).
@@ -92,7 +47,7 @@ __device__ __forceinline__ void load_kv_tile(const AttentionKernelParams& p, int
     }
     const bool ok = page >= 0 && page < kv.num_pages;
     const int64_t off = ok ? (((page * kv.page_size + key % kv.page_size) * p.n_kv + g) * HD + c * 8) : 0;
-    const int dst = tile_offset<KT>(row, c);
+    const int dst = attn_tile_offset<KT>(row, c);
     cp_async_16(stage + dst, kv.k + off, ok);
     cp_async_16(stage + KT * HD * 2 + dst, kv.v + off, ok);
   }
@@ -136,17 +91,13 @@ __global__ void __launch_bounds__(128 * WGS, KT == 64 ? 2 : 1) attention_prefill
     const bool ok = row_valid(row);
     const int64_t t = t0 + row / group;
     const uint16_t* src = ok ? p.q + (t * p.n_q + row_head(row)) * HD + c * 8 : p.q;
-    cp_async_16(sq + tile_offset<kRows>(row, c), src, ok);
+    cp_async_16(sq + attn_tile_offset<kRows>(row, c), src, ok);
   }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   uint32_t qf[kSteps][4];
-  {
-    const int m = lane / 8, row = warp * 16 + (m % 2) * 8 + lane % 8;
-#pragma unroll
-    for (int kc = 0; kc < kSteps; ++kc) ldmatrix_x4(qf[kc], sq + tile_offset<kRows>(row, kc * 2 + m / 2));
-  }
+  attn_load_q<kRows, HD>(qf, sq, warp * 16, lane);
 
   // Online-softmax state of the rows r0 and r1 = r0 + 8 this lane holds; o[4j + e]: head dims 8j + 2q + (e & 1)
   // of r0 (e < 2) or r1.
@@ -165,7 +116,7 @@ __global__ void __launch_bounds__(128 * WGS, KT == 64 ? 2 : 1) attention_prefill
       int kmin = INT_MAX, kmax = -1, fmax = -1, lmin = INT_MAX;
       for (int i = start; i < end; ++i) {
         int f, l;
-        key_range(p, t0 + i, &f, &l);
+        attn_key_range(p, t0 + i, &f, &l);
         kmin = min(kmin, f);
         kmax = max(kmax, l);
         fmax = max(fmax, f);
@@ -184,7 +135,7 @@ __global__ void __launch_bounds__(128 * WGS, KT == 64 ? 2 : 1) attention_prefill
     for (int row = tid; row < kRows; row += kThreads) {
       const int tl = row / group;
       int f = 1, l = 0;  // empty range: the row is not in this pass
-      if (row_valid(row) && tl >= start && tl < pass_end) key_range(p, t0 + tl, &f, &l);
+      if (row_valid(row) && tl >= start && tl < pass_end) attn_key_range(p, t0 + tl, &f, &l);
       row_first[row] = f;
       row_last[row] = l;
     }
@@ -212,95 +163,26 @@ __global__ void __launch_bounds__(128 * WGS, KT == 64 ? 2 : 1) attention_prefill
       const int k0 = kmin + i * KT;
 
       float s[KT / 2];
-#pragma unroll
-      for (int e = 0; e < KT / 2; ++e) s[e] = 0.f;
-      wgmma_fence_regs(s);
-      wgmma_fence();
-#pragma unroll
-      for (int kc = 0; kc < kSteps; ++kc)
-        wgmma_bf16_rs<KT>(s, qf[kc], wgmma_desc_k128(k_addr + (kc / 4) * KT * 128 + (kc % 4) * 32));
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_regs(s);
-
-      // s[4j + e]: key k0 + 8j + 2q + (e & 1) of row r0 (e < 2) or r1. Raw scores; scaled inside exp2.
-      if (!(k0 >= fmax && k0 + KT - 1 <= lmin)) {
-#pragma unroll
-        for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * j + 2 * q4 + (e & 1);
-            const bool ok = e < 2 ? (key >= f0 && key <= l0) : (key >= f1 && key <= l1);
-            if (!ok) s[4 * j + e] = -INFINITY;
-          }
-      }
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < KT / 8; ++j) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-      }
-      float corr[2], base[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m_run[h], mx[h] * p.scale_log2);
-        base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero weight
-        corr[h] = exp2f(m_run[h] - base[h]);
-        m_run[h] = m_new;
-        l_run[h] *= corr[h];
-      }
-#pragma unroll
-      for (int j = 0; j < HD / 8; ++j) {
-        o[4 * j] *= corr[0];
-        o[4 * j + 1] *= corr[0];
-        o[4 * j + 2] *= corr[1];
-        o[4 * j + 3] *= corr[1];
-      }
+      attn_qk<KT, HD>(s, qf, k_addr);
       uint32_t pa[KT / 16][4];
-#pragma unroll
-      for (int j = 0; j < KT / 8; ++j) {
-        const float e0 = exp2f(fmaf(s[4 * j], p.scale_log2, -base[0]));
-        const float e1 = exp2f(fmaf(s[4 * j + 1], p.scale_log2, -base[0]));
-        const float e2 = exp2f(fmaf(s[4 * j + 2], p.scale_log2, -base[1]));
-        const float e3 = exp2f(fmaf(s[4 * j + 3], p.scale_log2, -base[1]));
-        l_run[0] += e0 + e1;
-        l_run[1] += e2 + e3;
-        // A fragment of k16 step j / 2: {row r keys 2q.., row r + 8 keys 2q.., row r keys 8 + 2q.., row r + 8 ...}.
-        pa[j / 2][(j % 2) * 2] = pack_bf16x2(e0, e1);
-        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(e2, e3);
-      }
-      wgmma_fence_regs(o);
-      pin_fragments(pa);
-      wgmma_fence();
-#pragma unroll
-      for (int kc = 0; kc < KT / 16; ++kc)
-        wgmma_bf16_rs_mn64(o, pa[kc], wgmma_desc_mn128(v_addr + kc * 16 * 128, KT * 128));
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_regs(o);
+      attn_softmax_tile<KT, HD>(s, o, m_run, l_run, pa, k0 >= fmax && k0 + KT - 1 <= lmin, k0, q4, f0, l0, f1, l1,
+                                p.scale_log2);
+      attn_pv<KT, HD>(o, pa, v_addr);
     }
     cp_async_wait<0>();
     __syncthreads();  // the ring and the row bounds are rewritten by the next pass
     start = end;
   }
 
-  // Finalize: the sink (if any) joins the denominator once.
+  int64_t token[2];
+  int head[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = h == 0 ? r0 : r1;
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (!row_valid(row)) continue;
-    const int head = row_head(row);
-    const float factor = attention_final_factor(m_run[h], l, attention_sink_log2(p.sinks, head));
-    uint16_t* out = p.out + ((t0 + row / group) * p.n_q + head) * HD;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j)
-      *reinterpret_cast<uint32_t*>(out + j * 8 + 2 * q4) = pack_bf16x2(o[4 * j + 2 * h] * factor, o[4 * j + 2 * h + 1] * factor);
+    token[h] = row_valid(row) ? t0 + row / group : -1;
+    head[h] = row_head(row);
   }
+  attn_store_rows<HD>(p, o, m_run, l_run, token, head, q4);
 #endif  // MX_SM90A
 }
 

@@ -1,0 +1,185 @@
+// The pieces both Hopper prefill attention kernels share (attention_wgmma.cu: every warp loads and computes;
+// attention_wgmma_ws.cu: a producer warpgroup loads, consumer warpgroups compute): the swizzled tile
+// layout, a row's key range, the two wgmma GEMMs of a 64-row warpgroup, one tile's online softmax, and
+// the final normalisation and store. Same code in both, so both give the same bits for a row's tiles.
+//
+// Layouts (per warpgroup of 64 rows): a lane holds rows r0 = 16 w + lane / 4 and r1 = r0 + 8 of its warp w;
+// s[4j + e]: key k0 + 8j + 2q + (e & 1) of r0 (e < 2) or r1 (q = lane % 4); o[4j + e]: head dims
+// 8j + 2q + (e & 1) likewise. Shared-memory tiles: panels of 64 head dims, rows of 128 bytes with the
+// 128-byte swizzle (16-byte chunk c of row n at c ^ (n % 8)) that wgmma's descriptors expect, each tile
+// 1024-byte aligned.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/attention_common.cuh"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/wgmma.cuh"
+
+namespace mx::cuda {
+
+#if MX_SM90A
+
+// Descriptor of an MN-major B operand: rows of 64 n (128 bytes, 128-byte swizzle) along k, 8-row groups
+// 1024 bytes apart (stride byte offset), the next 64 n at `panel_bytes` (leading byte offset).
+__device__ __forceinline__ uint64_t wgmma_desc_mn128(uint32_t addr, uint32_t panel_bytes) {
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<uint64_t>((panel_bytes >> 4) & 0x3fff) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// D(64 x 64, fp32) += A(64 x 16, bf16, registers) * B(16 x 64) with B MN-major (transposed flag set).
+__device__ __forceinline__ void wgmma_bf16_rs_mn64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// wgmma.fence must follow every register write to a wgmma's accumulators and A fragments. An empty asm that
+// "modifies" them pins those writes before the (volatile) fence; without it the compiler sank the zeroing
+// of S past the fence in the 64-key kernel (measured: wrong results, PTX showed the movs after the fence).
+template <int R>
+__device__ __forceinline__ void pin_fragments(uint32_t (&a)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
+// Byte offset of 16-byte chunk c (8 head dims) of row `row` in a [panels][rows][64] swizzled tile.
+template <int ROWS>
+__device__ __forceinline__ int attn_tile_offset(int row, int c) {
+  return (c / 8) * ROWS * 128 + row * 128 + (((c % 8) ^ (row & 7)) << 4);
+}
+
+// Keys token t sees: [first, last] (causal, and the window's start when there is one).
+__device__ __forceinline__ void attn_key_range(const AttentionKernelParams& p, int64_t t, int* first, int* last) {
+  const int pos = p.kv.positions[t];
+  *last = pos;
+  *first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
+}
+
+// Q's A fragments of this warp's 16 rows (rows 16 * `warp_row0` / 16 ... of a [rows][64] swizzled tile).
+template <int ROWS, int HD>
+__device__ __forceinline__ void attn_load_q(uint32_t (&qf)[HD / 16][4], const uint8_t* sq, int warp_row0, int lane) {
+  const int m = lane / 8, row = warp_row0 + (m % 2) * 8 + lane % 8;
+#pragma unroll
+  for (int kc = 0; kc < HD / 16; ++kc) ldmatrix_x4(qf[kc], sq + attn_tile_offset<ROWS>(row, kc * 2 + m / 2));
+}
+
+// S = Q K^T of the warpgroup's 64 rows and the KT keys of the K tile at `k_addr` (K-major), waited for.
+template <int KT, int HD>
+__device__ __forceinline__ void attn_qk(float (&s)[KT / 2], const uint32_t (&qf)[HD / 16][4], uint32_t k_addr) {
+#pragma unroll
+  for (int e = 0; e < KT / 2; ++e) s[e] = 0.f;
+  wgmma_fence_regs(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kc = 0; kc < HD / 16; ++kc)
+    wgmma_bf16_rs<KT>(s, qf[kc], wgmma_desc_k128(k_addr + (kc / 4) * KT * 128 + (kc % 4) * 32));
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_regs(s);
+}
+
+// One tile's online softmax of rows r0 (keys [f0, l0] visible) and r1 ([f1, l1]): masks the others unless
+// the whole tile is visible to every row (`unmasked`), moves the running max (raw scores, scaled inside
+// exp2), rescales o and the running sums, and packs the weights as the A fragments of P V.
+template <int KT, int HD>
+__device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)[HD / 2], float (&m_run)[2],
+                                                  float (&l_run)[2], uint32_t (&pa)[KT / 16][4], bool unmasked, int k0,
+                                                  int q4, int f0, int l0, int f1, int l1, float scale_log2) {
+  if (!unmasked) {
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * j + 2 * q4 + (e & 1);
+        const bool ok = e < 2 ? (key >= f0 && key <= l0) : (key >= f1 && key <= l1);
+        if (!ok) s[4 * j + e] = -INFINITY;
+      }
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  float corr[2], base[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
+    base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero weight
+    corr[h] = exp2f(m_run[h] - base[h]);
+    m_run[h] = m_new;
+    l_run[h] *= corr[h];
+  }
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) {
+    o[4 * j] *= corr[0];
+    o[4 * j + 1] *= corr[0];
+    o[4 * j + 2] *= corr[1];
+    o[4 * j + 3] *= corr[1];
+  }
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j) {
+    const float e0 = exp2f(fmaf(s[4 * j], scale_log2, -base[0]));
+    const float e1 = exp2f(fmaf(s[4 * j + 1], scale_log2, -base[0]));
+    const float e2 = exp2f(fmaf(s[4 * j + 2], scale_log2, -base[1]));
+    const float e3 = exp2f(fmaf(s[4 * j + 3], scale_log2, -base[1]));
+    l_run[0] += e0 + e1;
+    l_run[1] += e2 + e3;
+    // A fragment of k16 step j / 2: {row r keys 2q.., row r + 8 keys 2q.., row r keys 8 + 2q.., row r + 8 ...}.
+    pa[j / 2][(j % 2) * 2] = pack_bf16x2(e0, e1);
+    pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(e2, e3);
+  }
+}
+
+// O += P V with the V tile at `v_addr` as an MN-major operand (rows of 128 bytes: no transpose), waited for.
+template <int KT, int HD>
+__device__ __forceinline__ void attn_pv(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], uint32_t v_addr) {
+  static_assert(HD == 64, "the P.V wgmma wrapper is written for n = 64; wider heads need n = HD");
+  wgmma_fence_regs(o);
+  pin_fragments(pa);
+  wgmma_fence();
+#pragma unroll
+  for (int kc = 0; kc < KT / 16; ++kc) wgmma_bf16_rs_mn64(o, pa[kc], wgmma_desc_mn128(v_addr + kc * 16 * 128, KT * 128));
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_regs(o);
+}
+
+// The end of the lane's two rows: running sums summed over the quad, the sink (if any) joins the
+// denominator once, bf16 out. `token[h]` < 0: row h holds no (token, head) pair and is not stored.
+template <int HD>
+__device__ __forceinline__ void attn_store_rows(const AttentionKernelParams& p, const float (&o)[HD / 2],
+                                                const float (&m_run)[2], const float (&l_run)[2],
+                                                const int64_t (&token)[2], const int (&head)[2], int q4) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (token[h] < 0) continue;
+    const float factor = attention_final_factor(m_run[h], l, attention_sink_log2(p.sinks, head[h]));
+    uint16_t* out = p.out + (token[h] * p.n_q + head[h]) * HD;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j)
+      *reinterpret_cast<uint32_t*>(out + j * 8 + 2 * q4) =
+          pack_bf16x2(o[4 * j + 2 * h] * factor, o[4 * j + 2 * h + 1] * factor);
+  }
+}
+
+#endif  // MX_SM90A
+
+}  // namespace mx::cuda

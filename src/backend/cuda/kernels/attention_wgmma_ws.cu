@@ -1,0 +1,251 @@
+// Prefill attention for Hopper (sm_90a), warp-specialized in the FlashAttention-3 shape: the same math as
+// attention_wgmma.cu (same rows, tiles, softmax and store: attention_wgmma_parts.cuh), split by role
+// instead of every warp doing everything in lockstep behind a CTA barrier per tile:
+//
+// - warpgroup 0, the producer (32 registers a thread after setmaxnreg): walks the CTA's K/V tiles, waits
+//   for a ring slot to be empty, issues the tile's cp.async copies (16-byte chunks, one page-table lookup
+//   per key row, so any page size works) and arms the slot's full mbarrier with
+//   cp.async.mbarrier.arrive. It never waits for its own copies: it runs as far ahead as the ring allows.
+// - warpgroups 1..kConsumers (160 registers): 64 query rows each. Per tile: wait for the slot's full
+//   barrier, S = Q K^T, online softmax, O += P V, then each warp releases the slot. No CTA-wide barrier
+//   in the loop, so one warpgroup's softmax runs under another's GEMMs (the overlap FA3 gets for head
+//   dim 64 from three MMA warpgroups; it uses no scheduling barrier there either).
+//
+// Rows pack (token, q head) pairs of one kv head, as in the other prefill kernels; a CTA's tokens split
+// into passes, one per sequence, and the producer and consumers walk the same passes and tiles, the ring
+// running on across passes.
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/kernels/attention_wgmma_parts.cuh"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/wgmma.cuh"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kConsumers = kAttnWgmmaWsConsumers;
+constexpr int kStages = kAttnWgmmaWsStages;
+constexpr int kRows = 64 * kConsumers;
+constexpr int kProducerThreads = 128;
+constexpr int kThreads = kAttnWgmmaWsThreads;
+static_assert(kThreads == kProducerThreads + 128 * kConsumers, "one producer warpgroup, the rest consume");
+// Registers a thread after setmaxnreg: the producer gives back what the consumers take; the sum stays the
+// pool the CTA was launched with (65536 / kThreads a thread, the cap __launch_bounds__(kThreads, 1) sets).
+constexpr int kProducerRegisters = 32;
+constexpr int kConsumerRegisters = 160;
+static_assert(kProducerRegisters + kConsumers * kConsumerRegisters == (65536 / kThreads) * (1 + kConsumers),
+              "the launch's register pool");
+
+// Per-token facts the prologue gathers once (tokens are < kRows) and per-pass bounds (a pass per sequence
+// of the CTA's tokens, so at most one per token), in shared memory after the ring.
+struct WsTables {
+  int tok_first[kRows], tok_last[kRows], tok_seq[kRows];
+  int pass_end[kRows], pass_seq[kRows], pass_kmin[kRows], pass_kmax[kRows];
+  int n_passes, whole_fmax, whole_lmin;
+};
+static_assert(attention_prefill_wgmma_ws_smem_bytes(64) ==
+                  1024 + kRows * 64 * 2 + kStages * 2 * kAttnWgmmaKeysPerTile * 64 * 2 + 2 * kStages * 8 + sizeof(WsTables),
+              "kernel_configs.h counts the shared memory this kernel lays out");
+
+template <int HD, int KT>
+__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel(AttentionKernelParams p) {
+#if MX_SM90A
+  static_assert(HD == 64, "one 64-dim panel per row: the producer's chunk map and the P.V wgmma assume it");
+  constexpr int kTileBytes = KT * HD * 2, kStageBytes = 2 * kTileBytes;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem;                                // [kRows][64], swizzled
+  uint8_t* skv = sq + kRows * HD * 2;                // kStages x {K, V} [KT][64], swizzled
+  uint64_t* bars = reinterpret_cast<uint64_t*>(skv + kStages * kStageBytes);  // full[kStages], empty[kStages]
+  WsTables& tab = *reinterpret_cast<WsTables*>(bars + 2 * kStages);
+  const uint32_t full0 = smem_addr(bars), empty0 = full0 + 8 * kStages;
+
+  const int group = static_cast<int>(p.n_q / p.n_kv);
+  const int tpc = max(1, kRows / group);  // tokens per CTA
+  const int g = blockIdx.y;
+  // Heaviest CTAs (latest tokens: most keys under the causal mask) start first.
+  const int64_t t0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * tpc;
+  const int n_tok = static_cast<int>(p.tokens - t0 < tpc ? p.tokens - t0 : tpc);
+  const int tid = threadIdx.x;
+  auto row_valid = [&](int row) { return row / group < n_tok && row < tpc * group; };
+
+  // Prologue, every thread: Q rows into shared memory, each token's key range and sequence.
+  for (int idx = tid; idx < kRows * (HD / 8); idx += kThreads) {
+    const int row = idx / (HD / 8), c = idx % (HD / 8);
+    const bool ok = row_valid(row);
+    const int64_t t = t0 + row / group;
+    const uint16_t* src = ok ? p.q + (t * p.n_q + g * group + row % group) * HD + c * 8 : p.q;
+    cp_async_16(sq + attn_tile_offset<kRows>(row, c), src, ok);
+  }
+  cp_async_commit();
+  if (tid < n_tok) {
+    int f, l;
+    attn_key_range(p, t0 + tid, &f, &l);
+    tab.tok_first[tid] = f;
+    tab.tok_last[tid] = l;
+    tab.tok_seq[tid] = p.kv.token_seq[t0 + tid];
+  }
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full0 + 8 * s, kProducerThreads);  // each producer thread's cp.async arrival
+      mbarrier_init(empty0 + 8 * s, 4 * kConsumers);   // each consumer warp, once its GEMMs left the slot
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // Passes: runs of one sequence (a sequence's tokens are contiguous), each loading keys [min first,
+    // max last] of its tokens.
+    int n = 0, fmax = -1, lmin = INT_MAX;
+    for (int start = 0; start < n_tok; ++n) {
+      const int seq = tab.tok_seq[start];
+      int kmin = INT_MAX, kmax = -1, end = start;
+      for (; end < n_tok && tab.tok_seq[end] == seq; ++end) {
+        kmin = min(kmin, tab.tok_first[end]);
+        kmax = max(kmax, tab.tok_last[end]);
+        fmax = max(fmax, tab.tok_first[end]);
+        lmin = min(lmin, tab.tok_last[end]);
+      }
+      tab.pass_end[n] = end;
+      tab.pass_seq[n] = seq;
+      tab.pass_kmin[n] = kmin;
+      tab.pass_kmax[n] = kmax;
+      start = end;
+    }
+    tab.n_passes = n;
+    // Keys every row sees, [fmax, lmin]: only with one pass (else other passes' rows need their masks).
+    tab.whole_fmax = n == 1 ? fmax : INT_MAX;
+    tab.whole_lmin = n == 1 ? lmin : -1;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  const int n_passes = tab.n_passes;
+  const uint32_t skv_addr = smem_addr(skv);
+
+  if (tid < kProducerThreads) {
+    setmaxnreg_dec<kProducerRegisters>();
+    // Thread tid copies 16-byte chunk tid % 8 of key rows tid / 8 + 16j: one swizzle phase (16j % 8 == 0),
+    // so one destination offset per thread.
+    const int ch = tid % 8, row0 = tid / 8;
+    const int dst0 = row0 * 128 + ((ch ^ (row0 & 7)) << 4);
+    const PagedKv& kv = p.kv;
+    const int page_size = static_cast<int>(kv.page_size);
+    int slot = 0;
+    uint32_t parity = 1;  // a fresh ring is empty
+    for (int ps = 0; ps < n_passes; ++ps) {
+      const int kmin = tab.pass_kmin[ps], kmax = tab.pass_kmax[ps];
+      const int32_t* table = kv.page_table + static_cast<int64_t>(tab.pass_seq[ps]) * kv.max_pages;
+      const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
+      for (int i = 0; i < n_tiles; ++i) {
+        mbarrier_wait(empty0 + 8 * slot, parity);
+        uint8_t* stage = skv + slot * kStageBytes;
+        const int k0 = kmin + i * KT;
+        // The rows' pages first, all lookups in flight at once, then the copies (32-bit division: page
+        // sizes and positions fit an int).
+        int page[KT / 16];
+#pragma unroll
+        for (int j = 0; j < KT / 16; ++j) {
+          const int key = k0 + row0 + 16 * j, logical = key / page_size;
+          page[j] = key <= kmax && logical < kv.max_pages ? table[logical] : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < KT / 16; ++j) {
+          const int key = k0 + row0 + 16 * j;
+          const bool ok = page[j] >= 0 && page[j] < kv.num_pages;
+          const int64_t off =
+              ok ? ((static_cast<int64_t>(page[j]) * page_size + key % page_size) * p.n_kv + g) * HD + ch * 8 : 0;
+          cp_async_16(stage + dst0 + j * 2048, kv.k + off, ok);
+          cp_async_16(stage + kTileBytes + dst0 + j * 2048, kv.v + off, ok);
+        }
+        cp_async_mbarrier_arrive(full0 + 8 * slot);
+        if (++slot == kStages) {
+          slot = 0;
+          parity ^= 1;
+        }
+      }
+    }
+    cp_async_wait<0>();  // no thread leaves with copies in flight
+    return;
+  }
+
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int ct = tid - kProducerThreads, warp = ct / 32, lane = tid % 32;  // warp: 0 .. 4 kConsumers - 1
+  uint32_t qf[HD / 16][4];
+  attn_load_q<kRows, HD>(qf, sq, warp * 16, lane);
+  const int r0 = warp * 16 + lane / 4, r1 = r0 + 8, q4 = lane % 4;
+  const int tl0 = row_valid(r0) ? r0 / group : -1, tl1 = row_valid(r1) ? r1 / group : -1;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  const int fmax = tab.whole_fmax, lmin = tab.whole_lmin;
+
+  int slot = 0;
+  uint32_t parity = 0;
+  for (int ps = 0, start = 0; ps < n_passes; ++ps) {
+    const int end = tab.pass_end[ps], kmin = tab.pass_kmin[ps], kmax = tab.pass_kmax[ps];
+    // A row outside this pass sees nothing here (empty range [1, 0]).
+    const bool in0 = tl0 >= start && tl0 < end, in1 = tl1 >= start && tl1 < end;
+    const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
+    const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
+    const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
+    for (int i = 0; i < n_tiles; ++i) {
+      mbarrier_wait(full0 + 8 * slot, parity);
+      fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
+      const uint32_t k_addr = skv_addr + slot * kStageBytes, v_addr = k_addr + kTileBytes;
+      const int k0 = kmin + i * KT;
+      float s[KT / 2];
+      attn_qk<KT, HD>(s, qf, k_addr);
+      uint32_t pa[KT / 16][4];
+      attn_softmax_tile<KT, HD>(s, o, m_run, l_run, pa, k0 >= fmax && k0 + KT - 1 <= lmin, k0, q4, f0, l0, f1, l1,
+                                p.scale_log2);
+      attn_pv<KT, HD>(o, pa, v_addr);
+      if (lane == 0) mbarrier_arrive(empty0 + 8 * slot);  // this warp's GEMMs are done with the slot
+      if (++slot == kStages) {
+        slot = 0;
+        parity ^= 1;
+      }
+    }
+    start = end;
+  }
+
+  int64_t token[2];
+  int head[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = h == 0 ? r0 : r1, tl = h == 0 ? tl0 : tl1;
+    token[h] = tl >= 0 ? t0 + tl : -1;
+    head[h] = g * group + row % group;
+  }
+  attn_store_rows<HD>(p, o, m_run, l_run, token, head, q4);
+#endif  // MX_SM90A
+}
+
+}  // namespace
+
+Status launch_attention_prefill_wgmma_ws(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c,
+                                         cudaStream_t stream) {
+  if (!c.enabled) return unimplemented("attention prefill wgmma (warp-specialized): needs sm_90 and head_dim 64");
+  if (p.head_dim != 64) return unimplemented("attention prefill wgmma (warp-specialized): head_dim must be 64");
+  if (p.n_kv <= 0 || p.n_q % p.n_kv != 0) return invalid_argument("attention: n_q must be a multiple of n_kv");
+  const int64_t group = p.n_q / p.n_kv;
+  if (group > c.rows_per_cta)
+    return unimplemented("attention prefill wgmma (warp-specialized): more q heads per kv head than rows");
+  if (c.threads != kThreads || c.rows_per_cta != kRows || c.keys_per_tile != kAttnWgmmaKeysPerTile ||
+      c.stages != kStages || c.smem_bytes != attention_prefill_wgmma_ws_smem_bytes(p.head_dim))
+    return internal_error("attention prefill wgmma (warp-specialized): config does not match the kernel");
+  if (p.tokens == 0) return Status::ok();
+  const int64_t tpc = std::max<int64_t>(1, c.rows_per_cta / group);
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.tokens, tpc)), static_cast<unsigned>(p.n_kv));
+  auto kernel = attention_prefill_wgmma_ws_kernel<64, kAttnWgmmaKeysPerTile>;
+  MX_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
+      "cudaFuncSetAttribute(attention wgmma ws smem)"));
+  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p);
+  return launch_status("attention_prefill_wgmma_ws_kernel");
+}
+
+}  // namespace mx::cuda
