@@ -418,7 +418,7 @@ class CudaBackend final : public Backend {
     // One query per sequence (decode), or a few (verify rows of <= 7 drafts) unless a prefill kernel is
     // forced: the split-KV decode kernel, one CTA group per token, which keeps every SM busy at small
     // batches and long contexts where the prefill kernels' CTAs (a tile of tokens each, all keys) are few.
-    // Otherwise FlashAttention prefill: wgmma on sm_90, else mma.sync.
+    // Otherwise FlashAttention prefill: the warp-specialized wgmma kernel on sm_90 (head dim 64), else mma.sync.
     constexpr int64_t kDecodeAttentionMaxRows = 8;
     const bool few_rows = batch.num_tokens == batch.num_seqs ||
                           (options_.attention.prefill == CudaAttentionPath::kAuto && batch.max_seq_tokens > 0 &&
@@ -438,17 +438,17 @@ class CudaBackend final : public Backend {
       return launch_attention_decode(a, c, stream_.get());
     }
     const CudaAttentionPath path = options_.attention.prefill;
-    if (path == CudaAttentionPath::kWgmmaWs) {
+    if (path == CudaAttentionPath::kWgmmaWs || path == CudaAttentionPath::kAuto) {
       const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_ws_config(dev_, p.head_dim);
       if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta)
         return launch_attention_prefill_wgmma_ws(a, cw, stream_.get());
-      return unimplemented("attention: the warp-specialized wgmma prefill kernel needs sm_90 and head_dim 64");
+      if (path == CudaAttentionPath::kWgmmaWs)
+        return unimplemented("attention: the warp-specialized wgmma prefill kernel needs sm_90 and head_dim 64");
     }
-    if (path == CudaAttentionPath::kWgmma || (path == CudaAttentionPath::kAuto && p.window == 0)) {
+    if (path == CudaAttentionPath::kWgmma) {
       const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_config(dev_, p.head_dim);
       if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma(a, cw, stream_.get());
-      if (path == CudaAttentionPath::kWgmma)
-        return unimplemented("attention: the wgmma prefill kernel needs sm_90 and head_dim 64");
+      return unimplemented("attention: the wgmma prefill kernel needs sm_90 and head_dim 64");
     }
     const AttentionPrefillConfig c = choose_attention_prefill_config(dev_, p.head_dim);
     if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention prefill config does not fit");

@@ -44,10 +44,11 @@ struct CudaSkinnyLinearOptions {
   int chunks_in_flight = 0;
 };
 
-// Which prefill attention kernel runs: kAuto = wgmma for full-attention layers where the device and head
-// dim have it (sm_90, attention_wgmma.cu), else mma.sync (attention.cu; faster on 128-key windows, see
-// docs/PERF.md); forced by tests and benchmarks to compare them. kWgmmaWs: the warp-specialized wgmma
-// kernel (attention_wgmma_ws.cu). kWgmma or kWgmmaWs where there is none is an error.
+// Which prefill attention kernel runs: kAuto = the warp-specialized wgmma kernel (attention_wgmma_ws.cu)
+// where the device and head dim have it (sm_90, head dim 64; faster than the others causal and at 128-key
+// windows, docs/PERF.md), else mma.sync (attention.cu). kWgmma (attention_wgmma.cu, every warp loads and
+// computes), kWgmmaWs and kMmaSync force one, for tests and benchmarks; kWgmma or kWgmmaWs where there is
+// none is an error.
 enum class CudaAttentionPath { kAuto, kWgmma, kWgmmaWs, kMmaSync };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;

@@ -132,7 +132,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
     const int ch = tid % 8, row0 = tid / 8;
     const int dst0 = row0 * 128 + ((ch ^ (row0 & 7)) << 4);
     const PagedKv& kv = p.kv;
+    // Page sizes are powers of two in practice (16): a shift and a mask then, not a division per key row.
     const int page_size = static_cast<int>(kv.page_size);
+    const bool pow2 = (page_size & (page_size - 1)) == 0;
+    const int page_shift = __ffs(page_size) - 1;
     int slot = 0;
     uint32_t parity = 1;  // a fresh ring is empty
     for (int ps = 0; ps < n_passes; ++ps) {
@@ -143,20 +146,21 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
         mbarrier_wait(empty0 + 8 * slot, parity);
         uint8_t* stage = skv + slot * kStageBytes;
         const int k0 = kmin + i * KT;
-        // The rows' pages first, all lookups in flight at once, then the copies (32-bit division: page
+        // The rows' pages first, all lookups in flight at once, then the copies (32-bit arithmetic: page
         // sizes and positions fit an int).
-        int page[KT / 16];
+        int page[KT / 16], in_page[KT / 16];
 #pragma unroll
         for (int j = 0; j < KT / 16; ++j) {
-          const int key = k0 + row0 + 16 * j, logical = key / page_size;
+          const int key = k0 + row0 + 16 * j;
+          const int logical = pow2 ? key >> page_shift : key / page_size;
+          in_page[j] = key - logical * page_size;
           page[j] = key <= kmax && logical < kv.max_pages ? table[logical] : -1;
         }
 #pragma unroll
         for (int j = 0; j < KT / 16; ++j) {
-          const int key = k0 + row0 + 16 * j;
           const bool ok = page[j] >= 0 && page[j] < kv.num_pages;
           const int64_t off =
-              ok ? ((static_cast<int64_t>(page[j]) * page_size + key % page_size) * p.n_kv + g) * HD + ch * 8 : 0;
+              ok ? ((static_cast<int64_t>(page[j]) * page_size + in_page[j]) * p.n_kv + g) * HD + ch * 8 : 0;
           cp_async_16(stage + dst0 + j * 2048, kv.k + off, ok);
           cp_async_16(stage + kTileBytes + dst0 + j * 2048, kv.v + off, ok);
         }
