@@ -2,7 +2,8 @@
 // plain decoding token for token, and seeded sampling too (drafts are point masses: the acceptance rule is
 // exact), with random-weight drafts of the fixtures' shapes (tiny-gpt-oss(-b)-eagle3 presets, written by our
 // own synthetic writer): they are rarely accepted, so the draft's KV rollback is what is exercised; small
-// pages put its chain on scratch pages and across page boundaries. Also: the flag's refusals.
+// pages put its chain on scratch pages and across page boundaries; preemption and prefix-cache hits. Also:
+// the flag's refusals.
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -67,6 +68,16 @@ TEST(EngineEagle3, GreedyAndSeededTokensEqualPlainDecodingOnEveryGptOssFixture) 
                   static_cast<long long>(s.spec_draft_tokens));
     }
   }
+}
+
+// A pool too small for every request at once (preemption: the draft's KV of a recomputed request is written
+// again by its recompute's prompt chunks) and repeated prompts (prefix-cache hits: the shared pages carry
+// the draft KV their first owner wrote), with chunked prefill (prompt chunks that draft nothing).
+TEST(EngineEagle3, PreemptionAndPrefixHitsKeepPlainOutputs) {
+  TempDir draft;
+  ASSERT_TRUE(write_synthetic_model("tiny-gpt-oss-eagle3", draft.path(), SyntheticOptions{}).is_ok());
+  expect_speculation_survives_preemption_and_prefix_hits(fixture_model("tiny-gpt-oss"), eagle3_config(0, ""),
+                                                         eagle3_config(3, draft.path()), 16);
 }
 
 TEST(EngineEagle3, RefusesADraftForAnotherTarget) {

@@ -80,4 +80,28 @@ DriveResult drive(EngineCore& core, std::vector<Arrival> arrivals, const StepHoo
   return result;
 }
 
+void expect_speculation_survives_preemption_and_prefix_hits(const Fixture& fx, EngineConfig plain, EngineConfig spec,
+                                                           int64_t step_tokens) {
+  std::vector<Arrival> arrivals;
+  for (int rep = 0; rep < 2; ++rep)
+    for (size_t i = 0; i < fx.prompts.size(); ++i)
+      arrivals.push_back({static_cast<int64_t>(rep * 3 + i), greedy_request(fx.prompts[i], 30)});
+  std::vector<DriveResult> results;
+  for (EngineConfig* c : {&plain, &spec}) {
+    c->num_kv_pages = 48;
+    c->max_num_batched_tokens = step_tokens;
+    auto core = EngineCore::create(*fx.model, *c);
+    ASSERT_TRUE(core.is_ok()) << core.status().to_string();
+    results.push_back(drive(**core, arrivals));
+    ASSERT_EQ(results.back().error, "");
+    ASSERT_EQ(results.back().outputs.size(), arrivals.size());
+  }
+  for (size_t i = 0; i < arrivals.size(); ++i) EXPECT_EQ(results[1].outputs[i].token_ids, results[0].outputs[i].token_ids) << i;
+  const SchedulerStats& s = results[1].stats.scheduler;
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.prefix_hit_tokens, 0);
+  EXPECT_GT(s.spec_drafts, 0);
+  EXPECT_EQ(results[1].stats.pages_used, 0);
+}
+
 }  // namespace mx::test

@@ -44,4 +44,10 @@ DriveResult drive(EngineCore& core, std::vector<Arrival> arrivals, const StepHoo
 // Greedy, max_tokens n, no stop ids.
 RequestInput greedy_request(const std::vector<int32_t>& prompt, int64_t n);
 
+// Each prompt of `fx` twice (30 greedy tokens each) through a plain engine and a speculating one, both with a
+// pool of 48 pages and steps of `step_tokens`: the outputs are equal, requests were preempted, prompts hit
+// the prefix cache, drafts were verified and every page came back (draft models' preemption and reuse test).
+void expect_speculation_survives_preemption_and_prefix_hits(const Fixture& fx, EngineConfig plain, EngineConfig spec,
+                                                           int64_t step_tokens);
+
 }  // namespace mx::test

@@ -151,23 +151,8 @@ TEST(Gemma4Assistant, PreemptionAndPrefixHitsKeepPlainOutputs) {
   const auto& fx = fixture_model("tiny-gemma4-text");
   TempDir dir;
   write_assistant(fx, dir.path());
-  std::vector<Arrival> arrivals;
-  for (int rep = 0; rep < 2; ++rep)
-    for (size_t i = 0; i < fx.prompts.size(); ++i)
-      arrivals.push_back({static_cast<int64_t>(rep * 3 + i), greedy_request(fx.prompts[i], 30)});
-  EngineConfig plain_config = mtp_config(dir.path(), 0), spec_config = mtp_config(dir.path(), 3);
-  for (EngineConfig* c : {&plain_config, &spec_config}) {
-    c->num_kv_pages = 48;  // 192 tokens of context: the eight requests need ~560
-    c->max_num_batched_tokens = 64;
-  }
-  const DriveResult plain = run(fx, plain_config, arrivals);
-  const DriveResult spec = run(fx, spec_config, arrivals);
-  ASSERT_EQ(spec.outputs.size(), arrivals.size());
-  for (size_t i = 0; i < arrivals.size(); ++i) EXPECT_EQ(spec.outputs[i].token_ids, plain.outputs[i].token_ids) << i;
-  EXPECT_GT(spec.stats.scheduler.preemptions, 0);
-  EXPECT_GT(spec.stats.scheduler.prefix_hit_tokens, 0);
-  EXPECT_GT(spec.stats.scheduler.spec_drafts, 0);
-  EXPECT_EQ(spec.stats.pages_used, 0);
+  // 48 pages: 192 tokens of context, the eight requests need ~560.
+  expect_speculation_survives_preemption_and_prefix_hits(fx, mtp_config(dir.path(), 0), mtp_config(dir.path(), 3), 64);
 }
 
 // transformers' drafts (float32) for every prompt of the fixture: the same tokens, logits within float32
