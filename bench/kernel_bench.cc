@@ -6,11 +6,12 @@
 // over N is the time per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
-// --moe-decode-variants |
+// --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only] [out.json]`).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
-// whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time).
+// whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
+// --moe-decode-variants it picks decode variants (e.g. `v1,stream`).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -47,7 +48,28 @@ Backend* g_b = nullptr;
 std::vector<Buffer> g_keep;
 std::mt19937 g_rng(1234);
 std::vector<int64_t> bench_only_prefill_sizes;
-std::vector<std::string> bench_prefill_variant_prefixes;  // empty: every variant
+std::vector<int64_t> bench_only_decode_sizes;          // empty: the default sizes
+std::vector<std::string> bench_variant_prefixes;       // empty: every variant
+
+// The non-empty items of "=a,b,c" (a flag's tail; "" gives none), each converted by `item`.
+template <typename T, typename F>
+std::vector<T> parse_list(const std::string& tail, F item) {
+  std::vector<T> out;
+  for (size_t i = tail.empty() ? std::string::npos : 1; i < tail.size();) {
+    const size_t end = std::min(tail.find(',', i), tail.size());
+    if (end > i) out.push_back(item(tail.substr(i, end - i)));
+    i = end + 1;
+  }
+  return out;
+}
+
+// Whether a variant's label (leading spaces ignored) starts with one of --variants' prefixes.
+bool variant_selected(const std::string& label) {
+  const std::string l = label.substr(std::min(label.find_first_not_of(' '), label.size()));
+  return bench_variant_prefixes.empty() ||
+         std::any_of(bench_variant_prefixes.begin(), bench_variant_prefixes.end(),
+                     [&](const std::string& prefix) { return l.rfind(prefix, 0) == 0; });
+}
 
 #define CHECK_OK(expr)                                                   \
   do {                                                                   \
@@ -173,8 +195,8 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 
 // ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4). The default path at 1/8/64 tokens, then
 // (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
-// moe.cu) and the ring GEMMs (moe_decode.cu) at several k splits (target k tiles per warp) and ring
-// depths, without PDL, and each of their GEMMs alone.
+// moe.cu), the ring GEMMs (moe_decode.cu) at their default and without PDL, and the stream GEMMs
+// (moe_decode_stream.cu) at several warps per CTA and ring slots per warp, without PDL, and each GEMM alone.
 void bench_moe(bool variants) {
   const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = kExpertCopies;
@@ -187,21 +209,29 @@ void bench_moe(bool variants) {
     bool pdl;
     int only_gemm;
     std::string label;
+    int stream_warps = 0, stream_stages = 0;
   };
   std::vector<Variant> list{{CudaMoePath::kAuto, 0, 0, true, 0, ""}};
   if (variants)
-    list = {{CudaMoePath::kDecodeV1, 0, 0, true, 0, " v1"},
-            {CudaMoePath::kDecode, 12, 4, true, 0, " kt12 d4"},
-            {CudaMoePath::kDecode, 12, 6, true, 0, " kt12 d6"},
-            {CudaMoePath::kDecode, 12, 8, true, 0, " kt12 d8"},
-            {CudaMoePath::kDecode, 23, 6, true, 0, " kt23 d6"},
-            {CudaMoePath::kDecode, 23, 8, true, 0, " kt23 d8"},
-            {CudaMoePath::kDecode, 8, 8, true, 0, " kt8 d8"},
-            {CudaMoePath::kDecode, 6, 6, true, 0, " kt6 d6"},
-            {CudaMoePath::kDecode, 12, 6, false, 0, " kt12 d6 no-pdl"},
-            {CudaMoePath::kDecode, 0, 0, true, 1, " default gemm1 only"},
-            {CudaMoePath::kDecode, 0, 0, true, 2, " default gemm2 only"}};
-  const std::vector<int64_t> sizes = variants ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64} : std::vector<int64_t>{1, 8, 64};
+    list = {{CudaMoePath::kAuto, 0, 0, true, 0, " auto"},
+            {CudaMoePath::kDecodeV1, 0, 0, true, 0, " v1"},
+            {CudaMoePath::kDecode, 12, 4, true, 0, " ring kt12 d4"},
+            {CudaMoePath::kDecode, 12, 4, false, 0, " ring kt12 d4 no-pdl"},
+            {CudaMoePath::kDecode, 0, 0, true, 1, " ring gemm1 only"},
+            {CudaMoePath::kDecode, 0, 0, true, 2, " ring gemm2 only"},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream"},
+            {CudaMoePath::kDecodeStream, 0, 0, false, 0, " stream no-pdl"},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 1, " stream gemm1 only"},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 2, " stream gemm2 only"},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w4", 4},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w12", 12},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w16", 16},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w8 s2", 8, 2},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w8 s3", 8, 3},
+            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w4 s8", 4, 8}};
+  const std::vector<int64_t> sizes = !variants                         ? std::vector<int64_t>{1, 8, 64}
+                                     : !bench_only_decode_sizes.empty() ? bench_only_decode_sizes
+                                                                        : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
   for (int64_t T : sizes) {
     CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));
     const int routings = 6;
@@ -209,8 +239,12 @@ void bench_moe(bool variants) {
     const double touched = make_routings(T, routings, &ids, &weights);
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
     for (const Variant& v : list) {
+      if (!variant_selected(v.label)) continue;
       const int only = v.only_gemm;
-      CHECK_OK(set_cuda_moe_options(*g_b, {v.path, 0, v.k_tiles, v.depth, v.pdl, only}));
+      CudaMoeOptions o{v.path, 0, v.k_tiles, v.depth, v.pdl, only};
+      o.stream_warps = v.stream_warps;
+      o.stream_stages = v.stream_stages;
+      CHECK_OK(set_cuda_moe_options(*g_b, o));
       const double us = time_graph(24, [&](int i) {
         MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
         return g_b->moe_experts(p);
@@ -262,10 +296,7 @@ void bench_moe_prefill() {
           Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 0, 1},
           Variant{CudaMoePath::kAuto, 0, "auto", 0, 0, 0}}) {
       const std::string label = v.label;
-      if (!bench_prefill_variant_prefixes.empty() &&
-          std::none_of(bench_prefill_variant_prefixes.begin(), bench_prefill_variant_prefixes.end(),
-                       [&](const std::string& prefix) { return label.rfind(prefix, 0) == 0; }))
-        continue;
+      if (!variant_selected(label)) continue;
       CudaMoeOptions o{v.path, v.tile};
       o.wgmma_warpgroups = v.warpgroups;
       o.wgmma_persistent = v.persistent;
@@ -696,10 +727,20 @@ int main(int argc, char** argv) {
   // `--moe-prefill-only[=T,T,...]`: just the MoE prefill sweep (quick comparisons of the two paths).
   // `--sampling-only`: just the sampling rows.
   int arg = 1;
-  // `--moe-decode-variants`: only the MoE decode variants (kernel comparisons in one device run).
-  if (argc > arg && std::string(argv[arg]) == "--moe-decode-variants") {
-    bench_moe(/*variants=*/true);
+  // `--moe-decode-variants[=T,T,...] [--variants=P,P,...]`: only the MoE decode variants (kernel comparisons
+  // in one device run), at those token counts, those whose labels start with one of the prefixes.
+  const std::string decode_flag = "--moe-decode-variants";
+  if (argc > arg && std::string(argv[arg]).rfind(decode_flag, 0) == 0) {
+    bench_only_decode_sizes = parse_list<int64_t>(std::string(argv[arg]).substr(decode_flag.size()),
+                                                  [](const std::string& t) { return std::stoll(t); });
     ++arg;
+    const std::string prefixes = "--variants=";
+    if (argc > arg && std::string(argv[arg]).rfind(prefixes, 0) == 0) {
+      bench_variant_prefixes = parse_list<std::string>(std::string(argv[arg]).substr(prefixes.size() - 1),
+                                                       [](const std::string& t) { return t; });
+      ++arg;
+    }
+    bench_moe(/*variants=*/true);
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }
@@ -707,13 +748,8 @@ int main(int argc, char** argv) {
   // causal and window 128, each kernel.
   const std::string attn_flag = "--attention-prefill-only";
   if (argc > arg && std::string(argv[arg]).rfind(attn_flag, 0) == 0) {
-    const std::string v = std::string(argv[arg]).substr(attn_flag.size());
-    std::vector<int64_t> lengths;
-    for (size_t i = v.empty() ? std::string::npos : 1; i < v.size();) {
-      const size_t end = std::min(v.find(',', i), v.size());
-      lengths.push_back(std::stoll(v.substr(i, end - i)));
-      i = end + 1;
-    }
+    const std::vector<int64_t> lengths = parse_list<int64_t>(std::string(argv[arg]).substr(attn_flag.size()),
+                                                             [](const std::string& t) { return std::stoll(t); });
     bench_attention_prefill(lengths.empty() ? std::vector<int64_t>{1024, 4096, 8192} : lengths);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
@@ -749,21 +785,13 @@ int main(int argc, char** argv) {
     ++arg;
   } else if (argc > arg && std::string(argv[arg]).rfind(flag, 0) == 0) {
     prefill_only = true;
-    const std::string v = std::string(argv[arg]).substr(flag.size());
-    for (size_t i = v.empty() ? std::string::npos : 1; i < v.size();) {
-      const size_t end = std::min(v.find(',', i), v.size());
-      bench_only_prefill_sizes.push_back(std::stoll(v.substr(i, end - i)));
-      i = end + 1;
-    }
+    bench_only_prefill_sizes = parse_list<int64_t>(std::string(argv[arg]).substr(flag.size()),
+                                                   [](const std::string& t) { return std::stoll(t); });
     ++arg;
     const std::string variants = "--variants=";
     if (argc > arg && std::string(argv[arg]).rfind(variants, 0) == 0) {
-      const std::string v = std::string(argv[arg]).substr(variants.size());
-      for (size_t i = 0; i < v.size();) {
-        const size_t end = std::min(v.find(',', i), v.size());
-        if (end > i) bench_prefill_variant_prefixes.push_back(v.substr(i, end - i));
-        i = end + 1;
-      }
+      bench_variant_prefixes = parse_list<std::string>(std::string(argv[arg]).substr(variants.size() - 1),
+                                                       [](const std::string& t) { return t; });
       ++arg;
     }
   }

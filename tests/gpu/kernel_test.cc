@@ -541,17 +541,19 @@ const char* path_name(CudaMoePath p) {
     case CudaMoePath::kGrouped: return "grouped";
     case CudaMoePath::kGroupedMmaSync: return "grouped mma.sync";
     case CudaMoePath::kAuto: return "auto";
+    case CudaMoePath::kDecodeStream: return "decode stream";
   }
   return "?";
 }
 
 // One routing of random experts through the CPU twin and through each CUDA path in `paths` (the grouped
 // path once per tile size in `grouped_tiles` and warpgroup count in `wgmma_warpgroups`, 0 = its own choice;
-// `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized).
+// `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized; `stream_warps`, `stream_stages` as theirs).
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
                     std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
                     bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0},
-                    std::initializer_list<int> wgmma_warpgroups = {0}, int warp_specialized = 0) {
+                    std::initializer_list<int> wgmma_warpgroups = {0}, int warp_specialized = 0,
+                    int stream_warps = 0, int stream_stages = 0) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -582,6 +584,8 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     options.wgmma_warpgroups = wg;
     options.wgmma_persistent = persistent;
     options.wgmma_warp_specialized = warp_specialized;
+    options.stream_warps = stream_warps;
+    options.stream_stages = stream_stages;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
@@ -594,6 +598,8 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     if (wg != 0) variant += " (" + std::to_string(wg) + " warpgroups if wgmma)";
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
+    if (stream_warps != 0 || stream_stages != 0)
+      variant += " (" + std::to_string(stream_warps) + " warps, " + std::to_string(stream_stages) + " slots if stream)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -664,6 +670,32 @@ TEST_F(KernelTest, MoeExpertsDecode) {
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform}, {CudaMoePath::kDecode}, 0, 0, false);
 }
 
+bool stream_decode_available() {
+  auto placement = cuda_placement(cuda_backend());
+  if (!placement.is_ok()) return false;
+  auto dev = cuda::query_device_info(placement->device);
+  return dev.is_ok() && cuda::choose_moe_stream_config(*dev, 1).enabled;
+}
+
+// The stream decode GEMMs (moe_decode_stream.cu, sm_90): 1, 3, 7 and 16 tokens of the 20b layer (16 = 64
+// routed slots: the routing kernel's metadata and the combine kernel), experts without tokens, every token on
+// the same experts, all on one expert at top-1 (three 8-row tiles), k not a multiple of the 4-tile chunk
+// (k tiles 3, 5 and 65), 128 experts; default warps and slots, and on the small shapes 4 warps of 2 slots
+// (rings wrapping many times) and 16 warps; without PDL.
+TEST_F(KernelTest, MoeExpertsDecodeStream) {
+  if (!stream_decode_available()) GTEST_SKIP() << "stream decode kernels: sm_90 only";
+  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform},
+                           MoeCase{32, 2880, 2880, 4, 7, Routing::kHot}, MoeCase{32, 2880, 2880, 4, 16, Routing::kUniform}})
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecodeStream});
+  for (const MoeCase& c : {MoeCase{8, 320, 192, 4, 8, Routing::kSame}, MoeCase{8, 256, 4160, 2, 3, Routing::kUniform},
+                           MoeCase{128, 256, 192, 4, 5, Routing::kUniform}, MoeCase{8, 256, 192, 1, 20, Routing::kSame},
+                           MoeCase{8, 320, 4160, 2, 16, Routing::kHot}})
+    for (auto [warps, stages] : {std::pair{0, 0}, std::pair{4, 2}, std::pair{16, 0}})
+      check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecodeStream}, 0, 0, true, {0}, {0}, 0, warps, stages);
+  check_moe_case(cpu_, cuda_, rng_, MoeCase{8, 256, 4160, 2, 3, Routing::kUniform}, {CudaMoePath::kDecodeStream}, 0, 0,
+                 false);
+}
+
 // Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and
 // requires those tokens' output bits to equal their bits inside the full batch.
 void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,
@@ -706,6 +738,9 @@ void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase&
 TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform}, {CudaMoePath::kDecode},
                                "decode", {1, 3, 8});
+  if (stream_decode_available())
+    check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform},
+                                 {CudaMoePath::kDecodeStream}, "decode stream", {1, 3, 8, 16});
 }
 
 TEST_F(KernelTest, MoeExpertsPrefill) {
@@ -754,8 +789,8 @@ TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
                                "grouped 20b shape, warp-specialized", {1, 129, 700});
 }
 
-void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile, int warp_specialized = 0) {
-  const MoeCase c{32, 2880, 2880, 4, 777, Routing::kHot};
+void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,
+                            const std::string& label) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -768,8 +803,6 @@ void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile, int warp_s
   TensorView xg = cuda.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
   TensorView id = cuda.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
   TensorView eager = cuda.make(DType::kBF16, {c.T, c.H}), replayed = cuda.make(DType::kBF16, {c.T, c.H});
-  CudaMoeOptions options{CudaMoePath::kGrouped, tile};
-  options.wgmma_warp_specialized = warp_specialized;
   ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
   ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, &*up, eager, c.k, 7.0f, 1.702f}).is_ok());
   auto graph = cuda_backend().capture(
@@ -779,17 +812,29 @@ void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, int tile, int warp_s
   ASSERT_TRUE((*graph)->replay().is_ok());
   const std::vector<uint8_t> a = cuda.download_bytes(eager), b = cuda.download_bytes(replayed);
   const bool same = a == b;
-  const std::string what = (tile == 0 ? "" : ", " + std::to_string(tile) + "-token tiles") +
-                           (warp_specialized > 0 ? ", warp-specialized" : "");
-  record("moe_experts", "grouped 20b shape T=777" + what + ", graph replay vs eager, bitwise", same ? 0 : 1, 0, 0, same);
+  record("moe_experts", label + " 20b shape T=" + std::to_string(c.T) + ", graph replay vs eager, bitwise", same ? 0 : 1,
+         0, 0, same);
   EXPECT_TRUE(same);
 }
 
 // The grouped path replayed from a CUDA graph gives the eager bits (fixed grid, metadata read on the device),
 // at its own tile choice, with 256-token tiles, and on the warp-specialized kernel.
 TEST_F(KernelTest, MoeGroupedGraphReplay) {
-  for (int tile : {0, 256}) check_moe_graph_replay(cuda_, rng_, tile);
-  check_moe_graph_replay(cuda_, rng_, 256, 1);
+  const MoeCase c{32, 2880, 2880, 4, 777, Routing::kHot};
+  check_moe_graph_replay(cuda_, rng_, c, {CudaMoePath::kGrouped}, "grouped");
+  check_moe_graph_replay(cuda_, rng_, c, {CudaMoePath::kGrouped, 256}, "grouped, 256-token tiles");
+  CudaMoeOptions ws{CudaMoePath::kGrouped, 256};
+  ws.wgmma_warp_specialized = 1;
+  check_moe_graph_replay(cuda_, rng_, c, ws, "grouped, 256-token tiles, warp-specialized");
+}
+
+// The stream decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets
+// reset for the next replay) and on the routing kernel's metadata.
+TEST_F(KernelTest, MoeDecodeStreamGraphReplay) {
+  if (!stream_decode_available()) GTEST_SKIP() << "stream decode kernels: sm_90 only";
+  for (int64_t T : {1, 5, 16})
+    check_moe_graph_replay(cuda_, rng_, MoeCase{32, 2880, 2880, 4, T, Routing::kUniform}, {CudaMoePath::kDecodeStream},
+                           "decode stream");
 }
 
 }  // namespace

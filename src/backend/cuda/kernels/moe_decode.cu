@@ -15,25 +15,12 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/moe_decode_parts.cuh"
 #include "backend/cuda/kernels/moe_route_tile.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 
 namespace mx::cuda {
 namespace {
-
-constexpr unsigned kAll = 0xffffffffu;
-
-__device__ TileRoute route_from_metadata(const MoeRouting& r, int tile) {
-  TileRoute t;
-  t.tiles = *r.num_tiles;
-  if (tile >= t.tiles) return t;
-  t.expert = r.tile_expert[tile];
-  t.start = r.tile_start[tile];
-  t.rows = r.tile_rows[tile];
-  const int row = static_cast<int>(threadIdx.x % 32) / 4;
-  t.row_slot = row < t.rows ? r.sorted_slots[t.start + row] : 0;
-  return t;
-}
 
 // Activations: x (first GEMM) is read by many CTAs of an SM, so through L1; h (second GEMM) was written by
 // the previous kernel while this one was already running, so from L2 only.
@@ -112,14 +99,7 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   if constexpr (kGated) {
     swap_ab_swiglu_epilogue(g, acc, rt.expert, rt.start, rt.rows, strip, r, q);
   } else {
-    const StripBias bias = load_strip_bias(g, rt.expert, strip, r);
-    // Tile row 2q + c is the route of lane 8q + 4c (tile row = lane / 4).
-    const int slot_of[2] = {__shfl_sync(kAll, rt.row_slot, 8 * q), __shfl_sync(kAll, rt.row_slot, 8 * q + 4)};
-    swap_ab_weighted_epilogue(g, acc, bias, rt.start, rt.rows, strip, r, q,
-                              [&](int c) { return g.topk_weights[slot_of[c]]; });
-    if (p.tickets == nullptr) return;
-    if (last_tile_of_strip(p.tickets, strip, rt.tiles))
-      combine_strip(g.out, p.combined, g.rows, static_cast<int>(p.slots), static_cast<int>(g.top_k), rt.pos, strip);
+    weighted_epilogue_and_combine(p, acc, rt, strip, r, q);
   }
 }
 
