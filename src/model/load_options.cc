@@ -8,4 +8,13 @@ Result<DType> parse_dense_dtype(const std::string& text) {
   return invalid_argument("--dense-dtype must be bf16 or fp8 (got '" + text + "')");
 }
 
+const char* moe_split_name(MoeSplit split) {
+  switch (split) {
+    case MoeSplit::kAuto: return "the model's default";
+    case MoeSplit::kByIntermediate: return "by intermediate dimension";
+    case MoeSplit::kByExpert: return "by expert";
+  }
+  return "?";
+}
+
 }  // namespace mx

@@ -66,6 +66,9 @@ class Model {
   // Devices the KV layers are spread over evenly (tensor parallel on CUDA: one per rank); the device memory
   // plan is made for one of them.
   virtual int64_t kv_devices() const { return 1; }
+  // What this model holds of a tensor-parallel split (a rank: its share; the split model: every rank's), for
+  // the start-up log; empty when not split.
+  virtual std::string parallel_summary() const { return {}; }
   // Runs one batch: writes f32 logits [R, vocab] for the batch's logit rows and returns the final hidden rows
   // [T, H]. `kv` must be laid out as kv_layout() says; `ws` must come from this model's make_workspace.
   virtual Result<ForwardOutput> forward(const BatchView& batch, const KvCache& kv, ModelWorkspace& ws, TensorView logits,

@@ -36,6 +36,8 @@ Result<std::unique_ptr<Model>> build_gemma4(const std::string& text, const std::
                                             Checkpoint checkpoint, Backend& backend, const ModelShard& shard,
                                             const ModelLoadOptions& options) {
   if (options.dense_dtype != DType::kBF16) return unimplemented(source + ": Gemma-4 has no FP8 dense weights yet (--dense-dtype)");
+  if (shard.size > 1 && options.moe_split == MoeSplit::kByExpert)
+    return unimplemented(source + ": Gemma-4's experts split by the intermediate dimension only (--enable-expert-parallel)");
   MX_ASSIGN_OR_RETURN(Gemma4Config config, parse_gemma4_config(text, source));
   MX_ASSIGN_OR_RETURN(auto model, Gemma4Model::from_checkpoint(std::move(config), std::move(g), std::move(checkpoint), backend,
                                                                shard));

@@ -1,6 +1,7 @@
 #include "model/tensor_parallel_model.h"
 
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -150,6 +151,16 @@ class TensorParallelModel final : public Model {
   // Each rank's layers on its own device (CUDA); CPU ranks share one memory and one budget.
   int64_t kv_devices() const override { return rank_zero_.device() == Device::kCpu ? 1 : size_; }
   const ModelCost& cost() const override { return ranks_[0]->cost(); }
+  std::string parallel_summary() const override {
+    std::string text = "tensor parallel over " + std::to_string(size_) + " ranks";
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      char weights[32];
+      std::snprintf(weights, sizeof(weights), "%.2f GiB", static_cast<double>(ranks_[r]->device_weight_bytes()) / (1 << 30));
+      const std::string own = ranks_[r]->parallel_summary();
+      text += "; rank " + std::to_string(r) + ": " + (own.empty() ? "" : own + ", ") + "weights " + weights;
+    }
+    return text;
+  }
 
   Result<std::unique_ptr<ModelWorkspace>> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const override {
     auto ws = std::make_unique<TensorParallelWorkspace>();

@@ -197,6 +197,9 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
   startup_.memory = in;
   startup_.plan = plan;
   MX_LOG(Info) << describe_kv_memory_plan(in, plan);
+  if (const std::string split = model_.parallel_summary(); !split.empty()) {
+    MX_LOG(Info) << "memory plan: " << split;
+  }
   return Status::ok();
 }
 

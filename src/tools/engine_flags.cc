@@ -31,8 +31,39 @@ std::vector<CliOption> engine_cli_options() {
       {"dense-dtype", true,
        "bf16 (default) or fp8: qkv, o_proj and lm_head weights converted at load to FP8 e4m3 with one scale per "
        "output channel (fewer bytes per decode step, less accurate logits: docs/API.md, docs/PERF.md)"},
+      {"enable-expert-parallel", false,
+       "tensor parallel: split the MoE by expert (each rank 1/N of the experts whole) instead of by the experts' "
+       "intermediate dimension (each rank a slice of every expert); gpt-oss's default: docs/PERF.md"},
+      {"no-enable-expert-parallel", false, "tensor parallel: split the MoE by the experts' intermediate dimension"},
+      {"expert-parallel-size", true,
+       "SGLang's spelling: 1 splits the MoE by intermediate dimension, the tensor-parallel size by expert",
+       {"ep-size"}},
   };
 }
+
+namespace {
+
+// --enable-expert-parallel / --no-enable-expert-parallel (vLLM) or --expert-parallel-size (SGLang, where only
+// 1 and the tensor-parallel size mean something here: experts are never split over a subset of the ranks).
+Result<MoeSplit> moe_split_flags(const CliArgs& args) {
+  const bool on = args.has("enable-expert-parallel"), off = args.has("no-enable-expert-parallel");
+  if (on && off) return invalid_argument("--enable-expert-parallel and --no-enable-expert-parallel contradict each other");
+  MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
+  if (on && tp == 1) return invalid_argument("--enable-expert-parallel needs --tensor-parallel-size 2 or more");
+  MoeSplit split = on ? MoeSplit::kByExpert : off ? MoeSplit::kByIntermediate : MoeSplit::kAuto;
+  if (!args.has("expert-parallel-size")) return split;
+  MX_ASSIGN_OR_RETURN(const int64_t ep, args.get_int("expert-parallel-size", 1));
+  if (ep != 1 && ep != tp)
+    return invalid_argument("--expert-parallel-size must be 1 (the MoE split by intermediate dimension) or the "
+                            "tensor-parallel size " + std::to_string(tp) + " (split by expert), got " + std::to_string(ep));
+  const MoeSplit sized = ep == 1 ? MoeSplit::kByIntermediate : MoeSplit::kByExpert;
+  if (split != MoeSplit::kAuto && split != sized)
+    return invalid_argument("--expert-parallel-size " + std::to_string(ep) + " contradicts --" +
+                            (on ? "enable-expert-parallel" : "no-enable-expert-parallel"));
+  return sized;
+}
+
+}  // namespace
 
 Result<int> tensor_parallel_size(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(const int64_t tp, args.get_int("tensor-parallel-size", 1));
@@ -45,6 +76,7 @@ Result<ModelLoadOptions> model_load_options(const CliArgs& args) {
   if (args.has("dense-dtype")) {
     MX_ASSIGN_OR_RETURN(options.dense_dtype, parse_dense_dtype(args.get("dense-dtype")));
   }
+  MX_ASSIGN_OR_RETURN(options.moe_split, moe_split_flags(args));
   return options;
 }
 

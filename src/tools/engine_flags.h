@@ -24,7 +24,8 @@ Status read_speculative_flags(const CliArgs& args, SpeculativeConfig* config);
 // themselves (generate, serve).
 Result<int> tensor_parallel_size(const CliArgs& args);
 
-// --dense-dtype (bf16 when absent): how the model's dense projections are kept on the device.
+// --dense-dtype (bf16 when absent): how the model's dense projections are kept on the device; the MoE split
+// of tensor parallel (--enable-expert-parallel, --no-enable-expert-parallel, --expert-parallel-size).
 Result<ModelLoadOptions> model_load_options(const CliArgs& args);
 
 }  // namespace mx

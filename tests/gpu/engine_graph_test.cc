@@ -25,6 +25,7 @@
 #include "model/tensor_parallel_model.h"
 #include "gpu_test_util.h"
 #include "route_trace_util.h"
+#include "tensor_parallel_util.h"
 #include "runtime/engine_core.h"
 #include "spec/reference_drafter.h"
 #include "runtime/token_constraint.h"
@@ -38,11 +39,12 @@ struct Loaded {
 };
 
 // The fixture's model on `backend` (CUDA unless given), split over `tp` ranks on devices 0..tp-1 when tp > 1.
-Loaded load_fixture(const std::string& name, Backend& backend = cuda_backend(), int tp = 1) {
+Loaded load_fixture(const std::string& name, Backend& backend = cuda_backend(), int tp = 1,
+                    const ModelLoadOptions& options = {}) {
   const char* env = std::getenv("MX_FIXTURES_DIR");
   const std::string dir = std::string(env ? env : MX_FIXTURES_DIR) + "/" + name;
   Loaded f;
-  auto model = tp == 1 ? load_model(dir, backend) : load_tensor_parallel_model(dir, backend, BackendOptions{"cuda", 0, 0}, tp);
+  auto model = tp == 1 ? load_model(dir, backend) : load_tensor_parallel_model(dir, backend, BackendOptions{"cuda", 0, 0}, tp, options);
   MX_CHECK(model.is_ok()) << model.status().to_string();
   f.model = std::move(*model);
   auto ref = test::load_fixture_reference(dir);
@@ -499,12 +501,11 @@ TEST_P(EngineGraphTest, PlannedKvPoolStaysInsideTheFraction) {
 class TensorParallelGraphTest : public ::testing::TestWithParam<test::TensorParallelCase> {};
 
 TEST_P(TensorParallelGraphTest, ReplayedDecodeEqualsEagerBitForBit) {
-  const auto& [name, tp, not_on_cuda] = GetParam();
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-  if (devices < tp) GTEST_SKIP() << "TP " << tp << " on CUDA needs " << tp << " GPUs; " << devices << " visible";
-  if (not_on_cuda) GTEST_SKIP() << name << " at TP " << tp << ": " << not_on_cuda;
-  const Loaded f = load_fixture(name, cuda_backend(), tp), one = load_fixture(name);
+  const test::TensorParallelCase& param = GetParam();
+  if (const std::string why = tensor_parallel_skip_reason(param); !why.empty()) GTEST_SKIP() << why;
+  const std::string& name = param.fixture;
+  const int tp = param.tp;
+  const Loaded f = load_fixture(name, cuda_backend(), tp, tensor_parallel_load_options(param)), one = load_fixture(name);
   EngineConfig c;
   c.num_kv_pages = 256;
   c.page_size = 8;
@@ -512,7 +513,8 @@ TEST_P(TensorParallelGraphTest, ReplayedDecodeEqualsEagerBitForBit) {
   c.cuda_graph_batch_sizes = {1, 2, 4, 8};
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(2 * i), i});
-  const std::string what = "TP " + std::to_string(tp) + " graphs == eager padded";
+  const std::string what =
+      "TP " + std::to_string(tp) + " MoE split " + moe_split_name(param.moe_split) + " graphs == eager padded";
   for (const int64_t top_logprobs : {3, 0}) {
     std::vector<RequestOutput> runs[2];
     int64_t replays[2] = {0, 0};

@@ -15,6 +15,7 @@
 #include "model/tensor_parallel_model.h"
 #include "gpu_test_util.h"
 #include "routing_probe_util.h"
+#include "tensor_parallel_util.h"
 #include "runtime/batch_staging.h"
 
 namespace mx::gpu_test {
@@ -41,7 +42,7 @@ std::string fixture_dir(const std::string& name) {
 // CUDA's route instead (the fp32 CPU twin, one rank, replaying it), and only if every such choice was a near
 // tie in fp32 (see RoutingProbe); the raw error is reported either way. Under TP the router is replicated:
 // rank 0's choices are every rank's.
-void expect_prefill_logits_within_bf16_tolerance(const std::string& name, int tp) {
+void expect_prefill_logits_within_bf16_tolerance(const std::string& name, int tp, const ModelLoadOptions& options = {}) {
   const std::string dir = fixture_dir(name);
   auto ref_or = test::load_fixture_reference(dir);
   ASSERT_TRUE(ref_or.is_ok()) << ref_or.status().to_string();
@@ -50,10 +51,11 @@ void expect_prefill_logits_within_bf16_tolerance(const std::string& name, int tp
   Backend& b = cuda_backend();
   test::RoutingProbe cuda_probe = test::RoutingProbe::recorder(b);
   auto cuda_model = tp == 1 ? load_model(dir, cuda_probe)
-                            : load_tensor_parallel_model(dir, cuda_probe, BackendOptions{"cuda", 0, 0}, tp);
+                            : load_tensor_parallel_model(dir, cuda_probe, BackendOptions{"cuda", 0, 0}, tp, options);
   ASSERT_TRUE(cuda_model.is_ok()) << cuda_model.status().to_string();
   const ModelDims& c = (*cuda_model)->dims();
-  const std::string label = tp == 1 ? name : name + " TP " + std::to_string(tp);
+  const std::string label =
+      tp == 1 ? name : name + " TP " + std::to_string(tp) + " MoE split " + moe_split_name(options.moe_split);
   // Hidden states after each layer, for localizing an error (the reference has them all).
   std::map<int64_t, std::vector<float>> hidden;
   HiddenObserver observer = [&](int64_t index, const TensorView& h) {
@@ -156,12 +158,9 @@ TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) { expect_prefill_logits_wi
 class TensorParallelFixtureTest : public ::testing::TestWithParam<test::TensorParallelCase> {};
 
 TEST_P(TensorParallelFixtureTest, PrefillLogitsWithinBf16Tolerance) {
-  const auto& [name, tp, not_on_cuda] = GetParam();
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-  if (devices < tp) GTEST_SKIP() << "TP " << tp << " on CUDA needs " << tp << " GPUs; " << devices << " visible";
-  if (not_on_cuda) GTEST_SKIP() << name << " at TP " << tp << ": " << not_on_cuda;
-  expect_prefill_logits_within_bf16_tolerance(name, tp);
+  const test::TensorParallelCase& c = GetParam();
+  if (const std::string why = tensor_parallel_skip_reason(c); !why.empty()) GTEST_SKIP() << why;
+  expect_prefill_logits_within_bf16_tolerance(c.fixture, c.tp, tensor_parallel_load_options(c));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixtureTest, ::testing::ValuesIn(test::kTensorParallelCases),

@@ -28,16 +28,34 @@ Result<std::vector<int32_t>> read_ids(const Checkpoint& file, const std::string&
 
 }  // namespace
 
-std::string FixtureParamName::operator()(const ::testing::TestParamInfo<std::string>& info) const {
-  std::string name = info.param;
+namespace {
+
+// gtest allows no '-' (nor spaces) in test names.
+std::string test_name(std::string name) {
   std::replace(name.begin(), name.end(), '-', '_');
+  std::replace(name.begin(), name.end(), ' ', '_');
   return name;
 }
 
+}  // namespace
+
+std::string FixtureParamName::operator()(const ::testing::TestParamInfo<std::string>& info) const {
+  return test_name(info.param);
+}
+
 std::string TensorParallelCaseName::operator()(const ::testing::TestParamInfo<TensorParallelCase>& info) const {
-  std::string name = info.param.fixture + "_tp" + std::to_string(info.param.tp);
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
+  const TensorParallelCase& c = info.param;
+  return test_name(c.fixture + "_tp" + std::to_string(c.tp) +
+                   (c.moe_split == MoeSplit::kAuto ? "" : std::string("_") + moe_split_name(c.moe_split)));
+}
+
+std::string moe_split_flag(MoeSplit split) {
+  switch (split) {
+    case MoeSplit::kAuto: return "";
+    case MoeSplit::kByIntermediate: return "--no-enable-expert-parallel";
+    case MoeSplit::kByExpert: return "--enable-expert-parallel";
+  }
+  return "";
 }
 
 std::vector<int32_t> ids_of(const TensorView& t) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "model/load_options.h"
 #include "model/model.h"
 #include "runtime/static_generator.h"
 
@@ -32,28 +33,36 @@ struct FixtureParamName {
 };
 
 // The tensor-parallel splits every TP test runs (CPU against one rank, CUDA against transformers and graph
-// replay): each fixture at the sizes its shapes allow. tiny-gpt-oss-b's 3 KV heads split only 3 ways; the
-// others' 2 KV heads are replicated at 4 (a GQA group never straddles ranks), and 4 query heads allow no 3.
-// `not_on_cuda` says why CUDA refuses a split the CPU runs (the GPU tests skip it saying so).
+// replay): each fixture at the sizes its shapes allow, gpt-oss's in both MoE splits. tiny-gpt-oss-b's 3 KV
+// heads split only 3 ways (its 192 expert channels are 3 slices of 64: one per rank); the others' 2 KV heads
+// are replicated at 4 (a GQA group never straddles ranks), and 4 query heads allow no 3. Gemma-4's experts
+// split by intermediate dimension only (kAuto: the family's default). `not_on_cuda` says why CUDA refuses a
+// split the CPU runs (the GPU tests skip it saying so).
 struct TensorParallelCase {
   std::string fixture;
   int tp = 1;
+  MoeSplit moe_split = MoeSplit::kAuto;
   const char* not_on_cuda = nullptr;
 };
 inline const std::vector<TensorParallelCase> kTensorParallelCases = {
-    {"tiny-gpt-oss", 2},
-    {"tiny-gpt-oss", 4},
-    {"tiny-gpt-oss-b", 3},
+    {"tiny-gpt-oss", 2, MoeSplit::kByIntermediate},
+    {"tiny-gpt-oss", 2, MoeSplit::kByExpert},
+    {"tiny-gpt-oss", 4, MoeSplit::kByIntermediate},
+    {"tiny-gpt-oss", 4, MoeSplit::kByExpert},
+    {"tiny-gpt-oss-b", 3, MoeSplit::kByIntermediate},
+    {"tiny-gpt-oss-b", 3, MoeSplit::kByExpert},
     {"tiny-gemma4", 2},
     {"tiny-gemma4", 4},
     {"tiny-gemma4-text", 2},
-    {"tiny-gemma4-text", 4,
+    {"tiny-gemma4-text", 4, MoeSplit::kAuto,
      "its 24-wide experts split 6 columns per rank at TP 4, and CUDA's bf16 experts take inner widths in "
      "multiples of 8 (the model refuses with that error when the engine makes its workspace)"}};
-// "tiny_gpt_oss_tp2": names the instances of a test parameterized by TensorParallelCase.
+// "tiny_gpt_oss_tp2_by_expert": names the instances of a test parameterized by TensorParallelCase.
 struct TensorParallelCaseName {
   std::string operator()(const ::testing::TestParamInfo<TensorParallelCase>& info) const;
 };
+// The command-line flag that asks for the case's MoE split ("" for kAuto).
+std::string moe_split_flag(MoeSplit split);
 
 // Relative L2 error of `got` against `want` (n values each); a non-finite value in `got` counts as a huge
 // error, so NaN or inf output can never pass a tolerance.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -159,6 +160,90 @@ TEST(GptOssShard, PlansCoverEveryHeadExpertAndVocabularyRowOnce) {
             std::string::npos);
 }
 
+// By intermediate dimension: every rank all the experts and whole 64-channel slices of their 2880 (45 slices:
+// the first ranks one more), the down bias on rank 0 only.
+TEST(GptOssShard, IntermediateSplitDealsWholeSlicesOfEveryExpert) {
+  GptOssConfig big = config_of(64, 8, 128, 201088);  // gpt-oss-120b
+  big.intermediate_size = 2880;
+  const std::map<int, std::vector<int64_t>> widths = {
+      {1, {2880}}, {2, {1472, 1408}}, {4, {768, 704, 704, 704}}, {8, {384, 384, 384, 384, 384, 320, 320, 320}}};
+  for (const auto& [n, want] : widths) {
+    int64_t next = 0, down_bias = 0;
+    for (int r = 0; r < n; ++r) {
+      auto p = plan_gpt_oss_shard(big, ModelShard{r, n}, MoeSplit::kByIntermediate);
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      EXPECT_EQ(p->moe_split, MoeSplit::kByIntermediate);
+      EXPECT_EQ(p->first_expert, 0);
+      EXPECT_EQ(p->experts, 128);
+      EXPECT_EQ(p->first_intermediate, next);
+      EXPECT_EQ(p->intermediate, want[static_cast<size_t>(r)]) << "TP " << n << " rank " << r;
+      next += p->intermediate, down_bias += p->adds_down_bias;
+    }
+    EXPECT_EQ(next, 2880);
+    EXPECT_EQ(down_bias, 1);
+  }
+  // By expert, every rank keeps every channel and its down bias.
+  auto by_expert = plan_gpt_oss_shard(big, ModelShard{1, 4}, MoeSplit::kByExpert);
+  ASSERT_TRUE(by_expert.is_ok());
+  EXPECT_EQ(by_expert->intermediate, 2880);
+  EXPECT_TRUE(by_expert->adds_down_bias);
+  EXPECT_EQ(by_expert->first_expert, 32);
+  EXPECT_EQ(plan_gpt_oss_shard(big, ModelShard{0, 2})->moe_split, kGptOssDefaultMoeSplit);
+  // 45 slices cannot feed 64 ranks; 96 channels are not whole slices.
+  const std::string too_many = plan_gpt_oss_shard(big, ModelShard{0, 64}, MoeSplit::kByIntermediate).status().message();
+  EXPECT_NE(too_many.find("2880 intermediate channels do not split into 64 slices"), std::string::npos) << too_many;
+  big.intermediate_size = 96;
+  EXPECT_FALSE(plan_gpt_oss_shard(big, ModelShard{0, 2}, MoeSplit::kByIntermediate).is_ok());
+  EXPECT_TRUE(plan_gpt_oss_shard(big, ModelShard{0, 2}, MoeSplit::kByExpert).is_ok());
+}
+
+// A rank's slice of the experts: gate_up rows 2 first.. (gate/up pairs together), down_proj's blocks of the
+// slice in every output row, the down bias or zeros.
+TEST(GptOssShard, SlicedExpertsHoldTheirChannelsOfEveryExpert) {
+  const int64_t E = 2, H = 64, I = 128, first = 64, count = 64;
+  std::vector<uint8_t> w1b(E * 2 * I * (H / 32) * 16), w1s(E * 2 * I * (H / 32)), w2b(E * H * (I / 32) * 16),
+      w2s(E * H * (I / 32));
+  std::vector<uint16_t> w1bias(E * 2 * I), w2bias(E * H);
+  for (std::vector<uint8_t>* v : {&w1b, &w1s, &w2b, &w2s})
+    for (size_t i = 0; i < v->size(); ++i) (*v)[i] = static_cast<uint8_t>(i * 7 + i / 251);
+  for (size_t i = 0; i < w1bias.size(); ++i) w1bias[i] = static_cast<uint16_t>(i + 1);
+  for (size_t i = 0; i < w2bias.size(); ++i) w2bias[i] = static_cast<uint16_t>(i + 1);
+  ExpertWeights whole;
+  whole.num_experts = E, whole.hidden = H, whole.intermediate = I;
+  whole.w1_blocks = TensorView(w1b.data(), DType::kU8, {E, 2 * I, H / 32, 16});
+  whole.w1_scales = TensorView(w1s.data(), DType::kU8, {E, 2 * I, H / 32});
+  whole.w1_bias = TensorView(w1bias.data(), DType::kBF16, {E, 2 * I});
+  whole.w2_blocks = TensorView(w2b.data(), DType::kU8, {E, H, I / 32, 16});
+  whole.w2_scales = TensorView(w2s.data(), DType::kU8, {E, H, I / 32});
+  whole.w2_bias = TensorView(w2bias.data(), DType::kBF16, {E, H});
+  for (bool down_bias : {true, false}) {
+    std::vector<std::vector<uint8_t>> storage;
+    auto s = slice_expert_intermediate(whole, first, count, down_bias, &storage);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    EXPECT_EQ(s->intermediate, count);
+    EXPECT_EQ(s->w1_blocks.shape(), Shape({E, 2 * count, H / 32, 16}));
+    EXPECT_EQ(s->w2_blocks.shape(), Shape({E, H, count / 32, 16}));
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t j = 0; j < 2 * count; ++j) {  // row j of the slice is checkpoint row 2 first + j
+        const int64_t src = e * 2 * I + 2 * first + j, dst = e * 2 * count + j;
+        ASSERT_EQ(s->w1_blocks.ptr<uint8_t>()[dst * (H / 32) * 16 + 5], w1b[src * (H / 32) * 16 + 5]);
+        ASSERT_EQ(s->w1_scales.ptr<uint8_t>()[dst * (H / 32) + 1], w1s[src * (H / 32) + 1]);
+        ASSERT_EQ(s->w1_bias.ptr<uint16_t>()[dst], w1bias[src]);
+      }
+      for (int64_t row = 0; row < H; ++row)
+        for (int64_t b = 0; b < count / 32; ++b) {  // block b of the slice is block first / 32 + b
+          const int64_t src = (e * H + row) * (I / 32) + first / 32 + b, dst = (e * H + row) * (count / 32) + b;
+          ASSERT_EQ(s->w2_blocks.ptr<uint8_t>()[dst * 16 + 15], w2b[src * 16 + 15]);
+          ASSERT_EQ(s->w2_scales.ptr<uint8_t>()[dst], w2s[src]);
+        }
+    }
+    EXPECT_EQ(s->w2_bias.ptr<uint16_t>()[E * H - 1], down_bias ? w2bias[E * H - 1] : 0);
+  }
+  std::vector<std::vector<uint8_t>> storage;
+  EXPECT_FALSE(slice_expert_intermediate(whole, 16, 32, true, &storage).is_ok());  // not whole MXFP4 blocks
+  EXPECT_FALSE(slice_expert_intermediate(whole, 96, 64, true, &storage).is_ok());  // past the end
+}
+
 // Gemma-4 26B-A4B's shapes: 16 query heads; sliding layers 8 KV heads, full layers 2 (replicated past TP 2);
 // dense MLP 2112 wide, experts 704 (split as evenly as they go, so any size that divides the heads works).
 TEST(Gemma4Shard, PlansCoverEveryHeadIntermediateAndVocabularyRowOnce) {
@@ -212,7 +297,7 @@ struct Generated {
   std::vector<std::vector<float>> logits;  // each prompt's prompt logits
 };
 
-Generated generate(const std::string& fixture, int tp, const test::TempDir& dir) {
+Generated generate(const std::string& fixture, int tp, MoeSplit split, const test::TempDir& dir) {
   const auto& fx = test::fixture_model(fixture);
   std::string jsonl;
   for (const auto& p : fx.prompts) jsonl += nlohmann::json(p).dump() + "\n";
@@ -220,7 +305,7 @@ Generated generate(const std::string& fixture, int tp, const test::TempDir& dir)
   const std::string logits = dir.file("logits-" + std::to_string(tp) + ".safetensors");
   const auto r = test::run_mxserve("generate --model " + test::fixture(fixture) + " --threads 1 --prompt-ids-file " +
                                    dir.file("prompts.jsonl") + " --max-new-tokens 24 --logits-out " + logits +
-                                   " --tensor-parallel-size " + std::to_string(tp));
+                                   " --tensor-parallel-size " + std::to_string(tp) + " " + test::moe_split_flag(split));
   EXPECT_EQ(r.exit_code, 0) << r.stderr_text;
   Generated g;
   std::istringstream lines(r.stdout_text);
@@ -240,9 +325,13 @@ Generated generate(const std::string& fixture, int tp, const test::TempDir& dir)
 }
 
 TEST(TensorParallel, EveryFixtureSplitGivesTheLogitsAndTokensOfOneRank) {
+  std::map<std::string, Generated> one_rank;  // by fixture: each runs once, whatever its splits
   for (const test::TensorParallelCase& c : test::kTensorParallelCases) {
     test::TempDir dir;
-    const Generated one = generate(c.fixture, 1, dir), split = generate(c.fixture, c.tp, dir);
+    if (!one_rank.contains(c.fixture)) one_rank[c.fixture] = generate(c.fixture, 1, MoeSplit::kAuto, dir);
+    const Generated& one = one_rank[c.fixture];
+    const Generated split = generate(c.fixture, c.tp, c.moe_split, dir);
+    const std::string label = c.fixture + " TP " + std::to_string(c.tp) + " " + moe_split_name(c.moe_split);
     ASSERT_EQ(one.logits.size(), split.logits.size());
     ASSERT_FALSE(one.logits.empty());
     // Within 1e-5 of one rank's logits, relative to the largest of them (fp32 sums in another order; Gemma-4's
@@ -255,11 +344,10 @@ TEST(TensorParallel, EveryFixtureSplitGivesTheLogitsAndTokensOfOneRank) {
         largest = std::max(largest, static_cast<double>(std::fabs(one.logits[i][j])));
       }
     }
-    std::printf("%s TP %d: largest logit difference to one rank %.3g (largest logit %.3g)\n", c.fixture.c_str(), c.tp, worst,
-                largest);
-    EXPECT_LE(worst, 1e-5 * std::max(1.0, largest)) << c.fixture << " TP " << c.tp;
-    EXPECT_GT(worst, 0.0) << c.fixture << " TP " << c.tp << ": bit-identical logits, so were the ranks split at all?";
-    EXPECT_EQ(one.tokens, split.tokens) << c.fixture << " TP " << c.tp;
+    std::printf("%s: largest logit difference to one rank %.3g (largest logit %.3g)\n", label.c_str(), worst, largest);
+    EXPECT_LE(worst, 1e-5 * std::max(1.0, largest)) << label;
+    EXPECT_GT(worst, 0.0) << label << ": bit-identical logits, so were the ranks split at all?";
+    EXPECT_EQ(one.tokens, split.tokens) << label;
   }
 }
 
@@ -268,6 +356,23 @@ TEST(TensorParallel, UnsplittableShapesAndBackendsAreOneLineErrors) {
   EXPECT_EQ(three.exit_code, 1);
   EXPECT_NE(three.stderr_text.find("tensor parallel size 3 does not divide the model's 16 attention heads"), std::string::npos)
       << three.stderr_text;
+  // The MoE split flags: vLLM's and SGLang's spellings, never both ways at once, SGLang's size 1 or the TP size.
+  const std::pair<const char*, const char*> flag_errors[] = {
+      {"--tp 2 --enable-expert-parallel --no-enable-expert-parallel", "contradict each other"},
+      {"--tp 2 --enable-expert-parallel --ep-size 1", "--expert-parallel-size 1 contradicts --enable-expert-parallel"},
+      {"--tp 4 --expert-parallel-size 2", "--expert-parallel-size must be 1 (the MoE split by intermediate dimension) "
+                                          "or the tensor-parallel size 4 (split by expert), got 2"},
+      {"--enable-expert-parallel", "--enable-expert-parallel needs --tensor-parallel-size 2 or more"}};
+  for (const auto& [flags, error] : flag_errors) {
+    const auto r = test::run_mxserve("generate --model " + test::fixture("tiny-gpt-oss") + " --prompt-ids 1,2 " + flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_NE(r.stderr_text.find(error), std::string::npos) << flags << ": " << r.stderr_text;
+  }
+  const auto gemma = test::run_mxserve("generate --model " + test::fixture("tiny-gemma4") +
+                                       " --prompt-ids 1,2 --tp 2 --enable-expert-parallel");
+  EXPECT_EQ(gemma.exit_code, 1);
+  EXPECT_NE(gemma.stderr_text.find("Gemma-4's experts split by the intermediate dimension only"), std::string::npos)
+      << gemma.stderr_text;
   const auto tpu = test::run_mxserve("generate --model " + test::fixture("tiny-gpt-oss") + " --prompt-ids 1,2 --tp 2 --backend tpu");
   EXPECT_EQ(tpu.exit_code, 1);
   EXPECT_NE(tpu.stderr_text.find("tensor parallel runs on the cpu and cuda backends, not tpu"), std::string::npos)

@@ -72,7 +72,7 @@ Result<std::unique_ptr<GptOssModel>> GptOssModel::from_checkpoint(GptOssConfig c
   if (shard.size > 1 && !shard.comm) return invalid_argument("a tensor-parallel rank needs a communicator");
   if (options.dense_dtype != DType::kBF16 && options.dense_dtype != DType::kF8E4M3)
     return invalid_argument(std::string("gpt-oss dense weights cannot be ") + dtype_name(options.dense_dtype));
-  MX_ASSIGN_OR_RETURN(const GptOssShardPlan plan, plan_gpt_oss_shard(config, shard));
+  MX_ASSIGN_OR_RETURN(const GptOssShardPlan plan, plan_gpt_oss_shard(config, shard, options.moe_split));
   std::unique_ptr<GptOssModel> model(new GptOssModel(std::move(config), backend, shard, plan));
   model->generation_config_ = std::move(generation_config);
   // <|end|> (200007) closes a Harmony message inside a turn (the analysis before the answer): a
@@ -168,9 +168,14 @@ Status GptOssModel::upload() {
       if (!plan_.adds_o_bias) L.o_bias = TensorView();
       L.sinks = item_rows(L.sinks, plan_.first_head, plan_.heads, 1);
       ExpertWeights& x = L.experts;
-      for (TensorView* t : {&x.w1_blocks, &x.w1_scales, &x.w1_bias, &x.w2_blocks, &x.w2_scales, &x.w2_bias})
-        *t = item_rows(*t, plan_.first_expert, plan_.experts, 1);
-      x.num_experts = plan_.experts;
+      if (plan_.moe_split == MoeSplit::kByExpert) {
+        for (TensorView* t : {&x.w1_blocks, &x.w1_scales, &x.w1_bias, &x.w2_blocks, &x.w2_scales, &x.w2_bias})
+          *t = item_rows(*t, plan_.first_expert, plan_.experts, 1);
+        x.num_experts = plan_.experts;
+      } else {
+        MX_ASSIGN_OR_RETURN(x, slice_expert_intermediate(x, plan_.first_intermediate, plan_.intermediate,
+                                                         plan_.adds_down_bias, &host_expert_slices_));
+      }
     }
     MX_RETURN_IF_ERROR(put_dense(L.o_weight, checkpoint_fp8(attn + "o_proj.weight"), &L.o_weight, &L.o_scale));
     for (TensorView* w : {&L.input_norm, &L.post_attention_norm, &L.o_bias, &L.sinks, &L.router_weight, &L.router_bias}) {
@@ -179,6 +184,7 @@ Status GptOssModel::upload() {
       }
     }
     MX_ASSIGN_OR_RETURN(L.experts, backend_.upload_experts(L.experts, &device_weights_));
+    if (backend_.device() != Device::kCpu) host_expert_slices_.clear();  // the device has its copy
     progress.step(++layers_done, device_weight_bytes());
   }
   checkpoint_fp8_.clear();  // put_dense copied what it kept
@@ -224,6 +230,24 @@ int64_t GptOssModel::device_weight_bytes() const {
   return total;
 }
 
+std::string GptOssModel::parallel_summary() const {
+  if (shard_.size == 1) return {};
+  const GptOssShardPlan& p = plan_;
+  auto range = [](int64_t first, int64_t count) {
+    std::string text(1, '[');
+    text += std::to_string(first);
+    text += ", ";
+    text += std::to_string(first + count);
+    return text + ")";
+  };
+  const std::string moe = p.moe_split == MoeSplit::kByExpert
+                              ? "experts " + range(p.first_expert, p.experts) + " of " + std::to_string(config_.num_experts)
+                              : "channels " + range(p.first_intermediate, p.intermediate) + " of every expert's " +
+                                    std::to_string(config_.intermediate_size);
+  return "heads " + range(p.first_head, p.heads) + ", KV heads " + range(p.first_kv_head, p.kv_heads) + ", MoE split " +
+         moe_split_name(p.moe_split) + ": " + moe + ", vocabulary " + range(p.first_vocab, p.vocab);
+}
+
 Result<std::unique_ptr<ModelWorkspace>> GptOssModel::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
   const GptOssConfig& c = config_;
   auto owned = std::make_unique<GptOssWorkspace>();
@@ -240,7 +264,7 @@ Result<std::unique_ptr<ModelWorkspace>> GptOssModel::make_workspace(int64_t max_
   const int64_t T = max_tokens, H = c.hidden_size;
   // The backend sizes its own scratch (MoE intermediates, attention partials, sampling) for this many
   // tokens and logits rows.
-  MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, c.intermediate_size, c.num_experts, c.experts_per_token,
+  MX_RETURN_IF_ERROR(backend_.prepare(WorkspaceSpec{T, H, plan_.intermediate, c.num_experts, c.experts_per_token,
                                                     plan_.heads, plan_.kv_heads, c.head_dim, max_logit_rows, c.vocab_size}));
   const int64_t q_dim = plan_.heads * c.head_dim;
   MX_ASSIGN_OR_RETURN(ws.residual, make(backend_.residual_dtype(), {T, H}));
@@ -307,13 +331,13 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
     MX_RETURN_IF_ERROR(b.router_topk(router));
     MoeParams moe{normed, router.topk_ids, router.topk_weights, &L.experts, proj, c.experts_per_token,
                   static_cast<float>(c.swiglu_limit), static_cast<float>(c.swiglu_alpha)};
-    if (shard_.size > 1) {
+    if (shard_.size > 1 && plan_.moe_split == MoeSplit::kByExpert) {
       moe.routed_experts = c.num_experts;
       moe.first_expert = plan_.first_expert;
     }
     MX_RETURN_IF_ERROR(b.moe_experts(moe));
 
-    // Each rank's experts' share, summed; the residual add is fused with the next norm: the next layer's input
+    // Each rank's share of the experts (its experts, or its slice of every expert's channels), summed; the residual add is fused with the next norm: the next layer's input
     // norm, or the final norm.
     const bool last = l + 1 == c.num_layers;
     const TensorView& next_norm = last ? weights_.final_norm : weights_.layers[static_cast<size_t>(l + 1)].input_norm;

@@ -70,6 +70,7 @@ class GptOssModel : public Model {
   const TensorView& lm_head() const { return weights_.lm_head; }
   const TensorView& lm_head_scale() const { return weights_.lm_head_scale; }
   bool is_tensor_parallel_rank() const { return shard_.size > 1; }
+  std::string parallel_summary() const override;
 
  private:
   GptOssModel(GptOssConfig config, Backend& backend, const ModelShard& shard, const GptOssShardPlan& plan);
@@ -99,6 +100,8 @@ class GptOssModel : public Model {
   std::vector<std::vector<uint16_t>> host_fused_;  // fused qkv weights and biases (bf16) on the host
   std::vector<std::vector<uint8_t>> host_fp8_;     // fp8 dense weights and their scales on the host (the CPU
   std::vector<std::vector<float>> host_scales_;    // backend reads them in place)
+  std::vector<std::vector<uint8_t>> host_expert_slices_;  // a rank's slices of the experts (the CPU backend
+                                                         // reads them in place)
   std::map<std::string, Fp8Rows> checkpoint_fp8_;  // dense weights the checkpoint holds in FP8, by name
   std::vector<Buffer> device_weights_;
   GptOssWeights weights_;  // host views after binding, backend views after upload
