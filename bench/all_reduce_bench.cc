@@ -24,20 +24,12 @@
 #include "backend/cuda/all_reduce_config.h"
 #include "backend/cuda/nccl_communicator.h"
 #include "core/dtype.h"
+#include "bench_check.h"
 
 namespace mx {
 namespace {
 
 constexpr int kCalls = 64, kWarmup = 5, kReplays = 40;
-
-#define CHECK_OK(expr)                                                 \
-  do {                                                                 \
-    Status s_ = (expr);                                                \
-    if (!s_.is_ok()) {                                                 \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.to_string().c_str()); \
-      std::exit(1);                                                    \
-    }                                                                  \
-  } while (0)
 
 struct Measured {
   int ranks;

@@ -30,6 +30,7 @@
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "runtime/batch_staging.h"
+#include "bench_check.h"
 
 namespace mx {
 namespace {
@@ -70,15 +71,6 @@ bool variant_selected(const std::string& label) {
          std::any_of(bench_variant_prefixes.begin(), bench_variant_prefixes.end(),
                      [&](const std::string& prefix) { return l.rfind(prefix, 0) == 0; });
 }
-
-#define CHECK_OK(expr)                                                   \
-  do {                                                                   \
-    Status s_ = (expr);                                                  \
-    if (!s_.is_ok()) {                                                   \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.to_string().c_str());   \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
 
 TensorView make(DType dtype, Shape shape) {
   auto buf = g_b->allocate(dtype_bytes(dtype, shape.numel()));
