@@ -33,7 +33,7 @@ std::vector<CliOption> engine_cli_options() {
        "output channel (fewer bytes per decode step, less accurate logits: docs/API.md, docs/PERF.md)"},
       {"enable-expert-parallel", false,
        "tensor parallel: split the MoE by expert (each rank 1/N of the experts whole) instead of by the experts' "
-       "intermediate dimension (each rank a slice of every expert); gpt-oss's default: docs/PERF.md"},
+       "intermediate dimension (each rank a slice of every expert: the default, faster in docs/PERF.md)"},
       {"no-enable-expert-parallel", false, "tensor parallel: split the MoE by the experts' intermediate dimension"},
       {"expert-parallel-size", true,
        "SGLang's spelling: 1 splits the MoE by intermediate dimension, the tensor-parallel size by expert",

@@ -120,13 +120,14 @@ GptOssConfig config_of(int64_t heads, int64_t kv_heads, int64_t experts, int64_t
 }
 
 // Every weight a rank keeps: its heads' q rows, sinks and o_proj columns, its KV heads' k and v rows (shared
-// by the ranks of a GQA group when the ranks outnumber the KV heads), its experts, its lm_head rows.
+// by the ranks of a GQA group when the ranks outnumber the KV heads), its experts (split by expert), its
+// lm_head rows.
 TEST(GptOssShard, PlansCoverEveryHeadExpertAndVocabularyRowOnce) {
   const GptOssConfig big = config_of(64, 8, 128, 201088);  // gpt-oss-120b
   for (int n : {1, 2, 4, 8}) {
     int64_t next_head = 0, next_expert = 0, next_vocab = 0, o_bias = 0;
     for (int r = 0; r < n; ++r) {
-      auto p = plan_gpt_oss_shard(big, ModelShard{r, n});
+      auto p = plan_gpt_oss_shard(big, ModelShard{r, n}, MoeSplit::kByExpert);
       ASSERT_TRUE(p.is_ok()) << p.status().to_string();
       EXPECT_EQ(p->first_head, next_head);
       EXPECT_EQ(p->heads, 64 / n);
@@ -142,21 +143,24 @@ TEST(GptOssShard, PlansCoverEveryHeadExpertAndVocabularyRowOnce) {
     EXPECT_EQ(o_bias, 1);
   }
   // Uneven vocabulary: 1500 over 4 ranks is 375 each; 1024 over 3 is 342, 341, 341.
-  EXPECT_EQ(plan_gpt_oss_shard(config_of(6, 3, 6, 1024), ModelShard{0, 3})->vocab, 342);
-  EXPECT_EQ(plan_gpt_oss_shard(config_of(6, 3, 6, 1024), ModelShard{2, 3})->first_vocab, 683);
+  EXPECT_EQ(plan_gpt_oss_shard(config_of(6, 3, 6, 1024), ModelShard{0, 3}, MoeSplit::kByExpert)->vocab, 342);
+  EXPECT_EQ(plan_gpt_oss_shard(config_of(6, 3, 6, 1024), ModelShard{2, 3}, MoeSplit::kByExpert)->first_vocab, 683);
   // Two KV heads over four ranks: ranks 0-1 keep KV head 0, ranks 2-3 KV head 1 (their query heads' group).
   for (int r = 0; r < 4; ++r) {
-    auto p = plan_gpt_oss_shard(config_of(16, 2, 8, 1024), ModelShard{r, 4});
+    auto p = plan_gpt_oss_shard(config_of(16, 2, 8, 1024), ModelShard{r, 4}, MoeSplit::kByExpert);
     ASSERT_TRUE(p.is_ok());
     EXPECT_EQ(p->kv_heads, 1);
     EXPECT_EQ(p->first_kv_head, r / 2);
     EXPECT_EQ(p->first_head / 8, p->first_kv_head);  // 8 query heads per KV head
   }
-  EXPECT_NE(plan_gpt_oss_shard(config_of(16, 2, 8, 1024), ModelShard{0, 3}).status().message().find("16 attention heads"),
+  EXPECT_NE(plan_gpt_oss_shard(config_of(16, 2, 8, 1024), ModelShard{0, 3}, MoeSplit::kByExpert)
+                .status()
+                .message()
+                .find("16 attention heads"),
             std::string::npos);
-  EXPECT_NE(plan_gpt_oss_shard(config_of(6, 3, 6, 1024), ModelShard{0, 2}).status().message().find("3 KV heads"),
+  EXPECT_NE(plan_gpt_oss_shard(config_of(6, 3, 6, 1024), ModelShard{0, 2}, MoeSplit::kByExpert).status().message().find("3 KV heads"),
             std::string::npos);
-  EXPECT_NE(plan_gpt_oss_shard(config_of(8, 2, 6, 1024), ModelShard{0, 4}).status().message().find("6 experts"),
+  EXPECT_NE(plan_gpt_oss_shard(config_of(8, 2, 6, 1024), ModelShard{0, 4}, MoeSplit::kByExpert).status().message().find("6 experts"),
             std::string::npos);
 }
 
@@ -188,13 +192,15 @@ TEST(GptOssShard, IntermediateSplitDealsWholeSlicesOfEveryExpert) {
   EXPECT_EQ(by_expert->intermediate, 2880);
   EXPECT_TRUE(by_expert->adds_down_bias);
   EXPECT_EQ(by_expert->first_expert, 32);
-  EXPECT_EQ(plan_gpt_oss_shard(big, ModelShard{0, 2})->moe_split, kGptOssDefaultMoeSplit);
+  EXPECT_EQ(plan_gpt_oss_shard(big, ModelShard{0, 2})->moe_split, MoeSplit::kByIntermediate);  // the default
   // 45 slices cannot feed 64 ranks; 96 channels are not whole slices.
   const std::string too_many = plan_gpt_oss_shard(big, ModelShard{0, 64}, MoeSplit::kByIntermediate).status().message();
   EXPECT_NE(too_many.find("2880 intermediate channels do not split into 64 slices"), std::string::npos) << too_many;
   big.intermediate_size = 96;
   EXPECT_FALSE(plan_gpt_oss_shard(big, ModelShard{0, 2}, MoeSplit::kByIntermediate).is_ok());
   EXPECT_TRUE(plan_gpt_oss_shard(big, ModelShard{0, 2}, MoeSplit::kByExpert).is_ok());
+  // Asked for nothing, such a model takes the expert split.
+  EXPECT_EQ(plan_gpt_oss_shard(big, ModelShard{0, 2})->moe_split, MoeSplit::kByExpert);
 }
 
 // A rank's slice of the experts: gate_up rows 2 first.. (gate/up pairs together), down_proj's blocks of the

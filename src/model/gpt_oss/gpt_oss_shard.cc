@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace mx {
 
@@ -14,8 +15,15 @@ Result<GptOssShardPlan> plan_gpt_oss_shard(const GptOssConfig& c, const ModelSha
   // never straddles two ranks).
   MX_RETURN_IF_ERROR(check_even_split("attention heads", c.num_heads, static_cast<int>(n)));
   if (n % c.num_kv_heads != 0) MX_RETURN_IF_ERROR(check_even_split("KV heads", c.num_kv_heads, static_cast<int>(n)));
+  // Whole slices of the intermediate dimension, the first ranks one more where they do not divide evenly.
+  const int64_t slices = c.intermediate_size / kExpertSliceChannels;
+  const bool slices_split = c.intermediate_size % kExpertSliceChannels == 0 && slices >= n;
   GptOssShardPlan p;
-  p.moe_split = moe_split == MoeSplit::kAuto ? kGptOssDefaultMoeSplit : moe_split;
+  p.moe_split = moe_split;
+  if (moe_split == MoeSplit::kAuto)
+    p.moe_split = kGptOssDefaultMoeSplit == MoeSplit::kByIntermediate && !slices_split && c.num_experts % n == 0
+                      ? MoeSplit::kByExpert
+                      : kGptOssDefaultMoeSplit;
   p.heads = c.num_heads / n;
   p.first_head = r * p.heads;
   p.kv_heads = std::max<int64_t>(1, c.num_kv_heads / n);
@@ -27,9 +35,7 @@ Result<GptOssShardPlan> plan_gpt_oss_shard(const GptOssConfig& c, const ModelSha
     p.experts = c.num_experts / n;
     p.first_expert = r * p.experts;
   } else if (n > 1) {
-    // Whole slices, the first ranks one more where they do not divide evenly.
-    const int64_t slices = c.intermediate_size / kExpertSliceChannels;
-    if (c.intermediate_size % kExpertSliceChannels != 0 || slices < n)
+    if (!slices_split)
       return invalid_argument("the experts' " + std::to_string(c.intermediate_size) + " intermediate channels do not split into " +
                               std::to_string(n) + " slices of whole " + std::to_string(kExpertSliceChannels) +
                               "-channel tiles (try --enable-expert-parallel)");
@@ -48,15 +54,27 @@ Result<GptOssShardPlan> plan_gpt_oss_shard(const GptOssConfig& c, const ModelSha
 namespace {
 
 // Rows [first, first + count) of the middle axis of each of `outer` stacked [n, ...] blocks of `t`, as a
-// copy appended to `storage` and viewed with `shape`.
+// copy appended to `storage` and viewed with `shape`. Big copies run on all cores: a rank of 120b copies tens
+// of GiB out of the checkpoint's mmap (page faults included), which one thread does at well under 1 GiB/s.
 TensorView middle_rows(const TensorView& t, int64_t outer, int64_t n, int64_t first, int64_t count, Shape shape,
                        std::vector<std::vector<uint8_t>>* storage) {
-  const int64_t row_bytes = t.bytes() / (outer * n);
-  std::vector<uint8_t>& out = storage->emplace_back(static_cast<size_t>(outer * count * row_bytes));
+  const int64_t row_bytes = t.bytes() / (outer * n), out_bytes = outer * count * row_bytes;
+  std::vector<uint8_t>& out = storage->emplace_back(static_cast<size_t>(out_bytes));
   const auto* src = t.ptr<const uint8_t>();
-  for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(out.data() + o * count * row_bytes, src + (o * n + first) * row_bytes,
-                static_cast<size_t>(count * row_bytes));
+  auto copy = [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      std::memcpy(out.data() + o * count * row_bytes, src + (o * n + first) * row_bytes,
+                  static_cast<size_t>(count * row_bytes));
+  };
+  constexpr int64_t kBytesPerWorker = int64_t{64} << 20;
+  const int64_t workers = std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(),
+                                                                 out_bytes / kBytesPerWorker),
+                                              1, outer);
+  std::vector<std::thread> threads;
+  for (int64_t w = 1; w < workers; ++w)
+    threads.emplace_back([&, w] { copy(outer * w / workers, outer * (w + 1) / workers); });
+  copy(0, outer / workers);
+  for (std::thread& th : threads) th.join();
   return TensorView(out.data(), t.dtype(), shape);
 }
 

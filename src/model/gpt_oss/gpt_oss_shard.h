@@ -19,8 +19,11 @@
 
 namespace mx {
 
-// The split when the user names none (MoeSplit::kAuto).
-inline constexpr MoeSplit kGptOssDefaultMoeSplit = MoeSplit::kByExpert;
+// The split when the user names none (MoeSplit::kAuto): by intermediate dimension, faster than by expert at
+// every batch measured (4 x H100, docs/PERF.md "Tensor parallel: the MoE split"; 120b TP 4 TPOT b=1 2.65 ms,
+// b=64 9.75 ms; TP 2 b=1 3.10 vs 3.44 ms, b=64 13.49 vs 15.34 ms). A model whose channels do not make one
+// whole slice per rank falls back to the expert split (the start-up log names the split each rank took).
+inline constexpr MoeSplit kGptOssDefaultMoeSplit = MoeSplit::kByIntermediate;
 
 // The intermediate split deals out whole slices of this many channels: the CUDA MoE kernels take K in
 // 64-wide tiles (rows % 16, k % 64 = two MXFP4 blocks of 32), and a rank's slice is down_proj's K. gpt-oss's
