@@ -117,6 +117,24 @@ TEST(CpuOps, RmsNormAndFusedAdd) {
   EXPECT_NEAR(out[2], 0.5f * 4 / rms2, 1e-6);
 }
 
+// Rows of any element size: bf16 rows are half the bytes of f32 rows of the same width.
+TEST(CpuOps, GatherRowsCopiesWholeRowsOfAnyDtype) {
+  const std::vector<int32_t> rows = {2, 0, 2};
+  const std::vector<uint16_t> bf16 = {10, 11, 12, 20, 21, 22, 30, 31, 32};
+  std::vector<uint16_t> bf16_out(9, 0xffff);
+  cpu::gather_rows(TensorView(const_cast<uint16_t*>(bf16.data()), DType::kBF16, {3, 3}),
+                   TensorView(const_cast<int32_t*>(rows.data()), DType::kI32, {3}),
+                   TensorView(bf16_out.data(), DType::kBF16, {3, 3}));
+  EXPECT_EQ(bf16_out, (std::vector<uint16_t>{30, 31, 32, 10, 11, 12, 30, 31, 32}));
+  const std::vector<float> f32 = {1.5f, -2, 3, 4};
+  std::vector<float> f32_out(2, 0);
+  const std::vector<int32_t> one = {1};
+  cpu::gather_rows(TensorView(const_cast<float*>(f32.data()), DType::kF32, {2, 2}),
+                   TensorView(const_cast<int32_t*>(one.data()), DType::kI32, {1}),
+                   TensorView(f32_out.data(), DType::kF32, {1, 2}));
+  EXPECT_EQ(f32_out, (std::vector<float>{3, 4}));
+}
+
 TEST(CpuOps, LinearWithBias) {
   cpu::ThreadPool pool(2);
   const int64_t t = 3, k = 37, n = 130;  // odd sizes: tails of the unrolled dot product

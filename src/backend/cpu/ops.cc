@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -441,12 +442,17 @@ void moe_geglu_experts(ThreadPool& pool, const GegluMoeParams& p) {
     }
 }
 
+// Whole rows as bytes, so any dtype (f32 activations, bf16 tables, i32 ids) gathers exactly.
 void gather_rows(const TensorView& x, const TensorView& rows, TensorView out) {
-  const int64_t width = x.numel() / x.dim(0);
+  MX_CHECK(out.dtype() == x.dtype()) << "gather_rows: out dtype differs from x";
+  const int64_t row_bytes = x.bytes() / x.dim(0);
+  MX_CHECK(out.bytes() >= rows.numel() * row_bytes) << "gather_rows: out holds fewer rows than asked";
+  const auto* src_bytes = static_cast<const uint8_t*>(x.data());
+  auto* dst_bytes = static_cast<uint8_t*>(out.data());
   for (int64_t r = 0; r < rows.numel(); ++r) {
     const int32_t src = rows.ptr<const int32_t>()[r];
     MX_CHECK(src >= 0 && src < x.dim(0)) << "row " << src;
-    std::copy_n(x.ptr<const float>() + src * width, width, out.ptr<float>() + r * width);
+    std::memcpy(dst_bytes + r * row_bytes, src_bytes + src * row_bytes, static_cast<size_t>(row_bytes));
   }
 }
 
