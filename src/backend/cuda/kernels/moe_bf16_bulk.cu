@@ -16,6 +16,7 @@
 // The second GEMM issues its first stages before waiting for h (PDL): weights do not depend on earlier
 // kernels, and the routing it reads precedes the first GEMM.
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/moe_bf16_decode.cuh"
 
 namespace mx::cuda {
@@ -31,42 +32,6 @@ constexpr int kStages = 4;                         // slots in the ring
 constexpr int kRowPitch = kStageK * 2 + 16;        // bytes per row of a slot (padded: see the top)
 constexpr int kSlotBytes = kRows * kRowPitch;
 constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kSlotBytes;
-
-__device__ __forceinline__ void bar_init(uint32_t bar, uint32_t arrivals) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-// One arrival that also announces `bytes` of copies completing on this phase.
-__device__ __forceinline__ void bar_expect_bytes(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-#endif
-}
-
-__device__ __forceinline__ bool bar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-#endif
-  return done != 0;
-}
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory; completes on `bar`.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-#endif
-}
 
 template <bool kGated>
 __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmParams p) {
@@ -84,7 +49,10 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
   const uint32_t ring0 = smem_addr(ring), full0 = smem_addr(full);
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) bar_init(full0 + 8 * i, 1);
+    for (int i = 0; i < kStages; ++i) {
+      mbarrier_init(full0 + 8 * i, 1);
+      mbarrier_init_fence();
+    }
   }
   __syncthreads();
 
@@ -96,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
     const int64_t k0 = c * kStageK;
     const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
     const uint32_t bar = full0 + 8 * static_cast<uint32_t>(c % kStages);
-    if (lane == 0) bar_expect_bytes(bar, bytes * valid_rows);
+    if (lane == 0) mbarrier_arrive_expect_tx(bar, bytes * valid_rows);
     __syncwarp();
     const int i = lane;
     const bool row_ok = kGated ? i < 16 && i % 8 < valid_rows / 2 : i < valid_rows;
@@ -120,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
     const uint4 x0 = load16_act<kGated>(x_row + off, x_ok && in0);  // issued before the wait
     const uint4 x1 = load16_act<kGated>(x_row + off + 8, x_ok && in1);
     const uint32_t slot = static_cast<uint32_t>(c % kStages);
-    while (!bar_try_wait(full0 + 8 * slot, static_cast<uint32_t>(c / kStages) & 1u)) {
+    while (!mbarrier_try_wait(full0 + 8 * slot, static_cast<uint32_t>(c / kStages) & 1u)) {
     }
     const uint8_t* base = ring + slot * kSlotBytes + (64 * warp + 16 * q) * 2;
     const uint4 zero = make_uint4(0, 0, 0, 0);

@@ -21,43 +21,15 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/moe_decode_parts.cuh"
 #include "backend/cuda/kernels/moe_route_tile.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
-#include "backend/cuda/kernels/wgmma.cuh"  // mbarrier steps (sm_90a)
+#include "backend/cuda/kernels/wgmma.cuh"  // MX_SM90A
 
 namespace mx::cuda {
 namespace {
 
-#if MX_SM90A
-// Arms the barrier's current phase with `bytes` of copies to come and makes the slot's one arrival.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),
-               "r"(bytes)
-               : "memory");
-}
-// Global -> shared copy by the copy engine of `bytes` (a multiple of 16; both ends 16-byte aligned), counted
-// on `bar`. Weights are read once per step: evict_first keeps them from pushing h, x and the KV cache out
-// of L2.
-__device__ __forceinline__ void bulk_copy_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                      uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-#endif
 
 // A warp's place in its sequence of units (unit ordinals blockIdx.x + gridDim.x * (warp + warps * i), tile
 // major: unit = tile * strips + strip; fewer than 2^31, checked at launch) and of each unit's chunks of
@@ -125,8 +97,8 @@ __global__ void __launch_bounds__(32 * kMoeStreamMaxWarps, 1)
     if (weights && lane == 0) {
       mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(nkt * (512 + 32) + c.rt.rows * nkt * 128));
       const int64_t base = (static_cast<int64_t>(c.rt.expert) * strips + c.strip) * n_k + kt0;
-      bulk_copy_evict_first(dst, g.blocks + base * 512, nkt * 512, bar, evict_first);
-      bulk_copy_evict_first(dst + kScalesAt, g.scales + base * 32, nkt * 32, bar, evict_first);
+      bulk_copy_with_policy(dst, g.blocks + base * 512, nkt * 512, bar, evict_first);
+      bulk_copy_with_policy(dst + kScalesAt, g.scales + base * 32, nkt * 32, bar, evict_first);
     }
     if (!acts) return;
     __syncwarp();  // the phase is armed before any activation bytes land on it

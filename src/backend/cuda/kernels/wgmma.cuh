@@ -1,13 +1,15 @@
 // Hopper (sm_90a) warpgroup MMA wrappers: wgmma.mma_async with the A operand in registers and B in shared
 // memory (K-major, 128-byte swizzle), plus the fence / commit / wait steps around it, the proxy fence
-// that makes ordinary shared-memory writes (cp.async) visible to the tensor cores, and the mbarrier,
-// named-barrier and register-reallocation steps of warp-specialized kernels.
+// that makes ordinary shared-memory writes (cp.async) visible to the tensor cores, and the named-barrier and
+// register-reallocation steps of warp-specialized kernels (their mbarrier steps: mbarrier.cuh).
 //
 // Only compiled into sm_90a code: every caller guards its body with MX_SM90A (other targets build an empty
 // kernel that the host never launches, kernel_configs.h decides from the device's compute capability).
 #pragma once
 
 #include <cstdint>
+
+#include "backend/cuda/kernels/mbarrier.cuh"  // the mbarrier steps of the warp-specialized kernels
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MX_SM90A 1
@@ -47,33 +49,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// mbarriers in shared memory (the warp-specialized kernels' full/empty rings). A phase completes when its
-// expected arrivals are in; waiters name the phase by parity (a fresh barrier is in phase 0, and waiting on
-// parity 1 returns at once: the "previous" phase counts as complete, which lets a producer's first pass
-// through the empty barriers go without waiting).
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
-}
-// Makes initialized barriers visible to the other threads' (and the async arrivals') view of them.
-__device__ __forceinline__ void mbarrier_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// One arrival on `bar` once every cp.async this thread issued so far has landed (noinc: the arrival is one
-// of the barrier's expected count, not an extra one).
-__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
