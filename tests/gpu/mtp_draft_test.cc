@@ -17,13 +17,13 @@
 namespace mx::gpu_test {
 namespace {
 
-struct LoadedRound {
+struct TargetAndDraft {
   Result<std::unique_ptr<Model>> target;
   Result<std::unique_ptr<DraftModel>> draft;
 };
 
-LoadedRound load_pair(const std::string& fixtures, Backend& backend) {
-  LoadedRound p{load_model(fixtures + "/tiny-gemma4-text", backend), invalid_argument("target did not load")};
+TargetAndDraft load_pair(const std::string& fixtures, Backend& backend) {
+  TargetAndDraft p{load_model(fixtures + "/tiny-gemma4-text", backend), invalid_argument("target did not load")};
   if (p.target.is_ok()) p.draft = load_draft_model(fixtures + "/tiny-gemma4-text-assistant", **p.target);
   return p;
 }
@@ -41,13 +41,13 @@ TEST(MtpDraft, DraftRoundsMatchTransformersOnCuda) {
     const TensorView logits = *ref->get(p + "draft_logits");
     // CUDA's round, its routing recorded; then the CPU twin forced along that route.
     test::RoutingProbe cuda_probe = test::RoutingProbe::recorder(cuda_backend());
-    LoadedRound cuda = load_pair(fixtures, cuda_probe);
+    TargetAndDraft cuda = load_pair(fixtures, cuda_probe);
     ASSERT_TRUE(cuda.target.is_ok() && cuda.draft.is_ok()) << cuda.draft.status().to_string();
     auto round = test::run_draft_round(**cuda.target, dynamic_cast<const Gemma4AssistantModel&>(**cuda.draft), ids,
                                        static_cast<int64_t>(want.size()));
     ASSERT_TRUE(round.is_ok()) << round.status().to_string();
     test::RoutingProbe cpu_probe = test::RoutingProbe::forcer(cpu_backend(), cuda_probe.route());
-    LoadedRound cpu = load_pair(fixtures, cpu_probe);
+    TargetAndDraft cpu = load_pair(fixtures, cpu_probe);
     ASSERT_TRUE(cpu.target.is_ok() && cpu.draft.is_ok()) << cpu.draft.status().to_string();
     auto routed = test::run_draft_round(**cpu.target, dynamic_cast<const Gemma4AssistantModel&>(**cpu.draft), ids,
                                         static_cast<int64_t>(want.size()));
