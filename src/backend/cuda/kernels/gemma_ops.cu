@@ -3,6 +3,7 @@
 // fp32 math and the precise tanhf, as the CPU twin computes them.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/gated_mul.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/head_rows.cuh"
 
@@ -37,19 +38,7 @@ __global__ void soft_cap_kernel(float* x, int64_t n, float cap, bool vec) {
 __global__ void gelu_tanh_mul_kernel(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n, bool vec) {
   pdl_wait();
   pdl_launch_dependents();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (vec) {
-    if (i >= n / 8) return;
-    const uint4 g = reinterpret_cast<const uint4*>(gate)[i], u = reinterpret_cast<const uint4*>(up)[i];
-    const uint16_t* gs = reinterpret_cast<const uint16_t*>(&g);
-    const uint16_t* us = reinterpret_cast<const uint16_t*>(&u);
-    uint16_t o[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(gelu_tanh(bf16_bits_to_f32(gs[j])) * bf16_bits_to_f32(us[j]));
-    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(o);
-  } else if (i < n) {
-    out[i] = f32_to_bf16_bits(gelu_tanh(bf16_bits_to_f32(gate[i])) * bf16_bits_to_f32(up[i]));
-  }
+  gated_mul(gate, up, out, n, vec, [](float x) { return gelu_tanh(x); });
 }
 
 // One row of a fused gate|up projection per (row, group): vec = 8 values per thread (inter % 8 == 0 and 16-byte
