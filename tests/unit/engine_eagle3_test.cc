@@ -16,26 +16,6 @@
 namespace mx::test {
 namespace {
 
-EngineConfig eagle3_config(int64_t k, const std::string& draft_dir) {
-  EngineConfig c;
-  c.page_size = 4;
-  if (k > 0) {
-    c.speculative.algorithm = SpeculativeAlgorithm::kEagle3;
-    c.speculative.num_draft_tokens = k;
-    c.speculative.draft_model = draft_dir;
-  }
-  return c;
-}
-
-DriveResult run(const Fixture& fx, const EngineConfig& config, const std::vector<Arrival>& arrivals) {
-  auto core = EngineCore::create(*fx.model, config);
-  EXPECT_TRUE(core.is_ok()) << core.status().to_string();
-  if (!core.is_ok()) return {};
-  DriveResult r = drive(**core, arrivals);
-  EXPECT_EQ(r.error, "");
-  return r;
-}
-
 TEST(EngineEagle3, GreedyAndSeededTokensEqualPlainDecodingOnEveryGptOssFixture) {
   // k = 1 (no chain pass), 3 and 4 (chains that spill onto the scratch page and across pages of 4).
   for (const auto& [name, preset, ks] :
@@ -52,9 +32,10 @@ TEST(EngineEagle3, GreedyAndSeededTokensEqualPlainDecodingOnEveryGptOssFixture) 
     hot.sampling.top_k = 30;
     hot.sampling.seed = 5;
     arrivals.push_back({1, hot});
-    const DriveResult plain = run(fx, eagle3_config(0, ""), arrivals);
+    const DriveResult plain = run_engine(fx, draft_model_config(SpeculativeAlgorithm::kEagle3, 0, ""), arrivals);
     for (int64_t k : ks) {
-      const DriveResult spec = run(fx, eagle3_config(k, draft.path()), arrivals);
+      const DriveResult spec =
+          run_engine(fx, draft_model_config(SpeculativeAlgorithm::kEagle3, k, draft.path()), arrivals);
       ASSERT_EQ(spec.outputs.size(), arrivals.size());
       for (size_t i = 0; i < arrivals.size(); ++i)
         EXPECT_EQ(spec.outputs[i].token_ids, plain.outputs[i].token_ids) << name << " k=" << k << " request " << i;
@@ -76,14 +57,16 @@ TEST(EngineEagle3, GreedyAndSeededTokensEqualPlainDecodingOnEveryGptOssFixture) 
 TEST(EngineEagle3, PreemptionAndPrefixHitsKeepPlainOutputs) {
   TempDir draft;
   ASSERT_TRUE(write_synthetic_model("tiny-gpt-oss-eagle3", draft.path(), SyntheticOptions{}).is_ok());
-  expect_speculation_survives_preemption_and_prefix_hits(fixture_model("tiny-gpt-oss"), eagle3_config(0, ""),
-                                                         eagle3_config(3, draft.path()), 16);
+  expect_speculation_survives_preemption_and_prefix_hits(
+      fixture_model("tiny-gpt-oss"), draft_model_config(SpeculativeAlgorithm::kEagle3, 0, ""),
+      draft_model_config(SpeculativeAlgorithm::kEagle3, 3, draft.path()), 16);
 }
 
 TEST(EngineEagle3, RefusesADraftForAnotherTarget) {
   TempDir draft;
   ASSERT_TRUE(write_synthetic_model("tiny-gpt-oss-b-eagle3", draft.path(), SyntheticOptions{}).is_ok());
-  auto core = EngineCore::create(*fixture_model("tiny-gpt-oss").model, eagle3_config(3, draft.path()));
+  auto core = EngineCore::create(*fixture_model("tiny-gpt-oss").model,
+                                 draft_model_config(SpeculativeAlgorithm::kEagle3, 3, draft.path()));
   ASSERT_FALSE(core.is_ok());
   EXPECT_NE(core.status().message().find("EAGLE-3"), std::string::npos) << core.status().to_string();
 }

@@ -80,6 +80,29 @@ DriveResult drive(EngineCore& core, std::vector<Arrival> arrivals, const StepHoo
   return result;
 }
 
+EngineConfig draft_model_config(SpeculativeAlgorithm algorithm, int64_t k, const std::string& draft_dir) {
+  EngineConfig c;
+  c.page_size = 4;
+  if (k > 0) {
+    c.speculative.algorithm = algorithm;
+    c.speculative.num_draft_tokens = k;
+    c.speculative.draft_model = draft_dir;
+  }
+  return c;
+}
+
+DriveResult run_engine(const Fixture& fx, const EngineConfig& config, const std::vector<Arrival>& arrivals) {
+  auto core = EngineCore::create(*fx.model, config);
+  EXPECT_TRUE(core.is_ok()) << core.status().to_string();
+  if (!core.is_ok()) return {};
+  DriveResult r = drive(**core, arrivals);
+  EXPECT_EQ(r.error, "");
+  if (config.speculative.enabled()) {
+    EXPECT_GT((*core)->runner().num_draft_calls(), 0);
+  }
+  return r;
+}
+
 void expect_speculation_survives_preemption_and_prefix_hits(const Fixture& fx, EngineConfig plain, EngineConfig spec,
                                                            int64_t step_tokens) {
   std::vector<Arrival> arrivals;

@@ -44,6 +44,14 @@ DriveResult drive(EngineCore& core, std::vector<Arrival> arrivals, const StepHoo
 // Greedy, max_tokens n, no stop ids.
 RequestInput greedy_request(const std::vector<int32_t>& prompt, int64_t n);
 
+// Small pages (4 tokens: windows release pages and rollbacks cross page boundaries) and, with k > 0,
+// `algorithm` drafting k tokens with the draft model in `draft_dir`; k = 0 is the plain engine to compare with.
+EngineConfig draft_model_config(SpeculativeAlgorithm algorithm, int64_t k, const std::string& draft_dir);
+
+// An engine of `config` over fx.model driven through `arrivals`, expecting no error; a speculating engine must
+// have called its drafter.
+DriveResult run_engine(const Fixture& fx, const EngineConfig& config, const std::vector<Arrival>& arrivals);
+
 // Each prompt of `fx` twice (30 greedy tokens each) through a plain engine and a speculating one, both with a
 // pool of 48 pages and steps of `step_tokens`: the outputs are equal, requests were preempted, prompts hit
 // the prefix cache, drafts were verified and every page came back (draft models' preemption and reuse test).

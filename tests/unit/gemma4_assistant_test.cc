@@ -26,29 +26,6 @@ void write_assistant(const Fixture& fx, const std::string& dir, int64_t layers =
   ASSERT_TRUE(write_gemma4_assistant_checkpoint(c, dir, options).is_ok());
 }
 
-EngineConfig mtp_config(const std::string& dir, int64_t k) {
-  EngineConfig c;
-  c.page_size = 4;  // small pages: windows release pages and rollbacks cross page boundaries
-  if (k > 0) {
-    c.speculative.algorithm = SpeculativeAlgorithm::kMtp;
-    c.speculative.num_draft_tokens = k;
-    c.speculative.draft_model = dir;
-  }
-  return c;
-}
-
-DriveResult run(const Fixture& fx, const EngineConfig& config, const std::vector<Arrival>& arrivals) {
-  auto core = EngineCore::create(*fx.model, config);
-  EXPECT_TRUE(core.is_ok()) << core.status().to_string();
-  if (!core.is_ok()) return {};
-  DriveResult r = drive(**core, arrivals);
-  EXPECT_EQ(r.error, "");
-  if (config.speculative.enabled()) {
-    EXPECT_GT((*core)->runner().num_draft_calls(), 0);
-  }
-  return r;
-}
-
 TEST(Gemma4Assistant, ConfigRoundTripsAndRefusesWhatItCannotRun) {
   const auto& fx = fixture_model("tiny-gemma4-text");
   const Gemma4AssistantConfig c = gemma4_assistant_for(target_config(fx), 3, 48, 40);
@@ -124,9 +101,9 @@ TEST(Gemma4Assistant, SpeculativeOutputsEqualPlainDecoding) {
     hot.sampling.top_k = 30;
     hot.sampling.seed = 17;
     arrivals.push_back({1, hot});
-    const DriveResult plain = run(fx, mtp_config(dir.path(), 0), arrivals);
+    const DriveResult plain = run_engine(fx, draft_model_config(SpeculativeAlgorithm::kMtp, 0, dir.path()), arrivals);
     for (int64_t k : {1, 2, 4}) {
-      const DriveResult spec = run(fx, mtp_config(dir.path(), k), arrivals);
+      const DriveResult spec = run_engine(fx, draft_model_config(SpeculativeAlgorithm::kMtp, k, dir.path()), arrivals);
       ASSERT_EQ(spec.outputs.size(), plain.outputs.size());
       for (size_t i = 0; i < arrivals.size(); ++i) {
         EXPECT_EQ(spec.outputs[i].token_ids, plain.outputs[i].token_ids) << name << " k=" << k << " request " << i;
@@ -152,7 +129,9 @@ TEST(Gemma4Assistant, PreemptionAndPrefixHitsKeepPlainOutputs) {
   TempDir dir;
   write_assistant(fx, dir.path());
   // 48 pages: 192 tokens of context, the eight requests need ~560.
-  expect_speculation_survives_preemption_and_prefix_hits(fx, mtp_config(dir.path(), 0), mtp_config(dir.path(), 3), 64);
+  expect_speculation_survives_preemption_and_prefix_hits(
+      fx, draft_model_config(SpeculativeAlgorithm::kMtp, 0, dir.path()),
+      draft_model_config(SpeculativeAlgorithm::kMtp, 3, dir.path()), 64);
 }
 
 // transformers' drafts (float32) for every prompt of the fixture: the same tokens, logits within float32
@@ -195,7 +174,8 @@ TEST(Gemma4Assistant, EngineDraftsMatchTransformers) {
     const std::string p = "prompt_" + std::to_string(i) + "_";
     const std::vector<int32_t> ids = ids_of(*ref->get(p + "ids"));
     const std::vector<int32_t> want = ids_of(*ref->get(p + "drafts"));
-    auto core = EngineCore::create(*fx.model, mtp_config(assistant, static_cast<int64_t>(want.size())));
+    auto core = EngineCore::create(
+        *fx.model, draft_model_config(SpeculativeAlgorithm::kMtp, static_cast<int64_t>(want.size()), assistant));
     ASSERT_TRUE(core.is_ok()) << core.status().to_string();
     ASSERT_TRUE((*core)->add_request(1, greedy_request(std::vector<int32_t>(ids.begin(), ids.end() - 1), 4)).is_ok());
     std::vector<RequestOutput> outputs;
