@@ -171,16 +171,20 @@ std::string describe(const Case& c) {
   return std::string(dtype_name(c.dtype)) + " n=" + std::to_string(c.n) + (c.offset ? " offset " + std::to_string(c.offset) : "");
 }
 
-// Odd sizes, one and eight 20b rows, a misaligned start, and a size past the one-shot slot: under the automatic
+// Odd sizes, one, eight and 64 20b rows, a misaligned start, the largest messages the slot holds (where up to
+// 4 ranks go one-shot by default: the CTAs loop over the message) and a size past the slot: under the automatic
 // choice, with one-shot as far as the slot goes, and with NCCL only. One group per choice; its calls run back
 // to back with sizes (and so grid sizes) changing between them.
 TEST_P(AllReduceTest, MatchesTheCpuSumOnEveryRank) {
   const int ranks = GetParam();
-  const int64_t past_slot = cuda::kOneShotSlotBytes / 2 + 1001;  // bf16 elements
+  const int64_t slot_bf16 = cuda::kOneShotSlotBytes / 2, slot_f32 = cuda::kOneShotSlotBytes / 4;  // elements
+  const int64_t past_slot = slot_bf16 + 1001;                                                     // bf16 elements
   const std::vector<Case> cases = {{DType::kF32, 1, 0},    {DType::kBF16, 1, 0},    {DType::kF32, 7, 0},
                                    {DType::kBF16, 7, 0},   {DType::kBF16, 2880, 0}, {DType::kF32, 2880, 0},
                                    {DType::kBF16, 2880 * 8, 0}, {DType::kF32, 2880 * 8, 0}, {DType::kBF16, 2880, 1},
-                                   {DType::kF32, 2883, 3}, {DType::kBF16, past_slot, 0}, {DType::kF32, past_slot / 2, 0}};
+                                   {DType::kF32, 2883, 3}, {DType::kBF16, 2880 * 64, 0}, {DType::kBF16, slot_bf16, 0},
+                                   {DType::kF32, slot_f32 - 3, 0}, {DType::kBF16, slot_bf16 - 5, 1},
+                                   {DType::kBF16, past_slot, 0}, {DType::kF32, past_slot / 2, 0}};
   std::mt19937 rng(gpu_test::test_seed());
   for (const int64_t max_bytes : {cuda::kOneShotAutoMaxBytes, cuda::kOneShotSlotBytes, int64_t{0}}) {
     Group g(ranks, max_bytes);
@@ -207,13 +211,14 @@ TEST_P(AllReduceTest, MatchesTheCpuSumOnEveryRank) {
   }
 }
 
-// Each rank captures three all-reduces (one row, eight rows, and one past the slot: one-shot, one-shot, NCCL)
-// in one graph; 100 replays on fresh inputs each give the CPU sum every time.
+// Each rank captures four all-reduces (one, eight and 64 rows, and one past the slot: one-shot up to the slot at
+// 2-4 ranks, then NCCL) in one graph; 100 replays on fresh inputs each give the CPU sum every time.
 TEST_P(AllReduceTest, GraphReplayGivesTheSumEveryTime) {
   const int ranks = GetParam();
   Group g(ranks, cuda::kOneShotAutoMaxBytes);
   ASSERT_TRUE(g.ok());
-  const std::vector<Case> cases = {{DType::kBF16, 2880, 0}, {DType::kBF16, 2880 * 8, 0}, {DType::kF32, cuda::kOneShotSlotBytes / 4 + 5, 0}};
+  const std::vector<Case> cases = {{DType::kBF16, 2880, 0}, {DType::kBF16, 2880 * 8, 0}, {DType::kBF16, 2880 * 64, 0},
+                                   {DType::kF32, cuda::kOneShotSlotBytes / 4 + 5, 0}};
   std::vector<std::vector<TensorView>> xs(cases.size());  // [case][rank]
   for (size_t c = 0; c < cases.size(); ++c)
     for (int r = 0; r < ranks; ++r) xs[c].push_back(g.make(r, cases[c].dtype, cases[c].n));
@@ -262,7 +267,7 @@ TEST_P(AllReduceTest, GraphReplayGivesTheSumEveryTime) {
       wrong += one_shot ? differing_bits(first, in[c].sum) : (e.rel_l2 <= 1e-6 && e.non_finite == 0 ? 0 : 1);
     }
   }
-  record("all-reduce graph replay", "TP " + std::to_string(ranks) + ": 3 calls x 100 replays: " + std::to_string(wrong) +
+  record("all-reduce graph replay", "TP " + std::to_string(ranks) + ": " + std::to_string(cases.size()) + " calls x 100 replays: " + std::to_string(wrong) +
                                         " wrong, " + std::to_string(across) + " differ across ranks",
          static_cast<double>(wrong + across), 0, 0, wrong == 0 && across == 0);
   EXPECT_EQ(wrong, 0);

@@ -4,7 +4,9 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -126,12 +128,17 @@ class PeerExchange {
 struct NcclGroup {
   const NcclLibrary* lib = nullptr;
   std::vector<ncclComm_t> comms;
-  std::vector<bool> aborted;
   std::unique_ptr<PeerExchange> exchange;  // null where some rank cannot reach another's memory
   int64_t one_shot_max_bytes = 0;          // AllReduceOptions
+  // Any rank's thread may abort while the others' threads run collectives (they read the flag), and two failing
+  // ranks may abort at once: the lock makes the comms' ncclCommAbort, which frees each, run once. One abort
+  // takes down every rank's comm.
+  std::mutex abort_mutex;
+  std::atomic<bool> aborted{false};
   ~NcclGroup() {
-    for (size_t r = 0; r < comms.size(); ++r)
-      if (comms[r] && !aborted[r]) lib->comm_destroy(comms[r]);
+    if (aborted.load()) return;
+    for (ncclComm_t c : comms)
+      if (c) lib->comm_destroy(c);
   }
 };
 
@@ -231,18 +238,17 @@ class NcclCommunicator final : public Communicator {
   // and return.
   void abort() override {
     if (group_->exchange) group_->exchange->abort();
-    for (size_t r = 0; r < group_->comms.size(); ++r) {
-      if (group_->aborted[r]) continue;
-      group_->aborted[r] = true;
-      group_->lib->comm_abort(group_->comms[r]);
-    }
+    const std::lock_guard<std::mutex> lock(group_->abort_mutex);
+    if (group_->aborted.exchange(true)) return;
+    for (ncclComm_t c : group_->comms)
+      if (c) group_->lib->comm_abort(c);
   }
 
  private:
   ncclComm_t comm() const { return group_->comms[static_cast<size_t>(rank_)]; }
   cudaStream_t stream() const { return static_cast<cudaStream_t>(where_.stream); }
   Status usable() const {
-    if (group_->aborted[static_cast<size_t>(rank_)]) return internal_error(kTensorParallelAborted);
+    if (group_->aborted.load()) return internal_error(kTensorParallelAborted);
     return Status::ok();
   }
   // Floats of one rank's padded block when [rows, columns] are gathered: every block is the widest rank's.
@@ -328,7 +334,6 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(const
   auto group = std::make_shared<NcclGroup>();
   group->lib = lib;
   group->comms.assign(devices.size(), nullptr);
-  group->aborted.assign(devices.size(), false);
   group->exchange = std::move(exchange);
   group->one_shot_max_bytes = options.one_shot_max_bytes;
   MX_RETURN_IF_ERROR(nccl_status(*lib, lib->comm_init_all(group->comms.data(), static_cast<int>(devices.size()), devices.data()),
