@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -204,9 +205,11 @@ TEST(GptOssShard, IntermediateSplitDealsWholeSlicesOfEveryExpert) {
 }
 
 // A rank's slice of the experts: gate_up rows 2 first.. (gate/up pairs together), down_proj's blocks of the
-// slice in every output row, the down bias or zeros.
+// slice in every output row, the down bias or zeros. Copied on one thread (these tensors are far under the
+// threshold) and on three (threshold lowered to a byte: 5 experts, or 5 x 64 down_proj rows, split unevenly),
+// with the same bytes.
 TEST(GptOssShard, SlicedExpertsHoldTheirChannelsOfEveryExpert) {
-  const int64_t E = 2, H = 64, I = 128, first = 64, count = 64;
+  const int64_t E = 5, H = 64, I = 128, first = 64, count = 64;
   std::vector<uint8_t> w1b(E * 2 * I * (H / 32) * 16), w1s(E * 2 * I * (H / 32)), w2b(E * H * (I / 32) * 16),
       w2s(E * H * (I / 32));
   std::vector<uint16_t> w1bias(E * 2 * I), w2bias(E * H);
@@ -222,10 +225,21 @@ TEST(GptOssShard, SlicedExpertsHoldTheirChannelsOfEveryExpert) {
   whole.w2_blocks = TensorView(w2b.data(), DType::kU8, {E, H, I / 32, 16});
   whole.w2_scales = TensorView(w2s.data(), DType::kU8, {E, H, I / 32});
   whole.w2_bias = TensorView(w2bias.data(), DType::kBF16, {E, H});
+  const auto same_bytes = [](const TensorView& a, const TensorView& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())) == 0;
+  };
   for (bool down_bias : {true, false}) {
     std::vector<std::vector<uint8_t>> storage;
     auto s = slice_expert_intermediate(whole, first, count, down_bias, &storage);
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    auto threaded = slice_expert_intermediate(whole, first, count, down_bias, &storage, SliceCopyThreads{1, 3});
+    ASSERT_TRUE(threaded.is_ok()) << threaded.status().to_string();
+    EXPECT_TRUE(same_bytes(s->w1_blocks, threaded->w1_blocks));
+    EXPECT_TRUE(same_bytes(s->w1_scales, threaded->w1_scales));
+    EXPECT_TRUE(same_bytes(s->w1_bias, threaded->w1_bias));
+    EXPECT_TRUE(same_bytes(s->w2_blocks, threaded->w2_blocks));
+    EXPECT_TRUE(same_bytes(s->w2_scales, threaded->w2_scales));
+    EXPECT_TRUE(same_bytes(s->w2_bias, threaded->w2_bias));
     EXPECT_EQ(s->intermediate, count);
     EXPECT_EQ(s->w1_blocks.shape(), Shape({E, 2 * count, H / 32, 16}));
     EXPECT_EQ(s->w2_blocks.shape(), Shape({E, H, count / 32, 16}));

@@ -54,10 +54,9 @@ Result<GptOssShardPlan> plan_gpt_oss_shard(const GptOssConfig& c, const ModelSha
 namespace {
 
 // Rows [first, first + count) of the middle axis of each of `outer` stacked [n, ...] blocks of `t`, as a
-// copy appended to `storage` and viewed with `shape`. Big copies run on all cores: a rank of 120b copies tens
-// of GiB out of the checkpoint's mmap (page faults included), which one thread does at well under 1 GiB/s.
+// copy appended to `storage` and viewed with `shape`; big copies split among threads by outer block.
 TensorView middle_rows(const TensorView& t, int64_t outer, int64_t n, int64_t first, int64_t count, Shape shape,
-                       std::vector<std::vector<uint8_t>>* storage) {
+                       const SliceCopyThreads& threading, std::vector<std::vector<uint8_t>>* storage) {
   const int64_t row_bytes = t.bytes() / (outer * n), out_bytes = outer * count * row_bytes;
   std::vector<uint8_t>& out = storage->emplace_back(static_cast<size_t>(out_bytes));
   const auto* src = t.ptr<const uint8_t>();
@@ -66,10 +65,9 @@ TensorView middle_rows(const TensorView& t, int64_t outer, int64_t n, int64_t fi
       std::memcpy(out.data() + o * count * row_bytes, src + (o * n + first) * row_bytes,
                   static_cast<size_t>(count * row_bytes));
   };
-  constexpr int64_t kBytesPerWorker = int64_t{64} << 20;
-  const int64_t workers = std::clamp<int64_t>(std::min<int64_t>(std::thread::hardware_concurrency(),
-                                                                 out_bytes / kBytesPerWorker),
-                                              1, outer);
+  const int64_t most = threading.max_threads > 0 ? threading.max_threads : std::thread::hardware_concurrency();
+  const int64_t workers =
+      std::clamp<int64_t>(std::min<int64_t>(most, out_bytes / std::max<int64_t>(1, threading.min_bytes_per_thread)), 1, outer);
   std::vector<std::thread> threads;
   for (int64_t w = 1; w < workers; ++w)
     threads.emplace_back([&, w] { copy(outer * w / workers, outer * (w + 1) / workers); });
@@ -81,7 +79,8 @@ TensorView middle_rows(const TensorView& t, int64_t outer, int64_t n, int64_t fi
 }  // namespace
 
 Result<ExpertWeights> slice_expert_intermediate(const ExpertWeights& whole, int64_t first, int64_t count, bool down_bias,
-                                                std::vector<std::vector<uint8_t>>* storage) {
+                                                std::vector<std::vector<uint8_t>>* storage,
+                                                const SliceCopyThreads& threads) {
   const int64_t E = whole.num_experts, H = whole.hidden, I = whole.intermediate;
   if (whole.layout != ExpertLayout::kMxfp4Checkpoint)
     return internal_error("slice_expert_intermediate: checkpoint layout expected");
@@ -90,12 +89,12 @@ Result<ExpertWeights> slice_expert_intermediate(const ExpertWeights& whole, int6
                             ") are not whole MXFP4 blocks of the " + std::to_string(I));
   ExpertWeights s = whole;
   s.intermediate = count;
-  s.w1_blocks = middle_rows(whole.w1_blocks, E, 2 * I, 2 * first, 2 * count, {E, 2 * count, H / 32, 16}, storage);
-  s.w1_scales = middle_rows(whole.w1_scales, E, 2 * I, 2 * first, 2 * count, {E, 2 * count, H / 32}, storage);
-  s.w1_bias = middle_rows(whole.w1_bias, E, 2 * I, 2 * first, 2 * count, {E, 2 * count}, storage);
+  s.w1_blocks = middle_rows(whole.w1_blocks, E, 2 * I, 2 * first, 2 * count, {E, 2 * count, H / 32, 16}, threads, storage);
+  s.w1_scales = middle_rows(whole.w1_scales, E, 2 * I, 2 * first, 2 * count, {E, 2 * count, H / 32}, threads, storage);
+  s.w1_bias = middle_rows(whole.w1_bias, E, 2 * I, 2 * first, 2 * count, {E, 2 * count}, threads, storage);
   // down_proj [E, H, I / 32 blocks, 16 bytes]: every output row keeps its blocks of the slice.
-  s.w2_blocks = middle_rows(whole.w2_blocks, E * H, I / 32, first / 32, count / 32, {E, H, count / 32, 16}, storage);
-  s.w2_scales = middle_rows(whole.w2_scales, E * H, I / 32, first / 32, count / 32, {E, H, count / 32}, storage);
+  s.w2_blocks = middle_rows(whole.w2_blocks, E * H, I / 32, first / 32, count / 32, {E, H, count / 32, 16}, threads, storage);
+  s.w2_scales = middle_rows(whole.w2_scales, E * H, I / 32, first / 32, count / 32, {E, H, count / 32}, threads, storage);
   if (!down_bias) {
     std::vector<uint8_t>& zeros = storage->emplace_back(static_cast<size_t>(whole.w2_bias.bytes()), uint8_t{0});
     s.w2_bias = TensorView(zeros.data(), whole.w2_bias.dtype(), whole.w2_bias.shape());

@@ -45,12 +45,22 @@ struct GptOssShardPlan {
 Result<GptOssShardPlan> plan_gpt_oss_shard(const GptOssConfig& config, const ModelShard& shard,
                                            MoeSplit moe_split = MoeSplit::kAuto);
 
+// How the slice copies below spread over threads: a rank of 120b copies tens of GiB out of the checkpoint's mmap
+// (page faults included), which one thread does at well under 1 GiB/s, so a big tensor's copy is split by its
+// outer rows among threads of at least min_bytes_per_thread each. Tests lower the threshold to reach the
+// threaded path with small tensors.
+struct SliceCopyThreads {
+  int64_t min_bytes_per_thread = int64_t{64} << 20;
+  int64_t max_threads = 0;  // 0: the host's cores
+};
+
 // Channels [first, first + count) of every expert of `whole` (host memory, checkpoint layout): gate_up rows
 // [2 first, 2 (first + count)) (the checkpoint interleaves gate and up by row, so each pair stays together),
 // down_proj's K columns [first, first + count) in whole MXFP4 blocks (first and count multiples of 32), the
 // down bias where `down_bias`, else zeros (the ranks' sum adds it once). The tensors are copies appended to
 // `storage`, which must outlive the result.
 Result<ExpertWeights> slice_expert_intermediate(const ExpertWeights& whole, int64_t first, int64_t count, bool down_bias,
-                                                std::vector<std::vector<uint8_t>>* storage);
+                                                std::vector<std::vector<uint8_t>>* storage,
+                                                const SliceCopyThreads& threads = {});
 
 }  // namespace mx
