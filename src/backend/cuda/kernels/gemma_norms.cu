@@ -35,6 +35,16 @@ __device__ __forceinline__ float sum_sq(const float (&v)[8]) {
   return s;
 }
 
+// A weighted RMSNorm's output chunk: out[i] = weight[i] * (v * inv_rms), each of the 8 values rounded once.
+__device__ __forceinline__ void store_weighted_norm(const uint16_t* weight, uint16_t* out, int64_t i,
+                                                    const float (&v)[8], float inv_rms) {
+  float w[8], o[8];
+  load8(weight, i, w);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[j] * inv_rms);
+  store8(out, i, o);
+}
+
 // The chunk index of this thread's c-th chunk, or -1 past the row's end.
 __device__ __forceinline__ int64_t chunk_index(int c, int64_t chunks) {
   const int64_t i = threadIdx.x + static_cast<int64_t>(c) * kThreads;
@@ -74,17 +84,8 @@ __global__ void __launch_bounds__(kThreads) gemma_attention_end_kernel(GemmaAtte
   for (int c = 0; c < kMaxChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
-    float w[8], o[8];
-    load8(p.pre_mlp_norm, i, w);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv_res);
-    store8(p.mlp_in + base, i, o);
-    if (p.pre_moe_norm) {
-      load8(p.pre_moe_norm, i, w);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv_res);
-      store8(p.moe_in + base, i, o);
-    }
+    store_weighted_norm(p.pre_mlp_norm, p.mlp_in + base, i, v[c], inv_res);
+    if (p.pre_moe_norm) store_weighted_norm(p.pre_moe_norm, p.moe_in + base, i, v[c], inv_res);
   }
 }
 
@@ -157,11 +158,7 @@ __global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEnd
   for (int c = 0; c < kMaxChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
-    float w[8], o[8];
-    load8(p.next_norm, i, w);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = w[j] * (f[c][j] * inv_res);
-    store8(p.next_in + base, i, o);
+    store_weighted_norm(p.next_norm, p.next_in + base, i, f[c], inv_res);
   }
 }
 
