@@ -7,7 +7,8 @@
 // measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
-// --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only] [out.json]`).
+// --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only |
+// --gemma-router-only] [out.json]`).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
@@ -595,31 +596,53 @@ void write_json(const char* path) {
 // ---- Gemma-4 26B-A4B (`--gemma-only`): the fused router (norm + logits + top-8 of 128 + softmax + expert
 // scales; 30 layers' f32 weights rotated, as in a decode step), the bf16 GeGLU experts (128 x 704, top-8;
 // routings rotated over random experts), and the small and fused row ops at decode and prefill sizes.
-void bench_gemma() {
-  const int64_t E = 128, H = 2816, I = 704, k = 8, layers = 30;
-  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, H, I, E, k, 16, 8, 512}));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  auto random_f32 = [&](Shape shape, float stddev) {
-    std::vector<float> host(static_cast<size_t>(shape.numel()));
-    for (auto& h : host) h = stddev * d(g_rng);
-    TensorView v = make(DType::kF32, shape);
-    CHECK_OK(g_b->copy_from_host(v, host.data()));
-    return v;
-  };
+// `--gemma-router-only`: the router alone.
+constexpr int64_t kGemmaE = 128, kGemmaH = 2816, kGemmaI = 704, kGemmaK = 8;
+
+TensorView gemma_random_f32(Shape shape, float stddev) {
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<float> host(static_cast<size_t>(shape.numel()));
+  for (auto& h : host) h = d(g_rng);
+  TensorView v = make(DType::kF32, shape);
+  CHECK_OK(g_b->copy_from_host(v, host.data()));
+  return v;
+}
+
+// Up to CudaGemmaRouterOptions::kClusterMaxTokens tokens both decode kernels (ticket first, then the
+// cluster kernel with the device's largest cluster and with 8 CTAs), then the default's choice.
+void bench_gemma_router() {
+  const int64_t E = kGemmaE, H = kGemmaH, k = kGemmaK, layers = 30;
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, H, kGemmaI, E, k, 16, 8, 512}));
   std::vector<TensorView> router_w;
-  for (int64_t l = 0; l < layers; ++l) router_w.push_back(random_f32({E, H}, 0.05f));
+  for (int64_t l = 0; l < layers; ++l) router_w.push_back(gemma_random_f32({E, H}, 0.05f));
   TensorView scale = random_bf16({E}, 1.0f);
-  for (int64_t T : {1, 4, 8, 32, 512, 8192}) {
-    TensorView x = random_f32({T, H}, 2.0f), logits = make(DType::kF32, {T, E});
+  for (int64_t T : {1, 2, 4, 8, 32, 512, 8192}) {
+    TensorView x = gemma_random_f32({T, H}, 2.0f), logits = make(DType::kF32, {T, E});
     TensorView ids = make(DType::kI32, {T, k}), weights = make(DType::kF32, {T, k});
     auto op = [&](int i) {
       return g_b->router_topk(RouterParams{x, router_w[i % layers], TensorView(), logits, ids, weights, k, scale, 1e-6f});
     };
-    CHECK_OK(op(0));
-    const double us = time_graph(T >= 512 ? 30 : 60, op);
-    report("gemma router T=" + std::to_string(T), us, E * H * 4.0 + T * H * 4.0, 2.0 * T * E * H,
-           "norm+logits+top8+softmax+scale, 1 launch");
+    using Variant = std::pair<CudaGemmaRouterOptions, std::string>;
+    std::vector<Variant> variants{{CudaGemmaRouterOptions{}, ""}};
+    if (T <= CudaGemmaRouterOptions::kClusterMaxTokens)
+      variants = {{{CudaGemmaRouterDecode::kTicket}, " (ticket)"},
+                  {{CudaGemmaRouterDecode::kCluster}, " (cluster)"},
+                  {{CudaGemmaRouterDecode::kCluster, 8}, " (cluster of 8)"},
+                  {{}, ""}};
+    for (const auto& [options, name] : variants) {
+      CHECK_OK(set_cuda_gemma_router_options(*g_b, options));
+      CHECK_OK(op(0));
+      const double us = time_graph(T >= 512 ? 30 : 60, op);
+      report("gemma router T=" + std::to_string(T) + name, us, E * H * 4.0 + T * H * 4.0, 2.0 * T * E * H,
+             "norm+logits+top8+softmax+scale, 1 launch");
+    }
+    CHECK_OK(set_cuda_gemma_router_options(*g_b, {}));
   }
+}
+
+void bench_gemma() {
+  const int64_t E = kGemmaE, H = kGemmaH, I = kGemmaI, k = kGemmaK;
+  bench_gemma_router();
   // Experts: one copy (1.5 GB, far past L2); each routing touches other experts. The tables repeat one
   // random block at rotating offsets: 761M normal draws took ~20 s of every run, and the timing depends on
   // addresses, not on which random values sit there.
@@ -684,7 +707,7 @@ void bench_gemma() {
     report("gemma qkv_norms T=" + std::to_string(T) + " (16+8+8 x 256)",
            time_graph(20, [&](int) { return g_b->qkv_norms(QkvNormParams{qkv, qn, qn, 16, 8, 256, 1e-6f}); }),
            2.0 * T * 32 * 256 * 2, 0);
-    TensorView res = random_f32({T, H}, 1.0f), f = random_bf16({1}, 1.0f);
+    TensorView res = gemma_random_f32({T, H}, 1.0f), f = random_bf16({1}, 1.0f);
     report("gemma scale_by T=" + std::to_string(T), time_graph(20, [&](int) { return g_b->scale_by(res, f); }),
            2.0 * T * H * 4, 0);
     TensorView gu = random_bf16({T, 2 * 2112}, 1.0f), act = make(DType::kBF16, {T, 2112});
@@ -700,7 +723,7 @@ void bench_gemma() {
            time_graph(20, [&](int) { return g_b->gemma_layer_end({a, m, w, w, w, TensorView(), res, w, o1, 1e-6f}); }),
            T * H * (4.0 + 8 + 2), 0, "3 branch norms + residual add + next input norm, 1 launch");
   }
-  TensorView lg = random_f32({1, 262144}, 10.0f);
+  TensorView lg = gemma_random_f32({1, 262144}, 10.0f);
   report("gemma soft_cap 1 x 262144", time_graph(20, [&](int) { return g_b->soft_cap(lg, 30.0f); }), 2.0 * 262144 * 4, 0);
 }
 
@@ -756,9 +779,10 @@ int main(int argc, char** argv) {
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }
-  // `--gemma-only`: Gemma-4 26B-A4B's router, bf16 experts and small ops.
-  if (argc > arg && std::string(argv[arg]) == "--gemma-only") {
-    bench_gemma();
+  // `--gemma-only`: Gemma-4 26B-A4B's router, bf16 experts and small ops; `--gemma-router-only` the router.
+  if (argc > arg && (std::string(argv[arg]) == "--gemma-only" || std::string(argv[arg]) == "--gemma-router-only")) {
+    if (std::string(argv[arg]) == "--gemma-only") bench_gemma();
+    else bench_gemma_router();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

@@ -198,6 +198,20 @@ TEST_F(GemmaKernelTest, FusedLayerEndNorms) {
   EXPECT_FALSE(cuda_backend().gemma_layer_end({x, TensorView(), w, w, w, two, r, w, x, 1e-6f}).is_ok());  // scalar
 }
 
+// The router kernels a batch of `tokens` can take: past CudaGemmaRouterOptions::kClusterMaxTokens the
+// default's choice; up to it the ticket kernel and the cluster kernel, with the device's largest cluster and
+// with 8 CTAs.
+struct RouterKernel {
+  CudaGemmaRouterOptions options;
+  std::string name;
+};
+std::vector<RouterKernel> router_kernels(int64_t tokens) {
+  if (tokens > CudaGemmaRouterOptions::kClusterMaxTokens) return {{{}, ""}};
+  return {{{CudaGemmaRouterDecode::kTicket}, ", ticket"},
+          {{CudaGemmaRouterDecode::kCluster}, ", cluster"},
+          {{CudaGemmaRouterDecode::kCluster, 8}, ", cluster of 8"}};
+}
+
 // The fused router against the twin's norm -> logits -> top-k -> softmax -> scale: logits, weights and ids.
 TEST_F(GemmaKernelTest, FusedRouter) {
   struct Case {
@@ -206,14 +220,16 @@ TEST_F(GemmaKernelTest, FusedRouter) {
   };
   // Decode tiles (<= 32 tokens, 4 per tile, 2 experts per CTA), 16-token tiles of 32 experts per CTA, and
   // from 2048 tokens the GEMM tiles (64 tokens x <= 128 experts): partial tiles, expert counts that
-  // leave a CTA partly empty, hidden sizes not a multiple of 32 or 128.
+  // leave a CTA partly empty, hidden sizes not a multiple of 32 or 128. Up to 8 tokens also the cluster
+  // kernel, with the device's largest cluster and with 8 CTAs: CTAs without experts (6 experts), partial
+  // groups (40), two groups per CTA (256), two passes over the hidden row (5000).
   for (const Case& c : {Case{1, 128, 2816, 8, true, true, false}, Case{3, 128, 2816, 8, true, true, false},
                         Case{8, 128, 2816, 8, true, true, true}, Case{33, 128, 2816, 8, true, true, false},
                         Case{77, 128, 2816, 8, true, false, false}, Case{7, 6, 64, 3, true, true, false},
                         Case{5, 40, 200, 5, false, false, true}, Case{50, 33, 204, 16, true, true, false},
                         Case{2, 256, 1024, 8, false, true, false}, Case{40, 256, 512, 8, true, true, false},
-                        Case{130, 128, 2816, 8, true, true, true}, Case{2100, 128, 2816, 8, true, true, false},
-                        Case{2049, 40, 200, 5, true, false, true}}) {
+                        Case{4, 64, 5000, 8, true, false, true}, Case{130, 128, 2816, 8, true, true, true},
+                        Case{2100, 128, 2816, 8, true, true, false}, Case{2049, 40, 200, 5, true, false, true}}) {
     std::vector<float> w = random_f32(rng_, c.e * c.h, 0.0f, 0.05f), scale = random_f32(rng_, c.e, 1.0f, 0.3f);
     Bf16Data scale_b = random_bf16(rng_, c.e, 0.3f);
     for (size_t i = 0; i < scale_b.bits.size(); ++i) {  // |N(1, 0.3)| in bf16
@@ -232,27 +248,34 @@ TEST_F(GemmaKernelTest, FusedRouter) {
     const float eps = c.norm ? 1e-6f : 0.0f;
     RouterParams r_c{px.cpu, pw.cpu, TensorView(), cpu_.make(DType::kF32, {c.t, c.e}), cpu_.make(DType::kI32, {c.t, c.k}),
                      cpu_.make(DType::kF32, {c.t, c.k}), c.k, ps.cpu, eps};
-    RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {c.t, c.e}),
-                     cuda_.make(DType::kI32, {c.t, c.k}), cuda_.make(DType::kF32, {c.t, c.k}), c.k, ps.cuda, eps};
     ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
-    const Status st = cuda_backend().router_topk(r_g);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    const std::string what = std::to_string(c.t) + " tokens, " + std::to_string(c.e) + " experts, hidden " +
-                             std::to_string(c.h) + ", top-" + std::to_string(c.k) + (c.norm ? ", norm" : "") +
-                             (c.f32_x ? ", f32 x" : ", bf16 x") + (c.f32_scale ? ", f32 scale" : ", bf16 scale");
-    check("gemma router logits", what, cuda_.download_f32(r_g.logits), cpu_.download_f32(r_c.logits), 1e-5);
-    check("gemma router weights", what, cuda_.download_f32(r_g.topk_weights), cpu_.download_f32(r_c.topk_weights), 1e-5);
-    const auto ids_c = cpu_.download_bytes(r_c.topk_ids), ids_g = cuda_.download_bytes(r_g.topk_ids);
-    const bool same = ids_c == ids_g;
-    record("gemma router ids", what + (same ? " identical" : " DIFFER"), same ? 0 : 1, 0, 0, same);
-    EXPECT_TRUE(same);
+    const auto ids_c = cpu_.download_bytes(r_c.topk_ids);
+    for (const RouterKernel& kernel : router_kernels(c.t)) {
+      ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok());
+      RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {c.t, c.e}),
+                       cuda_.make(DType::kI32, {c.t, c.k}), cuda_.make(DType::kF32, {c.t, c.k}), c.k, ps.cuda, eps};
+      const Status st = cuda_backend().router_topk(r_g);
+      ASSERT_TRUE(st.is_ok()) << kernel.name << ": " << st.to_string();
+      const std::string what = std::to_string(c.t) + " tokens, " + std::to_string(c.e) + " experts, hidden " +
+                               std::to_string(c.h) + ", top-" + std::to_string(c.k) + (c.norm ? ", norm" : "") +
+                               (c.f32_x ? ", f32 x" : ", bf16 x") + (c.f32_scale ? ", f32 scale" : ", bf16 scale") +
+                               kernel.name;
+      check("gemma router logits", what, cuda_.download_f32(r_g.logits), cpu_.download_f32(r_c.logits), 1e-5);
+      check("gemma router weights", what, cuda_.download_f32(r_g.topk_weights), cpu_.download_f32(r_c.topk_weights),
+            1e-5);
+      const bool same = ids_c == cuda_.download_bytes(r_g.topk_ids);
+      record("gemma router ids", what + (same ? " identical" : " DIFFER"), same ? 0 : 1, 0, 0, same);
+      EXPECT_TRUE(same) << what;
+    }
+    ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), {}).is_ok());
   }
   // Equal logits rank the lower expert first (the twin's order): every expert gets the same weight row.
-  {
-    const int64_t e = 128, h = 256, k = 8;
-    std::vector<float> row = random_f32(rng_, h, 0.0f, 0.05f), w;
-    for (int64_t i = 0; i < e; ++i) w.insert(w.end(), row.begin(), row.end());
-    Pair pw = f32_pair(w, {e, h}), px = f32_pair(random_f32(rng_, h, 0.0f, 1.0f), {1, h});
+  const int64_t e = 128, h = 256, k = 8;
+  std::vector<float> row = random_f32(rng_, h, 0.0f, 0.05f), w;
+  for (int64_t i = 0; i < e; ++i) w.insert(w.end(), row.begin(), row.end());
+  Pair pw = f32_pair(w, {e, h}), px = f32_pair(random_f32(rng_, h, 0.0f, 1.0f), {1, h});
+  for (const RouterKernel& kernel : router_kernels(1)) {
+    ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok());
     RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {1, e}), cuda_.make(DType::kI32, {1, k}),
                      cuda_.make(DType::kF32, {1, k}), k, TensorView(), 1e-6f};
     ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok());
@@ -260,9 +283,11 @@ TEST_F(GemmaKernelTest, FusedRouter) {
     std::vector<int32_t> got(k), want(k);
     std::memcpy(got.data(), ids.data(), ids.size());
     std::iota(want.begin(), want.end(), 0);
-    record("gemma router ties", "128 equal logits -> experts 0..7", got == want ? 0 : 1, 0, 0, got == want);
-    EXPECT_EQ(got, want);
+    record("gemma router ties", "128 equal logits -> experts 0..7" + kernel.name, got == want ? 0 : 1, 0, 0,
+           got == want);
+    EXPECT_EQ(got, want) << kernel.name;
   }
+  ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), {}).is_ok());
 }
 
 struct GegluCase {
@@ -270,26 +295,14 @@ struct GegluCase {
   bool hot;  // expert 0 in every token's top-k (one expert with many tiles)
 };
 
-// bf16 bits of ~N(0, stddev) (a sum of four 16-bit uniforms per 64-bit draw): the 26B-A4B expert tables
-// are 761M values, which normal_distribution on mt19937 took ~20 s to draw per case.
-std::vector<uint16_t> quick_random_bf16(std::mt19937_64& rng, int64_t n, float stddev) {
-  std::vector<uint16_t> bits(static_cast<size_t>(n));
-  const float scale = stddev * 1.7320508075688772f;  // each uniform has variance 1/12: sum of 4 -> 1/3
-  for (auto& b : bits) {
-    const uint64_t r = rng();
-    const auto sum = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
-    b = f32_to_bf16(((sum + 2.0f) * 0x1.0p-16f - 2.0f) * scale);
-  }
-  return bits;
-}
-
 // One model's expert tables on both backends.
 struct GegluExpertTables {
   TensorView gu_c, gu_g, dn_c, dn_g;
 };
 GegluExpertTables upload_geglu_experts(Arena& cpu, Arena& cuda, std::mt19937_64& rng, int64_t e, int64_t h,
                                        int64_t i) {
-  const std::vector<uint16_t> gu = quick_random_bf16(rng, e * 2 * i * h, 0.05f), dn = quick_random_bf16(rng, e * h * i, 0.05f);
+  const std::vector<uint16_t> gu = quick_random_bf16_bits(rng, e * 2 * i * h, 0.05f),
+                              dn = quick_random_bf16_bits(rng, e * h * i, 0.05f);
   return {cpu.upload(DType::kBF16, {e, 2 * i, h}, gu.data()), cuda.upload(DType::kBF16, {e, 2 * i, h}, gu.data()),
           cpu.upload(DType::kBF16, {e, h, i}, dn.data()), cuda.upload(DType::kBF16, {e, h, i}, dn.data())};
 }

@@ -58,6 +58,24 @@ Bf16Data random_bf16(std::mt19937& rng, int64_t n, float stddev) {
   return d;
 }
 
+std::vector<uint16_t> quick_random_bf16_bits(std::mt19937_64& rng, int64_t n, float stddev) {
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  const float scale = stddev * 1.7320508075688772f;  // each uniform has variance 1/12: sum of 4 -> 1/3
+  for (auto& b : bits) {
+    const uint64_t r = rng();
+    const auto sum = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
+    b = f32_to_bf16(((sum + 2.0f) * 0x1.0p-16f - 2.0f) * scale);
+  }
+  return bits;
+}
+
+Bf16Data quick_random_bf16(std::mt19937& rng, int64_t n, float stddev) {
+  std::mt19937_64 wide(rng());
+  Bf16Data d{quick_random_bf16_bits(wide, n, stddev), std::vector<float>(static_cast<size_t>(n))};
+  for (size_t i = 0; i < d.bits.size(); ++i) d.values[i] = bf16_to_f32(d.bits[i]);
+  return d;
+}
+
 TensorView Arena::make(DType dtype, Shape shape) {
   auto buf = b_.allocate(dtype_bytes(dtype, shape.numel()));
   MX_CHECK(buf.is_ok()) << buf.status().to_string();

@@ -38,6 +38,11 @@ struct Bf16Data {
   std::vector<float> values;
 };
 Bf16Data random_bf16(std::mt19937& rng, int64_t n, float stddev);
+// ~N(0, stddev) as the sum of four 16-bit uniforms per 64-bit draw (tails cut at 3.46 stddev): for tables of
+// hundreds of millions of values (26B-A4B's experts, long KV caches), which normal_distribution on mt19937
+// takes seconds to draw. The bits alone, or both copies (`rng` seeds a 64-bit generator).
+std::vector<uint16_t> quick_random_bf16_bits(std::mt19937_64& rng, int64_t n, float stddev);
+Bf16Data quick_random_bf16(std::mt19937& rng, int64_t n, float stddev);
 
 // Owns device (or host) buffers of one backend and copies data in and out.
 class Arena {

@@ -504,6 +504,20 @@ class CudaBackend final : public Backend {
     r.tokens = p.x.numel() / r.hidden;
     r.top_k = p.top_k;
     r.norm_eps = p.x_norm_eps;
+    const CudaGemmaRouterDecode decode = options_.gemma_router.decode;
+    const int forced_ctas = options_.gemma_router.cluster_ctas;
+    if (forced_ctas != 0 && forced_ctas != 8 && forced_ctas != 16)
+      return invalid_argument("cuda router: clusters of 8 or 16 CTAs, not " + std::to_string(forced_ctas));
+    if (decode != CudaGemmaRouterDecode::kTicket && r.tokens <= CudaGemmaRouterOptions::kClusterMaxTokens) {
+      if (router_cluster_ctas_ < 0) router_cluster_ctas_ = gemma_router_cluster_ctas();
+      // kAuto takes a forced size only where the device runs it; kCluster gets what it asks for or an error.
+      const int ctas = forced_ctas > 0 && forced_ctas <= router_cluster_ctas_ ? forced_ctas : router_cluster_ctas_;
+      if (decode == CudaGemmaRouterDecode::kCluster && (ctas == 0 || (forced_ctas > 0 && ctas != forced_ctas)))
+        return unimplemented("cuda router: this device runs CTA clusters of at most " +
+                             std::to_string(router_cluster_ctas_));
+      if (decode == CudaGemmaRouterDecode::kCluster || dev_.sm_major == 9)
+        r.cluster_ctas = ctas;
+    }
     MX_RETURN_IF_ERROR(ensure(scratch_.gemma_router_tickets, gemma_router_tickets(r.tokens) * 4, "router tickets",
                               /*zero=*/true));
     r.tickets = ptr_of<uint32_t>(scratch_.gemma_router_tickets);
@@ -934,6 +948,7 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, (s.hidden + 15) / 16 * 4, "MoE tickets", true));
     MX_RETURN_IF_ERROR(
         ensure(scratch_.gemma_router_tickets, gemma_router_tickets(s.max_tokens) * 4, "router tickets", true));
+    if (router_cluster_ctas_ < 0) router_cluster_ctas_ = gemma_router_cluster_ctas();  // host queries: not in a capture
     MX_RETURN_IF_ERROR(ensure_linear_scratch());
     if (fp8_slab_bytes_ > 0) MX_RETURN_IF_ERROR(ensure(scratch_.dense_fp8, fp8_slab_bytes_, "FP8 dense slab"));
     // Decode splits shrink as the batch grows: tokens * splits <= tokens + 3 * SMs (kernel_configs.cc).
@@ -1006,6 +1021,7 @@ class CudaBackend final : public Backend {
   int64_t fp8_slab_bytes_ = 0;  // the largest slab an uploaded FP8 weight needs
   DeviceInfo dev_;
   CudaBackendOptions options_;
+  int router_cluster_ctas_ = -1;  // gemma_router_cluster_ctas() on this device, asked at the first decode router
   CudaStream stream_;
   std::unique_ptr<LtLinear> lt_;
   Scratch scratch_;
@@ -1057,6 +1073,12 @@ Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& 
 Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts) {
   MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
   options->bf16_experts = bf16_experts;
+  return Status::ok();
+}
+
+Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOptions& gemma_router) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->gemma_router = gemma_router;
   return Status::ok();
 }
 

@@ -70,12 +70,24 @@ struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
 };
 
+// Which kernel runs Gemma-4's router at decode (up to kClusterMaxTokens tokens): kAuto = the cluster kernel
+// on sm_90 (where it was measured), else the ticket kernel; kTicket = the last CTA to finish its experts
+// picks the top-k, kCluster = a CTA cluster per token (gemma_router.cu). Tests and benchmarks force either;
+// kCluster without CTA clusters is an error.
+enum class CudaGemmaRouterDecode { kAuto, kTicket, kCluster };
+struct CudaGemmaRouterOptions {
+  static constexpr int64_t kClusterMaxTokens = 8;
+  CudaGemmaRouterDecode decode = CudaGemmaRouterDecode::kAuto;
+  int cluster_ctas = 0;  // 8 or 16 forces the cluster's CTAs (tests, benchmarks); 0 = the most the device runs
+};
+
 // Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.
 struct CudaBackendOptions {
   CudaMoeOptions moe;
   CudaSkinnyLinearOptions skinny_linear;
   CudaAttentionOptions attention;
   CudaBf16ExpertsOptions bf16_experts;
+  CudaGemmaRouterOptions gemma_router;
 };
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options = {});
@@ -85,6 +97,7 @@ Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe);
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny);
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention);
 Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts);
+Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOptions& gemma_router);
 
 // A CUDA backend's device ordinal and stream (cudaStream_t), for the collectives that run on its stream.
 struct CudaPlacement {

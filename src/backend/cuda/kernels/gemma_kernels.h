@@ -81,7 +81,9 @@ Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t s
 // Gemma-4's router in one launch: per token the weightless RMSNorm of x (norm_eps > 0; else x as is), the
 // fp32 logits against the folded f32 weight (learned scale * H^-1/2 * proj), top-k (ties to the lower
 // expert), softmax over the k, times expert_scale[id]. CTAs split the experts; the last CTA of a token tile
-// (atomic ticket, reset by it for the next replay) selects the top-k of the tile's tokens.
+// (atomic ticket, reset by it for the next replay) selects the top-k of the tile's tokens, or, with
+// cluster_ctas at decode, CTA 0 of the token's CTA cluster, from the logits the others stored into its
+// shared memory.
 struct GemmaRouterParams {
   const void* x = nullptr;             // [tokens, hidden], f32 when x_f32 else bf16
   const float* weight = nullptr;       // f32 [experts, hidden]
@@ -93,8 +95,14 @@ struct GemmaRouterParams {
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
   float norm_eps = 0.0f;
   bool x_f32 = false, scale_f32 = false;
+  // 0 = the ticket kernel (or at 2048 tokens and more the GEMM tiles); else one cluster of this many CTAs
+  // per token (a value gemma_router_cluster_ctas() returned on this device; meant for decode batches).
+  int cluster_ctas = 0;
 };
 int64_t gemma_router_tickets(int64_t tokens);
+// The largest CTA cluster the router's cluster kernel runs on with the current device (16 where the device
+// schedules non-portable clusters of 16, else 8), or 0 where it has none (below sm_90): a host query.
+int gemma_router_cluster_ctas();
 Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream);
 
 // bf16 GeGLU experts over launch_moe_routing's tiles (or self-routed, below): 8-token tiles on a swap-AB

@@ -8,6 +8,8 @@
 // with one warp: every logit becomes an order-preserving 32-bit key packed above the inverted expert id,
 // so one 64-bit max per round selects the largest logit with ties to the lower id (the CPU twin's order);
 // softmax over the k in fp32, times the per-expert scale.
+// At decode (GemmaRouterParams::cluster_ctas) the CTAs of one token form a cluster instead, and CTA 0 picks
+// the top-k from logits the others store into its shared memory (gemma_router_cluster_kernel).
 // At decode the first weights are requested before the PDL wait: they do not depend on earlier kernels.
 #include <climits>
 
@@ -193,6 +195,113 @@ __global__ void __launch_bounds__(kThreads) gemma_router_kernel(GemmaRouterParam
   for (int t = warp; t < nt; t += kWarps) select_topk(p, t0 + t);
 }
 
+// Decode (a few tokens): one cluster of C CTAs (gridDim.x) per token
+// (blockIdx.y), CTA r owning experts [r E_c, (r + 1) E_c), E_c = ceil(E / C). Each warp takes an eighth of
+// the hidden row for all of its CTA's experts (kGroup at a time), so the row of x is read once per CTA and
+// the warps' partial sums of x^2 give 1 / rms; the first group's weights are in flight before the PDL wait
+// (26B-A4B at C = 16: 8 experts, 3 float4 per lane each, every weight of the CTA). The CTA sums its warps'
+// partials through shared memory and stores each logit to p.logits and, through distributed shared memory,
+// into CTA 0's row; one cluster barrier later CTA 0 picks the top-k from there. That replaces the ticket
+// kernel's fence, atomic and second read of the logits through L2.
+constexpr int kGroup = 8;           // experts whose weights a warp holds at once
+constexpr int kChunk = 3;           // float4 per lane and expert: hidden up to 3072 in one pass
+constexpr int kMaxCtaExperts = 32;  // 256 experts over a cluster of 8
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The float at `local`'s offset in the shared memory of the cluster's CTA `rank` = v.
+__device__ __forceinline__ void store_to_cluster_rank(const float* local, unsigned rank, float v) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
+}
+
+__global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRouterParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float row[kMaxExperts];  // CTA 0's: the token's logits from every CTA of the cluster
+  __shared__ float part[kWarps][kMaxCtaExperts];
+  __shared__ float sq_part[kWarps];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t t = blockIdx.y, n4 = p.hidden / 4;
+  const int64_t cta_experts = (p.experts + gridDim.x - 1) / gridDim.x;
+  const int64_t e_begin = blockIdx.x * cta_experts;
+  const int64_t e_end = e_begin + cta_experts < p.experts ? e_begin + cta_experts : p.experts;
+  const int64_t k_begin = warp * n4 / kWarps, k_end = (warp + 1) * n4 / kWarps;
+  // Phase 0 of the cluster barrier: once it completes, every CTA runs and CTA 0's row may be written.
+  cluster_arrive_relaxed();
+
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 w[kGroup][kChunk];
+  auto load_w = [&](int64_t e0, int64_t base) {
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e)
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u) {
+        const int64_t i = base + lane + 32 * u;
+        w[e][u] = e0 + e < e_end && i < k_end
+                      ? __ldg(reinterpret_cast<const float4*>(p.weight + (e0 + e) * p.hidden) + i)
+                      : zero;
+      }
+  };
+  load_w(e_begin, k_begin);  // weights are constant: in flight before waiting for x
+  pdl_wait();
+  pdl_launch_dependents();
+
+  float sq = 0.f;
+  for (int64_t e0 = e_begin; e0 < e_end; e0 += kGroup) {
+    float acc[kGroup];
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) acc[e] = 0.f;
+    for (int64_t base = k_begin; base < k_end; base += 32 * kChunk) {
+      if (e0 != e_begin || base != k_begin) load_w(e0, base);
+      float4 xv[kChunk];
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u) {
+        const int64_t i = base + lane + 32 * u;
+        xv[u] = i < k_end ? load_x4(p, t, i) : zero;
+      }
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u) {
+        if (e0 == e_begin) sq = dot4(xv[u], xv[u], sq);
+#pragma unroll
+        for (int e = 0; e < kGroup; ++e) acc[e] = dot4(xv[u], w[e][u], acc[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) {
+      const float v = warp_sum(acc[e]);
+      if (lane == 0 && e0 + e < e_end) part[warp][e0 - e_begin + e] = v;
+    }
+  }
+  sq = warp_sum(sq);  // (a CTA without experts, past the last, uses none of it)
+  if (lane == 0) sq_part[warp] = sq;
+  __syncthreads();
+  cluster_wait_acquire();  // phase 0
+  if (tid < e_end - e_begin) {
+    float total_sq = 0.f, sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) {
+      total_sq += sq_part[i];
+      sum += part[i][tid];
+    }
+    const float inv_rms = p.norm_eps > 0.f ? rsqrtf(total_sq / static_cast<float>(p.hidden) + p.norm_eps) : 1.f;
+    const float logit = sum * inv_rms;
+    p.logits[t * p.experts + e_begin + tid] = logit;
+    store_to_cluster_rank(row + e_begin + tid, 0, logit);
+  }
+  cluster_arrive_release();  // phase 1: the logits are in CTA 0's row
+  cluster_wait_acquire();
+  if (blockIdx.x == 0 && warp == 0) select_topk(p, t, row);
+#endif
+}
+
 // Prefill, up to 128 experts: a CTA computes all the experts of 64 tokens as a register-blocked fp32 GEMM
 // (k in chunks of 32 through shared memory, 4 tokens x 8 experts per thread), so it picks its tokens' top-k
 // itself from shared memory (no ticket). The thread that loads a token's x also sums its squares.
@@ -286,6 +395,25 @@ __global__ void __launch_bounds__(kThreads) gemma_router_tile_kernel(GemmaRouter
   for (int t = warp; t < nt; t += kWarps) select_topk(p, t0 + t, lg + t * kLogitPitch);
 }
 
+Status launch_cluster(const GemmaRouterParams& p, cudaStream_t stream) {
+  if (p.cluster_ctas != 8 && p.cluster_ctas != 16) return invalid_argument("router: clusters of 8 or 16 CTAs");
+  if (ceil_div64(p.experts, p.cluster_ctas) > kMaxCtaExperts) return unimplemented("router: too many experts per CTA");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster_ctas), static_cast<unsigned>(p.tokens));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(p.cluster_ctas);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  return cuda_status(cudaLaunchKernelEx(&cfg, gemma_router_cluster_kernel, p), "gemma_router_cluster_kernel");
+}
+
 template <int kWarpExperts, int kKSplit, int kTileTokens>
 Status launch(const GemmaRouterParams& p, cudaStream_t stream) {
   constexpr int kCtaExperts = kWarps / kKSplit * kWarpExperts;
@@ -300,11 +428,42 @@ Status launch(const GemmaRouterParams& p, cudaStream_t stream) {
 
 int64_t gemma_router_tickets(int64_t tokens) { return ceil_div64(tokens, kMinTileTokens); }
 
+int gemma_router_cluster_ctas() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
+    cudaGetLastError();
+    return 0;
+  }
+  // Clusters of 16 are non-portable: the kernel opts in before the query and its launches (per device).
+  if (cudaFuncSetAttribute(gemma_router_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+      cudaSuccess)
+    cudaGetLastError();
+  for (const int ctas : {16, 8}) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(ctas));
+    cfg.blockDim = dim3(kThreads);
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(ctas);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, gemma_router_cluster_kernel, &cfg) == cudaSuccess && clusters > 0)
+      return ctas;
+    cudaGetLastError();
+  }
+  return 0;
+}
+
 Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream) {
   if (p.experts > kMaxExperts || p.top_k < 1 || p.top_k > kMaxTopK || p.top_k > p.experts)
     return unimplemented("router: at most 256 experts and top-k in [1, 16]");
   if (p.hidden % 4 != 0) return unimplemented("router: hidden size must be a multiple of 4");
   if (p.tokens == 0) return Status::ok();
+  if (p.cluster_ctas > 0) return launch_cluster(p, stream);
   if (ceil_div64(p.tokens, kMinTileTokens) > 65535) return unimplemented("router: too many tokens for one launch");
   // Decode: 2 experts per CTA (64 CTAs for 128 experts), 4 warps per expert, 4 tokens per tile. Prefill: the
   // 64-token GEMM tiles up to 128 experts from 2048 tokens, else 32 experts per CTA, whole rows per warp, 16
