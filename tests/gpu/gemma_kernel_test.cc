@@ -199,8 +199,8 @@ TEST_F(GemmaKernelTest, FusedLayerEndNorms) {
 }
 
 // The router kernels a batch of `tokens` can take: past CudaGemmaRouterOptions::kClusterMaxTokens the
-// default's choice; up to it the ticket kernel and the cluster kernel, with the device's largest cluster and
-// with 8 CTAs.
+// default's choice; up to it the ticket kernel and the cluster kernel, with the default's cluster size (16
+// CTAs up to 4 tokens where the device runs them) and with 8 CTAs.
 struct RouterKernel {
   CudaGemmaRouterOptions options;
   std::string name;
@@ -221,8 +221,8 @@ TEST_F(GemmaKernelTest, FusedRouter) {
   // Decode tiles (<= 32 tokens, 4 per tile, 2 experts per CTA), 16-token tiles of 32 experts per CTA, and
   // from 2048 tokens the GEMM tiles (64 tokens x <= 128 experts): partial tiles, expert counts that
   // leave a CTA partly empty, hidden sizes not a multiple of 32 or 128. Up to 8 tokens also the cluster
-  // kernel, with the device's largest cluster and with 8 CTAs: CTAs without experts (6 experts), partial
-  // groups (40), two groups per CTA (256), two passes over the hidden row (5000).
+  // kernel (router_kernels): CTAs without experts (6 experts), partial groups (40), two groups per CTA (256),
+  // two passes over the hidden row (5000).
   for (const Case& c : {Case{1, 128, 2816, 8, true, true, false}, Case{3, 128, 2816, 8, true, true, false},
                         Case{8, 128, 2816, 8, true, true, true}, Case{33, 128, 2816, 8, true, true, false},
                         Case{77, 128, 2816, 8, true, false, false}, Case{7, 6, 64, 3, true, true, false},

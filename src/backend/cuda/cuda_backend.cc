@@ -510,8 +510,10 @@ class CudaBackend final : public Backend {
       return invalid_argument("cuda router: clusters of 8 or 16 CTAs, not " + std::to_string(forced_ctas));
     if (decode != CudaGemmaRouterDecode::kTicket && r.tokens <= CudaGemmaRouterOptions::kClusterMaxTokens) {
       if (router_cluster_ctas_ < 0) router_cluster_ctas_ = gemma_router_cluster_ctas();
+      int ctas = r.tokens <= CudaGemmaRouterOptions::kLargeClusterMaxTokens ? router_cluster_ctas_
+                                                                            : std::min(router_cluster_ctas_, 8);
       // kAuto takes a forced size only where the device runs it; kCluster gets what it asks for or an error.
-      const int ctas = forced_ctas > 0 && forced_ctas <= router_cluster_ctas_ ? forced_ctas : router_cluster_ctas_;
+      if (forced_ctas > 0 && forced_ctas <= router_cluster_ctas_) ctas = forced_ctas;
       if (decode == CudaGemmaRouterDecode::kCluster && (ctas == 0 || (forced_ctas > 0 && ctas != forced_ctas)))
         return unimplemented("cuda router: this device runs CTA clusters of at most " +
                              std::to_string(router_cluster_ctas_));

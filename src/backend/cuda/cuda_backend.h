@@ -71,14 +71,17 @@ struct CudaBf16ExpertsOptions {
 };
 
 // Which kernel runs Gemma-4's router at decode (up to kClusterMaxTokens tokens): kAuto = the cluster kernel
-// on sm_90 (where it was measured), else the ticket kernel; kTicket = the last CTA to finish its experts
-// picks the top-k, kCluster = a CTA cluster per token (gemma_router.cu). Tests and benchmarks force either;
-// kCluster without CTA clusters is an error.
+// on sm_90 (where it was measured faster), else the ticket kernel; kTicket = the last CTA to finish its
+// experts picks the top-k, kCluster = a CTA cluster per token (gemma_router.cu). Tests and benchmarks force
+// either; kCluster without CTA clusters is an error. Clusters of 16 CTAs (where the device runs them) up to
+// kLargeClusterMaxTokens tokens, else of 8: on an H100 eight clusters of 16 took 9.19 us (two waves, it
+// seems), eight of 8 7.64 us, one of 16 5.47 us and one of 8 7.42 us (docs/PERF.md).
 enum class CudaGemmaRouterDecode { kAuto, kTicket, kCluster };
 struct CudaGemmaRouterOptions {
   static constexpr int64_t kClusterMaxTokens = 8;
+  static constexpr int64_t kLargeClusterMaxTokens = 4;
   CudaGemmaRouterDecode decode = CudaGemmaRouterDecode::kAuto;
-  int cluster_ctas = 0;  // 8 or 16 forces the cluster's CTAs (tests, benchmarks); 0 = the most the device runs
+  int cluster_ctas = 0;  // 8 or 16 forces the cluster's CTAs (tests, benchmarks); 0 = by tokens, as above
 };
 
 // Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.
