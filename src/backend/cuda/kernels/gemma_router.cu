@@ -195,10 +195,10 @@ __global__ void __launch_bounds__(kThreads) gemma_router_kernel(GemmaRouterParam
   for (int t = warp; t < nt; t += kWarps) select_topk(p, t0 + t);
 }
 
-// Decode (a few tokens): one cluster of C CTAs (gridDim.x) per token
-// (blockIdx.y), CTA r owning experts [r E_c, (r + 1) E_c), E_c = ceil(E / C). Each warp takes an eighth of
-// the hidden row for all of its CTA's experts (kGroup at a time), so the row of x is read once per CTA and
-// the warps' partial sums of x^2 give 1 / rms; the first group's weights are in flight before the PDL wait
+// Decode (a few tokens): one cluster of C CTAs (gridDim.x) per token (blockIdx.y), CTA r owning experts
+// [r E_c, (r + 1) E_c), E_c = ceil(E / C). Each warp takes an eighth of the hidden row for all of its CTA's
+// experts (kGroup at a time), so the row of x is read once per CTA and the warps' partial sums of x^2
+// give 1 / rms; the first group's weights are in flight before the PDL wait
 // (26B-A4B at C = 16: 8 experts, 3 float4 per lane each, every weight of the CTA). The CTA sums its warps'
 // partials through shared memory and stores each logit to p.logits and, through distributed shared memory,
 // into CTA 0's row; one cluster barrier later CTA 0 picks the top-k from there. That replaces the ticket
@@ -398,6 +398,7 @@ __global__ void __launch_bounds__(kThreads) gemma_router_tile_kernel(GemmaRouter
 Status launch_cluster(const GemmaRouterParams& p, cudaStream_t stream) {
   if (p.cluster_ctas != 8 && p.cluster_ctas != 16) return invalid_argument("router: clusters of 8 or 16 CTAs");
   if (ceil_div64(p.experts, p.cluster_ctas) > kMaxCtaExperts) return unimplemented("router: too many experts per CTA");
+  if (p.tokens > 65535) return unimplemented("router: too many tokens for one cluster launch");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(p.cluster_ctas), static_cast<unsigned>(p.tokens));
   cfg.blockDim = dim3(kThreads);
