@@ -609,8 +609,8 @@ TensorView gemma_random_f32(Shape shape, float stddev) {
 }
 
 // Up to CudaGemmaRouterOptions::kClusterMaxTokens tokens both decode kernels (ticket first, then the
-// cluster kernel on clusters of 16 and of 8 CTAs; a size the device does not run is skipped), then the
-// default's choice.
+// cluster kernel on clusters of 16 and of 8 CTAs, weights by loads and by bulk copies; a form the device
+// does not run is skipped), then the default's choice.
 void bench_gemma_router() {
   const int64_t E = kGemmaE, H = kGemmaH, k = kGemmaK, layers = 30;
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, H, kGemmaI, E, k, 16, 8, 512}));
@@ -627,8 +627,10 @@ void bench_gemma_router() {
     std::vector<Variant> variants{{CudaGemmaRouterOptions{}, ""}};
     if (T <= CudaGemmaRouterOptions::kClusterMaxTokens)
       variants = {{{CudaGemmaRouterDecode::kTicket}, " (ticket)"},
-                  {{CudaGemmaRouterDecode::kCluster, 16}, " (cluster of 16)"},
-                  {{CudaGemmaRouterDecode::kCluster, 8}, " (cluster of 8)"},
+                  {{CudaGemmaRouterDecode::kCluster, 16, -1}, " (cluster of 16, loads)"},
+                  {{CudaGemmaRouterDecode::kCluster, 8, -1}, " (cluster of 8, loads)"},
+                  {{CudaGemmaRouterDecode::kCluster, 16, 1}, " (cluster of 16, bulk copies)"},
+                  {{CudaGemmaRouterDecode::kCluster, 8, 1}, " (cluster of 8, bulk copies)"},
                   {{}, ""}};
     for (const auto& [options, name] : variants) {
       CHECK_OK(set_cuda_gemma_router_options(*g_b, options));

@@ -200,7 +200,7 @@ TEST_F(GemmaKernelTest, FusedLayerEndNorms) {
 
 // The router kernels a batch of `tokens` can take: past CudaGemmaRouterOptions::kClusterMaxTokens the
 // default's choice; up to it the ticket kernel and the cluster kernel, with the default's cluster size (16
-// CTAs up to 4 tokens where the device runs them) and with 8 CTAs.
+// CTAs up to 4 tokens where the device runs them) and with 8 CTAs, weights by loads and by bulk copies.
 struct RouterKernel {
   CudaGemmaRouterOptions options;
   std::string name;
@@ -208,8 +208,46 @@ struct RouterKernel {
 std::vector<RouterKernel> router_kernels(int64_t tokens) {
   if (tokens > CudaGemmaRouterOptions::kClusterMaxTokens) return {{{}, ""}};
   return {{{CudaGemmaRouterDecode::kTicket}, ", ticket"},
-          {{CudaGemmaRouterDecode::kCluster}, ", cluster"},
-          {{CudaGemmaRouterDecode::kCluster, 8}, ", cluster of 8"}};
+          {{CudaGemmaRouterDecode::kCluster, 0, 1}, ", cluster, bulk copies"},
+          {{CudaGemmaRouterDecode::kCluster, 8, 1}, ", cluster of 8, bulk copies"},
+          {{CudaGemmaRouterDecode::kCluster, 0, -1}, ", cluster, loads"},
+          {{CudaGemmaRouterDecode::kCluster, 8, -1}, ", cluster of 8, loads"}};
+}
+
+std::vector<int32_t> ids_of(const std::vector<uint8_t>& bytes) {
+  std::vector<int32_t> ids(bytes.size() / sizeof(int32_t));
+  std::memcpy(ids.data(), bytes.data(), ids.size() * sizeof(int32_t));
+  return ids;
+}
+
+// The router's picks against the twin's, token by token: identical, or rerouted across a near tie (at every
+// position the twin's logits of the two picks lie within `tie`: the GEMM tiles' fp32 sums differ from the
+// twin's by up to ~3e-5 at 2816 channels, so among 2100 tokens an 8th and a 9th logit that close turn up
+// now and then; seed 2971656804 had one). The routing weights are compared on the tokens routed alike.
+struct RouteComparison {
+  int64_t near_ties = 0, other = 0;
+  std::vector<float> weights_got, weights_want;  // of the tokens routed alike
+};
+RouteComparison compare_routes(const std::vector<int32_t>& got, const std::vector<int32_t>& want,
+                               const std::vector<float>& logits_want, const std::vector<float>& weights_got,
+                               const std::vector<float>& weights_want, int64_t experts, int64_t k, float tie) {
+  RouteComparison r;
+  for (size_t t = 0; t * k < want.size(); ++t) {
+    const size_t first = t * k;
+    if (std::equal(want.begin() + first, want.begin() + first + k, got.begin() + first)) {
+      r.weights_got.insert(r.weights_got.end(), weights_got.begin() + first, weights_got.begin() + first + k);
+      r.weights_want.insert(r.weights_want.end(), weights_want.begin() + first, weights_want.begin() + first + k);
+      continue;
+    }
+    bool near = true;
+    for (size_t j = first; j < first + k; ++j) {
+      const bool valid = got[j] >= 0 && got[j] < experts;
+      near = near && valid &&
+             std::abs(logits_want[t * experts + got[j]] - logits_want[t * experts + want[j]]) <= tie;
+    }
+    ++(near ? r.near_ties : r.other);
+  }
+  return r;
 }
 
 // The fused router against the twin's norm -> logits -> top-k -> softmax -> scale: logits, weights and ids.
@@ -249,7 +287,8 @@ TEST_F(GemmaKernelTest, FusedRouter) {
     RouterParams r_c{px.cpu, pw.cpu, TensorView(), cpu_.make(DType::kF32, {c.t, c.e}), cpu_.make(DType::kI32, {c.t, c.k}),
                      cpu_.make(DType::kF32, {c.t, c.k}), c.k, ps.cpu, eps};
     ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
-    const auto ids_c = cpu_.download_bytes(r_c.topk_ids);
+    const std::vector<int32_t> ids_c = ids_of(cpu_.download_bytes(r_c.topk_ids));
+    const std::vector<float> logits_c = cpu_.download_f32(r_c.logits), weights_c = cpu_.download_f32(r_c.topk_weights);
     for (const RouterKernel& kernel : router_kernels(c.t)) {
       ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok());
       RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {c.t, c.e}),
@@ -260,12 +299,16 @@ TEST_F(GemmaKernelTest, FusedRouter) {
                                std::to_string(c.h) + ", top-" + std::to_string(c.k) + (c.norm ? ", norm" : "") +
                                (c.f32_x ? ", f32 x" : ", bf16 x") + (c.f32_scale ? ", f32 scale" : ", bf16 scale") +
                                kernel.name;
-      check("gemma router logits", what, cuda_.download_f32(r_g.logits), cpu_.download_f32(r_c.logits), 1e-5);
-      check("gemma router weights", what, cuda_.download_f32(r_g.topk_weights), cpu_.download_f32(r_c.topk_weights),
-            1e-5);
-      const bool same = ids_c == cuda_.download_bytes(r_g.topk_ids);
-      record("gemma router ids", what + (same ? " identical" : " DIFFER"), same ? 0 : 1, 0, 0, same);
-      EXPECT_TRUE(same) << what;
+      check("gemma router logits", what, cuda_.download_f32(r_g.logits), logits_c, 1e-5);
+      const RouteComparison routes = compare_routes(ids_of(cuda_.download_bytes(r_g.topk_ids)), ids_c, logits_c,
+                                                    cuda_.download_f32(r_g.topk_weights), weights_c, c.e, c.k, 1e-4f);
+      check("gemma router weights", what, routes.weights_got, routes.weights_want, 1e-5);
+      const bool ok = routes.other == 0;
+      record("gemma router ids", what + (routes.near_ties + routes.other == 0 ? " identical"
+                                         : ok ? ": " + std::to_string(routes.near_ties) + " near-tie reroutes"
+                                              : " DIFFER"),
+             ok ? 0 : 1, 0, 0, ok);
+      EXPECT_TRUE(ok) << what << ": " << routes.other << " tokens rerouted beyond a near tie";
     }
     ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), {}).is_ok());
   }

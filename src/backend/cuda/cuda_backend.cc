@@ -520,6 +520,12 @@ class CudaBackend final : public Backend {
       if (decode == CudaGemmaRouterDecode::kCluster || dev_.sm_major == 9)
         r.cluster_ctas = ctas;
     }
+    if (r.cluster_ctas > 0) {
+      const int bulk = options_.gemma_router.bulk_weights;
+      r.bulk_weights = bulk >= 0 && gemma_router_bulk_weights_fit(r);
+      if (bulk > 0 && !r.bulk_weights)
+        return unimplemented("cuda router: a CTA's weight rows do not fit its shared memory");
+    }
     MX_RETURN_IF_ERROR(ensure(scratch_.gemma_router_tickets, gemma_router_tickets(r.tokens) * 4, "router tickets",
                               /*zero=*/true));
     r.tickets = ptr_of<uint32_t>(scratch_.gemma_router_tickets);

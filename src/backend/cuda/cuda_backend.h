@@ -82,6 +82,10 @@ struct CudaGemmaRouterOptions {
   static constexpr int64_t kLargeClusterMaxTokens = 4;
   CudaGemmaRouterDecode decode = CudaGemmaRouterDecode::kAuto;
   int cluster_ctas = 0;  // 8 or 16 forces the cluster's CTAs (tests, benchmarks); 0 = by tokens, as above
+  // The cluster kernel's weights: 0 = by cp.async.bulk into shared memory where a CTA's rows fit, else by
+  // loads into registers (H100, one token: 4.51 against 5.47 us); 1 forces the copies (an error where the
+  // rows do not fit), -1 the loads.
+  int bulk_weights = 0;
 };
 
 // Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.

@@ -98,11 +98,15 @@ struct GemmaRouterParams {
   // 0 = the ticket kernel (or at 2048 tokens and more the GEMM tiles); else one cluster of this many CTAs
   // per token (a value gemma_router_cluster_ctas() returned on this device; meant for decode batches).
   int cluster_ctas = 0;
+  // With cluster_ctas: each CTA's weight rows by cp.async.bulk into shared memory (where they fit:
+  // gemma_router_bulk_weights_fit) instead of 16-byte loads into registers.
+  bool bulk_weights = false;
 };
 int64_t gemma_router_tickets(int64_t tokens);
 // The largest CTA cluster the router's cluster kernel runs on with the current device (16 where the device
 // schedules non-portable clusters of 16, else 8), or 0 where it has none (below sm_90): a host query.
 int gemma_router_cluster_ctas();
+bool gemma_router_bulk_weights_fit(const GemmaRouterParams& p);
 Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream);
 
 // bf16 GeGLU experts over launch_moe_routing's tiles (or self-routed, below): 8-token tiles on a swap-AB
