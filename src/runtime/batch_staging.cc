@@ -3,6 +3,12 @@
 #include <algorithm>
 
 namespace mx {
+namespace {
+
+// Section starts are rounded up to 16 i32 (64 bytes), so every section is as aligned as the buffer's start.
+int64_t section_end(int64_t elements) { return (elements + 15) / 16 * 16; }
+
+}  // namespace
 
 Result<BatchStaging> BatchStaging::create(Backend& backend, const BatchLimits& limits) {
   BatchStaging s;
@@ -11,8 +17,8 @@ Result<BatchStaging> BatchStaging::create(Backend& backend, const BatchLimits& l
   if (limits.num_kv_groups < 1 || limits.num_kv_groups > kMaxKvGroups)
     return invalid_argument("a batch carries 1 to " + std::to_string(kMaxKvGroups) + " page tables, not " +
                             std::to_string(limits.num_kv_groups));
-  const int64_t count = 3 * limits.max_tokens + limits.num_kv_groups * limits.max_seqs * limits.max_pages_per_seq +
-                        limits.max_logit_rows;
+  const int64_t count = 3 * section_end(limits.max_tokens) + section_end(limits.max_logit_rows) +
+                        limits.num_kv_groups * limits.max_seqs * limits.max_pages_per_seq;
   s.host_.assign(static_cast<size_t>(count), 0);
   MX_ASSIGN_OR_RETURN(s.device_, backend.allocate(count * static_cast<int64_t>(sizeof(int32_t))));
   return s;
@@ -37,12 +43,14 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
     return resource_exhausted("batch of " + std::to_string(num_tokens) + " tokens in " + std::to_string(seqs.size()) +
                               " sequences exceeds the staging limits");
 
-  int32_t* token_ids = host_.data();
-  int32_t* positions = token_ids + lim.max_tokens;
-  int32_t* token_seq = positions + lim.max_tokens;
-  int32_t* page_tables = token_seq + lim.max_tokens;
-  int32_t* logit_rows = page_tables + lim.num_kv_groups * lim.max_seqs * lim.max_pages_per_seq;
   const int64_t num_seqs = static_cast<int64_t>(seqs.size());
+  const int64_t positions_at = section_end(num_tokens), token_seq_at = 2 * positions_at,
+                logit_rows_at = 3 * positions_at, tables_at = logit_rows_at + section_end(num_rows);
+  int32_t* token_ids = host_.data();
+  int32_t* positions = token_ids + positions_at;
+  int32_t* token_seq = token_ids + token_seq_at;
+  int32_t* logit_rows = token_ids + logit_rows_at;
+  int32_t* page_tables = token_ids + tables_at;
   const int64_t table_size = num_seqs * lim.max_pages_per_seq;  // one group's table, packed
   BatchView batch;
   int64_t t = 0, r = 0;
@@ -64,25 +72,21 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
       std::copy(pages.begin(), pages.end(), row);
     }
   }
-  // One copy per step: the used prefix of each section.
-  auto section = [&](int32_t* host, int64_t offset, Shape shape) -> Result<TensorView> {
-    TensorView dst(static_cast<int32_t*>(device_.data()) + offset, DType::kI32, shape, backend_->device());
-    MX_RETURN_IF_ERROR(backend_->copy_from_host(dst, host));
-    return dst;
-  };
+  const int64_t tables = lim.num_kv_groups * num_seqs * lim.max_pages_per_seq;
+  int32_t* device = static_cast<int32_t*>(device_.data());
+  const Device where = backend_->device();
+  MX_RETURN_IF_ERROR(backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at + tables}, where), host_.data()));
+  auto section = [&](int64_t offset, int64_t n) { return TensorView(device + offset, DType::kI32, {n}, where); };
   batch.num_tokens = num_tokens;
   batch.num_seqs = num_seqs;
   batch.num_logit_rows = num_rows;
-  MX_ASSIGN_OR_RETURN(batch.token_ids, section(token_ids, 0, {num_tokens}));
-  MX_ASSIGN_OR_RETURN(batch.positions, section(positions, lim.max_tokens, {num_tokens}));
-  MX_ASSIGN_OR_RETURN(batch.token_seq, section(token_seq, 2 * lim.max_tokens, {num_tokens}));
-  MX_ASSIGN_OR_RETURN(TensorView tables, section(page_tables, 3 * lim.max_tokens,
-                                                 {lim.num_kv_groups * num_seqs, lim.max_pages_per_seq}));
+  batch.token_ids = section(0, num_tokens);
+  batch.positions = section(positions_at, num_tokens);
+  batch.token_seq = section(token_seq_at, num_tokens);
+  batch.logit_rows = section(logit_rows_at, num_rows);
   batch.num_kv_groups = lim.num_kv_groups;
-  for (int64_t g = 0; g < lim.num_kv_groups; ++g) batch.page_tables[g] = tables.rows(g * num_seqs, (g + 1) * num_seqs);
-  MX_ASSIGN_OR_RETURN(batch.logit_rows,
-                      section(logit_rows, 3 * lim.max_tokens + lim.num_kv_groups * lim.max_seqs * lim.max_pages_per_seq,
-                              {num_rows}));
+  const TensorView all_tables(device + tables_at, DType::kI32, {lim.num_kv_groups * num_seqs, lim.max_pages_per_seq}, where);
+  for (int64_t g = 0; g < lim.num_kv_groups; ++g) batch.page_tables[g] = all_tables.rows(g * num_seqs, (g + 1) * num_seqs);
   return batch;
 }
 

@@ -39,11 +39,13 @@ class BatchStaging {
  private:
   Backend* backend_ = nullptr;
   BatchLimits limits_;
-  // token_ids | positions | token_seq | page tables | logit_rows, all i32. A step's page tables are packed
-  // [groups, seqs, max_pages_per_seq], so one copy moves them and a batch of S sequences always finds group
-  // g's table at the same address (graph replays read it there).
+  // One step's sections, packed from offset 0 in the order token_ids | positions | token_seq | logit_rows |
+  // page tables (each section starting on a 16-element boundary), all i32, so one copy moves the step: every
+  // copy synchronizes the stream, and the GPU idles through each. The offsets follow from (tokens, logit
+  // rows, sequences) alone, so every batch of one shape (a graph's bucket) finds each section at the same
+  // address, as graph replays need. A step's page tables are [groups, seqs, max_pages_per_seq].
   Buffer device_;
-  std::vector<int32_t> host_;     // the same layout on the host
+  std::vector<int32_t> host_;  // the step staged here first, in the same layout
 };
 
 }  // namespace mx

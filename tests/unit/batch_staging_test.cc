@@ -1,8 +1,11 @@
 // BatchStaging: one page table per layer group, packed so that group g of a batch of S sequences always sits
-// at the same address; a single row serves every group; bad row counts are errors, not crashes.
+// at the same address; a single row serves every group; bad row counts are errors, not crashes; a step goes
+// up in one copy, and a batch of one shape finds every section where the last one of that shape did.
 #include "runtime/batch_staging.h"
 
 #include <gtest/gtest.h>
+
+#include "backend/forwarding_backend.h"
 
 namespace mx {
 namespace {
@@ -10,6 +13,47 @@ namespace {
 std::vector<int32_t> table(const TensorView& t) {
   const auto* p = t.ptr<const int32_t>();
   return std::vector<int32_t>(p, p + t.numel());
+}
+
+// Counts uploads (each one synchronizes a CUDA stream).
+class CopyCounter final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Status copy_from_host(TensorView dst, const void* src) override {
+    ++copies;
+    return ForwardingBackend::copy_from_host(dst, src);
+  }
+  int copies = 0;
+};
+
+TEST(BatchStaging, OneCopyPerStepAndFixedAddressesPerShape) {
+  CopyCounter backend(make_cpu_backend(CpuBackendOptions{1}));
+  auto staging = BatchStaging::create(backend, BatchLimits{40, 4, 3, 40, 2});
+  ASSERT_TRUE(staging.is_ok()) << staging.status().to_string();
+  const std::vector<int32_t> a = {11, 12, 13}, b = {21, 22, 23}, pages = {7, 8};
+  auto verify = staging->stage({{a, 30, pages, true, false}, {b, 5, pages, true, false}});
+  ASSERT_TRUE(verify.is_ok()) << verify.status().to_string();
+  EXPECT_EQ(backend.copies, 1);
+  EXPECT_EQ(table(verify->token_ids), (std::vector<int32_t>{11, 12, 13, 21, 22, 23}));
+  EXPECT_EQ(table(verify->positions), (std::vector<int32_t>{30, 31, 32, 5, 6, 7}));
+  EXPECT_EQ(table(verify->token_seq), (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(table(verify->logit_rows), (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(table(verify->page_table(1)), (std::vector<int32_t>{7, 8, 0, 7, 8, 0}));
+  // A decode step in between moves the sections; the next step of the first shape finds them where they were.
+  auto decode = staging->stage({{std::span(a).first(1), 9, pages, false, false}});
+  ASSERT_TRUE(decode.is_ok());
+  EXPECT_EQ(table(decode->positions), std::vector<int32_t>{9});
+  EXPECT_EQ(table(decode->logit_rows), std::vector<int32_t>{0});
+  const BatchView first = *verify;
+  verify = staging->stage({{b, 40, pages, true, false}, {a, 50, {}, true, false, {}}});
+  ASSERT_TRUE(verify.is_ok());
+  EXPECT_EQ(backend.copies, 3);
+  EXPECT_EQ(verify->positions.data(), first.positions.data());
+  EXPECT_EQ(verify->token_seq.data(), first.token_seq.data());
+  EXPECT_EQ(verify->logit_rows.data(), first.logit_rows.data());
+  EXPECT_EQ(verify->page_table(0).data(), first.page_table(0).data());
+  EXPECT_EQ(verify->page_table(1).data(), first.page_table(1).data());
+  EXPECT_EQ(table(verify->page_table(0)), (std::vector<int32_t>{7, 8, 0, 0, 0, 0}));
 }
 
 TEST(BatchStaging, OnePageTablePerLayerGroup) {
