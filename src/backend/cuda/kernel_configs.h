@@ -165,7 +165,8 @@ struct MoeStreamConfig {
 // `warps` / `stages` > 0 force those (benchmarks; stages are capped by what fits); 0 = defaults.
 MoeStreamConfig choose_moe_stream_config(const DeviceInfo& dev, int64_t num_slots, int warps = 0, int stages = 0);
 // Default of CudaMoeOptions::stream_decode (kAuto runs decode steps below the grouped threshold on the stream
-// kernels): off until a device run shows them faster than the ring / v1 kernels (not yet run on a GPU).
+// kernels): off. Measured on an H100 (docs/PERF.md): correct but slower than the ring / v1 kernels at 1-16
+// tokens (45.5 vs 35.2 us at one token, 179 vs 124 at 8), their time set by the warps per SM, not the ring.
 inline constexpr bool kMoeStreamByDefault = false;
 
 // MXFP4 experts for many tokens per expert (prefill): grouped GEMM with the expert-sorted tokens as the
