@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # One GPU-machine run for issue 16's draft models, from prebuilt binaries (make gpu-bundle), in the repository
-# root of a checkout (fixtures from tests/fixtures). In priority order, each step bounded by what is left of
-# DEADLINE seconds (default 90; a step with under 8 s left is skipped and says so):
+# root of a checkout (fixtures from tests/fixtures). The steps named in STEPS (default: all, in this order),
+# each bounded by what is left of DEADLINE seconds (default 90; a step with under 8 s left is skipped and
+# says so):
 #   tests   the EAGLE-3 GPU tests (ops, drafter vs CPU) and SpeculationEqualsPlainDecodingOnCuda (all drafters)
-#   eagle3  bench latency on the synthetic gpt-oss-20b with the synthetic gpt-oss-20b-eagle3 draft, k = 3,
-#           batch 1 and 8: draft call ms, verify step, mean accepted length, time per output token
-#   mtp     the same on the synthetic gemma-4-26b-a4b with its assistant preset
-#   base    the eagle3 step with BASE's mxserve (a before/after pair from one machine)
+#   eagle3  bench latency --speculative-draft-graphs --breakdown on the synthetic gpt-oss-20b with the synthetic gpt-oss-20b-eagle3 draft,
+#           k = 3, batch 1 and 8: draft call ms (and one call timed op by op), verify step, mean accepted
+#           length, time per output token
+#   mtp     the same (without --breakdown) on the synthetic gemma-4-26b-a4b with its assistant preset
+#   base    the eagle3 step (without --breakdown) with BASE's mxserve (a before/after pair from one machine)
 #   forced  the plain decode step and the forced-acceptance verify step (k = 3) on gpt-oss-20b
-# Usage: bench/spec_draft_gpu.sh NEW_DIR [BASE_DIR]   (dirs holding mxserve and mx_gpu_tests). Logs to $OUT.
+# Usage: [STEPS="tests eagle3 base forced"] bench/spec_draft_gpu.sh NEW_DIR [BASE_DIR]   (dirs holding
+# mxserve and mx_gpu_tests). Logs to $OUT.
 set -uo pipefail
 new=$1 base=${2:-}
 OUT=${OUT:-/tmp/mx-spec-draft-out}
@@ -21,9 +24,11 @@ fi
 export MX_FIXTURES_DIR=${MX_FIXTURES_DIR:-$(pwd)/tests/fixtures}
 start=$(date +%s)
 left() { echo $((${DEADLINE:-90} - ($(date +%s) - start))); }
+steps=" ${STEPS:-tests eagle3 mtp base forced} "
 step() {  # name, then the command
   local name=$1 l s
   shift
+  [[ $steps == *" $name "* ]] || return 0
   l=$(left)
   if ((l < 8)); then echo "$name skipped (time)" >>"$OUT/steps.txt"; return; fi
   s=$(date +%s)
@@ -32,13 +37,14 @@ step() {  # name, then the command
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/env.txt" 2>&1
 "$new/mxserve" make-model --preset gpt-oss-20b-eagle3 --out /tmp/mx-eagle3 --threads 16 >"$OUT/make-models.log" 2>&1
-"$new/mxserve" make-model --preset gemma-4-26b-a4b-assistant --out /tmp/mx-assistant --threads 16 >>"$OUT/make-models.log" 2>&1
+[[ $steps == *" mtp "* ]] &&
+  "$new/mxserve" make-model --preset gemma-4-26b-a4b-assistant --out /tmp/mx-assistant --threads 16 >>"$OUT/make-models.log" 2>&1
 shape=(--threads 16 --batch-size 1,8 --input-len 128 --output-len 40)
 eagle3=(--preset gpt-oss-20b "${shape[@]}" --speculative-algorithm eagle3 --speculative-num-draft-tokens 3
         --speculative-draft-model /tmp/mx-eagle3)
 MX_GPU_REPORT=$OUT/gpu_table.txt step tests "$new/mx_gpu_tests" \
   --gtest_filter='Eagle3Gpu.*:*SpeculationEqualsPlainDecodingOnCuda*'
-step eagle3 "$new/mxserve" bench latency "${eagle3[@]}" --json "$OUT/eagle3.json"
+step eagle3 "$new/mxserve" bench latency "${eagle3[@]}" --speculative-draft-graphs --breakdown --json "$OUT/eagle3.json"
 step mtp "$new/mxserve" bench latency --preset gemma-4-26b-a4b "${shape[@]}" --speculative-algorithm mtp \
   --speculative-num-draft-tokens 3 --speculative-draft-model /tmp/mx-assistant --json "$OUT/mtp.json"
 [[ -n $base ]] && step base "$base/mxserve" bench latency "${eagle3[@]}" --json "$OUT/eagle3-base.json"

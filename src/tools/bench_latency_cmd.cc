@@ -11,7 +11,8 @@
 // op (padded like the engine's own graph) and replayed, summed per category (mark overhead removed, see
 // breakdown_json); "idle" is the step time minus the engine's graph, logits copy and host sampling. The
 // routing is recorded in a second, eager step. Also one prefill step of one prompt, eager behind a device
-// hold, at the longest prompt length.
+// hold, at the longest prompt length. With a draft model, also the third verify step's draft call timed op
+// by op (DraftBreakdown; that step stays out of the stats).
 // Pairs whose B x (prompt + output) tokens exceed the KV pool are skipped with a note: the scheduler would
 // run them in waves, which would make the TTFT and TPOT describe a different workload.
 // Speculative decoding (--speculative-algorithm): per row also the drafts, accepted tokens, mean accepted
@@ -74,7 +75,9 @@ const std::vector<CliOption> kCommandOptions = {
     {"input-len", true, "comma-separated prompt tokens per request (default 1024)"},
     {"output-len", true, "generated tokens per request (default 128)"},
     {"json", true, "also write the results as JSON to this file"},
-    {"breakdown", false, "GPU time of one decode step per op category (eager, instrumented)"},
+    {"breakdown", false,
+     "GPU time of one decode step per op category (eager, instrumented); with a draft model also one draft call's "
+     "ops"},
     {"moe-stream-decode", false,
      "cuda, one GPU: decode steps' MXFP4 experts on the stream kernels (moe_decode_stream.cu, sm_90; not yet the "
      "default)"},
@@ -133,6 +136,14 @@ struct Breakdown {
   std::string error;             // why the breakdown could not be taken (the run goes on)
 };
 
+// One draft call timed op by op, eagerly (no hold: an op's gap_before_ms is device time the GPU waited for
+// the host, or ran a replayed graph, which shows as the gap before the copy that waits for it).
+struct DraftBreakdown {
+  std::vector<OpTiming> ops;
+  double call_ms = 0;  // host wall time of the timed call, marks included
+  std::string error;   // why the timing failed (the run goes on)
+};
+
 struct BatchResult {
   int64_t batch = 0;
   std::vector<double> ttft_s;
@@ -147,6 +158,8 @@ struct BatchResult {
   // Draft-model speculation (mtp): host wall time of the draft calls (k draft steps each, inside the steps above).
   double draft_s = 0;
   int64_t draft_calls = 0;
+  // --breakdown with a draft model: one draft call (the 3rd verify step's) timed op by op, out of the stats.
+  std::optional<DraftBreakdown> draft_breakdown;
   std::vector<ReferenceDrafter::Reference> outputs;  // prompt and generated tokens per request
 };
 
@@ -203,6 +216,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   const SchedulerStats first = core.stats().scheduler;
   const double draft_s_before = core.runner().draft_seconds();
   const int64_t draft_calls_before = core.runner().num_draft_calls();
+  double timed_draft_s = 0;
   const auto start = Clock::now();
   while (core.has_work()) {
     const SchedulerStats before = core.stats().scheduler;
@@ -221,10 +235,23 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
         if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
       continue;
     }
+    const bool time_draft = breakdown && core.runner().has_draft_model() && !r.draft_breakdown &&
+                            have_first == batch && r.verify_step_s.size() == 3;
+    if (time_draft) MX_RETURN_IF_ERROR(prof.start_timing(0));
+    const double draft_s_before_step = core.runner().draft_seconds();
     const auto t = Clock::now();
     core.step(&outputs);
     const double dt = since(t);
     ++r.steps;
+    if (time_draft) {
+      DraftBreakdown d;
+      auto ops = prof.finish_timing();
+      if (ops.is_ok()) d.ops = std::move(*ops);
+      else d.error = ops.status().to_string();
+      d.call_ms = (core.runner().draft_seconds() - draft_s_before_step) * 1e3;
+      timed_draft_s += d.call_ms / 1e3;
+      r.draft_breakdown = std::move(d);
+    }
     const SchedulerStats after = core.stats().scheduler;
     for (const RequestOutput& o : outputs) {
       if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
@@ -239,6 +266,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     }
     const int64_t computed = after.computed_tokens - before.computed_tokens;
     const int64_t generated = after.generated_tokens - before.generated_tokens;
+    if (time_draft) continue;  // its marks slowed it: out of the stats
     if (computed == batch && generated == batch) {
       r.decode_step_s.push_back(dt);
       ++full_decodes;
@@ -253,8 +281,8 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   r.spec.spec_drafts = last.spec_drafts - first.spec_drafts;
   r.spec.spec_draft_tokens = last.spec_draft_tokens - first.spec_draft_tokens;
   r.spec.spec_accepted_tokens = last.spec_accepted_tokens - first.spec_accepted_tokens;
-  r.draft_s = core.runner().draft_seconds() - draft_s_before;
-  r.draft_calls = core.runner().num_draft_calls() - draft_calls_before;
+  r.draft_s = core.runner().draft_seconds() - draft_s_before - timed_draft_s;
+  r.draft_calls = core.runner().num_draft_calls() - draft_calls_before - (r.draft_breakdown ? 1 : 0);
   return r;
 }
 
@@ -305,6 +333,27 @@ json breakdown_json(const Breakdown& b, int64_t vocab, double step_ms, double* i
   j["experts_per_layer_counted"] = b.experts_per_layer;
   if (!b.error.empty()) j["error"] = b.error;
   j["ops"] = ops;
+  return j;
+}
+
+// The timed draft call: every op in order, and per op name (linears by output width) summed, printed.
+json draft_breakdown_json(const DraftBreakdown& d) {
+  json ops = json::array();
+  std::map<std::string, std::pair<double, int64_t>> by_op;
+  double sum = 0, gaps = 0;
+  for (const OpTiming& op : d.ops) {
+    ops.push_back({{"op", op.op}, {"out_features", op.out_features}, {"ms", op.ms}, {"gap_before_ms", op.gap_before_ms}});
+    const std::string key = op.op == "linear" ? "linear[" + std::to_string(op.out_features) + "]" : op.op;
+    by_op[key].first += op.ms;
+    by_op[key].second += 1;
+    sum += op.ms;
+    gaps += op.gap_before_ms;
+  }
+  std::printf("       draft call timed: %.3f ms wall, %zu ops %.3f ms GPU, gaps %.3f ms;", d.call_ms, d.ops.size(), sum, gaps);
+  for (const auto& [name, v] : by_op) std::printf(" %s %.3f/%lld", name.c_str(), v.first, static_cast<long long>(v.second));
+  std::printf("%s%s\n", d.error.empty() ? "" : " error: ", d.error.c_str());
+  json j = {{"call_ms", d.call_ms}, {"ops_ms", sum}, {"gaps_ms", gaps}, {"ops", ops}};
+  if (!d.error.empty()) j["error"] = d.error;
   return j;
 }
 
@@ -366,6 +415,7 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
   if (r.draft_calls > 0)
     std::printf("       draft model: %.3f ms per call (all of the step's k draft steps, in the verify step above)\n",
                 r.draft_s / static_cast<double>(r.draft_calls) * 1e3);
+  if (r.draft_breakdown) j["spec"]["draft_breakdown"] = draft_breakdown_json(*r.draft_breakdown);
   if (r.breakdown) {
     double idle = 0;
     j["breakdown"] = breakdown_json(*r.breakdown, model.dims().vocab_size, tpot * 1e3, &idle);
