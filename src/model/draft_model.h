@@ -64,6 +64,15 @@ class DraftWorkspace {
  public:
   virtual ~DraftWorkspace() = default;
   int64_t max_seqs = 0;
+  // Set by the engine once its KV pool is planned: the batch buckets (<= max_seqs) whose draft calls may
+  // replay graphs (empty: every draft call eager; a drafter may ignore them) and the widest page-table row of
+  // a sequence (max_model_len / page_size).
+  std::vector<int64_t> graph_batch_sizes;
+  int64_t max_pages_per_seq = 0;
+  // A drafter whose drafts come to the host anyway (EAGLE-3 maps draft-vocabulary ids there) may leave them
+  // here ([num_drafts, S], step-major) instead of in draft()'s `drafts`: an upload and a download (each a
+  // stream sync) fewer. The engine clears it before each call.
+  std::vector<int32_t> host_drafts;
 };
 
 class DraftModel {
@@ -75,7 +84,7 @@ class DraftModel {
   // Buffers for up to max_seqs sequences of a draft call and target steps of up to max_target_tokens rows.
   virtual Result<std::unique_ptr<DraftWorkspace>> make_workspace(int64_t max_seqs, int64_t max_target_tokens) const = 0;
   // Runs `num_drafts` draft steps for the batch's sequences: drafts i32 [num_drafts, S] (step-major: row j holds
-  // every sequence's draft j), in backend memory. `kv` is the target's cache. Allocates nothing (a drafter
+  // every sequence's draft j), in backend memory or in ws.host_drafts. `kv` is the target's cache. Allocates nothing (a drafter
   // that keeps its own KV allocates it at its first call, once the pool is planned). S may be 0 when only
   // extend_only rows came (keeps_own_kv()).
   virtual Status draft(const DraftBatch& batch, const KvCache& kv, DraftWorkspace& ws, int64_t num_drafts,

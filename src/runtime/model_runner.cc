@@ -119,6 +119,11 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   // After the plan: an auto max-running-requests is only known from it.
   const std::vector<int64_t> sizes = graphs ? cuda_graph_batch_sizes(*config) : std::vector<int64_t>{};
   r->config_ = *config;
+  if (r->draft_ws_ && config->speculative.draft_graphs) {  // graphs of its own for the same buckets it holds
+    for (int64_t size : sizes)
+      if (size <= r->draft_ws_->max_seqs) r->draft_ws_->graph_batch_sizes.push_back(size);
+    r->draft_ws_->max_pages_per_seq = limits.max_pages_per_seq;
+  }
   // Each layer group's pool; with graphs, its scratch page sits after the pool's pages: the page pools never
   // hand it out.
   const KvCacheShape shape{model.kv_layout(), config->page_size, config->kv_group_pages};
@@ -510,8 +515,12 @@ Status ModelRunner::draft(const ScheduledBatch& batch, const std::function<bool(
   db.target_hidden = step_hidden_;
   const int64_t k = config_.speculative.num_draft_tokens;
   const TensorView drafts = drafts_device_.view(DType::kI32, {k, S});
+  draft_ws_->host_drafts.clear();
   MX_RETURN_IF_ERROR(draft_model_->draft(db, kv_, *draft_ws_, k, drafts));
-  MX_RETURN_IF_ERROR(b.copy_to_host(drafts_host_.data(), drafts));
+  if (static_cast<int64_t>(draft_ws_->host_drafts.size()) == k * S)
+    std::copy(draft_ws_->host_drafts.begin(), draft_ws_->host_drafts.end(), drafts_host_.begin());
+  else
+    MX_RETURN_IF_ERROR(b.copy_to_host(drafts_host_.data(), drafts));
   for (int64_t i = 0; i < S; ++i) {
     Request& r = *draft_requests_[static_cast<size_t>(i)];
     r.draft_tokens.clear();

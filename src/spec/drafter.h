@@ -40,6 +40,9 @@ struct SpeculativeConfig {
   // sampled, so each verify step yields k + 1 tokens: the all-accepted cost where a backend's numerics part
   // from the recorded drafts (bf16 near ties of random weights). The tokens are then the drafts'.
   bool accept_all = false;
+  // kEagle3: the draft's chain passes replay CUDA graphs of their own (per decode graph bucket and k; needs
+  // the engine's graphs). Off by default: not yet run on a GPU (eagle3_drafter.h).
+  bool draft_graphs = false;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
 };
 

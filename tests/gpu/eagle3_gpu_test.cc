@@ -1,6 +1,7 @@
 // EAGLE-3 on CUDA against the CPU twin: the ops it adds (silu_mul, convert) on odd sizes, and the drafter's
 // forward passes (the fused target hidden states, the extend over several sequences, the chain) on the
-// tiny-gpt-oss-eagle3 draft, compared on the logits and pre-norm hidden state of the last pass.
+// tiny-gpt-oss-eagle3 draft, compared on the logits and pre-norm hidden state of the last pass; and the
+// drafter's chain replayed from CUDA graphs against its eager chain on CUDA.
 #include <random>
 #include <string>
 #include <tuple>
@@ -12,6 +13,8 @@
 
 namespace mx::gpu_test {
 namespace {
+
+constexpr int64_t kTinyHidden = 256, kTinyVocab = 1024, kTinyLayers = 4;  // the tiny target the draft fits
 
 TEST(Eagle3Gpu, SiluMul) {
   Arena cpu(cpu_backend()), cuda(cuda_backend());
@@ -47,39 +50,45 @@ TEST(Eagle3Gpu, Convert) {
   }
 }
 
+// The tiny-gpt-oss-eagle3 draft on `b` over a random target embedding (the same for every backend: `embed`).
+std::unique_ptr<Eagle3Model> load_tiny_draft(Backend& b, Arena& arena, const Bf16Data& embed) {
+  auto config = eagle3_preset("tiny-gpt-oss-eagle3");
+  EXPECT_TRUE(config.is_ok());
+  const TensorView table = arena.upload(DType::kBF16, {kTinyVocab, kTinyHidden}, embed.bits.data());
+  auto ck = eagle3_checkpoint_in_memory(*config, SyntheticOptions{});
+  EXPECT_TRUE(ck.is_ok());
+  auto m = Eagle3Model::from_checkpoint(*config, std::move(*ck), b, Eagle3Target{kTinyLayers, kTinyHidden, kTinyVocab, table, {}, {}});
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  return std::move(*m);
+}
+
+std::unique_ptr<Eagle3Drafter> make_drafter(const Eagle3Model& m, int64_t page_size) {
+  auto d = Eagle3Drafter::create(m, Eagle3DrafterLimits{64, 4});
+  EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{32, page_size}).is_ok());
+  return std::move(*d);
+}
+
+// The same random captures of `rows` target rows into each drafter.
+void capture_random(std::mt19937& rng, int64_t rows, std::initializer_list<std::pair<Eagle3Drafter*, Arena*>> into) {
+  for (int64_t index = 0; index <= kTinyLayers; ++index) {
+    Bf16Data s = random_bf16(rng, rows * kTinyHidden, 1.0f);
+    for (const auto& [d, arena] : into) d->capture_observer()(index, arena->upload(DType::kF32, {rows, kTinyHidden}, s.values.data()));
+  }
+}
+
 // One drafter per backend over the same steps: 3 sequences (prefill rows, a one-row decode, 2 verified
 // rows), K = 3, the captured streams random.
 TEST(Eagle3Gpu, DrafterPassesMatchTheCpu) {
-  auto config = eagle3_preset("tiny-gpt-oss-eagle3");
-  ASSERT_TRUE(config.is_ok());
   std::mt19937 rng(test_seed());
-  const int64_t H = 256, V = 1024, layers = 4;
-  Bf16Data embed = random_bf16(rng, V * H, 1.0f);
+  const int64_t V = kTinyVocab;
+  Bf16Data embed = random_bf16(rng, V * kTinyHidden, 1.0f);
   Arena cpu(cpu_backend()), cuda(cuda_backend());
-  const Eagle3DrafterLimits limits{64, 4};
-  auto load = [&](Backend& b, Arena& arena) {
-    const TensorView table = arena.upload(DType::kBF16, {V, H}, embed.bits.data());
-    auto ck = eagle3_checkpoint_in_memory(*config, SyntheticOptions{});
-    EXPECT_TRUE(ck.is_ok());
-    auto m = Eagle3Model::from_checkpoint(*config, std::move(*ck), b, Eagle3Target{layers, H, V, table, {}, {}});
-    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-    return std::move(*m);
-  };
-  auto make = [&](const Eagle3Model& m) {
-    auto d = Eagle3Drafter::create(m, limits);
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{32, 16}).is_ok());
-    return std::move(*d);
-  };
-  auto cpu_model = load(cpu_backend(), cpu), cuda_model = load(cuda_backend(), cuda);
-  auto on_cpu = make(*cpu_model), on_cuda = make(*cuda_model);
+  auto cpu_model = load_tiny_draft(cpu_backend(), cpu, embed), cuda_model = load_tiny_draft(cuda_backend(), cuda, embed);
+  auto on_cpu = make_drafter(*cpu_model, 16), on_cuda = make_drafter(*cuda_model, 16);
 
   const int64_t T = 24;  // target rows of the step: 21 prefill rows, 1 decode row, 2 verified rows
-  for (int64_t index = 0; index <= layers; ++index) {
-    Bf16Data s = random_bf16(rng, T * H, 1.0f);
-    on_cpu->capture_observer()(index, cpu.upload(DType::kF32, {T, H}, s.values.data()));
-    on_cuda->capture_observer()(index, cuda.upload(DType::kF32, {T, H}, s.values.data()));
-  }
+  capture_random(rng, T, {{on_cpu.get(), &cpu}, {on_cuda.get(), &cuda}});
   std::vector<int32_t> tokens(T);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % V);
   const std::vector<int32_t> pages0 = {4, 9}, pages1 = {0, 1, 2}, pages2 = {7};
@@ -109,6 +118,49 @@ TEST(Eagle3Gpu, DrafterPassesMatchTheCpu) {
       same += drafts_cpu[i][j] == drafts_cuda[i][j] ? 1 : 0;
   record("eagle3 drafter", "drafts equal to the CPU's: " + std::to_string(same) + "/" + std::to_string(total), 0, 0,
          0, same + 1 >= total);
+  EXPECT_GE(same + 1, total);
+}
+
+// Chain graphs on CUDA: a drafter whose chains replay graphs (3 sequences padded to a bucket of 4, page
+// tables as wide as the widest row) against an eager one, over two steps (the first captures, the second
+// replays): the same drafts (a near tie may flip one: the attention splits differ with the table's width),
+// and the last chain pass's logits close.
+TEST(Eagle3Gpu, ChainGraphsMatchTheEagerChain) {
+  std::mt19937 rng(test_seed() + 1);
+  Bf16Data embed = random_bf16(rng, kTinyVocab * kTinyHidden, 1.0f);
+  Arena cuda(cuda_backend());
+  auto model = load_tiny_draft(cuda_backend(), cuda, embed);
+  auto eager = make_drafter(*model, 4), graphed = make_drafter(*model, 4);
+  const std::vector<int64_t> buckets = {1, 2, 4};
+  ASSERT_TRUE(graphed->enable_chain_graphs(buckets, 6).is_ok());
+  std::vector<std::vector<int32_t>> tokens(3, std::vector<int32_t>(24));
+  for (auto& seq : tokens)
+    for (auto& t : seq) t = static_cast<int32_t>(rng() % kTinyVocab);
+  const std::vector<std::vector<int32_t>> pages = {{4, 9, 1, 2, 3}, {0, 5}, {7, 8, 10}};
+  int64_t same = 0, total = 0;
+  // Step 1: rows at positions 0 .. n - 1; step 2: two more rows each (the chain of sequence 1 spills).
+  for (const auto& [first, count] : {std::pair<std::vector<int64_t>, std::vector<int64_t>>{{0, 0, 0}, {9, 3, 6}},
+                                     {{9, 3, 6}, {2, 4, 2}}}) {
+    std::vector<Eagle3SequenceStep> steps;
+    int64_t rows = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      steps.push_back({rows, first[i], std::span<const int32_t>(tokens[i]).subspan(static_cast<size_t>(first[i] + 1), static_cast<size_t>(count[i])),
+                       pages[i], 4});
+      rows += count[i];
+    }
+    capture_random(rng, rows, {{eager.get(), &cuda}, {graphed.get(), &cuda}});
+    std::vector<std::vector<int32_t>> a, b;
+    ASSERT_TRUE(eager->step(steps, &a).is_ok());
+    ASSERT_TRUE(graphed->step(steps, &b).is_ok());
+    for (size_t i = 0; i < 3; ++i)
+      for (size_t j = 0; j < a[i].size() && j < b[i].size(); ++j, ++total) same += a[i][j] == b[i][j] ? 1 : 0;
+    if (a == b)
+      check("eagle3 chain graph", "last chain pass logits, step " + std::to_string(first[0] == 0 ? 1 : 2),
+            cuda.download_f32(graphed->workspace().logits.rows(0, 3)), cuda.download_f32(eager->workspace().logits.rows(0, 3)), 1e-2);
+  }
+  EXPECT_EQ(graphed->num_chain_graph_replays(), 1);
+  record("eagle3 chain graph", "drafts equal to the eager chain's: " + std::to_string(same) + "/" + std::to_string(total),
+         0, 0, 0, same + 1 >= total);
   EXPECT_GE(same + 1, total);
 }
 

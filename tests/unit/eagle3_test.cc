@@ -1,8 +1,9 @@
 // EAGLE-3 draft (model/eagle3): config parsing and its refusals, the loader's checks against the target,
 // one forward pass against a plain fp32 reference written out here (the concatenation order, the residual,
 // the chain's pre-norm hidden state, d2t), the drafter's chain (its passes feed each other on the device)
-// against the model driven pass by pass from the host, and the drafter's rollback: after rejected drafts its
-// proposals equal those of a fresh drafter that saw only the kept tokens.
+// against the model driven pass by pass from the host, the drafter's rollback: after rejected drafts its
+// proposals equal those of a fresh drafter that saw only the kept tokens, and its chain graphs (replayed on
+// the CPU) draft what its eager chain drafts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +23,8 @@
 #include "model/eagle3/eagle3_synthetic.h"
 #include "model/rope.h"
 #include "model/synthetic_writer.h"
+#include "replaying_backend.h"
+#include "spec/drafter.h"
 #include "test_util.h"
 
 namespace mx {
@@ -601,6 +605,71 @@ TEST(Eagle3Drafter, RejectedDraftsLeaveNothingBehind) {
   ASSERT_TRUE(c->step(two, &drafts).is_ok());
   EXPECT_EQ(drafts[1], after_rollback);
   EXPECT_EQ(drafts[0].size(), 2u);
+}
+
+// --speculative-draft-graphs names EAGLE-3's chain graphs: another algorithm with it is an error.
+TEST(Eagle3Drafter, DraftGraphsAreForEagle3Only) {
+  SpeculativeConfig s;
+  s.algorithm = SpeculativeAlgorithm::kEagle3;
+  s.num_draft_tokens = 3;
+  s.draft_model = "/x";
+  s.draft_graphs = true;
+  EXPECT_TRUE(validate_speculative_config(s).is_ok());
+  s.algorithm = SpeculativeAlgorithm::kMtp;
+  EXPECT_NE(validate_speculative_config(s).message().find("EAGLE-3 drafts only"), std::string::npos);
+}
+
+// Chain graphs: the same steps through a drafter whose chains replay graphs (buckets 1, 2, 4: three
+// sequences pad to 4, on their scratch pages) and through an eager one draft the same tokens; a step whose
+// sequences want different draft counts runs eagerly.
+TEST(Eagle3Drafter, ChainGraphsDraftWhatTheEagerChainDrafts) {
+  auto cpu = make_cpu_backend(CpuBackendOptions{2});
+  test::ReplayingBackend backend(*cpu);
+  TinyTarget tiny;
+  auto model = tiny_draft(backend, tiny.target);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  auto make = [&](bool graphs) {
+    auto d = Eagle3Drafter::create(**model, Eagle3DrafterLimits{16, 4});
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{16, 4}).is_ok());
+    const std::vector<int64_t> buckets = {1, 2, 4};
+    if (graphs) EXPECT_TRUE((*d)->enable_chain_graphs(buckets, 3).is_ok());
+    return std::move(*d);
+  };
+  auto eager = make(false), graphed = make(true);
+  const int64_t Ht = 256;
+  // Three sequences (tokens by position) and their pages (Z's chain spills onto its scratch page in step 2).
+  std::vector<std::vector<int32_t>> tokens = {{5, 9, 100, 77, 3, 41, 8, 600, 12, 13}, {11, 12, 13, 14, 15, 16, 17},
+                                              {7, 300, 2, 250, 18, 19, 20, 21}};
+  const std::vector<std::vector<int32_t>> pages = {{3, 7, 1}, {9, 10}, {4, 5}};
+  std::set<int32_t> seen;
+  // One step: sequence i's rows at positions [first[i], first[i] + count[i]) asking for want[i] drafts.
+  auto step = [&](const std::vector<int64_t>& first, const std::vector<int64_t>& count, const std::vector<int64_t>& want) {
+    std::vector<std::pair<int64_t, int32_t>> rows;
+    std::vector<Eagle3SequenceStep> steps;
+    for (size_t i = 0; i < first.size(); ++i) {
+      steps.push_back({static_cast<int64_t>(rows.size()), first[i],
+                       std::span<const int32_t>(tokens[i]).subspan(static_cast<size_t>(first[i] + 1), static_cast<size_t>(count[i])),
+                       pages[i], want[i]});
+      for (int64_t p = first[i]; p < first[i] + count[i]; ++p) rows.emplace_back(p, tokens[i][static_cast<size_t>(p)]);
+    }
+    std::vector<std::vector<int32_t>> a, b;
+    for (auto* d : {eager.get(), graphed.get()}) capture(*d, rows, Ht);
+    EXPECT_TRUE(eager->step(steps, &a).is_ok());
+    EXPECT_TRUE(graphed->step(steps, &b).is_ok());
+    EXPECT_EQ(a, b);
+    for (const auto& d : a) seen.insert(d.begin(), d.end());
+  };
+  step({0, 0, 0}, {7, 3, 5}, {3, 3, 3});  // bucket 4: run eagerly through the graph's views, then captured
+  EXPECT_EQ(backend.captures, 1);
+  EXPECT_EQ(backend.replays, 0);
+  step({7, 3, 5}, {2, 1, 2}, {3, 3, 3});  // replayed
+  EXPECT_EQ(backend.replays, 1);
+  EXPECT_EQ(graphed->num_chain_graph_replays(), 1);
+  step({1, 4}, {1, 1}, {2, 3});  // different draft counts: eager
+  EXPECT_EQ(backend.captures, 1);
+  EXPECT_EQ(backend.replays, 1);
+  EXPECT_GT(seen.size(), 1u);  // not vacuous: the drafts depend on the rows
 }
 
 }  // namespace

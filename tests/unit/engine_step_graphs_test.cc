@@ -1,6 +1,5 @@
-// The model runner's step graphs on the CPU: a backend double "captures" a forward pass by keeping its body
-// and "replays" it by running it again, which is what a CUDA graph does to the staging buffers (the body
-// reads whatever stage() last wrote at the captured addresses). So the runner's graph logic (buckets,
+// The model runner's step graphs on the CPU (replaying_backend.h: the body of a capture runs again at each
+// replay, reading whatever stage() last wrote at the captured addresses). So the runner's graph logic (buckets,
 // padding sequences and their rows, which steps replay, the view check) runs here as on a GPU: decode and
 // verify steps replayed from graphs, which sample inside, give plain decoding's tokens and logprobs bit for bit.
 #include <gtest/gtest.h>
@@ -9,40 +8,15 @@
 #include <cstring>
 #include <memory>
 
-#include "backend/forwarding_backend.h"
 #include "engine_test_util.h"
 #include "model/model_registry.h"
+#include "replaying_backend.h"
 #include "runtime/token_constraint.h"
 #include "spec/reference_drafter.h"
 #include "test_util.h"
 
 namespace mx::test {
 namespace {
-
-class ReplayingBackend final : public ForwardingBackend {
- public:
-  explicit ReplayingBackend(Backend& inner) : ForwardingBackend(inner) {}
-  bool can_capture() const override { return true; }
-  Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
-    ++captures;
-    return std::unique_ptr<ReplayGraph>(new Replay(body, &replays));
-  }
-  int64_t captures = 0, replays = 0;
-
- private:
-  class Replay final : public ReplayGraph {
-   public:
-    Replay(std::function<Status()> body, int64_t* count) : body_(std::move(body)), count_(count) {}
-    Status replay() override {
-      ++*count_;
-      return body_();
-    }
-
-   private:
-    std::function<Status()> body_;
-    int64_t* count_;
-  };
-};
 
 bool same_outputs(const RequestOutput& a, const RequestOutput& b) {
   if (a.token_ids != b.token_ids || a.logprobs.size() != b.logprobs.size()) return false;

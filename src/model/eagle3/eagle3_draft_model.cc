@@ -9,7 +9,6 @@ struct Eagle3DraftWorkspace : DraftWorkspace {
   std::unique_ptr<Eagle3Drafter> drafter;
   std::vector<Eagle3SequenceStep> steps;
   std::vector<std::vector<int32_t>> drafts;
-  std::vector<int32_t> drafts_host;  // [k, S] step-major, as DraftModel::draft writes them
 };
 
 }  // namespace
@@ -56,6 +55,8 @@ Status Eagle3DraftModel::draft(const DraftBatch& batch, const KvCache& kv, Draft
   const KvCacheShape& shape = kv.shape();
   MX_RETURN_IF_ERROR(ws->drafter->attach_pool(
       Eagle3DraftPool{shape.group_pages[static_cast<size_t>(full_group_)], shape.page_size}));
+  if (!ws->graph_batch_sizes.empty() && !ws->drafter->chain_graphs_enabled())
+    MX_RETURN_IF_ERROR(ws->drafter->enable_chain_graphs(ws->graph_batch_sizes, ws->max_pages_per_seq));
   // A sequence's rows pair each kept position p with token p + 1: the drafting ones end at the token the
   // target just sampled, prompt chunks at the next prompt token.
   ws->steps.clear();
@@ -71,12 +72,13 @@ Status Eagle3DraftModel::draft(const DraftBatch& batch, const KvCache& kv, Draft
     }
   }
   MX_RETURN_IF_ERROR(ws->drafter->step(ws->steps, &ws->drafts));
+  (void)drafts;  // the drafts are on the host already (target ids): they stay there
   if (S == 0) return Status::ok();
-  ws->drafts_host.resize(static_cast<size_t>(num_drafts * S));
+  ws->host_drafts.resize(static_cast<size_t>(num_drafts * S));
   for (int64_t i = 0; i < S; ++i)
     for (int64_t j = 0; j < num_drafts; ++j)
-      ws->drafts_host[static_cast<size_t>(j * S + i)] = ws->drafts[static_cast<size_t>(i)][static_cast<size_t>(j)];
-  return model_->backend().copy_from_host(drafts, ws->drafts_host.data());
+      ws->host_drafts[static_cast<size_t>(j * S + i)] = ws->drafts[static_cast<size_t>(i)][static_cast<size_t>(j)];
+  return Status::ok();
 }
 
 }  // namespace mx

@@ -15,8 +15,15 @@
 // at most one such page.
 // The draft KV is zeroed when made: positions the draft never wrote (prefix pages whose first owner did not
 // draft) read as zeros, not as NaN garbage.
+// Chain passes as graphs (enable_chain_graphs): a step whose sequences all draft the same k >= 2 runs its
+// k - 1 chain passes by replaying one graph per (batch bucket, k), captured at the bucket's first such step
+// (after an eager run of the same passes, which sets up backend scratch and is that step's result). The
+// graph reads what the step uploads at fixed addresses (the chain's positions, a page table of a fixed
+// width) and the extend pass's drafts; padding sequences up to the bucket draft from the zeroed state on
+// their own scratch pages and their drafts are never read. The extend pass stays eager (its rows vary).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -62,6 +69,12 @@ class Eagle3Drafter {
   // Allocates (once) and zeroes the draft KV for the target's pool, which the engine sizes after the
   // workspaces; a later call with another pool is an error.
   Status attach_pool(const Eagle3DraftPool& pool);
+  // After attach_pool, on a backend that captures graphs: chain passes of steps of up to each of
+  // `batch_sizes` sequences (ascending, each <= max_seqs) replay graphs whose page tables are
+  // `max_pages_per_seq` + 1 wide (a sequence's pages and the chain's spill page). Allocates the step's upload
+  // buffer at its largest (graphs keep its addresses). Once; a second call must repeat the first.
+  Status enable_chain_graphs(std::span<const int64_t> batch_sizes, int64_t max_pages_per_seq);
+  bool chain_graphs_enabled() const { return !graph_sizes_.empty(); }
 
   const Eagle3Model& model() const { return model_; }
   // Pass to the target's forward (Model::forward's observer): copies the residual streams the draft fuses
@@ -71,6 +84,7 @@ class Eagle3Drafter {
   // drafts[i] (cleared first; resized to seqs.size()). A sequence drafts at most page_size + 1 tokens.
   Status step(std::span<const Eagle3SequenceStep> seqs, std::vector<std::vector<int32_t>>* drafts);
   int64_t num_forward_passes() const { return forward_passes_; }
+  int64_t num_chain_graph_replays() const { return chain_replays_; }  // steps whose chain replayed a graph
   // The last forward pass's buffers (its logits and g: tests compare backends on them).
   const Eagle3Workspace& workspace() const { return *ws_; }
 
@@ -80,6 +94,17 @@ class Eagle3Drafter {
   // One forward pass: an extend pass fuses the captures at `captured_rows`, a chain pass takes the previous
   // pass's g and drafts; both leave their logit rows' drafts (draft-vocabulary ids) in `drafted`.
   Status run(const BatchView& batch, const TensorView* captured_rows, TensorView drafted);
+  // A chain pass: its batch and where its drafts go.
+  struct ChainPass {
+    BatchView batch;
+    TensorView drafted;
+  };
+  Status run_chain(const std::vector<ChainPass>& passes);
+  // The smallest graph bucket that holds `seqs` sequences, or 0 (eager).
+  int64_t chain_bucket(int64_t seqs) const;
+  // Bucket `bucket`'s graph for k drafts: replays it, or (first use) runs `passes` eagerly and captures
+  // them; a failed capture leaves that bucket eager.
+  Status replay_or_capture(int64_t bucket, int64_t k, const std::vector<ChainPass>& passes);
 
   const Eagle3Model& model_;
   Eagle3DrafterLimits limits_;
@@ -87,13 +112,20 @@ class Eagle3Drafter {
   std::unique_ptr<Eagle3Workspace> ws_;
   KvCache kv_;
   // The step's rows of every pass and its page table, uploaded in one copy (each upload synchronizes the
-  // stream); grown to the largest step seen (drafts run eagerly, outside graphs).
+  // stream); grown to the largest step seen while no chain graph is enabled, else allocated at its largest.
   Buffer staging_;
+  std::vector<int64_t> graph_sizes_;  // chain graph buckets (empty: every chain eager)
+  int64_t graph_table_width_ = 0;     // page-table width of graph steps
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ReplayGraph>> chain_graphs_;  // (bucket, k); null: failed
+  int64_t chain_replays_ = 0;
   Buffer drafted_;  // i32 [page_size + 1, max_seqs]: draft j (draft-vocabulary ids) of the step's sequences at row j
   HiddenObserver observer_;
-  // The step on the host, packed as it is uploaded: the extend pass's rows, then each chain pass's.
+  // The step on the host, packed as it is uploaded. Eager chain: the extend pass's rows, then each chain
+  // pass's, then the page table. Graph chain (bucket B, k drafts): 0 .. B - 1 (every chain pass's sequence
+  // and logit row ids), the k - 1 passes' positions [k - 1, B], the page table [B, width], then the extend
+  // pass's rows.
   struct HostBatch {
-    std::vector<int32_t> tokens, positions, seqs, logit_rows, captured_rows, chain, pages;
+    std::vector<int32_t> iota, tokens, positions, seqs, logit_rows, captured_rows, chain, pages;
   } host_;
   std::vector<int32_t> packed_, drafted_host_;
   int64_t forward_passes_ = 0;
