@@ -370,7 +370,7 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(placement.is_ok() ? Status::ok() : placement.status());
   auto dev = cuda::query_device_info(placement->device);
   CHECK_OK(dev.is_ok() ? Status::ok() : dev.status());
-  const bool sm90 = cuda::choose_attention_prefill_wgmma_config(*dev, 64).enabled;
+  const bool sm90 = cuda::choose_attention_prefill_wgmma_ws_config(*dev, 64).enabled;
   struct Path {
     CudaAttentionPath path;
     const char* label;
@@ -381,9 +381,9 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
       double keys = 0;
       for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
       const double flops = 4.0 * 64 * 64 * keys;
-      for (const Path& path : {Path{CudaAttentionPath::kMmaSync, "mma.sync"}, Path{CudaAttentionPath::kWgmma, "wgmma"},
-                               Path{CudaAttentionPath::kWgmmaWs, "wgmma-ws"}, Path{CudaAttentionPath::kAuto, "auto"}}) {
-        if ((path.path == CudaAttentionPath::kWgmma || path.path == CudaAttentionPath::kWgmmaWs) && !sm90) continue;
+      for (const Path& path : {Path{CudaAttentionPath::kMmaSync, "mma.sync"}, Path{CudaAttentionPath::kWgmmaWs, "wgmma-ws"},
+                               Path{CudaAttentionPath::kAuto, "auto"}}) {
+        if (path.path == CudaAttentionPath::kWgmmaWs && !sm90) continue;
         CHECK_OK(set_cuda_attention_options(*g_b, {path.path}));
         const int n = static_cast<int>(std::clamp<double>(20e-3 * 200e12 / flops, 2, 64));  // ~20 ms per graph
         const double us = time_graph(n, [&](int) {

@@ -251,16 +251,15 @@ TEST_F(KernelTest, AttentionPrefill) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
-// The wgmma prefill kernels (sm_90a; attention_wgmma.cu: 128 rows of (token, head) pairs per CTA, and its
-// warp-specialized form attention_wgmma_ws.cu: 192 rows), 128-key tiles: query counts and cached prefixes
-// that are not multiples of either, sequences that share a CTA, every group size that packs differently,
+// The warp-specialized wgmma prefill kernel (sm_90a, attention_wgmma_ws.cu: 192 rows of (token, head) pairs
+// per CTA), 128-key tiles: query counts and cached prefixes that are not multiples of either, sequences that share a CTA, every group size that packs differently,
 // pages that split tiles, window 128 and full, a 4097-token prompt, and graph replay equal to eager.
 TEST_F(KernelTest, AttentionPrefillWgmma) {
   auto placement = cuda_placement(cuda_backend());
   ASSERT_TRUE(placement.is_ok());
   auto dev = cuda::query_device_info(placement->device);
   ASSERT_TRUE(dev.is_ok());
-  if (!cuda::choose_attention_prefill_wgmma_config(*dev, 64).enabled) GTEST_SKIP() << "no wgmma on " << dev->name;
+  if (!cuda::choose_attention_prefill_wgmma_ws_config(*dev, 64).enabled) GTEST_SKIP() << "no wgmma on " << dev->name;
   const std::vector<AttnCase> cases = {
       {"gpt-oss g8 full, 129 tok", 64, 8, 64, 0, 16, {{0, 129}}},
       {"gpt-oss g8 window 128, 7 tok", 64, 8, 64, 128, 16, {{0, 7}}},
@@ -285,11 +284,8 @@ TEST_F(KernelTest, AttentionPrefillWgmma) {
       {"g8 window 128, chunk 200 after 2900 cached, odd page 7", 16, 2, 64, 128, 7, {{2900, 200}}},
       {"g8 full, 3 seqs of 8 in one CTA after 500 / 900 / 260 cached", 16, 2, 64, 0, 16, {{500, 8}, {900, 8}, {260, 8}}},
   };
-  for (const auto& [path, label] : {std::pair{CudaAttentionPath::kWgmma, " (wgmma)"},
-                                    std::pair{CudaAttentionPath::kWgmmaWs, " (wgmma-ws)"}}) {
-    ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {path}).is_ok());
-    for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, label, /*replay=*/&c == &cases[0]);
-  }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWs}).is_ok());
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (wgmma-ws)", /*replay=*/&c == &cases[0]);
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 

@@ -45,8 +45,8 @@ TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
       // The key groups' merge reuses the ring: it must fit there.
       EXPECT_GE(c.smem_bytes - 16 * hd * 2, attention_decode_key_groups(hd) * 16 * (hd + 2) * 4);
     }
-    EXPECT_FALSE(choose_attention_prefill_wgmma_config(d, 256).enabled);
-    EXPECT_FALSE(choose_attention_prefill_wgmma_config(d, 512).enabled);
+    EXPECT_FALSE(choose_attention_prefill_wgmma_ws_config(d, 256).enabled);
+    EXPECT_FALSE(choose_attention_prefill_wgmma_ws_config(d, 512).enabled);
   }
   // A 1024-key window at batch 1 spreads over the SMs: 8 kv heads x 16 one-tile splits on an H200.
   EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 256, 1, 8, 1, 1024).num_splits, 16);
@@ -56,23 +56,8 @@ TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
   EXPECT_TRUE(attention_head_dim_supported(512));
 }
 
-// The wgmma prefill kernel: on every sm_90 chip for head dim 64 (and fitting), nowhere else.
-TEST(CudaKernelConfigs, AttentionPrefillWgmmaOnlyOnHopper) {
-  for (const DeviceInfo& d : chips())
-    for (int64_t hd : {32, 64, 128}) {
-      const AttentionPrefillWgmmaConfig c = choose_attention_prefill_wgmma_config(d, hd);
-      EXPECT_EQ(c.enabled, d.sm_major == 9 && hd == 64) << d.name << " hd " << hd;
-      if (!c.enabled) continue;
-      EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
-      EXPECT_EQ(c.threads, 128 * kAttnWgmmaWarpgroups);
-      EXPECT_EQ(c.rows_per_cta, 64 * kAttnWgmmaWarpgroups);
-      // The ring, Q and the row bounds, plus the slack that aligns the tiles to 1024 bytes.
-      EXPECT_GE(c.smem_bytes, 1024 + c.rows_per_cta * hd * 2 + c.stages * 4 * c.keys_per_tile * hd + 8 * c.rows_per_cta);
-    }
-}
-
-// Its warp-specialized form: the same rule, one producer warpgroup next to the consumers, and the shared
-// memory the kernel lays out (Q, the ring, 2 barriers a stage, the token and pass tables, alignment slack).
+// The warp-specialized wgmma prefill kernel: on every sm_90 chip for head dim 64 (and fitting), nowhere else;
+// one producer warpgroup next to the consumers, and the shared memory the kernel lays out (Q, the ring, 2 barriers a stage, the token and pass tables, alignment slack).
 TEST(CudaKernelConfigs, AttentionPrefillWgmmaWsOnlyOnHopper) {
   for (const DeviceInfo& d : chips())
     for (int64_t hd : {32, 64, 128}) {

@@ -445,11 +445,6 @@ class CudaBackend final : public Backend {
       if (path == CudaAttentionPath::kWgmmaWs)
         return unimplemented("attention: the warp-specialized wgmma prefill kernel needs sm_90 and head_dim 64");
     }
-    if (path == CudaAttentionPath::kWgmma) {
-      const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_config(dev_, p.head_dim);
-      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma(a, cw, stream_.get());
-      return unimplemented("attention: the wgmma prefill kernel needs sm_90 and head_dim 64");
-    }
     const AttentionPrefillConfig c = choose_attention_prefill_config(dev_, p.head_dim);
     if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention prefill config does not fit");
     return launch_attention_prefill(a, c, stream_.get());

@@ -54,10 +54,9 @@ struct CudaSkinnyLinearOptions {
 
 // Which prefill attention kernel runs: kAuto = the warp-specialized wgmma kernel (attention_wgmma_ws.cu)
 // where the device and head dim have it (sm_90, head dim 64; faster than the others causal and at 128-key
-// windows, docs/PERF.md), else mma.sync (attention.cu). kWgmma (attention_wgmma.cu, every warp loads and
-// computes), kWgmmaWs and kMmaSync force one, for tests and benchmarks; kWgmma or kWgmmaWs where there is
-// none is an error.
-enum class CudaAttentionPath { kAuto, kWgmma, kWgmmaWs, kMmaSync };
+// windows, docs/PERF.md), else mma.sync (attention.cu). kWgmmaWs and kMmaSync force one, for tests and
+// benchmarks; kWgmmaWs where there is none is an error.
+enum class CudaAttentionPath { kAuto, kWgmmaWs, kMmaSync };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
 };

@@ -49,21 +49,6 @@ AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, in
   return c;
 }
 
-AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_config(const DeviceInfo& dev, int64_t head_dim) {
-  AttentionPrefillWgmmaConfig c;
-  c.threads = 128 * kAttnWgmmaWarpgroups;
-  c.rows_per_cta = 64 * kAttnWgmmaWarpgroups;
-  c.keys_per_tile = kAttnWgmmaKeysPerTile;
-  c.stages = kAttnWgmmaStages;
-  const int64_t q_bytes = c.rows_per_cta * head_dim * 2;
-  const int64_t kv_stage = 2 * c.keys_per_tile * head_dim * 2;
-  const int64_t row_bounds = 2 * c.rows_per_cta * 4;
-  c.smem_bytes = 1024 + q_bytes + c.stages * kv_stage + row_bounds;
-  // wgmma exists on sm_90a only (sm_100 has tcgen05 instead, sm_12x neither).
-  c.enabled = dev.sm_major == 9 && head_dim == 64 && fits(dev, c.smem_bytes, c.stages);
-  return c;
-}
-
 AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim) {
   AttentionPrefillWgmmaConfig c;
   c.threads = kAttnWgmmaWsThreads;

@@ -45,12 +45,14 @@ struct AttentionPrefillConfig {
 };
 AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, int64_t head_dim);
 
-// Prefill attention on wgmma (sm_90a only, attention_wgmma.cu): kAttnWgmmaWarpgroups warpgroups of 64 query
-// rows share each K/V tile of kAttnWgmmaKeysPerTile keys from a cp.async ring of kAttnWgmmaStages stages,
-// one CTA per SM. Head dim 64 only for now (the P.V wgmma is written for n = 64).
-inline constexpr int kAttnWgmmaWarpgroups = 2;
+// Prefill attention on wgmma, warp-specialized (sm_90a only, attention_wgmma_ws.cu): one producer warpgroup
+// fills a ring of kAttnWgmmaWsStages K/V stages of kAttnWgmmaKeysPerTile keys (mbarriers),
+// kAttnWgmmaWsConsumers warpgroups of 64 query rows consume it, one CTA per SM. Head dim 64 only for now
+// (the P.V wgmma is written for n = 64).
 inline constexpr int kAttnWgmmaKeysPerTile = 128;
-inline constexpr int kAttnWgmmaStages = 3;
+inline constexpr int kAttnWgmmaWsConsumers = 3;
+inline constexpr int kAttnWgmmaWsStages = 4;
+inline constexpr int kAttnWgmmaWsThreads = 128 * (1 + kAttnWgmmaWsConsumers);
 struct AttentionPrefillWgmmaConfig {
   bool enabled = false;     // the device has wgmma, the head dim has an instantiation, and it fits
   int threads = 0;
@@ -59,13 +61,6 @@ struct AttentionPrefillWgmmaConfig {
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic shared memory per block (1024-byte alignment slack included)
 };
-AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_config(const DeviceInfo& dev, int64_t head_dim);
-
-// The warp-specialized form (attention_wgmma_ws.cu): one producer warpgroup fills a ring of
-// kAttnWgmmaWsStages K/V stages (mbarriers), kAttnWgmmaWsConsumers warpgroups of 64 rows consume it.
-inline constexpr int kAttnWgmmaWsConsumers = 3;
-inline constexpr int kAttnWgmmaWsStages = 4;
-inline constexpr int kAttnWgmmaWsThreads = 128 * (1 + kAttnWgmmaWsConsumers);
 // Q, the ring, its full and empty barriers, per-token and per-pass tables (7 ints a row, 3 more), and the
 // slack that aligns the tiles to 1024 bytes.
 constexpr int64_t attention_prefill_wgmma_ws_smem_bytes(int64_t head_dim) {

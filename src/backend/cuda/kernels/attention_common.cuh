@@ -1,4 +1,4 @@
-// The end of a softmax row shared by the attention kernels (attention.cu, attention_wgmma.cu): the
+// The end of a softmax row shared by the attention kernels (attention.cu, attention_wgmma_parts.cuh): the
 // optional learned sink and the final normalisation, in the exp2 domain.
 #pragma once
 

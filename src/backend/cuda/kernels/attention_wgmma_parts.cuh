@@ -1,7 +1,6 @@
-// The pieces both Hopper prefill attention kernels share (attention_wgmma.cu: every warp loads and computes;
-// attention_wgmma_ws.cu: a producer warpgroup loads, consumer warpgroups compute): the swizzled tile
-// layout, a row's key range, the two wgmma GEMMs of a 64-row warpgroup, one tile's online softmax, and
-// the final normalisation and store. Same code in both, so both give the same bits for a row's tiles.
+// The pieces of the Hopper prefill attention kernel (attention_wgmma_ws.cu) that do not depend on who loads
+// the tiles: the swizzled tile layout, a row's key range, the two wgmma GEMMs of a 64-row warpgroup, one
+// tile's online softmax, and the final normalisation and store.
 //
 // Layouts (per warpgroup of 64 rows): a lane holds rows r0 = 16 w + lane / 4 and r1 = r0 + 8 of its warp w;
 // s[4j + e]: key k0 + 8j + 2q + (e & 1) of r0 (e < 2) or r1 (q = lane % 4); o[4j + e]: head dims
@@ -45,7 +44,7 @@ __device__ __forceinline__ void wgmma_bf16_rs_mn64(float (&d)[32], const uint32_
 
 // wgmma.fence must follow every register write to a wgmma's accumulators and A fragments. An empty asm that
 // "modifies" them pins those writes before the (volatile) fence; without it the compiler sank the zeroing
-// of S past the fence in the 64-key kernel (measured: wrong results, PTX showed the movs after the fence).
+// of S past the fence in a 64-key kernel (PTX showed the movs after the fence).
 template <int R>
 __device__ __forceinline__ void pin_fragments(uint32_t (&a)[R][4]) {
 #pragma unroll

@@ -1,5 +1,5 @@
-// Prefill attention for Hopper (sm_90a), warp-specialized in the FlashAttention-3 shape: the same math as
-// attention_wgmma.cu (same rows, tiles, softmax and store: attention_wgmma_parts.cuh), split by role
+// Prefill attention for Hopper (sm_90a), warp-specialized in the FlashAttention-3 shape: FlashAttention with
+// both GEMMs on wgmma (tile layout, GEMMs, softmax and store: attention_wgmma_parts.cuh), split by role
 // instead of every warp doing everything in lockstep behind a CTA barrier per tile:
 //
 // - warpgroup 0, the producer (32 registers a thread after setmaxnreg): walks the CTA's K/V tiles, waits

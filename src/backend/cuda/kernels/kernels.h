@@ -104,10 +104,8 @@ struct AttentionKernelParams {
 };
 // Many queries per sequence: FlashAttention-2 on mma.sync. Tokens of a sequence must be contiguous.
 Status launch_attention_prefill(const AttentionKernelParams& p, const AttentionPrefillConfig& c, cudaStream_t stream);
-// The same on wgmma for sm_90a (attention_wgmma.cu); the config says whether the device and head dim have it.
-Status launch_attention_prefill_wgmma(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c,
-                                      cudaStream_t stream);
-// The same, warp-specialized (attention_wgmma_ws.cu): a producer warpgroup and an mbarrier K/V ring.
+// The same on wgmma for sm_90a, warp-specialized (attention_wgmma_ws.cu): a producer warpgroup and an mbarrier
+// K/V ring; the config says whether the device and head dim have it.
 Status launch_attention_prefill_wgmma_ws(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c,
                                          cudaStream_t stream);
 // Any batch, one CTA per (token, kv head, head block, split); merges splits when there are several.
