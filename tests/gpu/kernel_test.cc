@@ -251,15 +251,17 @@ TEST_F(KernelTest, AttentionPrefill) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
-// The warp-specialized wgmma prefill kernel (sm_90a, attention_wgmma_ws.cu: 192 rows of (token, head) pairs
-// per CTA), 128-key tiles: query counts and cached prefixes that are not multiples of either, sequences that share a CTA, every group size that packs differently,
-// pages that split tiles, window 128 and full, a 4097-token prompt, and graph replay equal to eager.
+// The warp-specialized wgmma prefill kernel (sm_90a, attention_wgmma_ws.cu), both shapes (192 rows of
+// (token, head) pairs per CTA and 128-key tiles, in turn; 128 rows and 64-key tiles, overlapped):
+// query counts and cached prefixes that are not multiples of either, sequences that share a CTA, every
+// group size that packs differently, pages that split tiles, windows and full, a 4097-token prompt, and
+// graph replay equal to eager.
 TEST_F(KernelTest, AttentionPrefillWgmma) {
   auto placement = cuda_placement(cuda_backend());
   ASSERT_TRUE(placement.is_ok());
   auto dev = cuda::query_device_info(placement->device);
   ASSERT_TRUE(dev.is_ok());
-  if (!cuda::choose_attention_prefill_wgmma_ws_config(*dev, 64).enabled) GTEST_SKIP() << "no wgmma on " << dev->name;
+  if (!cuda::choose_attention_prefill_wgmma_ws_config(*dev, 64, cuda::kAttnWsWide).enabled) GTEST_SKIP() << "no wgmma on " << dev->name;
   const std::vector<AttnCase> cases = {
       {"gpt-oss g8 full, 129 tok", 64, 8, 64, 0, 16, {{0, 129}}},
       {"gpt-oss g8 window 128, 7 tok", 64, 8, 64, 128, 16, {{0, 7}}},
@@ -283,9 +285,20 @@ TEST_F(KernelTest, AttentionPrefillWgmma) {
       {"g8 full, chunks 23 / 25 / 48 after 3000 / 129 / 0 cached", 16, 2, 64, 0, 16, {{3000, 23}, {129, 25}, {0, 48}}},
       {"g8 window 128, chunk 200 after 2900 cached, odd page 7", 16, 2, 64, 128, 7, {{2900, 200}}},
       {"g8 full, 3 seqs of 8 in one CTA after 500 / 900 / 260 cached", 16, 2, 64, 0, 16, {{500, 8}, {900, 8}, {260, 8}}},
+      // The 64-key-tile shape's 16-token CTAs (g8): one and two CTAs, a window whose tiles start mid-page,
+      // windows of 64 and 127 keys, and a CTA that runs many 64-key tiles after a long prefix (multi-tile
+      // CTAs were where an earlier 64-key kernel went wrong).
+      {"g8 window 128, 16 tok, one 64-key CTA", 8, 1, 64, 128, 16, {{0, 16}}},
+      {"g8 window 128, chunk 33 after 130 cached", 8, 1, 64, 128, 16, {{130, 33}}},
+      {"g8 full, 16 tok after 1000 cached, odd page 7", 8, 1, 64, 0, 7, {{1000, 16}}},
+      {"g8 window 127, 500 tok", 16, 2, 64, 127, 16, {{0, 500}}},
+      {"g8 window 64, chunk 200 after 77 cached", 16, 2, 64, 64, 16, {{77, 200}}},
   };
-  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWs}).is_ok());
-  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (wgmma-ws)", /*replay=*/&c == &cases[0]);
+  for (const auto& [path, label] : {std::pair{CudaAttentionPath::kWgmmaWs, " (wgmma-ws)"},
+                                    std::pair{CudaAttentionPath::kWgmmaWs64, " (wgmma-ws64)"}}) {
+    ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {path}).is_ok());
+    for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, label, /*replay=*/&c == &cases[0]);
+  }
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 

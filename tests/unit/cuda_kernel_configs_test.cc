@@ -45,8 +45,8 @@ TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
       // The key groups' merge reuses the ring: it must fit there.
       EXPECT_GE(c.smem_bytes - 16 * hd * 2, attention_decode_key_groups(hd) * 16 * (hd + 2) * 4);
     }
-    EXPECT_FALSE(choose_attention_prefill_wgmma_ws_config(d, 256).enabled);
-    EXPECT_FALSE(choose_attention_prefill_wgmma_ws_config(d, 512).enabled);
+    EXPECT_FALSE(choose_attention_prefill_wgmma_ws_config(d, 256, kAttnWsWide).enabled);
+    EXPECT_FALSE(choose_attention_prefill_wgmma_ws_config(d, 512, kAttnWsWide).enabled);
   }
   // A 1024-key window at batch 1 spreads over the SMs: 8 kv heads x 16 one-tile splits on an H200.
   EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 256, 1, 8, 1, 1024).num_splits, 16);
@@ -56,20 +56,25 @@ TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
   EXPECT_TRUE(attention_head_dim_supported(512));
 }
 
-// The warp-specialized wgmma prefill kernel: on every sm_90 chip for head dim 64 (and fitting), nowhere else;
-// one producer warpgroup next to the consumers, and the shared memory the kernel lays out (Q, the ring, 2 barriers a stage, the token and pass tables, alignment slack).
+// The warp-specialized wgmma prefill kernel, both shapes: on every sm_90 chip for head dim 64 (and fitting),
+// nowhere else; one producer warpgroup next to the consumers, the shared memory the kernel lays out (Q, the
+// ring, 2 barriers a stage, the token and pass tables, alignment slack), and as many CTAs per SM as the
+// shape is built for within an sm_90 SM's 228 KB (1 KB reserved per CTA).
 TEST(CudaKernelConfigs, AttentionPrefillWgmmaWsOnlyOnHopper) {
-  for (const DeviceInfo& d : chips())
-    for (int64_t hd : {32, 64, 128}) {
-      const AttentionPrefillWgmmaConfig c = choose_attention_prefill_wgmma_ws_config(d, hd);
-      EXPECT_EQ(c.enabled, d.sm_major == 9 && hd == 64) << d.name << " hd " << hd;
-      if (!c.enabled) continue;
-      EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
-      EXPECT_EQ(c.threads, 128 + 2 * c.rows_per_cta);
-      EXPECT_EQ(c.stages, kAttnWgmmaWsStages);
-      EXPECT_EQ(c.smem_bytes, 1024 + c.rows_per_cta * hd * 2 + c.stages * (4 * c.keys_per_tile * hd + 16) +
-                                  (7 * c.rows_per_cta + 3) * 4);
-    }
+  for (const AttnWsShape* shape : {&kAttnWsWide, &kAttnWsNarrow})
+    for (const DeviceInfo& d : chips())
+      for (int64_t hd : {32, 64, 128}) {
+        const AttentionPrefillWgmmaConfig c = choose_attention_prefill_wgmma_ws_config(d, hd, *shape);
+        EXPECT_EQ(c.enabled, d.sm_major == 9 && hd == 64) << d.name << " hd " << hd;
+        if (!c.enabled) continue;
+        EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
+        EXPECT_EQ(c.threads, 128 + 2 * c.rows_per_cta);
+        EXPECT_EQ(c.keys_per_tile, shape->keys_per_tile);
+        EXPECT_EQ(c.ctas_per_sm, shape->ctas_per_sm);
+        EXPECT_EQ(c.smem_bytes, 1024 + c.rows_per_cta * hd * 2 + c.stages * (4 * c.keys_per_tile * hd + 16) +
+                                    (7 * c.rows_per_cta + 3) * 4);
+        EXPECT_LE(c.ctas_per_sm * (c.smem_bytes + 1024), 228 * 1024);
+      }
 }
 
 TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {

@@ -54,9 +54,10 @@ struct CudaSkinnyLinearOptions {
 
 // Which prefill attention kernel runs: kAuto = the warp-specialized wgmma kernel (attention_wgmma_ws.cu)
 // where the device and head dim have it (sm_90, head dim 64; faster than the others causal and at 128-key
-// windows, docs/PERF.md), else mma.sync (attention.cu). kWgmmaWs and kMmaSync force one, for tests and
-// benchmarks; kWgmmaWs where there is none is an error.
-enum class CudaAttentionPath { kAuto, kWgmmaWs, kMmaSync };
+// windows, docs/PERF.md), else mma.sync (attention.cu). kWgmmaWs (its 128-key-tile shape), kWgmmaWs64 (its
+// 64-key-tile shape) and kMmaSync force one, for tests and benchmarks; kWgmmaWs* where there is none is an
+// error.
+enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
 };

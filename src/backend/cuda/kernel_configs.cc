@@ -49,13 +49,15 @@ AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, in
   return c;
 }
 
-AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim) {
+AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim,
+                                                                     const AttnWsShape& shape) {
   AttentionPrefillWgmmaConfig c;
-  c.threads = kAttnWgmmaWsThreads;
-  c.rows_per_cta = 64 * kAttnWgmmaWsConsumers;
-  c.keys_per_tile = kAttnWgmmaKeysPerTile;
-  c.stages = kAttnWgmmaWsStages;
-  c.smem_bytes = attention_prefill_wgmma_ws_smem_bytes(head_dim);
+  c.threads = 128 * (1 + shape.consumers);
+  c.rows_per_cta = 64 * shape.consumers;
+  c.keys_per_tile = shape.keys_per_tile;
+  c.stages = shape.stages;
+  c.ctas_per_sm = shape.ctas_per_sm;
+  c.smem_bytes = attention_prefill_wgmma_ws_smem_bytes(head_dim, shape);
   c.enabled = dev.sm_major == 9 && head_dim == 64 && fits(dev, c.smem_bytes, c.stages);
   return c;
 }

@@ -46,29 +46,40 @@ struct AttentionPrefillConfig {
 AttentionPrefillConfig choose_attention_prefill_config(const DeviceInfo& dev, int64_t head_dim);
 
 // Prefill attention on wgmma, warp-specialized (sm_90a only, attention_wgmma_ws.cu): one producer warpgroup
-// fills a ring of kAttnWgmmaWsStages K/V stages of kAttnWgmmaKeysPerTile keys (mbarriers),
-// kAttnWgmmaWsConsumers warpgroups of 64 query rows consume it, one CTA per SM. Head dim 64 only for now
-// (the P.V wgmma is written for n = 64).
-inline constexpr int kAttnWgmmaKeysPerTile = 128;
-inline constexpr int kAttnWgmmaWsConsumers = 3;
-inline constexpr int kAttnWgmmaWsStages = 4;
-inline constexpr int kAttnWgmmaWsThreads = 128 * (1 + kAttnWgmmaWsConsumers);
+// fills a ring of K/V stages (mbarriers), warpgroups of 64 query rows consume it. Head dim 64 only for now
+// (the P.V wgmma is written for n = 64). Two shapes (docs/PERF.md has the measurements behind them):
+struct AttnWsShape {
+  int keys_per_tile, consumers, stages, ctas_per_sm;
+  // The consumer loop issues QK(i) and P V(i - 1) together and runs softmax(i) under the P V (FA3's
+  // intra-warpgroup overlap, Q read from shared memory); else QK, softmax and P V of a tile run in turn.
+  bool overlap;
+};
+// Full layers: 128-key tiles, three consumer warpgroups (192 rows), one CTA per SM, in turn (the
+// overlapped loop was not faster at 8K causal on an H100: 1574 us vs 1441).
+inline constexpr AttnWsShape kAttnWsWide{128, 3, 4, 1, false};
+// Short windows: 64-key tiles, two consumer warpgroups (128 rows), two CTAs per SM, overlapped. 16 tokens
+// of 8 heads see 143 keys of a 128-key window: 3 tiles of 64 keys, 2/3 of them visible, where the wide
+// shape's 24 tokens see 151 keys in 2 tiles of 128, half visible; and one CTA's prologue and first loads
+// run under the other's math (a window CTA runs only 2-3 tiles). Its in-turn form gave wrong results.
+inline constexpr AttnWsShape kAttnWsNarrow{64, 2, 4, 2, true};
 struct AttentionPrefillWgmmaConfig {
   bool enabled = false;     // the device has wgmma, the head dim has an instantiation, and it fits
   int threads = 0;
   int rows_per_cta = 0;
   int keys_per_tile = 0;
   int stages = 0;
+  int ctas_per_sm = 0;      // what the kernel's launch bounds and register split are built for
   int64_t smem_bytes = 0;   // dynamic shared memory per block (1024-byte alignment slack included)
 };
 // Q, the ring, its full and empty barriers, per-token and per-pass tables (7 ints a row, 3 more), and the
 // slack that aligns the tiles to 1024 bytes.
-constexpr int64_t attention_prefill_wgmma_ws_smem_bytes(int64_t head_dim) {
-  const int64_t rows = 64 * kAttnWgmmaWsConsumers;
-  return 1024 + rows * head_dim * 2 + kAttnWgmmaWsStages * 2 * kAttnWgmmaKeysPerTile * head_dim * 2 +
-         2 * kAttnWgmmaWsStages * 8 + (7 * rows + 3) * 4;
+constexpr int64_t attention_prefill_wgmma_ws_smem_bytes(int64_t head_dim, const AttnWsShape& s) {
+  const int64_t rows = 64 * s.consumers;
+  return 1024 + rows * head_dim * 2 + s.stages * 2 * s.keys_per_tile * head_dim * 2 + 2 * s.stages * 8 +
+         (7 * rows + 3) * 4;
 }
-AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim);
+AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim,
+                                                                     const AttnWsShape& shape);
 
 // Decode attention: one CTA per (token, kv head, head block, KV split); the warps split each key tile
 // into attention_decode_key_groups groups, merged through shared memory that aliases the K/V ring.

@@ -1,6 +1,8 @@
 // The pieces of the Hopper prefill attention kernel (attention_wgmma_ws.cu) that do not depend on who loads
-// the tiles: the swizzled tile layout, a row's key range, the two wgmma GEMMs of a 64-row warpgroup, one
-// tile's online softmax, and the final normalisation and store.
+// the tiles: the swizzled tile layout, a row's key range, the two wgmma GEMMs of a 64-row warpgroup (waited
+// for, Q in registers, for the in-turn loop; issued only, Q in shared memory, for the overlapped one), one
+// tile's online softmax (whole, or split around the previous tile's P V), and the final normalisation and
+// store.
 //
 // Layouts (per warpgroup of 64 rows): a lane holds rows r0 = 16 w + lane / 4 and r1 = r0 + 8 of its warp w;
 // s[4j + e]: key k0 + 8j + 2q + (e & 1) of r0 (e < 2) or r1 (q = lane % 4); o[4j + e]: head dims
@@ -40,6 +42,46 @@ __device__ __forceinline__ void wgmma_bf16_rs_mn64(float (&d)[32], const uint32_
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// D(64 x N, fp32) = (ACCUMULATE ? D : 0) + A(64 x 16) * B(16 x N), both operands K-major in shared memory
+// (128-byte swizzled rows, descriptors from wgmma_desc_k128). A from shared memory keeps Q out of the
+// registers, which the overlapped consumer loop needs for a second score tile; the first k step writes D
+// without reading it, so S needs no zeroing.
+template <int N, bool ACCUMULATE>
+__device__ __forceinline__ void wgmma_bf16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b);
+
+template <>
+__device__ __forceinline__ void wgmma_bf16_ss<64, false>(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16_ss<64, true>(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16_ss<128, false>(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16_ss<128, true>(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
 // wgmma.fence must follow every register write to a wgmma's accumulators and A fragments. An empty asm that
@@ -151,6 +193,94 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)
     pa[j / 2][(j % 2) * 2] = pack_bf16x2(e0, e1);
     pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(e2, e3);
   }
+}
+
+// Issues (commits, does not wait for) S = Q K^T of the warpgroup's 64 rows, Q at `q_addr` ([64][64] swizzled,
+// 1024-byte aligned) and the KT keys at `k_addr`, both from shared memory.
+template <int KT, int HD>
+__device__ __forceinline__ void attn_qk_issue(float (&s)[KT / 2], uint32_t q_addr, uint32_t k_addr) {
+  static_assert(HD == 64, "one 64-dim panel: the k steps walk one 128-byte row");
+  wgmma_bf16_ss<KT, false>(s, wgmma_desc_k128(q_addr), wgmma_desc_k128(k_addr));
+#pragma unroll
+  for (int kc = 1; kc < HD / 16; ++kc)
+    wgmma_bf16_ss<KT, true>(s, wgmma_desc_k128(q_addr + kc * 32), wgmma_desc_k128(k_addr + kc * 32));
+  wgmma_commit();
+}
+
+// The first half of a tile's online softmax, the part that needs no O (so it can run while the previous
+// tile's P V is in flight): masks as attn_softmax_tile does, moves the running max, turns s into the
+// unnormalised weights in place, rescales the running sums and adds the weights. `corr` is what O must be
+// multiplied by before this tile's P V joins it (attn_rescale_pack). The same steps as attn_softmax_tile,
+// which the in-turn loop keeps so that its GPU-verified machine code stays as it was; expressing it through
+// these two halves is left for a session that can rerun the GPU tests.
+template <int KT>
+__device__ __forceinline__ void attn_softmax_weights(float (&s)[KT / 2], float (&m_run)[2], float (&l_run)[2],
+                                                     float (&corr)[2], bool unmasked, int k0, int q4, int f0, int l0,
+                                                     int f1, int l1, float scale_log2) {
+  if (!unmasked) {
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * j + 2 * q4 + (e & 1);
+        const bool ok = e < 2 ? (key >= f0 && key <= l0) : (key >= f1 && key <= l1);
+        if (!ok) s[4 * j + e] = -INFINITY;
+      }
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  float base[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
+    base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero weight
+    corr[h] = exp2_ftz(m_run[h] - base[h]);
+    m_run[h] = m_new;
+    l_run[h] *= corr[h];
+  }
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j) {
+    s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -base[0]));
+    s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], scale_log2, -base[0]));
+    s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], scale_log2, -base[1]));
+    s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], scale_log2, -base[1]));
+    l_run[0] += s[4 * j] + s[4 * j + 1];
+    l_run[1] += s[4 * j + 2] + s[4 * j + 3];
+  }
+}
+
+// The second half, once O is free (no P V in flight): O *= corr, and the weights packed as P V's A fragments
+// (k16 step j / 2: {row r keys 2q.., row r + 8 keys 2q.., row r keys 8 + 2q.., row r + 8 ...}).
+template <int KT, int HD>
+__device__ __forceinline__ void attn_rescale_pack(float (&o)[HD / 2], const float (&corr)[2], const float (&w)[KT / 2],
+                                                  uint32_t (&pa)[KT / 16][4]) {
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) {
+    o[4 * j] *= corr[0];
+    o[4 * j + 1] *= corr[0];
+    o[4 * j + 2] *= corr[1];
+    o[4 * j + 3] *= corr[1];
+  }
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j) {
+    pa[j / 2][(j % 2) * 2] = pack_bf16x2(w[4 * j], w[4 * j + 1]);
+    pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(w[4 * j + 2], w[4 * j + 3]);
+  }
+}
+
+// Issues (commits, does not wait for) O += P V with the V tile at `v_addr` (as attn_pv).
+template <int KT, int HD>
+__device__ __forceinline__ void attn_pv_issue(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], uint32_t v_addr) {
+  static_assert(HD == 64, "the P.V wgmma wrapper is written for n = 64; wider heads need n = HD");
+#pragma unroll
+  for (int kc = 0; kc < KT / 16; ++kc) wgmma_bf16_rs_mn64(o, pa[kc], wgmma_desc_mn128(v_addr + kc * 16 * 128, KT * 128));
+  wgmma_commit();
 }
 
 // O += P V with the V tile at `v_addr` as an MN-major operand (rows of 128 bytes: no transpose), waited for.

@@ -6,10 +6,15 @@
 //   for a ring slot to be empty, issues the tile's cp.async copies (16-byte chunks, one page-table lookup
 //   per key row, so any page size works) and arms the slot's full mbarrier with
 //   cp.async.mbarrier.arrive. It never waits for its own copies: it runs as far ahead as the ring allows.
-// - warpgroups 1..kConsumers (160 registers): 64 query rows each. Per tile: wait for the slot's full
-//   barrier, S = Q K^T, online softmax, O += P V, then each warp releases the slot. No CTA-wide barrier
-//   in the loop, so one warpgroup's softmax runs under another's GEMMs (the overlap FA3 gets for head
-//   dim 64 from three MMA warpgroups; it uses no scheduling barrier there either).
+// - warpgroups 1..kConsumers (the rest of the register pool: 160 registers for the 128-key shape, 104 for
+//   the 64-key one): 64 query rows each. Per tile: wait for the slot's full barrier, S = Q K^T, online
+//   softmax, O += P V, then each warp releases the slot. No CTA-wide barrier in the loop, so one
+//   warpgroup's softmax runs under another's GEMMs (the overlap FA3 gets for head dim 64 from three MMA
+//   warpgroups; it uses no scheduling barrier there either).
+//
+// Two shapes (kernel_configs.h): 128-key tiles and three consumer warpgroups, one CTA per SM, for full
+// layers; 64-key tiles and two consumer warpgroups, two CTAs per SM, for short windows, whose CTAs run only
+// a few tiles (one CTA's prologue and first loads then run under the other's math).
 //
 // Rows pack (token, q head) pairs of one kv head, as in the other prefill kernels; a CTA's tokens split
 // into passes, one per sequence, and the producer and consumers walk the same passes and tiles, the ring
@@ -26,33 +31,51 @@
 namespace mx::cuda {
 namespace {
 
-constexpr int kConsumers = kAttnWgmmaWsConsumers;
-constexpr int kStages = kAttnWgmmaWsStages;
-constexpr int kRows = 64 * kConsumers;
 constexpr int kProducerThreads = 128;
-constexpr int kThreads = kAttnWgmmaWsThreads;
-static_assert(kThreads == kProducerThreads + 128 * kConsumers, "one producer warpgroup, the rest consume");
-// Registers a thread after setmaxnreg: the producer gives back what the consumers take; the sum stays the
-// pool the CTA was launched with (65536 / kThreads a thread, the cap __launch_bounds__(kThreads, 1) sets).
-constexpr int kProducerRegisters = 32;
-constexpr int kConsumerRegisters = 160;
-static_assert(kProducerRegisters + kConsumers * kConsumerRegisters == (65536 / kThreads) * (1 + kConsumers),
-              "the launch's register pool");
 
-// Per-token facts the prologue gathers once (tokens are < kRows) and per-pass bounds (a pass per sequence
+// One shape of the kernel (kernel_configs.h: kAttnWsWide, kAttnWsNarrow) and what follows from it.
+template <int KT, int CONSUMERS, int STAGES, int CTAS_PER_SM>
+struct WsShape {
+  static constexpr int kRows = 64 * CONSUMERS;
+  static constexpr int kThreads = kProducerThreads + 128 * CONSUMERS;
+  // Registers a thread after setmaxnreg: the producer gives back what the consumers take, within the pool
+  // the CTA was launched with (the cap __launch_bounds__(kThreads, CTAS_PER_SM) sets, in units of 8).
+  static constexpr int kLaunchRegisters = (65536 / (kThreads * CTAS_PER_SM)) / 8 * 8;
+  static constexpr int kProducerRegisters = 32;
+  static constexpr int kConsumerRegisters =
+      (kLaunchRegisters * (1 + CONSUMERS) - kProducerRegisters) / CONSUMERS / 8 * 8;
+  static_assert(kConsumerRegisters >= kLaunchRegisters && kConsumerRegisters <= 256, "setmaxnreg's range");
+};
+
+// Per-token facts the prologue gathers once (tokens are < ROWS) and per-pass bounds (a pass per sequence
 // of the CTA's tokens, so at most one per token), in shared memory after the ring.
+template <int ROWS>
 struct WsTables {
-  int tok_first[kRows], tok_last[kRows], tok_seq[kRows];
-  int pass_end[kRows], pass_seq[kRows], pass_kmin[kRows], pass_kmax[kRows];
+  int tok_first[ROWS], tok_last[ROWS], tok_seq[ROWS];
+  int pass_end[ROWS], pass_seq[ROWS], pass_kmin[ROWS], pass_kmax[ROWS];
   int n_passes, whole_fmax, whole_lmin;
 };
-static_assert(attention_prefill_wgmma_ws_smem_bytes(64) ==
-                  1024 + kRows * 64 * 2 + kStages * 2 * kAttnWgmmaKeysPerTile * 64 * 2 + 2 * kStages * 8 + sizeof(WsTables),
+template <const AttnWsShape& S>
+constexpr bool smem_counted() {
+  const int rows = 64 * S.consumers;
+  return attention_prefill_wgmma_ws_smem_bytes(64, S) ==
+         1024 + rows * 64 * 2 + S.stages * 2 * S.keys_per_tile * 64 * 2 + 2 * S.stages * 8 + sizeof(WsTables<64 * S.consumers>);
+}
+static_assert(smem_counted<kAttnWsWide>() && smem_counted<kAttnWsNarrow>(),
               "kernel_configs.h counts the shared memory this kernel lays out");
 
-template <int HD, int KT>
-__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel(AttentionKernelParams p) {
+// OVERLAP: the consumer loop issues S(i) = Q K(i)^T and O += P(i-1) V(i-1) together and runs tile i's softmax
+// while the P V is in flight (FA3's intra-warpgroup overlap; Q read from shared memory, which also leaves
+// the registers for a score tile next to P); otherwise each tile's QK (Q in registers), softmax and P V run
+// in turn. kernel_configs.h says which shape takes which: the 128-key shape runs in turn (overlapped was not
+// faster at 8K causal), the 64-key one overlapped (in turn, with Q in registers and m64n64 score GEMMs
+// under its 104-register budget, it gave wrong results on an H100, as session 7's 64-key kernel did).
+template <int HD, int KT, int CONSUMERS, int STAGES, int CTAS_PER_SM, bool OVERLAP>
+__global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::kThreads, CTAS_PER_SM)
+    attention_prefill_wgmma_ws_kernel(AttentionKernelParams p) {
 #if MX_SM90A
+  using Shape = WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>;
+  constexpr int kRows = Shape::kRows, kThreads = Shape::kThreads, kStages = STAGES, kConsumers = CONSUMERS;
   static_assert(HD == 64, "one 64-dim panel per row: the producer's chunk map and the P.V wgmma assume it");
   constexpr int kTileBytes = KT * HD * 2, kStageBytes = 2 * kTileBytes;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -60,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
   uint8_t* sq = smem;                                // [kRows][64], swizzled
   uint8_t* skv = sq + kRows * HD * 2;                // kStages x {K, V} [KT][64], swizzled
   uint64_t* bars = reinterpret_cast<uint64_t*>(skv + kStages * kStageBytes);  // full[kStages], empty[kStages]
-  WsTables& tab = *reinterpret_cast<WsTables*>(bars + 2 * kStages);
+  WsTables<kRows>& tab = *reinterpret_cast<WsTables<kRows>*>(bars + 2 * kStages);
   const uint32_t full0 = smem_addr(bars), empty0 = full0 + 8 * kStages;
 
   const int group = static_cast<int>(p.n_q / p.n_kv);
@@ -121,12 +144,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
     tab.whole_lmin = n == 1 ? lmin : -1;
   }
   cp_async_wait<0>();
+  if constexpr (OVERLAP) fence_proxy_async_smem();  // Q's copies, read by wgmma from shared memory
   __syncthreads();
   const int n_passes = tab.n_passes;
   const uint32_t skv_addr = smem_addr(skv);
 
   if (tid < kProducerThreads) {
-    setmaxnreg_dec<kProducerRegisters>();
+    setmaxnreg_dec<Shape::kProducerRegisters>();
     // Thread tid copies 16-byte chunk tid % 8 of key rows tid / 8 + 16j: one swizzle phase (16j % 8 == 0),
     // so one destination offset per thread.
     const int ch = tid % 8, row0 = tid / 8;
@@ -175,10 +199,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
     return;
   }
 
-  setmaxnreg_inc<kConsumerRegisters>();
+  setmaxnreg_inc<Shape::kConsumerRegisters>();
   const int ct = tid - kProducerThreads, warp = ct / 32, lane = tid % 32;  // warp: 0 .. 4 kConsumers - 1
-  uint32_t qf[HD / 16][4];
-  attn_load_q<kRows, HD>(qf, sq, warp * 16, lane);
   const int r0 = warp * 16 + lane / 4, r1 = r0 + 8, q4 = lane % 4;
   const int tl0 = row_valid(r0) ? r0 / group : -1, tl1 = row_valid(r1) ? r1 / group : -1;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -186,9 +208,28 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
   const int fmax = tab.whole_fmax, lmin = tab.whole_lmin;
+  const uint32_t q_addr = smem_addr(sq) + (warp / 4) * 64 * 128;  // this warpgroup's 64 rows
 
   int slot = 0;
   uint32_t parity = 0;
+  // The ring's next slot, waited for (its copies landed and are visible to wgmma's reads).
+  auto acquire = [&]() {
+    mbarrier_wait(full0 + 8 * slot, parity);
+    fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
+    const int got = slot;
+    if (++slot == kStages) {
+      slot = 0;
+      parity ^= 1;
+    }
+    return got;
+  };
+  auto release = [&](int got) {  // this warp's GEMMs are done with the slot
+    if (lane == 0) mbarrier_arrive(empty0 + 8 * got);
+  };
+  auto k_tile = [&](int got) { return skv_addr + got * kStageBytes; };
+  auto v_tile = [&](int got) { return skv_addr + got * kStageBytes + kTileBytes; };
+  uint32_t qf[OVERLAP ? 1 : HD / 16][4];
+  if constexpr (!OVERLAP) attn_load_q<kRows, HD>(qf, sq, warp * 16, lane);
   for (int ps = 0, start = 0; ps < n_passes; ++ps) {
     const int end = tab.pass_end[ps], kmin = tab.pass_kmin[ps], kmax = tab.pass_kmax[ps];
     // A row outside this pass sees nothing here (empty range [1, 0]).
@@ -196,24 +237,58 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
     const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
     const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
     const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
-    for (int i = 0; i < n_tiles; ++i) {
-      mbarrier_wait(full0 + 8 * slot, parity);
-      fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
-      const uint32_t k_addr = skv_addr + slot * kStageBytes, v_addr = k_addr + kTileBytes;
-      const int k0 = kmin + i * KT;
-      float s[KT / 2];
-      attn_qk<KT, HD>(s, qf, k_addr);
-      uint32_t pa[KT / 16][4];
-      attn_softmax_tile<KT, HD>(s, o, m_run, l_run, pa, k0 >= fmax && k0 + KT - 1 <= lmin, k0, q4, f0, l0, f1, l1,
-                                p.scale_log2);
-      attn_pv<KT, HD>(o, pa, v_addr);
-      if (lane == 0) mbarrier_arrive(empty0 + 8 * slot);  // this warp's GEMMs are done with the slot
-      if (++slot == kStages) {
-        slot = 0;
-        parity ^= 1;
-      }
-    }
     start = end;
+    auto unmasked = [&](int k0) { return k0 >= fmax && k0 + KT - 1 <= lmin; };
+    if constexpr (!OVERLAP) {
+      for (int i = 0; i < n_tiles; ++i) {
+        const int got = acquire();
+        const int k0 = kmin + i * KT;
+        float s[KT / 2];
+        attn_qk<KT, HD>(s, qf, k_tile(got));
+        uint32_t pa[KT / 16][4];
+        attn_softmax_tile<KT, HD>(s, o, m_run, l_run, pa, unmasked(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
+        attn_pv<KT, HD>(o, pa, v_tile(got));
+        release(got);
+      }
+    } else {
+      if (n_tiles == 0) continue;
+      // Tile 0 alone; then each step issues S(i) and P(i-1) V(i-1), runs softmax(i) under the P V, and once
+      // the P V is done rescales O and packs P(i); the last P V after the loop.
+      float s[KT / 2], corr[2];
+      uint32_t pa[KT / 16][4];
+      int prev = acquire();
+      wgmma_fence();
+      attn_qk_issue<KT, HD>(s, q_addr, k_tile(prev));
+      wgmma_wait<0>();
+      wgmma_fence_regs(s);
+      attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked(kmin), kmin, q4, f0, l0, f1, l1, p.scale_log2);
+      attn_rescale_pack<KT, HD>(o, corr, s, pa);
+      for (int i = 1; i < n_tiles; ++i) {
+        const int got = acquire();
+        const int k0 = kmin + i * KT;
+        wgmma_fence_regs(o);
+        pin_fragments(pa);
+        wgmma_fence();
+        attn_qk_issue<KT, HD>(s, q_addr, k_tile(got));
+        attn_pv_issue<KT, HD>(o, pa, v_tile(prev));
+        wgmma_wait<1>();  // S(i) is in; P(i-1) V(i-1) may still run
+        wgmma_fence_regs(s);
+        attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
+        wgmma_wait<0>();
+        wgmma_fence_regs(o);
+        pin_fragments(pa);
+        release(prev);
+        attn_rescale_pack<KT, HD>(o, corr, s, pa);
+        prev = got;
+      }
+      wgmma_fence_regs(o);
+      pin_fragments(pa);
+      wgmma_fence();
+      attn_pv_issue<KT, HD>(o, pa, v_tile(prev));
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+      release(prev);
+    }
   }
 
   int64_t token[2];
@@ -228,6 +303,30 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_ws_kernel
 #endif  // MX_SM90A
 }
 
+// Launches shape S (its config checked by the caller) on grid x = the CTAs of rows_per_cta / group tokens
+// each, y = kv heads.
+template <const AttnWsShape& S>
+Status launch_shape(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c, cudaStream_t stream) {
+  auto kernel = attention_prefill_wgmma_ws_kernel<64, S.keys_per_tile, S.consumers, S.stages, S.ctas_per_sm, S.overlap>;
+  MX_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
+      "cudaFuncSetAttribute(attention wgmma ws smem)"));
+  if (S.ctas_per_sm > 1)  // the whole carveout as shared memory, so that several CTAs' rings fit an SM
+    MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                        static_cast<int>(cudaSharedmemCarveoutMaxShared)),
+                                   "cudaFuncSetAttribute(attention wgmma ws carveout)"));
+  const int64_t tpc = std::max<int64_t>(1, c.rows_per_cta / (p.n_q / p.n_kv));
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.tokens, tpc)), static_cast<unsigned>(p.n_kv));
+  kernel<<<grid, c.threads, c.smem_bytes, stream>>>(p);
+  return launch_status("attention_prefill_wgmma_ws_kernel");
+}
+
+bool config_is(const AttentionPrefillWgmmaConfig& c, const AttnWsShape& s, int64_t head_dim) {
+  return c.keys_per_tile == s.keys_per_tile && c.threads == 128 * (1 + s.consumers) &&
+         c.rows_per_cta == 64 * s.consumers && c.stages == s.stages && c.ctas_per_sm == s.ctas_per_sm &&
+         c.smem_bytes == attention_prefill_wgmma_ws_smem_bytes(head_dim, s);
+}
+
 }  // namespace
 
 Status launch_attention_prefill_wgmma_ws(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c,
@@ -235,21 +334,13 @@ Status launch_attention_prefill_wgmma_ws(const AttentionKernelParams& p, const A
   if (!c.enabled) return unimplemented("attention prefill wgmma (warp-specialized): needs sm_90 and head_dim 64");
   if (p.head_dim != 64) return unimplemented("attention prefill wgmma (warp-specialized): head_dim must be 64");
   if (p.n_kv <= 0 || p.n_q % p.n_kv != 0) return invalid_argument("attention: n_q must be a multiple of n_kv");
-  const int64_t group = p.n_q / p.n_kv;
-  if (group > c.rows_per_cta)
+  if (p.n_q / p.n_kv > c.rows_per_cta)
     return unimplemented("attention prefill wgmma (warp-specialized): more q heads per kv head than rows");
-  if (c.threads != kThreads || c.rows_per_cta != kRows || c.keys_per_tile != kAttnWgmmaKeysPerTile ||
-      c.stages != kStages || c.smem_bytes != attention_prefill_wgmma_ws_smem_bytes(p.head_dim))
-    return internal_error("attention prefill wgmma (warp-specialized): config does not match the kernel");
+  const bool wide = config_is(c, kAttnWsWide, p.head_dim), narrow = config_is(c, kAttnWsNarrow, p.head_dim);
+  if (!wide && !narrow)
+    return internal_error("attention prefill wgmma (warp-specialized): config does not match a shape of the kernel");
   if (p.tokens == 0) return Status::ok();
-  const int64_t tpc = std::max<int64_t>(1, c.rows_per_cta / group);
-  const dim3 grid(static_cast<unsigned>(ceil_div64(p.tokens, tpc)), static_cast<unsigned>(p.n_kv));
-  auto kernel = attention_prefill_wgmma_ws_kernel<64, kAttnWgmmaKeysPerTile>;
-  MX_RETURN_IF_ERROR(cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
-      "cudaFuncSetAttribute(attention wgmma ws smem)"));
-  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p);
-  return launch_status("attention_prefill_wgmma_ws_kernel");
+  return wide ? launch_shape<kAttnWsWide>(p, c, stream) : launch_shape<kAttnWsNarrow>(p, c, stream);
 }
 
 }  // namespace mx::cuda
