@@ -113,13 +113,35 @@ __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const fl
       }
   } else {
     const StripBias bias = load_strip_bias(p, e, strip, r);
+    // The routing weights of this lane's tokens, kBatch token groups at a time, every load of a batch issued
+    // before its stores: the compiler may not move a load above a store to y (they could alias for all it
+    // knows), so weights looked up inside the store loop cost two dependent global round trips per group,
+    // which ncu measured at ~45% of the second GEMM's warp time with 256-token tiles (docs/PERF.md).
+    constexpr int kBatch = kN / 8 < 8 ? kN / 8 : 8;
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      if (8 * j >= n) break;
-      const float part[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-      swap_ab_weighted_epilogue(p, part, bias, start + 8 * j, n - 8 * j, strip, r, q, [&](int c) {
-        return p.topk_weights[p.r.sorted_slots[start + 8 * j + 2 * q + c]];
-      });
+    for (int j0 = 0; j0 < kN / 8; j0 += kBatch) {
+      if (8 * j0 >= n) break;
+      int slot[kBatch][2];
+      float weight[kBatch][2];
+#pragma unroll
+      for (int jj = 0; jj < kBatch; ++jj)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int tok = 8 * (j0 + jj) + 2 * q + c;
+          slot[jj][c] = tok < n ? p.r.sorted_slots[start + tok] : -1;
+        }
+#pragma unroll
+      for (int jj = 0; jj < kBatch; ++jj)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) weight[jj][c] = slot[jj][c] >= 0 ? p.topk_weights[slot[jj][c]] : 0.f;
+#pragma unroll
+      for (int jj = 0; jj < kBatch; ++jj) {
+        const int j = j0 + jj;
+        if (8 * j >= n) break;
+        const float part[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+        swap_ab_weighted_epilogue(p, part, bias, start + 8 * j, n - 8 * j, strip, r, q,
+                                  [&](int c) { return weight[jj][c]; });
+      }
     }
   }
 }
