@@ -295,6 +295,7 @@ void bench_moe_prefill() {
       o.wgmma_persistent = v.persistent;
       o.wgmma_warp_specialized = v.warp_specialized;
       CHECK_OK(set_cuda_moe_options(*g_b, o));
+      CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
       // About 20 ms of work per graph.
       const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
       const double us = time_graph(n, [&](int i) {

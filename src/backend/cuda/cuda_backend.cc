@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/llama_kernels.h"
+#include "backend/cuda/kernels/moe_wgmma_ws.h"
 
 namespace mx {
 namespace {
@@ -789,16 +790,20 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
-    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
-    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
+    // The warp-specialized kernel reads x and h tiled: every routing tile padded to tile_tokens rows.
+    const int64_t tiled_rows = c.warp_specialized ? max_tiles * c.tile_tokens : 0;
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, std::max(slots, tiled_rows) * I * 2, "MoE h"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, std::max(slots, tiled_rows) * H * 2, "MoE y"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     const MoeRouting r = routing_scratch(E, slots, max_tiles);
     MX_RETURN_IF_ERROR(
         launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles}, stream_.get()));
-    uint16_t* x_permuted = ptr_of<uint16_t>(scratch_.moe_y);
-    MX_RETURN_IF_ERROR(launch_moe_permute_k(ptr<const uint16_t>(p.x), x_permuted, T, H, stream_.get()));
+    uint16_t* x_in = ptr_of<uint16_t>(scratch_.moe_y);  // free until the second GEMM writes y
+    MX_RETURN_IF_ERROR(c.warp_specialized ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles,
+                                                                    c.tile_tokens, H, k, stream_.get())
+                                          : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream_.get()));
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
-    g1.in = x_permuted;
+    g1.in = x_in;
     g1.max_tiles = max_tiles;
     MX_RETURN_IF_ERROR(launch_moe_wgmma_gemm(g1, c, stream_.get()));
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
@@ -948,8 +953,13 @@ class CudaBackend final : public Backend {
     if (s.max_sample_rows > 0 && s.vocab > 0)
       MX_RETURN_IF_ERROR(ensure(scratch_.sampling, sample_scratch_bytes(s.max_sample_rows, s.vocab), "sampling"));
     const int64_t slots = s.max_tokens * s.top_k;
-    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * s.intermediate * 2, "MoE h"));
-    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * s.hidden * 2, "MoE y"));
+    // The warp-specialized wgmma kernel, where it would run, pads every routing tile (of at most 256 tokens).
+    const MoeWgmmaConfig cw =
+        choose_moe_wgmma_config(dev_, slots, s.num_experts, 0, 0, 0, options_.moe.wgmma_warp_specialized);
+    const bool tiled = cw.enabled && cw.warp_specialized;
+    const int64_t moe_rows = tiled ? std::max(slots, moe_max_tiles(slots, s.num_experts, 256) * 256) : slots;
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));
+    MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, moe_rows * s.hidden * 2, "MoE y"));
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((s.num_experts + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", true));

@@ -223,7 +223,7 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
     c.threads = kMoeWgmmaWsThreads;
     c.persistent = true;
     c.sms = dev.sm_count;
-    // As deep a ring as fits next to the static table and barriers (the 1 KB aligns the ring).
+    // As deep a ring as fits next to the static set-aside and barriers (the 1 KB aligns the ring).
     const int64_t stage = moe_wgmma_stage_bytes(c.tile_tokens, 2);
     const int64_t room = dev.max_smem_per_block_optin - moe_wgmma_ws_static_bytes(c.tile_tokens) - 1024;
     c.stages = static_cast<int>(std::clamp<int64_t>(room / stage, 0, kMoeWgmmaWsMaxStages));

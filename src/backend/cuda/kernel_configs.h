@@ -275,15 +275,15 @@ inline constexpr int moe_wgmma_weight_rows(int warpgroups) { return 64 * warpgro
 inline constexpr int64_t moe_wgmma_stage_bytes(int tile_tokens, int warpgroups) {
   return (static_cast<int64_t>(tile_tokens) * 128 + moe_wgmma_weight_rows(warpgroups) * 34 + 1023) / 1024 * 1024;
 }
-// The warp-specialized form (moe_wgmma_ws.cu): warpgroup 0 of the CTA only loads (cp.async of the gathered
-// activation rows, fp4 strips and scales into an mbarrier full/empty ring, 24 registers a thread), warpgroups
-// 1 and 2 decode the fp4 in registers and issue the MMAs (240 registers: 256-token tiles fit), with no CTA
-// barrier in the k loop. One CTA per SM on a persistent grid over the work items; an item's MMAs run at half
-// the tile's token columns when its tokens fit. Tiles of 128 or 256 tokens.
+// The warp-specialized form (moe_wgmma_ws.cu): one warp of warpgroup 0 only loads, by copy-engine bulk copies
+// from inputs tiled per routing tile (moe_wgmma_ws.h) into an mbarrier full/empty ring (24 registers a thread),
+// warpgroups 1 and 2 decode the fp4 in registers and issue the MMAs (240 registers: 256-token tiles fit), with
+// no CTA barrier in the k loop. One CTA per SM on a persistent grid over the work items; an item's MMAs run at
+// half the tile's token columns when its tokens fit. Tiles of 128 or 256 tokens.
 inline constexpr int kMoeWgmmaWsThreads = 384;
 inline constexpr int kMoeWgmmaWsMaxStages = 12;
-// Static shared memory of the warp-specialized kernel: the producer's table of tile rows (8 bytes each) and
-// the full and empty barriers (8 bytes each per stage).
+// Static shared memory set aside for the warp-specialized kernel: 8 bytes per tile row (its old row table; the
+// ring depth is the same without it) and the full and empty barriers (8 bytes each per stage).
 inline constexpr int64_t moe_wgmma_ws_static_bytes(int tile_tokens) {
   return static_cast<int64_t>(tile_tokens) * 8 + 2 * kMoeWgmmaWsMaxStages * 8;
 }
@@ -325,8 +325,8 @@ inline constexpr int64_t kMoeWgmmaHugeTileTokensPerExpert = 1024;
 // switches, where every warp waits on the next item's metadata and row table and the epilogue still stalls
 // the tensor cores. Kept, tested, as the base of a warp-specialized version.
 inline constexpr bool kMoeWgmmaPersistent = false;
-// The warp-specialized kernel by default? No: measured 9-16% slower than the best other tile on an H100 at
-// 64-1024 tokens per expert (docs/PERF.md, 2026-11-27).
+// The warp-specialized kernel by default? No: its copy-engine form measured 8-13% slower than the best other
+// kernel at 256-1024 tokens per expert with 256-token tiles, 1.5x with 128 (H100, docs/PERF.md, session 10).
 inline constexpr bool kMoeWgmmaWarpSpecialized = false;
 
 // True when a config's shared memory fits the device and its pipeline has at least one stage.

@@ -78,28 +78,34 @@ __device__ __forceinline__ void moe_wgmma_k_loop(float (&acc)[R], int n_k, Step&
 #endif
 
 // One unit of work: weight rows [strip0 * 16, strip0 * 16 + 16 x strips per CTA) of expert e against the n
-// tokens of the routing tile that starts at sorted position `start`.
+// tokens of routing tile `tile`, which starts at sorted position `start`.
 struct WorkItem {
-  int e, start, n, strip0;
+  int e, start, n, strip0, tile;
 };
 // Items are numbered tile * n_cols + column block (tile-major, weight rows fastest, so that concurrent CTAs
 // share token tiles in L2).
 __device__ __forceinline__ WorkItem moe_work_item(const MoeGemmParams& p, int item, int n_cols, int strips_per_cta) {
   const int tile = item / n_cols;
-  return WorkItem{p.r.tile_expert[tile], p.r.tile_start[tile], p.r.tile_rows[tile], (item - tile * n_cols) * strips_per_cta};
+  return WorkItem{p.r.tile_expert[tile], p.r.tile_start[tile], p.r.tile_rows[tile], (item - tile * n_cols) * strips_per_cta,
+                  tile};
 }
 
 // Epilogue of one warp's 16-row strip `strip` (inside the matrix) for the item's n tokens: acc[4j + c] is strip
 // row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1), as wgmma leaves it. First GEMM: bias +
-// clamped SwiGLU into h, in the second GEMM's logical k order; second GEMM: (acc + bias) x routing weight into
-// the tile's sorted rows of y.
-template <int kN>
+// clamped SwiGLU into h, in the second GEMM's logical k order (kTiledOut: h tiled as moe_wgmma_ws.cu reads it,
+// padded row w.tile x tile_tokens + token, else h by sorted position); second GEMM: (acc + bias) x routing weight
+// into the tile's sorted rows of y.
+template <int kN, bool kTiledOut = false>
 __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const float (&acc)[kN / 2], const WorkItem& w,
-                                                int64_t strip, int r, int q) {
+                                                int64_t strip, int r, int q, int tile_tokens = 0) {
   const int e = w.e, start = w.start, n = w.n;
   if (p.gated) {
     // Gate and up of channel strip * 8 + r.
     const int64_t channel = strip * 8 + r, half = p.rows / 2, col = logical_k(channel);
+    // Tiled h (max_tiles x tile_tokens padded rows): column col of padded row P at k tile col / 64, 16-byte
+    // chunk ((col % 64) / 8) ^ (P % 8).
+    const int64_t tiled_plane = (col >> 6) * p.max_tiles * tile_tokens, tiled_row0 = static_cast<int64_t>(w.tile) * tile_tokens;
+    const int tiled_chunk = static_cast<int>((col & 63) >> 3), tiled_elem = static_cast<int>(col & 7);
     const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
     const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
 #pragma unroll
@@ -109,7 +115,12 @@ __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const fl
         const int tok = 8 * j + 2 * q + c;
         if (tok >= n) continue;
         const float h = swiglu_clamped(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
-        p.out[(start + tok) * half + col] = f32_to_bf16_bits(h);
+        if constexpr (kTiledOut) {
+          const int64_t P = tiled_row0 + tok;
+          p.out[(tiled_plane + P) * 64 + ((tiled_chunk ^ (tok & 7)) << 3) + tiled_elem] = f32_to_bf16_bits(h);
+        } else {
+          p.out[(start + tok) * half + col] = f32_to_bf16_bits(h);
+        }
       }
   } else {
     const StripBias bias = load_strip_bias(p, e, strip, r);

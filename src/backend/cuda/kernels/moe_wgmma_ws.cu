@@ -1,12 +1,18 @@
-// MXFP4 experts for many tokens per expert on Hopper (sm_90a), warp-specialized: the same GEMM as
-// moe_wgmma.cu (weights as wgmma's M side decoded from the swap-AB layout into A registers, expert-sorted
-// tokens as N in shared memory with the 128-byte swizzle, the same k order, epilogues and bits), with the
-// work split by role instead of every warp doing everything:
+// MXFP4 experts for many tokens per expert on Hopper (sm_90a), warp-specialized, every load by the copy engine:
+// the same GEMM as moe_wgmma.cu (weights as wgmma's M side decoded from the swap-AB layout into A registers,
+// expert-sorted tokens as N in shared memory with the 128-byte swizzle, the same k order, epilogues and bits),
+// with the work split by role instead of every warp doing everything.
 //
-// - warpgroup 0, the producer (24 registers a thread after setmaxnreg): for each k tile waits until its ring
-//   slot is empty, issues the cp.async copies of the tile's gathered activation rows (zero-filled past the
-//   item's tokens), the CTA's fp4 strips and scales, and arms the slot's full barrier with
-//   cp.async.mbarrier.arrive: it never waits for its own copies, so it runs as far ahead as the ring allows.
+// Its input is tiled (moe_wgmma_ws.h): routing tile i's row j is padded row i x kN + j of max_tiles x kN, stored
+// k tile by k tile as the swizzled image wgmma reads from shared memory (launch_moe_gather_tiled writes x so,
+// with the rows gathered by token and k permuted; the first GEMM's epilogue writes h so). A tile's k tile is then one
+// contiguous run of rows x 128 bytes, and the CTA's fp4 strips (512 B) and scales (32 B) of a k tile are
+// contiguous in the swap-AB layout: a k tile is 17 bulk copies, no per-row address arithmetic anywhere.
+//
+// - warp 0, the producer (its warpgroup keeps 24 registers; warps 1-3 leave at once): lane 0 waits until the
+//   k tile's ring slot is empty and arms the slot's full barrier with the bytes to come; then lane 0 copies the
+//   tile's activation rows, lanes 1-8 the fp4 strips and lanes 9-16 their scales (strips past the matrix are
+//   not copied: their rows' results are never stored, and wgmma's rows are independent).
 // - warpgroups 1 and 2 (240 registers): 64 weight rows each (warp w owns strip strip0 + w), sharing the B
 //   tile. Per k tile: wait for the slot's full barrier, decode the warp's fp4 into A registers, four wgmma,
 //   and release the previous tile's slot once its MMAs are done (two wgmma groups in flight, as before).
@@ -14,15 +20,18 @@
 //
 // One CTA per SM on a persistent grid: every role walks the same items (tile-major, column blocks fastest),
 // the ring running on across items, so the producer loads the next item while the MMA warpgroups finish
-// this one and run its epilogue. An item's MMAs (and its activation loads) run at kN / 2 token columns when
-// its tokens fit (an expert's last, partly filled tile), else kN; wgmma's columns are independent, so a token's bits do not depend on
-// the width (the GPU tests check it against the same tokens alone).
+// this one and run its epilogue. An item's MMAs run at kN / 2 token columns when its tokens fit (an expert's
+// last, partly filled tile), else kN; only its rows rounded up to 8 are copied. The B columns past a tile's
+// tokens hold whatever the padded rows or the slot held before: wgmma's columns are independent and the
+// epilogue stores only the tile's tokens, so a token's bits do not depend on them nor on the width (the GPU
+// tests check it against the same tokens alone).
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/moe_wgmma_parts.cuh"
+#include "backend/cuda/kernels/moe_wgmma_ws.h"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
 
@@ -30,16 +39,18 @@ namespace mx::cuda {
 namespace {
 
 constexpr int kProducerThreads = 128;
-constexpr int kMmaWarps = 8;                  // two warpgroups, a 16-row strip each warp
-constexpr int kStrips = kMmaWarps;            // 128 weight rows per item
+constexpr int kMmaWarps = 8;        // two warpgroups, a 16-row strip each warp
+constexpr int kStrips = kMmaWarps;  // 128 weight rows per item
 // Registers a thread after setmaxnreg: what the producer gives back, the MMA warpgroups take (the sum over the
 // three warpgroups stays the 3 x 168 the CTA was launched with). 240 leave the 256-column MMAs unserialized
-// next to the half-width ones (232 did not: ptxas C7512); the producer then spills a few bytes to local memory.
+// next to the half-width ones (232 did not: ptxas C7512); a producer that only issues bulk copies needs few.
 constexpr int kProducerRegisters = 24;
 constexpr int kMmaRegisters = 240;
 static_assert(kProducerRegisters + 2 * kMmaRegisters == 3 * 168, "the launch's register pool");
-constexpr int kRowTableBarrier = 1;           // named barrier of the producer's row-table rewrites
 static_assert(kProducerThreads + 32 * kMmaWarps == kMoeWgmmaWsThreads, "one producer and two MMA warpgroups");
+// Bytes of one strip's k tile: 512 of fp4, 32 of scales.
+constexpr uint32_t kStripWeightBytes = 512, kStripScaleBytes = 32;
+static_assert(kStripWeightBytes == 16 * 64 / 2 && kStripScaleBytes == 16 * 64 / 32, "16 rows x 64 k of e2m1, e8m0 per 32");
 
 // Token columns of an item's MMAs: kN / 2 when its n tokens fit, else kN. (A third width, 64 of 256, made
 // ptxas serialize the 256-column wgmma even at 240 registers.)
@@ -57,13 +68,10 @@ template <int kN>
 __global__ void __launch_bounds__(kMoeWgmmaWsThreads, 1) moe_wgmma_ws_kernel(MoeGemmParams p, int stages) {
 #if MX_SM90A
   constexpr int kStageBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, 2));
-  // Stage s of the ring: the B tile (kN rows of 128 bytes, swizzled), the CTA's packed fp4 (32 B per weight
-  // row, strip after strip), then its scales (2 B per row).
-  constexpr int kWeightsAt = kN * 128, kScalesAt = kWeightsAt + kStrips * 16 * 32;
+  // Stage s of the ring: the B tile (kN rows of 128 bytes, swizzled), the CTA's packed fp4 (512 B per strip),
+  // then its scales (32 B per strip).
+  constexpr int kWeightsAt = kN * 128, kScalesAt = kWeightsAt + kStrips * kStripWeightBytes;
   extern __shared__ uint8_t smem_raw[];
-  // Where each tile row's input row starts, for the item the producer is loading (rows past its tokens are
-  // zero-filled without a read: they point at input row 0 only to stay a valid address).
-  __shared__ const uint8_t* row_src[kN];
   __shared__ uint64_t full_bar[kMoeWgmmaWsMaxStages], empty_bar[kMoeWgmmaWsMaxStages];
   // The swizzle pattern repeats every 1024 bytes; B tiles start on that boundary.
   const uint32_t ring = smem_addr(smem_raw) + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -76,8 +84,8 @@ __global__ void __launch_bounds__(kMoeWgmmaWsThreads, 1) moe_wgmma_ws_kernel(Moe
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
-      mbarrier_init(full0 + 8 * s, kProducerThreads);  // each producer thread's cp.async arrival
-      mbarrier_init(empty0 + 8 * s, kMmaWarps);        // each MMA warp, once its MMAs left the slot
+      mbarrier_init(full0 + 8 * s, 1);          // the producer's arrival with the bytes to come
+      mbarrier_init(empty0 + 8 * s, kMmaWarps);  // each MMA warp, once its MMAs left the slot
     }
     mbarrier_init_fence();
   }
@@ -86,49 +94,46 @@ __global__ void __launch_bounds__(kMoeWgmmaWsThreads, 1) moe_wgmma_ws_kernel(Moe
 
   if (tid < kProducerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
-    // Thread tid copies 16-byte chunk tid % 8 of tile rows tid / 8 + 16j (one swizzle phase: 16j % 8 == 0),
-    // weight chunks tid and tid + 128 (strips tid / 32 and tid / 32 + 4, the lane's 16 bytes of each), and
-    // for tid < 16 half tid % 2 of strip tid / 2's scales.
-    const int ch = tid % 8, row0 = tid / 8;
-    const uint32_t b_dst = ring + row0 * 128 + ((ch ^ (row0 & 7)) * 16);
+    if (tid >= 32) return;
+    const int lane = tid;
     int slot = 0;
     uint32_t parity = 1;  // a fresh ring is empty
     for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
       const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
-      const int cols = columns_for<kN>(w.n);
-      named_barrier_sync(kRowTableBarrier, kProducerThreads);  // every producer issued the last item's copies
-      for (int i = tid; i < cols; i += kProducerThreads) {
-        const int64_t row = i >= w.n ? 0 : p.gated ? p.r.sorted_slots[w.start + i] / static_cast<int>(p.top_k) : w.start + i;
-        row_src[i] = reinterpret_cast<const uint8_t*>(p.in + row * p.k);
+      const int rows = min(kN, (w.n + 7) & ~7);
+      const int valid_strips = static_cast<int>(strips - w.strip0 < kStrips ? strips - w.strip0 : kStrips);
+      const uint32_t bytes = rows * 128 + valid_strips * (kStripWeightBytes + kStripScaleBytes);
+      // This lane's copy per k tile: source at k tile 0, its advance per k tile, place in the stage, size.
+      const uint8_t* src = nullptr;
+      int64_t step = 0;
+      uint32_t dst = 0, size = 0;
+      if (lane == 0) {
+        src = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kN * 128;
+        step = p.max_tiles * kN * 128;  // one k tile of every padded row
+        size = rows * 128;
+      } else if (lane <= 2 * kStrips) {
+        const int s = (lane - 1) % kStrips;
+        const bool scales = lane > kStrips;
+        const int64_t strip_tiles = (w.e * strips + w.strip0 + s) * n_k;
+        src = scales ? p.scales + strip_tiles * kStripScaleBytes : p.blocks + strip_tiles * kStripWeightBytes;
+        step = scales ? kStripScaleBytes : kStripWeightBytes;
+        dst = scales ? kScalesAt + s * kStripScaleBytes : kWeightsAt + s * kStripWeightBytes;
+        size = s < valid_strips ? step : 0;
       }
-      named_barrier_sync(kRowTableBarrier, kProducerThreads);
-      // This thread's two weight chunks and its scales at k tile 0 (size 0: a strip past the matrix).
-      const int64_t strip_a = w.strip0 + tid / 32, strip_b = strip_a + 4, strip_s = w.strip0 + tid / 2;
-      const int size_a = strip_a < strips ? 16 : 0, size_b = strip_b < strips ? 16 : 0;
-      const int size_s = tid < 16 && strip_s < strips ? 16 : 0;
-      const uint8_t* w_a = p.blocks + ((w.e * strips + (size_a ? strip_a : 0)) * n_k) * 512 + (tid % 32) * 16;
-      const uint8_t* w_b = p.blocks + ((w.e * strips + (size_b ? strip_b : 0)) * n_k) * 512 + (tid % 32) * 16;
-      const uint8_t* s_src = p.scales + ((w.e * strips + (size_s ? strip_s : 0)) * n_k) * 32 + (tid % 2) * 16;
-      const int passes = cols / 16;
       for (int t = 0; t < n_k; ++t) {
-        mbarrier_wait(empty0 + 8 * slot, parity);
-        const uint32_t stage = ring + static_cast<uint32_t>(slot) * kStageBytes;
-        const uint32_t kb = ch * 16 + static_cast<uint32_t>(t) * 128;  // bytes into the input row
-        for (int j = 0; j < passes; ++j) {
-          const int row = row0 + 16 * j;
-          cp_async_16_to(b_dst + (stage - ring) + j * 2048, row_src[row] + kb, row < w.n ? 16 : 0);
+        const uint32_t full = full0 + 8 * slot;
+        if (lane == 0) {
+          mbarrier_wait(empty0 + 8 * slot, parity);
+          mbarrier_arrive_expect_tx(full, bytes);
         }
-        cp_async_16_to(stage + kWeightsAt + tid * 16, w_a + t * 512, size_a);
-        cp_async_16_to(stage + kWeightsAt + (tid + kProducerThreads) * 16, w_b + t * 512, size_b);
-        if (tid < 16) cp_async_16_to(stage + kScalesAt + tid * 16, s_src + t * 32, size_s);
-        cp_async_mbarrier_arrive(full0 + 8 * slot);
+        __syncwarp();  // no lane copies into the slot before it is empty
+        if (size != 0) bulk_copy(ring + static_cast<uint32_t>(slot) * kStageBytes + dst, src + t * step, size, full);
         if (++slot == stages) {
           slot = 0;
           parity ^= 1;
         }
       }
     }
-    cp_async_wait<0>();  // no thread leaves with copies in flight
     return;
   }
 
@@ -148,11 +153,11 @@ __global__ void __launch_bounds__(kMoeWgmmaWsThreads, 1) moe_wgmma_ws_kernel(Moe
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) d[i] = 0.f;
     auto step = [&](uint32_t(&at)[4][4]) {
+      // The copy engine's writes, completed on the barrier, are visible to this thread's loads and to wgmma.
       mbarrier_wait(full0 + 8 * slot, parity);
-      fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
       const uint32_t stage = ring + static_cast<uint32_t>(slot) * kStageBytes;
       moe_wgmma_k_tile<kCols>(d, at, stage, stage + kWeightsAt + mt * 16,
-                              stage + kScalesAt + warp * 32 + (q >> 1) * 16, r);
+                              stage + kScalesAt + warp * kStripScaleBytes + (q >> 1) * 16, r);
       // The previous step's group is done: its slot goes back to the producer.
       if (held >= 0 && lane == 0) mbarrier_arrive(empty0 + 8 * held);
       held = slot;
@@ -166,7 +171,7 @@ __global__ void __launch_bounds__(kMoeWgmmaWsThreads, 1) moe_wgmma_ws_kernel(Moe
     held = -1;
     const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
     const int64_t my_strip = w.strip0 + warp;
-    if (my_strip < strips) moe_wgmma_store<kCols>(p, d, w, my_strip, r, q);  // else a strip past the matrix
+    if (my_strip < strips) moe_wgmma_store<kCols, true>(p, d, w, my_strip, r, q, kN);  // else a strip past the matrix
   };
 
   for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
@@ -177,6 +182,36 @@ __global__ void __launch_bounds__(kMoeWgmmaWsThreads, 1) moe_wgmma_ws_kernel(Moe
     }
   }
 #endif
+}
+
+// Tiled input of the first GEMM (see the header comment): thread (padded row P, k tile t) copies token
+// sorted_slots[...] / top_k's 64 values of k tile t, permuted into the logical k order (logical_k) and stored
+// as 8 swizzled 16-byte chunks. In 32-bit words (bf16 pairs): logical chunk c holds physical words c, 8 + c,
+// 16 + c, 24 + c (physical k 16q + 4kk + 2h + {0, 1} is logical 16kk + 8h + 2q + {0, 1}: chunk 2kk + h, word q),
+// and sits at chunk position c ^ (P % 8). Padded rows past a tile's tokens are left as they are.
+__global__ void moe_gather_tiled_kernel(const uint16_t* x, MoeRouting r, uint16_t* out, int64_t tiled_rows,
+                                        int tile_tokens, int64_t k, int top_k) {
+  const int64_t n_k = k / 64;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tiled_rows * n_k) return;
+  const int64_t P = i / n_k, t = i % n_k;
+  const int tile = static_cast<int>(P / tile_tokens), j = static_cast<int>(P % tile_tokens);
+  if (tile >= *r.num_tiles || j >= r.tile_rows[tile]) return;
+  const int64_t token = r.sorted_slots[r.tile_start[tile] + j] / top_k;
+  const uint4* src = reinterpret_cast<const uint4*>(x + token * k + t * 64);
+  uint32_t w[32];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const uint4 v = src[c];
+    w[4 * c] = v.x;
+    w[4 * c + 1] = v.y;
+    w[4 * c + 2] = v.z;
+    w[4 * c + 3] = v.w;
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + (t * tiled_rows + P) * 64);
+  const int phase = static_cast<int>(P & 7);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) dst[c ^ phase] = make_uint4(w[c], w[8 + c], w[16 + c], w[24 + c]);
 }
 
 template <int kN>
@@ -193,6 +228,17 @@ Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stre
 }
 
 }  // namespace
+
+Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t* out, int64_t max_tiles,
+                               int tile_tokens, int64_t k, int64_t top_k, cudaStream_t stream) {
+  if (k % 64 != 0 || tile_tokens % 8 != 0 || tile_tokens <= 0 || top_k <= 0)
+    return internal_error("MoE tiled gather: k % 64 and tile_tokens % 8 must be 0, top_k > 0");
+  const int64_t tiled_rows = max_tiles * tile_tokens, items = tiled_rows * (k / 64);
+  if (items == 0) return Status::ok();
+  moe_gather_tiled_kernel<<<static_cast<unsigned>(ceil_div64(items, 256)), 256, 0, stream>>>(
+      x, r, out, tiled_rows, tile_tokens, k, static_cast<int>(top_k));
+  return launch_status("moe_gather_tiled_kernel");
+}
 
 Status launch_moe_wgmma_ws_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");

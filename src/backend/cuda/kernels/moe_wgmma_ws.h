@@ -1,0 +1,23 @@
+// The tiled input of the warp-specialized wgmma MoE GEMM (moe_wgmma_ws.cu; launch_moe_wgmma_gemm runs it for
+// c.warp_specialized configs). Both of its GEMMs read their input tiled: routing tile i's row j is padded row
+// i x tile_tokens + j of max_tiles x tile_tokens, stored k tile by k tile ([k / 64][padded rows][64] bf16, k in
+// the wgmma order of launch_moe_permute_k, the eight 16-byte chunks of a row at chunk ^ (row % 8): the
+// 128-byte-swizzled image wgmma reads from shared memory), so that one bulk copy brings a tile's k tile. The
+// first GEMM's epilogue writes h so for the second; its x comes from launch_moe_gather_tiled.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/kernels.h"
+#include "core/status.h"
+
+namespace mx::cuda {
+
+// out = x tiled: each routing tile's rows gathered by token (sorted_slots / top_k). Padded rows past a tile's
+// tokens are not written (the GEMM never stores their results).
+Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t* out, int64_t max_tiles,
+                               int tile_tokens, int64_t k, int64_t top_k, cudaStream_t stream);
+
+}  // namespace mx::cuda
