@@ -253,7 +253,7 @@ void bench_moe(bool variants) {
 
 // ---- MoE prefill: the same layer at T tokens through each expert-GEMM path: decode = swap-AB kernels
 // with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128, wgmma = the sm_90 grouped
-// GEMM in tiles of 64, 128 or 256 (falls back to grouped elsewhere), wgmma-ws = its warp-specialized form in
+// GEMM in tiles of 64, 96, 128 or 256 (falls back to grouped elsewhere), wgmma-ws = its warp-specialized form in
 // tiles of 128 or 256, auto = what moe_experts picks. Then
 // the measured bf16 rate: one dense cuBLASLt GEMM with the first expert GEMM's shape at 8192 tokens, the
 // yardstick of issue 12.
@@ -281,7 +281,7 @@ void bench_moe_prefill() {
     for (const Variant& v :
          {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
           Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"}, Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
-          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg", 2}, Variant{CudaMoePath::kGrouped, 64, "wgmma/64x3wg", 3},
+          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg", 2}, Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg", 2}, Variant{CudaMoePath::kGrouped, 64, "wgmma/64x3wg", 3},
           Variant{CudaMoePath::kGrouped, 64, "wgmma/64x4wg", 4}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg", 2},
           Variant{CudaMoePath::kGrouped, 128, "wgmma/128x3wg", 3}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x4wg", 4},
           Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", 2, -1},

@@ -587,7 +587,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   // 256-token tiles (wgmma) run two warpgroups, on a persistent grid or a CTA per item (the warp-specialized
   // kernel is always persistent).
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
-    if (tile == 256 && wg > 2) continue;
+    if ((tile == 96 || tile == 256) && wg > 2) continue;  // compiled for two warpgroups only
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, decode_k_tiles, decode_depth, decode_pdl};
@@ -765,14 +765,14 @@ TEST_F(KernelTest, MoeExpertsPrefill) {
 
 // The grouped path at odd token counts (1, 7, 129, 4097 tokens: partial tiles everywhere), experts without
 // tokens, every token on the same experts, one expert in every token's top-k, each tile size forced; on
-// sm_90 this is the wgmma kernel (moe_wgmma.cu) with its k-permuted activations.
+// sm_90 this is the wgmma kernel (moe_wgmma.cu) with its k-permuted activations, at every compiled tile width.
 TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
   for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 7, Routing::kUniform},
                            MoeCase{32, 2880, 2880, 4, 129, Routing::kHalf}, MoeCase{32, 320, 256, 4, 4097, Routing::kUniform},
                            MoeCase{8, 320, 192, 4, 129, Routing::kSame}, MoeCase{16, 256, 320, 4, 1000, Routing::kHot},
                            MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}})
   {
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128, 256}, {2, 3, 4}, -1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 96, 128, 256}, {2, 3, 4}, -1);
     // The warp-specialized kernel (moe_wgmma_ws.cu): both tile sizes, half- and full-width items.
     check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {128, 256}, {0}, 1);
   }
@@ -786,7 +786,7 @@ TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, {CudaMoePath::kGrouped},
                                "grouped 20b shape", {1, 129});
   // 1025 tokens per expert: 256-token tiles on sm_90 (full and half-width MMAs) against the same tokens alone
-  // (64- and 128-token tiles).
+  // (96-token tiles at full and half width).
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 8200, Routing::kUniform}, {CudaMoePath::kGrouped},
                                "grouped 20b shape, large tiles", {1, 129, 700});
   check_moe_batch_independence(cuda_, rng_, MoeCase{8, 256, 192, 4, 600, Routing::kUniform},

@@ -24,7 +24,7 @@ enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1, kGroupedMmaSync, k
 // A CUDA backend's MoE choices; the defaults are what serving uses. Tests and benchmarks force the rest.
 struct CudaMoeOptions {
   CudaMoePath path = CudaMoePath::kAuto;
-  int grouped_tile_tokens = 0;  // 64 or 128 (wgmma: also 256) forces the grouped kernel's tile; 0 = by tokens per expert
+  int grouped_tile_tokens = 0;  // 64 or 128 (wgmma: also 96, 256) forces the grouped kernel's tile; 0 = by tokens per expert
   // Decode GEMM knobs (0 = kernel_configs.h's choice): target k tiles per warp (sets the k split), ring
   // depth (4, 6 or 8), whether the second GEMM is a programmatic dependent of the first, and `only_gemm`
   // (1 or 2: launch just that GEMM, to time it alone; the output is then garbage).

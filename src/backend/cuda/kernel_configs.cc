@@ -232,11 +232,10 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
                 c.smem_bytes + moe_wgmma_ws_static_bytes(c.tile_tokens) <= dev.max_smem_per_block_optin;
     return c;
   }
-  c.tile_tokens = tile_tokens == 64 || tile_tokens == 128 || tile_tokens == 256 ? tile_tokens
-                  : per_expert >= kMoeWgmmaHugeTileTokensPerExpert               ? 256
-                  : per_expert >= kMoeWgmmaLargeTileTokensPerExpert              ? 128
-                                                                                 : 64;
-  c.warpgroups = c.tile_tokens == 256 ? 2
+  const bool forced = tile_tokens == 64 || tile_tokens == 96 || tile_tokens == 128 || tile_tokens == 256;
+  c.tile_tokens = forced ? tile_tokens : per_expert >= kMoeWgmmaHugeTileTokensPerExpert ? 256 : 96;
+  // Only tiles of 64 and 128 tokens are compiled for 3 and 4 warpgroups.
+  c.warpgroups = c.tile_tokens != 64 && c.tile_tokens != 128 ? 2
                  : warpgroups >= kMoeWgmmaMinWarpgroups && warpgroups <= kMoeWgmmaMaxWarpgroups ? warpgroups
                                                                                                  : kMoeWgmmaWarpgroups;
   c.threads = moe_wgmma_threads(c.warpgroups);

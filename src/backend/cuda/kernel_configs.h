@@ -289,8 +289,8 @@ inline constexpr int64_t moe_wgmma_ws_static_bytes(int tile_tokens) {
 }
 struct MoeWgmmaConfig {
   bool enabled = false;     // sm_90 with the ring in shared memory
-  int tile_tokens = 0;      // 64, 128 or 256 expert-sorted tokens per tile
-  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA (2 with 256-token tiles), MMA ones
+  int tile_tokens = 0;      // 64, 96, 128 or 256 expert-sorted tokens per tile
+  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA (2 with 96 or 256-token tiles)
   int threads = 0;          // 128 per warpgroup (plus the producer's 128 when warp-specialized)
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
@@ -298,10 +298,11 @@ struct MoeWgmmaConfig {
   bool warp_specialized = false;  // moe_wgmma_ws.cu (tiles of 128 or 256 tokens, two MMA warpgroups)
   int sms = 0;              // the device's SMs, which size a persistent grid
 };
-// `tile_tokens` 0 picks from the tokens per expert; 64, 128 or 256 forces that tile. `warpgroups` 0 picks
-// kMoeWgmmaWarpgroups; 2, 3 or 4 forces that many (256-token tiles run two: 128 accumulators a thread leave
-// no registers for more). `persistent` 0 picks kMoeWgmmaPersistent, 1 forces a persistent grid and -1 a grid
-// of one CTA per item (tiles of 64 or 128 tokens always have the latter). `warp_specialized` 0 picks
+// `tile_tokens` 0 picks from the tokens per expert; 64, 96, 128 or 256 forces that tile. `warpgroups` 0 picks
+// kMoeWgmmaWarpgroups; 2, 3 or 4 forces that many for tiles of 64 or 128 tokens (the others run two: 256-token
+// tiles' 128 accumulators a thread leave no registers for more, 96 is compiled for two only). `persistent` 0
+// picks kMoeWgmmaPersistent, 1 forces a persistent grid and -1 a grid of one CTA per item (tiles of 64, 96 or
+// 128 tokens always have the latter). `warp_specialized` 0 picks
 // kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized kernel (tiles of 128 or 256 tokens: a forced 64
 // becomes 128), -1 the other one; it runs two MMA warpgroups on a persistent grid whatever the other knobs say.
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
@@ -311,14 +312,21 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
 // traffic (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not L2-bound), 3 are slower at
 // T <= 2048; 2 is within 1% of the best everywhere.
 inline constexpr int kMoeWgmmaWarpgroups = 2;
-// 128-token tiles from this many routed tokens per expert.
+// `auto`'s tiles: 96 tokens below kMoeWgmmaHugeTileTokensPerExpert routed tokens per expert (tiles of at most
+// 48 at half MMA width), 256 from there. 96 keeps the ~64 +- 8 tokens per expert of a 512-token step in one
+// tile where 64-token tiles split about half the experts in two and 128-token ones multiply 64 empty columns;
+// 128 is no longer `auto`'s (slower than 96 at every size measured), nor is 64 (slower than 96 from 32 tokens
+// per expert on, where a 96-token tile runs at 48 columns). Measured on an H100 (docs/PERF.md, session 11,
+// 20b layer, us): tokens per expert 32: 96 262, 64 262 (48-token tiles, not compiled: 253); 64: 96 327, 64 398,
+// 128 397; 128: 96 595, 128 673 (auto 611); 256: 96 977, 128 1115, 256 1011; 1024: 96 3529, 128 3546, 256 3313.
+// The warp-specialized kernel keeps 128-token tiles below kMoeWgmmaLargeTileTokensPerExpert, 256 above.
 inline constexpr int64_t kMoeWgmmaLargeTileTokensPerExpert = 128;
 // 256-token tiles from this many: the fp4 decode, the B-tile barrier and the weight loads of a k tile are
-// paid once per 256 tokens instead of 128 (one CTA per SM). An expert's last tile of <= 128 tokens runs
+// paid once per 256 tokens instead of 96 (one CTA per SM). An expert's last tile of <= 128 tokens runs
 // its MMAs and loads at half width, so the partly filled tile costs about what a 128-token tile does.
 // Measured on an H100 (docs/PERF.md, 2026-11-24, 20b layer, 256 vs 128-token tiles): 1024 tokens per expert
 // 3860 vs 3881 us (a tie within the 2% run-to-run spread), 512 per expert 2046 vs 1978, 256 per expert
-// 1131 vs 1077: 256 only from 1024 on, where it is not slower.
+// 1131 vs 1077: 256 only from 1024 on, where it is not slower (and 6% faster than 96 in session 11).
 inline constexpr int64_t kMoeWgmmaHugeTileTokensPerExpert = 1024;
 // 256-token tiles on a persistent grid by default? Not yet: it measured 8-16% slower than a CTA per item on
 // an H100 (4220 vs 3860 us at 1024 tokens per expert, 1311 vs 1131 at 256; docs/PERF.md), likely the item

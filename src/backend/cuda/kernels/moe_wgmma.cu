@@ -3,14 +3,15 @@
 // Swap AB as at decode: the weights are the MMA's M side, straight from the swap-AB layout (expert_repack.h),
 // whose per-lane 16 bytes per 16-row strip and 64-k tile are exactly the A register fragments of four
 // m64nNk16 steps for one warp once decoded (mxfp4_dequant_step): no shared-memory staging of bf16 weights.
-// The expert-sorted tokens are the N side (a routing tile of kN = 64, 128 or 256 tokens), in shared memory as
-// wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG warpgroups (2 to 4; 2 with 256-token
-// tiles, whose 128 accumulators a thread allow one CTA per SM), each 64 weight rows (warp w of the CTA owns
-// strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of kMoeWgmmaStages
-// stages (activation rows, packed fp4 and scales of the CTA's rows), with two wgmma groups in flight so that
-// a tile's fp4 decode overlaps the previous tile's MMAs. The decode and the per-tile barrier are paid once per
-// kN tokens, which is what larger tiles buy. A 256-token tile with at most 128 tokens (an expert's last) runs
-// its loads and MMAs at half width.
+// The expert-sorted tokens are the N side (a routing tile of kN = 64, 96, 128 or 256 tokens), in shared memory
+// as wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG warpgroups (2 to 4; 2 with 96- and
+// 256-token tiles, the latter's 128 accumulators a thread allow one CTA per SM), each 64 weight rows (warp w
+// of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
+// kMoeWgmmaStages stages (activation rows, packed fp4 and scales of the CTA's rows), with two wgmma groups in
+// flight so that a tile's fp4 decode overlaps the previous tile's MMAs. The decode and the per-tile barrier
+// are paid once per kN tokens, which is what larger tiles buy; what they cost is MMA columns past an expert's
+// tokens, so a 256- or 96-token tile with at most half its tokens runs its loads and MMAs at half width (96
+// fits the ~64 tokens per expert of a 512-token step in one tile, 48 the ~32 of a 256-token decode step).
 //
 // The layout's k permutation: in k-step kk of a 64-k tile, lane q's A registers hold physical k
 // 16q + 4kk + {0, 1} (logical k 2q, 2q + 1 of the step) and 16q + 4kk + {2, 3} (logical 2q + 8, 2q + 9).
@@ -50,10 +51,11 @@ constexpr int kStages = kMoeWgmmaStages;
 static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least one tile loading");
 #endif
 
-// The token columns a k loop multiplies: the tile's kN, or, with 256-token tiles, 128 for a tile of at most
-// 128 tokens (an expert's last, partly filled tile), which halves its MMAs and activation loads. Not with
-// 128-token tiles: those kernels run at their 128-register cap, where a second MMA width made ptxas
-// serialize every wgmma (C7512) to fit.
+// The token columns a k loop multiplies: the tile's kN, or, with 256- and 96-token tiles, half of it for a
+// tile of at most kN / 2 tokens (an expert's last, partly filled tile, or an expert with few tokens), which
+// halves its MMAs and activation loads. Not with 128-token tiles: those kernels run at their 128-register cap,
+// where a second MMA width made ptxas serialize every wgmma (C7512) to fit (the 96-token kernel fits both
+// widths in 121 registers).
 template <int N>
 struct Columns {
   static constexpr int value = N;
@@ -65,10 +67,14 @@ struct Columns {
 // items, so the next item's first k tiles load while this one's last MMAs and epilogue run (the next item's
 // row table is written, from global metadata, in the step that issues this item's last loads: every warp
 // waits for those reads there). Otherwise one CTA per item on a (column blocks, max tiles) grid.
-template <int kN, int kWG, bool kPersistent>
+// kRowRegs (a CTA per item only): each thread keeps the input rows it copies (kN / 32 of them with two
+// warpgroups) as pointers in registers for the whole k loop instead of reading them back from the shared row
+// table for every 16-byte copy (a shared load, a 64-bit add and a scoreboard wait per copy).
+template <int kN, int kWG, bool kPersistent, bool kRowRegs = false>
 __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(kN, kWG))
     moe_wgmma_kernel(MoeGemmParams p) {
 #if MX_SM90A
+  constexpr bool kHalfWidth = kN == 256 || kN == 96;  // see Columns
   constexpr int kThreads = moe_wgmma_threads(kWG), kRows = moe_wgmma_weight_rows(kWG), kStrips = kRows / 16;
   static_assert(kThreads == 32 * kStrips, "a warp per 16-row strip");
   constexpr int kStageBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, kWG));
@@ -76,7 +82,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   // Where each tile row's input row starts, for the item being loaded (two tables in persistent mode: the
   // next item's is written while the current one's loads may still read theirs). Rows past the tile's tokens
   // are zero-filled without a read (they point at input row 0 only to stay a valid address).
-  __shared__ const uint8_t* row_src[kPersistent ? 2 : 1][kN];
+  __shared__ const uint8_t* row_src[kPersistent ? 2 : 1][kRowRegs ? 1 : kN];
   // The swizzle pattern repeats every 1024 bytes; B tiles start on that boundary.
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
 
@@ -119,6 +125,22 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   constexpr int kRowsPerPass = kThreads / 8;
   static_assert(kRowsPerPass % 8 == 0, "one swizzle phase per thread");
   const int ch = tid % 8, row0 = tid / 8;
+  static_assert(!kRowRegs || !kPersistent, "row registers hold one item's rows");
+  constexpr int kPasses = (kN + kRowsPerPass - 1) / kRowsPerPass;
+  const uint8_t* row_ptr[kRowRegs ? kPasses : 1];  // this thread's chunk of input row j (kRowRegs)
+  uint32_t row_live = 0;                            // bit j: row j holds a token (else zero-filled)
+  if constexpr (kRowRegs) {
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int row = row0 + j * kRowsPerPass;
+      const bool live = row < cur.n;
+      const int64_t src = !live  ? 0
+                          : p.gated ? p.r.sorted_slots[cur.start + row] / static_cast<int>(p.top_k)
+                                    : cur.start + row;
+      row_ptr[j] = reinterpret_cast<const uint8_t*>(p.in + src * p.k) + ch * 16;
+      row_live |= live ? 1u << j : 0u;
+    }
+  }
   const uint32_t b_dst = ring + row0 * 128 + ((ch ^ (row0 & 7)) * 16);
   const uint32_t w_dst = ring + kWeightsAt + tid * 16;
   const uint32_t s_dst = ring + kScalesAt + warp * 32 + (lane & 1) * 16;
@@ -136,27 +158,31 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     const bool ok = my_strip < strips;
     const int64_t strip_tiles = (w.e * strips + (ok ? my_strip : 0)) * n_k;
     return LoadItem{p.blocks + strip_tiles * 512 + lane * 16, p.scales + strip_tiles * 32 + (lane & 1) * 16, w.n,
-                    ok ? 16 : 0, buf, kN >= 256 && w.n <= kN / 2};
+                    ok ? 16 : 0, buf, kHalfWidth && w.n <= kN / 2};
   };
   auto load = [&](auto columns, const LoadItem& li, int t, int s) {
     constexpr int kCols = decltype(columns)::value;
     const uint32_t stage = static_cast<uint32_t>(s) * kStageBytes;
-    const uint32_t kb = ch * 16 + static_cast<uint32_t>(t) * 128;  // bytes into the input row
 #pragma unroll
     for (int j = 0; j < (kCols + kRowsPerPass - 1) / kRowsPerPass; ++j) {
       const int row = row0 + j * kRowsPerPass;
       if (kCols % kRowsPerPass != 0 && row >= kCols) break;
       // Rows past the tile's tokens read nothing. Letting them all read input row 0 instead (no zero fill)
       // measured 11% slower at 64 tokens per expert, where partly filled tiles are common (docs/PERF.md).
-      cp_async_16_to(b_dst + stage + j * kRowsPerPass * 128, row_src[kPersistent ? li.buf : 0][row] + kb,
-                     row < (kPersistent ? li.n : cur.n) ? 16 : 0);
+      if constexpr (kRowRegs) {
+        cp_async_16_to(b_dst + stage + j * kRowsPerPass * 128, row_ptr[j] + t * 128, (row_live >> j) & 1 ? 16 : 0);
+      } else {
+        const uint32_t kb = ch * 16 + static_cast<uint32_t>(t) * 128;  // bytes into the input row
+        cp_async_16_to(b_dst + stage + j * kRowsPerPass * 128, row_src[kPersistent ? li.buf : 0][row] + kb,
+                       row < (kPersistent ? li.n : cur.n) ? 16 : 0);
+      }
     }
     // This warp's strip: 16 bytes per lane (the lane reads back exactly its own bytes), 32 B of scales.
     cp_async_16_to(w_dst + stage, li.w_src + t * 512, li.w_size);
     if (lane < 2) cp_async_16_to(s_dst + stage, li.s_src + t * 32, li.w_size);
   };
 
-  fill_rows(cur, 0);
+  if constexpr (!kRowRegs) fill_rows(cur, 0);
   LoadItem li = load_item(cur, 0);
   int ld_item = item, ld_t = 0, load_slot = 0;
   __syncthreads();
@@ -225,7 +251,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   for (;;) {
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-    if constexpr (kN >= 256) {
+    if constexpr (kHalfWidth) {
       if (cur.n <= kN / 2) {
         k_loop(Columns<kN / 2>{});
       } else {
@@ -248,9 +274,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
 #endif
 }
 
-template <int kN, int kWG, bool kPersistent>
+template <int kN, int kWG, bool kPersistent, bool kRowRegs = false>
 Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
-  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent>;
+  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent, kRowRegs>;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
       "cudaFuncSetAttribute(moe wgmma smem)"));
@@ -282,7 +308,8 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
   if (c.persistent && c.sms <= 0) return internal_error("MoE wgmma GEMM: a persistent grid needs the SM count");
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
-    case 6420: return launch<64, 2, false>(p, c, stream);
+    case 6420: return launch<64, 2, false, true>(p, c, stream);
+    case 9620: return launch<96, 2, false, true>(p, c, stream);
     case 6430: return launch<64, 3, false>(p, c, stream);
     case 6440: return launch<64, 4, false>(p, c, stream);
     case 12820: return launch<128, 2, false>(p, c, stream);
@@ -291,7 +318,8 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
     case 25620: return launch<256, 2, false>(p, c, stream);
     case 25621: return launch<256, 2, true>(p, c, stream);
     default:
-      return internal_error("MoE wgmma GEMM: tiles of 64 or 128 tokens at 2 to 4 warpgroups, or 256 at 2 (persistent or not)");
+      return internal_error(
+          "MoE wgmma GEMM: tiles of 64 or 128 tokens at 2 to 4 warpgroups, 96 at 2, or 256 at 2 (persistent or not)");
   }
 }
 

@@ -90,6 +90,26 @@ __device__ __forceinline__ WorkItem moe_work_item(const MoeGemmParams& p, int it
                   tile};
 }
 
+// Token groups of 8 whose routing weights the second GEMM's epilogue loads at once: the largest divisor of the
+// tile's groups up to 8 (6 for 96-token tiles), so that every batch indexes accumulators of the tile.
+constexpr int moe_store_batch(int groups) {
+  int b = groups < 8 ? groups : 8;
+  while (groups % b != 0) --b;
+  return b;
+}
+
+// gpt-oss's clamped SwiGLU of the biased gate and up sums (swiglu_clamped's order of operations) on the fast
+// exp and divide (ex2.approx and rcp.approx, a few ulp of fp32 where the IEEE forms cost ~40 instructions with
+// branches): the wgmma kernels' first-GEMM epilogue, which ncu measured at 18% of that GEMM's warp time with
+// 256-token tiles. h is rounded to bf16 right after, which hides the difference but for rare rounding ties;
+// the GPU tests compare with the CPU twin at bf16 tolerance. Where 1 + exp(-alpha gate) overflows the divide
+// gives 0 (gate times a flushed reciprocal), as the exact form's gate / inf does.
+__device__ __forceinline__ float swiglu_clamped_fast(float gate_sum, float up_sum, float limit, float alpha) {
+  const float gate = fminf(gate_sum, limit);
+  const float up = fminf(fmaxf(up_sum, -limit), limit);
+  return __fdividef(gate, 1.0f + __expf(-alpha * gate)) * (up + 1.0f);
+}
+
 // Epilogue of one warp's 16-row strip `strip` (inside the matrix) for the item's n tokens: acc[4j + c] is strip
 // row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1), as wgmma leaves it. First GEMM: bias +
 // clamped SwiGLU into h, in the second GEMM's logical k order (kTiledOut: h tiled as moe_wgmma_ws.cu reads it,
@@ -114,7 +134,7 @@ __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const fl
       for (int c = 0; c < 2; ++c) {
         const int tok = 8 * j + 2 * q + c;
         if (tok >= n) continue;
-        const float h = swiglu_clamped(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
+        const float h = swiglu_clamped_fast(acc[4 * j + c] + gate_b, acc[4 * j + 2 + c] + up_b, p.swiglu_limit, p.swiglu_alpha);
         if constexpr (kTiledOut) {
           const int64_t P = tiled_row0 + tok;
           p.out[(tiled_plane + P) * 64 + ((tiled_chunk ^ (tok & 7)) << 3) + tiled_elem] = f32_to_bf16_bits(h);
@@ -128,7 +148,7 @@ __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const fl
     // before its stores: the compiler may not move a load above a store to y (they could alias for all it
     // knows), so weights looked up inside the store loop cost two dependent global round trips per group,
     // which ncu measured at ~45% of the second GEMM's warp time with 256-token tiles (docs/PERF.md).
-    constexpr int kBatch = kN / 8 < 8 ? kN / 8 : 8;
+    constexpr int kBatch = moe_store_batch(kN / 8);
 #pragma unroll
     for (int j0 = 0; j0 < kN / 8; j0 += kBatch) {
       if (8 * j0 >= n) break;
