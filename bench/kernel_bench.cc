@@ -3,8 +3,9 @@
 // (1K/8K/32K context), prefill attention (1K/4K/8K, each kernel), qkv/o/lm_head linears at M = 1 and 8192,
 // sampling 1/8/64 rows of the 201,088-token vocabulary. Each op is recorded N times into a graph (inputs
 // rotated so that weights come from HBM, not L2), the graph replayed after a warm-up; the median replay
-// over N is the time per op. Each line gives the fraction of its floor: bytes / HBM read bandwidth or FLOPs / bf16 peak, both
-// measured on an H200 (shared/docs/PERF-GOALS.md, KINDS.md). Prints a table; writes JSON to the last
+// over N is the time per op. Each line gives the fraction of its floor: bytes / this card's measured copy rate
+// (measure_copy_rate, as `bench latency` divides its decode floor) or FLOPs / bf16 peak (an H200's, KINDS.md).
+// Prints a table; writes JSON to the last
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only |
@@ -36,7 +37,7 @@
 namespace mx {
 namespace {
 
-constexpr double kHbmReadBytesPerSecond = 4.58e12;  // H200, streaming read (kernel-probes/lt_bench.h200.log)
+double g_hbm_bytes_per_s = 0;  // measure_copy_rate's, set first thing in main
 constexpr double kBf16FlopsPerSecond = 790e12;      // H200, cuBLAS 8192^3 bf16 on random data (KINDS.md)
 
 struct Row {
@@ -111,12 +112,25 @@ double time_graph(int n, const std::function<Status(int)>& op) {
 }
 
 void report(const std::string& name, double us, double bytes, double flops, const std::string& note = "") {
-  const double bw_floor = bytes / kHbmReadBytesPerSecond * 1e6, fl_floor = flops / kBf16FlopsPerSecond * 1e6;
+  const double bw_floor = bytes / g_hbm_bytes_per_s * 1e6, fl_floor = flops / kBf16FlopsPerSecond * 1e6;
   Row r{name, us, std::max(bw_floor, fl_floor), bw_floor >= fl_floor ? "HBM" : "bf16", note};
   std::printf("%-44s %10.2f us  floor %9.2f us (%s)  %5.1f%% of floor  %s\n", name.c_str(), us, r.floor_us,
               r.floor_kind.c_str(), 100 * r.floor_us / us, note.c_str());
   std::fflush(stdout);
   g_rows.push_back(r);
+}
+
+// The bytes floor's divisor: (read + written bytes) / time of a 512 MB device-to-device copy, the same yardstick
+// as `bench latency`'s decode floor (tools/bench_probes.cc), so the two tools' fractions agree on any card (a
+// fixed H200 figure read the H100's fractions ~27% low). The source is written first: never untouched pages.
+double measure_copy_rate() {
+  const int64_t bytes = 512ll << 20;
+  const TensorView src = make(DType::kU8, {bytes}), dst = make(DType::kU8, {bytes});
+  std::vector<uint8_t> host(static_cast<size_t>(bytes));
+  for (size_t i = 0; i < host.size(); i += 64) host[i] = static_cast<uint8_t>(g_rng());
+  CHECK_OK(g_b->copy_from_host(src, host.data()));
+  const double us = time_graph(4, [&](int) { return g_b->copy(dst, src); });
+  return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
 }
 
 constexpr int64_t kMoeE = 32, kMoeH = 2880, kMoeI = 2880, kMoeK = 4;
@@ -188,8 +202,7 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 
 // ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4). The default path at 1/8/64 tokens, then
 // (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
-// moe.cu), the ring GEMMs (moe_decode.cu) at their default and without PDL, and the stream GEMMs
-// (moe_decode_stream.cu) at several warps per CTA and ring slots per warp, without PDL, and each GEMM alone.
+// moe.cu), the ring GEMMs (moe_decode.cu) at their default and without PDL, and each GEMM alone.
 void bench_moe(bool variants) {
   const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = kExpertCopies;
@@ -202,7 +215,6 @@ void bench_moe(bool variants) {
     bool pdl;
     int only_gemm;
     std::string label;
-    int stream_warps = 0, stream_stages = 0;
   };
   std::vector<Variant> list{{CudaMoePath::kAuto, 0, 0, true, 0, ""}};
   if (variants)
@@ -211,17 +223,7 @@ void bench_moe(bool variants) {
             {CudaMoePath::kDecode, 12, 4, true, 0, " ring kt12 d4"},
             {CudaMoePath::kDecode, 12, 4, false, 0, " ring kt12 d4 no-pdl"},
             {CudaMoePath::kDecode, 0, 0, true, 1, " ring gemm1 only"},
-            {CudaMoePath::kDecode, 0, 0, true, 2, " ring gemm2 only"},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream"},
-            {CudaMoePath::kDecodeStream, 0, 0, false, 0, " stream no-pdl"},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 1, " stream gemm1 only"},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 2, " stream gemm2 only"},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w4", 4},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w12", 12},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w16", 16},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w8 s2", 8, 2},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w8 s3", 8, 3},
-            {CudaMoePath::kDecodeStream, 0, 0, true, 0, " stream w4 s8", 4, 8}};
+            {CudaMoePath::kDecode, 0, 0, true, 2, " ring gemm2 only"}};
   const std::vector<int64_t> sizes = !variants                         ? std::vector<int64_t>{1, 8, 64}
                                      : !bench_only_decode_sizes.empty() ? bench_only_decode_sizes
                                                                         : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
@@ -235,8 +237,6 @@ void bench_moe(bool variants) {
       if (!variant_selected(v.label)) continue;
       const int only = v.only_gemm;
       CudaMoeOptions o{v.path, 0, v.k_tiles, v.depth, v.pdl, only};
-      o.stream_warps = v.stream_warps;
-      o.stream_stages = v.stream_stages;
       CHECK_OK(set_cuda_moe_options(*g_b, o));
       const double us = time_graph(24, [&](int i) {
         MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
@@ -587,7 +587,7 @@ void bench_sampling() {
 
 void write_json(const char* path) {
   nlohmann::json j;
-  j["floors"] = {{"hbm_read_bytes_per_s", kHbmReadBytesPerSecond}, {"bf16_flops_per_s", kBf16FlopsPerSecond}};
+  j["floors"] = {{"copy_bytes_per_s_read_plus_write", g_hbm_bytes_per_s}, {"bf16_flops_per_s", kBf16FlopsPerSecond}};
   for (const auto& r : g_rows)
     j["results"].push_back({{"op", r.name}, {"us", r.us}, {"floor_us", r.floor_us}, {"floor", r.floor_kind},
                             {"fraction_of_floor", r.floor_us / r.us}, {"note", r.note}});
@@ -745,6 +745,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_b = backend->get();
+  g_hbm_bytes_per_s = measure_copy_rate();
+  std::printf("bytes floor: %.2f TB/s (device-to-device copy, read + write)\n", g_hbm_bytes_per_s / 1e12);
   std::printf("%-44s %13s  %26s  %s\n", "op (gpt-oss-20b shapes)", "time", "floor", "fraction");
   // `--moe-prefill-only[=T,T,...]`: just the MoE prefill sweep (quick comparisons of the two paths).
   // `--sampling-only`: just the sampling rows.

@@ -36,9 +36,6 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/profiling_backend.h"
-#ifdef MX_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 #include "core/log.h"
 #include "model/model_registry.h"
 #include "model/synthetic_model.h"
@@ -78,9 +75,6 @@ const std::vector<CliOption> kCommandOptions = {
     {"breakdown", false,
      "GPU time of one decode step per op category (eager, instrumented); with a draft model also one draft call's "
      "ops"},
-    {"moe-stream-decode", false,
-     "cuda, one GPU: decode steps' MXFP4 experts on the stream kernels (moe_decode_stream.cu, sm_90; not yet the "
-     "default)"},
     {"forced-acceptance", true, "comma-separated draft counts K: verify cost with drafts that are the plain run's outputs"},
     {"log-level", true, "debug, info (default), warning or error"},
     {"help", false, "show this help"},
@@ -520,14 +514,6 @@ Status run(const CliArgs& args) {
     return invalid_argument("--tensor-parallel-size needs --model: every rank loads its share from the directory "
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
-  if (args.has("moe-stream-decode")) {
-    if (bo.name != "cuda" || tp > 1) return invalid_argument("--moe-stream-decode needs --backend cuda and one rank");
-#ifdef MX_HAVE_CUDA
-    CudaMoeOptions moe;
-    moe.stream_decode = true;
-    MX_RETURN_IF_ERROR(set_cuda_moe_options(*inner, moe));
-#endif
-  }
   ProfilingBackend backend(std::move(inner));
   if (s.breakdown && !backend.make_timer(2).is_ok())
     return invalid_argument("--breakdown needs a backend with a device timer (cuda)");
@@ -645,7 +631,6 @@ Status run(const CliArgs& args) {
   out["backend"] = backend.name();
   out["model"] = args.has("model") ? args.get("model") : "preset:" + args.get("preset");
   out["dense_dtype"] = args.get("dense-dtype", "bf16");
-  out["moe_stream_decode"] = args.has("moe-stream-decode");
   out["input_lens"] = s.input_lens;
   out["output_len"] = s.output_len;
   out["cuda_graphs"] = !startup.graph_batch_sizes.empty();

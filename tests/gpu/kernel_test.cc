@@ -551,19 +551,17 @@ const char* path_name(CudaMoePath p) {
     case CudaMoePath::kGrouped: return "grouped";
     case CudaMoePath::kGroupedMmaSync: return "grouped mma.sync";
     case CudaMoePath::kAuto: return "auto";
-    case CudaMoePath::kDecodeStream: return "decode stream";
   }
   return "?";
 }
 
 // One routing of random experts through the CPU twin and through each CUDA path in `paths` (the grouped
 // path once per tile size in `grouped_tiles` and warpgroup count in `wgmma_warpgroups`, 0 = its own choice;
-// `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized; `stream_warps`, `stream_stages` as theirs).
+// `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized).
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
                     std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
                     bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0},
-                    std::initializer_list<int> wgmma_warpgroups = {0}, int warp_specialized = 0,
-                    int stream_warps = 0, int stream_stages = 0) {
+                    std::initializer_list<int> wgmma_warpgroups = {0}, int warp_specialized = 0) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -594,8 +592,6 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     options.wgmma_warpgroups = wg;
     options.wgmma_persistent = persistent;
     options.wgmma_warp_specialized = warp_specialized;
-    options.stream_warps = stream_warps;
-    options.stream_stages = stream_stages;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
@@ -608,8 +604,6 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     if (wg != 0) variant += " (" + std::to_string(wg) + " warpgroups if wgmma)";
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
-    if (stream_warps != 0 || stream_stages != 0)
-      variant += " (" + std::to_string(stream_warps) + " warps, " + std::to_string(stream_stages) + " slots if stream)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -680,32 +674,6 @@ TEST_F(KernelTest, MoeExpertsDecode) {
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform}, {CudaMoePath::kDecode}, 0, 0, false);
 }
 
-bool stream_decode_available() {
-  auto placement = cuda_placement(cuda_backend());
-  if (!placement.is_ok()) return false;
-  auto dev = cuda::query_device_info(placement->device);
-  return dev.is_ok() && cuda::choose_moe_stream_config(*dev, 1).enabled;
-}
-
-// The stream decode GEMMs (moe_decode_stream.cu, sm_90): 1, 3, 7 and 16 tokens of the 20b layer (16 = 64
-// routed slots: the routing kernel's metadata and the combine kernel), experts without tokens, every token on
-// the same experts, all on one expert at top-1 (three 8-row tiles), k not a multiple of the 4-tile chunk
-// (k tiles 3, 5 and 65), 128 experts; default warps and slots, and on the small shapes 4 warps of 2 slots
-// (rings wrapping many times) and 16 warps; without PDL.
-TEST_F(KernelTest, MoeExpertsDecodeStream) {
-  if (!stream_decode_available()) GTEST_SKIP() << "stream decode kernels: sm_90 only";
-  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform},
-                           MoeCase{32, 2880, 2880, 4, 7, Routing::kHot}, MoeCase{32, 2880, 2880, 4, 16, Routing::kUniform}})
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecodeStream});
-  for (const MoeCase& c : {MoeCase{8, 320, 192, 4, 8, Routing::kSame}, MoeCase{8, 256, 4160, 2, 3, Routing::kUniform},
-                           MoeCase{128, 256, 192, 4, 5, Routing::kUniform}, MoeCase{8, 256, 192, 1, 20, Routing::kSame},
-                           MoeCase{8, 320, 4160, 2, 16, Routing::kHot}})
-    for (auto [warps, stages] : {std::pair{0, 0}, std::pair{4, 2}, std::pair{16, 0}})
-      check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecodeStream}, 0, 0, true, {0}, {0}, 0, warps, stages);
-  check_moe_case(cpu_, cuda_, rng_, MoeCase{8, 256, 4160, 2, 3, Routing::kUniform}, {CudaMoePath::kDecodeStream}, 0, 0,
-                 false);
-}
-
 // Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and
 // requires those tokens' output bits to equal their bits inside the full batch.
 void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,
@@ -748,9 +716,6 @@ void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase&
 TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform}, {CudaMoePath::kDecode},
                                "decode", {1, 3, 8});
-  if (stream_decode_available())
-    check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform},
-                                 {CudaMoePath::kDecodeStream}, "decode stream", {1, 3, 8, 16});
 }
 
 TEST_F(KernelTest, MoeExpertsPrefill) {
@@ -838,13 +803,12 @@ TEST_F(KernelTest, MoeGroupedGraphReplay) {
   check_moe_graph_replay(cuda_, rng_, c, ws, "grouped, 256-token tiles, warp-specialized");
 }
 
-// The stream decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets
-// reset for the next replay) and on the routing kernel's metadata.
-TEST_F(KernelTest, MoeDecodeStreamGraphReplay) {
-  if (!stream_decode_available()) GTEST_SKIP() << "stream decode kernels: sm_90 only";
+// The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for
+// the next replay) and on the routing kernel's metadata.
+TEST_F(KernelTest, MoeDecodeGraphReplay) {
   for (int64_t T : {1, 5, 16})
-    check_moe_graph_replay(cuda_, rng_, MoeCase{32, 2880, 2880, 4, T, Routing::kUniform}, {CudaMoePath::kDecodeStream},
-                           "decode stream");
+    check_moe_graph_replay(cuda_, rng_, MoeCase{32, 2880, 2880, 4, T, Routing::kUniform}, {CudaMoePath::kDecode},
+                           "decode");
 }
 
 }  // namespace

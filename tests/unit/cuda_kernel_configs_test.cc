@@ -201,43 +201,6 @@ TEST(CudaKernelConfigs, MoeFusedFitsEveryChipAndSplitsByKAlone) {
   EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, 23).k_split, 2);
 }
 
-// The stream decode kernels (moe_decode_stream.cu): built for sm_90a, so enabled on SM90 only; every config
-// it would run fits the chip with a ring of at least two slots, whose activation rows hold any tile (up to
-// 8 rows, never more than the routed slots); forced warps and slots are honoured where they fit.
-TEST(CudaKernelConfigs, MoeStreamFitsEveryChip) {
-  for (const DeviceInfo& d : chips())
-    for (int64_t slots : {1, 4, 7, 8, 32, 64, 300})
-      for (int warps : {0, 1, 4, 8, 12, 16, 64})
-        for (int stages : {0, 2, 3, 8, 100}) {
-          const MoeStreamConfig c = choose_moe_stream_config(d, slots, warps, stages);
-          if (!c.enabled) {
-            EXPECT_NE(d.sm_major, 9) << d.name << " slots " << slots << " warps " << warps << " stages " << stages;
-            continue;
-          }
-          EXPECT_EQ(d.sm_major, 9);
-          EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name;
-          EXPECT_GE(c.stages, 2);
-          EXPECT_LE(c.stages, kMoeStreamMaxStages);
-          EXPECT_GE(c.warps, 1);
-          EXPECT_LE(c.warps, kMoeStreamMaxWarps);
-          EXPECT_EQ(c.act_rows, std::min<int64_t>(8, slots));
-          EXPECT_EQ(c.slot_bytes, moe_stream_slot_bytes(c.act_rows));
-          EXPECT_EQ(c.slot_bytes % 16, 0);  // copy-engine destinations are 16-byte aligned
-          EXPECT_EQ(c.smem_bytes, c.warps * c.stages * (c.slot_bytes + 8));
-          EXPECT_EQ(c.sms, d.sm_count);
-          if (warps == 4 && stages == 2) {
-            EXPECT_EQ(c.warps, 4);
-            EXPECT_EQ(c.stages, 2);
-          }
-        }
-  // The H100 and H200 at one token (top-4) and at 8+ routed slots: 8 warps, as many slots as fit.
-  for (const DeviceInfo& d : {sm90_h100(), sm90_h200()}) {
-    EXPECT_EQ(choose_moe_stream_config(d, 4).warps, 8);
-    EXPECT_EQ(choose_moe_stream_config(d, 4).stages, 6);
-    EXPECT_EQ(choose_moe_stream_config(d, 64).stages, 4);
-  }
-}
-
 TEST(CudaKernelConfigs, MoeFusedRoutingAndTileBound) {
   EXPECT_FALSE(use_fused_moe_routing(0));
   EXPECT_TRUE(use_fused_moe_routing(4));    // one token, top-4

@@ -728,11 +728,8 @@ class CudaBackend final : public Backend {
                                 options_.moe.wgmma_persistent, options_.moe.wgmma_warp_specialized);
     const bool grouped = path == CudaMoePath::kGrouped || path == CudaMoePath::kGroupedMmaSync ||
                          (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, cw.enabled));
-    const bool auto_stream = path == CudaMoePath::kAuto && !grouped && options_.moe.stream_decode &&
-                             choose_moe_stream_config(dev_, slots).enabled;
-    if (path == CudaMoePath::kDecodeStream || auto_stream) return moe_experts_decode(p, /*stream=*/true);
     if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))
-      return moe_experts_decode(p, /*stream=*/false);
+      return moe_experts_decode(p);
     if (grouped && path != CudaMoePath::kGroupedMmaSync && cw.enabled) return moe_experts_wgmma(p, cw);
     const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
     const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
@@ -815,8 +812,7 @@ class CudaBackend final : public Backend {
 
   // Decode (moe_decode.cu): up to 32 routed tokens two launches (each CTA routes itself, the combine is in
   // the second GEMM); more tokens add the routing kernel before and the combine kernel after.
-  // The decode GEMMs of moe_decode.cu, or with `stream` those of moe_decode_stream.cu (same operands).
-  Status moe_experts_decode(const MoeParams& p, bool stream) {
+  Status moe_experts_decode(const MoeParams& p) {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k;
@@ -824,12 +820,6 @@ class CudaBackend final : public Backend {
     MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, options_.moe.decode_k_tiles_per_warp, options_.moe.decode_depth);
     c1.pdl = c1.pdl && options_.moe.decode_pdl;
     c2.pdl = c2.pdl && options_.moe.decode_pdl;
-    MoeStreamConfig cs = choose_moe_stream_config(dev_, slots, options_.moe.stream_warps, options_.moe.stream_stages);
-    cs.pdl = cs.pdl && options_.moe.decode_pdl;
-    if (stream && !cs.enabled) return unimplemented("MoE stream decode kernels: sm_90 only");
-    auto gemm = [&](const MoeFusedParams& f, const MoeFusedConfig& c) {
-      return stream ? launch_moe_stream_gemm(f, cs, stream_.get()) : launch_moe_fused_gemm(f, c, stream_.get());
-    };
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
     const bool self_routed = use_fused_moe_routing(slots);
@@ -849,7 +839,7 @@ class CudaBackend final : public Backend {
     f1.slots = slots;
     f1.experts = E;
     const int only = options_.moe.decode_only_gemm;  // benchmarks only
-    if (only != 2) MX_RETURN_IF_ERROR(gemm(f1, c1));
+    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, stream_.get()));
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
     f2.g = expert_gemm(p, r, /*first=*/false);
@@ -857,7 +847,7 @@ class CudaBackend final : public Backend {
       f2.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       f2.combined = ptr<uint16_t>(p.out);
     }
-    MX_RETURN_IF_ERROR(gemm(f2, c2));
+    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, stream_.get()));
     if (self_routed) return Status::ok();
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());

@@ -13,13 +13,11 @@ namespace mx {
 
 // Which MXFP4 expert GEMMs moe_experts runs: by tokens per expert (kAuto, kernel_configs.h), or forced
 // (tests and benchmarks compare both paths on the same shapes).
-// kDecodeStream: the persistent decode GEMMs streaming weights through shared memory (moe_decode_stream.cu,
-// sm_90 only; kAuto's choice for decode steps with CudaMoeOptions::stream_decode).
 // kDecode: the ring decode GEMMs (moe_decode.cu; kAuto uses them at one token); kDecodeV1: the first
 // decode kernels (moe.cu, routing + 2 GEMMs + combine; kAuto's choice from two tokens to the grouped
 // threshold). kGrouped: the grouped GEMM, on wgmma where the device has it (sm_90, moe_wgmma.cu, also
 // kAuto's choice there), else on mma.sync (moe_grouped.cu); kGroupedMmaSync: always the mma.sync one.
-enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1, kGroupedMmaSync, kDecodeStream };
+enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1, kGroupedMmaSync };
 
 // A CUDA backend's MoE choices; the defaults are what serving uses. Tests and benchmarks force the rest.
 struct CudaMoeOptions {
@@ -35,11 +33,6 @@ struct CudaMoeOptions {
   int wgmma_warpgroups = 0;  // 2, 3 or 4 forces the wgmma grouped kernel's warpgroups per CTA; 0 = its default
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
-  // kAuto runs decode steps (below the grouped threshold) on the stream kernels where the device has them
-  // (`bench latency --moe-stream-decode` turns it on).
-  bool stream_decode = cuda::kMoeStreamByDefault;
-  int stream_warps = 0;   // > 0 forces the stream decode kernel's warps per CTA; 0 = its default
-  int stream_stages = 0;  // > 0 forces its ring slots per warp (capped by what fits); 0 = as deep as fits
 };
 
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to

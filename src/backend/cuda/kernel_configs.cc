@@ -125,29 +125,6 @@ MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_t
   return c;
 }
 
-MoeStreamConfig choose_moe_stream_config(const DeviceInfo& dev, int64_t num_slots, int warps, int stages) {
-  MoeStreamConfig c;
-  c.act_rows = static_cast<int>(std::clamp<int64_t>(num_slots, 1, kMoeFusedTileTokens));
-  c.slot_bytes = moe_stream_slot_bytes(c.act_rows);
-  c.sms = std::max(1, dev.sm_count);
-  c.pdl = dev.sm_major >= 9;
-  // 8 warps: two per scheduler to hide the mma chains and the fp4 decode; the ring as deep as fits, up to
-  // kMoeStreamMaxStages (about 70 KB of weights in flight per SM at 4 slots, over twice what the HBM
-  // latency needs at one SM's share of the bandwidth).
-  c.warps = warps > 0 ? std::min(warps, kMoeStreamMaxWarps) : 8;
-  const int want = stages > 0 ? std::min(stages, kMoeStreamMaxStages) : kMoeStreamMaxStages;
-  const int64_t room = dev.max_smem_per_block_optin - kStaticSmemReserve;
-  for (; c.warps >= 1; c.warps /= 2) {
-    const int64_t per_slot = c.slot_bytes + 8;
-    c.stages = static_cast<int>(std::min<int64_t>(want, room / (c.warps * per_slot)));
-    if (c.stages >= 2) break;
-  }
-  if (c.warps < 1 || c.stages < 2) return MoeStreamConfig{};
-  c.smem_bytes = static_cast<int64_t>(c.warps) * c.stages * (c.slot_bytes + 8);
-  c.enabled = dev.sm_major == 9;
-  return c;
-}
-
 SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k,
                                                int k_splits, int chunks_in_flight) {
   SkinnyLinearConfig c;

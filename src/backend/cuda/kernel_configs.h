@@ -140,41 +140,6 @@ bool use_fused_moe_routing(int64_t num_slots);
 // Busy tiles of 8 tokens over at most min(E, slots) experts: sum ceil(c_e / 8) <= (slots + 7 * experts) / 8.
 int64_t moe_fused_max_tiles(int64_t num_slots, int64_t num_experts);
 
-// MXFP4 experts at decode, third form ("stream", moe_decode_stream.cu, sm_90a): a persistent grid of one CTA
-// per SM whose warps each own whole (tile, 16-row strip) units, taken in turn across the grid so that every
-// SM streams about the same bytes whatever the number of busy experts. Each warp keeps a ring of `stages`
-// chunks of kMoeStreamChunkTiles k tiles in shared memory, filled by cp.async.bulk (the copy engine, not
-// the load/store units) and completed on one mbarrier per slot: a chunk's fp4 weights, their scales (one
-// copy each: a strip's k tiles are contiguous in the swap-AB layout) and the tile's activation rows. The
-// warp refills a slot as soon as it has multiplied it, so the next unit's weights are already in flight
-// when a unit ends. The k order is fixed by the shape (two accumulator sets, even and odd k tiles), so a
-// token's sums do not depend on the batch. Self-routing, the fused combine and PDL as MoeFusedConfig.
-inline constexpr int kMoeStreamChunkTiles = 4;
-inline constexpr int kMoeStreamMaxStages = 8;
-inline constexpr int kMoeStreamMaxWarps = 16;
-// Bytes of one ring slot: weights (512 per k tile), scales (32) and up to `act_rows` activation rows of the
-// chunk's k range, each padded by 16 bytes so the 8 rows of a warp's fragment loads hit different banks.
-inline constexpr int64_t moe_stream_act_pitch() { return kMoeStreamChunkTiles * 128 + 16; }
-inline constexpr int64_t moe_stream_slot_bytes(int act_rows) {
-  return kMoeStreamChunkTiles * (512 + 32) + static_cast<int64_t>(act_rows) * moe_stream_act_pitch();
-}
-struct MoeStreamConfig {
-  bool enabled = false;     // sm_90 (the kernel is built for sm_90a) and a ring of >= 2 slots fits
-  int warps = 0;            // per CTA, one CTA per SM
-  int stages = 0;           // ring slots per warp
-  int act_rows = 0;         // activation rows a slot holds: a tile's rows, at most min(8, slots)
-  int64_t slot_bytes = 0;
-  int64_t smem_bytes = 0;   // dynamic: warps x stages slots + one 8-byte mbarrier per slot
-  int sms = 0;              // the persistent grid's CTAs (fewer when there are fewer units)
-  bool pdl = false;
-};
-// `warps` / `stages` > 0 force those (benchmarks; stages are capped by what fits); 0 = defaults.
-MoeStreamConfig choose_moe_stream_config(const DeviceInfo& dev, int64_t num_slots, int warps = 0, int stages = 0);
-// Default of CudaMoeOptions::stream_decode (kAuto runs decode steps below the grouped threshold on the stream
-// kernels): off. Measured on an H100 (docs/PERF.md): correct but slower than the ring / v1 kernels at 1-16
-// tokens (45.5 vs 35.2 us at one token, 179 vs 124 at 8), their time set by the warps per SM, not the ring.
-inline constexpr bool kMoeStreamByDefault = false;
-
 // MXFP4 experts for many tokens per expert (prefill): grouped GEMM with the expert-sorted tokens as the
 // mma M side in tiles of 64 or 128 rows, 128 weight rows per CTA, 4 warps, k in tiles of 64 through a
 // cp.async ring; the MXFP4 tile is dequantized once per CTA into one of two bf16 buffers in fragment

@@ -187,10 +187,6 @@ struct MoeFusedParams {
   uint16_t* combined = nullptr;       // bf16 [slots / top_k, rows]
 };
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, cudaStream_t stream);
-// The same GEMMs on a persistent grid that streams the weights through shared memory by the copy engine
-// (kernel_configs.h, MoeStreamConfig; moe_decode_stream.cu, sm_90a): same params, outputs, self-routing,
-// fused combine and PDL as launch_moe_fused_gemm.
-Status launch_moe_stream_gemm(const MoeFusedParams& p, const MoeStreamConfig& c, cudaStream_t stream);
 
 // The same two GEMMs for many tokens per expert: tokens as the mma M side in tiles of c.tile_tokens (the
 // routing must have been built with that tile size), same inputs, outputs and epilogues.

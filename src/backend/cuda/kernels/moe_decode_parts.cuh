@@ -1,7 +1,6 @@
-// Pieces of the MXFP4 decode kernels that moe_decode.cu (a CTA per strip and tile) and moe_decode_stream.cu
-// (a persistent grid, a warp per strip and tile) share: the tile's routing from the routing kernel's
-// metadata, and the second GEMM's epilogue with the fused combine (moe_route_tile.cuh) of a strip that its
-// last tile runs. One definition keeps the two kernels' outputs bitwise equal where their sums are.
+// Pieces of the MXFP4 decode kernels (moe_decode.cu): the tile's routing from the routing kernel's metadata,
+// and the second GEMM's epilogue with the fused combine (moe_route_tile.cuh) of a strip that its last tile
+// runs, kept apart from the GEMM loop so that another decode GEMM can share the exact epilogue arithmetic.
 #pragma once
 
 #include "backend/cuda/kernels/common.cuh"
