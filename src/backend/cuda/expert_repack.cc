@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/mxfp4_word.h"
 #include "core/dtype.h"
 
 namespace mx::cuda {
@@ -25,8 +26,27 @@ int64_t swap_ab_source_row(int64_t strip, int rr, bool gate_up_pairs) {
   return 2 * channel + (rr >= 8 ? 1 : 0);
 }
 
+namespace {
+
+// scatter[reg][half][code]: the code's four bits at their places in a word (mxfp4_word.h).
+struct CodeScatter {
+  uint32_t bits[4][2][16];
+  CodeScatter() {
+    for (int reg = 0; reg < 4; ++reg)
+      for (int half = 0; half < 2; ++half)
+        for (uint32_t code = 0; code < 16; ++code) {
+          uint32_t w = 0;
+          for (int bit = 0; bit < 4; ++bit) w |= ((code >> bit) & 1u) << swap_ab_stored_bit(reg, half, bit);
+          bits[reg][half][code] = w;
+        }
+  }
+};
+
+}  // namespace
+
 void repack_mxfp4_swap_ab(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t k, bool gate_up_pairs,
                           uint8_t* out_blocks, uint8_t* out_scales) {
+  static const CodeScatter scatter;
   const int64_t tiles = k / 64, row_bytes = k / 2, row_scales = k / 32;
   auto nibble = [&](int64_t row, int64_t col) -> uint32_t {
     const uint8_t byte = blocks[row * row_bytes + col / 2];
@@ -41,17 +61,11 @@ void repack_mxfp4_swap_ab(const uint8_t* blocks, const uint8_t* scales, int64_t 
         for (int kk = 0; kk < 4; ++kk) {
           const int64_t b = 64 * t + 16 * q + 4 * kk;
           const int64_t lo = src[r], hi = src[r + 8];
-          uint32_t nib[8];
-          nib[3] = nibble(lo, b);
-          nib[7] = nibble(lo, b + 1);
-          nib[2] = nibble(hi, b);
-          nib[6] = nibble(hi, b + 1);
-          nib[1] = nibble(lo, b + 2);
-          nib[5] = nibble(lo, b + 3);
-          nib[0] = nibble(hi, b + 2);
-          nib[4] = nibble(hi, b + 3);
+          // Register reg holds row r (even reg) or r + 8 (odd), k b + 2 * (reg / 2) + half.
           uint32_t word = 0;
-          for (int i = 0; i < 8; ++i) word |= nib[i] << (4 * i);
+          for (int reg = 0; reg < 4; ++reg)
+            for (int half = 0; half < 2; ++half)
+              word |= scatter.bits[reg][half][nibble(reg % 2 ? hi : lo, b + 2 * (reg / 2) + half)];
           std::memcpy(out_blocks + (((s * tiles + t) * 32 + lane) * 16 + kk * 4), &word, 4);
         }
       }
@@ -73,12 +87,13 @@ float swap_ab_weight(const uint8_t* out_blocks, const uint8_t* out_scales, int64
   const int lane = r * 4 + q;
   uint32_t word;
   std::memcpy(&word, out_blocks + (((s * tiles + t) * 32 + lane) * 16 + kk * 4), 4);
-  // Register p of the kernel's extraction reads nibbles (3 - p) and (7 - p): p = 0 row r slots 0/1, p = 1 row
-  // r+8 slots 0/1, p = 2 row r slots 2/3, p = 3 row r+8 slots 2/3.
-  const bool upper = rr >= 8;
-  const int p = (j < 2 ? 0 : 2) + (upper ? 1 : 0);
-  const int nib_index = (j % 2 == 0) ? 3 - p : 7 - p;
-  const uint8_t code = static_cast<uint8_t>((word >> (4 * nib_index)) & 0xf);
+  // The kernel's decode: register p = 0 row r slots 0/1, p = 1 row r+8 slots 0/1, p = 2 row r slots 2/3,
+  // p = 3 row r+8 slots 2/3; slot j in half j % 2.
+  const int p = (j < 2 ? 0 : 2) + (rr >= 8 ? 1 : 0);
+  uint32_t a[4];
+  swap_ab_decode_word(word, a);
+  const uint32_t half = (a[p] >> (16 * (j % 2))) & 0xffffu;
+  const uint8_t code = static_cast<uint8_t>(((half >> 15) << 3) | ((half >> 6) & 7u));
   const int blk = q / 2;
   const int sc = out_scales[((s * tiles + t) * 2 + blk) * 16 + rr] - 126;
   return fp4e2m1_to_f32(code) * std::ldexp(1.0f, sc - 127);

@@ -5,11 +5,9 @@
 // each 64-wide k tile, lane l (r = l / 4, q = l % 4) owns 16 contiguous bytes: its A-fragment nibbles for
 // the tile's 4 k-steps. The k order inside a tile is permuted so that lane q's 16 weights of a row are the
 // physical k range [64t + 16q, 64t + 16q + 16): one MX block per lane (two scales per tile), and the
-// matching activations are one 32-byte run. Within the 32-bit word of k-step kk (physical k base
-// b = 64t + 16q + 4kk), nibble i (bits 4i..4i+3) holds:
-//   i: 3 -> (r, b)  7 -> (r, b+1)  2 -> (r+8, b)  6 -> (r+8, b+1)  1 -> (r, b+2)  5 -> (r, b+3)
-//      0 -> (r+8, b+2)  4 -> (r+8, b+3)
-// so that shifting the word left by 4 between the four bf16x2 extractions yields A registers 0..3.
+// matching activations are one 32-byte run. The 32-bit word of k-step kk (physical k base b = 64t + 16q +
+// 4kk) holds the 8 codes of A registers 0..3: (r, b | b+1), (r+8, b | b+1), (r, b+2 | b+3), (r+8, b+2 | b+3),
+// each code's bits scattered so that the decode is a rotation and a mask per register (mxfp4_word.h).
 // Scales: [strip][tile][block 0/1][16 rows], each e8m0 + 126, so that (s << 7) is the bf16 of
 // 2^126 * 2^(s - 127): the fp4 magnitude bits placed in a bf16's low exponent bits carry a 2^-126 factor.
 // That needs s <= 128 (|scale| <= 2): checked at upload.

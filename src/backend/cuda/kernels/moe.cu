@@ -121,11 +121,11 @@ __global__ void moe_gemm_kernel(MoeGemmParams p) {
   const uint4* xr = reinterpret_cast<const uint4*>(in_row) + 2 * q;
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 xa = make_uint4(0, 0, 0, 0), xb = xa;  // lanes without a token keep zeros: set once, not per tile
 #pragma unroll 4
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint4 wq = ldg_stream(wp + t * 512);
     const uint32_t sc0 = mxfp4_scale_x2(sp[t * 32]), sc8 = mxfp4_scale_x2(sp[t * 32 + 8]);
-    uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
     if (has_token) {
       xa = __ldg(xr + t * 8);
       xb = __ldg(xr + t * 8 + 1);

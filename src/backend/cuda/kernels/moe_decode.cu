@@ -58,39 +58,50 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   // A ring of kDepth k tiles of weights and scales per warp, refilled as soon as a tile is multiplied, so
   // every warp keeps kDepth 512-byte loads from HBM in flight (the first kernel had one). Activations come
   // from L2/L1 (shorter latency): a ring of two is enough and keeps registers for weight slots.
+  // Instructions per tile are what bounds this loop at one token (ncu: ~150 issued per 512-byte tile, half
+  // the issue slots busy), so: the scales become bf16x2 at load (one multiply each), the activation slots of
+  // lanes without a token are zeroed once (not per tile), and each round of kDepth tiles addresses its
+  // loads from one base per stream with constant offsets.
   constexpr int kActDepth = 2;
   static_assert(kDepth % kActDepth == 0, "activation slots are picked at compile time");
   uint4 w[kDepth], xa[kActDepth], xb[kActDepth];
-  uint32_t sc[kDepth];
-  auto load_weights = [&](int slot, int t) {
-    w[slot] = ldg_stream(wp + static_cast<int64_t>(t) * 512);
-    sc[slot] = static_cast<uint32_t>(__ldg(sp + t * 32)) | (static_cast<uint32_t>(__ldg(sp + t * 32 + 8)) << 16);
+  uint32_t sc0[kDepth], sc8[kDepth];
+#pragma unroll
+  for (int i = 0; i < kActDepth; ++i) xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
+  // Slot `slot` from tile `i` past the bases (tile t0 of this round): weights, scales, activations.
+  auto load_weights = [&](int slot, const uint8_t* w_t0, const uint8_t* s_t0, int i) {
+    w[slot] = ldg_stream(w_t0 + i * 512);
+    sc0[slot] = mxfp4_scale_x2(__ldg(s_t0 + i * 32));
+    sc8[slot] = mxfp4_scale_x2(__ldg(s_t0 + i * 32 + 8));
   };
-  auto load_acts = [&](int slot, int t) {
-    xa[slot] = make_uint4(0, 0, 0, 0);
-    xb[slot] = xa[slot];
+  auto load_acts = [&](int slot, const uint4* x_t0, int i) {
     if (has_token) {
-      xa[slot] = load_act<kGated>(xr + t * 8);
-      xb[slot] = load_act<kGated>(xr + t * 8 + 1);
+      xa[slot] = load_act<kGated>(x_t0 + i * 8);
+      xb[slot] = load_act<kGated>(x_t0 + i * 8 + 1);
     }
   };
+  const uint8_t* w_first = wp + static_cast<int64_t>(t_begin) * 512;
+  const uint8_t* s_first = sp + t_begin * 32;
 #pragma unroll
   for (int i = 0; i < kDepth; ++i)
-    if (t_begin + i < t_end) load_weights(i, t_begin + i);
+    if (t_begin + i < t_end) load_weights(i, w_first, s_first, i);
   if constexpr (!kGated) pdl_wait();  // h comes from the first GEMM
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i)
-    if (t_begin + i < t_end) load_acts(i, t_begin + i);
+    if (t_begin + i < t_end) load_acts(i, xr + t_begin * 8, i);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int t0 = t_begin; t0 < t_end; t0 += kDepth) {
+    const uint8_t* w_t0 = wp + static_cast<int64_t>(t0) * 512;
+    const uint8_t* s_t0 = sp + t0 * 32;
+    const uint4* x_t0 = xr + t0 * 8;
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
       const int t = t0 + i, xs = i % kActDepth;
       if (t < t_end) {
-        mxfp4_strip_mma(acc, w[i], mxfp4_scale_x2(sc[i] & 0xffu), mxfp4_scale_x2(sc[i] >> 16), xa[xs], xb[xs]);
-        if (t + kDepth < t_end) load_weights(i, t + kDepth);  // refill the slots just consumed
-        if (t + kActDepth < t_end) load_acts(xs, t + kActDepth);
+        mxfp4_strip_mma(acc, w[i], sc0[i], sc8[i], xa[xs], xb[xs]);
+        if (t + kDepth < t_end) load_weights(i, w_t0, s_t0, i + kDepth);  // refill the slots just consumed
+        if (t + kActDepth < t_end) load_acts(xs, x_t0, i + kActDepth);
       }
     }
   }

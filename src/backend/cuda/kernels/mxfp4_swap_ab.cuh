@@ -7,23 +7,23 @@
 
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/mxfp4_word.h"
 
 namespace mx::cuda {
 
 // A strip row's scale byte (e8m0 + 126, see expert_repack.h) as the same bf16 in both halves of a bf16x2:
-// (s << 7) is the bf16 of 2^126 * 2^(s - 127), which cancels the 2^-126 of the decoded fp4 magnitudes.
-__device__ __forceinline__ uint32_t mxfp4_scale_x2(uint32_t s) { return (s << 7) | (s << 23); }
+// (s << 7) is the bf16 of 2^126 * 2^(s - 127), which cancels the 2^-126 of the decoded fp4 magnitudes. One
+// multiply: s < 256, so s * (2^7 + 2^23) = (s << 7) | (s << 23).
+__device__ __forceinline__ uint32_t mxfp4_scale_x2(uint32_t s) { return s * 0x00800080u; }
 
-// The four A registers (bf16x2) of one k-step from lane (r, q)'s packed 32-bit word of that step: each
-// nibble pair's sign and magnitude bits go straight into a bf16 (two ALU ops, a 2^-126 factor), then one
-// bf16x2 multiply by the row's scale: registers 0 and 2 hold strip row r (scale sc0), 1 and 3 row r + 8.
+// The four A registers (bf16x2) of one k-step from lane (r, q)'s packed 32-bit word of that step: the codes'
+// sign and magnitude bits go straight into bf16s (a rotation and a mask per register, mxfp4_word.h; a 2^-126
+// factor), then one bf16x2 multiply by the row's scale: registers 0 and 2 hold strip row r (scale sc0), 1
+// and 3 row r + 8.
 __device__ __forceinline__ void mxfp4_dequant_step(uint32_t v, uint32_t sc0, uint32_t sc8, uint32_t (&a)[4]) {
+  swap_ab_decode_word(v, a);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t bits = (v & 0x80008000u) | ((v & 0x70007000u) >> 6);
-    v <<= 4;
-    a[j] = bf16x2_mul(bits, (j & 1) ? sc8 : sc0);
-  }
+  for (int j = 0; j < 4; ++j) a[j] = bf16x2_mul(a[j], (j & 1) ? sc8 : sc0);
 }
 
 // One 64-wide k tile of a 16-row strip times 8 token columns: the lane's 16 weight bytes `wq` (4 k-steps)
