@@ -9,7 +9,7 @@
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only |
-// --gemma-router-only] [out.json]`).
+// --gemma-router-only | --gemma-experts-only[=T,T,...]] [out.json]`).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
@@ -661,9 +661,9 @@ void bench_gemma_router() {
   }
 }
 
-void bench_gemma() {
+// The bf16 GeGLU experts at `sizes` tokens (`--gemma-experts-only=T,...`: one size to profile).
+void bench_gemma_experts(const std::vector<int64_t>& sizes) {
   const int64_t E = kGemmaE, H = kGemmaH, I = kGemmaI, k = kGemmaK;
-  bench_gemma_router();
   // Experts: one copy (1.5 GB, far past L2); each routing touches other experts. The tables repeat one
   // random block at rotating offsets: 761M normal draws took ~20 s of every run, and the timing depends on
   // addresses, not on which random values sit there.
@@ -682,7 +682,7 @@ void bench_gemma() {
   };
   TensorView gate_up = tiled_bf16({E, 2 * I, H}), down = tiled_bf16({E, H, I});
   const double expert_bytes = 3.0 * I * H * 2;
-  for (int64_t T : {1, 8, 64, 1024, 8192}) {
+  for (int64_t T : sizes) {
     const int routings = T >= 1024 ? 2 : 6;
     std::vector<TensorView> ids, wts;
     double touched = 0;
@@ -720,6 +720,12 @@ void bench_gemma() {
     }
     CHECK_OK(set_cuda_bf16_experts_options(*g_b, {}));
   }
+}
+
+void bench_gemma() {
+  const int64_t H = kGemmaH;
+  bench_gemma_router();
+  bench_gemma_experts({1, 8, 64, 1024, 8192});
   for (int64_t T : {1, 8192}) {
     TensorView g = random_bf16({T, 2112}, 1.0f), u = random_bf16({T, 2112}, 1.0f);
     report("gemma gelu_tanh_mul T=" + std::to_string(T), time_graph(20, [&](int) { return g_b->gelu_tanh_mul(g, u, g); }),
@@ -798,6 +804,16 @@ int main(int argc, char** argv) {
   if (argc > arg && (std::string(argv[arg]) == "--attention-gemma" || std::string(argv[arg]) == "--attention-decode-only")) {
     if (std::string(argv[arg]) == "--attention-gemma") bench_attention_gemma();
     else bench_attention_decode();
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--gemma-experts-only[=T,T,...]`: Gemma-4's bf16 experts alone (default 1, 8, 64 tokens).
+  const std::string experts_flag = "--gemma-experts-only";
+  if (argc > arg && std::string(argv[arg]).rfind(experts_flag, 0) == 0) {
+    const std::vector<int64_t> sizes = parse_list<int64_t>(std::string(argv[arg]).substr(experts_flag.size()),
+                                                           [](const std::string& t) { return std::stoll(t); });
+    bench_gemma_experts(sizes.empty() ? std::vector<int64_t>{1, 8, 64} : sizes);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
