@@ -18,9 +18,9 @@
 // splits by page-table capacity; prefill attention, which verify rows take, by token count).
 // Draft-model speculation (model/draft_model.h): after a step, draft() runs the draft model for the requests
 // that will decode next, from the step's final hidden rows and the KV cache, and leaves k drafts in each
-// (Request::draft_tokens) for the next schedule(). With SpeculativeConfig::draft_graphs the draft model gets
-// the decode graph buckets (DraftWorkspace::graph_batch_sizes) and replays graphs of its own (EAGLE-3: its
-// chain passes).
+// (Request::draft_tokens) for the next schedule(). With SpeculativeConfig::draft_graphs (the default) the
+// draft model gets the decode graph buckets (DraftWorkspace::graph_batch_sizes) and replays graphs of its
+// own (EAGLE-3: its chain passes).
 #pragma once
 
 #include <functional>

@@ -46,8 +46,6 @@ Status validate_speculative_config(const SpeculativeConfig& c) {
   if (!uses_draft_model(c.algorithm) && !c.draft_model.empty())
     return invalid_argument(std::string("a speculative draft model is not used by the ") +
                             speculative_algorithm_name(c.algorithm) + " algorithm (mtp and eagle3 take one)");
-  if (c.draft_graphs && c.algorithm != SpeculativeAlgorithm::kEagle3)
-    return invalid_argument("speculative draft graphs are for EAGLE-3 drafts only");
   if (c.accept_all && c.algorithm != SpeculativeAlgorithm::kExternal)
     return invalid_argument("accepting every draft is for external (benchmark) drafters only");
   return Status::ok();

@@ -40,9 +40,10 @@ struct SpeculativeConfig {
   // sampled, so each verify step yields k + 1 tokens: the all-accepted cost where a backend's numerics part
   // from the recorded drafts (bf16 near ties of random weights). The tokens are then the drafts'.
   bool accept_all = false;
-  // kEagle3: the draft's chain passes replay CUDA graphs of their own (per decode graph bucket and k; needs
-  // the engine's graphs). Off by default: not yet run on a GPU (eagle3_drafter.h).
-  bool draft_graphs = false;
+  // A draft model with graphs of its own replays them (EAGLE-3: its chain passes, per decode graph bucket
+  // and k; needs the engine's graphs). On by default (H100, docs/PERF.md: the verify step 1-2% faster);
+  // --no-speculative-draft-graphs runs them eagerly (profiling every op).
+  bool draft_graphs = true;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
 };
 

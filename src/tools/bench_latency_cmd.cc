@@ -12,7 +12,8 @@
 // breakdown_json); "idle" is the step time minus the engine's graph, logits copy and host sampling. The
 // routing is recorded in a second, eager step. Also one prefill step of one prompt, eager behind a device
 // hold, at the longest prompt length. With a draft model, also the third verify step's draft call timed op
-// by op (DraftBreakdown; that step stays out of the stats).
+// by op (DraftBreakdown; that step stays out of the stats). With --forced-acceptance, also one verify step
+// per (k, batch) timed the same way as the decode step (its "breakdown" has verify_drafts = k).
 // Pairs whose B x (prompt + output) tokens exceed the KV pool are skipped with a note: the scheduler would
 // run them in waves, which would make the TTFT and TPOT describe a different workload.
 // Speculative decoding (--speculative-algorithm): per row also the drafts, accepted tokens, mean accepted
@@ -127,6 +128,7 @@ struct Breakdown {
   double host_sampling_ms = 0;
   double engine_graph_ms = 0;    // the engine's own graph for the same step, GPU time (0: eager step)
   double experts_per_layer = 0;  // distinct experts over the batch's real rows, mean over layers
+  int64_t verify_drafts = 0;     // > 0: a verify step of that many drafts per sequence (else a decode step)
   std::string error;             // why the breakdown could not be taken (the run goes on)
 };
 
@@ -149,16 +151,19 @@ struct BatchResult {
   // Speculative decoding: this batch's share of the counters, and the steps where every request verified.
   SchedulerStats spec;
   std::vector<double> verify_step_s;
-  // Draft-model speculation (mtp): host wall time of the draft calls (k draft steps each, inside the steps above).
+  // Draft-model speculation: host wall time of the draft calls (k draft steps each, inside the steps above),
+  // in all and per verify step that drafted (the median leaves out the calls that captured a draft graph).
   double draft_s = 0;
   int64_t draft_calls = 0;
+  std::vector<double> verify_draft_s;
   // --breakdown with a draft model: one draft call (the 3rd verify step's) timed op by op, out of the stats.
   std::optional<DraftBreakdown> draft_breakdown;
   std::vector<ReferenceDrafter::Reference> outputs;  // prompt and generated tokens per request
 };
 
-Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t batch, int64_t top_k, Breakdown* out,
-                           std::vector<RequestOutput>* outputs) {
+// `rows_per_seq`: 1 for a decode step, k + 1 for a verify step of k drafts (the real rows the routing counts).
+Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t batch, int64_t rows_per_seq, int64_t top_k,
+                           Breakdown* out, std::vector<RequestOutput>* outputs) {
   core.runner().set_profile_capture(true);
   MX_RETURN_IF_ERROR(prof.start_timing(0));
   core.step(outputs);
@@ -177,7 +182,7 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   core.runner().set_graph_replay(true);
   double distinct = 0;
   for (const auto& ids : routing) {
-    const size_t real = std::min(ids.size(), static_cast<size_t>(batch * top_k));
+    const size_t real = std::min(ids.size(), static_cast<size_t>(batch * rows_per_seq * top_k));
     distinct += static_cast<double>(std::set<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(real)).size());
   }
   out->experts_per_layer = routing.empty() ? 0 : distinct / static_cast<double>(routing.size());
@@ -214,11 +219,19 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   const auto start = Clock::now();
   while (core.has_work()) {
     const SchedulerStats before = core.stats().scheduler;
-    // Mid-decode, once: the instrumented steps (kept out of the TPOT sample).
-    if (breakdown && !r.breakdown && have_first == batch && full_decodes == std::max<int64_t>(1, output_len / 2) &&
+    // Mid-decode, once: the instrumented steps (kept out of the TPOT sample). Under forced acceptance
+    // (every step verifies k drafts, no draft model whose eager ops would land in the timing) the fourth
+    // verify step instead.
+    const SpeculativeConfig& spec = core.config().speculative;
+    const int64_t k = spec.accept_all ? spec.num_draft_tokens : 0;
+    const bool at_decode = k == 0 && full_decodes == std::max<int64_t>(1, output_len / 2);
+    const bool at_verify = k > 0 && r.verify_step_s.size() == 3;
+    if (breakdown && !r.breakdown && have_first == batch && (at_decode || at_verify) &&
         core.stats().num_running == batch) {
       Breakdown b;
-      const Status st = run_breakdown_steps(core, prof, batch, model.cost().experts_per_token(), &b, &outputs);
+      b.verify_drafts = at_verify ? k : 0;
+      const Status st = run_breakdown_steps(core, prof, batch, 1 + b.verify_drafts, model.cost().experts_per_token(),
+                                            &b, &outputs);
       if (!st.is_ok()) {
         b.error = st.to_string();
         MX_LOG(Error) << "breakdown at batch " << batch << ": " << b.error;
@@ -267,8 +280,11 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     }
     // A verify step of every request and nothing else: each computed 1 + its drafts.
     if (after.spec_drafts - before.spec_drafts == batch &&
-        computed == batch + after.spec_draft_tokens - before.spec_draft_tokens && have_first == batch)
+        computed == batch + after.spec_draft_tokens - before.spec_draft_tokens && have_first == batch) {
       r.verify_step_s.push_back(dt);
+      const double drafted_s = core.runner().draft_seconds() - draft_s_before_step;
+      if (drafted_s > 0) r.verify_draft_s.push_back(drafted_s);
+    }
   }
   r.decode_s = since(start) - r.prefill_s;
   const SchedulerStats last = core.stats().scheduler;
@@ -396,6 +412,7 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
                  {"verify_step_ms_median", median(r.verify_step_s) * 1e3},
                  {"verify_steps_measured", r.verify_step_s.size()}};
     if (r.draft_calls > 0) j["spec"]["draft_call_ms_mean"] = r.draft_s / static_cast<double>(r.draft_calls) * 1e3;
+    if (!r.verify_draft_s.empty()) j["spec"]["draft_call_ms_median"] = median(r.verify_draft_s) * 1e3;
   }
   std::printf("%6lld %10.2f %10.2f %12.0f %7.1f%% %10.3f %10.0f %7.1f%% %10.1f\n", static_cast<long long>(b),
               mean(r.ttft_s) * 1e3, r.prefill_s * 1e3, prefill_rate, 100 * prefill_floor / r.prefill_s, tpot * 1e3,
@@ -407,13 +424,19 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
                 static_cast<long long>(r.spec.spec_draft_tokens), median(r.verify_step_s) * 1e3,
                 j["time_per_output_token_ms"].get<double>());
   if (r.draft_calls > 0)
-    std::printf("       draft model: %.3f ms per call (all of the step's k draft steps, in the verify step above)\n",
-                r.draft_s / static_cast<double>(r.draft_calls) * 1e3);
+    std::printf("       draft model: %.3f ms per call, median %.3f in the verify steps (all of the step's k draft "
+                "steps, in the verify step above)\n",
+                r.draft_s / static_cast<double>(r.draft_calls) * 1e3, median(r.verify_draft_s) * 1e3);
   if (r.draft_breakdown) j["spec"]["draft_breakdown"] = draft_breakdown_json(*r.draft_breakdown);
   if (r.breakdown) {
     double idle = 0;
-    j["breakdown"] = breakdown_json(*r.breakdown, model.dims().vocab_size, tpot * 1e3, &idle);
-    std::printf("       decode step at batch %lld (ms):", static_cast<long long>(b));
+    const int64_t drafts = r.breakdown->verify_drafts;
+    const double step_ms = (drafts > 0 ? median(r.verify_step_s) : tpot) * 1e3;
+    j["breakdown"] = breakdown_json(*r.breakdown, model.dims().vocab_size, step_ms, &idle);
+    j["breakdown"]["verify_drafts"] = drafts;
+    if (drafts > 0)
+      std::printf("       verify step (k = %lld) at batch %lld (ms):", static_cast<long long>(drafts), static_cast<long long>(b));
+    else std::printf("       decode step at batch %lld (ms):", static_cast<long long>(b));
     for (const auto& [k, v] : j["breakdown"]["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
     std::printf("\n");
   }
@@ -448,7 +471,8 @@ Status run_forced_acceptance(const Setup& s, const EngineConfig& base, const Mod
     std::printf("k = %lld\n", static_cast<long long>(k));
     for (const PlainRow& p : plain) {
       const int64_t replays_before = core->runner().num_verify_replays();
-      MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, model, p.batch, p.input_len, s.output_len, s.seed, false, next_id));
+      MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, model, p.batch, p.input_len, s.output_len, s.seed,
+                                                   s.breakdown, next_id));
       json j = result_json(r, model, backend, probes, p.input_len, s.output_len);
       // Verify steps replayed from a verify graph (bucket, k) during this batch; the rest ran eagerly.
       j["verify_graph_replays"] = core->runner().num_verify_replays() - replays_before;

@@ -26,9 +26,9 @@ std::vector<CliOption> engine_cli_options() {
        "mtp, eagle3: the draft model's checkpoint folder (a Gemma4AssistantForCausalLM or a LlamaForCausalLMEagle3)"},
       {"speculative-num-draft-tokens", true, "tokens drafted per request and step, verified in one pass (default 3)",
        {"num-speculative-tokens"}},
-      {"speculative-draft-graphs", false,
-       "eagle3: the draft's chain passes replay CUDA graphs (one per decode graph bucket; off by default, not yet "
-       "measured on a GPU)"},
+      {"no-speculative-draft-graphs", false,
+       "eagle3: run the draft's chain passes eagerly instead of replaying CUDA graphs of them (one per decode graph "
+       "bucket and draft count)"},
       {"speculative-ngram-min", true, "ngram: shortest suffix looked up in the sequence (default 1)", {"prompt-lookup-min"}},
       {"speculative-ngram-max", true, "ngram: longest suffix looked up in the sequence (default 4)", {"prompt-lookup-max"}},
       {"dense-dtype", true,
@@ -110,12 +110,12 @@ Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
 Status read_speculative_flags(const CliArgs& args, SpeculativeConfig* s) {
   const bool any = args.has("speculative-num-draft-tokens") || args.has("speculative-ngram-min") ||
                    args.has("speculative-ngram-max") || args.has("speculative-draft-model") ||
-                   args.has("speculative-draft-graphs");
+                   args.has("no-speculative-draft-graphs");
   if (!args.has("speculative-algorithm")) {
     if (any)
       return invalid_argument(
           "--speculative-num-draft-tokens, --speculative-ngram-*, --speculative-draft-model and "
-          "--speculative-draft-graphs need --speculative-algorithm");
+          "--no-speculative-draft-graphs need --speculative-algorithm");
     return Status::ok();
   }
   MX_ASSIGN_OR_RETURN(s->algorithm, parse_speculative_algorithm(args.get("speculative-algorithm")));
@@ -123,7 +123,11 @@ Status read_speculative_flags(const CliArgs& args, SpeculativeConfig* s) {
   MX_ASSIGN_OR_RETURN(s->ngram_min, args.get_int("speculative-ngram-min", s->ngram_min));
   MX_ASSIGN_OR_RETURN(s->ngram_max, args.get_int("speculative-ngram-max", s->ngram_max));
   if (args.has("speculative-draft-model")) s->draft_model = args.get("speculative-draft-model");
-  s->draft_graphs = args.has("speculative-draft-graphs");
+  if (args.has("no-speculative-draft-graphs")) {
+    if (s->algorithm != SpeculativeAlgorithm::kEagle3)
+      return invalid_argument("--no-speculative-draft-graphs: only eagle3 drafts replay graphs of their own");
+    s->draft_graphs = false;
+  }
   return validate_speculative_config(*s);
 }
 

@@ -607,16 +607,14 @@ TEST(Eagle3Drafter, RejectedDraftsLeaveNothingBehind) {
   EXPECT_EQ(drafts[0].size(), 2u);
 }
 
-// --speculative-draft-graphs names EAGLE-3's chain graphs: another algorithm with it is an error.
-TEST(Eagle3Drafter, DraftGraphsAreForEagle3Only) {
-  SpeculativeConfig s;
-  s.algorithm = SpeculativeAlgorithm::kEagle3;
-  s.num_draft_tokens = 3;
-  s.draft_model = "/x";
-  s.draft_graphs = true;
-  EXPECT_TRUE(validate_speculative_config(s).is_ok());
-  s.algorithm = SpeculativeAlgorithm::kMtp;
-  EXPECT_NE(validate_speculative_config(s).message().find("EAGLE-3 drafts only"), std::string::npos);
+// Draft graphs are on by default; --no-speculative-draft-graphs names EAGLE-3's chain graphs, so another
+// algorithm with it is an error (a flag that would change nothing).
+TEST(Eagle3Drafter, NoDraftGraphsFlagIsForEagle3Only) {
+  EXPECT_TRUE(SpeculativeConfig{}.draft_graphs);
+  const auto ngram = test::run_mxserve("bench latency --preset tiny --backend cpu --speculative-algorithm ngram "
+                                       "--no-speculative-draft-graphs");
+  EXPECT_EQ(ngram.exit_code, 1);
+  EXPECT_NE(ngram.stderr_text.find("only eagle3 drafts replay graphs"), std::string::npos) << ngram.stderr_text;
 }
 
 // Chain graphs: the same steps through a drafter whose chains replay graphs (buckets 1, 2, 4: three
