@@ -255,6 +255,20 @@ class Backend {
   // Memory.
   virtual Result<Buffer> allocate(int64_t bytes) = 0;
   virtual Status copy_from_host(TensorView dst, const void* src) = 0;
+  // The first `prefix_bytes` of every row of `src` (a host array of dst's [rows, ...] shape) into the same
+  // place in dst; the rest of each dst row keeps what it held. One copy on CUDA (a page table's used
+  // columns: a few KB where the full rows are MBs at long contexts); synchronizes as copy_from_host. The
+  // default copies row by row.
+  virtual Status copy_row_prefixes_from_host(TensorView dst, const void* src, int64_t prefix_bytes) {
+    const int64_t rows = dst.dim(0), row_bytes = rows > 0 ? dst.bytes() / rows : 0;
+    if (prefix_bytes < 0 || prefix_bytes > row_bytes) return invalid_argument("row prefix longer than the row");
+    const auto* from = static_cast<const uint8_t*>(src);
+    auto* to = static_cast<uint8_t*>(dst.data());
+    for (int64_t r = 0; prefix_bytes > 0 && r < rows; ++r)
+      MX_RETURN_IF_ERROR(copy_from_host(TensorView(to + r * row_bytes, DType::kU8, {prefix_bytes}, dst.device()),
+                                        from + r * row_bytes));
+    return Status::ok();
+  }
   virtual Status copy_to_host(void* dst, const TensorView& src) = 0;
   virtual Status synchronize() = 0;
 

@@ -32,6 +32,9 @@ class ForwardingBackend : public Backend {
 
   Result<Buffer> allocate(int64_t bytes) override { return inner_.allocate(bytes); }
   Status copy_from_host(TensorView dst, const void* src) override { return inner_.copy_from_host(dst, src); }
+  Status copy_row_prefixes_from_host(TensorView dst, const void* src, int64_t prefix_bytes) override {
+    return inner_.copy_row_prefixes_from_host(dst, src, prefix_bytes);
+  }
   Status copy_to_host(void* dst, const TensorView& src) override { return inner_.copy_to_host(dst, src); }
   Status synchronize() override { return inner_.synchronize(); }
 

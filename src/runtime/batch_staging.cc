@@ -8,6 +8,14 @@ namespace {
 // Section starts are rounded up to 16 i32 (64 bytes), so every section is as aligned as the buffer's start.
 int64_t section_end(int64_t elements) { return (elements + 15) / 16 * 16; }
 
+// Page-table columns a step writes and uploads: its longest row, rounded up to 16 (the width of a table
+// changes only every 16 pages of its longest sequence).
+int64_t used_columns(int64_t longest, int64_t max_pages) { return std::min(max_pages, section_end(std::max<int64_t>(longest, 1))); }
+
+// Below this many bytes left out, the tables ride in the step's one copy whole: a second copy (a second
+// stream sync, ~10 us) costs more than moving what no kernel reads.
+constexpr int64_t kSplitTableUploadBytes = 64 << 10;
+
 }  // namespace
 
 Result<BatchStaging> BatchStaging::create(Backend& backend, const BatchLimits& limits) {
@@ -52,6 +60,15 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
   int32_t* logit_rows = token_ids + logit_rows_at;
   int32_t* page_tables = token_ids + tables_at;
   const int64_t table_size = num_seqs * lim.max_pages_per_seq;  // one group's table, packed
+  // Only the columns some row uses are written and uploaded: a kernel reads a row's entries up to its
+  // sequence's last position, never past them, so the device's columns beyond keep stale pages unread (at
+  // a 131072-token limit a full row is 8192 pages, 32 KB per group and sequence, of which a short sequence
+  // uses a few).
+  int64_t longest = 0;
+  for (const auto& s : seqs)
+    for (int64_t g = 0; g < lim.num_kv_groups; ++g)
+      longest = std::max(longest, static_cast<int64_t>(s.group_pages.empty() ? s.pages.size() : s.group_pages[static_cast<size_t>(g)].size()));
+  const int64_t columns = lim.whole_tables ? lim.max_pages_per_seq : used_columns(longest, lim.max_pages_per_seq);
   BatchView batch;
   int64_t t = 0, r = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -68,14 +85,20 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
     for (int64_t g = 0; g < lim.num_kv_groups; ++g) {
       const std::span<const int32_t> pages = s.group_pages.empty() ? s.pages : std::span<const int32_t>(s.group_pages[static_cast<size_t>(g)]);
       int32_t* row = page_tables + g * table_size + static_cast<int64_t>(i) * lim.max_pages_per_seq;
-      std::fill(row, row + lim.max_pages_per_seq, 0);
       std::copy(pages.begin(), pages.end(), row);
+      std::fill(row + pages.size(), row + columns, 0);
     }
   }
-  const int64_t tables = lim.num_kv_groups * num_seqs * lim.max_pages_per_seq;
+  const int64_t table_rows = lim.num_kv_groups * num_seqs, tables = table_rows * lim.max_pages_per_seq;
   int32_t* device = static_cast<int32_t*>(device_.data());
   const Device where = backend_->device();
-  MX_RETURN_IF_ERROR(backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at + tables}, where), host_.data()));
+  if ((lim.max_pages_per_seq - columns) * table_rows * 4 < kSplitTableUploadBytes) {
+    MX_RETURN_IF_ERROR(backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at + tables}, where), host_.data()));
+  } else {
+    MX_RETURN_IF_ERROR(backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at}, where), host_.data()));
+    MX_RETURN_IF_ERROR(backend_->copy_row_prefixes_from_host(
+        TensorView(device + tables_at, DType::kI32, {table_rows, lim.max_pages_per_seq}, where), page_tables, columns * 4));
+  }
   auto section = [&](int64_t offset, int64_t n) { return TensorView(device + offset, DType::kI32, {n}, where); };
   batch.num_tokens = num_tokens;
   batch.num_seqs = num_seqs;

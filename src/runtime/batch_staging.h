@@ -26,6 +26,8 @@ struct BatchLimits {
   int64_t max_pages_per_seq = 0;
   int64_t max_logit_rows = 0;
   int64_t num_kv_groups = 1;  // page tables per batch (KvLayout groups)
+  // Benchmarks: write and upload every table column (before 2026-11-28 every step did), not only the used ones.
+  bool whole_tables = false;
 };
 
 class BatchStaging {

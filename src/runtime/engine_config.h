@@ -39,6 +39,9 @@ struct EngineConfig {
   // buckets (default_cuda_graph_batch_sizes); sizes above max-running-requests are dropped.
   bool enable_cuda_graphs = true;
   std::vector<int64_t> cuda_graph_batch_sizes;
+  // Benchmarks only (bench latency --whole-page-table-uploads): every step uploads its page tables at full
+  // width instead of the columns its rows use (BatchLimits::whole_tables), the cost that change removed.
+  bool whole_page_table_uploads = false;
   // Speculative decoding (off by default): a drafter proposes up to k tokens per decoding request and step,
   // verified as k + 1 query rows (see scheduler.h).
   SpeculativeConfig speculative;

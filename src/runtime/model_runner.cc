@@ -84,7 +84,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   const int64_t max_tokens = config->max_num_batched_tokens;
   const BatchLimits limits{max_tokens, config->max_running_requests,
                            (config->max_model_len + config->page_size - 1) / config->page_size, rows,
-                           model.kv_layout().num_groups()};
+                           model.kv_layout().num_groups(), config->whole_page_table_uploads};
   MX_ASSIGN_OR_RETURN(r->staging_, BatchStaging::create(backend, limits));
   MX_ASSIGN_OR_RETURN(r->ws_, model.make_workspace(max_tokens, rows));
   MX_ASSIGN_OR_RETURN(r->logits_device_, backend.allocate(rows * vocab * static_cast<int64_t>(sizeof(float))));
@@ -102,7 +102,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   r->seqs_.reserve(static_cast<size_t>(config->max_running_requests));
   if (draft_model) {  // before the plan: its buffers count as activations
     const int64_t S = config->max_running_requests, k = config->speculative.num_draft_tokens;
-    const BatchLimits draft_limits{S, S, limits.max_pages_per_seq, 1, limits.num_kv_groups};
+    const BatchLimits draft_limits{S, S, limits.max_pages_per_seq, 1, limits.num_kv_groups, limits.whole_tables};
     MX_ASSIGN_OR_RETURN(r->draft_ws_, draft_model->make_workspace(S, max_tokens));
     r->target_observer_ = draft_model->target_observer(*r->draft_ws_);  // before the warm-up and the graphs
     MX_ASSIGN_OR_RETURN(r->draft_queries_, BatchStaging::create(backend, draft_limits));

@@ -77,6 +77,9 @@ const std::vector<CliOption> kCommandOptions = {
      "GPU time of one decode step per op category (eager, instrumented); with a draft model also one draft call's "
      "ops"},
     {"forced-acceptance", true, "comma-separated draft counts K: verify cost with drafts that are the plain run's outputs"},
+    {"whole-page-table-uploads", false,
+     "upload every step's page tables at full width (max-model-len / page-size columns) as before 2026-11-28, not "
+     "only the columns the step uses: the before of that change"},
     {"log-level", true, "debug, info (default), warning or error"},
     {"help", false, "show this help"},
 };
@@ -145,7 +148,8 @@ struct BatchResult {
   std::vector<double> ttft_s;
   double prefill_s = 0;
   std::vector<double> decode_step_s;
-  double decode_s = 0;  // all first tokens -> the last token
+  double decode_s = 0;  // all first tokens -> the last token, less the steps timed op by op
+  int64_t instrumented_tokens = 0;  // tokens (all requests) of the steps timed op by op
   int64_t steps = 0;
   std::optional<Breakdown> breakdown;
   // Speculative decoding: this batch's share of the counters, and the steps where every request verified.
@@ -216,6 +220,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   const double draft_s_before = core.runner().draft_seconds();
   const int64_t draft_calls_before = core.runner().num_draft_calls();
   double timed_draft_s = 0;
+  double instrumented_s = 0;  // wall time of the steps timed op by op (out of the decode phase too)
   const auto start = Clock::now();
   while (core.has_work()) {
     const SchedulerStats before = core.stats().scheduler;
@@ -229,6 +234,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     if (breakdown && !r.breakdown && have_first == batch && (at_decode || at_verify) &&
         core.stats().num_running == batch) {
       Breakdown b;
+      const auto t = Clock::now();
       b.verify_drafts = at_verify ? k : 0;
       const Status st = run_breakdown_steps(core, prof, batch, 1 + b.verify_drafts, model.cost().experts_per_token(),
                                             &b, &outputs);
@@ -238,6 +244,8 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
       }
       r.breakdown = std::move(b);
       r.steps += 2;
+      instrumented_s += since(t);
+      r.instrumented_tokens += core.stats().scheduler.generated_tokens - before.generated_tokens;
       for (const RequestOutput& o : outputs)
         if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
       continue;
@@ -273,7 +281,11 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     }
     const int64_t computed = after.computed_tokens - before.computed_tokens;
     const int64_t generated = after.generated_tokens - before.generated_tokens;
-    if (time_draft) continue;  // its marks slowed it: out of the stats
+    if (time_draft) {  // its marks slowed it: out of the stats
+      instrumented_s += dt;
+      r.instrumented_tokens += generated;
+      continue;
+    }
     if (computed == batch && generated == batch) {
       r.decode_step_s.push_back(dt);
       ++full_decodes;
@@ -286,7 +298,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
       if (drafted_s > 0) r.verify_draft_s.push_back(drafted_s);
     }
   }
-  r.decode_s = since(start) - r.prefill_s;
+  r.decode_s = since(start) - r.prefill_s - instrumented_s;
   const SchedulerStats last = core.stats().scheduler;
   r.spec.spec_drafts = last.spec_drafts - first.spec_drafts;
   r.spec.spec_draft_tokens = last.spec_draft_tokens - first.spec_draft_tokens;
@@ -402,8 +414,9 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
   j["experts_per_layer_used"] = experts;
   j["engine_steps"] = r.steps;
   // Per request: decode phase / tokens after the first (what a client sees between tokens, speculation
-  // included).
-  j["time_per_output_token_ms"] = r.decode_s / static_cast<double>(output_len - 1) * 1e3;
+  // included), both without the steps timed op by op (--breakdown).
+  const double decoded = static_cast<double>(output_len - 1) - static_cast<double>(r.instrumented_tokens) / static_cast<double>(b);
+  j["time_per_output_token_ms"] = decoded > 0 ? r.decode_s / decoded * 1e3 : 0;
   if (r.spec.spec_drafts > 0) {
     j["spec"] = {{"drafts", r.spec.spec_drafts},
                  {"draft_tokens", r.spec.spec_draft_tokens},
@@ -566,6 +579,7 @@ Status run(const CliArgs& args) {
   config.max_num_batched_tokens = std::max<int64_t>(16384, max_input);
   config.max_model_len = max_input + s.output_len;
   MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
+  config.whole_page_table_uploads = args.has("whole-page-table-uploads");
   config.enable_prefix_cache = false;  // every prompt is new anyway; no reuse across batch sizes
   const auto engine_start = Clock::now();
   MX_ASSIGN_OR_RETURN(auto core, EngineCore::create(*model, config));

@@ -124,20 +124,22 @@ TEST(Eagle3Gpu, DrafterPassesMatchTheCpu) {
 // Chain graphs on CUDA: a drafter whose chains replay graphs (3 sequences padded to a bucket of 4, page
 // tables as wide as the widest row) against an eager one, over two steps (the first captures, the second
 // replays): the same drafts (a near tie may flip one: the attention splits differ with the table's width),
-// and the last chain pass's logits close.
+// and the last chain pass's logits close. Also with tables 20001 pages wide (a long context limit), whose
+// used columns go up apart (one cudaMemcpy2DAsync) and whose unused ones hold stale pages no kernel reads.
 TEST(Eagle3Gpu, ChainGraphsMatchTheEagerChain) {
   std::mt19937 rng(test_seed() + 1);
   Bf16Data embed = random_bf16(rng, kTinyVocab * kTinyHidden, 1.0f);
   Arena cuda(cuda_backend());
   auto model = load_tiny_draft(cuda_backend(), cuda, embed);
-  auto eager = make_drafter(*model, 4), graphed = make_drafter(*model, 4);
+  auto eager = make_drafter(*model, 4), graphed = make_drafter(*model, 4), wide = make_drafter(*model, 4);
   const std::vector<int64_t> buckets = {1, 2, 4};
   ASSERT_TRUE(graphed->enable_chain_graphs(buckets, 6).is_ok());
+  ASSERT_TRUE(wide->enable_chain_graphs(buckets, 20000).is_ok());
   std::vector<std::vector<int32_t>> tokens(3, std::vector<int32_t>(24));
   for (auto& seq : tokens)
     for (auto& t : seq) t = static_cast<int32_t>(rng() % kTinyVocab);
   const std::vector<std::vector<int32_t>> pages = {{4, 9, 1, 2, 3}, {0, 5}, {7, 8, 10}};
-  int64_t same = 0, total = 0;
+  int64_t same = 0, total = 0, wide_same = 0;
   // Step 1: rows at positions 0 .. n - 1; step 2: two more rows each (the chain of sequence 1 spills).
   for (const auto& [first, count] : {std::pair<std::vector<int64_t>, std::vector<int64_t>>{{0, 0, 0}, {9, 3, 6}},
                                      {{9, 3, 6}, {2, 4, 2}}}) {
@@ -148,20 +150,28 @@ TEST(Eagle3Gpu, ChainGraphsMatchTheEagerChain) {
                        pages[i], 4});
       rows += count[i];
     }
-    capture_random(rng, rows, {{eager.get(), &cuda}, {graphed.get(), &cuda}});
-    std::vector<std::vector<int32_t>> a, b;
+    capture_random(rng, rows, {{eager.get(), &cuda}, {graphed.get(), &cuda}, {wide.get(), &cuda}});
+    std::vector<std::vector<int32_t>> a, b, c;
     ASSERT_TRUE(eager->step(steps, &a).is_ok());
     ASSERT_TRUE(graphed->step(steps, &b).is_ok());
+    ASSERT_TRUE(wide->step(steps, &c).is_ok());
     for (size_t i = 0; i < 3; ++i)
-      for (size_t j = 0; j < a[i].size() && j < b[i].size(); ++j, ++total) same += a[i][j] == b[i][j] ? 1 : 0;
+      for (size_t j = 0; j < a[i].size() && j < b[i].size() && j < c[i].size(); ++j, ++total) {
+        same += a[i][j] == b[i][j] ? 1 : 0;
+        wide_same += a[i][j] == c[i][j] ? 1 : 0;
+      }
     if (a == b)
       check("eagle3 chain graph", "last chain pass logits, step " + std::to_string(first[0] == 0 ? 1 : 2),
             cuda.download_f32(graphed->workspace().logits.rows(0, 3)), cuda.download_f32(eager->workspace().logits.rows(0, 3)), 1e-2);
   }
   EXPECT_EQ(graphed->num_chain_graph_replays(), 1);
+  EXPECT_EQ(wide->num_chain_graph_replays(), 1);
   record("eagle3 chain graph", "drafts equal to the eager chain's: " + std::to_string(same) + "/" + std::to_string(total),
          0, 0, 0, same + 1 >= total);
+  record("eagle3 chain graph", "20001-page tables: drafts equal to the eager chain's: " + std::to_string(wide_same) + "/" +
+         std::to_string(total), 0, 0, 0, wide_same + 1 >= total);
   EXPECT_GE(same + 1, total);
+  EXPECT_GE(wide_same + 1, total);
 }
 
 }  // namespace

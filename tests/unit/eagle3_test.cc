@@ -619,22 +619,23 @@ TEST(Eagle3Drafter, NoDraftGraphsFlagIsForEagle3Only) {
 
 // Chain graphs: the same steps through a drafter whose chains replay graphs (buckets 1, 2, 4: three
 // sequences pad to 4, on their scratch pages) and through an eager one draft the same tokens; a step whose
-// sequences want different draft counts runs eagerly.
+// sequences want different draft counts runs eagerly. A third drafter's graph tables are 20001 pages wide
+// (a long context limit): only their used columns go up, apart, and it drafts the same.
 TEST(Eagle3Drafter, ChainGraphsDraftWhatTheEagerChainDrafts) {
   auto cpu = make_cpu_backend(CpuBackendOptions{2});
   test::ReplayingBackend backend(*cpu);
   TinyTarget tiny;
   auto model = tiny_draft(backend, tiny.target);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-  auto make = [&](bool graphs) {
+  auto make = [&](int64_t graph_pages) {
     auto d = Eagle3Drafter::create(**model, Eagle3DrafterLimits{16, 4});
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();
     EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{16, 4}).is_ok());
     const std::vector<int64_t> buckets = {1, 2, 4};
-    if (graphs) EXPECT_TRUE((*d)->enable_chain_graphs(buckets, 3).is_ok());
+    if (graph_pages > 0) EXPECT_TRUE((*d)->enable_chain_graphs(buckets, graph_pages).is_ok());
     return std::move(*d);
   };
-  auto eager = make(false), graphed = make(true);
+  auto eager = make(0), graphed = make(3), wide = make(20000);
   const int64_t Ht = 256;
   // Three sequences (tokens by position) and their pages (Z's chain spills onto its scratch page in step 2).
   std::vector<std::vector<int32_t>> tokens = {{5, 9, 100, 77, 3, 41, 8, 600, 12, 13}, {11, 12, 13, 14, 15, 16, 17},
@@ -651,22 +652,27 @@ TEST(Eagle3Drafter, ChainGraphsDraftWhatTheEagerChainDrafts) {
                        pages[i], want[i]});
       for (int64_t p = first[i]; p < first[i] + count[i]; ++p) rows.emplace_back(p, tokens[i][static_cast<size_t>(p)]);
     }
-    std::vector<std::vector<int32_t>> a, b;
-    for (auto* d : {eager.get(), graphed.get()}) capture(*d, rows, Ht);
+    std::vector<std::vector<int32_t>> a, b, c;
+    for (auto* d : {eager.get(), graphed.get(), wide.get()}) capture(*d, rows, Ht);
     EXPECT_TRUE(eager->step(steps, &a).is_ok());
     EXPECT_TRUE(graphed->step(steps, &b).is_ok());
+    EXPECT_TRUE(wide->step(steps, &c).is_ok());
     EXPECT_EQ(a, b);
+    EXPECT_EQ(a, c);
     for (const auto& d : a) seen.insert(d.begin(), d.end());
   };
   step({0, 0, 0}, {7, 3, 5}, {3, 3, 3});  // bucket 4: run eagerly through the graph's views, then captured
-  EXPECT_EQ(backend.captures, 1);
+  EXPECT_EQ(backend.captures, 2);
   EXPECT_EQ(backend.replays, 0);
+  EXPECT_EQ(backend.row_prefix_copies, 1);  // the wide drafter's table
   step({7, 3, 5}, {2, 1, 2}, {3, 3, 3});  // replayed
-  EXPECT_EQ(backend.replays, 1);
+  EXPECT_EQ(backend.replays, 2);
   EXPECT_EQ(graphed->num_chain_graph_replays(), 1);
+  EXPECT_EQ(wide->num_chain_graph_replays(), 1);
+  EXPECT_EQ(backend.row_prefix_copies, 2);
   step({1, 4}, {1, 1}, {2, 3});  // different draft counts: eager
-  EXPECT_EQ(backend.captures, 1);
-  EXPECT_EQ(backend.replays, 1);
+  EXPECT_EQ(backend.captures, 2);
+  EXPECT_EQ(backend.replays, 2);
   EXPECT_GT(seen.size(), 1u);  // not vacuous: the drafts depend on the rows
 }
 

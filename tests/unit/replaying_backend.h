@@ -19,7 +19,11 @@ class ReplayingBackend final : public ForwardingBackend {
     ++captures;
     return std::unique_ptr<ReplayGraph>(new Replay(body, &replays));
   }
-  int64_t captures = 0, replays = 0;
+  Status copy_row_prefixes_from_host(TensorView dst, const void* src, int64_t prefix_bytes) override {
+    ++row_prefix_copies;
+    return ForwardingBackend::copy_row_prefixes_from_host(dst, src, prefix_bytes);
+  }
+  int64_t captures = 0, replays = 0, row_prefix_copies = 0;
 
  private:
   class Replay final : public ReplayGraph {

@@ -164,6 +164,17 @@ class CudaBackend final : public Backend {
     MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
     return Status::ok();
   }
+  Status copy_row_prefixes_from_host(TensorView dst, const void* src, int64_t prefix_bytes) override {
+    if (capturing_) return internal_error("host copy during graph capture");
+    const int64_t rows = dst.dim(0), row_bytes = rows > 0 ? dst.bytes() / rows : 0;
+    if (prefix_bytes < 0 || prefix_bytes > row_bytes) return invalid_argument("row prefix longer than the row");
+    if (prefix_bytes == 0 || rows == 0) return Status::ok();
+    const auto pitch = static_cast<size_t>(row_bytes);
+    MX_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst.data(), pitch, src, pitch, static_cast<size_t>(prefix_bytes),
+                                              static_cast<size_t>(rows), cudaMemcpyHostToDevice, stream_.get()));
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    return Status::ok();
+  }
   Status copy_to_host(void* dst, const TensorView& src) override {
     if (capturing_) return internal_error("host copy during graph capture");
     MX_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src.data(), static_cast<size_t>(src.bytes()), cudaMemcpyDeviceToHost,

@@ -5,6 +5,13 @@
 #include "core/log.h"
 
 namespace mx {
+namespace {
+
+// A graph step's table goes up apart (a second copy, a second stream sync of ~10 us) when at least this
+// many of its bytes are columns no row reads.
+constexpr int64_t kSplitTableBytes = 64 << 10;
+
+}  // namespace
 
 Result<std::unique_ptr<Eagle3Drafter>> Eagle3Drafter::create(const Eagle3Model& model,
                                                              const Eagle3DrafterLimits& limits) {
@@ -82,6 +89,7 @@ Status Eagle3Drafter::enable_chain_graphs(std::span<const int64_t> batch_sizes, 
   const std::vector<uint8_t> zeros(static_cast<size_t>(std::max(drafted_.bytes(), ws_->next_hidden.bytes())), 0);
   MX_RETURN_IF_ERROR(b.copy_from_host(drafted_.view(DType::kU8, {drafted_.bytes()}), zeros.data()));
   MX_RETURN_IF_ERROR(b.copy_from_host(ws_->next_hidden, zeros.data()));
+  graph_table_.assign(static_cast<size_t>(sizes.back() * width), 0);
   graph_sizes_ = sizes;
   graph_table_width_ = width;
   return Status::ok();
@@ -206,41 +214,54 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
     for (int64_t c = 0; c < a; ++c) h.chain.push_back(static_cast<int32_t>(c));
   }
   for (int64_t c = 0; c < bucket; ++c) h.iota.push_back(static_cast<int32_t>(c));
-  h.pages.assign(static_cast<size_t>(table_rows * width), 0);
+  // The table: eager, page_width columns; a graph's is graph_table_width_ wide (max_pages_per_seq + 1, 32
+  // KB a row at a 131072-token limit) but only the columns some row reads (page_width, rounded up to 16) are
+  // written, and uploaded apart when the rest is big (see kSplitTableBytes).
+  const int64_t columns = bucket > 0 ? std::min(width, (page_width + 15) / 16 * 16) : width;
+  if (bucket == 0) h.pages.assign(static_cast<size_t>(table_rows * width), 0);
+  int32_t* table = bucket > 0 ? graph_table_.data() : h.pages.data();
   for (int64_t c = 0; c < table_rows; ++c) {
     const std::span<const int32_t> pages = c < S ? seqs[order[static_cast<size_t>(c)]].pages : std::span<const int32_t>();
-    for (int64_t k = 0; k < width; ++k) {
+    for (int64_t k = 0; k < columns; ++k) {
       int32_t page = static_cast<int32_t>(pool_.pages + c);  // the sequence's scratch page
       if (k < static_cast<int64_t>(pages.size())) {
         page = pages[static_cast<size_t>(k)];
         if (page < 0 || page >= pool_.pages) return invalid_argument("EAGLE-3: a page outside the target's pool");
       }
-      h.pages[static_cast<size_t>(c * width + k)] = page;
+      table[c * width + k] = page;
     }
   }
 
-  // One upload for every pass of the step.
+  // One upload for every pass of the step (a graph step's table apart when most of it is unused columns).
+  // Eager: extend rows | chain | table. Graph: table | ids 0 .. bucket - 1 | chain | extend rows (the parts
+  // its graph reads at addresses fixed per bucket and k).
+  const auto chain_size = static_cast<int64_t>(h.chain.size()), table_size = table_rows * width;
+  const bool split_table = bucket > 0 && (width - columns) * table_rows * 4 >= kSplitTableBytes;
   packed_.clear();
+  if (bucket > 0 && !split_table) packed_.insert(packed_.end(), table, table + table_size);
   const std::vector<const std::vector<int32_t>*> eager_order = {&h.tokens, &h.positions, &h.seqs, &h.logit_rows,
                                                                 &h.captured_rows, &h.chain, &h.pages};
-  const std::vector<const std::vector<int32_t>*> graph_order = {&h.iota, &h.chain, &h.pages, &h.tokens,
-                                                                &h.positions, &h.seqs, &h.logit_rows, &h.captured_rows};
+  const std::vector<const std::vector<int32_t>*> graph_order = {&h.iota, &h.chain, &h.tokens, &h.positions,
+                                                                &h.seqs, &h.logit_rows, &h.captured_rows};
   for (const std::vector<int32_t>* part : bucket > 0 ? graph_order : eager_order)
     packed_.insert(packed_.end(), part->begin(), part->end());
   Backend& b = model_.backend();
-  const auto packed_size = static_cast<int64_t>(packed_.size());
-  if (staging_.bytes() < packed_size * 4) {
+  const int64_t packed_at = split_table ? table_size : 0;
+  const int64_t total = packed_at + static_cast<int64_t>(packed_.size());
+  if (staging_.bytes() < total * 4) {
     if (!graph_sizes_.empty()) return internal_error("EAGLE-3: a step outgrew the upload buffer its chain graphs read");
     staging_ = Buffer();
-    MX_ASSIGN_OR_RETURN(staging_, b.allocate(packed_size * 2 * 4));
+    MX_ASSIGN_OR_RETURN(staging_, b.allocate(total * 2 * 4));
   }
-  const TensorView up = staging_.view(DType::kI32, {packed_size});
-  MX_RETURN_IF_ERROR(b.copy_from_host(up, packed_.data()));
-  const auto chain_size = static_cast<int64_t>(h.chain.size()), table_size = table_rows * width;
+  const TensorView up = staging_.view(DType::kI32, {total});
+  MX_RETURN_IF_ERROR(b.copy_from_host(up.rows(packed_at, total), packed_.data()));
+  if (split_table)
+    MX_RETURN_IF_ERROR(b.copy_row_prefixes_from_host(up.rows(0, table_size).reshaped({table_rows, width}), table, columns * 4));
   // Where each part landed.
-  const int64_t extend_at = bucket > 0 ? bucket + chain_size + table_size : 0;
-  const int64_t chain_at = bucket > 0 ? bucket : extend_at + 6 * T + R;
-  const int64_t table_at = bucket > 0 ? bucket + chain_size : chain_at + chain_size;
+  const int64_t table_at = bucket > 0 ? 0 : 6 * T + R + chain_size;
+  const int64_t chain_at = bucket > 0 ? table_size + bucket : 6 * T + R;
+  const int64_t extend_at = bucket > 0 ? chain_at + chain_size : 0;
+  const int64_t iota_at = table_size;
   // Draft j of the chain's sequence c at row j * stride + c.
   const int64_t stride = bucket > 0 ? bucket : S;
   const TensorView drafted = drafted_.view(DType::kI32, {(P + 1) * limits_.max_seqs});
@@ -270,7 +291,7 @@ Status Eagle3Drafter::step(std::span<const Eagle3SequenceStep> seqs, std::vector
     batch.token_ids = drafted.rows((j - 1) * stride, (j - 1) * stride + a);
     batch.positions = up.rows(at, at + a);
     if (bucket > 0) {
-      batch.token_seq = batch.logit_rows = up.rows(0, bucket);
+      batch.token_seq = batch.logit_rows = up.rows(iota_at, iota_at + bucket);
       batch.page_tables[0] = up.rows(table_at, table_at + table_size).reshaped({bucket, width});
       at += a;
     } else {

@@ -116,14 +116,17 @@ class Eagle3Drafter {
   Buffer staging_;
   std::vector<int64_t> graph_sizes_;  // chain graph buckets (empty: every chain eager)
   int64_t graph_table_width_ = 0;     // page-table width of graph steps
+  // A graph step's page table on the host, [largest bucket, graph_table_width_]; a step writes only the
+  // columns its rows read (the rest keep older, unread pages).
+  std::vector<int32_t> graph_table_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ReplayGraph>> chain_graphs_;  // (bucket, k); null: failed
   int64_t chain_replays_ = 0;
   Buffer drafted_;  // i32 [page_size + 1, max_seqs]: draft j (draft-vocabulary ids) of the step's sequences at row j
   HiddenObserver observer_;
   // The step on the host, packed as it is uploaded. Eager chain: the extend pass's rows, then each chain
-  // pass's, then the page table. Graph chain (bucket B, k drafts): 0 .. B - 1 (every chain pass's sequence
-  // and logit row ids), the k - 1 passes' positions [k - 1, B], the page table [B, width], then the extend
-  // pass's rows.
+  // pass's, then the page table. Graph chain (bucket B, k drafts): the page table [B, width] (graph_table_,
+  // uploaded apart when mostly unused columns), 0 .. B - 1 (every chain pass's sequence and logit row ids),
+  // the k - 1 passes' positions [k - 1, B], then the extend pass's rows.
   struct HostBatch {
     std::vector<int32_t> iota, tokens, positions, seqs, logit_rows, captured_rows, chain, pages;
   } host_;
