@@ -9,7 +9,8 @@
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only |
-// --gemma-router-only | --gemma-experts-only[=T,T,...]] [out.json]`).
+// --gemma-router-only | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
+// --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
@@ -337,6 +338,7 @@ void bench_moe_prefill() {
 struct AttnGeometry {
   int64_t n_q = 64, n_kv = 8, head_dim = 64;
   int64_t layers = 1;  // KV layers to rotate through (so that decode reads come from HBM, not L2)
+  bool shared_kv = false;  // V is K's storage (Gemma-4's full layers)
 };
 
 struct AttnSetup {
@@ -348,14 +350,18 @@ struct AttnSetup {
 
 AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens, const AttnGeometry& geo = {}) {
   const int64_t page = 16, pages_per_seq = (ctx + page - 1) / page;
-  const std::vector<KvLayerSpec> specs(static_cast<size_t>(geo.layers), KvLayerSpec{geo.n_kv, geo.head_dim, 0, false});
+  const std::vector<KvLayerSpec> specs(static_cast<size_t>(geo.layers), KvLayerSpec{geo.n_kv, geo.head_dim, 0, geo.shared_kv});
   const KvCacheShape shape = KvCacheShape::uniform(KvLayout::from_layers(specs), seqs * pages_per_seq, page);
   auto kv = KvCache::allocate(*g_b, shape);
   CHECK_OK(kv.is_ok() ? Status::ok() : kv.status());
-  // Random K/V (never zeros).
+  // Random K/V (never zeros). Caches past 16M values repeat one random block at rotating offsets (batch-80
+  // decode caches hold ~300M values; drawing each took seconds of every run, and the timing depends on
+  // addresses, not values).
   std::vector<uint16_t> host(static_cast<size_t>(kv->layer(0).k.numel()));
   std::normal_distribution<float> d(0.0f, 1.0f);
-  for (auto& h : host) h = f32_to_bf16(d(g_rng));
+  const size_t block = std::min<size_t>(host.size(), (size_t{1} << 24) + 7);
+  for (size_t i = 0; i < block; ++i) host[i] = f32_to_bf16(d(g_rng));
+  for (size_t i = block; i < host.size(); ++i) host[i] = host[(i + i / block) % block];
   for (int64_t l = 0; l < geo.layers; ++l) {
     CHECK_OK(g_b->copy_from_host(kv->layer(static_cast<int>(l)).k, host.data()));
     CHECK_OK(g_b->copy_from_host(kv->layer(static_cast<int>(l)).v, host.data()));
@@ -438,6 +444,7 @@ void bench_attention() {
 // full layers (16 q / 2 kv heads, head dim 512), no sinks, scale 1.0. Prefill: one prompt of 1K/4K/8K
 // tokens (FLOPs of the visible pairs). Decode: batch x context, rotating over KV layers worth >= 150 MB
 // so reads come from HBM; bytes = the K and V a step must read (the window's at most on sliding layers).
+void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches = {});
 void bench_attention_gemma() {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2816, 704, 128, 8, 16, 8, 512}));
   struct Layer {
@@ -461,22 +468,49 @@ void bench_attention_gemma() {
       std::snprintf(note, sizeof note, "%.0f TFLOP/s", flops / us / 1e6);
       report("gemma prefill " + std::to_string(T / 1024) + "K " + k.name, us, 0, flops, note);
     }
-  for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1}, {8192, 1}, {32768, 1}, {1024, 32}, {8192, 8}}) {
+  bench_attention_gemma_decode();
+}
+
+// Gemma-4 decode attention, each kernel (attention.cu's split-KV mma.sync kernel and the swap-AB one):
+// batch x context, rotating over KV layers worth >= 150 MB so reads come from HBM; full layers store V as
+// K (one read). Bytes = the K and V a step must read (the window's at most on sliding layers).
+void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches) {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2816, 704, 128, 8, 16, 8, 512}));
+  struct Layer {
+    const char* name;
+    AttnGeometry geo;
+    int64_t window;
+  };
+  const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1, false}, 1024}, {"full hd512 K=V", {16, 2, 512, 1, true}, 0}};
+  const std::pair<CudaAttentionDecode, const char*> paths[] = {{CudaAttentionDecode::kMmaSync, "mma.sync"},
+                                                               {CudaAttentionDecode::kSwapAb, "swap AB"}};
+  for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{
+           {1024, 1}, {1024, 8}, {1024, 16}, {1024, 64}, {1024, 80}, {2048, 80}, {8192, 1}, {8192, 8}}) {
+    if (!only_batches.empty() && (ctx != 1024 || std::find(only_batches.begin(), only_batches.end(), seqs) == only_batches.end()))
+      continue;
     for (Layer k : kinds) {
       const int64_t keys = k.window ? std::min(ctx, k.window) : ctx;
-      const double layer_bytes = static_cast<double>(seqs) * ctx * k.geo.n_kv * k.geo.head_dim * 2 * 2;
+      const double stored = k.geo.shared_kv ? 1 : 2;
+      const double layer_bytes = static_cast<double>(seqs) * ctx * k.geo.n_kv * k.geo.head_dim * 2 * stored;
       k.geo.layers = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(150e6 / layer_bytes)), 1, 16);
       AttnSetup a = make_attention(seqs, ctx, 1, k.geo);
-      const double us = time_graph(48, [&](int i) {
-        AttentionParams p{a.q, a.kv.layer(i % static_cast<int>(k.geo.layers)), TensorView{}, a.out, k.geo.n_q, k.geo.n_kv,
-                          k.geo.head_dim, k.window, 1.0f};
-        return g_b->attention(p, a.batch);
-      });
-      const double bytes = static_cast<double>(seqs) * keys * k.geo.n_kv * k.geo.head_dim * 2 * 2;
-      report("gemma decode " + std::string(k.name) + " ctx=" + std::to_string(ctx) + " b=" + std::to_string(seqs), us,
-             bytes, 0, std::to_string(static_cast<int>(bytes / 1e6)) + " MB KV");
+      const double bytes = static_cast<double>(seqs) * keys * k.geo.n_kv * k.geo.head_dim * 2 * stored;
+      for (const auto& [path, label] : paths) {
+        CHECK_OK(set_cuda_attention_options(*g_b, {CudaAttentionPath::kAuto, path}));
+        const double us = time_graph(48, [&](int i) {
+          AttentionParams p{a.q, a.kv.layer(i % static_cast<int>(k.geo.layers)), TensorView{}, a.out, k.geo.n_q, k.geo.n_kv,
+                            k.geo.head_dim, k.window, 1.0f};
+          return g_b->attention(p, a.batch);
+        });
+        char note[96];
+        std::snprintf(note, sizeof note, "%d MB KV, %.0f GB/s", static_cast<int>(bytes / 1e6), bytes / us / 1e3);
+        report("gemma decode " + std::string(k.name) + " ctx=" + std::to_string(ctx) + " b=" + std::to_string(seqs) + " " +
+                   label,
+               us, bytes, 0, note);
+      }
     }
   }
+  CHECK_OK(set_cuda_attention_options(*g_b, {}));
 }
 
 // ---- Dense linears at decode sizes: the skinny kernel (M <= 16) against cuBLASLt on the same shapes.
@@ -801,6 +835,16 @@ int main(int argc, char** argv) {
   }
   // `--attention-gemma`: Gemma-4 26B-A4B attention, prefill 1K/4K/8K and decode, both layer kinds;
   // `--attention-decode-only`: gpt-oss's decode attention rows.
+  // `--attention-gemma-decode[=B,B,...]`: only the Gemma-4 decode rows, each kernel (or only batches B at 1K
+  // context: one kernel launch each to profile).
+  const std::string gemma_decode_flag = "--attention-gemma-decode";
+  if (argc > arg && std::string(argv[arg]).rfind(gemma_decode_flag, 0) == 0) {
+    bench_attention_gemma_decode(parse_list<int64_t>(std::string(argv[arg]).substr(gemma_decode_flag.size()),
+                                                     [](const std::string& t) { return std::stoll(t); }));
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
   if (argc > arg && (std::string(argv[arg]) == "--attention-gemma" || std::string(argv[arg]) == "--attention-decode-only")) {
     if (std::string(argv[arg]) == "--attention-gemma") bench_attention_gemma();
     else bench_attention_decode();

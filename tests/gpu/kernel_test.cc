@@ -187,6 +187,7 @@ struct AttnCase {
   std::vector<std::pair<int64_t, int64_t>> spans;  // (cached tokens, new tokens) per sequence
   bool sinks = true;
   float scale = 0.0f;  // 0: 1 / sqrt(hd); Gemma-4 uses 1.0 (q and k are normed)
+  bool kv_shared = false;  // V is K's storage (Gemma-4's full layers)
 };
 
 // `label` names the prefill kernel in the report (the backend's options choose it). `replay`: the same call
@@ -215,8 +216,9 @@ void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c
   }
   TensorView o_c = cpu.make(DType::kF32, {T, c.n_q * c.hd}), o_g = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
   const float scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.hd));
-  AttentionParams a_c{pq.cpu, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
-  AttentionParams a_g{pq.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
+  const Pair& pv_used = c.kv_shared ? pk : pv;
+  AttentionParams a_c{pq.cpu, {pk.cpu, pv_used.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
+  AttentionParams a_g{pq.cuda, {pk.cuda, pv_used.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
   ASSERT_TRUE(cpu.backend().attention(a_c, *batch_c).is_ok());
   const Status st = cuda.backend().attention(a_g, *batch_g);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
@@ -343,6 +345,55 @@ TEST_F(KernelTest, AttentionGemmaDecode) {
       {"gemma full hd512, verify 4 rows after 6000, page 5", 16, 2, 512, 0, 5, {{6000, 4}, {3, 2}}, false, 1.0f},
   };
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
+}
+
+// The swap-AB decode kernel (attention_decode_swap.cu: head dims 256 and 512, up to 8 q heads per kv head,
+// one warp per split): Gemma's cases above, then batches of 1, 3, 33 and 80 with contexts that cross the
+// 1024-key window and page edges, V aliasing K, odd groups, sinks through the split merge, verify rows,
+// and graph replay equal to eager. Shapes outside it are refused.
+TEST_F(KernelTest, AttentionDecodeSwap) {
+  auto ctx = [](std::initializer_list<int64_t> lens) {
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (int64_t n : lens) spans.push_back({n - 1, 1});
+    return spans;
+  };
+  auto spread = [](int64_t seqs, int64_t lo, int64_t step) {
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (int64_t i = 0; i < seqs; ++i) spans.push_back({lo + (i * step) % 1500, 1});
+    return spans;
+  };
+  const std::vector<AttnCase> cases = {
+      {"sliding hd256 w1024 b1 ctx 1000", 16, 8, 256, 1024, 16, ctx({1000}), false, 1.0f},
+      {"sliding hd256 w1024 b3 ctx 1 / 1024 / 1025, page 5", 16, 8, 256, 1024, 5, ctx({1, 1024, 1025}), false, 1.0f},
+      {"sliding hd256 w1024 b33 ctx 1..2100", 16, 8, 256, 1024, 16, spread(33, 0, 67), false, 1.0f},
+      {"sliding hd256 w1024 b80 ctx ~1040", 16, 8, 256, 1024, 16, spread(80, 1000, 1), false, 1.0f},
+      {"full hd512 K=V b1 ctx 2500", 16, 2, 512, 0, 16, ctx({2500}), false, 1.0f, true},
+      {"full hd512 K=V b3 ctx 1 / 33 / 1057, page 7", 16, 2, 512, 0, 7, ctx({1, 33, 1057}), false, 1.0f, true},
+      {"full hd512 K=V b33 ctx 1..2100", 16, 2, 512, 0, 16, spread(33, 0, 67), false, 1.0f, true},
+      {"full hd512 K=V b80 ctx ~1040", 16, 2, 512, 0, 16, spread(80, 1000, 1), false, 1.0f, true},
+      {"hd512 g8 own V, sinks, window 300", 16, 2, 512, 300, 16, ctx({2000, 10, 299, 301})},
+      {"hd256 g2 sinks ctx 3001", 16, 8, 256, 0, 16, ctx({3001, 2})},
+      {"hd256 g1 (MHA) window 100, page 5", 4, 4, 256, 100, 5, ctx({1000, 5})},
+      {"hd512 g3 (odd group) K=V, sinks", 6, 2, 512, 0, 16, ctx({700, 1}), true, 0.0f, true},
+      {"hd256 g5 (odd group) w1024", 10, 2, 256, 1024, 16, ctx({1100, 17})},
+      {"sliding verify 4 rows after 1022 + 8 after 3000", 16, 8, 256, 1024, 16, {{1022, 4}, {3000, 8}}, false, 1.0f},
+      {"full K=V verify 4 rows after 6000 + 2 after 3, page 5", 16, 2, 512, 0, 5, {{6000, 4}, {3, 2}}, false, 1.0f, true},
+  };
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kAuto, CudaAttentionDecode::kSwapAb}).is_ok());
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (swap AB)", /*replay=*/&c == &cases[2] || &c == &cases[6]);
+  // Outside its shapes: an error, not a wrong answer.
+  for (const AttnCase& c : {AttnCase{"hd64", 16, 2, 64, 0, 16, ctx({10})}, AttnCase{"hd256 g16", 32, 2, 256, 0, 16, ctx({10})}}) {
+    PagedSetup s = make_paged(rng_, c.spans, c.page_size);
+    auto st = BatchStaging::create(cuda_backend(), {1, 1, s.max_pages, 1});
+    ASSERT_TRUE(st.is_ok());
+    auto batch = st->stage(s.seqs);
+    ASSERT_TRUE(batch.is_ok());
+    TensorView kv = cuda_.make(DType::kBF16, {s.num_pages, c.page_size, c.n_kv, c.hd});
+    TensorView q = cuda_.make(DType::kBF16, {1, c.n_q * c.hd}), o = cuda_.make(DType::kBF16, {1, c.n_q * c.hd});
+    EXPECT_FALSE(cuda_backend().attention({q, {kv, kv, c.page_size}, {}, o, c.n_q, c.n_kv, c.hd, 0, 1.0f}, *batch).is_ok())
+        << c.name;
+  }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
 TEST_F(KernelTest, AttentionDecode) {

@@ -101,6 +101,57 @@ TEST(CudaKernelConfigs, AttentionDecodeSplitsLongContextAtBatchOne) {
   EXPECT_EQ(w.num_splits, 1);  // a 128-key window is one CTA's work
 }
 
+// The swap-AB decode kernel: only head dims 256 and 512 with groups of up to 8; a ring of 2-4 stages that
+// fits every chip (K and V stages, or K alone where V aliases it); splits within the scratch prepare() sizes.
+TEST(CudaKernelConfigs, AttentionDecodeSwapShapesAndSplits) {
+  for (const DeviceInfo& d : chips()) {
+    EXPECT_FALSE(choose_attention_decode_swap_config(d, 64, 8, false, 1, 8, 1024).enabled);
+    EXPECT_FALSE(choose_attention_decode_swap_config(d, 128, 2, false, 1, 8, 1024).enabled);
+    EXPECT_FALSE(choose_attention_decode_swap_config(d, 256, 16, false, 1, 8, 1024).enabled);
+    for (int64_t hd : {256, 512})
+      for (int64_t group : {1, 2, 3, 8})
+        for (bool shared : {false, true})
+          for (int64_t tokens : {1, 8, 80, 512})
+            for (int64_t max_keys : {16, 1024, 131072}) {
+              const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, hd, group, shared, tokens, 8, max_keys);
+              ASSERT_TRUE(c.enabled) << d.name << " hd " << hd;
+              EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
+              EXPECT_GE(c.stages, 2);
+              EXPECT_LE(c.stages, 4);
+              EXPECT_EQ(c.smem_bytes, 8 * hd * 2 + c.stages * (shared ? 1 : 2) * 16 * hd * 2);
+              EXPECT_EQ(c.min_split_keys % 16, 0);
+              EXPECT_GE(c.num_splits, 1);
+              EXPECT_LE(c.num_splits, 64);
+              EXPECT_LE((c.num_splits - 1) * c.min_split_keys, max_keys) << d.name << " splits " << c.num_splits;
+              EXPECT_LE(tokens * c.num_splits, tokens + 3 * d.sm_count) << d.name;
+            }
+  }
+  // Gemma-4 on an H100 (3 one-warp CTAs per SM, two waves wanted): 1024-key windows at batch 8 split 13
+  // ways, at batch 80 two.
+  EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).stages, 4);
+  EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).num_splits, 13);
+  EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 80, 8, 1024).num_splits, 2);
+}
+
+// kAuto takes the swap-AB kernel where it was measured faster (an H100): Gemma's sliding layers (head dim 256,
+// group 2) from 8 tokens, its full layers (head dim 512, group 8, K = V) from 64; nowhere off sm_90 yet.
+TEST(CudaKernelConfigs, AttentionDecodeSwapByDefaultWhereMeasuredFaster) {
+  auto by_default = [](const DeviceInfo& d, int64_t hd, int64_t group, bool shared, int64_t n_kv, int64_t tokens) {
+    const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, hd, group, shared, tokens, n_kv, 1024);
+    return attention_decode_swap_by_default(d, c, tokens);
+  };
+  for (const DeviceInfo& d : {sm90_h100(), sm90_h200()}) {
+    EXPECT_FALSE(by_default(d, 256, 2, false, 8, 1));
+    EXPECT_TRUE(by_default(d, 256, 2, false, 8, 8));
+    EXPECT_TRUE(by_default(d, 256, 2, false, 8, 80));
+    EXPECT_FALSE(by_default(d, 512, 8, true, 2, 8));
+    EXPECT_FALSE(by_default(d, 512, 8, true, 2, 63));
+    EXPECT_TRUE(by_default(d, 512, 8, true, 2, 64));
+    EXPECT_FALSE(by_default(d, 64, 8, false, 8, 80));  // gpt-oss: no swap-AB kernel
+  }
+  for (const DeviceInfo& d : {sm100_b200(), sm120_rtx_pro_6000(), sm121_gb10()}) EXPECT_FALSE(by_default(d, 256, 2, false, 8, 80));
+}
+
 TEST(CudaKernelConfigs, MoeFitsEveryChip) {
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {4, 32, 256, 32768})

@@ -439,15 +439,29 @@ class CudaBackend final : public Backend {
       const int64_t capacity = a.kv.max_pages * a.kv.page_size;
       const int64_t max_keys = p.window > 0 ? std::min(p.window, capacity) : capacity;
       const int64_t group = p.n_q / p.n_kv, head_blocks = (group + 15) / 16;
-      const AttentionDecodeConfig c =
+      const CudaAttentionDecode decode = options_.attention.decode;
+      const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(
+          dev_, p.head_dim, group, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv, max_keys);
+      if (decode == CudaAttentionDecode::kSwapAb && !c.enabled)
+        return unimplemented("attention decode (swap AB): head dim 256 or 512, up to 8 q heads per kv head");
+      if (decode == CudaAttentionDecode::kSwapAb ||
+          (decode == CudaAttentionDecode::kAuto && c.enabled && attention_decode_swap_by_default(dev_, c, batch.num_tokens))) {
+        if (c.num_splits > 1) {
+          const int64_t need = batch.num_tokens * p.n_q * c.num_splits * (p.head_dim + 2) * 4;
+          MX_RETURN_IF_ERROR(ensure(scratch_.partials, need, "attention partials"));
+          a.partials = ptr_of<float>(scratch_.partials);
+        }
+        return launch_attention_decode_swap(a, c, stream_.get());
+      }
+      const AttentionDecodeConfig dc =
           choose_attention_decode_config(dev_, p.head_dim, batch.num_tokens, p.n_kv, head_blocks, max_keys);
-      if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention decode config does not fit");
-      if (c.num_splits > 1) {
-        const int64_t need = batch.num_tokens * p.n_q * c.num_splits * (p.head_dim + 2) * 4;
+      if (!fits(dev_, dc.smem_bytes, dc.stages)) return internal_error("attention decode config does not fit");
+      if (dc.num_splits > 1) {
+        const int64_t need = batch.num_tokens * p.n_q * dc.num_splits * (p.head_dim + 2) * 4;
         MX_RETURN_IF_ERROR(ensure(scratch_.partials, need, "attention partials"));
         a.partials = ptr_of<float>(scratch_.partials);
       }
-      return launch_attention_decode(a, c, stream_.get());
+      return launch_attention_decode(a, dc, stream_.get());
     }
     const CudaAttentionPath path = options_.attention.prefill;
     if (path == CudaAttentionPath::kWgmmaWs || path == CudaAttentionPath::kWgmmaWs64 || path == CudaAttentionPath::kAuto) {

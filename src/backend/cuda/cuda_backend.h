@@ -51,8 +51,13 @@ struct CudaSkinnyLinearOptions {
 // 64-key-tile shape) and kMmaSync force one, for tests and benchmarks; kWgmmaWs* where there is none is an
 // error.
 enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync };
+// Which decode attention kernel runs (one query per sequence, or verify rows): kAuto = the swap-AB one where
+// attention_decode_swap_by_default (kernel_configs.h) has it measured faster, else attention.cu's split-KV
+// kernel; kSwapAb = attention_decode_swap.cu (head dims 256, 512, <= 8 q heads per kv head; else an error).
+enum class CudaAttentionDecode { kAuto, kMmaSync, kSwapAb };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
+  CudaAttentionDecode decode = CudaAttentionDecode::kAuto;
 };
 
 // Which decode GEMMs Gemma-4's bf16 GeGLU experts run on 8-token tiles: kAuto = the bulk-copy kernels on

@@ -91,6 +91,54 @@ AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int6
   return c;
 }
 
+AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& dev, int64_t head_dim, int64_t group,
+                                                              bool kv_shared, int64_t num_tokens, int64_t n_kv,
+                                                              int64_t max_keys) {
+  AttentionDecodeSwapConfig c;
+  if ((head_dim != 256 && head_dim != 512) || group < 1 || group > kAttnSwapMaxGroup) return c;
+  const int64_t q_bytes = 8 * head_dim * 2, stage_bytes = (kv_shared ? 1 : 2) * 16 * head_dim * 2;
+  const int64_t sm_smem = dev.max_smem_per_block_optin + kStaticSmemReserve;
+  // The ring depth that keeps the most bytes in flight per SM: (stages - 1) stages per resident CTA.
+  int64_t best_in_flight = 0, best_ctas = 0;
+  for (int stages = 2; stages <= 4; ++stages) {
+    const int64_t smem = q_bytes + stages * stage_bytes;
+    if (!fits(dev, smem, stages)) continue;
+    const int64_t ctas = std::min<int64_t>(32, sm_smem / (smem + kStaticSmemReserve));
+    const int64_t in_flight = ctas * (stages - 1) * stage_bytes;
+    if (in_flight > best_in_flight) {
+      best_in_flight = in_flight;
+      best_ctas = ctas;
+      c.stages = stages;
+      c.smem_bytes = smem;
+    }
+  }
+  if (c.stages == 0) return c;
+  c.enabled = true;
+  // Two waves of CTAs over the SMs, in splits of at least 32 keys, or 32 per head of the group above 2 (a
+  // split writes group x (head_dim + 2) floats of partial state, which the merge reads back: with 256 keys
+  // at group 8 that is 1/8 of the split's K bytes). Splits past a short context are empty and cost little.
+  c.min_split_keys = static_cast<int>(32 * std::max<int64_t>(1, group <= 2 ? 1 : group));
+  const int64_t resident = std::max(1, dev.sm_count) * best_ctas;
+  const int64_t pairs = std::max<int64_t>(1, num_tokens * n_kv);
+  const int64_t most = std::max<int64_t>(1, ceil_div(max_keys, c.min_split_keys));
+  // tokens x splits stays within tokens + 3 x SMs, the partials the backend's prepare() sizes for.
+  const int64_t scratch_cap = 1 + 3 * std::max(1, dev.sm_count) / std::max<int64_t>(1, num_tokens);
+  c.num_splits = static_cast<int>(
+      std::clamp<int64_t>(ceil_div(2 * resident, pairs), 1, std::min<int64_t>({most, 64, scratch_cap})));
+  return c;
+}
+
+// Measured on an H100 (bench/results/2026-11-28-h100-gemmab-w1-decode-attention.txt, one process, 1K context):
+// faster than attention.cu's decode kernel for groups of up to 2 from 8 tokens (Gemma's sliding layers, head dim
+// 256: 61.0 vs 71.8 us at batch 8, 372.6 vs 418.5 at 64, 484.0 vs 515.3 at 80) and for larger groups from 64
+// tokens (full layers, head dim 512, K = V: 144.6 vs 163.9 us at 64, 147.0 vs 213.9 at 80; slower below, 77.7 vs
+// 39.2 at 8); slower at one token for both. Not yet timed off sm_90.
+bool attention_decode_swap_by_default(const DeviceInfo& dev, const AttentionDecodeSwapConfig& c, int64_t num_tokens) {
+  if (!c.enabled || dev.sm_major != 9) return false;
+  const bool group_of_two_or_less = c.min_split_keys <= 32;  // the config's split floor grows with the group
+  return num_tokens >= (group_of_two_or_less ? 8 : 64);
+}
+
 MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts, int64_t rows) {
   MoeConfig c;
   c.tile_tokens = 8;

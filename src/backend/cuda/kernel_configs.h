@@ -95,6 +95,25 @@ struct AttentionDecodeConfig {
 AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int64_t head_dim, int64_t num_tokens,
                                                      int64_t n_kv, int64_t head_blocks, int64_t max_keys);
 
+// Decode attention with the keys as the mma's M side and a kv head's q heads as its 8-wide N side
+// (attention_decode_swap.cu): head dims 256 and 512, groups of up to 8. A CTA is one warp with its own ring
+// of `stages` 16-key stages (K, and V unless it aliases K) after the group's Q; splits of at least
+// `min_split_keys` keys.
+inline constexpr int64_t kAttnSwapMaxGroup = 8;
+struct AttentionDecodeSwapConfig {
+  bool enabled = false;  // the shape has the kernel and a ring of 2+ stages fits
+  int stages = 0;
+  int num_splits = 0;
+  int min_split_keys = 0;
+  int64_t smem_bytes = 0;
+};
+// `max_keys` as for choose_attention_decode_config (a static bound: graphs stay valid).
+AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& dev, int64_t head_dim, int64_t group,
+                                                              bool kv_shared, int64_t num_tokens, int64_t n_kv,
+                                                              int64_t max_keys);
+// Whether kAuto takes the swap-AB kernel for this enabled config (where it was measured faster).
+bool attention_decode_swap_by_default(const DeviceInfo& dev, const AttentionDecodeSwapConfig& c, int64_t num_tokens);
+
 // MXFP4 experts, "swap AB" (weights as the mma A operand, routed tokens as the 8-wide N side).
 struct MoeConfig {
   int tile_tokens = 0;      // routed tokens per tile (8 * n_tiles)

@@ -487,9 +487,11 @@ __global__ void attention_merge_kernel(AttentionKernelParams p, int splits) {
   const float* part = p.partials + (t * p.n_q + head) * splits * stride;
   float m = -INFINITY;
   for (int s = 0; s < splits; ++s) m = fmaxf(m, part[s * stride + hd]);
-  const float base = m == -INFINITY ? 0.f : m;  // splits that saw no key carry m = -inf, l = 0
+  const float base = m == -INFINITY ? 0.f : m;
   float l = 0.f, o = 0.f;
   for (int s = 0; s < splits; ++s) {
+    // A split that saw no key carries m = -inf, l = 0 and may leave its accumulators unwritten.
+    if (part[s * stride + hd] == -INFINITY) continue;
     const float c = exp2f(part[s * stride + hd] - base);
     l += part[s * stride + hd + 1] * c;
     o += part[s * stride + d] * c;
@@ -565,8 +567,12 @@ Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDe
     default: MX_RETURN_IF_ERROR(launch_decode<512>(p, c, grid, stream)); break;
   }
   if (c.num_splits == 1) return Status::ok();
+  return launch_attention_split_merge(p, c.num_splits, stream);
+}
+
+Status launch_attention_split_merge(const AttentionKernelParams& p, int splits, cudaStream_t stream) {
   return cuda_status(launch_pdl(attention_merge_kernel, dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.n_q)),
-                                dim3(static_cast<unsigned>(p.head_dim)), 0, stream, p, c.num_splits),
+                                dim3(static_cast<unsigned>(p.head_dim)), 0, stream, p, splits),
                      "attention_merge_kernel");
 }
 

@@ -110,6 +110,12 @@ Status launch_attention_prefill_wgmma_ws(const AttentionKernelParams& p, const A
                                          cudaStream_t stream);
 // Any batch, one CTA per (token, kv head, head block, split); merges splits when there are several.
 Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDecodeConfig& c, cudaStream_t stream);
+// Head dims 256 and 512 with up to 8 q heads per kv head (attention_decode_swap.cu): one warp per (token,
+// kv head, split), keys as the mma's M side; merges splits when there are several.
+Status launch_attention_decode_swap(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c,
+                                    cudaStream_t stream);
+// Combines a decode kernel's `splits` partial states per (token, head) in p.partials into p.out, adding the sink.
+Status launch_attention_split_merge(const AttentionKernelParams& p, int splits, cudaStream_t stream);
 
 struct RouterKernelParams {
   const uint16_t* x = nullptr;       // bf16 [tokens, hidden]

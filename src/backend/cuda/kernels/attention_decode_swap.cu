@@ -1,0 +1,270 @@
+// Decode attention for wide heads and small GQA groups (Gemma-4: head dim 256 with 2 q heads per kv head,
+// 512 with 8), "swap AB": the keys are the m16n8k16 mma's M side and the group's q heads its 8-wide N side,
+// so a group of 2 wastes 3/4 of each mma instead of the 7/8 that 16-row query tiles waste (attention.cu's
+// decode kernel). Decode is bandwidth bound: what matters is that every K/V byte is read once and that
+// enough bytes are in flight, so the CTA is one warp with its own cp.async ring of 16-key stages (no CTA
+// barrier anywhere), several CTAs per SM, and the KV range of a (token, kv head) split over CTAs; the
+// splits are combined by attention.cu's merge kernel, which also adds the sink.
+//
+// Per 16-key stage: S^T = K Q^T (A = K [16 keys][16 d] by ldmatrix, B = Q [8 heads][16 d] by ldmatrix from
+// shared memory), online softmax per head column (a lane holds keys r, r + 8 of heads 2q, 2q + 1), P^T to
+// bf16 and transposed in registers (movmatrix) into the B operand of O^T += V^T P^T (A = V^T by
+// ldmatrix.trans). The accumulator O^T [head_dim][8 heads] stays in registers (head_dim / 2 floats a lane).
+// Layers whose V aliases K (Gemma-4's full layers) load each key row once and use it for both products.
+// The page of each of a stage's 16 keys is looked up once, by one lane, and broadcast by shuffles.
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/attention_common.cuh"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kKeys = 16;   // keys per stage: the mma's M
+constexpr int kHeads = 8;   // q heads per CTA: the mma's N (rows past the group are zero)
+
+// 16-byte chunk `c` of row `row` of a [rows][HD] tile, XOR-swizzled so that ldmatrix's 8 rows (same
+// logical chunk, consecutive rows) hit 8 different bank groups.
+template <int HD>
+__device__ __forceinline__ uint16_t* chunk_at(uint16_t* tile, int row, int c) {
+  return tile + row * HD + ((c ^ (row & 7)) * 8);
+}
+
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Where key k0 + lane (lane < 16) of kv head g lives: its element offset in the cache and whether it is
+// there (false past `kend` or outside the cache). Looked up a stage ahead of its copies, so the page
+// table's latency hides under the math.
+struct StageRows {
+  long long off = 0;
+  int ok = 0;
+};
+template <int HD>
+__device__ __forceinline__ StageRows lookup_stage(const AttentionKernelParams& p, int g, int seq, int k0, int kend) {
+  StageRows s;
+  const int lane = threadIdx.x, key = k0 + lane;
+  if (lane < kKeys && key <= kend) {
+    const int64_t logical = key / p.kv.page_size;
+    if (logical < p.kv.max_pages) {
+      const int64_t page = p.kv.page_table[static_cast<int64_t>(seq) * p.kv.max_pages + logical];
+      s.ok = page >= 0 && page < p.kv.num_pages;
+      if (s.ok) s.off = ((page * p.kv.page_size + key % p.kv.page_size) * p.n_kv + g) * HD;
+    }
+  }
+  return s;
+}
+
+// Issues the copies of a stage's 16 key rows (zero-filled where not there) into sk, and sv unless V
+// aliases K; each row's offset comes from the lane that looked it up.
+template <int HD>
+__device__ __forceinline__ void copy_stage(const AttentionKernelParams& p, const StageRows& rows, bool shared_kv,
+                                           uint16_t* sk, uint16_t* sv) {
+  constexpr int kChunks = HD / 8;
+  const int lane = threadIdx.x;
+#pragma unroll
+  for (int row = 0; row < kKeys; ++row) {
+    const long long row_off = __shfl_sync(0xffffffffu, rows.off, row);
+    const bool row_ok = __shfl_sync(0xffffffffu, rows.ok, row) != 0;
+#pragma unroll
+    for (int c = lane; c < kChunks; c += 32) {
+      cp_async_16(chunk_at<HD>(sk, row, c), p.kv.k + row_off + c * 8, row_ok);
+      if (!shared_kv) cp_async_16(chunk_at<HD>(sv, row, c), p.kv.v + row_off + c * 8, row_ok);
+    }
+  }
+}
+
+// Waits until at most `pending` of this thread's copy groups are still in flight (cp.async.wait_group takes
+// an immediate; the ring depth is a runtime choice).
+__device__ __forceinline__ void wait_groups(int pending) {
+  switch (pending) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    default: cp_async_wait<3>(); break;
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32) attention_decode_swap_kernel(AttentionKernelParams p, int stages, int splits,
+                                                                   int min_split_keys) {
+  constexpr int kChunks = HD / 8, kDt = HD / 16;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint16_t* sq = reinterpret_cast<uint16_t*>(smem_raw);  // [8 heads][HD]
+  uint16_t* ring = sq + kHeads * HD;                      // stages x {K, V unless shared} [16 keys][HD]
+  const bool shared_kv = p.kv.v == p.kv.k;
+  const int stage_elems = (shared_kv ? 1 : 2) * kKeys * HD;
+  const int group = static_cast<int>(p.n_q / p.n_kv);
+  const int64_t t = blockIdx.x;
+  const int g = blockIdx.y, split = blockIdx.z;
+  const int lane = threadIdx.x, r = lane / 4, q = lane % 4;
+
+  pdl_wait();  // launched as a programmatic dependent: q and the new K/V come from qkv_rope
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+
+  for (int idx = lane; idx < kHeads * kChunks; idx += 32) {
+    const int row = idx / kChunks, c = idx % kChunks;
+    const bool ok = row < group;
+    const uint16_t* src = ok ? p.q + (t * p.n_q + g * group + row) * HD + c * 8 : p.q;
+    cp_async_16(chunk_at<HD>(sq, row, c), src, ok);
+  }
+  cp_async_commit();
+
+  const int pos = p.kv.positions[t];
+  const int first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
+  const int len = pos - first + 1;
+  const int chunk = max(min_split_keys, ((len + splits - 1) / splits + kKeys - 1) / kKeys * kKeys);
+  const int kstart = first + split * chunk;
+  const int kend = min(pos, kstart + chunk - 1);
+  const int n_tiles = kend >= kstart ? (kend - kstart + kKeys) / kKeys : 0;
+  const int seq = p.kv.token_seq[t];
+  auto lookup = [&](int i) { return lookup_stage<HD>(p, g, seq, kstart + i * kKeys, kend); };
+  auto issue = [&](int i, const StageRows& rows) {
+    if (i < n_tiles) {
+      uint16_t* sk = ring + (i % stages) * stage_elems;
+      copy_stage<HD>(p, rows, shared_kv, sk, sk + kKeys * HD);
+    }
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  };
+  for (int i = 0; i < stages - 1; ++i) issue(i, lookup(i));
+  StageRows next = lookup(stages - 1);
+
+  float m[2] = {-INFINITY, -INFINITY};  // heads 2q, 2q + 1
+  float l[2] = {0.f, 0.f};              // this lane's keys only; summed over the 8 lanes of a head at the end
+  float o[kDt][4];                      // O^T: d 16 dt + r (+ 8 for [2], [3]), heads 2q, 2q + 1
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+
+  for (int i = 0; i < n_tiles; ++i) {
+    issue(i + stages - 1, next);
+    next = lookup(i + stages);  // consumed by the next iteration's copies
+    wait_groups(stages - 1);
+    __syncwarp();
+    uint16_t* sk = ring + (i % stages) * stage_elems;
+    uint16_t* sv = shared_kv ? sk : sk + kKeys * HD;
+
+    // S^T [16 keys][8 heads], two accumulator chains over d.
+    float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+    const int mi = lane / 8;
+#pragma unroll
+    for (int dt = 0; dt < kDt; dt += 2) {
+      uint32_t qb[4], ka[4], kb[4];
+      ldmatrix_x4(qb, chunk_at<HD>(sq, lane % 8, 2 * dt + mi));
+      ldmatrix_x4(ka, chunk_at<HD>(sk, (mi % 2) * 8 + lane % 8, 2 * dt + mi / 2));
+      ldmatrix_x4(kb, chunk_at<HD>(sk, (mi % 2) * 8 + lane % 8, 2 * dt + 2 + mi / 2));
+      mma_bf16_16816(s, ka, qb[0], qb[1]);
+      mma_bf16_16816(s2, kb, qb[2], qb[3]);
+    }
+    const int key_lo = kstart + i * kKeys + r;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_lo + (e >= 2 ? 8 : 0);
+      s[e] = key <= kend ? (s[e] + s2[e]) * p.scale_log2 : -INFINITY;
+    }
+
+    // Online softmax per head column: the max over the 16 keys (this lane's 2, then the 8 lanes of the
+    // same q), the running state rescaled, P = 2^(s - m).
+    float corr[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float mx = fmaxf(s[j], s[2 + j]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[j], mx);
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: stays at zero weight
+      corr[j] = exp2f(m[j] - base);
+      m[j] = m_new;
+      s[j] = exp2f(s[j] - base);
+      s[2 + j] = exp2f(s[2 + j] - base);
+      l[j] = l[j] * corr[j] + s[j] + s[2 + j];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      o[dt][0] *= corr[0];
+      o[dt][1] *= corr[1];
+      o[dt][2] *= corr[0];
+      o[dt][3] *= corr[1];
+    }
+    // P^T's 8 x 8 blocks (keys r / r + 8, heads 2q, 2q + 1) transposed: lane (r, q) then holds P of head r
+    // at keys 2q, 2q + 1 (and + 8), the B fragment of the P.V mma.
+    const uint32_t pb0 = transpose_8x8(pack_bf16x2(s[0], s[1]));
+    const uint32_t pb1 = transpose_8x8(pack_bf16x2(s[2], s[3]));
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      uint32_t va[4];
+      ldmatrix_x4_trans(va, chunk_at<HD>(sv, (mi / 2) * 8 + lane % 8, 2 * dt + mi % 2));
+      mma_bf16_16816(o[dt], va, pb0, pb1);
+    }
+    __syncwarp();  // every lane's reads of this stage are done before it is refilled
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 4);
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 8);
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 16);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = 2 * q + j;
+    if (h >= group) continue;
+    const int64_t head = static_cast<int64_t>(g) * group + h;
+    if (splits == 1) {
+      const float factor = attention_final_factor(m[j], l[j], attention_sink_log2(p.sinks, head));
+      uint16_t* out = p.out + (t * p.n_q + head) * HD;
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        out[dt * 16 + r] = f32_to_bf16_bits(o[dt][j] * factor);
+        out[dt * 16 + r + 8] = f32_to_bf16_bits(o[dt][2 + j] * factor);
+      }
+    } else {
+      float* part = p.partials + ((t * p.n_q + head) * splits + split) * (HD + 2);
+      if (n_tiles > 0) {  // an empty split's m = -inf tells the merge to skip its accumulators
+#pragma unroll
+        for (int dt = 0; dt < kDt; ++dt) {
+          part[dt * 16 + r] = o[dt][j];
+          part[dt * 16 + r + 8] = o[dt][2 + j];
+        }
+      }
+      if (r == 0) {
+        part[HD] = m[j];
+        part[HD + 1] = l[j];
+      }
+    }
+  }
+}
+
+template <int HD>
+Status launch(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c, cudaStream_t stream) {
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(attention_decode_swap_kernel<HD>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(c.smem_bytes)),
+                                 "cudaFuncSetAttribute(attention decode swap)"));
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.n_kv), static_cast<unsigned>(c.num_splits));
+  return cuda_status(launch_pdl(attention_decode_swap_kernel<HD>, grid, dim3(32), c.smem_bytes, stream, p, c.stages,
+                                c.num_splits, c.min_split_keys),
+                     "attention_decode_swap_kernel");
+}
+
+}  // namespace
+
+Status launch_attention_decode_swap(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c,
+                                    cudaStream_t stream) {
+  if (!c.enabled) return internal_error("attention decode swap: no config for this shape");
+  if (p.head_dim != 256 && p.head_dim != 512) return unimplemented("attention decode swap: head dim 256 or 512");
+  if (p.n_kv <= 0 || p.n_q % p.n_kv != 0 || p.n_q / p.n_kv > kAttnSwapMaxGroup)
+    return unimplemented("attention decode swap: 1 to 8 q heads per kv head");
+  if (c.stages < 2 || c.stages > 4) return internal_error("attention decode swap: ring of 2 to 4 stages");
+  if (c.num_splits > 1 && !p.partials) return internal_error("attention decode swap: split-KV without scratch");
+  if (p.tokens == 0) return Status::ok();
+  MX_RETURN_IF_ERROR(p.head_dim == 256 ? launch<256>(p, c, stream) : launch<512>(p, c, stream));
+  if (c.num_splits == 1) return Status::ok();
+  return launch_attention_split_merge(p, c.num_splits, stream);
+}
+
+}  // namespace mx::cuda
