@@ -140,13 +140,15 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// One tile's online softmax of rows r0 (keys [f0, l0] visible) and r1 ([f1, l1]): masks the others unless
-// the whole tile is visible to every row (`unmasked`), moves the running max (raw scores, scaled inside
-// exp2), rescales o and the running sums, and packs the weights as the A fragments of P V.
-template <int KT, int HD>
-__device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)[HD / 2], float (&m_run)[2],
-                                                  float (&l_run)[2], uint32_t (&pa)[KT / 16][4], bool unmasked, int k0,
-                                                  int q4, int f0, int l0, int f1, int l1, float scale_log2) {
+// The start of a tile's online softmax, shared by both consumer loops: scores of keys a row does not see
+// (outside [f0, l0] for r0, [f1, l1] for r1) become -inf unless the whole tile is visible to every row
+// (`unmasked`); each row's running max moves to its largest score (raw scores, scaled inside exp2), the
+// running sums take the rescale `corr` (what O must be multiplied by too), and `base` is what the tile's
+// scaled scores are taken relative to.
+template <int KT>
+__device__ __forceinline__ void attn_mask_move_max(float (&s)[KT / 2], float (&m_run)[2], float (&l_run)[2],
+                                                   float (&corr)[2], float (&base)[2], bool unmasked, int k0, int q4,
+                                                   int f0, int l0, int f1, int l1, float scale_log2) {
   if (!unmasked) {
 #pragma unroll
     for (int j = 0; j < KT / 8; ++j)
@@ -163,7 +165,6 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)
     mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
   }
-  float corr[2], base[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -174,6 +175,16 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)
     m_run[h] = m_new;
     l_run[h] *= corr[h];
   }
+}
+
+// One tile's online softmax of rows r0 (keys [f0, l0] visible) and r1 ([f1, l1]), whole (the in-turn loop):
+// attn_mask_move_max, then o rescaled and the weights packed as the A fragments of P V.
+template <int KT, int HD>
+__device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)[HD / 2], float (&m_run)[2],
+                                                  float (&l_run)[2], uint32_t (&pa)[KT / 16][4], bool unmasked, int k0,
+                                                  int q4, int f0, int l0, int f1, int l1, float scale_log2) {
+  float corr[2], base[2];
+  attn_mask_move_max<KT>(s, m_run, l_run, corr, base, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
 #pragma unroll
   for (int j = 0; j < HD / 8; ++j) {
     o[4 * j] *= corr[0];
@@ -208,42 +219,15 @@ __device__ __forceinline__ void attn_qk_issue(float (&s)[KT / 2], uint32_t q_add
 }
 
 // The first half of a tile's online softmax, the part that needs no O (so it can run while the previous
-// tile's P V is in flight): masks as attn_softmax_tile does, moves the running max, turns s into the
-// unnormalised weights in place, rescales the running sums and adds the weights. `corr` is what O must be
-// multiplied by before this tile's P V joins it (attn_rescale_pack). The same steps as attn_softmax_tile,
-// which the in-turn loop keeps so that its GPU-verified machine code stays as it was; expressing it through
-// these two halves is left for a session that can rerun the GPU tests.
+// tile's P V is in flight): attn_mask_move_max, then s turned into the unnormalised weights in place and
+// added to the running sums. `corr` is what O must be multiplied by before this tile's P V joins it
+// (attn_rescale_pack).
 template <int KT>
 __device__ __forceinline__ void attn_softmax_weights(float (&s)[KT / 2], float (&m_run)[2], float (&l_run)[2],
                                                      float (&corr)[2], bool unmasked, int k0, int q4, int f0, int l0,
                                                      int f1, int l1, float scale_log2) {
-  if (!unmasked) {
-#pragma unroll
-    for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + 8 * j + 2 * q4 + (e & 1);
-        const bool ok = e < 2 ? (key >= f0 && key <= l0) : (key >= f1 && key <= l1);
-        if (!ok) s[4 * j + e] = -INFINITY;
-      }
-  }
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int j = 0; j < KT / 8; ++j) {
-    mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-  }
   float base[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
-    base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero weight
-    corr[h] = exp2_ftz(m_run[h] - base[h]);
-    m_run[h] = m_new;
-    l_run[h] *= corr[h];
-  }
+  attn_mask_move_max<KT>(s, m_run, l_run, corr, base, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
 #pragma unroll
   for (int j = 0; j < KT / 8; ++j) {
     s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -base[0]));
