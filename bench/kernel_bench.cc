@@ -384,7 +384,7 @@ AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens, const At
 }
 
 // Prefill attention, one prompt of T tokens, causal or window 128, through each prefill kernel and shape (auto
-// is the wgmma-ws kernel on sm_90: 64-key tiles for the window, 128-key tiles causal). FLOPs count the visible (query, key) pairs only: 4 * heads * head_dim per pair.
+// on sm_90: the window kernel for the window, the wgmma-ws kernel's 128-key tiles causal). FLOPs count the visible (query, key) pairs only: 4 * heads * head_dim per pair.
 void bench_attention_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
   auto placement = cuda_placement(*g_b);
@@ -403,8 +403,10 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
       for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
       const double flops = 4.0 * 64 * 64 * keys;
       for (const Path& path : {Path{CudaAttentionPath::kMmaSync, "mma.sync"}, Path{CudaAttentionPath::kWgmmaWs, "wgmma-ws"},
-                               Path{CudaAttentionPath::kWgmmaWs64, "wgmma-ws64"}, Path{CudaAttentionPath::kAuto, "auto"}}) {
-        if ((path.path == CudaAttentionPath::kWgmmaWs || path.path == CudaAttentionPath::kWgmmaWs64) && !sm90) continue;
+                               Path{CudaAttentionPath::kWgmmaWs64, "wgmma-ws64"}, Path{CudaAttentionPath::kAuto, "auto"},
+                               Path{CudaAttentionPath::kWgmmaWindow, "wgmma-window"}}) {
+        if (path.path != CudaAttentionPath::kMmaSync && path.path != CudaAttentionPath::kAuto && !sm90) continue;
+        if (path.path == CudaAttentionPath::kWgmmaWindow && window == 0) continue;  // it takes window layers only
         CHECK_OK(set_cuda_attention_options(*g_b, {path.path}));
         const int n = static_cast<int>(std::clamp<double>(20e-3 * 200e12 / flops, 2, 64));  // ~20 ms per graph
         const double us = time_graph(n, [&](int) {

@@ -253,8 +253,8 @@ TEST_F(KernelTest, AttentionPrefill) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
-// The warp-specialized wgmma prefill kernel (sm_90a, attention_wgmma_ws.cu), both shapes (192 rows of
-// (token, head) pairs per CTA and 128-key tiles, in turn; 128 rows and 64-key tiles, overlapped):
+// The wgmma prefill kernels (sm_90a): attention_wgmma_ws.cu's two shapes (192 rows of (token, head) pairs
+// per CTA and 128-key tiles, in turn; 128 rows and 64-key tiles, overlapped) and the window kernel:
 // query counts and cached prefixes that are not multiples of either, sequences that share a CTA, every
 // group size that packs differently, pages that split tiles, windows and full, a 4097-token prompt, and
 // graph replay equal to eager.
@@ -301,6 +301,18 @@ TEST_F(KernelTest, AttentionPrefillWgmma) {
     ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {path}).is_ok());
     for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, label, /*replay=*/&c == &cases[0]);
   }
+  // The sliding-window kernel (attention_wgmma_window.cu) on the window cases (it leaves full layers to
+  // kAuto) plus CTAs that walk many blocks: sequences that start and end mid-block and mid-tile, several
+  // sequences in one CTA's walk, a long prompt whose CTAs walk 8 blocks each, decode rows among them.
+  std::vector<AttnCase> window_cases;
+  for (const auto& c : cases)
+    if (c.window > 0) window_cases.push_back(c);
+  window_cases.push_back({"g8 window 128, 3 chunks after 900 / 0 / 61 cached", 16, 2, 64, 128, 16, {{900, 333}, {0, 40}, {61, 200}}});
+  window_cases.push_back({"g8 window 128, 4096 tok (8-block CTAs on 132 SMs)", 64, 8, 64, 128, 16, {{0, 4096}}});
+  window_cases.push_back({"g4 window 100, 700 tok + 9 decode rows", 8, 2, 64, 100, 16, {{0, 700}, {40, 1}, {300, 8}}});
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWindow}).is_ok());
+  for (const auto& c : window_cases)
+    run_attention(cpu_, cuda_, rng_, c, " (wgmma-window)", /*replay=*/&c == &window_cases[0]);
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 

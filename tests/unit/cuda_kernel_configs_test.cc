@@ -77,6 +77,29 @@ TEST(CudaKernelConfigs, AttentionPrefillWgmmaWsOnlyOnHopper) {
       }
 }
 
+// The sliding-window wgmma kernel: sm_90 and head dim 64 only, the shared memory it lays out, two CTAs per
+// SM; it takes gpt-oss's layers (window 128, 8 q heads a kv head) and not those whose block's keys outgrow
+// the ring.
+TEST(CudaKernelConfigs, AttentionWindowWgmmaOnlyOnHopper) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t hd : {32, 64, 128}) {
+      const AttentionWindowWgmmaConfig c = choose_attention_window_wgmma_config(d, hd);
+      EXPECT_EQ(c.enabled, d.sm_major == 9 && hd == 64) << d.name << " hd " << hd;
+      if (!c.enabled) continue;
+      EXPECT_EQ(c.threads, 384);
+      EXPECT_EQ(c.sm_count, d.sm_count);
+      EXPECT_EQ(c.smem_bytes, 1024 + 2 * 128 * 128 + kAttnWindowStages * (16384 + 16) + 32 +
+                                  (11 * kAttnWindowMaxTokens + 4) * 4);
+      EXPECT_LE(2 * (c.smem_bytes + 1024), 228 * 1024);
+    }
+  EXPECT_TRUE(attention_window_wgmma_takes(128, 8));
+  EXPECT_TRUE(attention_window_wgmma_takes(128, 4));
+  EXPECT_TRUE(attention_window_wgmma_takes(64, 2));
+  EXPECT_FALSE(attention_window_wgmma_takes(0, 8));     // full layers
+  EXPECT_FALSE(attention_window_wgmma_takes(1024, 8));  // Gemma-4's windows
+  EXPECT_FALSE(attention_window_wgmma_takes(128, 1));   // 128 tokens + 127 keys: 5 tiles
+}
+
 TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {
   for (const DeviceInfo& d : chips())
     for (int64_t hd : {32, 64, 128, 256, 512})

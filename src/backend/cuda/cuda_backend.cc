@@ -463,10 +463,20 @@ class CudaBackend final : public Backend {
       }
       return launch_attention_decode(a, dc, stream_.get());
     }
-    const CudaAttentionPath path = options_.attention.prefill;
+    CudaAttentionPath path = options_.attention.prefill;
+    if (path == CudaAttentionPath::kWgmmaWindow || path == CudaAttentionPath::kAuto) {
+      // The window kernel where it takes the layer (gpt-oss's sliding layers: 1.26x the ws kernel's 64-key
+      // shape at 8K on an H100); other layers as kAuto.
+      const AttentionWindowWgmmaConfig cw = choose_attention_window_wgmma_config(dev_, p.head_dim);
+      if (cw.enabled && p.n_q / p.n_kv <= 128 && attention_window_wgmma_takes(p.window, p.n_q / p.n_kv))
+        return launch_attention_prefill_wgmma_window(a, cw, stream_.get());
+      if (path == CudaAttentionPath::kWgmmaWindow && !cw.enabled)
+        return unimplemented("attention: the wgmma window prefill kernel needs sm_90 and head_dim 64");
+      path = CudaAttentionPath::kAuto;
+    }
     if (path == CudaAttentionPath::kWgmmaWs || path == CudaAttentionPath::kWgmmaWs64 || path == CudaAttentionPath::kAuto) {
-      // kAuto: the 64-key-tile shape for windows of up to 128 keys (gpt-oss's sliding layers: 1.38x faster at
-      // 8K on an H100), the 128-key one for full layers (1.13x faster there).
+      // kAuto (layers the window kernel does not take): the 64-key-tile shape for windows of up to 128 keys
+      // (1.38x faster than the 128-key one at 8K on an H100), the 128-key one for full layers (1.13x there).
       const bool narrow = path == CudaAttentionPath::kWgmmaWs64 ||
                           (path == CudaAttentionPath::kAuto && p.window > 0 && p.window <= 128);
       const AttnWsShape& shape = narrow ? kAttnWsNarrow : kAttnWsWide;

@@ -45,12 +45,13 @@ struct CudaSkinnyLinearOptions {
   int chunks_in_flight = 0;
 };
 
-// Which prefill attention kernel runs: kAuto = the warp-specialized wgmma kernel (attention_wgmma_ws.cu)
-// where the device and head dim have it (sm_90, head dim 64; faster than the others causal and at 128-key
-// windows, docs/PERF.md), else mma.sync (attention.cu). kWgmmaWs (its 128-key-tile shape), kWgmmaWs64 (its
-// 64-key-tile shape) and kMmaSync force one, for tests and benchmarks; kWgmmaWs* where there is none is an
-// error.
-enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync };
+// Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel
+// (attention_wgmma_window.cu) for the window layers it takes and the warp-specialized wgmma kernel
+// (attention_wgmma_ws.cu, 128-key tiles) for the others (each the fastest there, docs/PERF.md), else
+// mma.sync (attention.cu). kWgmmaWs (the ws kernel's 128-key-tile shape), kWgmmaWs64 (its 64-key-tile
+// shape), kWgmmaWindow (the window kernel; layers it does not take run as kAuto) and kMmaSync force one,
+// for tests and benchmarks; kWgmmaWs* or kWgmmaWindow where there is none is an error.
+enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWindow };
 // Which decode attention kernel runs (one query per sequence, or verify rows): kAuto = the swap-AB one where
 // attention_decode_swap_by_default (kernel_configs.h) has it measured faster, else attention.cu's split-KV
 // kernel; kSwapAb = attention_decode_swap.cu (head dims 256, 512, <= 8 q heads per kv head; else an error).

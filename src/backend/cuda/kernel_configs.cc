@@ -62,6 +62,15 @@ AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const Devic
   return c;
 }
 
+AttentionWindowWgmmaConfig choose_attention_window_wgmma_config(const DeviceInfo& dev, int64_t head_dim) {
+  AttentionWindowWgmmaConfig c;
+  c.threads = 384;
+  c.sm_count = dev.sm_count;
+  c.smem_bytes = attention_window_wgmma_smem_bytes();
+  c.enabled = dev.sm_major == 9 && head_dim == 64 && fits(dev, c.smem_bytes, kAttnWindowStages);
+  return c;
+}
+
 AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int64_t head_dim, int64_t num_tokens,
                                                      int64_t n_kv, int64_t head_blocks, int64_t max_keys) {
   AttentionDecodeConfig c;

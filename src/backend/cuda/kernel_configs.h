@@ -81,6 +81,34 @@ constexpr int64_t attention_prefill_wgmma_ws_smem_bytes(int64_t head_dim, const 
 AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const DeviceInfo& dev, int64_t head_dim,
                                                                      const AttnWsShape& shape);
 
+// Sliding-window prefill on wgmma (sm_90a, attention_wgmma_window.cu): a persistent CTA walks consecutive
+// 128-row blocks of one kv head with 64-key tiles at fixed key boundaries, kept in the ring while later
+// blocks need them, Q double-buffered; a producer warpgroup and two consumer warpgroups, two CTAs per SM,
+// the grid one wave. (Three consumer warpgroups at one CTA per SM were no faster per token on an H100:
+// docs/PERF.md.)
+inline constexpr int kAttnWindowKeys = 64, kAttnWindowStages = 4;
+inline constexpr int kAttnWindowMaxTokens = 256;  // tokens one CTA walks at most (its tables): 16 blocks at g8
+struct AttentionWindowWgmmaConfig {
+  bool enabled = false;  // sm_90, head dim 64, and it fits
+  int threads = 0;
+  int sm_count = 0;      // the grid's size: two CTAs per SM
+  int64_t smem_bytes = 0;
+};
+// Two Q buffers, the ring, its barriers and the Q buffers' (2 a stage, 4), the token tables (3 ints a
+// token), the pass and block tables (8 ints a token and 2 more), 2 counts, and the 1024-byte alignment slack.
+constexpr int64_t attention_window_wgmma_smem_bytes() {
+  return 1024 + 2 * 128 * 64 * 2 + kAttnWindowStages * 2 * kAttnWindowKeys * 64 * 2 + (2 * kAttnWindowStages + 4) * 8 +
+         (11 * kAttnWindowMaxTokens + 4) * 4;
+}
+// Whether the window kernel takes a layer: a block's pass (at most 128 / group tokens at consecutive
+// positions) sees at most window + tokens - 1 keys, and their tiles must fit the ring at once (gpt-oss:
+// window 128, 16 tokens: 4 tiles at most).
+constexpr bool attention_window_wgmma_takes(int64_t window, int64_t group) {
+  const int64_t tokens = group >= 128 ? 1 : 128 / group;
+  return window > 0 && group >= 1 && (window + tokens + 61) / kAttnWindowKeys + 1 <= kAttnWindowStages;
+}
+AttentionWindowWgmmaConfig choose_attention_window_wgmma_config(const DeviceInfo& dev, int64_t head_dim);
+
 // Decode attention: one CTA per (token, kv head, head block, KV split); the warps split each key tile
 // into attention_decode_key_groups groups, merged through shared memory that aliases the K/V ring.
 struct AttentionDecodeConfig {

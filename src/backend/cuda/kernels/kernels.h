@@ -108,6 +108,10 @@ Status launch_attention_prefill(const AttentionKernelParams& p, const AttentionP
 // K/V ring; the config says whether the device and head dim have it.
 Status launch_attention_prefill_wgmma_ws(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c,
                                          cudaStream_t stream);
+// Sliding windows on wgmma for sm_90a (attention_wgmma_window.cu): persistent CTAs over consecutive query blocks
+// of a kv head, K/V tiles kept in the ring across blocks. Only where attention_window_wgmma_takes the layer.
+Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, const AttentionWindowWgmmaConfig& c,
+                                             cudaStream_t stream);
 // Any batch, one CTA per (token, kv head, head block, split); merges splits when there are several.
 Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDecodeConfig& c, cudaStream_t stream);
 // Head dims 256 and 512 with up to 8 q heads per kv head (attention_decode_swap.cu): one warp per (token,

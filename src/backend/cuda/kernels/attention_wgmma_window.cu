@@ -1,0 +1,392 @@
+// Prefill attention for Hopper (sm_90a) on sliding-window layers (gpt-oss's sliding layers: 128 keys).
+// The warp-specialized kernel (attention_wgmma_ws.cu) gives each CTA one block of 16 tokens (x 8 heads =
+// 128 rows), which sees 143 keys: the CTA loads 3 K/V tiles, pays its prologue, and runs a 3-tile pipeline
+// that is mostly fill and drain (8K window 128 at 12% of its floor). Here a CTA walks `blocks_per_cta`
+// consecutive blocks of one kv head, and consecutive blocks see mostly the same keys: the K/V tiles sit at
+// fixed 64-key boundaries (key k in tile k / 64) and stay in the ring while a later block still needs
+// them, so a tile is loaded once per CTA instead of once per block, Q of the next block loads under the
+// current block's math, and the prologue is paid once per CTA. The grid is sized to one wave of two CTAs
+// per SM.
+//
+// Roles as in attention_wgmma_ws.cu (tile layout, GEMMs, softmax, store: attention_wgmma_parts.cuh):
+// - producer warpgroup (setmaxnreg 32): warps 0-1 load K/V tiles into the ring, warps 2-3 load each
+//   block's Q into one of two buffers; cp.async arrivals on mbarriers.
+// - two consumer warpgroups of 64 rows (104 registers), the overlapped loop (QK(i) with P V(i - 1),
+//   softmax(i) under it). ptxas serializes the wgmmas at that budget (C7512), as in the ws kernel's 64-key
+//   shape; three consumer warpgroups at one CTA per SM (152 registers, not serialized) were no faster per
+//   token on an H100 (docs/PERF.md).
+//
+// The tile list: a CTA's tokens split into passes (a pass: tokens of one block and one sequence at
+// consecutive positions). A pass sees keys [kmin, kmax], tiles [tlo, thi]; it reuses the previous pass's
+// tiles when it belongs to the same sequence and its keys move forward (kmin and kmax not smaller, tlo
+// within the previous tiles), else it starts fresh tiles. Tiles get list indices in the order passes
+// first need them, which is the order the producer loads them and the slot (index % stages) they take.
+// Consumers release a tile (once per warp) when they start the first pass that no longer needs it, so the
+// ring holds at most one pass's tiles plus prefetched ones; the host only picks this kernel when a pass's
+// tiles fit the ring (attention_window_wgmma_takes).
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/kernels/attention_wgmma_parts.cuh"
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mbarrier.cuh"
+#include "backend/cuda/kernels/wgmma.cuh"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kHd = 64, kKt = kAttnWindowKeys, kStages = kAttnWindowStages, kMaxTok = kAttnWindowMaxTokens;
+constexpr int kConsumers = 2, kRows = 64 * kConsumers, kThreads = 128 * (1 + kConsumers);
+constexpr int kTileBytes = kKt * kHd * 2, kStageBytes = 2 * kTileBytes, kQBytes = kRows * kHd * 2;
+constexpr int kKvLoaders = 64, kQLoaders = 64;  // producer threads per role
+// Registers after setmaxnreg: two CTAs of 384 threads share the file (80 a thread at launch); the producer
+// gives back what the consumers take.
+constexpr int kLaunchRegisters = (65536 / (kThreads * 2)) / 8 * 8;
+constexpr int kProducerRegisters = 32;
+constexpr int kConsumerRegisters = (kLaunchRegisters * (1 + kConsumers) - kProducerRegisters) / kConsumers / 8 * 8;
+
+// Per-token facts (index: token within the CTA) and the pass and tile list (see the file comment).
+struct WinTables {
+  int tok_first[kMaxTok], tok_last[kMaxTok], tok_seq[kMaxTok];
+  int pass_start[kMaxTok + 1];  // first token of each pass; [n_passes] = n_tok
+  int pass_tlo[kMaxTok], pass_tiles[kMaxTok], pass_jlo[kMaxTok];  // first tile, tile count, list index of tlo
+  int pass_new[kMaxTok];        // tiles this pass appends to the list (its last ones)
+  int pass_head[kMaxTok];       // first pass of its chain of reusing passes
+  int chain_hi[kMaxTok];        // by head: the chain's last key (keys past it are not loaded)
+  int block_pass[kMaxTok + 1];  // first pass of each block; [n_blocks] = n_passes
+  int n_passes, n_list;
+};
+static_assert(attention_window_wgmma_smem_bytes() ==
+                  1024 + 2 * kQBytes + kStages * kStageBytes + (2 * kStages + 4) * 8 + sizeof(WinTables),
+              "kernel_configs.h counts the shared memory this kernel lays out");
+
+// Inclusive prefix sum / max over the warp's lanes.
+__device__ __forceinline__ int warp_scan_sum(int v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += u;
+  }
+  return v;
+}
+__device__ __forceinline__ int warp_scan_max(int v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v = max(v, u);
+  }
+  return v;
+}
+
+// One warp builds the pass and tile list of the CTA's n_tok tokens (tables already hold the per-token
+// facts), 32 tokens or passes a step.
+__device__ void build_passes(WinTables& tab, int n_tok, int tpb, int lane) {
+  int n_passes = 0;
+  for (int c = 0; c < n_tok; c += 32) {
+    const int i = c + lane;
+    bool start = false;
+    if (i < n_tok)
+      start = i % tpb == 0 || tab.tok_seq[i] != tab.tok_seq[i - 1] || tab.tok_last[i] != tab.tok_last[i - 1] + 1;
+    const unsigned starts = __ballot_sync(0xffffffffu, start);
+    if (start) {
+      const int idx = n_passes + __popc(starts & ((1u << lane) - 1));
+      tab.pass_start[idx] = i;
+      if (i % tpb == 0) tab.block_pass[i / tpb] = idx;
+    }
+    n_passes += __popc(starts);
+  }
+  if (lane == 0) {
+    tab.pass_start[n_passes] = n_tok;
+    tab.block_pass[(n_tok + tpb - 1) / tpb] = n_passes;
+    tab.n_passes = n_passes;
+  }
+  __syncwarp();
+  // The previous pass's facts, carried from lane 31 to the next step's lane 0.
+  int c_seq = -1, c_kmin = 0, c_kmax = 0, c_thi = 0, c_jend = 0, c_head = 0;
+  for (int c = 0; c < n_passes; c += 32) {
+    const int ps = c + lane;
+    const bool valid = ps < n_passes;
+    int seq = -1, kmin = 0, kmax = 0, tlo = 0, thi = 0;
+    if (valid) {
+      const int start = tab.pass_start[ps], end = tab.pass_start[ps + 1];
+      seq = tab.tok_seq[start];
+      kmin = tab.tok_first[start];  // positions are consecutive within a pass: first and last grow with them
+      kmax = tab.tok_last[end - 1];
+      tlo = kmin / kKt;
+      thi = kmax / kKt;
+    }
+    int p_seq = __shfl_up_sync(0xffffffffu, seq, 1), p_kmin = __shfl_up_sync(0xffffffffu, kmin, 1);
+    int p_kmax = __shfl_up_sync(0xffffffffu, kmax, 1), p_thi = __shfl_up_sync(0xffffffffu, thi, 1);
+    if (lane == 0) {
+      p_seq = c_seq;
+      p_kmin = c_kmin;
+      p_kmax = c_kmax;
+      p_thi = c_thi;
+    }
+    const bool reuse = valid && ps > 0 && seq == p_seq && kmin >= p_kmin && kmax >= p_kmax && tlo <= p_thi;
+    const int fresh = valid ? (reuse ? thi - p_thi : thi - tlo + 1) : 0;
+    const int jend = warp_scan_sum(fresh, lane) + c_jend;  // list length after this pass
+    const int head = max(warp_scan_max(valid && !reuse ? ps : -1, lane), c_head);
+    if (valid) {
+      tab.pass_tlo[ps] = tlo;
+      tab.pass_tiles[ps] = thi - tlo + 1;
+      tab.pass_jlo[ps] = jend - (thi - tlo + 1);
+      tab.pass_new[ps] = fresh;
+      tab.pass_head[ps] = head;
+      if (!reuse) tab.chain_hi[ps] = kmax;
+    }
+    __syncwarp();
+    if (reuse) atomicMax(&tab.chain_hi[head], kmax);  // kmax grows along a chain: the max is its last pass's
+    __syncwarp();
+    c_seq = __shfl_sync(0xffffffffu, seq, 31);
+    c_kmin = __shfl_sync(0xffffffffu, kmin, 31);
+    c_kmax = __shfl_sync(0xffffffffu, kmax, 31);
+    c_thi = __shfl_sync(0xffffffffu, thi, 31);
+    c_jend = __shfl_sync(0xffffffffu, jend, 31);
+    c_head = __shfl_sync(0xffffffffu, head, 31);
+  }
+  if (lane == 0) tab.n_list = c_jend;
+}
+
+__global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_kernel(AttentionKernelParams p,
+                                                                                   int blocks_per_cta) {
+#if MX_SM90A
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem;                  // 2 x [kRows][64], swizzled
+  uint8_t* skv = sq + 2 * kQBytes;     // kStages x {K, V} [kKt][64], swizzled
+  uint64_t* bars = reinterpret_cast<uint64_t*>(skv + kStages * kStageBytes);
+  WinTables& tab = *reinterpret_cast<WinTables*>(bars + 2 * kStages + 4);
+  const uint32_t full0 = smem_addr(bars), empty0 = full0 + 8 * kStages;  // K/V ring
+  const uint32_t qfull0 = empty0 + 8 * kStages, qempty0 = qfull0 + 16;   // the two Q buffers
+
+  const int group = static_cast<int>(p.n_q / p.n_kv);
+  const int tpb = max(1, kRows / group);  // tokens per block
+  const int g = blockIdx.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * blocks_per_cta * tpb;
+  const int64_t left = p.tokens - t0;
+  const int n_tok = static_cast<int>(left < static_cast<int64_t>(blocks_per_cta) * tpb ? left : blocks_per_cta * tpb);
+  const int n_blocks = (n_tok + tpb - 1) / tpb;
+  const int tid = threadIdx.x;
+
+  for (int i = tid; i < n_tok; i += kThreads) {
+    int f, l;
+    attn_key_range(p, t0 + i, &f, &l);
+    tab.tok_first[i] = f;
+    tab.tok_last[i] = l;
+    tab.tok_seq[i] = p.kv.token_seq[t0 + i];
+  }
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full0 + 8 * s, kKvLoaders);      // each K/V loader's cp.async arrival
+      mbarrier_init(empty0 + 8 * s, 4 * kConsumers);  // each consumer warp, once no pass of it needs the tile
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(qfull0 + 8 * b, kQLoaders);
+      mbarrier_init(qempty0 + 8 * b, 4 * kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (tid < 32) build_passes(tab, n_tok, tpb, tid);
+  __syncthreads();
+  const int n_passes = tab.n_passes, n_list = tab.n_list;
+  const uint32_t skv_addr = smem_addr(skv), sq_addr = smem_addr(sq);
+
+  if (tid < 128) {
+    setmaxnreg_dec<kProducerRegisters>();
+    if (tid < kKvLoaders) {
+      // Thread tid copies 16-byte chunk tid % 8 of key rows tid / 8 + 8i: one swizzle phase, one offset.
+      const int ch = tid % 8, row0 = tid / 8;
+      const int dst0 = row0 * 128 + ((ch ^ (row0 & 7)) << 4);
+      const PagedKv& kv = p.kv;
+      const int page_size = static_cast<int>(kv.page_size);
+      const bool pow2 = (page_size & (page_size - 1)) == 0;
+      const int page_shift = __ffs(page_size) - 1;
+      // The thread's chunk of key row 0 of page 0 in K, V's offset from K, and the stride of a key row
+      // (32 registers after setmaxnreg: the fewer live values the loop carries, the fewer spills).
+      const uint16_t* k_chunk = kv.k + g * kHd + ch * 8;
+      const int64_t v_minus_k = kv.v - kv.k, row_stride = p.n_kv * kHd;
+      for (int ps = 0; ps < n_passes; ++ps) {
+        const int fresh = tab.pass_new[ps];
+        if (fresh == 0) continue;
+        const int start = tab.pass_start[ps], tiles = tab.pass_tiles[ps];
+        const int lo = tab.tok_first[start], hi = tab.chain_hi[tab.pass_head[ps]];  // keys worth loading
+        const int32_t* table = kv.page_table + static_cast<int64_t>(tab.tok_seq[start]) * kv.max_pages;
+        for (int i = tiles - fresh; i < tiles; ++i) {
+          const int j = tab.pass_jlo[ps] + i, slot = j % kStages;
+          mbarrier_wait(empty0 + 8 * slot, ((j / kStages) & 1) ^ 1);  // a fresh ring is empty
+          uint8_t* stage = skv + slot * kStageBytes;
+          const int k0 = (tab.pass_tlo[ps] + i) * kKt;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            int page[4], in_page[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int key = k0 + row0 + 8 * (4 * half + r);
+              const int logical = pow2 ? key >> page_shift : key / page_size;
+              in_page[r] = key - logical * page_size;
+              page[r] = key >= lo && key <= hi && logical < kv.max_pages ? table[logical] : -1;
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const bool ok = page[r] >= 0 && page[r] < kv.num_pages;
+              const uint16_t* src = ok ? k_chunk + (static_cast<int64_t>(page[r]) * page_size + in_page[r]) * row_stride : kv.k;
+              const int dst = dst0 + (4 * half + r) * 1024;
+              cp_async_16(stage + dst, src, ok);
+              cp_async_16(stage + kTileBytes + dst, src + v_minus_k, ok);
+            }
+          }
+          cp_async_mbarrier_arrive(full0 + 8 * slot);
+        }
+      }
+    } else {
+      const int qt = tid - kKvLoaders;
+      for (int b = 0; b < n_blocks; ++b) {
+        const int buf = b & 1;
+        mbarrier_wait(qempty0 + 8 * buf, ((b >> 1) & 1) ^ 1);
+        for (int idx = qt; idx < kRows * (kHd / 8); idx += kQLoaders) {
+          const int row = idx / (kHd / 8), c = idx % (kHd / 8), tok = b * tpb + row / group;
+          const bool ok = row / group < tpb && tok < n_tok;
+          const uint16_t* src = ok ? p.q + ((t0 + tok) * p.n_q + g * group + row % group) * kHd + c * 8 : p.q;
+          cp_async_16(sq + buf * kQBytes + attn_tile_offset<kRows>(row, c), src, ok);
+        }
+        cp_async_mbarrier_arrive(qfull0 + 8 * buf);
+      }
+    }
+    cp_async_wait<0>();  // no thread leaves with copies in flight
+    return;
+  }
+
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int ct = tid - 128, warp = ct / 32, lane = tid % 32;  // warp: 0 .. 4 kConsumers - 1
+  const int r0 = warp * 16 + lane / 4, r1 = r0 + 8, q4 = lane % 4;
+  const uint32_t q_row_off = (warp / 4) * 64 * 128;  // this warpgroup's 64 rows within a Q buffer
+  int released = 0;                                  // list indices below this were released by this warp
+  auto release_to = [&](int j_end) {
+    for (; released < j_end; ++released)
+      if (lane == 0) mbarrier_arrive(empty0 + 8 * (released % kStages));
+  };
+  auto acquire = [&](int j) {  // tile j of the list; a tile reused by a later pass is waited for again
+    mbarrier_wait(full0 + 8 * (j % kStages), (j / kStages) & 1);
+    fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
+    return skv_addr + (j % kStages) * kStageBytes;
+  };
+
+  for (int b = 0; b < n_blocks; ++b) {
+    const int buf = b & 1;
+    mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
+    fence_proxy_async_smem();
+    const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
+    const int b0 = b * tpb, b_end = min(b0 + tpb, n_tok);
+    const int tl0 = r0 / group < tpb && b0 + r0 / group < n_tok ? b0 + r0 / group : -1;
+    const int tl1 = r1 / group < tpb && b0 + r1 / group < n_tok ? b0 + r1 / group : -1;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    float o[kHd / 2];
+#pragma unroll
+    for (int i = 0; i < kHd / 2; ++i) o[i] = 0.f;
+    for (int ps = tab.block_pass[b]; ps < tab.block_pass[b + 1]; ++ps) {
+      const int start = tab.pass_start[ps], end = tab.pass_start[ps + 1];
+      const int tlo = tab.pass_tlo[ps], tiles = tab.pass_tiles[ps], jlo = tab.pass_jlo[ps];
+      release_to(jlo);
+      // A row outside this pass sees nothing here (empty range [1, 0]).
+      const bool in0 = tl0 >= start && tl0 < end, in1 = tl1 >= start && tl1 < end;
+      const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
+      const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
+      // Keys every row of the block sees, when this pass is the whole block: tiles inside them go unmasked.
+      const bool whole = start == b0 && end == b_end;
+      const int fmax = whole ? tab.tok_first[end - 1] : INT_MAX, lmin = whole ? tab.tok_last[start] : -1;
+      auto unmasked = [&](int k0) { return k0 >= fmax && k0 + kKt - 1 <= lmin; };
+      // Tile 0 alone; then each step issues S(i) and P(i-1) V(i-1), runs softmax(i) under the P V, and once
+      // the P V is done rescales O and packs P(i); the last P V after the loop.
+      float s[kKt / 2], corr[2];
+      uint32_t pa[kKt / 16][4];
+      uint32_t prev = acquire(jlo);
+      wgmma_fence();
+      attn_qk_issue<kKt, kHd>(s, q_addr, prev);
+      wgmma_wait<0>();
+      wgmma_fence_regs(s);
+      attn_softmax_weights<kKt>(s, m_run, l_run, corr, unmasked(tlo * kKt), tlo * kKt, q4, f0, l0, f1, l1,
+                                p.scale_log2);
+      attn_rescale_pack<kKt, kHd>(o, corr, s, pa);
+      for (int i = 1; i < tiles; ++i) {
+        const uint32_t got = acquire(jlo + i);
+        const int k0 = (tlo + i) * kKt;
+        wgmma_fence_regs(o);
+        pin_fragments(pa);
+        wgmma_fence();
+        attn_qk_issue<kKt, kHd>(s, q_addr, got);
+        attn_pv_issue<kKt, kHd>(o, pa, prev + kTileBytes);
+        wgmma_wait<1>();  // S(i) is in; P(i-1) V(i-1) may still run
+        wgmma_fence_regs(s);
+        attn_softmax_weights<kKt>(s, m_run, l_run, corr, unmasked(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
+        wgmma_wait<0>();
+        wgmma_fence_regs(o);
+        pin_fragments(pa);
+        attn_rescale_pack<kKt, kHd>(o, corr, s, pa);
+        prev = got;
+      }
+      wgmma_fence_regs(o);
+      pin_fragments(pa);
+      wgmma_fence();
+      attn_pv_issue<kKt, kHd>(o, pa, prev + kTileBytes);
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+    }
+    if (lane == 0) mbarrier_arrive(qempty0 + 8 * buf);  // this warp's GEMMs are done with the block's Q
+    int64_t token[2];
+    int head[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = h == 0 ? r0 : r1, tl = h == 0 ? tl0 : tl1;
+      token[h] = tl >= 0 ? t0 + tl : -1;
+      head[h] = g * group + row % group;
+    }
+    attn_store_rows<kHd>(p, o, m_run, l_run, token, head, q4);
+  }
+  release_to(n_list);
+#endif  // MX_SM90A
+}
+
+// Blocks per CTA: as few as keep the grid within one wave of two CTAs per SM (every block of a window
+// costs about the same; a CTA walks one kv head, so each head gets an equal share of the CTA slots),
+// within the CTA's tables.
+int blocks_per_cta(int64_t tokens, int64_t tpb, int64_t n_kv, int sm_count) {
+  const int64_t per_head = std::max<int64_t>(1, 2 * static_cast<int64_t>(std::max(sm_count, 1)) / n_kv);
+  return static_cast<int>(std::clamp<int64_t>(ceil_div64(ceil_div64(tokens, tpb), per_head), 1, kMaxTok / tpb));
+}
+
+}  // namespace
+
+Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, const AttentionWindowWgmmaConfig& c,
+                                             cudaStream_t stream) {
+  if (!c.enabled) return unimplemented("attention prefill wgmma (windows): needs sm_90 and head_dim 64");
+  if (p.head_dim != kHd) return unimplemented("attention prefill wgmma (windows): head_dim must be 64");
+  if (p.n_kv <= 0 || p.n_q % p.n_kv != 0) return invalid_argument("attention: n_q must be a multiple of n_kv");
+  if (c.threads != kThreads || c.smem_bytes != attention_window_wgmma_smem_bytes())
+    return internal_error("attention prefill wgmma (windows): config does not match the kernel");
+  if (p.n_q / p.n_kv > kRows)
+    return unimplemented("attention prefill wgmma (windows): more q heads per kv head than rows");
+  if (!attention_window_wgmma_takes(p.window, p.n_q / p.n_kv))
+    return unimplemented("attention prefill wgmma (windows): a block's keys do not fit the ring (window too long)");
+  if (p.tokens == 0) return Status::ok();
+  auto kernel = attention_prefill_wgmma_window_kernel;
+  MX_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
+      "cudaFuncSetAttribute(attention wgmma window smem)"));
+  // The whole carveout as shared memory, so that two CTAs' rings fit an SM.
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)),
+                                 "cudaFuncSetAttribute(attention wgmma window carveout)"));
+  // Grid: x = CTAs of blocks_per_cta blocks of 128 / group tokens, y = kv heads.
+  const int64_t tpb = std::max<int64_t>(1, kRows / (p.n_q / p.n_kv));
+  const int bpc = blocks_per_cta(p.tokens, tpb, p.n_kv, c.sm_count);
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.tokens, tpb * bpc)), static_cast<unsigned>(p.n_kv));
+  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p, bpc);
+  return launch_status("attention_prefill_wgmma_window_kernel");
+}
+
+}  // namespace mx::cuda
