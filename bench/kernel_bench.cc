@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -65,6 +66,14 @@ std::vector<T> parse_list(const std::string& tail, F item) {
     i = end + 1;
   }
   return out;
+}
+
+// The integer list of `arg` when it is `flag` or `flag=N,N,...` (bare `flag`: an empty list); nullopt when `arg`
+// does not start with `flag`.
+std::optional<std::vector<int64_t>> int_list_flag(const char* arg, const std::string& flag) {
+  const std::string a(arg);
+  if (a.rfind(flag, 0) != 0) return std::nullopt;
+  return parse_list<int64_t>(a.substr(flag.size()), [](const std::string& t) { return std::stoll(t); });
 }
 
 // Whether a variant's label (leading spaces ignored) starts with one of --variants' prefixes.
@@ -810,9 +819,8 @@ int main(int argc, char** argv) {
   // `--moe-decode-variants[=T,T,...] [--variants=P,P,...]`: only the MoE decode variants (kernel comparisons
   // in one device run), at those token counts, those whose labels start with one of the prefixes.
   const std::string decode_flag = "--moe-decode-variants";
-  if (argc > arg && std::string(argv[arg]).rfind(decode_flag, 0) == 0) {
-    bench_only_decode_sizes = parse_list<int64_t>(std::string(argv[arg]).substr(decode_flag.size()),
-                                                  [](const std::string& t) { return std::stoll(t); });
+  if (const auto sizes = argc > arg ? int_list_flag(argv[arg], decode_flag) : std::nullopt) {
+    bench_only_decode_sizes = *sizes;
     ++arg;
     const std::string prefixes = "--variants=";
     if (argc > arg && std::string(argv[arg]).rfind(prefixes, 0) == 0) {
@@ -827,10 +835,8 @@ int main(int argc, char** argv) {
   // `--attention-prefill-only[=T,T,...]`: prefill attention at 1K/4K/8K (or the given prompt lengths),
   // causal and window 128, each kernel.
   const std::string attn_flag = "--attention-prefill-only";
-  if (argc > arg && std::string(argv[arg]).rfind(attn_flag, 0) == 0) {
-    const std::vector<int64_t> lengths = parse_list<int64_t>(std::string(argv[arg]).substr(attn_flag.size()),
-                                                             [](const std::string& t) { return std::stoll(t); });
-    bench_attention_prefill(lengths.empty() ? std::vector<int64_t>{1024, 4096, 8192} : lengths);
+  if (const auto lengths = argc > arg ? int_list_flag(argv[arg], attn_flag) : std::nullopt) {
+    bench_attention_prefill(lengths->empty() ? std::vector<int64_t>{1024, 4096, 8192} : *lengths);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
@@ -840,9 +846,8 @@ int main(int argc, char** argv) {
   // `--attention-gemma-decode[=B,B,...]`: only the Gemma-4 decode rows, each kernel (or only batches B at 1K
   // context: one kernel launch each to profile).
   const std::string gemma_decode_flag = "--attention-gemma-decode";
-  if (argc > arg && std::string(argv[arg]).rfind(gemma_decode_flag, 0) == 0) {
-    bench_attention_gemma_decode(parse_list<int64_t>(std::string(argv[arg]).substr(gemma_decode_flag.size()),
-                                                     [](const std::string& t) { return std::stoll(t); }));
+  if (const auto batches = argc > arg ? int_list_flag(argv[arg], gemma_decode_flag) : std::nullopt) {
+    bench_attention_gemma_decode(*batches);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
@@ -856,10 +861,8 @@ int main(int argc, char** argv) {
   }
   // `--gemma-experts-only[=T,T,...]`: Gemma-4's bf16 experts alone (default 1, 8, 64 tokens).
   const std::string experts_flag = "--gemma-experts-only";
-  if (argc > arg && std::string(argv[arg]).rfind(experts_flag, 0) == 0) {
-    const std::vector<int64_t> sizes = parse_list<int64_t>(std::string(argv[arg]).substr(experts_flag.size()),
-                                                           [](const std::string& t) { return std::stoll(t); });
-    bench_gemma_experts(sizes.empty() ? std::vector<int64_t>{1, 8, 64} : sizes);
+  if (const auto sizes = argc > arg ? int_list_flag(argv[arg], experts_flag) : std::nullopt) {
+    bench_gemma_experts(sizes->empty() ? std::vector<int64_t>{1, 8, 64} : *sizes);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
@@ -884,10 +887,9 @@ int main(int argc, char** argv) {
   if (argc > arg && std::string(argv[arg]) == "--sampling-only") {
     sampling_only = true;
     ++arg;
-  } else if (argc > arg && std::string(argv[arg]).rfind(flag, 0) == 0) {
+  } else if (const auto sizes = argc > arg ? int_list_flag(argv[arg], flag) : std::nullopt) {
     prefill_only = true;
-    bench_only_prefill_sizes = parse_list<int64_t>(std::string(argv[arg]).substr(flag.size()),
-                                                   [](const std::string& t) { return std::stoll(t); });
+    bench_only_prefill_sizes = *sizes;
     ++arg;
     const std::string variants = "--variants=";
     if (argc > arg && std::string(argv[arg]).rfind(variants, 0) == 0) {
