@@ -298,24 +298,20 @@ void bench_moe_prefill() {
       CudaMoePath path;
       int tile;
       const char* label;
-      int warpgroups = 0;  // wgmma: warpgroups of 64 weight rows per CTA
       int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
       int warp_specialized = -1;  // wgmma: 1 the warp-specialized kernel (moe_wgmma_ws.cu), 0 auto's choice
     };
     for (const Variant& v :
          {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
           Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"}, Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
-          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg", 2}, Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg", 2}, Variant{CudaMoePath::kGrouped, 64, "wgmma/64x3wg", 3},
-          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x4wg", 4}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg", 2},
-          Variant{CudaMoePath::kGrouped, 128, "wgmma/128x3wg", 3}, Variant{CudaMoePath::kGrouped, 128, "wgmma/128x4wg", 4},
-          Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", 2, -1},
-          Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 2, 1},
-          Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 0, 1},
-          Variant{CudaMoePath::kAuto, 0, "auto", 0, 0, 0}}) {
+          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg"}, Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg"},
+          Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
+          Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 1},
+          Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 1},
+          Variant{CudaMoePath::kAuto, 0, "auto", 0, 0}}) {
       const std::string label = v.label;
       if (!variant_selected(label)) continue;
       CudaMoeOptions o{v.path, v.tile};
-      o.wgmma_warpgroups = v.warpgroups;
       o.wgmma_persistent = v.persistent;
       o.wgmma_warp_specialized = v.warp_specialized;
       CHECK_OK(set_cuda_moe_options(*g_b, o));

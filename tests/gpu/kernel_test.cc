@@ -619,12 +619,11 @@ const char* path_name(CudaMoePath p) {
 }
 
 // One routing of random experts through the CPU twin and through each CUDA path in `paths` (the grouped
-// path once per tile size in `grouped_tiles` and warpgroup count in `wgmma_warpgroups`, 0 = its own choice;
-// `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized).
+// path once per tile size in `grouped_tiles`, 0 = its own choice; `warp_specialized` as
+// CudaMoeOptions::wgmma_warp_specialized).
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
                     std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
-                    bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0},
-                    std::initializer_list<int> wgmma_warpgroups = {0}, int warp_specialized = 0) {
+                    bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0}, int warp_specialized = 0) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -644,15 +643,12 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   const std::vector<float> want = cpu.download_f32(o_c);
   for (CudaMoePath path : paths)
   for (int tile : grouped_tiles)
-  for (int wg : wgmma_warpgroups)
-  // 256-token tiles (wgmma) run two warpgroups, on a persistent grid or a CTA per item (the warp-specialized
-  // kernel is always persistent).
+  // 256-token tiles (wgmma) run on a persistent grid or a CTA per item (the warp-specialized kernel is always
+  // persistent).
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
-    if ((tile == 96 || tile == 256) && wg > 2) continue;  // compiled for two warpgroups only
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, decode_k_tiles, decode_depth, decode_pdl};
-    options.wgmma_warpgroups = wg;
     options.wgmma_persistent = persistent;
     options.wgmma_warp_specialized = warp_specialized;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
@@ -664,7 +660,6 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
       variant = " (" + std::to_string(decode_k_tiles) + " k tiles/warp, ring " + std::to_string(decode_depth) +
                 (decode_pdl ? "" : ", no PDL") + ")";
     if (tile != 0) variant += " (" + std::to_string(tile) + "-token tiles)";
-    if (wg != 0) variant += " (" + std::to_string(wg) + " warpgroups if wgmma)";
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
@@ -800,9 +795,9 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
                            MoeCase{8, 320, 192, 4, 129, Routing::kSame}, MoeCase{16, 256, 320, 4, 1000, Routing::kHot},
                            MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}})
   {
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 96, 128, 256}, {2, 3, 4}, -1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 96, 128, 256}, -1);
     // The warp-specialized kernel (moe_wgmma_ws.cu): both tile sizes, half- and full-width items.
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {128, 256}, {0}, 1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {128, 256}, 1);
   }
 }
 

@@ -341,50 +341,41 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
 // The wgmma grouped GEMM: only on sm_90 (no wgmma on SM100/SM12x: those keep the mma.sync kernel); its
 // ring (plus the kernel's static table of tile rows, 8 bytes each) fits there with as many CTAs per SM as its
 // __launch_bounds__ promise: two with two warpgroups and tiles of <= 128 tokens (the 128-register cap assumes
-// it), else one. Tiles of 96 and 256 tokens always run two warpgroups.
+// it), else one. Every tile runs two warpgroups (the only count compiled).
 TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {256, 2048, 8192, 32768})
-      for (int tile : {0, 64, 96, 128, 256})
-        for (int wg : {0, 2, 3, 4}) {
-          const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, wg);
-          EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
-          EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 96 || c.tile_tokens == 128 || c.tile_tokens == 256);
-          if (tile != 0) {
-            EXPECT_EQ(c.tile_tokens, tile);
-          }
-          const bool any_warpgroups = c.tile_tokens == 64 || c.tile_tokens == 128;
-          EXPECT_EQ(c.warpgroups, !any_warpgroups ? 2 : wg == 0 ? kMoeWgmmaWarpgroups : wg);
-          EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024);
-          EXPECT_EQ(c.threads, 128 * c.warpgroups);
-          if (!c.enabled) continue;
-          const int64_t tables = (c.persistent ? 16 : 8) * c.tile_tokens;
-          EXPECT_TRUE(fits(d, c.smem_bytes + tables, c.stages)) << d.name;
-          const int ctas_per_sm = moe_wgmma_ctas_per_sm(c.tile_tokens, c.warpgroups);
-          EXPECT_LE(ctas_per_sm * (c.smem_bytes + tables + 1024), 233472) << d.name;  // 228 KB per SM
-          EXPECT_EQ(c.persistent, c.tile_tokens == 256 && kMoeWgmmaPersistent);
-          EXPECT_EQ(c.sms, d.sm_count);
+      for (int tile : {0, 64, 96, 128, 256}) {
+        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile);
+        EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
+        EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 96 || c.tile_tokens == 128 || c.tile_tokens == 256);
+        if (tile != 0) {
+          EXPECT_EQ(c.tile_tokens, tile);
         }
-  EXPECT_EQ(moe_wgmma_stage_bytes(96, 2) % 1024, 0);
-  for (int wg = kMoeWgmmaMinWarpgroups; wg <= kMoeWgmmaMaxWarpgroups; ++wg) {
-    EXPECT_EQ(moe_wgmma_stage_bytes(64, wg) % 1024, 0);
-    EXPECT_GE(moe_wgmma_stage_bytes(128, wg), 128 * 128 + 64 * wg * 34);
-  }
+        EXPECT_EQ(c.warpgroups, kMoeWgmmaWarpgroups);
+        EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024);
+        EXPECT_EQ(c.threads, 128 * c.warpgroups);
+        if (!c.enabled) continue;
+        const int64_t tables = (c.persistent ? 16 : 8) * c.tile_tokens;
+        EXPECT_TRUE(fits(d, c.smem_bytes + tables, c.stages)) << d.name;
+        const int ctas_per_sm = moe_wgmma_ctas_per_sm(c.tile_tokens, c.warpgroups);
+        EXPECT_LE(ctas_per_sm * (c.smem_bytes + tables + 1024), 233472) << d.name;  // 228 KB per SM
+        EXPECT_EQ(c.persistent, c.tile_tokens == 256 && kMoeWgmmaPersistent);
+        EXPECT_EQ(c.sms, d.sm_count);
+      }
+  EXPECT_EQ(kMoeWgmmaWarpgroups, 2);
+  for (int tile : {64, 96, 128, 256}) EXPECT_EQ(moe_wgmma_stage_bytes(tile, 2) % 1024, 0);
+  EXPECT_GE(moe_wgmma_stage_bytes(128, 2), 128 * 128 + 128 * 34);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(128, 2), 2);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(256, 2), 1);
-  EXPECT_EQ(moe_wgmma_ctas_per_sm(64, 3), 1);
-  // auto: 96-token tiles (two warpgroups whatever was asked) below 1024 tokens per expert, 256 from there.
+  // auto: 96-token tiles below 1024 tokens per expert, 256 from there.
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 16 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1023 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 256);
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 4).warpgroups, 2);  // 256-token tiles
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 256 * 32, 32, 0, 4).warpgroups, 2);   // 96-token tiles
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 256 * 32, 32, 128, 4).warpgroups, 4);
   // A persistent grid only with 256-token tiles, on request or by default.
-  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 0, 1).persistent);
-  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 0, -1).persistent);
-  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 128, 0, 1).persistent);
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 5).warpgroups, kMoeWgmmaWarpgroups);
+  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 1).persistent);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, -1).persistent);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 128, 1).persistent);
   DeviceInfo tiny = sm90_h100();
   tiny.max_smem_per_block_optin = 48 * 1024;
   EXPECT_FALSE(choose_moe_wgmma_config(tiny, 32768, 32).enabled);  // falls back to the mma.sync kernel
@@ -397,7 +388,7 @@ TEST(CudaKernelConfigs, MoeWgmmaWarpSpecialized) {
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {256, 2048, 8192, 32768})
       for (int tile : {0, 64, 128, 256}) {
-        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, 3, -1, 1);
+        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, -1, 1);
         EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
         EXPECT_TRUE(c.warp_specialized);
         EXPECT_EQ(c.tile_tokens, tile == 0 ? (slots / 32 >= kMoeWgmmaLargeTileTokensPerExpert ? 256 : 128)
@@ -416,12 +407,12 @@ TEST(CudaKernelConfigs, MoeWgmmaWarpSpecialized) {
                     c.smem_bytes + moe_wgmma_stage_bytes(c.tile_tokens, 2) + moe_wgmma_ws_static_bytes(c.tile_tokens) >
                         d.max_smem_per_block_optin);
       }
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 0, 0, 1).stages, 6);
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 0, 0, -1).warp_specialized, false);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 0, 1).stages, 6);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 0, 0, -1).warp_specialized, false);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).warp_specialized, kMoeWgmmaWarpSpecialized);
   DeviceInfo tiny = sm90_h100();
   tiny.max_smem_per_block_optin = 64 * 1024;  // two stages of 128-token tiles: too shallow a ring
-  EXPECT_FALSE(choose_moe_wgmma_config(tiny, 32768, 32, 128, 0, 0, 1).enabled);
+  EXPECT_FALSE(choose_moe_wgmma_config(tiny, 32768, 32, 128, 0, 1).enabled);
 }
 
 TEST(CudaKernelConfigs, MoeGroupedRefusesTooLittleSharedMemory) {

@@ -759,8 +759,8 @@ class CudaBackend final : public Backend {
     const int64_t slots = T * k;
     const CudaMoePath path = options_.moe.path;
     const MoeWgmmaConfig cw =
-        choose_moe_wgmma_config(dev_, slots, E, options_.moe.grouped_tile_tokens, options_.moe.wgmma_warpgroups,
-                                options_.moe.wgmma_persistent, options_.moe.wgmma_warp_specialized);
+        choose_moe_wgmma_config(dev_, slots, E, options_.moe.grouped_tile_tokens, options_.moe.wgmma_persistent,
+                                options_.moe.wgmma_warp_specialized);
     const bool grouped = path == CudaMoePath::kGrouped || path == CudaMoePath::kGroupedMmaSync ||
                          (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, cw.enabled));
     if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))
@@ -980,7 +980,7 @@ class CudaBackend final : public Backend {
     const int64_t slots = s.max_tokens * s.top_k;
     // The warp-specialized wgmma kernel, where it would run, pads every routing tile (of at most 256 tokens).
     const MoeWgmmaConfig cw =
-        choose_moe_wgmma_config(dev_, slots, s.num_experts, 0, 0, 0, options_.moe.wgmma_warp_specialized);
+        choose_moe_wgmma_config(dev_, slots, s.num_experts, 0, 0, options_.moe.wgmma_warp_specialized);
     const bool tiled = cw.enabled && cw.warp_specialized;
     const int64_t moe_rows = tiled ? std::max(slots, moe_max_tiles(slots, s.num_experts, 256) * 256) : slots;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));

@@ -30,7 +30,6 @@ struct CudaMoeOptions {
   int decode_depth = 0;
   bool decode_pdl = true;
   int decode_only_gemm = 0;
-  int wgmma_warpgroups = 0;  // 2, 3 or 4 forces the wgmma grouped kernel's warpgroups per CTA; 0 = its default
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
 };

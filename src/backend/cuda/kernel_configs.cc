@@ -244,7 +244,7 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
 }
 
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens, int warpgroups, int persistent, int warp_specialized) {
+                                       int tile_tokens, int persistent, int warp_specialized) {
   MoeWgmmaConfig c;
   const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
   if (warp_specialized == 1 || (warp_specialized == 0 && kMoeWgmmaWarpSpecialized)) {
@@ -268,10 +268,7 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
   }
   const bool forced = tile_tokens == 64 || tile_tokens == 96 || tile_tokens == 128 || tile_tokens == 256;
   c.tile_tokens = forced ? tile_tokens : per_expert >= kMoeWgmmaHugeTileTokensPerExpert ? 256 : 96;
-  // Only tiles of 64 and 128 tokens are compiled for 3 and 4 warpgroups.
-  c.warpgroups = c.tile_tokens != 64 && c.tile_tokens != 128 ? 2
-                 : warpgroups >= kMoeWgmmaMinWarpgroups && warpgroups <= kMoeWgmmaMaxWarpgroups ? warpgroups
-                                                                                                 : kMoeWgmmaWarpgroups;
+  c.warpgroups = kMoeWgmmaWarpgroups;
   c.threads = moe_wgmma_threads(c.warpgroups);
   c.persistent = c.tile_tokens == 256 && (persistent == 1 || (persistent == 0 && kMoeWgmmaPersistent));
   c.sms = dev.sm_count;

@@ -264,13 +264,9 @@ bool skinny_linear_by_default(const DeviceInfo& dev, int64_t n);
 bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
 
 // MXFP4 experts for many tokens per expert on Hopper (sm_90a only: wgmma, moe_wgmma.cu): weights as the
-// wgmma M side decoded from the swap-AB layout into registers, 64, 128 or 256 expert-sorted tokens as N in
-// shared memory, 2 to 4 warpgroups of 64 weight rows per CTA sharing each token tile, a cp.async ring of
-// kMoeWgmmaStages k tiles. More warpgroups per CTA cut the L2 -> SM traffic of the bf16 activations (each
-// token tile is read once per CTA, i.e. rows / (64 x warpgroups) times per GEMM); the cost is one CTA per SM
-// (two with two warpgroups) and partly idle CTAs where 64 x warpgroups does not divide the rows (2880 / 256).
-inline constexpr int kMoeWgmmaMinWarpgroups = 2;
-inline constexpr int kMoeWgmmaMaxWarpgroups = 4;
+// wgmma M side decoded from the swap-AB layout into registers, 64, 96, 128 or 256 expert-sorted tokens as N
+// in shared memory, two warpgroups of 64 weight rows per CTA sharing each token tile (kMoeWgmmaWarpgroups), a
+// cp.async ring of kMoeWgmmaStages k tiles.
 // 5: with tile t - 1 still in the MMAs, three tiles load ahead; two CTAs of 128-token tiles (2 x 107 KB) fit an
 // SM, one of 256-token tiles (186 KB).
 inline constexpr int kMoeWgmmaStages = 5;
@@ -302,7 +298,7 @@ inline constexpr int64_t moe_wgmma_ws_static_bytes(int tile_tokens) {
 struct MoeWgmmaConfig {
   bool enabled = false;     // sm_90 with the ring in shared memory
   int tile_tokens = 0;      // 64, 96, 128 or 256 expert-sorted tokens per tile
-  int warpgroups = 0;       // 2, 3 or 4 warpgroups of 64 weight rows per CTA (2 with 96 or 256-token tiles)
+  int warpgroups = 0;       // warpgroups of 64 weight rows per CTA: kMoeWgmmaWarpgroups (MMA warpgroups if ws)
   int threads = 0;          // 128 per warpgroup (plus the producer's 128 when warp-specialized)
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
@@ -310,19 +306,17 @@ struct MoeWgmmaConfig {
   bool warp_specialized = false;  // moe_wgmma_ws.cu (tiles of 128 or 256 tokens, two MMA warpgroups)
   int sms = 0;              // the device's SMs, which size a persistent grid
 };
-// `tile_tokens` 0 picks from the tokens per expert; 64, 96, 128 or 256 forces that tile. `warpgroups` 0 picks
-// kMoeWgmmaWarpgroups; 2, 3 or 4 forces that many for tiles of 64 or 128 tokens (the others run two: 256-token
-// tiles' 128 accumulators a thread leave no registers for more, 96 is compiled for two only). `persistent` 0
+// `tile_tokens` 0 picks from the tokens per expert; 64, 96, 128 or 256 forces that tile. `persistent` 0
 // picks kMoeWgmmaPersistent, 1 forces a persistent grid and -1 a grid of one CTA per item (tiles of 64, 96 or
 // 128 tokens always have the latter). `warp_specialized` 0 picks
 // kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized kernel (tiles of 128 or 256 tokens: a forced 64
 // becomes 128), -1 the other one; it runs two MMA warpgroups on a persistent grid whatever the other knobs say.
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens = 0, int warpgroups = 0, int persistent = 0,
-                                       int warp_specialized = 0);
-// Warpgroups per CTA that `auto` runs. Measured on an H100 (docs/PERF.md, 2026-11-24): 4 halve the L2
-// traffic (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not L2-bound), 3 are slower at
-// T <= 2048; 2 is within 1% of the best everywhere.
+                                       int tile_tokens = 0, int persistent = 0, int warp_specialized = 0);
+// Warpgroups per CTA, the only count compiled. Measured on an H100 (docs/PERF.md, 2026-11-24): 4 halve the L2
+// traffic of the bf16 activations (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not
+// L2-bound; one CTA per SM, and 2880 rows leave a CTA of 256 half idle), 3 are slower at T <= 2048; 2 was
+// within 1% of the best everywhere. The 3- and 4-warpgroup kernels were deleted in session 12 (CI time).
 inline constexpr int kMoeWgmmaWarpgroups = 2;
 // `auto`'s tiles: 96 tokens below kMoeWgmmaHugeTileTokensPerExpert routed tokens per expert (tiles of at most
 // 48 at half MMA width), 256 from there. 96 keeps the ~64 +- 8 tokens per expert of a 512-token step in one

@@ -4,9 +4,9 @@
 // whose per-lane 16 bytes per 16-row strip and 64-k tile are exactly the A register fragments of four
 // m64nNk16 steps for one warp once decoded (mxfp4_dequant_step): no shared-memory staging of bf16 weights.
 // The expert-sorted tokens are the N side (a routing tile of kN = 64, 96, 128 or 256 tokens), in shared memory
-// as wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG warpgroups (2 to 4; 2 with 96- and
-// 256-token tiles, the latter's 128 accumulators a thread allow one CTA per SM), each 64 weight rows (warp w
-// of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
+// as wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG = 2 warpgroups (three and four
+// measured no faster and are not compiled, docs/PERF.md; 256-token tiles' 128 accumulators a thread allow one
+// CTA per SM, smaller tiles two), each 64 weight rows (warp w of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
 // kMoeWgmmaStages stages (activation rows, packed fp4 and scales of the CTA's rows), with two wgmma groups in
 // flight so that a tile's fp4 decode overlaps the previous tile's MMAs. The decode and the per-tile barrier
 // are paid once per kN tokens, which is what larger tiles buy; what they cost is MMA columns past an expert's
@@ -310,16 +310,12 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
     case 6420: return launch<64, 2, false, true>(p, c, stream);
     case 9620: return launch<96, 2, false, true>(p, c, stream);
-    case 6430: return launch<64, 3, false>(p, c, stream);
-    case 6440: return launch<64, 4, false>(p, c, stream);
     case 12820: return launch<128, 2, false>(p, c, stream);
-    case 12830: return launch<128, 3, false>(p, c, stream);
-    case 12840: return launch<128, 4, false>(p, c, stream);
     case 25620: return launch<256, 2, false>(p, c, stream);
     case 25621: return launch<256, 2, true>(p, c, stream);
     default:
       return internal_error(
-          "MoE wgmma GEMM: tiles of 64 or 128 tokens at 2 to 4 warpgroups, 96 at 2, or 256 at 2 (persistent or not)");
+          "MoE wgmma GEMM: tiles of 64, 96, 128 or 256 tokens at 2 warpgroups (256: persistent or not)");
   }
 }
 
