@@ -291,20 +291,27 @@ void bench_moe_prefill() {
     CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));
     const int routings = 2;
     std::vector<TensorView> ids, weights;
-    make_routings(T, routings, &ids, &weights);
+    const double touched = make_routings(T, routings, &ids, &weights);
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
     const double flops = 2.0 * T * k * 3.0 * H * I;
+    // The experts' bytes (fp4, scales, biases) every path reads at least once: at batched-decode sizes (16-64
+    // tokens per expert) this floor is above the FLOP floor.
+    const double bytes = touched * (3.0 * I * H / 2 + 3.0 * I * H / 32 + 2.0 * (2 * I + H));
     struct Variant {
       CudaMoePath path;
       int tile;
       const char* label;
       int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
       int warp_specialized = -1;  // wgmma: 1 the warp-specialized kernel (moe_wgmma_ws.cu), 0 auto's choice
+      int deep_ring = 0;          // wgmma, 96-token tiles: 1 the deep ring, -1 the five-stage one (before session 12)
+      int pdl = 0;                // wgmma, a CTA per item: 1 programmatic dependent launches, -1 not
     };
     for (const Variant& v :
          {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
           Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"}, Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
-          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg"}, Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg"},
+          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg"}, Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep", 0, -1, 1, -1},
+          Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1, 1},
+          Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg ring5", 0, -1, -1, -1},
           Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
           Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 1},
           Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 1},
@@ -314,6 +321,8 @@ void bench_moe_prefill() {
       CudaMoeOptions o{v.path, v.tile};
       o.wgmma_persistent = v.persistent;
       o.wgmma_warp_specialized = v.warp_specialized;
+      o.wgmma_deep_ring = v.deep_ring;
+      o.wgmma_pdl = v.pdl;
       CHECK_OK(set_cuda_moe_options(*g_b, o));
       CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
       // About 20 ms of work per graph.
@@ -325,7 +334,7 @@ void bench_moe_prefill() {
       char note[96];
       std::snprintf(note, sizeof note, "%.0f TFLOP/s, %.0f tokens/expert", flops / us / 1e6,
                     static_cast<double>(T * k) / E);
-      report("moe prefill T=" + std::to_string(T) + " " + v.label, us, 0, flops, note);
+      report("moe prefill T=" + std::to_string(T) + " " + v.label, us, bytes, flops, note);
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
   }

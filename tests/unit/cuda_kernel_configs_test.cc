@@ -341,18 +341,23 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
 // The wgmma grouped GEMM: only on sm_90 (no wgmma on SM100/SM12x: those keep the mma.sync kernel); its
 // ring (plus the kernel's static table of tile rows, 8 bytes each) fits there with as many CTAs per SM as its
 // __launch_bounds__ promise: two with two warpgroups and tiles of <= 128 tokens (the 128-register cap assumes
-// it), else one. Every tile runs two warpgroups (the only count compiled).
+// it), else one. Every tile runs two warpgroups (the only count compiled); 96-token tiles the deep ring (six
+// stages) or the five-stage one.
 TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
+  const bool deep_by_default = choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96).deep_ring;
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {256, 2048, 8192, 32768})
-      for (int tile : {0, 64, 96, 128, 256}) {
-        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile);
+      for (int tile : {0, 64, 96, 128, 256})
+      for (int deep : {0, 1, -1}) {
+        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, 0, 0, deep);
         EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
         EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 96 || c.tile_tokens == 128 || c.tile_tokens == 256);
         if (tile != 0) {
           EXPECT_EQ(c.tile_tokens, tile);
         }
         EXPECT_EQ(c.warpgroups, kMoeWgmmaWarpgroups);
+        EXPECT_EQ(c.deep_ring, c.tile_tokens == 96 && (deep == 1 || (deep == 0 && deep_by_default)));
+        EXPECT_EQ(c.stages, c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages);
         EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024);
         EXPECT_EQ(c.threads, 128 * c.warpgroups);
         if (!c.enabled) continue;
@@ -372,6 +377,17 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 16 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1023 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 256);
+  // The deep ring: 96-token tiles only, auto's default there, and two CTAs of it fit an SM.
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32).deep_ring, deep_by_default);  // auto: 96-token tiles
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 1).stages, 6);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, -1).stages, 5);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 128, 0, 0, 1).deep_ring);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).deep_ring);  // 256-token tiles
+  EXPECT_EQ(moe_wgmma_ctas_per_sm(96, 2), 2);
+  // Programmatic dependent launches on request, never on a persistent grid.
+  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 0, 1).pdl);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 0, -1).pdl);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 1, 0, 0, 1).pdl);
   // A persistent grid only with 256-token tiles, on request or by default.
   EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 1).persistent);
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, -1).persistent);

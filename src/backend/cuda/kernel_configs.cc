@@ -243,8 +243,15 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
   return c;
 }
 
+// The 96-token tiles' deep ring by default? Not yet: correct on an H200 (session 12 W2: odd shapes against the
+// CPU twin, bitwise batch independence, graph replay), its before/after bench not run yet (docs/PERF.md).
+constexpr bool kMoeWgmmaDeepRingByDefault = false;
+// Programmatic dependent launches of the CTA-per-item GEMMs by default (docs/PERF.md, session 12).
+constexpr bool kMoeWgmmaPdlByDefault = false;
+
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens, int persistent, int warp_specialized) {
+                                       int tile_tokens, int persistent, int warp_specialized, int deep_ring,
+                                       int pdl) {
   MoeWgmmaConfig c;
   const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
   if (warp_specialized == 1 || (warp_specialized == 0 && kMoeWgmmaWarpSpecialized)) {
@@ -272,7 +279,9 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
   c.threads = moe_wgmma_threads(c.warpgroups);
   c.persistent = c.tile_tokens == 256 && (persistent == 1 || (persistent == 0 && kMoeWgmmaPersistent));
   c.sms = dev.sm_count;
-  c.stages = kMoeWgmmaStages;
+  c.deep_ring = c.tile_tokens == 96 && (deep_ring == 1 || (deep_ring == 0 && kMoeWgmmaDeepRingByDefault));
+  c.pdl = !c.persistent && (pdl == 1 || (pdl == 0 && kMoeWgmmaPdlByDefault));
+  c.stages = c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages;
   c.smem_bytes = c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024;
   // wgmma exists on sm_90a only (sm_100 has tcgen05 instead, sm_12x neither).
   c.enabled = dev.sm_major == 9 && fits(dev, c.smem_bytes, c.stages);

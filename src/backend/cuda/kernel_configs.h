@@ -266,10 +266,15 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
 // MXFP4 experts for many tokens per expert on Hopper (sm_90a only: wgmma, moe_wgmma.cu): weights as the
 // wgmma M side decoded from the swap-AB layout into registers, 64, 96, 128 or 256 expert-sorted tokens as N
 // in shared memory, two warpgroups of 64 weight rows per CTA sharing each token tile (kMoeWgmmaWarpgroups), a
-// cp.async ring of kMoeWgmmaStages k tiles.
+// cp.async ring of kMoeWgmmaStages k tiles (kMoeWgmmaDeepStages on the 96-token tiles' deep ring, below).
 // 5: with tile t - 1 still in the MMAs, three tiles load ahead; two CTAs of 128-token tiles (2 x 107 KB) fit an
 // SM, one of 256-token tiles (186 KB).
 inline constexpr int kMoeWgmmaStages = 5;
+// The 96-token kernel's deep ring: six stages (two CTAs of 2 x 104 KB fit an SM); a tile of at most 48 tokens
+// (batched decode, 16-48 tokens per expert) has each warp multiply two 16-row strips, 256 weight rows a CTA, on
+// stages of its own size (six of 15 KB): the loads, barrier and bookkeeping of a k tile, which with the fp4
+// decode bound the kernel there (ncu: issue-bound, DRAM 40%), are paid once per two strips (docs/PERF.md).
+inline constexpr int kMoeWgmmaDeepStages = 6;
 inline constexpr int moe_wgmma_threads(int warpgroups) { return 128 * warpgroups; }
 // Resident CTAs per SM that the kernel's __launch_bounds__ promise: two with two warpgroups and tiles of <= 128
 // tokens (<= 128 registers a thread), else one (256-token tiles hold 128 fp32 accumulators a thread).
@@ -303,16 +308,22 @@ struct MoeWgmmaConfig {
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
   bool persistent = false;  // a grid of one wave looping over the work items (256-token tiles, or warp-specialized)
+  bool deep_ring = false;   // 96-token tiles: the deep ring (kMoeWgmmaDeepStages; half-width tiles two strips a warp)
+  bool pdl = false;         // launched as programmatic dependents: the first k tiles' weights load before the wait
   bool warp_specialized = false;  // moe_wgmma_ws.cu (tiles of 128 or 256 tokens, two MMA warpgroups)
   int sms = 0;              // the device's SMs, which size a persistent grid
 };
-// `tile_tokens` 0 picks from the tokens per expert; 64, 96, 128 or 256 forces that tile. `persistent` 0
-// picks kMoeWgmmaPersistent, 1 forces a persistent grid and -1 a grid of one CTA per item (tiles of 64, 96 or
-// 128 tokens always have the latter). `warp_specialized` 0 picks
-// kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized kernel (tiles of 128 or 256 tokens: a forced 64
-// becomes 128), -1 the other one; it runs two MMA warpgroups on a persistent grid whatever the other knobs say.
+// `tile_tokens` 0 picks from the tokens per expert; 64, 96, 128 or 256 forces that tile. `deep_ring` 0 picks
+// the default for 96-token tiles (kernel_configs.cc, as measured), 1 forces the deep ring there, -1 the
+// five-stage one (other tiles have no deep ring); `pdl` likewise for programmatic dependent launches of the
+// CTA-per-item kernels (not the persistent or warp-specialized ones). `persistent` 0 picks kMoeWgmmaPersistent,
+// 1 forces a persistent grid and -1 a grid of one CTA per item (tiles of 64, 96 or 128 tokens always have the
+// latter). `warp_specialized` 0 picks kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized kernel (tiles of
+// 128 or 256 tokens: a forced 64 becomes 128), -1 the other one; it runs two MMA warpgroups on a persistent grid
+// whatever the other knobs say.
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens = 0, int persistent = 0, int warp_specialized = 0);
+                                       int tile_tokens = 0, int persistent = 0, int warp_specialized = 0,
+                                       int deep_ring = 0, int pdl = 0);
 // Warpgroups per CTA, the only count compiled. Measured on an H100 (docs/PERF.md, 2026-11-24): 4 halve the L2
 // traffic of the bf16 activations (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not
 // L2-bound; one CTA per SM, and 2880 rows leave a CTA of 256 half idle), 3 are slower at T <= 2048; 2 was

@@ -4,14 +4,23 @@
 // whose per-lane 16 bytes per 16-row strip and 64-k tile are exactly the A register fragments of four
 // m64nNk16 steps for one warp once decoded (mxfp4_dequant_step): no shared-memory staging of bf16 weights.
 // The expert-sorted tokens are the N side (a routing tile of kN = 64, 96, 128 or 256 tokens), in shared memory
-// as wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG = 2 warpgroups (three and four
-// measured no faster and are not compiled, docs/PERF.md; 256-token tiles' 128 accumulators a thread allow one
-// CTA per SM, smaller tiles two), each 64 weight rows (warp w of the CTA owns strip strip0 + w), sharing the B tile; k goes in tiles of 64 through a cp.async ring of
-// kMoeWgmmaStages stages (activation rows, packed fp4 and scales of the CTA's rows), with two wgmma groups in
-// flight so that a tile's fp4 decode overlaps the previous tile's MMAs. The decode and the per-tile barrier
-// are paid once per kN tokens, which is what larger tiles buy; what they cost is MMA columns past an expert's
-// tokens, so a 256- or 96-token tile with at most half its tokens runs its loads and MMAs at half width (96
-// fits the ~64 tokens per expert of a 512-token step in one tile, 48 the ~32 of a 256-token decode step).
+// as wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG = 2 warpgroups (three and four measured
+// no faster and are not compiled, docs/PERF.md; 256-token tiles' 128 accumulators a thread allow one CTA per
+// SM, smaller tiles two), each 64 weight rows (warp w of the CTA owns strip strip0 + w), sharing the B tile;
+// k goes in tiles of 64 through a cp.async ring of kMoeWgmmaStages stages (activation rows, packed fp4 and
+// scales of the CTA's rows), with two wgmma groups in flight so that a tile's fp4 decode overlaps the previous
+// tile's MMAs. The decode and the per-tile barrier are paid once per kN tokens, which is what larger tiles
+// buy; what they cost is MMA columns past an expert's tokens, so a 256- or 96-token tile with at most half its
+// tokens runs its loads and MMAs at half width (96 fits the ~64 tokens per expert of a 512-token step in one
+// tile, 48 the ~32 of a 256-token decode step).
+//
+// 96-token tiles also have a deep ring (MoeWgmmaConfig::deep_ring; auto's where kernel_configs.cc says so):
+// six stages, and a tile of at most 48 tokens (batched decode, 16-48 tokens per expert) has each warp multiply
+// two 16-row strips, 256 weight rows a CTA (the CTA of the odd column block next to it exits), on stages of its
+// own size. At those sizes the kernel is bound by its instruction stream (ncu, session 12: ~150 issued
+// instructions per warp and k tile, the fp4 decode ~60 of them, at 58% of the issue slots; DRAM 40%): the
+// loads of the token rows, the barrier, the ring's bookkeeping and the wgmma setup are then paid once per two
+// strips.
 //
 // The layout's k permutation: in k-step kk of a 64-k tile, lane q's A registers hold physical k
 // 16q + 4kk + {0, 1} (logical k 2q, 2q + 1 of the step) and 16q + 4kk + {2, 3} (logical 2q + 8, 2q + 9).
@@ -46,10 +55,22 @@ __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t 
   *reinterpret_cast<uint32_t*>(o + logical_k(p + 2)) = v.y;
 }
 
-#if MX_SM90A
-constexpr int kStages = kMoeWgmmaStages;
-static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least one tile loading");
-#endif
+// The ring's geometry for a k loop of kCols token columns in a kernel of kN-token tiles whose ring is kRing
+// stages of full width: with kHalfStages (a CTA per item only), a half-width loop cuts the same bytes into
+// stages of its own size, for twice the weight rows (two strips a warp): 48 token rows and 256 weight rows of
+// a 96-token tile's CTA take 15 KB instead of 17 KB.
+template <int kN, int kWG, int kCols, int kRing, bool kHalfStages>
+struct RingShape {
+  static constexpr bool kTwoStrips = kHalfStages && kCols < kN;
+  static constexpr int kRows = moe_wgmma_weight_rows(kWG) * (kTwoStrips ? 2 : 1);
+  static constexpr int kFullBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, kWG));
+  static constexpr int kStageBytes =
+      kHalfStages ? static_cast<int>((kCols * 128 + kRows * 34 + 1023) / 1024 * 1024) : kFullBytes;
+  static constexpr int kStages = kHalfStages ? kRing * kFullBytes / kStageBytes : kRing;
+  static constexpr int kWeightsAt = (kHalfStages ? kCols : kN) * 128;  // after the B tile
+  static constexpr int kScalesAt = kWeightsAt + kRows * 32;
+  static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least one tile loading");
+};
 
 // The token columns a k loop multiplies: the tile's kN, or, with 256- and 96-token tiles, half of it for a
 // tile of at most kN / 2 tokens (an expert's last, partly filled tile, or an expert with few tokens), which
@@ -70,14 +91,18 @@ struct Columns {
 // kRowRegs (a CTA per item only): each thread keeps the input rows it copies (kN / 32 of them with two
 // warpgroups) as pointers in registers for the whole k loop instead of reading them back from the shared row
 // table for every 16-byte copy (a shared load, a 64-bit add and a scoreboard wait per copy).
-template <int kN, int kWG, bool kPersistent, bool kRowRegs = false>
+// kRing: ring stages (of full width); kHalfStages (a CTA per item, kN = 96): a tile of at most kN / 2 tokens
+// runs two strips a warp on its own stages (RingShape), its CTA taking the next column block's rows too.
+template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
+          bool kHalfStages = false>
 __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(kN, kWG))
     moe_wgmma_kernel(MoeGemmParams p) {
 #if MX_SM90A
+  static_assert(!kHalfStages || (!kPersistent && kN == 96), "two strips a warp: half-width tiles, a CTA per item");
   constexpr bool kHalfWidth = kN == 256 || kN == 96;  // see Columns
+  constexpr int kStages = kRing;  // the persistent kernel's (one geometry for every item)
   constexpr int kThreads = moe_wgmma_threads(kWG), kRows = moe_wgmma_weight_rows(kWG), kStrips = kRows / 16;
   static_assert(kThreads == 32 * kStrips, "a warp per 16-row strip");
-  constexpr int kStageBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, kWG));
   extern __shared__ uint8_t smem_raw[];
   // Where each tile row's input row starts, for the item being loaded (two tables in persistent mode: the
   // next item's is written while the current one's loads may still read theirs). Rows past the tile's tokens
@@ -112,11 +137,13 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   };
 
   WorkItem cur = item_at(item);  // the item being multiplied
+  // Two strips a warp: the even column block's CTA takes the odd one's rows, which therefore has nothing to do.
+  const bool two_strips = kHalfStages && cur.n <= kN / 2;
+  if (two_strips && (blockIdx.x & 1)) return;
 
   // Stage s of the ring: the B tile (kN rows of 128 bytes, swizzled), this CTA's packed fp4 (32 B per
   // weight row), then its scales (2 B per row).
   const uint32_t ring = smem_addr(smem);
-  constexpr int kWeightsAt = kN * 128, kScalesAt = kWeightsAt + kRows * 32;
 
   // The loads' loop-invariant parts (the per-tile address arithmetic was a large share of the kernel's
   // issued instructions): thread tid copies 16-byte chunk tid % 8 of tile rows tid / 8 + j x kRowsPerPass,
@@ -142,14 +169,15 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     }
   }
   const uint32_t b_dst = ring + row0 * 128 + ((ch ^ (row0 & 7)) * 16);
-  const uint32_t w_dst = ring + kWeightsAt + tid * 16;
-  const uint32_t s_dst = ring + kScalesAt + warp * 32 + (lane & 1) * 16;
+  const uint32_t w_dst = ring + tid * 16;                          // + the shape's kWeightsAt
+  const uint32_t s_dst = ring + warp * 32 + (lane & 1) * 16;       // + the shape's kScalesAt
   // The item being loaded: its row table, this warp's strip of weights and scales (at k tile 0), its width.
   struct LoadItem {
     const uint8_t* w_src;
     const uint8_t* s_src;
     int n;       // the tile's tokens: rows from n on are zero-filled
     int w_size;  // 16, or 0 for a strip past the matrix (zero weights and scales)
+    int w_size2;  // the same for the warp's second strip (two strips a warp), kStrips strips further
     int buf;     // which row table (0 unless persistent)
     bool half;
   };
@@ -158,11 +186,35 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     const bool ok = my_strip < strips;
     const int64_t strip_tiles = (w.e * strips + (ok ? my_strip : 0)) * n_k;
     return LoadItem{p.blocks + strip_tiles * 512 + lane * 16, p.scales + strip_tiles * 32 + (lane & 1) * 16, w.n,
-                    ok ? 16 : 0, buf, kHalfWidth && w.n <= kN / 2};
+                    ok ? 16 : 0, my_strip + kStrips < strips ? 16 : 0, buf, kHalfWidth && w.n <= kN / 2};
   };
-  auto load = [&](auto columns, const LoadItem& li, int t, int s) {
+  // This warp's strip of k tile t into slot s: 16 bytes per lane (the lane reads back exactly its own bytes),
+  // 32 B of scales. With two strips a warp the second is kStrips strips on: its bytes follow the first strips'
+  // in the stage, and lanes 2 and 3 copy its scales.
+  auto load_weights = [&](auto columns, const LoadItem& li, int t, int s) {
+    using Shape = RingShape<kN, kWG, decltype(columns)::value, kRing, kHalfStages>;
+    const uint32_t stage = static_cast<uint32_t>(s) * Shape::kStageBytes;
+    cp_async_16_to(w_dst + Shape::kWeightsAt + stage, li.w_src + t * 512, li.w_size);
+    if constexpr (Shape::kTwoStrips) {
+      // Strip tiles between the two strips (none for a second strip past the matrix: a valid address, no read);
+      // 32-bit byte offsets (an expert's strips are far below 4 GB) keep the loop within its registers.
+      const uint32_t next = li.w_size2 != 0 ? static_cast<uint32_t>(kStrips * n_k) : 0u;
+      cp_async_16_to(w_dst + Shape::kWeightsAt + kStrips * 512 + stage, li.w_src + (next * 512u + t * 512u),
+                     li.w_size2);
+      if (lane < 4) {
+        const bool second = lane >= 2;
+        cp_async_16_to(s_dst + Shape::kScalesAt + (second ? kStrips * 32 : 0) + stage,
+                       li.s_src + ((second ? next * 32u : 0u) + t * 32u), second ? li.w_size2 : li.w_size);
+      }
+    } else {
+      if (lane < 2) cp_async_16_to(s_dst + Shape::kScalesAt + stage, li.s_src + t * 32, li.w_size);
+    }
+  };
+  // This thread's chunks of the tile's activation rows of k tile t into slot s.
+  auto load_rows = [&](auto columns, const LoadItem& li, int t, int s) {
     constexpr int kCols = decltype(columns)::value;
-    const uint32_t stage = static_cast<uint32_t>(s) * kStageBytes;
+    using Shape = RingShape<kN, kWG, kCols, kRing, kHalfStages>;
+    const uint32_t stage = static_cast<uint32_t>(s) * Shape::kStageBytes;
 #pragma unroll
     for (int j = 0; j < (kCols + kRowsPerPass - 1) / kRowsPerPass; ++j) {
       const int row = row0 + j * kRowsPerPass;
@@ -177,9 +229,10 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
                        row < (kPersistent ? li.n : cur.n) ? 16 : 0);
       }
     }
-    // This warp's strip: 16 bytes per lane (the lane reads back exactly its own bytes), 32 B of scales.
-    cp_async_16_to(w_dst + stage, li.w_src + t * 512, li.w_size);
-    if (lane < 2) cp_async_16_to(s_dst + stage, li.s_src + t * 32, li.w_size);
+  };
+  auto load = [&](auto columns, const LoadItem& li, int t, int s) {
+    load_rows(columns, li, t, s);
+    load_weights(columns, li, t, s);
   };
 
   if constexpr (!kRowRegs) fill_rows(cur, 0);
@@ -215,7 +268,8 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
       ++ld_t;
     }
     cp_async_commit();
-    load_slot = load_slot == kStages - 1 ? 0 : load_slot + 1;
+    constexpr int kSlots = RingShape<kN, kWG, decltype(columns)::value, kRing, kHalfStages>::kStages;
+    load_slot = load_slot == kSlots - 1 ? 0 : load_slot + 1;
     return moved;
   };
   if constexpr (kPersistent)
@@ -225,27 +279,79 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   float acc[kN / 2];
   int slot = 0;  // ring slot of the k tile being multiplied
 
+  // A CTA per item: the first n k tiles' loads. The weights (constant) first, then the wait for the previous
+  // kernel (a programmatic dependent launch, MoeWgmmaConfig::pdl: the input rows are its output; a no-op
+  // otherwise), then the rows, a commit group per tile as advance_load makes them (the first group also holds
+  // every prologue tile's weights, which only makes them land earlier). The routing metadata read before the
+  // wait is older than the previous kernel: that one started after it was written (stream order), and with PDL
+  // the first GEMM lets the second start only after its own wait.
+  auto prologue = [&](auto columns, int n) {
+    for (int s = 0; s < n; ++s)
+      if (s < n_k) load_weights(columns, li, s, s);
+    pdl_wait();
+    pdl_launch_dependents();
+    for (int s = 0; s < n; ++s) {
+      if (ld_t < n_k) load_rows(columns, li, ld_t, load_slot);
+      ++ld_t;
+      cp_async_commit();
+      ++load_slot;  // n < the loop's stages: no wrap
+    }
+  };
   // Two wgmma groups in flight: tile t's dequant overlaps tile t - 1's MMAs, so the A registers alternate
   // between two sets (the k loop is unrolled by 2 to keep their indices static). The slot reloaded at a
   // step is that of the k tile two steps back, which every warpgroup has finished (wait<1> before the
-  // barrier); the k tiles of the next kStages - 2 steps (across items in persistent mode) are in flight.
+  // barrier); the k tiles of the next kS - 2 steps (across items in persistent mode) are in flight.
   auto k_loop = [&](auto columns) {
     constexpr int kCols = decltype(columns)::value;
+    using Shape = RingShape<kN, kWG, kCols, kRing, kHalfStages>;
+    constexpr int kS = Shape::kStages;
     // The accumulator's first kCols / 2 registers are columns 0 .. kCols - 1 in wgmma's layout.
     float(&d)[kCols / 2] = *reinterpret_cast<float(*)[kCols / 2]>(&acc[0]);
-    if constexpr (!kPersistent)
-      for (int s = 0; s < kStages - 2; ++s) advance_load(columns);
-    auto step = [&](uint32_t(&at)[4][4]) {
-      cp_async_wait<kStages - 3>();  // this thread's copies of this step's k tile landed
-      fence_proxy_async_smem();      // ... and are visible to wgmma's reads
-      __syncthreads();               // everyone's; everyone finished the slot reloaded next, and its row table
-      advance_load(columns);
-      const uint32_t stage = ring + slot * kStageBytes;
-      moe_wgmma_k_tile<kCols>(d, at, stage, stage + kWeightsAt + tid * 16,
-                              stage + kScalesAt + warp * 32 + (q >> 1) * 16, r);
-      slot = slot == kStages - 1 ? 0 : slot + 1;
+    auto tile = [&](uint32_t(&at)[4][4]) {
+      const uint32_t stage = ring + slot * Shape::kStageBytes;
+      moe_wgmma_k_tile<kCols>(d, at, stage, stage + Shape::kWeightsAt + tid * 16,
+                              stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16, r);
+      slot = slot == kS - 1 ? 0 : slot + 1;
     };
-    moe_wgmma_k_loop(acc, n_k, step);
+    if constexpr (Shape::kTwoStrips) {
+      // Each step: strip A's decode and MMAs (wait<1>: strip B's of the previous tile are done, its A registers
+      // free), then strip B's (wait<1>: strip A's are done). Accumulators: A in acc[0, 24), B in its own d2,
+      // copied to acc[24, 48) at the end (as the upper half of the 96-column accumulator, B made ptxas serialize
+      // every wgmma, C7511).
+      prologue(columns, kS - 2);
+      float d2[kCols / 2];
+#pragma unroll
+      for (int i = 0; i < kCols / 2; ++i) d2[i] = 0.f;
+      uint32_t a[2][4][4];
+      wgmma_fence_regs(acc);
+      for (int t = 0; t < n_k; ++t) {
+        cp_async_wait<kS - 3>();
+        fence_proxy_async_smem();
+        __syncthreads();
+        advance_load(columns);
+        const uint32_t stage = ring + slot * Shape::kStageBytes;
+        const uint32_t weights = stage + Shape::kWeightsAt + tid * 16;
+        const uint32_t scales = stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16;
+        moe_wgmma_k_tile<kCols>(d, a[0], stage, weights, scales, r);
+        moe_wgmma_k_tile<kCols>(d2, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
+        slot = slot == kS - 1 ? 0 : slot + 1;
+      }
+      wgmma_wait<0>();
+      wgmma_fence_regs(acc);
+      wgmma_fence_regs(d2);
+#pragma unroll
+      for (int i = 0; i < kCols / 2; ++i) acc[kCols / 2 + i] = d2[i];
+    } else {
+      if constexpr (!kPersistent) prologue(columns, kS - 2);
+      auto step = [&](uint32_t(&at)[4][4]) {
+        cp_async_wait<kS - 3>();  // this thread's copies of this step's k tile landed
+        fence_proxy_async_smem();  // ... and are visible to wgmma's reads
+        __syncthreads();           // everyone's; everyone finished the slot reloaded next, and its row table
+        advance_load(columns);
+        tile(at);
+      };
+      moe_wgmma_k_loop(acc, n_k, step);
+    }
   };
 
   for (;;) {
@@ -260,11 +366,18 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     } else {
       k_loop(Columns<kN>{});
     }
-    // Persistent: the item's metadata read again (cached) rather than kept live through the k loop, which
-    // keeps the 256-token kernel within its 255 registers.
-    if constexpr (kPersistent) cur = item_at(item);
+    // The item's metadata read again (cached) rather than kept live through the k loop, which keeps the
+    // 256-token kernel within its 255 registers and the 96-token one's two-strip loop within its 128.
+    cur = item_at(item);
     const int64_t my_strip = cur.strip0 + warp;
-    if (my_strip < strips) moe_wgmma_store<kN>(p, acc, cur, my_strip, r, q);  // else a strip past the matrix
+    if (two_strips) {
+      using Half = float[kN / 4];
+      if (my_strip < strips) moe_wgmma_store<kN / 2>(p, *reinterpret_cast<Half*>(&acc[0]), cur, my_strip, r, q);
+      if (my_strip + kStrips < strips)
+        moe_wgmma_store<kN / 2>(p, *reinterpret_cast<Half*>(&acc[kN / 4]), cur, my_strip + kStrips, r, q);
+    } else if (my_strip < strips) {
+      moe_wgmma_store<kN>(p, acc, cur, my_strip, r, q);  // else a strip past the matrix
+    }
     if constexpr (!kPersistent) break;
     item += stride;
     if (item >= n_items) break;
@@ -274,9 +387,11 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
 #endif
 }
 
-template <int kN, int kWG, bool kPersistent, bool kRowRegs = false>
+template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
+          bool kHalfStages = false>
 Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
-  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent, kRowRegs>;
+  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent, kRowRegs, kRing, kHalfStages>;
+  if (c.stages != kRing) return internal_error("MoE wgmma GEMM: the config's ring is not the kernel's");
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
       "cudaFuncSetAttribute(moe wgmma smem)"));
@@ -285,6 +400,7 @@ Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stre
   const dim3 grid = kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(
                                       n_cols * p.max_tiles, int64_t{c.sms} * moe_wgmma_ctas_per_sm(kN, kWG))))
                                 : dim3(static_cast<unsigned>(n_cols), static_cast<unsigned>(p.max_tiles));
+  if (c.pdl) return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), c.smem_bytes, stream, p), "moe_wgmma_kernel");
   kernel<<<grid, c.threads, c.smem_bytes, stream>>>(p);
   return launch_status("moe_wgmma_kernel");
 }
@@ -302,14 +418,18 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
   if (c.warp_specialized) return launch_moe_wgmma_ws_gemm(p, c, stream);
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
-  if (!c.enabled || c.threads != moe_wgmma_threads(c.warpgroups) || c.stages != kMoeWgmmaStages)
+  if (!c.enabled || c.threads != moe_wgmma_threads(c.warpgroups) || (c.deep_ring && c.tile_tokens != 96))
     return internal_error("MoE wgmma GEMM: config does not fit this GPU");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
   if (c.persistent && c.sms <= 0) return internal_error("MoE wgmma GEMM: a persistent grid needs the SM count");
+  if (c.persistent && c.pdl)
+    return internal_error("MoE wgmma GEMM: the persistent grid is not a programmatic dependent");
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
     case 6420: return launch<64, 2, false, true>(p, c, stream);
-    case 9620: return launch<96, 2, false, true>(p, c, stream);
+    case 9620:
+      if (c.deep_ring) return launch<96, 2, false, true, kMoeWgmmaDeepStages, true>(p, c, stream);
+      return launch<96, 2, false, true>(p, c, stream);
     case 12820: return launch<128, 2, false>(p, c, stream);
     case 25620: return launch<256, 2, false>(p, c, stream);
     case 25621: return launch<256, 2, true>(p, c, stream);
