@@ -1,8 +1,8 @@
 // The pieces of the Hopper prefill attention kernel (attention_wgmma_ws.cu) that do not depend on who loads
 // the tiles: the swizzled tile layout, a row's key range, the two wgmma GEMMs of a 64-row warpgroup (waited
 // for, Q in registers, for the in-turn loop; issued only, Q in shared memory, for the overlapped one), one
-// tile's online softmax (whole, or split around the previous tile's P V), and the final normalisation and
-// store.
+// tile's online softmax (whole, or split around the previous tile's P V), the overlapped loop's steps (also
+// used by the window kernel, attention_wgmma_window.cu), and the final normalisation and store.
 //
 // Layouts (per warpgroup of 64 rows): a lane holds rows r0 = 16 w + lane / 4 and r1 = r0 + 8 of its warp w;
 // s[4j + e]: key k0 + 8j + 2q + (e & 1) of r0 (e < 2) or r1 (q = lane % 4); o[4j + e]: head dims
@@ -277,6 +277,58 @@ __device__ __forceinline__ void attn_pv(float (&o)[HD / 2], uint32_t (&pa)[KT / 
 #pragma unroll
   for (int kc = 0; kc < KT / 16; ++kc) wgmma_bf16_rs_mn64(o, pa[kc], wgmma_desc_mn128(v_addr + kc * 16 * 128, KT * 128));
   wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_regs(o);
+}
+
+// The overlapped consumer loop over a pass's tiles (FA3's intra-warpgroup overlap), shared by the ws kernel's
+// 64-key shape and the window kernel, which differ only in where the tiles sit and when a slot is released:
+// attn_overlap_first runs tile 0 alone; each attn_overlap_step issues S(i) = Q K(i)^T and O += P(i-1) V(i-1)
+// together, runs softmax(i) under the P V and, once the P V is done, rescales O and packs P(i) into `pa`;
+// attn_overlap_last_pv issues the last P V and waits for it. Q is read from shared memory at `q_addr`
+// (attn_qk_issue), V of the previous tile at `v_prev`.
+template <int KT, int HD>
+__device__ __forceinline__ void attn_overlap_first(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], float (&m_run)[2],
+                                                   float (&l_run)[2], uint32_t q_addr, uint32_t k_addr,
+                                                   bool unmasked, int k0, int q4, int f0, int l0, int f1, int l1,
+                                                   float scale_log2) {
+  float s[KT / 2], corr[2];
+  wgmma_fence();
+  attn_qk_issue<KT, HD>(s, q_addr, k_addr);
+  wgmma_wait<0>();
+  wgmma_fence_regs(s);
+  attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
+  attn_rescale_pack<KT, HD>(o, corr, s, pa);
+}
+
+// `release_prev()` runs once the previous tile's P V is done (the ws kernel frees its ring slot there).
+template <int KT, int HD, typename ReleasePrev>
+__device__ __forceinline__ void attn_overlap_step(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], float (&m_run)[2],
+                                                  float (&l_run)[2], uint32_t q_addr, uint32_t k_addr,
+                                                  uint32_t v_prev, bool unmasked, int k0, int q4, int f0, int l0,
+                                                  int f1, int l1, float scale_log2, ReleasePrev release_prev) {
+  float s[KT / 2], corr[2];
+  wgmma_fence_regs(o);
+  pin_fragments(pa);
+  wgmma_fence();
+  attn_qk_issue<KT, HD>(s, q_addr, k_addr);
+  attn_pv_issue<KT, HD>(o, pa, v_prev);
+  wgmma_wait<1>();  // S(i) is in; P(i-1) V(i-1) may still run
+  wgmma_fence_regs(s);
+  attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
+  wgmma_wait<0>();
+  wgmma_fence_regs(o);
+  pin_fragments(pa);
+  release_prev();
+  attn_rescale_pack<KT, HD>(o, corr, s, pa);
+}
+
+template <int KT, int HD>
+__device__ __forceinline__ void attn_overlap_last_pv(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], uint32_t v_prev) {
+  wgmma_fence_regs(o);
+  pin_fragments(pa);
+  wgmma_fence();
+  attn_pv_issue<KT, HD>(o, pa, v_prev);
   wgmma_wait<0>();
   wgmma_fence_regs(o);
 }

@@ -41,12 +41,6 @@ namespace {
 constexpr int kHd = 64, kKt = kAttnWindowKeys, kStages = kAttnWindowStages, kMaxTok = kAttnWindowMaxTokens;
 constexpr int kConsumers = 2, kRows = 64 * kConsumers, kThreads = 128 * (1 + kConsumers);
 constexpr int kTileBytes = kKt * kHd * 2, kStageBytes = 2 * kTileBytes, kQBytes = kRows * kHd * 2;
-constexpr int kKvLoaders = 64, kQLoaders = 64;  // producer threads per role
-// Registers after setmaxnreg: two CTAs of 384 threads share the file (80 a thread at launch); the producer
-// gives back what the consumers take.
-constexpr int kLaunchRegisters = (65536 / (kThreads * 2)) / 8 * 8;
-constexpr int kProducerRegisters = 32;
-constexpr int kConsumerRegisters = (kLaunchRegisters * (1 + kConsumers) - kProducerRegisters) / kConsumers / 8 * 8;
 
 // Per-token facts (index: token within the CTA) and the pass and tile list (see the file comment).
 struct WinTables {
@@ -62,6 +56,15 @@ struct WinTables {
 static_assert(attention_window_wgmma_smem_bytes() ==
                   1024 + 2 * kQBytes + kStages * kStageBytes + (2 * kStages + 4) * 8 + sizeof(WinTables),
               "kernel_configs.h counts the shared memory this kernel lays out");
+
+// The kernel's constants and helpers exist for sm_90a's pass only (other archs compile an empty kernel).
+#if MX_SM90A
+constexpr int kKvLoaders = 64, kQLoaders = 64;  // producer threads per role
+// Registers after setmaxnreg: two CTAs of 384 threads share the file (80 a thread at launch); the producer
+// gives back what the consumers take.
+constexpr int kLaunchRegisters = (65536 / (kThreads * 2)) / 8 * 8;
+constexpr int kProducerRegisters = 32;
+constexpr int kConsumerRegisters = (kLaunchRegisters * (1 + kConsumers) - kProducerRegisters) / kConsumers / 8 * 8;
 
 // Inclusive prefix sum / max over the warp's lanes.
 __device__ __forceinline__ int warp_scan_sum(int v, int lane) {
@@ -150,6 +153,7 @@ __device__ void build_passes(WinTables& tab, int n_tok, int tpb, int lane) {
   }
   if (lane == 0) tab.n_list = c_jend;
 }
+#endif  // MX_SM90A
 
 __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_kernel(AttentionKernelParams p,
                                                                                    int blocks_per_cta) {
@@ -300,41 +304,18 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
       const bool whole = start == b0 && end == b_end;
       const int fmax = whole ? tab.tok_first[end - 1] : INT_MAX, lmin = whole ? tab.tok_last[start] : -1;
       auto unmasked = [&](int k0) { return k0 >= fmax && k0 + kKt - 1 <= lmin; };
-      // Tile 0 alone; then each step issues S(i) and P(i-1) V(i-1), runs softmax(i) under the P V, and once
-      // the P V is done rescales O and packs P(i); the last P V after the loop.
-      float s[kKt / 2], corr[2];
       uint32_t pa[kKt / 16][4];
       uint32_t prev = acquire(jlo);
-      wgmma_fence();
-      attn_qk_issue<kKt, kHd>(s, q_addr, prev);
-      wgmma_wait<0>();
-      wgmma_fence_regs(s);
-      attn_softmax_weights<kKt>(s, m_run, l_run, corr, unmasked(tlo * kKt), tlo * kKt, q4, f0, l0, f1, l1,
-                                p.scale_log2);
-      attn_rescale_pack<kKt, kHd>(o, corr, s, pa);
+      attn_overlap_first<kKt, kHd>(o, pa, m_run, l_run, q_addr, prev, unmasked(tlo * kKt), tlo * kKt, q4, f0, l0, f1,
+                                   l1, p.scale_log2);
       for (int i = 1; i < tiles; ++i) {
         const uint32_t got = acquire(jlo + i);
         const int k0 = (tlo + i) * kKt;
-        wgmma_fence_regs(o);
-        pin_fragments(pa);
-        wgmma_fence();
-        attn_qk_issue<kKt, kHd>(s, q_addr, got);
-        attn_pv_issue<kKt, kHd>(o, pa, prev + kTileBytes);
-        wgmma_wait<1>();  // S(i) is in; P(i-1) V(i-1) may still run
-        wgmma_fence_regs(s);
-        attn_softmax_weights<kKt>(s, m_run, l_run, corr, unmasked(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
-        wgmma_wait<0>();
-        wgmma_fence_regs(o);
-        pin_fragments(pa);
-        attn_rescale_pack<kKt, kHd>(o, corr, s, pa);
+        attn_overlap_step<kKt, kHd>(o, pa, m_run, l_run, q_addr, got, prev + kTileBytes, unmasked(k0), k0, q4, f0, l0,
+                                    f1, l1, p.scale_log2, [] {});
         prev = got;
       }
-      wgmma_fence_regs(o);
-      pin_fragments(pa);
-      wgmma_fence();
-      attn_pv_issue<kKt, kHd>(o, pa, prev + kTileBytes);
-      wgmma_wait<0>();
-      wgmma_fence_regs(o);
+      attn_overlap_last_pv<kKt, kHd>(o, pa, prev + kTileBytes);
     }
     if (lane == 0) mbarrier_arrive(qempty0 + 8 * buf);  // this warp's GEMMs are done with the block's Q
     int64_t token[2];

@@ -36,7 +36,6 @@ constexpr int kProducerThreads = 128;
 // One shape of the kernel (kernel_configs.h: kAttnWsWide, kAttnWsNarrow) and what follows from it.
 template <int KT, int CONSUMERS, int STAGES, int CTAS_PER_SM>
 struct WsShape {
-  static constexpr int kRows = 64 * CONSUMERS;
   static constexpr int kThreads = kProducerThreads + 128 * CONSUMERS;
   // Registers a thread after setmaxnreg: the producer gives back what the consumers take, within the pool
   // the CTA was launched with (the cap __launch_bounds__(kThreads, CTAS_PER_SM) sets, in units of 8).
@@ -75,7 +74,7 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
     attention_prefill_wgmma_ws_kernel(AttentionKernelParams p) {
 #if MX_SM90A
   using Shape = WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>;
-  constexpr int kRows = Shape::kRows, kThreads = Shape::kThreads, kStages = STAGES, kConsumers = CONSUMERS;
+  constexpr int kRows = 64 * CONSUMERS, kThreads = Shape::kThreads, kStages = STAGES, kConsumers = CONSUMERS;
   static_assert(HD == 64, "one 64-dim panel per row: the producer's chunk map and the P.V wgmma assume it");
   constexpr int kTileBytes = KT * HD * 2, kStageBytes = 2 * kTileBytes;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -252,41 +251,19 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
       }
     } else {
       if (n_tiles == 0) continue;
-      // Tile 0 alone; then each step issues S(i) and P(i-1) V(i-1), runs softmax(i) under the P V, and once
-      // the P V is done rescales O and packs P(i); the last P V after the loop.
-      float s[KT / 2], corr[2];
+      // The overlapped steps (attention_wgmma_parts.cuh); a slot is released once its P V is done.
       uint32_t pa[KT / 16][4];
       int prev = acquire();
-      wgmma_fence();
-      attn_qk_issue<KT, HD>(s, q_addr, k_tile(prev));
-      wgmma_wait<0>();
-      wgmma_fence_regs(s);
-      attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked(kmin), kmin, q4, f0, l0, f1, l1, p.scale_log2);
-      attn_rescale_pack<KT, HD>(o, corr, s, pa);
+      attn_overlap_first<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(prev), unmasked(kmin), kmin, q4, f0, l0, f1, l1,
+                                 p.scale_log2);
       for (int i = 1; i < n_tiles; ++i) {
         const int got = acquire();
         const int k0 = kmin + i * KT;
-        wgmma_fence_regs(o);
-        pin_fragments(pa);
-        wgmma_fence();
-        attn_qk_issue<KT, HD>(s, q_addr, k_tile(got));
-        attn_pv_issue<KT, HD>(o, pa, v_tile(prev));
-        wgmma_wait<1>();  // S(i) is in; P(i-1) V(i-1) may still run
-        wgmma_fence_regs(s);
-        attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
-        wgmma_wait<0>();
-        wgmma_fence_regs(o);
-        pin_fragments(pa);
-        release(prev);
-        attn_rescale_pack<KT, HD>(o, corr, s, pa);
+        attn_overlap_step<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(got), v_tile(prev), unmasked(k0), k0, q4, f0, l0,
+                                  f1, l1, p.scale_log2, [&] { release(prev); });
         prev = got;
       }
-      wgmma_fence_regs(o);
-      pin_fragments(pa);
-      wgmma_fence();
-      attn_pv_issue<KT, HD>(o, pa, v_tile(prev));
-      wgmma_wait<0>();
-      wgmma_fence_regs(o);
+      attn_overlap_last_pv<KT, HD>(o, pa, v_tile(prev));
       release(prev);
     }
   }
