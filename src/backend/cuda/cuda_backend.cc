@@ -465,8 +465,8 @@ class CudaBackend final : public Backend {
     }
     CudaAttentionPath path = options_.attention.prefill;
     if (path == CudaAttentionPath::kWgmmaWindow || path == CudaAttentionPath::kAuto) {
-      // The window kernel where it takes the layer (gpt-oss's sliding layers: 1.26x the ws kernel's 64-key
-      // shape at 8K on an H100); other layers as kAuto.
+      // The window kernel where it takes the layer (gpt-oss's sliding layers: 1.40x the ws kernel's 64-key
+      // shape at 8K on an H200, session 12); other layers as kAuto.
       const AttentionWindowWgmmaConfig cw = choose_attention_window_wgmma_config(dev_, p.head_dim);
       if (cw.enabled && p.n_q / p.n_kv <= 128 && attention_window_wgmma_takes(p.window, p.n_q / p.n_kv))
         return launch_attention_prefill_wgmma_window(a, cw, stream_.get());

@@ -1,8 +1,9 @@
-// The pieces of the Hopper prefill attention kernel (attention_wgmma_ws.cu) that do not depend on who loads
-// the tiles: the swizzled tile layout, a row's key range, the two wgmma GEMMs of a 64-row warpgroup (waited
-// for, Q in registers, for the in-turn loop; issued only, Q in shared memory, for the overlapped one), one
-// tile's online softmax (whole, or split around the previous tile's P V), the overlapped loop's steps (also
-// used by the window kernel, attention_wgmma_window.cu), and the final normalisation and store.
+// The pieces of the Hopper prefill attention kernels (attention_wgmma_ws.cu, attention_wgmma_window.cu) that
+// do not depend on who loads the tiles: the swizzled tile layout, a row's key range, the two wgmma GEMMs of
+// a 64-row warpgroup (waited for, Q in registers, for the ws kernel's in-turn loop; issued only, Q in shared
+// memory, for the overlapped one and the window kernel's in-turn loop), one tile's online softmax (whole, or
+// split around the previous tile's P V), the overlapped loop's steps (the ws kernel's 64-key shape), and
+// the final normalisation and store.
 //
 // Layouts (per warpgroup of 64 rows): a lane holds rows r0 = 16 w + lane / 4 and r1 = r0 + 8 of its warp w;
 // s[4j + e]: key k0 + 8j + 2q + (e & 1) of r0 (e < 2) or r1 (q = lane % 4); o[4j + e]: head dims
@@ -101,6 +102,22 @@ __device__ __forceinline__ int attn_tile_offset(int row, int c) {
   return (c / 8) * ROWS * 128 + row * 128 + (((c % 8) ^ (row & 7)) << 4);
 }
 
+// `desc` moved on by `bytes` (a multiple of 16) within its tile. The start-address field (bits 0-13, in
+// 16-byte units) of a shared-memory address stays below 2^14 (228 KB), so the add never carries into the
+// fields above it and only the low word changes: one add per wgmma instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t attn_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
+}
+
+// Which sides of a tile a row's visible range [first, last] may cut (uniform per tile): keys below some
+// row's first (kMaskLeft), keys past some row's last (kMaskRight). A tile inside every row's range needs
+// no mask; the window's edge tiles need one side each, so each score takes one compare, not two.
+enum AttnMaskSides : int { kMaskNone = 0, kMaskLeft = 1, kMaskRight = 2, kMaskBoth = 3 };
+__device__ __forceinline__ int attn_mask_sides(int k0, int kt, int fmax, int lmin) {
+  return (k0 < fmax ? kMaskLeft : kMaskNone) | (k0 + kt - 1 > lmin ? kMaskRight : kMaskNone);
+}
+
 // Keys token t sees: [first, last] (causal, and the window's start when there is one).
 __device__ __forceinline__ void attn_key_range(const AttentionKernelParams& p, int64_t t, int* first, int* last) {
   const int pos = p.kv.positions[t];
@@ -123,9 +140,9 @@ __device__ __forceinline__ void attn_qk(float (&s)[KT / 2], const uint32_t (&qf)
   for (int e = 0; e < KT / 2; ++e) s[e] = 0.f;
   wgmma_fence_regs(s);
   wgmma_fence();
+  const uint64_t dk = wgmma_desc_k128(k_addr);
 #pragma unroll
-  for (int kc = 0; kc < HD / 16; ++kc)
-    wgmma_bf16_rs<KT>(s, qf[kc], wgmma_desc_k128(k_addr + (kc / 4) * KT * 128 + (kc % 4) * 32));
+  for (int kc = 0; kc < HD / 16; ++kc) wgmma_bf16_rs<KT>(s, qf[kc], attn_desc_advance(dk, (kc / 4) * KT * 128 + (kc % 4) * 32));
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_regs(s);
@@ -141,23 +158,34 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 }
 
 // The start of a tile's online softmax, shared by both consumer loops: scores of keys a row does not see
-// (outside [f0, l0] for r0, [f1, l1] for r1) become -inf unless the whole tile is visible to every row
-// (`unmasked`); each row's running max moves to its largest score (raw scores, scaled inside exp2), the
-// running sums take the rescale `corr` (what O must be multiplied by too), and `base` is what the tile's
-// scaled scores are taken relative to.
+// (outside [f0, l0] for r0, [f1, l1] for r1) become -inf on the sides `sides` names (attn_mask_sides:
+// none when the whole tile is visible to every row); each row's running max moves to its largest score
+// (raw scores, scaled inside exp2), the running sums take the rescale `corr` (what O must be multiplied by
+// too), and `base` is what the tile's scaled scores are taken relative to.
+template <int KT, int SIDES>
+__device__ __forceinline__ void attn_mask_cols(float (&s)[KT / 2], int lo0, int hi0, int lo1, int hi1) {
+#pragma unroll
+  for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * j + (e & 1), lo = e < 2 ? lo0 : lo1, hi = e < 2 ? hi0 : hi1;
+      const bool ok = ((SIDES & kMaskLeft) == 0 || col >= lo) && ((SIDES & kMaskRight) == 0 || col <= hi);
+      if (!ok) s[4 * j + e] = -INFINITY;
+    }
+}
 template <int KT>
 __device__ __forceinline__ void attn_mask_move_max(float (&s)[KT / 2], float (&m_run)[2], float (&l_run)[2],
-                                                   float (&corr)[2], float (&base)[2], bool unmasked, int k0, int q4,
+                                                   float (&corr)[2], float (&base)[2], int sides, int k0, int q4,
                                                    int f0, int l0, int f1, int l1, float scale_log2) {
-  if (!unmasked) {
-#pragma unroll
-    for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + 8 * j + 2 * q4 + (e & 1);
-        const bool ok = e < 2 ? (key >= f0 && key <= l0) : (key >= f1 && key <= l1);
-        if (!ok) s[4 * j + e] = -INFINITY;
-      }
+  if (sides != kMaskNone) {
+    // Bounds relative to the lane's first column (key k0 + 2 q4): each test compares against a constant.
+    const int c0 = k0 + 2 * q4, lo0 = f0 - c0, hi0 = l0 - c0, lo1 = f1 - c0, hi1 = l1 - c0;
+    if (sides == kMaskLeft)
+      attn_mask_cols<KT, kMaskLeft>(s, lo0, hi0, lo1, hi1);
+    else if (sides == kMaskRight)
+      attn_mask_cols<KT, kMaskRight>(s, lo0, hi0, lo1, hi1);
+    else
+      attn_mask_cols<KT, kMaskBoth>(s, lo0, hi0, lo1, hi1);
   }
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -181,10 +209,10 @@ __device__ __forceinline__ void attn_mask_move_max(float (&s)[KT / 2], float (&m
 // attn_mask_move_max, then o rescaled and the weights packed as the A fragments of P V.
 template <int KT, int HD>
 __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)[HD / 2], float (&m_run)[2],
-                                                  float (&l_run)[2], uint32_t (&pa)[KT / 16][4], bool unmasked, int k0,
+                                                  float (&l_run)[2], uint32_t (&pa)[KT / 16][4], int sides, int k0,
                                                   int q4, int f0, int l0, int f1, int l1, float scale_log2) {
   float corr[2], base[2];
-  attn_mask_move_max<KT>(s, m_run, l_run, corr, base, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
+  attn_mask_move_max<KT>(s, m_run, l_run, corr, base, sides, k0, q4, f0, l0, f1, l1, scale_log2);
 #pragma unroll
   for (int j = 0; j < HD / 8; ++j) {
     o[4 * j] *= corr[0];
@@ -211,10 +239,11 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)
 template <int KT, int HD>
 __device__ __forceinline__ void attn_qk_issue(float (&s)[KT / 2], uint32_t q_addr, uint32_t k_addr) {
   static_assert(HD == 64, "one 64-dim panel: the k steps walk one 128-byte row");
-  wgmma_bf16_ss<KT, false>(s, wgmma_desc_k128(q_addr), wgmma_desc_k128(k_addr));
+  const uint64_t dq = wgmma_desc_k128(q_addr), dk = wgmma_desc_k128(k_addr);
+  wgmma_bf16_ss<KT, false>(s, dq, dk);
 #pragma unroll
   for (int kc = 1; kc < HD / 16; ++kc)
-    wgmma_bf16_ss<KT, true>(s, wgmma_desc_k128(q_addr + kc * 32), wgmma_desc_k128(k_addr + kc * 32));
+    wgmma_bf16_ss<KT, true>(s, attn_desc_advance(dq, kc * 32), attn_desc_advance(dk, kc * 32));
   wgmma_commit();
 }
 
@@ -224,10 +253,10 @@ __device__ __forceinline__ void attn_qk_issue(float (&s)[KT / 2], uint32_t q_add
 // (attn_rescale_pack).
 template <int KT>
 __device__ __forceinline__ void attn_softmax_weights(float (&s)[KT / 2], float (&m_run)[2], float (&l_run)[2],
-                                                     float (&corr)[2], bool unmasked, int k0, int q4, int f0, int l0,
+                                                     float (&corr)[2], int sides, int k0, int q4, int f0, int l0,
                                                      int f1, int l1, float scale_log2) {
   float base[2];
-  attn_mask_move_max<KT>(s, m_run, l_run, corr, base, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
+  attn_mask_move_max<KT>(s, m_run, l_run, corr, base, sides, k0, q4, f0, l0, f1, l1, scale_log2);
 #pragma unroll
   for (int j = 0; j < KT / 8; ++j) {
     s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -base[0]));
@@ -239,11 +268,11 @@ __device__ __forceinline__ void attn_softmax_weights(float (&s)[KT / 2], float (
   }
 }
 
-// The second half, once O is free (no P V in flight): O *= corr, and the weights packed as P V's A fragments
-// (k16 step j / 2: {row r keys 2q.., row r + 8 keys 2q.., row r keys 8 + 2q.., row r + 8 ...}).
-template <int KT, int HD>
-__device__ __forceinline__ void attn_rescale_pack(float (&o)[HD / 2], const float (&corr)[2], const float (&w)[KT / 2],
-                                                  uint32_t (&pa)[KT / 16][4]) {
+// The second half, once O is free (no P V in flight): O *= corr (attn_rescale_o), and the weights packed as
+// P V's A fragments (attn_pack_p; k16 step j / 2: {row r keys 2q.., row r + 8 keys 2q.., row r keys
+// 8 + 2q.., row r + 8 ...}).
+template <int HD>
+__device__ __forceinline__ void attn_rescale_o(float (&o)[HD / 2], const float (&corr)[2]) {
 #pragma unroll
   for (int j = 0; j < HD / 8; ++j) {
     o[4 * j] *= corr[0];
@@ -251,19 +280,29 @@ __device__ __forceinline__ void attn_rescale_pack(float (&o)[HD / 2], const floa
     o[4 * j + 2] *= corr[1];
     o[4 * j + 3] *= corr[1];
   }
+}
+template <int KT>
+__device__ __forceinline__ void attn_pack_p(const float (&w)[KT / 2], uint32_t (&pa)[KT / 16][4]) {
 #pragma unroll
   for (int j = 0; j < KT / 8; ++j) {
     pa[j / 2][(j % 2) * 2] = pack_bf16x2(w[4 * j], w[4 * j + 1]);
     pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(w[4 * j + 2], w[4 * j + 3]);
   }
 }
+template <int KT, int HD>
+__device__ __forceinline__ void attn_rescale_pack(float (&o)[HD / 2], const float (&corr)[2], const float (&w)[KT / 2],
+                                                  uint32_t (&pa)[KT / 16][4]) {
+  attn_rescale_o<HD>(o, corr);
+  attn_pack_p<KT>(w, pa);
+}
 
 // Issues (commits, does not wait for) O += P V with the V tile at `v_addr` (as attn_pv).
 template <int KT, int HD>
 __device__ __forceinline__ void attn_pv_issue(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], uint32_t v_addr) {
   static_assert(HD == 64, "the P.V wgmma wrapper is written for n = 64; wider heads need n = HD");
+  const uint64_t dv = wgmma_desc_mn128(v_addr, KT * 128);
 #pragma unroll
-  for (int kc = 0; kc < KT / 16; ++kc) wgmma_bf16_rs_mn64(o, pa[kc], wgmma_desc_mn128(v_addr + kc * 16 * 128, KT * 128));
+  for (int kc = 0; kc < KT / 16; ++kc) wgmma_bf16_rs_mn64(o, pa[kc], attn_desc_advance(dv, kc * 16 * 128));
   wgmma_commit();
 }
 
@@ -274,30 +313,30 @@ __device__ __forceinline__ void attn_pv(float (&o)[HD / 2], uint32_t (&pa)[KT / 
   wgmma_fence_regs(o);
   pin_fragments(pa);
   wgmma_fence();
+  const uint64_t dv = wgmma_desc_mn128(v_addr, KT * 128);
 #pragma unroll
-  for (int kc = 0; kc < KT / 16; ++kc) wgmma_bf16_rs_mn64(o, pa[kc], wgmma_desc_mn128(v_addr + kc * 16 * 128, KT * 128));
+  for (int kc = 0; kc < KT / 16; ++kc) wgmma_bf16_rs_mn64(o, pa[kc], attn_desc_advance(dv, kc * 16 * 128));
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_regs(o);
 }
 
-// The overlapped consumer loop over a pass's tiles (FA3's intra-warpgroup overlap), shared by the ws kernel's
-// 64-key shape and the window kernel, which differ only in where the tiles sit and when a slot is released:
-// attn_overlap_first runs tile 0 alone; each attn_overlap_step issues S(i) = Q K(i)^T and O += P(i-1) V(i-1)
+// The overlapped consumer loop over a pass's tiles (FA3's intra-warpgroup overlap) of the ws kernel's 64-key
+// shape: attn_overlap_first runs tile 0 alone; each attn_overlap_step issues S(i) = Q K(i)^T and O += P(i-1) V(i-1)
 // together, runs softmax(i) under the P V and, once the P V is done, rescales O and packs P(i) into `pa`;
 // attn_overlap_last_pv issues the last P V and waits for it. Q is read from shared memory at `q_addr`
 // (attn_qk_issue), V of the previous tile at `v_prev`.
 template <int KT, int HD>
 __device__ __forceinline__ void attn_overlap_first(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], float (&m_run)[2],
                                                    float (&l_run)[2], uint32_t q_addr, uint32_t k_addr,
-                                                   bool unmasked, int k0, int q4, int f0, int l0, int f1, int l1,
+                                                   int sides, int k0, int q4, int f0, int l0, int f1, int l1,
                                                    float scale_log2) {
   float s[KT / 2], corr[2];
   wgmma_fence();
   attn_qk_issue<KT, HD>(s, q_addr, k_addr);
   wgmma_wait<0>();
   wgmma_fence_regs(s);
-  attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
+  attn_softmax_weights<KT>(s, m_run, l_run, corr, sides, k0, q4, f0, l0, f1, l1, scale_log2);
   attn_rescale_pack<KT, HD>(o, corr, s, pa);
 }
 
@@ -305,7 +344,7 @@ __device__ __forceinline__ void attn_overlap_first(float (&o)[HD / 2], uint32_t 
 template <int KT, int HD, typename ReleasePrev>
 __device__ __forceinline__ void attn_overlap_step(float (&o)[HD / 2], uint32_t (&pa)[KT / 16][4], float (&m_run)[2],
                                                   float (&l_run)[2], uint32_t q_addr, uint32_t k_addr,
-                                                  uint32_t v_prev, bool unmasked, int k0, int q4, int f0, int l0,
+                                                  uint32_t v_prev, int sides, int k0, int q4, int f0, int l0,
                                                   int f1, int l1, float scale_log2, ReleasePrev release_prev) {
   float s[KT / 2], corr[2];
   wgmma_fence_regs(o);
@@ -315,7 +354,7 @@ __device__ __forceinline__ void attn_overlap_step(float (&o)[HD / 2], uint32_t (
   attn_pv_issue<KT, HD>(o, pa, v_prev);
   wgmma_wait<1>();  // S(i) is in; P(i-1) V(i-1) may still run
   wgmma_fence_regs(s);
-  attn_softmax_weights<KT>(s, m_run, l_run, corr, unmasked, k0, q4, f0, l0, f1, l1, scale_log2);
+  attn_softmax_weights<KT>(s, m_run, l_run, corr, sides, k0, q4, f0, l0, f1, l1, scale_log2);
   wgmma_wait<0>();
   wgmma_fence_regs(o);
   pin_fragments(pa);

@@ -11,10 +11,11 @@
 // Roles as in attention_wgmma_ws.cu (tile layout, GEMMs, softmax, store: attention_wgmma_parts.cuh):
 // - producer warpgroup (setmaxnreg 32): warps 0-1 load K/V tiles into the ring, warps 2-3 load each
 //   block's Q into one of two buffers; cp.async arrivals on mbarriers.
-// - two consumer warpgroups of 64 rows (104 registers), the overlapped loop (QK(i) with P V(i - 1),
-//   softmax(i) under it). ptxas serializes the wgmmas at that budget (C7512), as in the ws kernel's 64-key
-//   shape; three consumer warpgroups at one CTA per SM (152 registers, not serialized) were no faster per
-//   token on an H100 (docs/PERF.md).
+// - two consumer warpgroups of 64 rows (104 registers), each tile in turn: S = Q K^T (both from shared
+//   memory), softmax, O += P V; the warpgroups of the SM's two CTAs overlap each other. The ws kernel's
+//   overlapped loop (QK(i) issued with P V(i - 1)) spilled P and had its wgmmas serialized at this budget
+//   (ptxas C7512) and ran 7% slower; four consumer warpgroups at one CTA per SM (112 registers, not
+//   serialized) and one pipeline across blocks were slower still (session 12, docs/PERF.md).
 //
 // The tile list: a CTA's tokens split into passes (a pass: tokens of one block and one sequence at
 // consecutive positions). A pass sees keys [kmin, kmax], tiles [tlo, thi]; it reuses the previous pass's
@@ -268,7 +269,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
   setmaxnreg_inc<kConsumerRegisters>();
   const int ct = tid - 128, warp = ct / 32, lane = tid % 32;  // warp: 0 .. 4 kConsumers - 1
   const int r0 = warp * 16 + lane / 4, r1 = r0 + 8, q4 = lane % 4;
-  const uint32_t q_row_off = (warp / 4) * 64 * 128;  // this warpgroup's 64 rows within a Q buffer
+  // This warpgroup's 64 rows within a Q buffer; the index read from lane 0 is warp-uniform to the compiler,
+  // so Q's wgmma descriptors live in uniform registers.
+  const uint32_t q_row_off = __shfl_sync(0xffffffffu, warp / 4, 0) * 64 * 128;
   int released = 0;                                  // list indices below this were released by this warp
   auto release_to = [&](int j_end) {
     for (; released < j_end; ++released)
@@ -292,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
     float o[kHd / 2];
 #pragma unroll
     for (int i = 0; i < kHd / 2; ++i) o[i] = 0.f;
+    bool o_empty = true;  // until the block's first P V: its rescale of a zero O is skipped
     for (int ps = tab.block_pass[b]; ps < tab.block_pass[b + 1]; ++ps) {
       const int start = tab.pass_start[ps], end = tab.pass_start[ps + 1];
       const int tlo = tab.pass_tlo[ps], tiles = tab.pass_tiles[ps], jlo = tab.pass_jlo[ps];
@@ -300,22 +304,26 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
       const bool in0 = tl0 >= start && tl0 < end, in1 = tl1 >= start && tl1 < end;
       const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
       const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
-      // Keys every row of the block sees, when this pass is the whole block: tiles inside them go unmasked.
+      // Keys every row of the block sees, when this pass is the whole block: tiles inside them go unmasked,
+      // the edge tiles masked on one side.
       const bool whole = start == b0 && end == b_end;
       const int fmax = whole ? tab.tok_first[end - 1] : INT_MAX, lmin = whole ? tab.tok_last[start] : -1;
-      auto unmasked = [&](int k0) { return k0 >= fmax && k0 + kKt - 1 <= lmin; };
-      uint32_t pa[kKt / 16][4];
-      uint32_t prev = acquire(jlo);
-      attn_overlap_first<kKt, kHd>(o, pa, m_run, l_run, q_addr, prev, unmasked(tlo * kKt), tlo * kKt, q4, f0, l0, f1,
-                                   l1, p.scale_log2);
-      for (int i = 1; i < tiles; ++i) {
+      for (int i = 0; i < tiles; ++i) {
         const uint32_t got = acquire(jlo + i);
         const int k0 = (tlo + i) * kKt;
-        attn_overlap_step<kKt, kHd>(o, pa, m_run, l_run, q_addr, got, prev + kTileBytes, unmasked(k0), k0, q4, f0, l0,
-                                    f1, l1, p.scale_log2, [] {});
-        prev = got;
+        float s[kKt / 2], corr[2];
+        uint32_t pa[kKt / 16][4];
+        wgmma_fence();
+        attn_qk_issue<kKt, kHd>(s, q_addr, got);
+        wgmma_wait<0>();
+        wgmma_fence_regs(s);
+        attn_softmax_weights<kKt>(s, m_run, l_run, corr, attn_mask_sides(k0, kKt, fmax, lmin), k0, q4, f0, l0, f1,
+                                  l1, p.scale_log2);
+        if (!o_empty) attn_rescale_o<kHd>(o, corr);
+        o_empty = false;
+        attn_pack_p<kKt>(s, pa);
+        attn_pv<kKt, kHd>(o, pa, got + kTileBytes);
       }
-      attn_overlap_last_pv<kKt, kHd>(o, pa, prev + kTileBytes);
     }
     if (lane == 0) mbarrier_arrive(qempty0 + 8 * buf);  // this warp's GEMMs are done with the block's Q
     int64_t token[2];

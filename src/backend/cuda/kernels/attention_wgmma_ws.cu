@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
     const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
     const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
     start = end;
-    auto unmasked = [&](int k0) { return k0 >= fmax && k0 + KT - 1 <= lmin; };
+    auto sides = [&](int k0) { return attn_mask_sides(k0, KT, fmax, lmin); };
     if constexpr (!OVERLAP) {
       for (int i = 0; i < n_tiles; ++i) {
         const int got = acquire();
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
         float s[KT / 2];
         attn_qk<KT, HD>(s, qf, k_tile(got));
         uint32_t pa[KT / 16][4];
-        attn_softmax_tile<KT, HD>(s, o, m_run, l_run, pa, unmasked(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
+        attn_softmax_tile<KT, HD>(s, o, m_run, l_run, pa, sides(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
         attn_pv<KT, HD>(o, pa, v_tile(got));
         release(got);
       }
@@ -254,12 +254,12 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
       // The overlapped steps (attention_wgmma_parts.cuh); a slot is released once its P V is done.
       uint32_t pa[KT / 16][4];
       int prev = acquire();
-      attn_overlap_first<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(prev), unmasked(kmin), kmin, q4, f0, l0, f1, l1,
+      attn_overlap_first<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(prev), sides(kmin), kmin, q4, f0, l0, f1, l1,
                                  p.scale_log2);
       for (int i = 1; i < n_tiles; ++i) {
         const int got = acquire();
         const int k0 = kmin + i * KT;
-        attn_overlap_step<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(got), v_tile(prev), unmasked(k0), k0, q4, f0, l0,
+        attn_overlap_step<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(got), v_tile(prev), sides(k0), k0, q4, f0, l0,
                                   f1, l1, p.scale_log2, [&] { release(prev); });
         prev = got;
       }
