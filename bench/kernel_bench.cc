@@ -437,18 +437,39 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(set_cuda_attention_options(*g_b, {}));
 }
 
+// gpt-oss decode attention (64 q / 8 kv heads, head dim 64, sinks), each decode kernel (attention.cu's split-KV
+// mma.sync kernel and the swap-AB one): batch x context on a full layer, and the serving batch on a window-128
+// layer; rotating over KV layers worth >= 150 MB so reads come from HBM. Bytes = the K and V a step reads.
 void bench_attention_decode() {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
-  for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1}, {8192, 1}, {32768, 1}, {1024, 32}, {8192, 8}, {32768, 2}}) {
-    AttnSetup a = make_attention(seqs, ctx, 1);
-    const double us = time_graph(50, [&](int) {
-      AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, 0, 0.125f};
-      return g_b->attention(p, a.batch);
-    });
-    const double bytes = static_cast<double>(seqs) * ctx * 8 * 64 * 2 * 2;
-    report("decode attention ctx=" + std::to_string(ctx) + " batch=" + std::to_string(seqs), us, bytes, 0,
-           std::to_string(static_cast<int>(bytes / 1e6)) + " MB KV");
+  struct Shape {
+    int64_t ctx, seqs, window;
+  };
+  const std::pair<CudaAttentionDecode, const char*> paths[] = {{CudaAttentionDecode::kMmaSync, "mma.sync"},
+                                                               {CudaAttentionDecode::kSwapAb, "swap AB"}};
+  for (const Shape& sh : {Shape{1024, 1, 0}, Shape{8192, 1, 0}, Shape{32768, 1, 0}, Shape{1024, 32, 0}, Shape{8192, 8, 0},
+                          Shape{32768, 2, 0}, Shape{1024, 64, 0}, Shape{1536, 128, 0}, Shape{1536, 256, 0},
+                          Shape{1536, 256, 128}}) {
+    AttnGeometry geo;
+    const double layer_bytes = static_cast<double>(sh.seqs) * sh.ctx * geo.n_kv * geo.head_dim * 2 * 2;
+    geo.layers = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(150e6 / layer_bytes)), 1, 16);
+    AttnSetup a = make_attention(sh.seqs, sh.ctx, 1, geo);
+    const int64_t keys = sh.window ? std::min(sh.ctx, sh.window) : sh.ctx;
+    const double bytes = static_cast<double>(sh.seqs) * keys * geo.n_kv * geo.head_dim * 2 * 2;
+    for (const auto& [path, label] : paths) {
+      CHECK_OK(set_cuda_attention_options(*g_b, {CudaAttentionPath::kAuto, path}));
+      const double us = time_graph(48, [&](int i) {
+        AttentionParams p{a.q, a.kv.layer(i % static_cast<int>(geo.layers)), a.sinks, a.out, 64, 8, 64, sh.window, 0.125f};
+        return g_b->attention(p, a.batch);
+      });
+      char note[96];
+      std::snprintf(note, sizeof note, "%d MB KV, %.0f GB/s", static_cast<int>(bytes / 1e6), bytes / us / 1e3);
+      report("decode attention ctx=" + std::to_string(sh.ctx) + " batch=" + std::to_string(sh.seqs) +
+                 (sh.window ? " window " + std::to_string(sh.window) : std::string()) + " " + label,
+             us, bytes, 0, note);
+    }
   }
+  CHECK_OK(set_cuda_attention_options(*g_b, {}));
 }
 
 void bench_attention() {

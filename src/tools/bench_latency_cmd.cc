@@ -37,6 +37,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/profiling_backend.h"
+#ifdef MX_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "core/log.h"
 #include "model/model_registry.h"
 #include "model/synthetic_model.h"
@@ -80,6 +83,9 @@ const std::vector<CliOption> kCommandOptions = {
     {"whole-page-table-uploads", false,
      "upload every step's page tables at full width (max-model-len / page-size columns) as before 2026-11-28, not "
      "only the columns the step uses: the before of that change"},
+    {"decode-attention", true,
+     "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu) or swap-ab (attention_decode_swap.cu): "
+     "the kernels' comparison end to end"},
     {"log-level", true, "debug, info (default), warning or error"},
     {"help", false, "show this help"},
 };
@@ -89,6 +95,20 @@ std::vector<CliOption> options() {
   const auto engine = engine_cli_options();
   all.insert(all.end() - 1, engine.begin(), engine.end());
   return all;
+}
+
+// --decode-attention: forces a CUDA backend's decode attention kernel before the engine captures its graphs.
+Status choose_decode_attention(Backend& backend, const std::string& name) {
+#ifdef MX_HAVE_CUDA
+  CudaAttentionDecode decode = CudaAttentionDecode::kAuto;
+  if (name == "mma-sync") decode = CudaAttentionDecode::kMmaSync;
+  else if (name == "swap-ab") decode = CudaAttentionDecode::kSwapAb;
+  else if (name != "auto") return invalid_argument("--decode-attention must be auto, mma-sync or swap-ab, got " + name);
+  return set_cuda_attention_options(backend, {CudaAttentionPath::kAuto, decode});
+#else
+  (void)backend;
+  return invalid_argument("--decode-attention " + name + ": this build has no CUDA backend");
+#endif
 }
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -551,6 +571,10 @@ Status run(const CliArgs& args) {
     return invalid_argument("--tensor-parallel-size needs --model: every rank loads its share from the directory "
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
+  if (args.has("decode-attention")) {
+    if (tp > 1) return invalid_argument("--decode-attention sets one backend's kernel: not with --tensor-parallel-size");
+    MX_RETURN_IF_ERROR(choose_decode_attention(*inner, args.get("decode-attention")));
+  }
   ProfilingBackend backend(std::move(inner));
   if (s.breakdown && !backend.make_timer(2).is_ok())
     return invalid_argument("--breakdown needs a backend with a device timer (cuda)");
@@ -619,6 +643,13 @@ Status run(const CliArgs& args) {
       }
       MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown, &next_id));
       results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
+      if (s.breakdown && !r.breakdown) {
+        // The first requests finished before the last ones had their first token (a long prefill phase).
+        std::printf("       no breakdown at batch %lld: no step decoded all %lld requests at the middle of the output "
+                    "(give a longer --output-len)\n",
+                    static_cast<long long>(b), static_cast<long long>(b));
+        results.back()["breakdown_missing"] = "no step decoded every request at the middle of the output";
+      }
       if (!s.forced_k.empty()) {
         plain_rows.push_back({input_len, b, results.back()["tpot_ms_median"].get<double>(),
                               results.back()["time_per_output_token_ms"].get<double>()});

@@ -359,7 +359,7 @@ TEST_F(KernelTest, AttentionGemmaDecode) {
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
 }
 
-// The swap-AB decode kernel (attention_decode_swap.cu: head dims 256 and 512, up to 8 q heads per kv head,
+// The swap-AB decode kernel (attention_decode_swap.cu: head dims 64, 256 and 512, up to 8 q heads per kv head,
 // one warp per split): Gemma's cases above, then batches of 1, 3, 33 and 80 with contexts that cross the
 // 1024-key window and page edges, V aliasing K, odd groups, sinks through the split merge, verify rows,
 // and graph replay equal to eager. Shapes outside it are refused.
@@ -390,11 +390,18 @@ TEST_F(KernelTest, AttentionDecodeSwap) {
       {"hd256 g5 (odd group) w1024", 10, 2, 256, 1024, 16, ctx({1100, 17})},
       {"sliding verify 4 rows after 1022 + 8 after 3000", 16, 8, 256, 1024, 16, {{1022, 4}, {3000, 8}}, false, 1.0f},
       {"full K=V verify 4 rows after 6000 + 2 after 3, page 5", 16, 2, 512, 0, 5, {{6000, 4}, {3, 2}}, false, 1.0f, true},
+      // gpt-oss (head dim 64, 64 q / 8 kv heads, sinks): a lane per 16-byte chunk, 4 rows per copy pass.
+      {"gpt-oss hd64 g8 b1 ctx 1000", 64, 8, 64, 0, 16, ctx({1000})},
+      {"gpt-oss hd64 g8 window 128 b3 ctx 1 / 128 / 129, page 5", 64, 8, 64, 128, 5, ctx({1, 128, 129})},
+      {"hd64 g8 b37 ctx 1..2100 (splits)", 16, 2, 64, 0, 16, spread(37, 0, 57)},
+      {"hd64 g3 (odd group) window 128 b33, page 7", 6, 2, 64, 128, 7, spread(33, 100, 41)},
+      {"hd64 g8 verify 4 rows after 1022 + 8 after 30", 16, 2, 64, 0, 16, {{1022, 4}, {30, 8}}},
   };
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kAuto, CudaAttentionDecode::kSwapAb}).is_ok());
-  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, " (swap AB)", /*replay=*/&c == &cases[2] || &c == &cases[6]);
+  for (const auto& c : cases)
+    run_attention(cpu_, cuda_, rng_, c, " (swap AB)", /*replay=*/&c == &cases[2] || &c == &cases[6] || &c == &cases[17]);
   // Outside its shapes: an error, not a wrong answer.
-  for (const AttnCase& c : {AttnCase{"hd64", 16, 2, 64, 0, 16, ctx({10})}, AttnCase{"hd256 g16", 32, 2, 256, 0, 16, ctx({10})}}) {
+  for (const AttnCase& c : {AttnCase{"hd32", 16, 2, 32, 0, 16, ctx({10})}, AttnCase{"hd256 g16", 32, 2, 256, 0, 16, ctx({10})}}) {
     PagedSetup s = make_paged(rng_, c.spans, c.page_size);
     auto st = BatchStaging::create(cuda_backend(), {1, 1, s.max_pages, 1});
     ASSERT_TRUE(st.is_ok());

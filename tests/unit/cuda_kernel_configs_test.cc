@@ -124,14 +124,16 @@ TEST(CudaKernelConfigs, AttentionDecodeSplitsLongContextAtBatchOne) {
   EXPECT_EQ(w.num_splits, 1);  // a 128-key window is one CTA's work
 }
 
-// The swap-AB decode kernel: only head dims 256 and 512 with groups of up to 8; a ring of 2-4 stages that
-// fits every chip (K and V stages, or K alone where V aliases it); splits within the scratch prepare() sizes.
+// The swap-AB decode kernel: only head dims 64, 256 and 512 with groups of up to 8; a ring of 2-4 stages
+// that fits every chip (K and V stages, or K alone where V aliases it); splits within the scratch prepare()
+// sizes.
 TEST(CudaKernelConfigs, AttentionDecodeSwapShapesAndSplits) {
   for (const DeviceInfo& d : chips()) {
-    EXPECT_FALSE(choose_attention_decode_swap_config(d, 64, 8, false, 1, 8, 1024).enabled);
+    EXPECT_FALSE(choose_attention_decode_swap_config(d, 32, 8, false, 1, 8, 1024).enabled);
     EXPECT_FALSE(choose_attention_decode_swap_config(d, 128, 2, false, 1, 8, 1024).enabled);
     EXPECT_FALSE(choose_attention_decode_swap_config(d, 256, 16, false, 1, 8, 1024).enabled);
-    for (int64_t hd : {256, 512})
+    EXPECT_FALSE(choose_attention_decode_swap_config(d, 64, 16, false, 1, 8, 1024).enabled);
+    for (int64_t hd : {64, 256, 512})
       for (int64_t group : {1, 2, 3, 8})
         for (bool shared : {false, true})
           for (int64_t tokens : {1, 8, 80, 512})
@@ -157,7 +159,8 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapShapesAndSplits) {
 }
 
 // kAuto takes the swap-AB kernel where it was measured faster (an H100): Gemma's sliding layers (head dim 256,
-// group 2) from 8 tokens, its full layers (head dim 512, group 8, K = V) from 64; nowhere off sm_90 yet.
+// group 2) from 8 tokens, its full layers (head dim 512, group 8, K = V) from 64, and (an H200) gpt-oss's layers
+// (head dim 64, group 8) from 64; nowhere off sm_90 yet.
 TEST(CudaKernelConfigs, AttentionDecodeSwapByDefaultWhereMeasuredFaster) {
   auto by_default = [](const DeviceInfo& d, int64_t hd, int64_t group, bool shared, int64_t n_kv, int64_t tokens) {
     const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, hd, group, shared, tokens, n_kv, 1024);
@@ -170,7 +173,8 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapByDefaultWhereMeasuredFaster) {
     EXPECT_FALSE(by_default(d, 512, 8, true, 2, 8));
     EXPECT_FALSE(by_default(d, 512, 8, true, 2, 63));
     EXPECT_TRUE(by_default(d, 512, 8, true, 2, 64));
-    EXPECT_FALSE(by_default(d, 64, 8, false, 8, 80));  // gpt-oss: no swap-AB kernel
+    EXPECT_FALSE(by_default(d, 64, 8, false, 8, 63));  // gpt-oss: as Gemma's groups of 8
+    EXPECT_TRUE(by_default(d, 64, 8, false, 8, 64));
   }
   for (const DeviceInfo& d : {sm100_b200(), sm120_rtx_pro_6000(), sm121_gb10()}) EXPECT_FALSE(by_default(d, 256, 2, false, 8, 80));
 }

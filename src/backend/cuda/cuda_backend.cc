@@ -443,7 +443,7 @@ class CudaBackend final : public Backend {
       const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(
           dev_, p.head_dim, group, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv, max_keys);
       if (decode == CudaAttentionDecode::kSwapAb && !c.enabled)
-        return unimplemented("attention decode (swap AB): head dim 256 or 512, up to 8 q heads per kv head");
+        return unimplemented("attention decode (swap AB): head dim 64, 256 or 512, up to 8 q heads per kv head");
       if (decode == CudaAttentionDecode::kSwapAb ||
           (decode == CudaAttentionDecode::kAuto && c.enabled && attention_decode_swap_by_default(dev_, c, batch.num_tokens))) {
         if (c.num_splits > 1) {

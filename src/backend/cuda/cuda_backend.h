@@ -55,7 +55,7 @@ struct CudaSkinnyLinearOptions {
 enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWindow };
 // Which decode attention kernel runs (one query per sequence, or verify rows): kAuto = the swap-AB one where
 // attention_decode_swap_by_default (kernel_configs.h) has it measured faster, else attention.cu's split-KV
-// kernel; kSwapAb = attention_decode_swap.cu (head dims 256, 512, <= 8 q heads per kv head; else an error).
+// kernel; kSwapAb = attention_decode_swap.cu (head dims 64, 256, 512, <= 8 q heads per kv head; else an error).
 enum class CudaAttentionDecode { kAuto, kMmaSync, kSwapAb };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;

@@ -104,7 +104,7 @@ AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& 
                                                               bool kv_shared, int64_t num_tokens, int64_t n_kv,
                                                               int64_t max_keys) {
   AttentionDecodeSwapConfig c;
-  if ((head_dim != 256 && head_dim != 512) || group < 1 || group > kAttnSwapMaxGroup) return c;
+  if ((head_dim != 64 && head_dim != 256 && head_dim != 512) || group < 1 || group > kAttnSwapMaxGroup) return c;
   const int64_t q_bytes = 8 * head_dim * 2, stage_bytes = (kv_shared ? 1 : 2) * 16 * head_dim * 2;
   const int64_t sm_smem = dev.max_smem_per_block_optin + kStaticSmemReserve;
   // The ring depth that keeps the most bytes in flight per SM: (stages - 1) stages per resident CTA.
@@ -141,7 +141,11 @@ AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& 
 // faster than attention.cu's decode kernel for groups of up to 2 from 8 tokens (Gemma's sliding layers, head dim
 // 256: 61.0 vs 71.8 us at batch 8, 372.6 vs 418.5 at 64, 484.0 vs 515.3 at 80) and for larger groups from 64
 // tokens (full layers, head dim 512, K = V: 144.6 vs 163.9 us at 64, 147.0 vs 213.9 at 80; slower below, 77.7 vs
-// 39.2 at 8); slower at one token for both. Not yet timed off sm_90.
+// 39.2 at 8); slower at one token for both. gpt-oss (head dim 64, groups of 8, sinks) on an H200
+// (bench/results/2026-11-28-h200-serve12-w1-decode-attention.txt, one process): from 64 tokens too, full layers
+// 52.4 vs 55.4 us at 64 x 1K, 118.1 vs 135.9 at 128 x 1.5K, 228.7 vs 269.2 at 256 x 1.5K (83% of the bytes floor
+// against 71%), window-128 layers 26.2 vs 35.8 at 256; at 32 x 1K 25.0 vs 33.0, at one token 20.2 vs 9.6. Not yet
+// timed off sm_90.
 bool attention_decode_swap_by_default(const DeviceInfo& dev, const AttentionDecodeSwapConfig& c, int64_t num_tokens) {
   if (!c.enabled || dev.sm_major != 9) return false;
   const bool group_of_two_or_less = c.min_split_keys <= 32;  // the config's split floor grows with the group

@@ -124,7 +124,7 @@ AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int6
                                                      int64_t n_kv, int64_t head_blocks, int64_t max_keys);
 
 // Decode attention with the keys as the mma's M side and a kv head's q heads as its 8-wide N side
-// (attention_decode_swap.cu): head dims 256 and 512, groups of up to 8. A CTA is one warp with its own ring
+// (attention_decode_swap.cu): head dims 64, 256 and 512, groups of up to 8. A CTA is one warp with its own ring
 // of `stages` 16-key stages (K, and V unless it aliases K) after the group's Q; splits of at least
 // `min_split_keys` keys.
 inline constexpr int64_t kAttnSwapMaxGroup = 8;

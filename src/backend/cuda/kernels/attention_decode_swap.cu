@@ -1,5 +1,5 @@
-// Decode attention for wide heads and small GQA groups (Gemma-4: head dim 256 with 2 q heads per kv head,
-// 512 with 8), "swap AB": the keys are the m16n8k16 mma's M side and the group's q heads its 8-wide N side,
+// Decode attention for GQA groups of up to 8 (Gemma-4: head dim 256 with 2 q heads per kv head, 512 with 8;
+// gpt-oss: head dim 64 with 8, where a 16-row query tile wastes half of each mma), "swap AB": the keys are the m16n8k16 mma's M side and the group's q heads its 8-wide N side,
 // so a group of 2 wastes 3/4 of each mma instead of the 7/8 that 16-row query tiles waste (attention.cu's
 // decode kernel). Decode is bandwidth bound: what matters is that every K/V byte is read once and that
 // enough bytes are in flight, so the CTA is one warp with its own cp.async ring of 16-key stages (no CTA
@@ -65,14 +65,29 @@ __device__ __forceinline__ void copy_stage(const AttentionKernelParams& p, const
                                            uint16_t* sk, uint16_t* sv) {
   constexpr int kChunks = HD / 8;
   const int lane = threadIdx.x;
+  if constexpr (kChunks < 32) {
+    // Narrow heads (64: 8 chunks a row): 32 / kChunks rows per pass, a lane per chunk, so that every lane
+    // copies (one lane per row would leave 3/4 of the warp idle and take 4x the instructions).
+    constexpr int kRowsPerPass = 32 / kChunks;
+    const int c = lane % kChunks;
 #pragma unroll
-  for (int row = 0; row < kKeys; ++row) {
-    const long long row_off = __shfl_sync(0xffffffffu, rows.off, row);
-    const bool row_ok = __shfl_sync(0xffffffffu, rows.ok, row) != 0;
-#pragma unroll
-    for (int c = lane; c < kChunks; c += 32) {
+    for (int row0 = 0; row0 < kKeys; row0 += kRowsPerPass) {
+      const int row = row0 + lane / kChunks;
+      const long long row_off = __shfl_sync(0xffffffffu, rows.off, row);
+      const bool row_ok = __shfl_sync(0xffffffffu, rows.ok, row) != 0;
       cp_async_16(chunk_at<HD>(sk, row, c), p.kv.k + row_off + c * 8, row_ok);
       if (!shared_kv) cp_async_16(chunk_at<HD>(sv, row, c), p.kv.v + row_off + c * 8, row_ok);
+    }
+  } else {
+#pragma unroll
+    for (int row = 0; row < kKeys; ++row) {
+      const long long row_off = __shfl_sync(0xffffffffu, rows.off, row);
+      const bool row_ok = __shfl_sync(0xffffffffu, rows.ok, row) != 0;
+#pragma unroll
+      for (int c = lane; c < kChunks; c += 32) {
+        cp_async_16(chunk_at<HD>(sk, row, c), p.kv.k + row_off + c * 8, row_ok);
+        if (!shared_kv) cp_async_16(chunk_at<HD>(sv, row, c), p.kv.v + row_off + c * 8, row_ok);
+      }
     }
   }
 }
@@ -256,13 +271,18 @@ Status launch(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c
 Status launch_attention_decode_swap(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c,
                                     cudaStream_t stream) {
   if (!c.enabled) return internal_error("attention decode swap: no config for this shape");
-  if (p.head_dim != 256 && p.head_dim != 512) return unimplemented("attention decode swap: head dim 256 or 512");
+  if (p.head_dim != 64 && p.head_dim != 256 && p.head_dim != 512)
+    return unimplemented("attention decode swap: head dim 64, 256 or 512");
   if (p.n_kv <= 0 || p.n_q % p.n_kv != 0 || p.n_q / p.n_kv > kAttnSwapMaxGroup)
     return unimplemented("attention decode swap: 1 to 8 q heads per kv head");
   if (c.stages < 2 || c.stages > 4) return internal_error("attention decode swap: ring of 2 to 4 stages");
   if (c.num_splits > 1 && !p.partials) return internal_error("attention decode swap: split-KV without scratch");
   if (p.tokens == 0) return Status::ok();
-  MX_RETURN_IF_ERROR(p.head_dim == 256 ? launch<256>(p, c, stream) : launch<512>(p, c, stream));
+  switch (p.head_dim) {
+    case 64: MX_RETURN_IF_ERROR(launch<64>(p, c, stream)); break;
+    case 256: MX_RETURN_IF_ERROR(launch<256>(p, c, stream)); break;
+    default: MX_RETURN_IF_ERROR(launch<512>(p, c, stream)); break;
+  }
   if (c.num_splits == 1) return Status::ok();
   return launch_attention_split_merge(p, c.num_splits, stream);
 }
