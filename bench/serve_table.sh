@@ -5,9 +5,11 @@
 # concurrency draws its own prompts (seed = concurrency): with one seed for all, a level's prompts would
 # begin with the previous level's, and the server's prefix cache would skip their prefill.
 #
-# usage: bench/serve_table.sh MXSERVE MODEL_DIR|demo OUT_DIR [extra `mxserve serve` flags...]
+# usage: bench/serve_table.sh MXSERVE MODEL_DIR|demo|preset:NAME OUT_DIR [extra `mxserve serve` flags...]
+#        preset:NAME serves a synthetic preset made in memory (`serve --preset`: no make-model) with the
+#        tokenizer file TOKENIZER, which also draws the prompts
 # env:   PORT (8000), BACKEND (cuda), CONCURRENCIES ("1 8 64 256"), FACTOR (5: requests per concurrency slot),
-#        ISL (1024), OSL (1024), ENDPOINT (completions)
+#        ISL (1024), OSL (1024), ENDPOINT (completions), TOKENIZER (with preset:NAME)
 # Writes OUT_DIR/serve.log, and c<C>.txt (the report) and c<C>.json (everything) per concurrency, as each
 # finishes, so a run cut short still leaves the rows it measured.
 set -euo pipefail
@@ -24,10 +26,16 @@ model_flags=()
 # The prompts are drawn with the model's tokenizer.json when its folder has one (Gemma-4: 1K tokens of o200k
 # text are ~7K Gemma demo-tokenizer tokens), else with bench serve's built-in o200k.
 prompt_tokenizer=()
-if [ "$model" != demo ]; then
-  model_flags=(--model "$model")
-  if [ -f "$model/tokenizer.json" ]; then prompt_tokenizer=(--tokenizer "$model"); fi
-fi
+case $model in
+  demo) ;;
+  preset:*)
+    tokenizer=${TOKENIZER:?preset:NAME needs TOKENIZER, a tokenizer file}
+    model_flags=(--preset "${model#preset:}" --tokenizer "$tokenizer")
+    prompt_tokenizer=(--tokenizer "$tokenizer") ;;
+  *)
+    model_flags=(--model "$model")
+    if [ -f "$model/tokenizer.json" ]; then prompt_tokenizer=(--tokenizer "$model"); fi ;;
+esac
 "$bin" serve "${model_flags[@]}" --backend "${BACKEND:-cuda}" --port "$port" "$@" >"$out/serve.log" 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT

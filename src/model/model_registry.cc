@@ -89,7 +89,11 @@ Result<std::string> model_family(const std::string& config_json, const std::stri
 Result<std::string> model_chat_format(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
   MX_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  MX_ASSIGN_OR_RETURN(const Family* f, find_family(text, path));
+  return model_chat_format_of_config(text, path);
+}
+
+Result<std::string> model_chat_format_of_config(const std::string& config_json, const std::string& source) {
+  MX_ASSIGN_OR_RETURN(const Family* f, find_family(config_json, source));
   return std::string(f->chat_format);
 }
 

@@ -31,6 +31,8 @@ Result<std::unique_ptr<Model>> model_from_checkpoint(const std::string& config_j
 // gpt_oss, "gemma4" for gemma4/gemma4_text. Known before the model loads, so the tokenizer can be loaded
 // with the format's special tokens.
 Result<std::string> model_chat_format(const std::string& model_dir);
+// The same from config.json's text (`source` names it in errors), e.g. a synthetic checkpoint's.
+Result<std::string> model_chat_format_of_config(const std::string& config_json, const std::string& source);
 
 // The family name config.json asks for ("gpt_oss"), or an error naming the file and the known names.
 Result<std::string> model_family(const std::string& config_json, const std::string& source);

@@ -4,7 +4,10 @@
 //
 // Start-up: bind first (health answers 503 "loading"), then load the model, its tokenizer and the engine,
 // then open generation. Without --model, the demo model (random weights, the real o200k tokenizer) is
-// written to the user's cache directory on first use and served.
+// written to the user's cache directory on first use and served. --preset serves a synthetic model made in
+// memory (benchmarks: no checkpoint to write and read back; make-model of gpt-oss-20b takes ~50 s on a GPU
+// machine, the in-memory weights ~16 s).
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +22,7 @@
 #include "chat/chat_formats.h"
 #include "model/demo_model.h"
 #include "model/model_registry.h"
+#include "model/synthetic_model.h"
 #include "model/tensor_parallel_model.h"
 #include "runtime/engine.h"
 #include "runtime/tokenizer_detokenize.h"
@@ -43,6 +47,10 @@ std::vector<CliOption> serve_options() {
        "cache; also the bare first argument. Without it, the demo model: random weights (it speaks gibberish), made "
        "once in $XDG_CACHE_HOME/mxserve or ~/.cache/mxserve",
        {"model-path"}},
+      {"preset", true,
+       "instead of --model: synthetic weights (seed 0) of a preset, made in memory, for benchmarks: " +
+           synthetic_preset_list() + "; needs --tokenizer"},
+      {"tokenizer", true, "with --preset: its tokenizer (a tokenizer.json or .tiktoken file, or a folder holding one)"},
       {"host", true, "address to listen on (default 127.0.0.1)"},
       {"port", true, "TCP port (default 8000; 0 picks a free one)"},
       {"backend", true, "cpu (default) or cuda"},
@@ -147,7 +155,20 @@ Result<server::ApiServerOptions> read_options(const CliArgs& args) {
     MX_RETURN_IF_ERROR(check_tensor_parallel_backend(backend, tp));
   }
   std::string served = "mxserve-demo";
-  if (args.has("model")) {
+  if (args.has("preset")) {
+    const std::string preset = args.get("preset");
+    const std::vector<std::string> names = synthetic_preset_names();
+    if (args.has("model")) return invalid_argument("give --model or --preset, not both");
+    if (std::find(names.begin(), names.end(), preset) == names.end())
+      return invalid_argument("--preset " + preset + ": unknown (" + synthetic_preset_list() + ")");
+    if (!args.has("tokenizer"))
+      return invalid_argument("--preset " + preset + " needs --tokenizer: synthetic presets come without one");
+    MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
+    if (tp > 1) return invalid_argument("--preset makes the model in memory for one rank: not with --tensor-parallel-size");
+    served = preset;
+  } else if (args.has("tokenizer")) {
+    return invalid_argument("--tokenizer goes with --preset: a model directory brings its own tokenizer");
+  } else if (args.has("model")) {
     MX_ASSIGN_OR_RETURN(const ModelLocation where, resolve_model_location(args.get("model")));
     served = where.served_name;
   }
@@ -184,10 +205,29 @@ struct LoadedModel {
   }
 };
 
+// --preset: the synthetic checkpoint in memory, its chat format and --tokenizer with that format's tokens.
+Status load_preset_model(const CliArgs& args, const BackendOptions& backend_options, LoadedModel* loaded) {
+  const std::string preset = args.get("preset"), source = "preset " + preset;
+  SyntheticOptions synthetic_options;
+  synthetic_options.threads = backend_options.num_threads;
+  MX_ASSIGN_OR_RETURN(SyntheticCheckpoint synthetic, synthetic_checkpoint_in_memory(preset, synthetic_options));
+  MX_ASSIGN_OR_RETURN(const std::string format_name, model_chat_format_of_config(synthetic.config_json, source));
+  auto chat = load_chat_tokenizer(args.get("tokenizer"), format_name);
+  if (!chat.is_ok()) return chat.status().with_context("--tokenizer " + args.get("tokenizer"));
+  loaded->tokenizer = chat->tokenizer;
+  loaded->format = chat->format;
+  MX_ASSIGN_OR_RETURN(const ModelLoadOptions load_options, model_load_options(args));
+  MX_ASSIGN_OR_RETURN(loaded->model, model_from_checkpoint(synthetic.config_json, source, std::move(synthetic.generation_config),
+                                                           std::move(synthetic.checkpoint), *loaded->backend, load_options));
+  return Status::ok();
+}
+
 Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const server::ApiServerOptions& server_options) {
   auto loaded = std::make_unique<LoadedModel>();
   std::string model_dir;
-  if (args.has("model")) {
+  if (args.has("preset")) {
+    // the model comes from memory (below)
+  } else if (args.has("model")) {
     MX_ASSIGN_OR_RETURN(const ModelLocation where, resolve_model_location(args.get("model")));
     model_dir = where.dir;
   } else {
@@ -203,17 +243,21 @@ Result<std::unique_ptr<LoadedModel>> load_model(const CliArgs& args, const serve
   backend_options.num_threads = static_cast<int>(threads);
   MX_ASSIGN_OR_RETURN(loaded->backend, make_backend(backend_options));
 
-  // The family's chat format, known from config.json before anything loads: the tokenizer gets its special
-  // tokens (a .tiktoken rank file lists none).
-  MX_ASSIGN_OR_RETURN(const std::string format_name, model_chat_format(model_dir));
-  auto chat = load_chat_tokenizer(model_dir, format_name);
-  if (!chat.is_ok()) return chat.status().with_context("the model's tokenizer");
-  loaded->tokenizer = chat->tokenizer;
-  loaded->format = chat->format;
-  MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
-  MX_ASSIGN_OR_RETURN(const ModelLoadOptions load_options, model_load_options(args));
-  MX_ASSIGN_OR_RETURN(loaded->model,
-                      load_tensor_parallel_model(model_dir, *loaded->backend, backend_options, tp, load_options));
+  if (args.has("preset")) {
+    MX_RETURN_IF_ERROR(load_preset_model(args, backend_options, loaded.get()));
+  } else {
+    // The family's chat format, known from config.json before anything loads: the tokenizer gets its special
+    // tokens (a .tiktoken rank file lists none).
+    MX_ASSIGN_OR_RETURN(const std::string format_name, model_chat_format(model_dir));
+    auto chat = load_chat_tokenizer(model_dir, format_name);
+    if (!chat.is_ok()) return chat.status().with_context("the model's tokenizer");
+    loaded->tokenizer = chat->tokenizer;
+    loaded->format = chat->format;
+    MX_ASSIGN_OR_RETURN(const int tp, tensor_parallel_size(args));
+    MX_ASSIGN_OR_RETURN(const ModelLoadOptions load_options, model_load_options(args));
+    MX_ASSIGN_OR_RETURN(loaded->model,
+                        load_tensor_parallel_model(model_dir, *loaded->backend, backend_options, tp, load_options));
+  }
   const int64_t vocab = loaded->model->dims().vocab_size;
   if (loaded->tokenizer->vocab_size() > vocab)
     return invalid_argument("the tokenizer's vocabulary (" + std::to_string(loaded->tokenizer->vocab_size()) +

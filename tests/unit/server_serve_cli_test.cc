@@ -57,6 +57,19 @@ TEST(ServeCli, ForcedTranscriptsOptionPlaysHarmony) {
   EXPECT_EQ(wait_exit(pid), 0);
 }
 
+// --preset: a synthetic model made in memory (benchmarks), named by its preset, with --tokenizer's vocabulary.
+TEST(ServeCli, ServesAPresetMadeInMemory) {
+  const auto [pid, port] = start_serve({"--preset", "demo", "--tokenizer", fixture("tokenizer/o200k_base.tiktoken")});
+  ASSERT_GT(port, 0);
+  const HttpReply models = http_call(port, "GET", "/v1/models");
+  EXPECT_NE(models.body.find("\"id\":\"demo\""), std::string::npos) << models.body;
+  const HttpReply r = http_call(port, "POST", "/v1/completions", R"({"prompt":"Hello","max_tokens":4,"ignore_eos":true})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("\"completion_tokens\":4"), std::string::npos) << r.body;
+  kill(pid, SIGTERM);
+  EXPECT_EQ(wait_exit(pid), 0);
+}
+
 TEST(ServeCli, BadFlagsAreOneLineErrors) {
   const std::pair<std::string, std::string> cases[] = {
       {"serve --port 70000", "--port must be between 0 and 65535"},
@@ -68,6 +81,12 @@ TEST(ServeCli, BadFlagsAreOneLineErrors) {
       {"serve --test-forced-tokens /nonexistent", "--test-forced-tokens /nonexistent: no such file"},
       {"serve --port 0 --model " + fixture("tiny-gpt-oss"), "tokenizer"},
       {"serve --host 256.1.1.1 --port 0", "cannot"},
+      {"serve --preset demo", "--preset demo needs --tokenizer"},
+      {"serve --preset nope --tokenizer x", "--preset nope: unknown"},
+      {"serve --preset demo --tokenizer x --model " + fixture("tiny-gpt-oss"), "give --model or --preset, not both"},
+      {"serve --tokenizer x", "--tokenizer goes with --preset"},
+      {"serve --preset demo --tokenizer x --tp 2", "not with --tensor-parallel-size"},
+      {"serve --port 0 --preset demo --tokenizer /nonexistent", "--tokenizer /nonexistent"},
   };
   for (const auto& [args, expected] : cases) {
     const auto r = run_mxserve(args);
