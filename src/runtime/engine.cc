@@ -2,6 +2,8 @@
 // other threads are in engine_queues.cc.
 #include "runtime/engine.h"
 
+#include <cstdio>
+
 #include "core/log.h"
 
 namespace mx {
@@ -79,6 +81,7 @@ void Engine::deliver(std::vector<RequestOutput>& outputs) {
     it->second->push(std::move(out));
     if (done) streams_.erase(it);
   }
+  outputs.clear();  // delivered once
 }
 
 void Engine::log_stats() {
@@ -87,12 +90,26 @@ void Engine::log_stats() {
   const auto now = std::chrono::steady_clock::now();
   const EngineStats s = core_->stats();
   if (now - last_log_ < kStatsInterval || s.scheduler.steps == last_logged_steps_) return;
+  // Per step since the last line: its wall time; of that, the host blocked on the device's results
+  // ("device wait"), delivered the previous step's outputs while the device ran, and did the rest of its work
+  // (scheduling, staging, launch, the update, the outputs) while the device idled.
+  const double steps = static_cast<double>(s.scheduler.steps - last_logged_steps_);
+  const double wait = core_->runner().device_wait_seconds();
+  const double step_ms = 1e3 * (step_seconds_ - logged_step_seconds_) / steps;
+  const double wait_ms = 1e3 * (wait - logged_wait_seconds_) / steps;
+  const double deliver_ms = 1e3 * (deliver_seconds_ - logged_deliver_seconds_) / steps;
+  char per_step[192];
+  std::snprintf(per_step, sizeof(per_step), "; per step %.2f ms: device wait %.2f, delivery %.2f, other host work %.2f",
+                step_ms, wait_ms, deliver_ms, step_ms - wait_ms - deliver_ms);
   MX_LOG(Info) << "engine: running " << s.num_running << ", waiting " << s.num_waiting << ", KV pages used "
                << s.pages_used << "/" << s.num_pages << " (" << s.pages_cached << " cached), steps "
                << s.scheduler.steps << ", generated " << s.scheduler.generated_tokens << ", prefix-hit tokens "
-               << s.scheduler.prefix_hit_tokens << ", preemptions " << s.scheduler.preemptions;
+               << s.scheduler.prefix_hit_tokens << ", preemptions " << s.scheduler.preemptions << per_step;
   last_log_ = now;
   last_logged_steps_ = s.scheduler.steps;
+  logged_step_seconds_ = step_seconds_;
+  logged_deliver_seconds_ = deliver_seconds_;
+  logged_wait_seconds_ = wait;
 }
 
 void Engine::loop() {
@@ -109,14 +126,24 @@ void Engine::loop() {
     for (const auto& [id, stream] : streams_)
       if (stream.use_count() == 1) abandoned_.push_back(id);
     for (RequestId id : abandoned_) core_->abort(id);
+    // The outputs of a step reach their streams while the device runs the next one (a stream's push and its
+    // reader's wake-up cost the host microseconds, hundreds of them a step at serving batches), or at once
+    // when no step follows. A replayed decode graph is still running when begin_step returns.
     if (core_->has_work()) {
-      core_->step(&outputs);
+      const auto t0 = std::chrono::steady_clock::now();
+      core_->begin_step();
+      const auto t1 = std::chrono::steady_clock::now();
       deliver(outputs);
+      deliver_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      core_->finish_step(&outputs);
+      step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
+    if (!core_->has_work()) deliver(outputs);
     stats_.set(core_->stats());
     log_stats();
   }
   // Shutdown: every live request ends with kAbort.
+  deliver(outputs);  // the last step's, if it left work behind
   for (const auto& [id, stream] : streams_) core_->abort(id);
   core_->step(&outputs);  // schedules nothing: every request is finished; collects the final outputs
   deliver(outputs);

@@ -122,10 +122,23 @@ void EngineCore::abort(RequestId id) {
 }
 
 void EngineCore::step(std::vector<RequestOutput>* outputs) {
-  outputs->clear();
+  begin_step();
+  finish_step(outputs);
+}
+
+void EngineCore::begin_step() {
   const ScheduledBatch& batch = scheduler_.schedule();
-  if (!batch.empty()) {
-    const Status status = runner_->execute(batch, &sampled_);
+  launched_ = batch.empty() ? nullptr : &batch;
+  launch_status_ = launched_ ? runner_->launch(batch) : Status::ok();
+}
+
+void EngineCore::finish_step(std::vector<RequestOutput>* outputs) {
+  outputs->clear();
+  if (launched_) {
+    const ScheduledBatch& batch = *launched_;
+    launched_ = nullptr;
+    Status status = launch_status_;
+    if (status.is_ok()) status = runner_->complete(batch, &sampled_);
     if (status.is_ok()) {
       scheduler_.update(batch, sampled_);
       if (runner_->has_draft_model()) {

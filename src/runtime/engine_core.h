@@ -50,6 +50,11 @@ class EngineCore {
   // finish), including aborts since the previous step. A failed forward pass finishes the requests of
   // that batch with kError; the engine itself keeps going.
   void step(std::vector<RequestOutput>* outputs);
+  // step() in two halves, for a caller with host work to do while the device computes (the engine thread
+  // delivers the previous step's outputs): begin_step schedules a batch and launches it, finish_step waits
+  // for its results, applies them and fills `outputs`. No other call may come between the two.
+  void begin_step();
+  void finish_step(std::vector<RequestOutput>* outputs);
 
   bool has_work() const { return scheduler_.has_work() || !touched_.empty(); }
   int64_t num_live() const { return static_cast<int64_t>(requests_.size()); }
@@ -71,6 +76,8 @@ class EngineCore {
   std::vector<Request*> touched_;
   std::vector<RequestId> finished_ids_;
   std::vector<SampledToken> sampled_;
+  const ScheduledBatch* launched_ = nullptr;  // begin_step's batch (the scheduler's), until finish_step
+  Status launch_status_ = Status::ok();
   int64_t next_arrival_ = 0;
 };
 

@@ -350,7 +350,9 @@ Status ModelRunner::upload_sample_inputs(const ScheduledBatch& batch, int64_t ro
 }
 
 Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, std::vector<SampledToken>* sampled) {
+  const auto wait_start = std::chrono::steady_clock::now();
   MX_RETURN_IF_ERROR(model_.backend().copy_to_host(sample_out_host_.data(), sample_out_device_.view(DType::kI32, {2 * rows})));
+  device_wait_seconds_ += seconds_since(wait_start);
   sampled->resize(static_cast<size_t>(batch.num_samples));
   int64_t k = 0;
   for (const ScheduledEntry& e : batch.entries) {
@@ -367,9 +369,23 @@ Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, std:
   return Status::ok();
 }
 
-// A step: stage -> forward (graph replay or eager) -> sample (device op, or logits to the host: prompt
-// logits copied out, then each row sampled). Verification steps and grammar masks enter between these.
 Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
+  MX_RETURN_IF_ERROR(launch(batch));
+  return complete(batch, sampled);
+}
+
+Status ModelRunner::complete(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
+  if (launched_rows_ >= 0) return read_sampled(batch, launched_rows_, sampled);
+  sampled->swap(launched_sampled_);  // both keep their capacity
+  return Status::ok();
+}
+
+// A step: stage -> forward (graph replay or eager) -> sample (device op, or logits to the host: prompt
+// logits copied out, then each row sampled). Verification steps and grammar masks enter between these. A
+// replayed graph's tokens are read back by complete(); every other step's are in launched_sampled_.
+Status ModelRunner::launch(const ScheduledBatch& batch) {
+  launched_rows_ = -1;
+  std::vector<SampledToken>* sampled = &launched_sampled_;
   if (step_observer_) step_observer_(batch);
   MX_ASSIGN_OR_RETURN(const StagedStep step, stage_step(batch));
   const int64_t rows = step.view.num_logit_rows;
@@ -385,7 +401,8 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
     MX_RETURN_IF_ERROR(run_forward(step, logits));
     if (!op) return sample_logits_on_host(batch, step, fill_token_masks(batch), sampled);
     ++graph_sampled_steps_;
-    return read_sampled(batch, rows, sampled);
+    launched_rows_ = rows;  // the device is still running it: complete() reads the tokens
+    return Status::ok();
   }
   MX_RETURN_IF_ERROR(run_forward(step, logits));
   // Grammar masks are computed here, while a device backend still runs the forward pass just launched.
@@ -406,9 +423,11 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
 Status ModelRunner::sample_logits_on_host(const ScheduledBatch& batch, const StagedStep& step, bool masked,
                                           std::vector<SampledToken>* sampled) {
   const int64_t real_rows = step.view.num_logit_rows - step.padding_rows;
+  const auto wait_start = std::chrono::steady_clock::now();
   if (real_rows > 0)
     MX_RETURN_IF_ERROR(model_.backend().copy_to_host(
         logits_host_.data(), logits_device_.view(DType::kF32, {real_rows, model_.dims().vocab_size})));
+  device_wait_seconds_ += seconds_since(wait_start);
   const auto sample_start = std::chrono::steady_clock::now();
   copy_prompt_logits(batch);
   sample_on_host(batch, masked, sampled);

@@ -64,6 +64,12 @@ class ModelRunner {
   // Runs `batch` and writes one SampledToken per entry with `sample`, in entry order. Copies prompt logits
   // into the requests that asked for them.
   Status execute(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
+  // execute() in two halves, for a caller with host work to do while the device computes: launch stages
+  // `batch` and starts it (a replayed step graph, sample op included, is still running on return);
+  // complete waits for its tokens. Steps that sample on the host or run eagerly do all their work in
+  // launch. complete must follow launch with the same batch and no other call between.
+  Status launch(const ScheduledBatch& batch);
+  Status complete(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
 
   bool has_draft_model() const { return draft_model_ != nullptr; }
   // After `batch` ran and the scheduler applied it: drafts for each of its sampled requests that
@@ -93,6 +99,9 @@ class ModelRunner {
   const RunnerStartup& startup() const { return startup_; }
   // Host time the last step spent sampling on the host (0 when the backend's sample op ran).
   double last_sample_seconds() const { return last_sample_seconds_; }
+  // Host wall time spent waiting for steps' results to come back from the device, over all steps (the rest
+  // of a step's time is host work while the device idles: the serving loop's overhead, per the engine's log).
+  double device_wait_seconds() const { return device_wait_seconds_; }
   int64_t max_logit_rows() const { return max_logit_rows_; }
   int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
   int64_t graph_sampled_steps() const { return graph_sampled_steps_; }  // ... of which inside a step graph
@@ -184,6 +193,11 @@ class ModelRunner {
   double profile_graph_ms_ = 0;
   RunnerStartup startup_;
   double last_sample_seconds_ = 0;
+  double device_wait_seconds_ = 0;
+  // Between launch and complete: the rows of a replayed graph's samples to read back, or -1 when launch
+  // left the tokens in launched_sampled_.
+  int64_t launched_rows_ = -1;
+  std::vector<SampledToken> launched_sampled_;
   TensorView step_hidden_;  // the last forward pass's final hidden rows (ForwardOutput::hidden)
   // Draft-model speculation: the model and its workspace, and each draft call's rows: queries at the last
   // token's position p, context rows at p - 1 (draft_model.h), each row's target hidden row, the drafts.
