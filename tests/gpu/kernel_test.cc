@@ -895,6 +895,7 @@ TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
   const MoeCase c{32, 2880, 2880, 4, 256, Routing::kUniform};
   CudaMoeOptions deep{CudaMoePath::kGrouped, 96};
   deep.wgmma_deep_ring = 1;
+  deep.wgmma_pdl = -1;
   check_moe_graph_replay(cuda_, rng_, c, deep, "grouped, 96-token tiles, deep ring");
   deep.wgmma_pdl = 1;
   check_moe_graph_replay(cuda_, rng_, c, deep, "grouped, 96-token tiles, deep ring, PDL");

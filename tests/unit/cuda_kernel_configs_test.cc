@@ -388,7 +388,10 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 128, 0, 0, 1).deep_ring);
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).deep_ring);  // 256-token tiles
   EXPECT_EQ(moe_wgmma_ctas_per_sm(96, 2), 2);
-  // Programmatic dependent launches on request, never on a persistent grid.
+  // Programmatic dependent launches with the deep ring only (its kernel waits for the predecessor), unless -1.
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32).pdl, deep_by_default);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, -1).pdl);  // the five-stage ring
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, -1).pdl);
   EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 0, 1).pdl);
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 0, -1).pdl);
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 1, 0, 0, 1).pdl);

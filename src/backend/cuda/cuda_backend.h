@@ -33,7 +33,7 @@ struct CudaMoeOptions {
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
   int wgmma_deep_ring = 0;  // 96-token tiles: 1 the wgmma deep ring (kernel_configs.h), -1 the five-stage one; 0 default
-  int wgmma_pdl = 0;  // 1 launches the CTA-per-item wgmma GEMMs as programmatic dependents, -1 not; 0 = default
+  int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents
 };
 
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to

@@ -247,11 +247,11 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
   return c;
 }
 
-// The 96-token tiles' deep ring by default? Not yet: correct on an H200 (session 12 W2: odd shapes against the
-// CPU twin, bitwise batch independence, graph replay), its before/after bench not run yet (docs/PERF.md).
-constexpr bool kMoeWgmmaDeepRingByDefault = false;
-// Programmatic dependent launches of the CTA-per-item GEMMs by default (docs/PERF.md, session 12).
-constexpr bool kMoeWgmmaPdlByDefault = false;
+// The 96-token tiles' deep ring by default, with both GEMMs programmatic dependents: measured on an H200
+// (docs/PERF.md, session 12, one process) against the five-stage ring at 16, 32 and 64 tokens per expert:
+// 213.2 / 220.3 / 294.2 us against 233.8 / 244.0 / 320.2 (the deep ring alone 214.3 / 227.4 / 320.4). PDL is
+// the deep ring's only: the other kernels load in the order measured before, without waiting for a predecessor.
+constexpr bool kMoeWgmmaDeepRingByDefault = true;
 
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
                                        int tile_tokens, int persistent, int warp_specialized, int deep_ring,
@@ -284,7 +284,7 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
   c.persistent = c.tile_tokens == 256 && (persistent == 1 || (persistent == 0 && kMoeWgmmaPersistent));
   c.sms = dev.sm_count;
   c.deep_ring = c.tile_tokens == 96 && (deep_ring == 1 || (deep_ring == 0 && kMoeWgmmaDeepRingByDefault));
-  c.pdl = !c.persistent && (pdl == 1 || (pdl == 0 && kMoeWgmmaPdlByDefault));
+  c.pdl = c.deep_ring && pdl != -1;
   c.stages = c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages;
   c.smem_bytes = c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024;
   // wgmma exists on sm_90a only (sm_100 has tcgen05 instead, sm_12x neither).

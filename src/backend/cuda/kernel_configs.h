@@ -315,8 +315,8 @@ struct MoeWgmmaConfig {
 };
 // `tile_tokens` 0 picks from the tokens per expert; 64, 96, 128 or 256 forces that tile. `deep_ring` 0 picks
 // the default for 96-token tiles (kernel_configs.cc, as measured), 1 forces the deep ring there, -1 the
-// five-stage one (other tiles have no deep ring); `pdl` likewise for programmatic dependent launches of the
-// CTA-per-item kernels (not the persistent or warp-specialized ones). `persistent` 0 picks kMoeWgmmaPersistent,
+// five-stage one (other tiles have no deep ring); `pdl` likewise for programmatic dependent launches (of the
+// deep ring's kernel only: the one that waits for its predecessor). `persistent` 0 picks kMoeWgmmaPersistent,
 // 1 forces a persistent grid and -1 a grid of one CTA per item (tiles of 64, 96 or 128 tokens always have the
 // latter). `warp_specialized` 0 picks kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized kernel (tiles of
 // 128 or 256 tokens: a forced 64 becomes 128), -1 the other one; it runs two MMA warpgroups on a persistent grid

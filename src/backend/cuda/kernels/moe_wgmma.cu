@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   float acc[kN / 2];
   int slot = 0;  // ring slot of the k tile being multiplied
 
-  // A CTA per item: the first n k tiles' loads. The weights (constant) first, then the wait for the previous
+  // The deep ring's first n k tiles' loads. The weights (constant) first, then the wait for the previous
   // kernel (a programmatic dependent launch, MoeWgmmaConfig::pdl: the input rows are its output; a no-op
   // otherwise), then the rows, a commit group per tile as advance_load makes them (the first group also holds
   // every prologue tile's weights, which only makes them land earlier). The routing metadata read before the
@@ -342,7 +342,13 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
 #pragma unroll
       for (int i = 0; i < kCols / 2; ++i) acc[kCols / 2 + i] = d2[i];
     } else {
-      if constexpr (!kPersistent) prologue(columns, kS - 2);
+      // Only the deep ring's kernel is ever a programmatic dependent (MoeWgmmaConfig::pdl); the others keep
+      // their loads in the order they were measured in.
+      if constexpr (kHalfStages) {
+        prologue(columns, kS - 2);
+      } else if constexpr (!kPersistent) {
+        for (int s = 0; s < kS - 2; ++s) advance_load(columns);
+      }
       auto step = [&](uint32_t(&at)[4][4]) {
         cp_async_wait<kS - 3>();  // this thread's copies of this step's k tile landed
         fence_proxy_async_smem();  // ... and are visible to wgmma's reads
@@ -367,8 +373,8 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
       k_loop(Columns<kN>{});
     }
     // The item's metadata read again (cached) rather than kept live through the k loop, which keeps the
-    // 256-token kernel within its 255 registers and the 96-token one's two-strip loop within its 128.
-    cur = item_at(item);
+    // persistent 256-token kernel within its 255 registers and the deep ring's two-strip loop within its 128.
+    if constexpr (kPersistent || kHalfStages) cur = item_at(item);
     const int64_t my_strip = cur.strip0 + warp;
     if (two_strips) {
       using Half = float[kN / 4];
@@ -423,8 +429,8 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
   if (c.persistent && c.sms <= 0) return internal_error("MoE wgmma GEMM: a persistent grid needs the SM count");
-  if (c.persistent && c.pdl)
-    return internal_error("MoE wgmma GEMM: the persistent grid is not a programmatic dependent");
+  if (c.pdl && !c.deep_ring)
+    return internal_error("MoE wgmma GEMM: only the deep ring's kernel waits for its programmatic predecessor");
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
     case 6420: return launch<64, 2, false, true>(p, c, stream);
     case 9620:
