@@ -82,6 +82,7 @@ Result<EngineConfig> resolve_engine_config(const EngineConfig& in, const Model& 
     if (memory.is_ok())
       room = static_cast<int64_t>(static_cast<double>(memory->total_bytes) * c.mem_fraction) - model.device_weight_bytes();
     c.max_num_batched_tokens = auto_max_num_batched_tokens(room);
+    c.auto_max_num_batched_tokens = true;
   }
   // A device sizes the batch from the KV pool, once it is known: until then, buffers for the most it can get.
   if (c.max_running_requests == 0) {
@@ -231,7 +232,13 @@ std::string describe_engine_config(const EngineConfig& c) {
   if (!windows.empty()) windows += ")";
   return "engine: " + std::to_string(c.num_kv_pages) + " KV pages of " + std::to_string(c.page_size) + " tokens" + windows + ", " +
          "max-model-len " + std::to_string(c.max_model_len) + ", max-num-batched-tokens " +
-         std::to_string(c.max_num_batched_tokens) + ", max-running-requests " + std::to_string(c.max_running_requests) +
+         std::to_string(c.max_num_batched_tokens) +
+         (c.auto_max_num_batched_tokens
+              ? " (auto: " + std::to_string(kAutoBatchedTokensLarge) + " where the memory share leaves " +
+                    std::to_string(kAutoLargeStepMinKvBytes >> 30) + " GiB beside the weights, else " +
+                    std::to_string(kAutoBatchedTokensSmall) + ")"
+              : std::string()) +
+         ", max-running-requests " + std::to_string(c.max_running_requests) +
          (c.auto_max_running_requests ? " (auto: the KV pool holds that many at " + std::to_string(kAutoTokensPerRequest) +
                                             " tokens, at most " + std::to_string(kAutoMaxRunningRequests) + ")"
                                       : std::string()) +

@@ -53,6 +53,7 @@ struct EngineConfig {
 
   // Filled by resolve_engine_config.
   bool auto_max_running_requests = false;  // max_running_requests was 0: the memory plan lowers it
+  bool auto_max_num_batched_tokens = false;  // max_num_batched_tokens was 0: chosen from the memory share
   int64_t vocab_size = 0;
   int64_t model_context_len = 0;        // the model's own limit (max_position_embeddings)
   // Each KV layer group's window as the pools keep it (the model's window + kv_window_slack; 0 = full

@@ -43,6 +43,11 @@ TEST(EngineConfig, ResolvesAutoValuesAndRejectsBadRanges) {
   EXPECT_EQ(autos->max_num_batched_tokens, kAutoBatchedTokensSmall);
   EXPECT_EQ(autos->max_running_requests, kAutoRunningRequestsCpu);
   EXPECT_FALSE(autos->auto_max_running_requests);
+  // Both auto values are named so in the start-up line.
+  EXPECT_TRUE(autos->auto_max_num_batched_tokens);
+  EXPECT_NE(describe_engine_config(*autos).find("max-num-batched-tokens 2048 (auto: 8192 where"), std::string::npos)
+      << describe_engine_config(*autos);
+  EXPECT_EQ(describe_engine_config(*r).find("(auto: 8192"), std::string::npos);
 }
 
 // Tensor parallel on N devices: each holds 1/N of every layer group's KV, so the per-device plan sees 1/N
