@@ -557,8 +557,9 @@ void bench_linear_skinny() {
     int64_t n, k;
     int copies;
   };
+  // The EAGLE-3 draft's qkv reads the [embedding, hidden] pair: K = 2 x 2880.
   for (const Shape3& s : {Shape3{"qkv 2880->5120", 5120, 2880, 8}, Shape3{"o_proj 4096->2880", 2880, 4096, 8},
-                          Shape3{"lm_head 2880->201088", 201088, 2880, 1}}) {
+                          Shape3{"eagle3 qkv 5760->5120", 5120, 5760, 4}, Shape3{"lm_head 2880->201088", 201088, 2880, 1}}) {
     std::vector<TensorView> w;
     for (int c = 0; c < s.copies; ++c) w.push_back(random_bf16({s.n, s.k}, 0.02f));
     const bool head = s.n == 201088;

@@ -1,8 +1,13 @@
 // MXFP4 experts at decode, second generation (kernel_configs.h, MoeFusedConfig). Same swap-AB fragments
 // and epilogues as moe.cu, but:
-//  * every warp keeps a ring of `depth` k tiles of weights in flight (activations: two), refilling a
-//    slot as soon as its tile is multiplied: the first kernel had one 512-byte load per warp in flight
-//    (the loads could not pass the previous mma) and reached 31% of HBM at one token;
+//  * every warp keeps a ring of kDepth (4 by default) k tiles of weights in flight (activations: two),
+//    refilling a slot as soon as its tile is multiplied: the first kernel had one 512-byte load per warp in
+//    flight (the loads could not pass the previous mma) and reached 31% of HBM at one token;
+//  * the loop is counted in issued instructions (what bounds it at one token: docs/PERF.md): the three
+//    streams advance by one pointer add each per round of kDepth tiles and every load of a round takes a
+//    constant offset from them, rounds whose refills all exist run without a check per tile, scale bytes
+//    arrive zero-extended; the epilogue's biases and routing weights are staged in shared memory before
+//    the loop (cp.async, no registers held across it), so its loads are off the path after the last tile;
 //  * the k split is a function of k alone, so a token's sums run in the same order in any batch;
 //  * up to 32 routed tokens, every CTA derives its tile's routing from the top-k ids in registers (the
 //    routing kernel, ~1 launch, is gone) and the second GEMM's last CTA of each 16-row strip (an atomic
@@ -30,6 +35,14 @@ __device__ __forceinline__ uint4 load_act(const uint4* p) {
   return __ldcg(p);
 }
 
+// A scale byte, zero-extended by the load itself (a uint8_t load costs a mask after it).
+__device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// kDepth: weight tiles in flight per warp (MoeFusedConfig::depth).
 template <bool kGated, int kDepth>
 __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   extern __shared__ float red[];  // [k_split - 1][4][32]
@@ -48,69 +61,79 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
 
   const int64_t strip = blockIdx.x, strips = g.rows / 16, n_k = g.k / 64;
   const int t_begin = static_cast<int>(warp * n_k / k_split), t_end = static_cast<int>((warp + 1) * n_k / k_split);
-  const int64_t base = (rt.expert * strips + strip) * n_k;
-  const uint8_t* wp = g.blocks + base * 512 + lane * 16;
-  const uint8_t* sp = g.scales + base * 32 + (q >> 1) * 16 + r;
+  const int64_t first = (rt.expert * strips + strip) * n_k + t_begin;
+  // Tile j of this warp's k range: weights at wq + 512 j, its two scale bytes at sq + 32 j (+ 8), the
+  // activations at xq + 8 j; the pointers move on by kDepth tiles per round.
+  const uint8_t* wq = g.blocks + first * 512 + lane * 16;
+  const uint8_t* sq = g.scales + first * 32 + (q >> 1) * 16 + r;
   const bool has_token = r < rt.rows;
   const int64_t in_row = !has_token ? 0 : kGated ? rt.row_slot / g.top_k : rt.start + r;
-  const uint4* xr = reinterpret_cast<const uint4*>(g.in + in_row * g.k) + 2 * q;
+  const uint4* xq = reinterpret_cast<const uint4*>(g.in + in_row * g.k) + 2 * q + t_begin * 8;
 
-  // A ring of kDepth k tiles of weights and scales per warp, refilled as soon as a tile is multiplied, so
-  // every warp keeps kDepth 512-byte loads from HBM in flight (the first kernel had one). Activations come
-  // from L2/L1 (shorter latency): a ring of two is enough and keeps registers for weight slots.
-  // Instructions per tile are what bounds this loop at one token (ncu: ~150 issued per 512-byte tile, half
-  // the issue slots busy), so: the scales become bf16x2 at load (one multiply each), the activation slots of
-  // lanes without a token are zeroed once (not per tile), and each round of kDepth tiles addresses its
-  // loads from one base per stream with constant offsets.
+  // Activations come from L2/L1 (shorter latency than the weights' HBM): a ring of two is enough and keeps
+  // registers for weight slots. Lanes without a token keep zeroed activation slots.
   constexpr int kActDepth = 2;
   static_assert(kDepth % kActDepth == 0, "activation slots are picked at compile time");
   uint4 w[kDepth], xa[kActDepth], xb[kActDepth];
   uint32_t sc0[kDepth], sc8[kDepth];
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i) xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
-  // Slot `slot` from tile `i` past the bases (tile t0 of this round): weights, scales, activations.
-  auto load_weights = [&](int slot, const uint8_t* w_t0, const uint8_t* s_t0, int i) {
-    w[slot] = ldg_stream(w_t0 + i * 512);
-    sc0[slot] = mxfp4_scale_x2(__ldg(s_t0 + i * 32));
-    sc8[slot] = mxfp4_scale_x2(__ldg(s_t0 + i * 32 + 8));
+  auto load_weights = [&](int slot, int j) {
+    w[slot] = ldg_stream(wq + j * 512);
+    sc0[slot] = mxfp4_scale_x2(ldg_u8(sq + j * 32));
+    sc8[slot] = mxfp4_scale_x2(ldg_u8(sq + j * 32 + 8));
   };
-  auto load_acts = [&](int slot, const uint4* x_t0, int i) {
+  auto load_acts = [&](int slot, int j) {
     if (has_token) {
-      xa[slot] = load_act<kGated>(x_t0 + i * 8);
-      xb[slot] = load_act<kGated>(x_t0 + i * 8 + 1);
+      xa[slot] = load_act<kGated>(xq + j * 8);
+      xb[slot] = load_act<kGated>(xq + j * 8 + 1);
     }
   };
-  const uint8_t* w_first = wp + static_cast<int64_t>(t_begin) * 512;
-  const uint8_t* s_first = sp + t_begin * 32;
+  const int n = t_end - t_begin;
 #pragma unroll
   for (int i = 0; i < kDepth; ++i)
-    if (t_begin + i < t_end) load_weights(i, w_first, s_first, i);
+    if (i < n) load_weights(i, i);
+  __shared__ StagedEpilogue staged;
+  if (warp == 0) stage_epilogue_inputs(&staged, g, rt, strip, /*weights=*/!kGated);
   if constexpr (!kGated) pdl_wait();  // h comes from the first GEMM
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i)
-    if (t_begin + i < t_end) load_acts(i, xr + t_begin * 8, i);
+    if (i < n) load_acts(i, i);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int t0 = t_begin; t0 < t_end; t0 += kDepth) {
-    const uint8_t* w_t0 = wp + static_cast<int64_t>(t0) * 512;
-    const uint8_t* s_t0 = sp + t0 * 32;
-    const uint4* x_t0 = xr + t0 * 8;
+  int left = n;  // tiles not multiplied yet, the first of them at the pointers
+  for (; left >= 2 * kDepth; left -= kDepth) {  // every slot multiplied and refilled
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
-      const int t = t0 + i, xs = i % kActDepth;
-      if (t < t_end) {
-        mxfp4_strip_mma(acc, w[i], sc0[i], sc8[i], xa[xs], xb[xs]);
-        if (t + kDepth < t_end) load_weights(i, w_t0, s_t0, i + kDepth);  // refill the slots just consumed
-        if (t + kActDepth < t_end) load_acts(xs, x_t0, i + kActDepth);
+      mxfp4_strip_mma(acc, w[i], sc0[i], sc8[i], xa[i % kActDepth], xb[i % kActDepth]);
+      load_weights(i, i + kDepth);
+      load_acts(i % kActDepth, i + kActDepth);
+    }
+    wq += kDepth * 512;
+    sq += kDepth * 32;
+    xq += kDepth * 8;
+  }
+  for (; left > 0; left -= kDepth) {  // the last one or two rounds: multiplies and refills checked
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      if (i < left) {
+        mxfp4_strip_mma(acc, w[i], sc0[i], sc8[i], xa[i % kActDepth], xb[i % kActDepth]);
+        if (i + kDepth < left) load_weights(i, i + kDepth);
+        if (i + kActDepth < left) load_acts(i % kActDepth, i + kActDepth);
       }
     }
+    wq += kDepth * 512;
+    sq += kDepth * 32;
+    xq += kDepth * 8;
   }
 
   if (!reduce_k_split(acc, red, warp, lane, k_split)) return;
+  staged_epilogue_ready();
   if constexpr (kGated) {
-    swap_ab_swiglu_epilogue(g, acc, rt.expert, rt.start, rt.rows, strip, r, q);
+    staged_swiglu_epilogue(g, acc, staged, rt.start, rt.rows, strip, r, q);
   } else {
-    weighted_epilogue_and_combine(p, acc, rt, strip, r, q);
+    const StripBias b{bf16_bits_to_f32(staged.bias[r]), bf16_bits_to_f32(staged.bias[r + 8])};
+    weighted_epilogue_and_combine(p, acc, rt, b, [&](int c) { return staged.weight[2 * q + c]; }, strip, r, q);
   }
 }
 
@@ -135,7 +158,6 @@ Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid,
 }
 
 }  // namespace
-
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, cudaStream_t stream) {
   const MoeGemmParams& g = p.g;
   if (g.rows % 16 != 0 || g.k % 64 != 0) return internal_error("MoE GEMM: rows % 16 and k % 64 must be 0");
@@ -145,6 +167,8 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, c
     return internal_error("MoE fused GEMM: self-routing takes at most 32 routed tokens");
   if (p.tickets != nullptr && (p.topk_ids == nullptr || g.gated || p.combined == nullptr))
     return internal_error("MoE fused GEMM: the combine is fused into the self-routed second GEMM only");
+  if (reinterpret_cast<uintptr_t>(g.bias) % 4 != 0)
+    return invalid_argument("MoE fused GEMM: the biases must be 4-byte aligned (copied in bf16 pairs)");
   if (p.slots == 0) return Status::ok();
   const int64_t tiles = moe_fused_max_tiles(p.slots, p.experts);
   if (tiles > 65535) return unimplemented("MoE fused GEMM: too many tiles for one launch");
