@@ -143,7 +143,8 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapShapesAndSplits) {
               EXPECT_TRUE(fits(d, c.smem_bytes, c.stages)) << d.name << " smem " << c.smem_bytes;
               EXPECT_GE(c.stages, 2);
               EXPECT_LE(c.stages, 4);
-              EXPECT_EQ(c.smem_bytes, 8 * hd * 2 + c.stages * (shared ? 1 : 2) * 16 * hd * 2);
+              // Q, the 4-warp form's exchange of partial scores (head dims 256 and 512), the ring.
+              EXPECT_EQ(c.smem_bytes, 8 * hd * 2 + (hd == 64 ? 0 : 4096) + c.stages * (shared ? 1 : 2) * 16 * hd * 2);
               EXPECT_EQ(c.min_split_keys % 16, 0);
               EXPECT_GE(c.num_splits, 1);
               EXPECT_LE(c.num_splits, 64);
@@ -151,23 +152,23 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapShapesAndSplits) {
               EXPECT_LE(tokens * c.num_splits, tokens + 3 * d.sm_count) << d.name;
             }
   }
-  // Gemma-4 on an H100 (3 one-warp CTAs per SM, two waves wanted): 1024-key windows at batch 8 split 13
-  // ways, at batch 80 two.
-  EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).stages, 4);
-  EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).num_splits, 13);
+  // Gemma-4 on an H100 (4 CTAs of 4 warps and 3 stages per SM, two waves wanted): 1024-key windows at batch 8
+  // split 17 ways, at batch 80 two.
+  EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).stages, 3);
+  EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).num_splits, 17);
   EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 80, 8, 1024).num_splits, 2);
 }
 
-// kAuto takes the swap-AB kernel where it was measured faster (an H100): Gemma's sliding layers (head dim 256,
-// group 2) from 8 tokens, its full layers (head dim 512, group 8, K = V) from 64, and (an H200) gpt-oss's layers
-// (head dim 64, group 8) from 64; nowhere off sm_90 yet.
+// kAuto takes the swap-AB kernel where it was measured faster (an H200): Gemma's sliding layers (head dim 256,
+// group 2) from one token, its full layers (head dim 512, group 8, K = V) and gpt-oss's layers (head dim 64,
+// group 8) from 64; nowhere off sm_90 yet.
 TEST(CudaKernelConfigs, AttentionDecodeSwapByDefaultWhereMeasuredFaster) {
   auto by_default = [](const DeviceInfo& d, int64_t hd, int64_t group, bool shared, int64_t n_kv, int64_t tokens) {
     const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, hd, group, shared, tokens, n_kv, 1024);
     return attention_decode_swap_by_default(d, c, tokens);
   };
   for (const DeviceInfo& d : {sm90_h100(), sm90_h200()}) {
-    EXPECT_FALSE(by_default(d, 256, 2, false, 8, 1));
+    EXPECT_TRUE(by_default(d, 256, 2, false, 8, 1));
     EXPECT_TRUE(by_default(d, 256, 2, false, 8, 8));
     EXPECT_TRUE(by_default(d, 256, 2, false, 8, 80));
     EXPECT_FALSE(by_default(d, 512, 8, true, 2, 8));

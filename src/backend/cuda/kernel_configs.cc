@@ -100,6 +100,13 @@ AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int6
   return c;
 }
 
+namespace {
+// The 4-warp kernel's shared memory (head dims 256 and 512): Q (8 heads), the warps' partial scores twice, the ring.
+int64_t attention_decode_swap_cta_smem_bytes(int64_t head_dim, bool kv_shared, int stages) {
+  return 8 * head_dim * 2 + 2 * 4 * 4 * 32 * 4 + stages * (kv_shared ? 1 : 2) * 16 * head_dim * 2;
+}
+}  // namespace
+
 AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& dev, int64_t head_dim, int64_t group,
                                                               bool kv_shared, int64_t num_tokens, int64_t n_kv,
                                                               int64_t max_keys) {
@@ -107,18 +114,36 @@ AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& 
   if ((head_dim != 64 && head_dim != 256 && head_dim != 512) || group < 1 || group > kAttnSwapMaxGroup) return c;
   const int64_t q_bytes = 8 * head_dim * 2, stage_bytes = (kv_shared ? 1 : 2) * 16 * head_dim * 2;
   const int64_t sm_smem = dev.max_smem_per_block_optin + kStaticSmemReserve;
-  // The ring depth that keeps the most bytes in flight per SM: (stages - 1) stages per resident CTA.
-  int64_t best_in_flight = 0, best_ctas = 0;
-  for (int stages = 2; stages <= 4; ++stages) {
-    const int64_t smem = q_bytes + stages * stage_bytes;
-    if (!fits(dev, smem, stages)) continue;
-    const int64_t ctas = std::min<int64_t>(32, sm_smem / (smem + kStaticSmemReserve));
-    const int64_t in_flight = ctas * (stages - 1) * stage_bytes;
-    if (in_flight > best_in_flight) {
-      best_in_flight = in_flight;
-      best_ctas = ctas;
-      c.stages = stages;
-      c.smem_bytes = smem;
+  int64_t best_ctas = 0;
+  if (head_dim == 64) {
+    // One-warp CTAs: the ring depth that keeps the most bytes in flight per SM ((stages - 1) stages per CTA).
+    int64_t best_in_flight = 0;
+    for (int stages = 2; stages <= 4; ++stages) {
+      const int64_t smem = q_bytes + stages * stage_bytes;
+      if (!fits(dev, smem, stages)) continue;
+      const int64_t ctas = std::min<int64_t>(32, sm_smem / (smem + kStaticSmemReserve));
+      const int64_t in_flight = ctas * (stages - 1) * stage_bytes;
+      if (in_flight > best_in_flight) {
+        best_in_flight = in_flight;
+        best_ctas = ctas;
+        c.stages = stages;
+        c.smem_bytes = smem;
+      }
+    }
+  } else {
+    // 4-warp CTAs: the deepest ring that still lets 4 of them (16 warps) share an SM, whose warps hide each
+    // other's latencies (at head dim 256: 3 stages, 128 KB in flight per SM); else the most CTAs. (An H200
+    // window timed 3 stages and 128-key split floors on full layers: no faster.)
+    for (int stages = 4; stages >= 2; --stages) {
+      const int64_t smem = attention_decode_swap_cta_smem_bytes(head_dim, kv_shared, stages);
+      if (!fits(dev, smem, stages)) continue;
+      const int64_t ctas = std::min<int64_t>(8, sm_smem / (smem + kStaticSmemReserve));
+      if (ctas > best_ctas) {
+        best_ctas = ctas;
+        c.stages = stages;
+        c.smem_bytes = smem;
+      }
+      if (ctas >= 4) break;
     }
   }
   if (c.stages == 0) return c;
@@ -137,19 +162,20 @@ AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& 
   return c;
 }
 
-// Measured on an H100 (bench/results/2026-11-28-h100-gemmab-w1-decode-attention.txt, one process, 1K context):
-// faster than attention.cu's decode kernel for groups of up to 2 from 8 tokens (Gemma's sliding layers, head dim
-// 256: 61.0 vs 71.8 us at batch 8, 372.6 vs 418.5 at 64, 484.0 vs 515.3 at 80) and for larger groups from 64
-// tokens (full layers, head dim 512, K = V: 144.6 vs 163.9 us at 64, 147.0 vs 213.9 at 80; slower below, 77.7 vs
-// 39.2 at 8); slower at one token for both. gpt-oss (head dim 64, groups of 8, sinks) on an H200
-// (bench/results/2026-11-28-h200-serve12-w1-decode-attention.txt, one process): from 64 tokens too, full layers
-// 52.4 vs 55.4 us at 64 x 1K, 118.1 vs 135.9 at 128 x 1.5K, 228.7 vs 269.2 at 256 x 1.5K (83% of the bytes floor
-// against 71%), window-128 layers 26.2 vs 35.8 at 256; at 32 x 1K 25.0 vs 33.0, at one token 20.2 vs 9.6. Not yet
-// timed off sm_90.
+// Measured on an H200 (bench/results/2026-11-28-h200-gemmab-w1-decode-attention.txt, one process, 1K context):
+// the 4-warp form is faster than attention.cu's decode kernel for groups of up to 2 from one token (Gemma's
+// sliding layers, head dim 256: 14.3 vs 15.9 us at batch 1, 16.6 vs 26.1 at 2, 28.2 vs 72.1 at 8, 134.2 vs
+// 431.6 at 64) and for larger groups from 4 tokens (full layers, head dim 512, K = V: 22.5 vs 28.8 us at 4,
+// 22.7 vs 39.2 at 8, 44.6 vs 165.7 at 64; slower at 1 and 2), but kAuto keeps those from 64 tokens, the
+// rule gpt-oss's head dim 64 (groups of 8, the one-warp form) was measured by: on an H200
+// (bench/results/2026-11-28-h200-serve12-w1-decode-attention.txt, one process) full layers 52.4 vs 55.4 us at
+// 64 x 1K, 118.1 vs 135.9 at 128 x 1.5K, 228.7 vs 269.2 at 256 x 1.5K (83% of the bytes floor against 71%),
+// window-128 layers 26.2 vs 35.8 at 256; at 32 x 1K 25.0 vs 33.0, at one token 20.2 vs 9.6. Not yet timed
+// off sm_90.
 bool attention_decode_swap_by_default(const DeviceInfo& dev, const AttentionDecodeSwapConfig& c, int64_t num_tokens) {
   if (!c.enabled || dev.sm_major != 9) return false;
   const bool group_of_two_or_less = c.min_split_keys <= 32;  // the config's split floor grows with the group
-  return num_tokens >= (group_of_two_or_less ? 8 : 64);
+  return num_tokens >= (group_of_two_or_less ? 1 : 64);
 }
 
 MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts, int64_t rows) {

@@ -2,7 +2,7 @@
 // gpt-oss: head dim 64 with 8, where a 16-row query tile wastes half of each mma), "swap AB": the keys are the m16n8k16 mma's M side and the group's q heads its 8-wide N side,
 // so a group of 2 wastes 3/4 of each mma instead of the 7/8 that 16-row query tiles waste (attention.cu's
 // decode kernel). Decode is bandwidth bound: what matters is that every K/V byte is read once and that
-// enough bytes are in flight, so the CTA is one warp with its own cp.async ring of 16-key stages (no CTA
+// enough bytes are in flight. At head dim 64 (below; 256 and 512 at the end) the CTA is one warp with its own cp.async ring of 16-key stages (no CTA
 // barrier anywhere), several CTAs per SM, and the KV range of a (token, kv head) split over CTAs; the
 // splits are combined by attention.cu's merge kernel, which also adds the sink.
 //
@@ -254,6 +254,230 @@ __global__ void __launch_bounds__(32) attention_decode_swap_kernel(AttentionKern
   }
 }
 
+// ---- Head dims 256 and 512 (Gemma-4): a CTA is 4 warps on one (kv head, split, token) that share a cp.async
+// ring of 16-key stages (16 KB at head dim 256) and split each stage's head dims 4 ways, so a stage's math is
+// short and several CTAs fit an SM (the one-warp form above ran a stage in ~4 us at these widths and reached
+// 1.4 TB/s on an H100: one warp per SM sub-partition hid no latency; this form 4.0 TB/s on an H200).
+//
+// Per stage, warp w (head dims [w HD/4, (w + 1) HD/4)): partial S^T = K Q^T over its head dims (A = K
+// [16 keys][16 d] by ldmatrix, B = its slice of Q, in registers), summed over the 4 warps through shared
+// memory in warp order (every warp then holds the same scores), online softmax per head column, P^T to
+// bf16 and transposed in registers (movmatrix) into the B operand of O^T += V^T P^T for its head dims (A =
+// V^T by ldmatrix.trans). Each warp looks up the pages of a stage's 16 keys (one lane per key) a stage ahead
+// and broadcasts them by shuffles.
+constexpr int kWarps = 4;   // head-dim slices of a stage
+
+// As lookup_stage, for any warp of a CTA (lane = threadIdx.x % 32).
+template <int HD>
+__device__ __forceinline__ StageRows lookup_stage_cta(const AttentionKernelParams& p, int g, int seq, int k0, int kend) {
+  StageRows s;
+  const int lane = threadIdx.x % 32, key = k0 + lane;
+  if (lane < kKeys && key <= kend) {
+    const int page_size = static_cast<int>(p.kv.page_size);
+    const int logical = key / page_size;
+    if (logical < p.kv.max_pages) {
+      const int64_t page = p.kv.page_table[static_cast<int64_t>(seq) * p.kv.max_pages + logical];
+      s.ok = page >= 0 && page < p.kv.num_pages;
+      if (s.ok) s.off = ((page * page_size + key - logical * page_size) * p.n_kv + g) * HD;
+    }
+  }
+  return s;
+}
+
+// Issues this thread's share of a stage's copies (16 key rows, zero-filled where not there) into sk, and
+// sv unless V aliases K; a row's offset comes from the lane of this warp that looked it up.
+template <int HD>
+__device__ __forceinline__ void copy_stage_cta(const AttentionKernelParams& p, const StageRows& rows, bool shared_kv,
+                                           uint16_t* sk, uint16_t* sv) {
+  constexpr int kChunks = HD / 8, kPerThread = kKeys * kChunks / (32 * kWarps);
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int idx = threadIdx.x + 32 * kWarps * j;
+    const int row = idx / kChunks, c = idx % kChunks;  // row is the same across a warp
+    const long long row_off = __shfl_sync(0xffffffffu, rows.off, row);
+    const bool row_ok = __shfl_sync(0xffffffffu, rows.ok, row) != 0;
+    cp_async_16(chunk_at<HD>(sk, row, c), p.kv.k + row_off + c * 8, row_ok);
+    if (!shared_kv) cp_async_16(chunk_at<HD>(sv, row, c), p.kv.v + row_off + c * 8, row_ok);
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(AttentionKernelParams p, int stages,
+                                                                            int splits, int min_split_keys) {
+  constexpr int kChunks = HD / 8, kDs = HD / kWarps, kDt = kDs / 16;  // a warp's head dims, in 16-wide tiles
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint16_t* sq = reinterpret_cast<uint16_t*>(smem_raw);              // [8 heads][HD]
+  float* xbuf = reinterpret_cast<float*>(sq + kHeads * HD);          // [2][warps][4][32] partial scores
+  uint16_t* ring = reinterpret_cast<uint16_t*>(xbuf + 2 * kWarps * 4 * 32);  // stages x {K, V unless shared}
+  const bool shared_kv = p.kv.v == p.kv.k;
+  const int stage_elems = (shared_kv ? 1 : 2) * kKeys * HD;
+  const int group = static_cast<int>(p.n_q / p.n_kv);
+  const int g = blockIdx.x, split = blockIdx.y;  // a token's kv heads run side by side: nearby key rows
+  const int64_t t = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, q = lane % 4, mi = lane / 8;
+  const int d0 = warp * kDs;
+
+  pdl_wait();  // launched as a programmatic dependent: q and the new K/V come from qkv_rope
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+
+  for (int idx = threadIdx.x; idx < kHeads * kChunks; idx += 32 * kWarps) {
+    const int row = idx / kChunks, c = idx % kChunks;
+    const bool ok = row < group;
+    const uint16_t* src = ok ? p.q + (t * p.n_q + g * group + row) * HD + c * 8 : p.q;
+    cp_async_16(chunk_at<HD>(sq, row, c), src, ok);
+  }
+  cp_async_commit();
+
+  const int pos = p.kv.positions[t];
+  const int first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
+  const int len = pos - first + 1;
+  const int chunk = max(min_split_keys, ((len + splits - 1) / splits + kKeys - 1) / kKeys * kKeys);
+  const int kstart = first + split * chunk;
+  const int kend = min(pos, kstart + chunk - 1);
+  const int n_tiles = kend >= kstart ? (kend - kstart + kKeys) / kKeys : 0;
+  const int seq = p.kv.token_seq[t];
+  auto lookup = [&](int i) { return lookup_stage_cta<HD>(p, g, seq, kstart + i * kKeys, kend); };
+  auto issue = [&](int i, const StageRows& rows) {
+    if (i < n_tiles) {
+      uint16_t* sk = ring + (i % stages) * stage_elems;
+      copy_stage_cta<HD>(p, rows, shared_kv, sk, sk + kKeys * HD);
+    }
+    cp_async_commit();  // empty groups too: the waits count groups
+  };
+  for (int i = 0; i < stages - 1; ++i) issue(i, lookup(i));
+  StageRows next = lookup(stages - 1);
+
+  // This warp's slice of Q as B fragments: kc 2j in qb[j][0..1], 2j + 1 in qb[j][2..3].
+  wait_groups(stages - 1);  // the Q group (the first stages may still fly)
+  __syncthreads();
+  uint32_t qb[kDt / 2][4];
+#pragma unroll
+  for (int j = 0; j < kDt / 2; ++j) ldmatrix_x4(qb[j], chunk_at<HD>(sq, lane % 8, d0 / 8 + 4 * j + mi));
+
+  float m[2] = {-INFINITY, -INFINITY};  // heads 2q, 2q + 1
+  float l[2] = {0.f, 0.f};              // this lane's keys only; summed over the 8 lanes of a head at the end
+  float o[kDt][4];                      // O^T: d d0 + 16 dt + r (+ 8 for [2], [3]), heads 2q, 2q + 1
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+
+  for (int i = 0; i < n_tiles; ++i) {
+    wait_groups(stages - 2);  // tile i landed (this thread's copies); i + 1 .. i + stages - 2 may fly
+    __syncthreads();          // everyone's copies of tile i are visible; every warp is done with tile i - 1
+    issue(i + stages - 1, next);  // into the slot tile i - 1 used
+    next = lookup(i + stages);    // consumed by the next iteration's copies
+    uint16_t* sk = ring + (i % stages) * stage_elems;
+    uint16_t* sv = shared_kv ? sk : sk + kKeys * HD;
+
+    // Partial S^T [16 keys][8 heads] over this warp's head dims, two accumulator chains.
+    float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < kDt / 2; ++j) {
+      uint32_t ka[4], kb[4];
+      ldmatrix_x4(ka, chunk_at<HD>(sk, (mi % 2) * 8 + lane % 8, d0 / 8 + 4 * j + mi / 2));
+      ldmatrix_x4(kb, chunk_at<HD>(sk, (mi % 2) * 8 + lane % 8, d0 / 8 + 4 * j + 2 + mi / 2));
+      mma_bf16_16816(s, ka, qb[j][0], qb[j][1]);
+      mma_bf16_16816(s2, kb, qb[j][2], qb[j][3]);
+    }
+    float* mine = xbuf + ((i & 1) * kWarps + warp) * 4 * 32 + lane;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mine[e * 32] = s[e] + s2[e];
+    __syncthreads();
+    const float* all = xbuf + (i & 1) * kWarps * 4 * 32 + lane;
+    const int key_lo = kstart + i * kKeys + r;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float sum = all[e * 32];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) sum += all[(w * 4 + e) * 32];
+      const int key = key_lo + (e >= 2 ? 8 : 0);
+      s[e] = key <= kend ? sum * p.scale_log2 : -INFINITY;
+    }
+
+    // Online softmax per head column: the max over the 16 keys (this lane's 2, then the 8 lanes of the
+    // same q), the running state rescaled, P = 2^(s - m).
+    float corr[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float mx = fmaxf(s[j], s[2 + j]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[j], mx);
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: stays at zero weight
+      corr[j] = exp2f(m[j] - base);
+      m[j] = m_new;
+      s[j] = exp2f(s[j] - base);
+      s[2 + j] = exp2f(s[2 + j] - base);
+      l[j] = l[j] * corr[j] + s[j] + s[2 + j];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      o[dt][0] *= corr[0];
+      o[dt][1] *= corr[1];
+      o[dt][2] *= corr[0];
+      o[dt][3] *= corr[1];
+    }
+    // P^T's 8 x 8 blocks (keys r / r + 8, heads 2q, 2q + 1) transposed: lane (r, q) then holds P of head r
+    // at keys 2q, 2q + 1 (and + 8), the B fragment of the P.V mma.
+    const uint32_t pb0 = transpose_8x8(pack_bf16x2(s[0], s[1]));
+    const uint32_t pb1 = transpose_8x8(pack_bf16x2(s[2], s[3]));
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      uint32_t va[4];
+      ldmatrix_x4_trans(va, chunk_at<HD>(sv, (mi / 2) * 8 + lane % 8, d0 / 8 + 2 * dt + mi % 2));
+      mma_bf16_16816(o[dt], va, pb0, pb1);
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 4);
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 8);
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 16);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = 2 * q + j;
+    if (h >= group) continue;
+    const int64_t head = static_cast<int64_t>(g) * group + h;
+    if (splits == 1) {
+      const float factor = attention_final_factor(m[j], l[j], attention_sink_log2(p.sinks, head));
+      uint16_t* out = p.out + (t * p.n_q + head) * HD + d0;
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        out[dt * 16 + r] = f32_to_bf16_bits(o[dt][j] * factor);
+        out[dt * 16 + r + 8] = f32_to_bf16_bits(o[dt][2 + j] * factor);
+      }
+    } else {
+      float* part = p.partials + ((t * p.n_q + head) * splits + split) * (HD + 2);
+      if (n_tiles > 0) {  // an empty split's m = -inf tells the merge to skip its accumulators
+#pragma unroll
+        for (int dt = 0; dt < kDt; ++dt) {
+          part[d0 + dt * 16 + r] = o[dt][j];
+          part[d0 + dt * 16 + r + 8] = o[dt][2 + j];
+        }
+      }
+      if (warp == 0 && r == 0) {
+        part[HD] = m[j];
+        part[HD + 1] = l[j];
+      }
+    }
+  }
+}
+
+template <int HD>
+Status launch_cta(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c, cudaStream_t stream) {
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(attention_decode_swap_cta_kernel<HD>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(c.smem_bytes)),
+                                 "cudaFuncSetAttribute(attention decode swap, 4 warps)"));
+  const dim3 grid(static_cast<unsigned>(p.n_kv), static_cast<unsigned>(c.num_splits), static_cast<unsigned>(p.tokens));
+  return cuda_status(launch_pdl(attention_decode_swap_cta_kernel<HD>, grid, dim3(32 * kWarps), c.smem_bytes, stream, p,
+                                c.stages, c.num_splits, c.min_split_keys),
+                     "attention_decode_swap_cta_kernel");
+}
+
 template <int HD>
 Status launch(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c, cudaStream_t stream) {
   MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(attention_decode_swap_kernel<HD>,
@@ -278,10 +502,11 @@ Status launch_attention_decode_swap(const AttentionKernelParams& p, const Attent
   if (c.stages < 2 || c.stages > 4) return internal_error("attention decode swap: ring of 2 to 4 stages");
   if (c.num_splits > 1 && !p.partials) return internal_error("attention decode swap: split-KV without scratch");
   if (p.tokens == 0) return Status::ok();
+  if (p.head_dim != 64 && p.tokens > 65535) return unimplemented("attention decode swap: more than 65535 tokens in one call");
   switch (p.head_dim) {
     case 64: MX_RETURN_IF_ERROR(launch<64>(p, c, stream)); break;
-    case 256: MX_RETURN_IF_ERROR(launch<256>(p, c, stream)); break;
-    default: MX_RETURN_IF_ERROR(launch<512>(p, c, stream)); break;
+    case 256: MX_RETURN_IF_ERROR(launch_cta<256>(p, c, stream)); break;
+    default: MX_RETURN_IF_ERROR(launch_cta<512>(p, c, stream)); break;
   }
   if (c.num_splits == 1) return Status::ok();
   return launch_attention_split_merge(p, c.num_splits, stream);
