@@ -681,7 +681,7 @@ void write_json(const char* path) {
 }
 
 // ---- Gemma-4 26B-A4B (`--gemma-only`): the fused router (norm + logits + top-8 of 128 + softmax + expert
-// scales; 30 layers' f32 weights rotated, as in a decode step), the bf16 GeGLU experts (128 x 704, top-8;
+// scales; 30 layers' bf16 weights rotated, as in a decode step), the bf16 GeGLU experts (128 x 704, top-8;
 // routings rotated over random experts), and the small and fused row ops at decode and prefill sizes.
 // `--gemma-router-only`: the router alone.
 constexpr int64_t kGemmaE = 128, kGemmaH = 2816, kGemmaI = 704, kGemmaK = 8;
@@ -697,18 +697,26 @@ TensorView gemma_random_f32(Shape shape, float stddev) {
 
 // Up to CudaGemmaRouterOptions::kClusterMaxTokens tokens both decode kernels (ticket first, then the
 // cluster kernel on clusters of 16 and of 8 CTAs, weights by loads and by bulk copies; a form the device
-// does not run is skipped), then the default's choice.
+// does not run is skipped), then the default's choice. The checkpoint's bf16 weights (30 layers rotated)
+// beside an f32 x_scale; every form's logits are checked against the first form's (max |diff| in the note;
+// past 1e-4 of the largest logit the run ends).
 void bench_gemma_router() {
   const int64_t E = kGemmaE, H = kGemmaH, k = kGemmaK, layers = 30;
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, H, kGemmaI, E, k, 16, 8, 512}));
   std::vector<TensorView> router_w;
-  for (int64_t l = 0; l < layers; ++l) router_w.push_back(gemma_random_f32({E, H}, 0.05f));
+  for (int64_t l = 0; l < layers; ++l) router_w.push_back(random_bf16({E, H}, 0.05f));
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  std::vector<float> x_scale_host(static_cast<size_t>(H));
+  for (auto& v : x_scale_host) v = u(g_rng);
+  TensorView x_scale = make(DType::kF32, {H});
+  CHECK_OK(g_b->copy_from_host(x_scale, x_scale_host.data()));
   TensorView scale = random_bf16({E}, 1.0f);
   for (int64_t T : {1, 2, 4, 8, 32, 512, 8192}) {
     TensorView x = gemma_random_f32({T, H}, 2.0f), logits = make(DType::kF32, {T, E});
     TensorView ids = make(DType::kI32, {T, k}), weights = make(DType::kF32, {T, k});
     auto op = [&](int i) {
-      return g_b->router_topk(RouterParams{x, router_w[i % layers], TensorView(), logits, ids, weights, k, scale, 1e-6f});
+      return g_b->router_topk(RouterParams{x, router_w[i % layers], TensorView(), logits, ids, weights, k, scale,
+                                           1e-6f, x_scale});
     };
     using Variant = std::pair<CudaGemmaRouterOptions, std::string>;
     std::vector<Variant> variants{{CudaGemmaRouterOptions{}, ""}};
@@ -719,15 +727,29 @@ void bench_gemma_router() {
                   {{CudaGemmaRouterDecode::kCluster, 16, 1}, " (cluster of 16, bulk copies)"},
                   {{CudaGemmaRouterDecode::kCluster, 8, 1}, " (cluster of 8, bulk copies)"},
                   {{}, ""}};
+    std::vector<float> first_logits;
     for (const auto& [options, name] : variants) {
       CHECK_OK(set_cuda_gemma_router_options(*g_b, options));
       if (const Status st = op(0); !st.is_ok()) {
         std::printf("gemma router T=%lld%s skipped: %s\n", static_cast<long long>(T), name.c_str(), st.to_string().c_str());
         continue;
       }
+      std::vector<float> got(static_cast<size_t>(T * E));
+      CHECK_OK(g_b->copy_to_host(got.data(), logits));
+      if (first_logits.empty()) first_logits = got;
+      double diff = 0, top = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        diff = std::max(diff, static_cast<double>(std::abs(got[i] - first_logits[i])));
+        top = std::max(top, static_cast<double>(std::abs(first_logits[i])));
+      }
+      if (!(diff <= 1e-4 * std::max(top, 1.0))) {
+        std::fprintf(stderr, "gemma router T=%lld%s: logits differ by %g\n", static_cast<long long>(T), name.c_str(), diff);
+        std::exit(1);
+      }
       const double us = time_graph(T >= 512 ? 30 : 60, op);
-      report("gemma router T=" + std::to_string(T) + name, us, E * H * 4.0 + T * H * 4.0, 2.0 * T * E * H,
-             "norm+logits+top8+softmax+scale, 1 launch");
+      char note[96];
+      std::snprintf(note, sizeof(note), "1 launch; logits max |diff| %.2g of max %.2g", diff, top);
+      report("gemma router T=" + std::to_string(T) + name, us, E * H * 2.0 + T * H * 4.0, 2.0 * T * E * H, note);
     }
     CHECK_OK(set_cuda_gemma_router_options(*g_b, {}));
   }
@@ -775,16 +797,27 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       CHECK_OK(g_b->copy_from_host(wts.back(), h_w.data()));
     }
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
+    bool routing_ready = false;
+    int tiles_per_cta = 0;
     auto op = [&](int i) {
-      return g_b->moe_geglu_experts(GegluMoeParams{x, ids[i % routings], wts[i % routings], gate_up, down, out, k});
+      GegluMoeParams p{x, ids[i % routings], wts[i % routings], gate_up, down, out, k};
+      p.routing_ready = routing_ready;
+      return g_b->moe_geglu_experts(p);
     };
-    // 8-token tiles below 32 routed tokens per expert: both decode kernels, register loads first.
+    // 8-token tiles below 32 routed tokens per expert: both decode kernels, register loads first; the bulk
+    // kernel also with one tile per CTA in its second GEMM (the default runs 2 where the experts route
+    // themselves) and with the routing ready before its PDL wait (as the Gemma-4 model calls it: the next
+    // call's first weights go out while the previous call finishes).
     const bool decode = T * k < 32 * E;
     for (const auto& [path, name] : {std::pair{CudaBf16ExpertsDecode::kRegisterLoads, " (register loads)"},
+                                     std::pair{CudaBf16ExpertsDecode::kBulkCopies, " (bulk copies, 1 tile per CTA)"},
                                      std::pair{CudaBf16ExpertsDecode::kBulkCopies, " (bulk copies)"},
+                                     std::pair{CudaBf16ExpertsDecode::kBulkCopies, " (bulk copies, routing ready)"},
                                      std::pair{CudaBf16ExpertsDecode::kAuto, ""}}) {
       if (decode == (path == CudaBf16ExpertsDecode::kAuto)) continue;
-      CHECK_OK(set_cuda_bf16_experts_options(*g_b, {path}));
+      routing_ready = std::string(name).find("routing ready") != std::string::npos;
+      tiles_per_cta = std::string(name).find("1 tile") != std::string::npos ? 1 : 0;
+      CHECK_OK(set_cuda_bf16_experts_options(*g_b, {path, tiles_per_cta}));
       CHECK_OK(op(0));
       const double us = time_graph(T >= 1024 ? 4 : 24, op);
       report("gemma moe geglu T=" + std::to_string(T) + name, us, touched * expert_bytes, 2.0 * T * k * 3 * I * H,

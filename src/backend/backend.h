@@ -84,18 +84,22 @@ struct AttentionParams {
 
 struct RouterParams {
   TensorView x;             // [T, H]
-  TensorView weight;        // bf16 [E, H], or f32 (Gemma-4: learned scale * H^-1/2 folded in)
+  TensorView weight;        // bf16 [E, H] (the CPU also takes f32)
   TensorView bias;          // bf16 [E]; empty = none (Gemma-4)
   TensorView logits;        // f32 [T, E] (written; fp32 so top-k is not decided by bf16 rounding)
   TensorView topk_ids;      // i32 [T, k], descending by logit
   TensorView topk_weights;  // f32 [T, k] softmax over the k selected logits
   int64_t top_k = 0;
   // bf16/f32 [E] or empty: multiplies each selected expert's weight after the softmax (Gemma-4's
-  // per_expert_scale). CUDA runs it (and an empty bias) with an f32 weight only.
+  // per_expert_scale). CUDA runs it, the fused norm and x_scale on Gemma-4's router kernel (no bias; it
+  // needs the x_scale).
   TensorView expert_scale;
   // > 0: x is first RMS-normalized without a weight, with this epsilon (Gemma-4's router norm, fused into
   // the router so that decode routes in one launch); x may then be the f32 residual stream.
   float x_norm_eps = 0.0f;
+  // f32 [H] or empty: x (after the norm) times this per dimension before the logits (Gemma-4: learned scale
+  // * H^-1/2 beside the checkpoint's bf16 weight, half the bytes of a weight with them folded in, f32).
+  TensorView x_scale;
 };
 
 // Per-head RMSNorms of a fused q|k|v projection, in place: q heads times q_norm, k heads times k_norm,
@@ -149,6 +153,11 @@ struct GegluMoeParams {
   TensorView down;          // bf16 [E, H, I]
   TensorView out;           // [T, H]
   int64_t top_k = 0;
+  // The routing was written before the op that precedes this one (Gemma-4 routes before its dense MLP), so
+  // CUDA's decode kernels may read it before their programmatic-dependent-launch wait: every kernel of the
+  // chain waits for its predecessor before it lets a dependent launch, so the kernels before the previous
+  // one are complete when this op's kernels start, and the first expert GEMM's weights go out early.
+  bool routing_ready = false;
 };
 
 enum class ExpertLayout : uint8_t {

@@ -1,7 +1,8 @@
 // The CUDA ops Gemma-4 adds against their CPU twins: soft-cap, GeGLU, the layer scalar, the weightless norm,
-// per-head q/k/v norms, the fused norms between a layer's blocks, the fused router (norm, logits, top-k, softmax, per-expert scale) and the bf16 GeGLU
-// experts at decode (8-token tiles, both the register-load and the bulk-copy kernels) and prefill (64-token
-// tiles). Fresh random inputs, poisoned outputs, odd sizes (partial vectors, strips and k chunks).
+// per-head q/k/v norms, the fused norms between a layer's blocks, the fused router (norm, logits, top-k,
+// softmax, per-expert scale; f32 and bf16 weights) and the bf16 GeGLU experts at decode (8-token tiles, both
+// the register-load and the bulk-copy kernels, the latter also routed before its PDL wait) and prefill
+// (64-token tiles). Fresh random inputs, poisoned outputs, odd sizes (partial vectors, strips and k chunks).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -260,15 +261,18 @@ TEST_F(GemmaKernelTest, FusedRouter) {
   // from 2048 tokens the GEMM tiles (64 tokens x <= 128 experts): partial tiles, expert counts that
   // leave a CTA partly empty, hidden sizes not a multiple of 32 or 128. Up to 8 tokens also the cluster
   // kernel (router_kernels): CTAs without experts (6 experts), partial groups (40), two groups per CTA (256),
-  // two passes over the hidden row (5000).
+  // two passes over the hidden row (5000), rows not a multiple of 16 bytes (hidden 204: no bulk copies). Every
+  // case with a bf16 weight and a random x_scale, the twin with the same.
   for (const Case& c : {Case{1, 128, 2816, 8, true, true, false}, Case{3, 128, 2816, 8, true, true, false},
                         Case{8, 128, 2816, 8, true, true, true}, Case{33, 128, 2816, 8, true, true, false},
                         Case{77, 128, 2816, 8, true, false, false}, Case{7, 6, 64, 3, true, true, false},
                         Case{5, 40, 200, 5, false, false, true}, Case{50, 33, 204, 16, true, true, false},
                         Case{2, 256, 1024, 8, false, true, false}, Case{40, 256, 512, 8, true, true, false},
                         Case{4, 64, 5000, 8, true, false, true}, Case{130, 128, 2816, 8, true, true, true},
-                        Case{2100, 128, 2816, 8, true, true, false}, Case{2049, 40, 200, 5, true, false, true}}) {
-    std::vector<float> w = random_f32(rng_, c.e * c.h, 0.0f, 0.05f), scale = random_f32(rng_, c.e, 1.0f, 0.3f);
+                        Case{2100, 128, 2816, 8, true, true, false}, Case{2049, 40, 200, 5, true, false, true},
+                        Case{3, 33, 204, 5, true, false, false}}) {
+    const Bf16Data w = random_bf16(rng_, c.e * c.h, 0.05f);
+    const std::vector<float> scale = random_f32(rng_, c.e, 1.0f, 0.3f), x_scale = random_f32(rng_, c.h, 1.0f, 0.3f);
     Bf16Data scale_b = random_bf16(rng_, c.e, 0.3f);
     for (size_t i = 0; i < scale_b.bits.size(); ++i) {  // |N(1, 0.3)| in bf16
       scale_b.values[i] = std::abs(scale_b.values[i] + 1.0f);
@@ -276,7 +280,8 @@ TEST_F(GemmaKernelTest, FusedRouter) {
       scale_b.values[i] = std::bit_cast<float>(u);
       scale_b.bits[i] = static_cast<uint16_t>(u >> 16);
     }
-    Pair pw = f32_pair(w, {c.e, c.h});
+    Pair pw{cpu_.upload(DType::kBF16, {c.e, c.h}, w.bits.data()), cuda_.upload(DType::kBF16, {c.e, c.h}, w.bits.data())};
+    Pair pxs = f32_pair(x_scale, {c.h});
     Pair ps = c.f32_scale ? f32_pair(scale, {c.e})
                           : Pair{cpu_.upload(DType::kF32, {c.e}, scale_b.values.data()),
                                  cuda_.upload(DType::kBF16, {c.e}, scale_b.bits.data())};
@@ -285,15 +290,20 @@ TEST_F(GemmaKernelTest, FusedRouter) {
                       : upload_activation(cpu_, cuda_, xb, {c.t, c.h});
     const float eps = c.norm ? 1e-6f : 0.0f;
     RouterParams r_c{px.cpu, pw.cpu, TensorView(), cpu_.make(DType::kF32, {c.t, c.e}), cpu_.make(DType::kI32, {c.t, c.k}),
-                     cpu_.make(DType::kF32, {c.t, c.k}), c.k, ps.cpu, eps};
+                     cpu_.make(DType::kF32, {c.t, c.k}), c.k, ps.cpu, eps, pxs.cpu};
     ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
     const std::vector<int32_t> ids_c = ids_of(cpu_.download_bytes(r_c.topk_ids));
     const std::vector<float> logits_c = cpu_.download_f32(r_c.logits), weights_c = cpu_.download_f32(r_c.topk_weights);
     for (const RouterKernel& kernel : router_kernels(c.t)) {
       ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok());
       RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {c.t, c.e}),
-                       cuda_.make(DType::kI32, {c.t, c.k}), cuda_.make(DType::kF32, {c.t, c.k}), c.k, ps.cuda, eps};
+                       cuda_.make(DType::kI32, {c.t, c.k}), cuda_.make(DType::kF32, {c.t, c.k}), c.k, ps.cuda, eps,
+                       pxs.cuda};
       const Status st = cuda_backend().router_topk(r_g);
+      if (c.h % 8 != 0 && kernel.options.bulk_weights > 0) {  // forced copies of 408-byte rows
+        EXPECT_FALSE(st.is_ok()) << kernel.name;
+        continue;
+      }
       ASSERT_TRUE(st.is_ok()) << kernel.name << ": " << st.to_string();
       const std::string what = std::to_string(c.t) + " tokens, " + std::to_string(c.e) + " experts, hidden " +
                                std::to_string(c.h) + ", top-" + std::to_string(c.k) + (c.norm ? ", norm" : "") +
@@ -314,13 +324,15 @@ TEST_F(GemmaKernelTest, FusedRouter) {
   }
   // Equal logits rank the lower expert first (the twin's order): every expert gets the same weight row.
   const int64_t e = 128, h = 256, k = 8;
-  std::vector<float> row = random_f32(rng_, h, 0.0f, 0.05f), w;
-  for (int64_t i = 0; i < e; ++i) w.insert(w.end(), row.begin(), row.end());
-  Pair pw = f32_pair(w, {e, h}), px = f32_pair(random_f32(rng_, h, 0.0f, 1.0f), {1, h});
+  const Bf16Data row = random_bf16(rng_, h, 0.05f);
+  std::vector<uint16_t> w;
+  for (int64_t i = 0; i < e; ++i) w.insert(w.end(), row.bits.begin(), row.bits.end());
+  TensorView w_g = cuda_.upload(DType::kBF16, {e, h}, w.data());
+  Pair px = f32_pair(random_f32(rng_, h, 0.0f, 1.0f), {1, h}), ones = f32_pair(std::vector<float>(h, 1.0f), {h});
   for (const RouterKernel& kernel : router_kernels(1)) {
     ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok());
-    RouterParams r_g{px.cuda, pw.cuda, TensorView(), cuda_.make(DType::kF32, {1, e}), cuda_.make(DType::kI32, {1, k}),
-                     cuda_.make(DType::kF32, {1, k}), k, TensorView(), 1e-6f};
+    RouterParams r_g{px.cuda, w_g, TensorView(), cuda_.make(DType::kF32, {1, e}), cuda_.make(DType::kI32, {1, k}),
+                     cuda_.make(DType::kF32, {1, k}), k, TensorView(), 1e-6f, ones.cuda};
     ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok());
     const auto ids = cuda_.download_bytes(r_g.topk_ids);
     std::vector<int32_t> got(k), want(k);
@@ -401,6 +413,29 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
       ASSERT_TRUE(st.is_ok()) << st.to_string();
       const std::vector<float> got = cuda_.download_f32(o_g);
       check("moe_geglu_experts", what + (prefill ? "" : name), got, want, 1e-2);
+      // The bulk kernels' second GEMM with other tile counts per CTA (auto: 2 self-routed, else 1): the same
+      // sums in the same order, so bit for bit the same.
+      for (const int tiles_per_cta : {1, 3}) {
+        if (decode != CudaBf16ExpertsDecode::kBulkCopies) break;
+        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode, tiles_per_cta}).is_ok());
+        TensorView o_t = cuda_.make(DType::kBF16, {c.t, c.h});
+        ASSERT_TRUE(cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_t, c.k}).is_ok());
+        const bool same = cuda_.download_f32(o_t) == got;
+        record("moe_geglu_experts tiles per CTA", what + name + ", " + std::to_string(tiles_per_cta) +
+                                                      (same ? " per CTA: identical" : " per CTA: DIFFER"),
+               same ? 0 : 1, 0, 0, same);
+        EXPECT_TRUE(same) << tiles_per_cta;
+        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
+      }
+      if (self_routed && decode == CudaBf16ExpertsDecode::kBulkCopies) {  // routed before the PDL wait
+        GegluMoeParams ready{px.cuda, id_g, pwt.cuda, gu_g, dn_g, cuda_.make(DType::kBF16, {c.t, c.h}), c.k};
+        ready.routing_ready = true;
+        ASSERT_TRUE(cuda_backend().moe_geglu_experts(ready).is_ok());
+        const bool same = cuda_.download_f32(ready.out) == got;
+        record("moe_geglu_experts routing ready", what + name + (same ? ": identical" : ": DIFFER"), same ? 0 : 1, 0, 0,
+               same);
+        EXPECT_TRUE(same);
+      }
       if (prefill || c.t == 1) continue;
       st = cuda_backend().moe_geglu_experts({px.cuda.rows(0, 1), id_g.rows(0, 1), pwt.cuda.rows(0, 1),
                                              gu_g, dn_g, one_g, c.k});

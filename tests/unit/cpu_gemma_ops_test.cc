@@ -220,6 +220,35 @@ TEST(CpuGemmaOps, RouterFusedNormMatchesUnitNormThenRouter) {
   EXPECT_NEAR(logits[0], 3 / 2.5, 1e-6);  // row 0: mean square 25/4
 }
 
+// x_scale: the normed x times a per-dimension scale before the logits, the same as that scale folded into
+// an f32 weight (powers of two here, so both orders round alike).
+TEST(CpuGemmaOps, RouterXScaleMatchesTheScaleFoldedIntoTheWeight) {
+  auto backend = make_cpu_backend({1});
+  const int64_t T = 2, H = 4, E = 3, K = 2;
+  const std::vector<float> x = {3, 4, 0, 1, -1, 1, 2, -2}, scale = {0.5f, 2, 1, 0.25f};
+  const std::vector<float> w = {1, -3, 0.5f, 2, 0, 1, 0, 6, 0.75f, 0.5f, 1, 1};
+  std::vector<float> folded(w.size());
+  for (size_t i = 0; i < w.size(); ++i) folded[i] = w[i] * scale[i % H];
+  const auto w_bf16 = bf16_of(w);
+  struct Out {
+    std::vector<float> logits = std::vector<float>(T * E), weights = std::vector<float>(T * K);
+    std::vector<int32_t> ids = std::vector<int32_t>(T * K);
+  } a, b;
+  auto route = [&](TensorView weight, TensorView x_scale, Out& o) {
+    RouterParams p{TensorView(const_cast<float*>(x.data()), DType::kF32, {T, H}), weight, TensorView(),
+                   TensorView(o.logits.data(), DType::kF32, {T, E}), TensorView(o.ids.data(), DType::kI32, {T, K}),
+                   TensorView(o.weights.data(), DType::kF32, {T, K}), K, TensorView(), 1e-6f, x_scale};
+    ASSERT_TRUE(backend->router_topk(p).is_ok());
+  };
+  route(TensorView(const_cast<uint16_t*>(w_bf16.data()), DType::kBF16, {E, H}),
+        TensorView(const_cast<float*>(scale.data()), DType::kF32, {H}), a);
+  route(TensorView(folded.data(), DType::kF32, {E, H}), TensorView(), b);
+  EXPECT_EQ(a.logits, b.logits);
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_NE(a.logits[0], 0.0f);
+}
+
 TEST(CpuGemmaOps, GegluExpertsMatchADirectSum) {
   auto backend = make_cpu_backend({2});
   Rng rng(5);

@@ -251,9 +251,16 @@ void router_topk(const RouterParams& p) {
   const int64_t e_count = p.weight.dim(0), h = p.weight.dim(1), t_count = p.x.numel() / h;
   std::vector<float> w(static_cast<size_t>(h)), normed;
   const float* x = p.x.ptr<const float>();
-  if (p.x_norm_eps > 0.0f) {  // the weightless norm first, as unit_rms_norm computes it
-    normed.resize(static_cast<size_t>(t_count * h));
-    for (int64_t t = 0; t < t_count; ++t) normalize_row(x + t * h, TensorView(), p.x_norm_eps, h, normed.data() + t * h);
+  if (p.x_norm_eps > 0.0f || !p.x_scale.empty()) {  // the weightless norm first, as unit_rms_norm computes it
+    normed.assign(x, x + t_count * h);
+    if (p.x_norm_eps > 0.0f)
+      for (int64_t t = 0; t < t_count; ++t) normalize_row(x + t * h, TensorView(), p.x_norm_eps, h, normed.data() + t * h);
+    if (!p.x_scale.empty()) {  // then the per-dimension scale
+      MX_CHECK(p.x_scale.numel() == h) << "router x_scale is not [hidden]";
+      std::vector<float> scale(static_cast<size_t>(h));
+      widen_row(p.x_scale, 0, h, scale.data());
+      for (int64_t i = 0; i < t_count * h; ++i) normed[static_cast<size_t>(i)] *= scale[static_cast<size_t>(i % h)];
+    }
     x = normed.data();
   }
   float* logits = p.logits.ptr<float>();

@@ -492,9 +492,8 @@ class CudaBackend final : public Backend {
   }
 
   Status router_topk(const RouterParams& p) override {
-    if (p.weight.dtype() == DType::kF32) return gemma_router(p);
-    if (p.bias.empty() || !p.expert_scale.empty() || p.x_norm_eps > 0.0f)
-      return unimplemented("cuda router: no bias, per-expert scales or the fused norm need an f32 weight (Gemma-4)");
+    if (!p.x_scale.empty() || !p.expert_scale.empty() || p.x_norm_eps > 0.0f) return gemma_router(p);
+    if (p.bias.empty()) return unimplemented("cuda router: gpt-oss's router takes a bias, Gemma-4's an x_scale");
     expect(p.x, DType::kBF16, "router x");
     expect(p.logits, DType::kF32, "router logits");
     const int64_t e = p.weight.dim(0), h = p.weight.dim(1), t = p.x.numel() / h;
@@ -520,13 +519,18 @@ class CudaBackend final : public Backend {
 
   // Gemma-4 (gemma_router.cu): weightless norm, logits, top-k, softmax and expert scales in one launch.
   Status gemma_router(const RouterParams& p) {
-    if (!p.bias.empty()) return unimplemented("cuda router: an f32 weight takes no bias");
+    if (!p.bias.empty()) return unimplemented("cuda router: Gemma-4's router takes no bias");
+    if (p.weight.dtype() != DType::kBF16 || p.x_scale.empty())
+      return unimplemented("cuda router: Gemma-4's router takes the bf16 weight and an f32 x_scale");
     MX_CHECK(p.x.dtype() == DType::kF32 || p.x.dtype() == DType::kBF16) << dtype_name(p.x.dtype());
     expect(p.logits, DType::kF32, "router logits");
+    expect(p.x_scale, DType::kF32, "router x_scale");
+    if (p.x_scale.numel() != p.weight.dim(1)) return invalid_argument("cuda router: x_scale is not [hidden]");
     GemmaRouterParams r;
     r.x = p.x.data();
     r.x_f32 = p.x.dtype() == DType::kF32;
-    r.weight = ptr<const float>(p.weight);
+    r.weight = ptr<const uint16_t>(p.weight);
+    r.x_scale = ptr<const float>(p.x_scale);
     if (!p.expert_scale.empty()) {
       MX_CHECK(p.expert_scale.dtype() == DType::kF32 || p.expert_scale.dtype() == DType::kBF16);
       r.expert_scale = p.expert_scale.data();
@@ -702,6 +706,7 @@ class CudaBackend final : public Backend {
       g.topk_ids = ptr<const int32_t>(p.topk_ids);
       g.slots = slots;
       g.experts = E;
+      g.routing_ready = p.routing_ready;
     } else {
       MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
       g.r = routing_scratch(E, slots, max_tiles);
@@ -737,6 +742,10 @@ class CudaBackend final : public Backend {
     g.out_rows = H;
     g.k = I;
     g.k_split = k_split(I);
+    if (g.bulk_copies) {
+      const int forced = options_.bf16_experts.second_gemm_tiles_per_cta;
+      g.tiles_per_cta = forced > 0 ? forced : self_routed ? 2 : 1;
+    }
     if (self_routed) {
       g.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       g.combined = ptr<uint16_t>(p.out);

@@ -68,6 +68,9 @@ struct CudaAttentionOptions {
 enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies };
 struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
+  // The bulk-copy kernels' second GEMM: tiles one CTA runs in turn (1 to 4); 0 = 2 where the experts route
+  // themselves (<= 32 slots: at one token 1,408 one-tile CTAs needed 1.8 waves on an H100), else 1.
+  int second_gemm_tiles_per_cta = 0;
 };
 
 // Which kernel runs Gemma-4's router at decode (up to kClusterMaxTokens tokens): kAuto = the cluster kernel

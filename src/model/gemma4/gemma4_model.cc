@@ -130,18 +130,19 @@ Status Gemma4Model::upload() {
     MX_ASSIGN_OR_RETURN(TensorView fused, put(TensorView(host_copies_.back().data(), DType::kBF16, {2 * inter, H})));
     mlp_gate_up_.push_back(fused);
     if (c.moe) {
-      // The router's learned per-dim scale and H^-1/2 fold into its weight (f32, so nothing is rounded twice).
-      std::vector<float> router(static_cast<size_t>(c.num_experts * H));
-      const auto* w = L.router_weight.ptr<const uint16_t>();
+      // The router keeps the checkpoint's bf16 weight (a decode step's router is bound by its weight stream:
+      // half the bytes of the weight with the scale folded in, f32); its learned per-dim scale and H^-1/2
+      // multiply the normed x instead, as one f32 vector.
+      std::vector<float> x_scale(static_cast<size_t>(H));
       const auto* s = L.router_scale.ptr<const uint16_t>();
-      for (int64_t e = 0; e < c.num_experts; ++e)
-        for (int64_t h = 0; h < H; ++h)
-          router[static_cast<size_t>(e * H + h)] =
-              static_cast<float>(static_cast<double>(bf16_to_f32(w[e * H + h])) * bf16_to_f32(s[h]) * root);
-      MX_ASSIGN_OR_RETURN(TensorView rw, upload_host_f32(router));
-      router_weight_.push_back(rw.reshaped({c.num_experts, H}));
+      for (int64_t h = 0; h < H; ++h) x_scale[static_cast<size_t>(h)] = static_cast<float>(bf16_to_f32(s[h]) * root);
+      MX_ASSIGN_OR_RETURN(TensorView xs, upload_host_f32(x_scale));
+      router_x_scale_.push_back(xs);
+      MX_ASSIGN_OR_RETURN(TensorView rw, put(L.router_weight));
+      router_weight_.push_back(rw);
     } else {
       router_weight_.emplace_back();
+      router_x_scale_.emplace_back();
     }
     for (TensorView* t : {&L.input_norm, &L.post_attention_norm, &L.q_norm, &L.k_norm, &L.o_weight, &L.pre_mlp_norm,
                           &L.post_mlp_norm, &L.mlp_down, &L.pre_moe_norm, &L.post_moe_norm,
@@ -259,6 +260,14 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
         proj, residual, L.post_attention_norm, L.pre_mlp_norm, c.moe ? L.pre_moe_norm : TensorView(), normed,
         normed_moe, eps}));
 
+    // The router reads only the residual, so it runs before the dense MLP: the MLP's first GEMM streams its
+    // weights while the router finishes (a PDL dependent), and the experts find their routing complete.
+    // Routed from the residual (not from the pre-feedforward norm); the router's weightless norm of the
+    // residual is fused into the router (x_norm_eps).
+    RouterParams router{residual, router_weight_[li], TensorView(), ws.router_logits.rows(0, T),
+                        ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token,
+                        L.per_expert_scale, eps, router_x_scale_[li]};
+    if (c.moe) MX_RETURN_IF_ERROR(b.router_topk(router));
     // Dense MLP.
     TensorView gate_up = ws.gate_up.rows(0, T), mlp_act = ws.mlp_act.rows(0, T);
     MX_RETURN_IF_ERROR(b.linear(normed, mlp_gate_up_[li], TensorView(), gate_up));
@@ -266,15 +275,10 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     MX_RETURN_IF_ERROR(b.linear(mlp_act, L.mlp_down, TensorView(), proj));
     MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's intermediate slice
     if (c.moe) {
-      // Experts, routed from the residual (not from the pre-feedforward norm); the router's weightless
-      // norm of the residual is fused into the router (x_norm_eps).
-      RouterParams router{residual, router_weight_[li], TensorView(), ws.router_logits.rows(0, T),
-                          ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token,
-                          L.per_expert_scale, eps};
-      MX_RETURN_IF_ERROR(b.router_topk(router));
-      MX_RETURN_IF_ERROR(b.moe_geglu_experts(GegluMoeParams{normed_moe, router.topk_ids, router.topk_weights,
-                                                             L.experts_gate_up, L.experts_down, moe_out,
-                                                             c.experts_per_token}));
+      GegluMoeParams experts{normed_moe, router.topk_ids, router.topk_weights, L.experts_gate_up, L.experts_down,
+                             moe_out, c.experts_per_token};
+      experts.routing_ready = true;  // the dense MLP's kernels ran in between
+      MX_RETURN_IF_ERROR(b.moe_geglu_experts(experts));
       MX_RETURN_IF_ERROR(all_reduce(moe_out));  // each rank's slice of every expert
     }
     // residual = (residual + normed FFN) * layer_scalar, then the next layer's input norm (or the final

@@ -95,7 +95,8 @@ class Gemma4Model : public Model {
   std::vector<TensorView> qkv_weight_;     // per layer [(n_q + 2 n_kv) hd, H]; K=V layers repeat k rows
   std::vector<TensorView> mlp_gate_up_;    // per layer [2 I, H]: the dense MLP's gate rows, then its up rows
   TensorView lm_head_;                     // the rank's rows of the tied embedding (tensor parallel only)
-  std::vector<TensorView> router_weight_;  // per layer f32 [E, H]: proj.weight * scale * H^-1/2 folded
+  std::vector<TensorView> router_weight_;   // per layer bf16 [E, H]: the checkpoint's proj.weight
+  std::vector<TensorView> router_x_scale_;  // per layer f32 [H]: router.scale * H^-1/2
   TensorView sliding_inv_freq_, full_inv_freq_;  // f32 [hd / 2]
   TensorView embed_scale_;                       // f32 [1]: sqrt(H)
 };

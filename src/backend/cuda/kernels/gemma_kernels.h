@@ -78,15 +78,16 @@ struct GemmaLayerEndKernelParams {
 };
 Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t stream);
 
-// Gemma-4's router in one launch: per token the weightless RMSNorm of x (norm_eps > 0; else x as is), the
-// fp32 logits against the folded f32 weight (learned scale * H^-1/2 * proj), top-k (ties to the lower
-// expert), softmax over the k, times expert_scale[id]. CTAs split the experts; the last CTA of a token tile
+// Gemma-4's router in one launch: per token the weightless RMSNorm of x (norm_eps > 0; else x as is), times
+// x_scale per dimension (the learned scale * H^-1/2), the fp32 logits against the checkpoint's bf16 weight,
+// top-k (ties to the lower expert), softmax over the k, times expert_scale[id]. CTAs split the experts; the last CTA of a token tile
 // (atomic ticket, reset by it for the next replay) selects the top-k of the tile's tokens, or, with
 // cluster_ctas at decode, CTA 0 of the token's CTA cluster, from the logits the others stored into its
 // shared memory.
 struct GemmaRouterParams {
   const void* x = nullptr;             // [tokens, hidden], f32 when x_f32 else bf16
-  const float* weight = nullptr;       // f32 [experts, hidden]
+  const uint16_t* weight = nullptr;    // bf16 [experts, hidden]
+  const float* x_scale = nullptr;      // f32 [hidden]
   const void* expert_scale = nullptr;  // [experts], f32 when scale_f32 else bf16; null = 1
   float* logits = nullptr;             // f32 [tokens, experts]
   int32_t* topk_ids = nullptr;         // [tokens, top_k]
@@ -99,7 +100,7 @@ struct GemmaRouterParams {
   // per token (a value gemma_router_cluster_ctas() returned on this device; meant for decode batches).
   int cluster_ctas = 0;
   // With cluster_ctas: each CTA's weight rows by cp.async.bulk into shared memory (where they fit:
-  // gemma_router_bulk_weights_fit) instead of 16-byte loads into registers.
+  // gemma_router_bulk_weights_fit: rows of hidden % 8 == 0) instead of 8-byte loads into registers.
   bool bulk_weights = false;
 };
 int64_t gemma_router_tickets(int64_t tokens);
@@ -134,6 +135,11 @@ struct MoeBf16GemmParams {
   int64_t slots = 0, experts = 0;
   uint32_t* tickets = nullptr;          // [ceil(H / 16)] zeroed once
   uint16_t* combined = nullptr;         // bf16 [slots / top_k, H]
+  // Self-routed, bulk copies: the ids were written before the previous kernel (GegluMoeParams::routing_ready),
+  // so the first GEMM routes itself and issues its first weight copies before its PDL wait.
+  bool routing_ready = false;
+  // Bulk copies: tiles one CTA runs in turn (1 to 4; fewer, longer CTAs where one-tile CTAs need waves).
+  int tiles_per_cta = 1;
 };
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The 64-token-tile path of launch_moe_bf16_gemm (moe_bf16_grouped.cu); out_rows even.

@@ -1,8 +1,11 @@
 // Gemma-4's router in one launch (issue 15: SGLang's five routing kernels cost 5.8% of decode).
 //
 // Grid (expert group, token tile). Each CTA: the weightless RMSNorm's 1/rms of its tile's tokens (a block
-// reduction over the whole row), fp32 dot products of the tokens with its experts' f32 weights (the router's
-// learned scale and H^-1/2 are folded into them at load), logits = dot / rms. Its warps split the experts
+// reduction over the whole row), fp32 dot products of the tokens with its experts' weights, logits = dot /
+// rms. The router's learned scale and H^-1/2 ride on x (x_scale; the token tiles scale the weights they
+// share instead) beside the checkpoint's bf16 weight: half the bytes of the weight with them folded in
+// (f32), and a decode step's router is bound by its weight stream (H100, ncu with cold caches: 10.30 ->
+// 9.41 us at one token). Its warps split the experts
 // and, at decode, the hidden dimension (partials summed in a fixed order). The last CTA of a token tile
 // (atomic ticket, reset by that CTA so a replayed graph starts from zero) then picks each token's top-k
 // with one warp: every logit becomes an order-preserving 32-bit key packed above the inverted expert id,
@@ -27,11 +30,28 @@ constexpr int kMaxExperts = 256;
 constexpr int kMaxTopK = 16;
 constexpr int kMinTileTokens = 4;  // the smallest token tile of the configs below (ticket count)
 
-__device__ __forceinline__ float4 load_x4(const GemmaRouterParams& p, int64_t t, int64_t i) {
-  if (p.x_f32) return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + t * p.hidden) + i);
-  const uint2 v = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + t * p.hidden) + i);
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 v) {
   return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
                      __uint_as_float(v.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ float4 load_x4(const GemmaRouterParams& p, int64_t t, int64_t i) {
+  if (p.x_f32) return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + t * p.hidden) + i);
+  return bf16x4_to_float4(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + t * p.hidden) + i));
+}
+
+// Weights 4i .. 4i + 3 of expert e's row, from global memory.
+__device__ __forceinline__ float4 load_w4(const GemmaRouterParams& p, int64_t e, int64_t i) {
+  return bf16x4_to_float4(__ldg(reinterpret_cast<const uint2*>(p.weight + e * p.hidden) + i));
+}
+
+// Float4 i of p.x_scale: x's factor per dimension before the dot products (the norm's sum of squares is of
+// x itself).
+__device__ __forceinline__ float4 load_x_scale4(const GemmaRouterParams& p, int64_t i) {
+  return __ldg(reinterpret_cast<const float4*>(p.x_scale) + i);
+}
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
+  return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
 }
 
 __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
@@ -118,11 +138,11 @@ __global__ void __launch_bounds__(kThreads) gemma_router_kernel(GemmaRouterParam
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int64_t i = base + lane + 32 * u;
+      // x_scale rides on the weights here: a tile's tokens share them.
+      const float4 xs = i < k_end ? load_x_scale4(p, i) : zero;
 #pragma unroll
       for (int e = 0; e < kWarpExperts; ++e)
-        w[u][e] = i < k_end && e0 + e < p.experts
-                      ? __ldg(reinterpret_cast<const float4*>(p.weight + (e0 + e) * p.hidden) + i)
-                      : zero;
+        w[u][e] = i < k_end && e0 + e < p.experts ? mul4(load_w4(p, e0 + e, i), xs) : zero;
     }
   };
   load_w(k_begin);  // weights are constant: in flight before waiting for x
@@ -199,16 +219,16 @@ __global__ void __launch_bounds__(kThreads) gemma_router_kernel(GemmaRouterParam
 // Decode (a few tokens): one cluster of C CTAs (gridDim.x) per token (blockIdx.y), CTA r owning experts
 // [r E_c, (r + 1) E_c), E_c = ceil(E / C). Each warp takes an eighth of the hidden row for all of its CTA's
 // experts (kGroup at a time), so the row of x is read once per CTA and the warps' partial sums of x^2
-// give 1 / rms; the first group's weights are in flight before the PDL wait
-// (26B-A4B at C = 16: 8 experts, 3 float4 per lane each, every weight of the CTA). The CTA sums its warps'
-// partials through shared memory and stores each logit to p.logits and, through distributed shared memory,
-// into CTA 0's row; one cluster barrier later CTA 0 picks the top-k from there. That replaces the ticket
-// kernel's fence, atomic and second read of the logits through L2.
+// give 1 / rms; the first group's weights are in flight before the PDL wait (26B-A4B at C = 16: 8 experts,
+// 3 groups of 4 weights per lane each, every weight of the CTA). The CTA sums its warps' partials through
+// shared memory and stores each logit to p.logits and, through distributed shared memory, into CTA 0's
+// row; one cluster barrier later CTA 0 picks the top-k from there. That replaces the ticket kernel's
+// fence, atomic and second read of the logits through L2.
 // kBulkWeights: the CTA's weight rows (all of them) come into shared memory by cp.async.bulk, one copy per
-// row completing on one mbarrier, instead of 16-byte loads into registers: the copy engine's rate into one
+// row completing on one mbarrier, instead of 8-byte loads into registers: the copy engine's rate into one
 // SM, where clusters of 8 (twice the bytes per SM) measured ~2 us slower than clusters of 16 on loads.
 constexpr int kGroup = 8;           // experts whose weights a warp holds at once
-constexpr int kChunk = 3;           // float4 per lane and expert: hidden up to 3072 in one pass
+constexpr int kChunk = 3;           // groups of 4 per lane and expert: hidden up to 3072 in one pass
 constexpr int kMaxCtaExperts = 32;  // 256 experts over a cluster of 8
 constexpr int64_t kMaxBulkWeightBytes = 200 * 1024;  // a CTA's weight rows in shared memory (H100: 227 KB)
 
@@ -231,7 +251,7 @@ __device__ __forceinline__ void store_to_cluster_rank(const float* local, unsign
 template <bool kBulkWeights>
 __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRouterParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(16) float weight_rows[];  // kBulkWeights: [E_c][hidden]
+  extern __shared__ __align__(16) uint16_t weight_rows[];  // kBulkWeights: [E_c][hidden]
   __shared__ __align__(8) uint64_t weights_landed;      // kBulkWeights: the rows' mbarrier
   __shared__ float row[kMaxExperts];  // CTA 0's: the token's logits from every CTA of the cluster
   __shared__ float part[kWarps][kMaxCtaExperts];
@@ -254,25 +274,24 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
 #pragma unroll
       for (int u = 0; u < kChunk; ++u) {
         const int64_t i = base + lane + 32 * u;
-        if constexpr (kBulkWeights)
-          w[e][u] = e0 + e < e_end && i < k_end
-                        ? reinterpret_cast<const float4*>(weight_rows + (e0 - e_begin + e) * p.hidden)[i]
-                        : zero;
-        else
-          w[e][u] = e0 + e < e_end && i < k_end
-                        ? __ldg(reinterpret_cast<const float4*>(p.weight + (e0 + e) * p.hidden) + i)
-                        : zero;
+        if (e0 + e >= e_end || i >= k_end) {
+          w[e][u] = zero;
+        } else if constexpr (kBulkWeights) {
+          w[e][u] = bf16x4_to_float4(reinterpret_cast<const uint2*>(weight_rows + (e0 - e_begin + e) * p.hidden)[i]);
+        } else {
+          w[e][u] = load_w4(p, e0 + e, i);
+        }
       }
   };
   // Weights are constant: in flight before waiting for x.
   if constexpr (kBulkWeights) {
     if (tid == 0) {
-      const uint32_t row_bytes = static_cast<uint32_t>(p.hidden * 4);
+      const auto bytes = static_cast<uint32_t>(p.hidden * 2);
       mbarrier_init(bar, 1);
       mbarrier_init_fence();
-      mbarrier_arrive_expect_tx(bar, e_end > e_begin ? row_bytes * static_cast<uint32_t>(e_end - e_begin) : 0u);
+      mbarrier_arrive_expect_tx(bar, e_end > e_begin ? bytes * static_cast<uint32_t>(e_end - e_begin) : 0u);
       for (int64_t e = e_begin; e < e_end; ++e)
-        bulk_copy(smem_addr(weight_rows + (e - e_begin) * p.hidden), p.weight + e * p.hidden, row_bytes, bar);
+        bulk_copy(smem_addr(weight_rows + (e - e_begin) * p.hidden), p.weight + e * p.hidden, bytes, bar);
     }
     __syncthreads();  // the barrier is initialized before anyone waits on it
   } else {
@@ -289,11 +308,12 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
     for (int64_t base = k_begin; base < k_end; base += 32 * kChunk) {
       const bool first = e0 == e_begin && base == k_begin;
       if (!kBulkWeights && !first) load_w(e0, base);
-      float4 xv[kChunk];
+      float4 xv[kChunk], xs[kChunk];
 #pragma unroll
       for (int u = 0; u < kChunk; ++u) {
         const int64_t i = base + lane + 32 * u;
         xv[u] = i < k_end ? load_x4(p, t, i) : zero;
+        xs[u] = i < k_end ? load_x_scale4(p, i) : zero;
       }
       if constexpr (kBulkWeights) {  // x is in flight
         if (first) mbarrier_wait(bar, 0);
@@ -302,8 +322,9 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
 #pragma unroll
       for (int u = 0; u < kChunk; ++u) {
         if (e0 == e_begin) sq = dot4(xv[u], xv[u], sq);
+        const float4 xz = mul4(xv[u], xs[u]);
 #pragma unroll
-        for (int e = 0; e < kGroup; ++e) acc[e] = dot4(xv[u], w[e][u], acc[e]);
+        for (int e = 0; e < kGroup; ++e) acc[e] = dot4(xz, w[e][u], acc[e]);
       }
     }
 #pragma unroll
@@ -367,8 +388,9 @@ __global__ void __launch_bounds__(kThreads) gemma_router_tile_kernel(GemmaRouter
     for (int j = 0; j < 2; ++j) {
       const int tok = tid / 8 + 32 * j, k4 = tid % 8;
       const int64_t kk = k0 + 4 * k4;
-      const float4 v = tok < nt && kk < p.hidden ? load_x4(p, t0 + tok, kk / 4) : zero;
-      sq[j] = dot4(v, v, sq[j]);
+      const float4 raw = tok < nt && kk < p.hidden ? load_x4(p, t0 + tok, kk / 4) : zero;
+      sq[j] = dot4(raw, raw, sq[j]);
+      const float4 v = kk < p.hidden ? mul4(raw, load_x_scale4(p, kk / 4)) : zero;
       xs[(4 * k4 + 0) * kXPitch + tok] = v.x;
       xs[(4 * k4 + 1) * kXPitch + tok] = v.y;
       xs[(4 * k4 + 2) * kXPitch + tok] = v.z;
@@ -378,9 +400,7 @@ __global__ void __launch_bounds__(kThreads) gemma_router_tile_kernel(GemmaRouter
     for (int j = 0; j < 4; ++j) {
       const int e = tid / 8 + 32 * j, k4 = tid % 8;
       const int64_t kk = k0 + 4 * k4;
-      const float4 v = e < p.experts && kk < p.hidden
-                           ? __ldg(reinterpret_cast<const float4*>(p.weight + e * p.hidden + kk))
-                           : zero;
+      const float4 v = e < p.experts && kk < p.hidden ? load_w4(p, e, kk / 4) : zero;
       ws[(4 * k4 + 0) * kWPitch + e] = v.x;
       ws[(4 * k4 + 1) * kWPitch + e] = v.y;
       ws[(4 * k4 + 2) * kWPitch + e] = v.z;
@@ -428,14 +448,15 @@ __global__ void __launch_bounds__(kThreads) gemma_router_tile_kernel(GemmaRouter
 }
 
 // A CTA's weight rows in bytes at `ctas` CTAs per cluster.
-int64_t cluster_weight_bytes(const GemmaRouterParams& p, int ctas) { return ceil_div64(p.experts, ctas) * p.hidden * 4; }
+int64_t cluster_weight_bytes(const GemmaRouterParams& p, int ctas) { return ceil_div64(p.experts, ctas) * p.hidden * 2; }
 
 Status launch_cluster(const GemmaRouterParams& p, cudaStream_t stream) {
   if (p.cluster_ctas != 8 && p.cluster_ctas != 16) return invalid_argument("router: clusters of 8 or 16 CTAs");
   if (ceil_div64(p.experts, p.cluster_ctas) > kMaxCtaExperts) return unimplemented("router: too many experts per CTA");
   if (p.tokens > 65535) return unimplemented("router: too many tokens for one cluster launch");
   const int64_t smem = p.bulk_weights ? cluster_weight_bytes(p, p.cluster_ctas) : 0;
-  if (smem > kMaxBulkWeightBytes) return unimplemented("router: the CTA's weight rows do not fit shared memory");
+  if (p.bulk_weights && !gemma_router_bulk_weights_fit(p))
+    return unimplemented("router: the CTA's weight rows do not fit shared memory or 16-byte copies");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(p.cluster_ctas), static_cast<unsigned>(p.tokens));
   cfg.blockDim = dim3(kThreads);
@@ -505,13 +526,15 @@ int gemma_router_cluster_ctas() {
 }
 
 bool gemma_router_bulk_weights_fit(const GemmaRouterParams& p) {
-  return p.cluster_ctas > 0 && cluster_weight_bytes(p, p.cluster_ctas) <= kMaxBulkWeightBytes;
+  // Bulk copies move multiples of 16 bytes between 16-byte-aligned addresses: rows of hidden % 8 == 0.
+  return p.cluster_ctas > 0 && cluster_weight_bytes(p, p.cluster_ctas) <= kMaxBulkWeightBytes && p.hidden % 8 == 0;
 }
 
 Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream) {
   if (p.experts > kMaxExperts || p.top_k < 1 || p.top_k > kMaxTopK || p.top_k > p.experts)
     return unimplemented("router: at most 256 experts and top-k in [1, 16]");
   if (p.hidden % 4 != 0) return unimplemented("router: hidden size must be a multiple of 4");
+  if (p.weight == nullptr || p.x_scale == nullptr) return invalid_argument("router: a bf16 weight and its x_scale");
   if (p.tokens == 0) return Status::ok();
   if (p.cluster_ctas > 0) return launch_cluster(p, stream);
   if (ceil_div64(p.tokens, kMinTileTokens) > 65535) return unimplemented("router: too many tokens for one launch");

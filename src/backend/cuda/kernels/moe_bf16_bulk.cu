@@ -6,9 +6,12 @@
 // slower in the MXFP4 kernels (the L1TEX miss path saturating was the suspect); a bulk copy is one
 // instruction per 512 bytes and keeps a whole ring of stages in flight per CTA.
 //
-// A CTA: 4 warps, one (16-row strip, 8-token tile) pair. k goes in stages of 256 through a ring of
-// kStages slots; stage c sits in slot c % kStages, and thread 0 refills a slot after the CTA barrier that
-// ends its use. Warp w multiplies the stage's 64-wide chunk w; the warps' partials are summed in warp order
+// A CTA: 4 warps, a 16-row strip and MoeBf16GemmParams::tiles_per_cta 8-token tiles in turn. k goes in
+// stages of 256 through a ring of min(kStages, stages) slots (ring_slots), the tiles' stages one after the
+// other; stage c sits in slot c % slots, and thread 0 refills a slot after the CTA barrier that ends its
+// use. At one token the second GEMM (k 704: 3 stages) ran 1,408 one-tile CTAs of 22.5 KB each in 1.8 waves
+// (6 CTAs per SM by shared memory; ncu on an H100: 1.42 TB/s against the first GEMM's 2.22); two tiles per
+// CTA halve the CTAs, and a ring no longer than the stages leaves more of them resident. Warp w multiplies the stage's 64-wide chunk w; the warps' partials are summed in warp order
 // at the end (a split fixed by k: batch-independent, like the register kernel's). Rows of a slot are padded
 // to 528 bytes so that a quarter warp's 16-byte reads of 2 rows x 4 k groups hit 8 different bank groups.
 // Rows past the matrix are not copied (their stale results are never stored); k past the matrix in the last
@@ -31,25 +34,38 @@ constexpr int kStageK = 64 * kWarps;               // k per stage: a 64-wide chu
 constexpr int kStages = 4;                         // slots in the ring
 constexpr int kRowPitch = kStageK * 2 + 16;        // bytes per row of a slot (padded: see the top)
 constexpr int kSlotBytes = kRows * kRowPitch;
-constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kSlotBytes;
+
+constexpr int kMaxTilesPerCta = 4;
+
+// The ring's slots for a CTA's `stages`: every stage in flight at once where there are no more than kStages.
+__host__ __device__ constexpr int ring_slots(int64_t stages) { return stages < kStages ? static_cast<int>(stages) : kStages; }
 
 template <bool kGated>
 __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmParams p) {
   extern __shared__ __align__(128) uint8_t ring[];
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ float red[kWarps - 1][4][32];
-  const int tile = blockIdx.y;
-  const TileRoute rt = begin_tile<kGated>(p, tile);
-  if (tile >= rt.tiles) return;
+  const int tile0 = blockIdx.y * p.tiles_per_cta;
+  // With the routing ready the first GEMM routes itself and starts its copies before the PDL wait (below).
+  const bool early = kGated && p.routing_ready && p.topk_ids;
+  const TileRoute rt0 = early ? tile_route(p, tile0) : begin_tile<kGated>(p, tile0);
+  if (tile0 >= rt0.tiles) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, q = lane % 4;
   const int64_t strip = blockIdx.x;
   const int64_t rows_total = kGated ? 2 * p.out_rows : p.out_rows;
   const StripRows s = strip_rows<kGated>(p, strip, r);
-  const int64_t n_stages = cdiv(p.k, kStageK);
+  // The CTA's tiles run in turn through one ring: stage c is k stage c % n_stages of tile c / n_stages.
+  const int n_tiles = rt0.tiles - tile0 < p.tiles_per_cta ? rt0.tiles - tile0 : p.tiles_per_cta;
+  int expert[kMaxTilesPerCta];
+#pragma unroll
+  for (int j = 0; j < kMaxTilesPerCta; ++j)
+    expert[j] = j == 0 ? rt0.expert : j < n_tiles ? tile_route(p, tile0 + j).expert : 0;
+  const int64_t n_stages = cdiv(p.k, kStageK), total = n_tiles * n_stages;
+  const int slots = ring_slots(total);
   const uint32_t ring0 = smem_addr(ring), full0 = smem_addr(full);
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
+    for (int i = 0; i < slots; ++i) {
       mbarrier_init(full0 + 8 * i, 1);
       mbarrier_init_fence();
     }
@@ -61,67 +77,86 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
   const int64_t rows_left = p.out_rows - (kGated ? 8 : 16) * strip;
   const int valid_rows = static_cast<int>(kGated ? 2 * (rows_left < 8 ? rows_left : 8) : (rows_left < 16 ? rows_left : 16));
   auto issue = [&](int64_t c) {
-    const int64_t k0 = c * kStageK;
+    const int64_t k0 = c % n_stages * kStageK;
+    int e = expert[0];
+#pragma unroll
+    for (int j = 1; j < kMaxTilesPerCta; ++j) e = c / n_stages == j ? expert[j] : e;
     const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
-    const uint32_t bar = full0 + 8 * static_cast<uint32_t>(c % kStages);
+    const uint32_t bar = full0 + 8 * static_cast<uint32_t>(c % slots);
     if (lane == 0) mbarrier_arrive_expect_tx(bar, bytes * valid_rows);
     __syncwarp();
     const int i = lane;
     const bool row_ok = kGated ? i < 16 && i % 8 < valid_rows / 2 : i < valid_rows;
     if (row_ok) {
       const int64_t row = kGated ? (i < 8 ? 8 * strip + i : p.out_rows + 8 * strip + i - 8) : 16 * strip + i;
-      const uint32_t dst = ring0 + static_cast<uint32_t>((c % kStages) * kSlotBytes + i * kRowPitch);
-      bulk_copy(dst, p.w + (rt.expert * rows_total + row) * p.k + k0, bytes, bar);
+      const uint32_t dst = ring0 + static_cast<uint32_t>((c % slots) * kSlotBytes + i * kRowPitch);
+      bulk_copy(dst, p.w + (e * rows_total + row) * p.k + k0, bytes, bar);
     }
   };
   if (warp == 0) {
-    for (int64_t c = 0; c < kStages && c < n_stages; ++c) issue(c);  // constant: in flight before waiting for h
+    for (int64_t c = 0; c < slots; ++c) issue(c);  // constant: in flight before waiting for h
   }
-  if constexpr (!kGated) pdl_wait();
-
-  bool x_ok;
-  const uint16_t* x_row = token_row<kGated>(p, rt, r, q, x_ok);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int64_t c = 0; c < n_stages; ++c) {
-    const int64_t off = c * kStageK + 64 * warp, k0 = off + 16 * q;  // this warp's chunk; this lane's first k
-    const bool in0 = k0 < p.k, in1 = k0 + 8 < p.k;
-    const uint4 x0 = load16_act<kGated>(x_row + off, x_ok && in0);  // issued before the wait
-    const uint4 x1 = load16_act<kGated>(x_row + off + 8, x_ok && in1);
-    const uint32_t slot = static_cast<uint32_t>(c % kStages);
-    while (!mbarrier_try_wait(full0 + 8 * slot, static_cast<uint32_t>(c / kStages) & 1u)) {
+  if constexpr (kGated) {
+    if (early) {  // x may come from the previous kernel; a dependent may rely on what came before it
+      pdl_wait();
+      pdl_launch_dependents();
     }
-    const uint8_t* base = ring + slot * kSlotBytes + (64 * warp + 16 * q) * 2;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    const uint4 a[4] = {in0 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch) : zero,
-                        in1 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch + 16) : zero,
-                        in0 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch) : zero,
-                        in1 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch + 16) : zero};
-    chunk_mma(acc, a, x0, x1);
-    __syncthreads();  // every warp is done with this slot
-    if (warp == 0 && c + kStages < n_stages) issue(c + kStages);
+  } else {
+    pdl_wait();
   }
 
-  // Sum the warps' partials in warp order.
-  if (warp > 0) {
+  for (int j = 0; j < n_tiles; ++j) {
+    const TileRoute rt = j == 0 ? rt0 : tile_route(p, tile0 + j);
+    bool x_ok;
+    const uint16_t* x_row = token_row<kGated>(p, rt, r, q, x_ok);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t ks = 0; ks < n_stages; ++ks) {
+      const int64_t c = j * n_stages + ks;
+      const int64_t off = ks * kStageK + 64 * warp, k0 = off + 16 * q;  // this warp's chunk; this lane's first k
+      const bool in0 = k0 < p.k, in1 = k0 + 8 < p.k;
+      const uint4 x0 = load16_act<kGated>(x_row + off, x_ok && in0);  // issued before the wait
+      const uint4 x1 = load16_act<kGated>(x_row + off + 8, x_ok && in1);
+      const uint32_t slot = static_cast<uint32_t>(c % slots);
+      while (!mbarrier_try_wait(full0 + 8 * slot, static_cast<uint32_t>(c / slots) & 1u)) {
+      }
+      const uint8_t* base = ring + slot * kSlotBytes + (64 * warp + 16 * q) * 2;
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      const uint4 a[4] = {in0 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch) : zero,
+                          in1 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch + 16) : zero,
+                          in0 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch) : zero,
+                          in1 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch + 16) : zero};
+      chunk_mma(acc, a, x0, x1);
+      __syncthreads();  // every warp is done with this slot
+      if (warp == 0 && c + slots < total) issue(c + slots);
+    }
+    // Sum the warps' partials in warp order; the barrier after the store frees `red` for the next tile.
+    if (warp > 0) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) red[warp - 1][c][lane] = acc[c];
+      for (int c = 0; c < 4; ++c) red[warp - 1][c][lane] = acc[c];
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] += red[w][c][lane];
+      store_strip<kGated>(p, rt, s, strip, acc);
+    }
+    if (j + 1 < n_tiles) __syncthreads();
   }
-  __syncthreads();
-  if (warp > 0) return;
-#pragma unroll
-  for (int w = 0; w < kWarps - 1; ++w)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[c] += red[w][c][lane];
-  store_strip<kGated>(p, rt, s, strip, acc);
 }
 
 }  // namespace
 
 Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
+  if (p.tiles_per_cta < 1 || p.tiles_per_cta > kMaxTilesPerCta)
+    return invalid_argument("moe_bf16_bulk: 1 to " + std::to_string(kMaxTilesPerCta) + " tiles per CTA");
   const int64_t strips = p.gated ? cdiv(p.out_rows, 8) : cdiv(p.out_rows, 16);
-  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(p.max_tiles));
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(cdiv(p.max_tiles, p.tiles_per_cta)));
   auto kernel = p.gated ? moe_bf16_bulk_kernel<true> : moe_bf16_bulk_kernel<false>;
-  return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), kSmemBytes, stream, p), "moe_bf16_bulk_kernel");
+  // Ring slots for a CTA's stages: the most any CTA runs (tiles_per_cta full tiles).
+  const size_t smem = static_cast<size_t>(ring_slots(p.tiles_per_cta * cdiv(p.k, kStageK))) * kSlotBytes;
+  return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), smem, stream, p), "moe_bf16_bulk_kernel");
 }
 
 }  // namespace mx::cuda
