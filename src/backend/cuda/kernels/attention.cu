@@ -477,24 +477,36 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
 
 // Combines the splits of one (token, head) and adds the sink: blockDim.x == head_dim. (A variant where the
 // decode kernel's last CTA of each (token, kv head) merged, with a ticket, measured slower on an H100, hd 512
-// at 1K context 17 -> 63 us: one CTA then merges up to 64 splits of 16 heads.)
+// at 1K context 17 -> 63 us: one CTA then merges up to 64 splits of 16 heads.) The splits' (m, l) pairs go
+// through shared memory, each read by one thread, and every thread's loads of its accumulators are
+// unconditional, so they can all be in flight at once; the loops read m again per split and loaded an
+// accumulator only behind its test, one dependent L2 round trip after another.
+constexpr int kMaxMergeSplits = 64;
 __global__ void attention_merge_kernel(AttentionKernelParams p, int splits) {
+  __shared__ float split_m[kMaxMergeSplits], split_l[kMaxMergeSplits];
   pdl_wait();  // launched as a programmatic dependent of the decode kernel
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y, d = threadIdx.x;
   const int64_t hd = p.head_dim, stride = hd + 2;
   const float* part = p.partials + (t * p.n_q + head) * splits * stride;
+  for (int s = d; s < splits; s += blockDim.x) {
+    split_m[s] = part[s * stride + hd];
+    split_l[s] = part[s * stride + hd + 1];
+  }
+  __syncthreads();
   float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, part[s * stride + hd]);
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, split_m[s]);
   const float base = m == -INFINITY ? 0.f : m;
   float l = 0.f, o = 0.f;
+#pragma unroll 16
   for (int s = 0; s < splits; ++s) {
+    const float acc = part[s * stride + d];
     // A split that saw no key carries m = -inf, l = 0 and may leave its accumulators unwritten.
-    if (part[s * stride + hd] == -INFINITY) continue;
-    const float c = exp2f(part[s * stride + hd] - base);
-    l += part[s * stride + hd + 1] * c;
-    o += part[s * stride + d] * c;
+    if (split_m[s] == -INFINITY) continue;
+    const float c = exp2f(split_m[s] - base);
+    l += split_l[s] * c;
+    o += acc * c;
   }
   p.out[(t * p.n_q + head) * hd + d] = f32_to_bf16_bits(o * attention_final_factor(m, l, attention_sink_log2(p.sinks, head)));
 }
@@ -571,6 +583,8 @@ Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDe
 }
 
 Status launch_attention_split_merge(const AttentionKernelParams& p, int splits, cudaStream_t stream) {
+  if (splits < 1 || splits > kMaxMergeSplits)
+    return internal_error("attention merge: 1 to " + std::to_string(kMaxMergeSplits) + " splits");
   return cuda_status(launch_pdl(attention_merge_kernel, dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.n_q)),
                                 dim3(static_cast<unsigned>(p.head_dim)), 0, stream, p, splits),
                      "attention_merge_kernel");

@@ -21,22 +21,32 @@ __global__ void __launch_bounds__(kWarps * 32) gemma_qkv_norm_rope_kernel(GemmaQ
   const int64_t t = blockIdx.x;
   const int hd = static_cast<int>(p.head_dim), half = hd / 2, chunks = hd / 8;
   const int heads = static_cast<int>(p.n_q + 2 * p.n_kv);
-  pdl_wait();  // qkv comes from the projection before; positions and pages from the step's staging
-  pdl_launch_dependents();
+  // Only qkv comes from the kernel before (the projection). The position, the rope table, the cache slot
+  // (positions and pages come from the step's staging) and the norm weights are ready before the wait:
+  // after it, as before, they were three dependent round trips to memory and the sincosf on every layer's path.
   const int32_t pos = p.kv.positions[t];
   rope_table(cos_t, sin_t, half, pos, p.inv_freq, p.rope_scale);
   __syncthreads();  // the last barrier: warps whose head is past the end may leave below
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = static_cast<int>(blockIdx.y) * kWarps + warp;
-  if (h >= heads) return;
-  const int64_t slot = kv_row(p.kv, t, pos, p.n_kv);
+  const bool is_q = h < p.n_q, is_k = !is_q && h < p.n_q + p.n_kv;
+  const uint16_t* weight = is_q ? p.q_norm : is_k ? p.k_norm : nullptr;
+  const int64_t slot = h < heads ? kv_row(p.kv, t, pos, p.n_kv) : -1;
   const bool cache_ok = slot >= 0;
+  uint4 weight_raw[kMaxChunks] = {};
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int i = lane + 32 * c;
+    if (i >= chunks) break;
+    if (weight && h < heads) weight_raw[c] = reinterpret_cast<const uint4*>(weight)[i];
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  if (h >= heads) return;
 
   float v[kMaxChunks][8];
   const float sum_sq = load_head_row(p.qkv + (t * heads + h) * hd, chunks, v);
   const float inv = rsqrtf(sum_sq / static_cast<float>(hd) + p.eps);
-  const bool is_q = h < p.n_q, is_k = !is_q && h < p.n_q + p.n_kv;
-  const uint16_t* weight = is_q ? p.q_norm : is_k ? p.k_norm : nullptr;
   float* row = normed[warp];
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
@@ -44,8 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemma_qkv_norm_rope_kernel(GemmaQ
     if (i >= chunks) break;
     float w[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
     if (weight) {
-      const uint4 wa = reinterpret_cast<const uint4*>(weight)[i];
-      const uint16_t* ws = reinterpret_cast<const uint16_t*>(&wa);
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(&weight_raw[c]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) w[j] = bf16_bits_to_f32(ws[j]);
     }

@@ -61,6 +61,12 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
   return fmaf(a.w, b.w, acc);
 }
 
+// Expert e's scale (p.expert_scale non-null), as f32.
+__device__ __forceinline__ float expert_scale_at(const GemmaRouterParams& p, int e) {
+  return p.scale_f32 ? static_cast<const float*>(p.expert_scale)[e]
+                     : bf16_bits_to_f32(static_cast<const uint16_t*>(p.expert_scale)[e]);
+}
+
 // Larger logit -> larger key; the low word is ~id, so equal logits rank the lower id first.
 __device__ __forceinline__ uint64_t topk_key(float logit, int id) {
   const uint32_t u = __float_as_uint(logit);
@@ -73,8 +79,10 @@ __device__ __forceinline__ float key_logit(uint64_t key) {
 }
 
 // One warp: top-k of token t's logits, softmax, scale. `row`: the token's logits in shared memory (this
-// CTA computed them), or null: from p.logits through L2 (the tile's other CTAs wrote them).
-__device__ void select_topk(const GemmaRouterParams& p, int64_t t, const float* row = nullptr) {
+// CTA computed them), or null: from p.logits through L2 (the tile's other CTAs wrote them). `scales`: the
+// per-expert scales as f32 in shared memory (loaded early), or null: from p.expert_scale.
+__device__ void select_topk(const GemmaRouterParams& p, int64_t t, const float* row = nullptr,
+                            const float* scales = nullptr) {
   const int lane = threadIdx.x % 32, experts = static_cast<int>(p.experts), top_k = static_cast<int>(p.top_k);
   constexpr int kPerLane = kMaxExperts / 32;
   uint64_t keys[kPerLane];
@@ -108,9 +116,10 @@ __device__ void select_topk(const GemmaRouterParams& p, int64_t t, const float* 
   int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(mine));
   if (id < 0 || id >= experts) id = lane;  // only a row of NaNs gets here; keep the ids valid
   float scale = 1.f;
-  if (p.expert_scale)
-    scale = p.scale_f32 ? static_cast<const float*>(p.expert_scale)[id]
-                        : bf16_bits_to_f32(static_cast<const uint16_t*>(p.expert_scale)[id]);
+  if (scales)
+    scale = scales[id];
+  else if (p.expert_scale)
+    scale = expert_scale_at(p, id);
   p.topk_ids[t * p.top_k + lane] = id;
   p.topk_weights[t * p.top_k + lane] = ex / sum * scale;
 }
@@ -254,6 +263,7 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
   extern __shared__ __align__(16) uint16_t weight_rows[];  // kBulkWeights: [E_c][hidden]
   __shared__ __align__(8) uint64_t weights_landed;      // kBulkWeights: the rows' mbarrier
   __shared__ float row[kMaxExperts];  // CTA 0's: the token's logits from every CTA of the cluster
+  __shared__ float scales[kMaxExperts];  // CTA 0's: the per-expert scales (with p.expert_scale)
   __shared__ float part[kWarps][kMaxCtaExperts];
   __shared__ float sq_part[kWarps];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -297,6 +307,11 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
   } else {
     load_w(e_begin, k_begin);
   }
+  // CTA 0's per-expert scales are constant too: read now, they are not a round trip to memory at the very end
+  // of the critical path (after the top-k). The CTA barrier below the dot products publishes them.
+  const bool smem_scales = blockIdx.x == 0 && p.expert_scale != nullptr;
+  if (smem_scales)
+    for (int e = tid; e < p.experts; e += kThreads) scales[e] = expert_scale_at(p, e);
   pdl_wait();
   pdl_launch_dependents();
 
@@ -351,7 +366,7 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
   }
   cluster_arrive_release();  // phase 1: the logits are in CTA 0's row
   cluster_wait_acquire();
-  if (blockIdx.x == 0 && warp == 0) select_topk(p, t, row);
+  if (blockIdx.x == 0 && warp == 0) select_topk(p, t, row, smem_scales ? scales : nullptr);
 #endif
 }
 

@@ -103,6 +103,9 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
     }
   } else {
     pdl_wait();
+    // The layer's end (gemma_layer_end) may launch now and read its constants and the residual while the
+    // experts run; it waits for this grid before it reads the combined output.
+    pdl_launch_dependents();
   }
 
   for (int j = 0; j < n_tiles; ++j) {
