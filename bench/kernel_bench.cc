@@ -816,8 +816,8 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       return g_b->moe_geglu_experts(p);
     };
     // 8-token tiles below 32 routed tokens per expert: both decode kernels, register loads first; the bulk
-    // kernel also with 1 to 4 tiles per CTA in its second GEMM (the default runs 2 where the experts route
-    // themselves, else 1) and with the routing ready before its PDL wait (as the Gemma-4 model calls it: the
+    // kernel also with 1 to 4 tiles per CTA in its second GEMM (the default runs 1 where the experts route
+    // themselves, else 3) and with the routing ready before its PDL wait (as the Gemma-4 model calls it: the
     // next call's first weights go out while the previous call finishes).
     struct Variant {
       CudaBf16ExpertsDecode path;

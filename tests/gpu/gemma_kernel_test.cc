@@ -413,7 +413,7 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
       ASSERT_TRUE(st.is_ok()) << st.to_string();
       const std::vector<float> got = cuda_.download_f32(o_g);
       check("moe_geglu_experts", what + (prefill ? "" : name), got, want, 1e-2);
-      // The bulk kernels' second GEMM with other tile counts per CTA (auto: 2 self-routed, else 1): the same
+      // The bulk kernels' second GEMM with other tile counts per CTA (auto: 1 self-routed, else 3): the same
       // sums in the same order, so bit for bit the same.
       for (const int tiles_per_cta : {1, 3}) {
         if (decode != CudaBf16ExpertsDecode::kBulkCopies) break;

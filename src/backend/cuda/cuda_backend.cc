@@ -744,7 +744,7 @@ class CudaBackend final : public Backend {
     g.k_split = k_split(I);
     if (g.bulk_copies) {
       const int forced = options_.bf16_experts.second_gemm_tiles_per_cta;
-      g.tiles_per_cta = forced > 0 ? forced : self_routed ? 2 : 1;
+      g.tiles_per_cta = forced > 0 ? forced : self_routed ? 1 : 3;
     }
     if (self_routed) {
       g.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);

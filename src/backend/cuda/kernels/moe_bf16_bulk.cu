@@ -9,9 +9,10 @@
 // A CTA: 4 warps, a 16-row strip and MoeBf16GemmParams::tiles_per_cta 8-token tiles in turn. k goes in
 // stages of 256 through a ring of min(kStages, stages) slots (ring_slots), the tiles' stages one after the
 // other; stage c sits in slot c % slots, and thread 0 refills a slot after the CTA barrier that ends its
-// use. At one token the second GEMM (k 704: 3 stages) ran 1,408 one-tile CTAs of 22.5 KB each in 1.8 waves
-// (6 CTAs per SM by shared memory; ncu on an H100: 1.42 TB/s against the first GEMM's 2.22); two tiles per
-// CTA halve the CTAs, and a ring no longer than the stages leaves more of them resident. Warp w multiplies the stage's 64-wide chunk w; the warps' partials are summed in warp order
+// use. The second GEMM (k 704: 3 stages per tile) runs several tiles per CTA where there are many (fewer, longer
+// CTAs; a ring no longer than the stages leaves more of them resident): from 8 tokens 1-2% faster on an H200
+// with 3; at one token (8 tiles) one tile per CTA, as fast as two (CudaBf16ExpertsOptions).
+// Warp w multiplies the stage's 64-wide chunk w; the warps' partials are summed in warp order
 // at the end (a split fixed by k: batch-independent, like the register kernel's). Rows of a slot are padded
 // to 528 bytes so that a quarter warp's 16-byte reads of 2 rows x 4 k groups hit 8 different bank groups.
 // Rows past the matrix are not copied (their stale results are never stored); k past the matrix in the last
