@@ -360,9 +360,9 @@ TEST_F(KernelTest, AttentionGemmaDecode) {
 }
 
 // The swap-AB decode kernel (attention_decode_swap.cu: head dims 64, 256 and 512, up to 8 q heads per kv head,
-// one warp per split): Gemma's cases above, then batches of 1, 3, 33 and 80 with contexts that cross the
-// 1024-key window and page edges, V aliasing K, odd groups, sinks through the split merge, verify rows,
-// and graph replay equal to eager. Shapes outside it are refused.
+// one warp per split at head dim 64, a CTA of 4 warps at 256 and 512): Gemma's cases above, then batches of
+// 1, 3, 33 and 80 with contexts that cross the 1024-key window and page edges, V aliasing K, odd groups, sinks
+// through the split merge, verify rows, and graph replay equal to eager. Shapes outside it are refused.
 TEST_F(KernelTest, AttentionDecodeSwap) {
   auto ctx = [](std::initializer_list<int64_t> lens) {
     std::vector<std::pair<int64_t, int64_t>> spans;

@@ -125,8 +125,8 @@ AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int6
 
 // Decode attention with the keys as the mma's M side and a kv head's q heads as its 8-wide N side
 // (attention_decode_swap.cu): head dims 64, 256 and 512, groups of up to 8. A CTA is one warp with its own ring
-// of `stages` 16-key stages (K, and V unless it aliases K) after the group's Q; splits of at least
-// `min_split_keys` keys.
+// (head dim 64), or 4 warps splitting the head dims and sharing one ring (256, 512), of `stages` 16-key stages
+// (K, and V unless it aliases K) after the group's Q; splits of at least `min_split_keys` keys.
 inline constexpr int64_t kAttnSwapMaxGroup = 8;
 struct AttentionDecodeSwapConfig {
   bool enabled = false;  // the shape has the kernel and a ring of 2+ stages fits

@@ -114,8 +114,9 @@ Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, con
                                              cudaStream_t stream);
 // Any batch, one CTA per (token, kv head, head block, split); merges splits when there are several.
 Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDecodeConfig& c, cudaStream_t stream);
-// Head dims 64, 256 and 512 with up to 8 q heads per kv head (attention_decode_swap.cu): one warp per (token,
-// kv head, split), keys as the mma's M side; merges splits when there are several.
+// Head dims 64, 256 and 512 with up to 8 q heads per kv head (attention_decode_swap.cu): one warp (64) or a
+// CTA of 4 warps (256, 512) per (token, kv head, split), keys as the mma's M side; merges splits when there
+// are several.
 Status launch_attention_decode_swap(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c,
                                     cudaStream_t stream);
 // Combines a decode kernel's `splits` partial states per (token, head) in p.partials into p.out, adding the sink.
