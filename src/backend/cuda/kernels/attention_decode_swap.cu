@@ -103,6 +103,39 @@ __device__ __forceinline__ void wait_groups(int pending) {
   }
 }
 
+// One 16-key stage's online softmax per head column, shared by both kernels: the max over the 16 keys (this
+// lane's 2, then the 8 lanes of the same q), the running state (m, l, O^T) rescaled, P = 2^(s - m); returns P^T's
+// 8 x 8 blocks (keys r / r + 8, heads 2q, 2q + 1) transposed: lane (r, q) then holds P of head r at keys 2q,
+// 2q + 1 (and + 8), the B fragment of the P.V mma.
+template <int kDt>
+__device__ __forceinline__ void softmax_stage_to_p(float (&s)[4], float (&m)[2], float (&l)[2], float (&o)[kDt][4],
+                                                   uint32_t& pb0, uint32_t& pb1) {
+  float corr[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float mx = fmaxf(s[j], s[2 + j]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(m[j], mx);
+    const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: stays at zero weight
+    corr[j] = exp2f(m[j] - base);
+    m[j] = m_new;
+    s[j] = exp2f(s[j] - base);
+    s[2 + j] = exp2f(s[2 + j] - base);
+    l[j] = l[j] * corr[j] + s[j] + s[2 + j];
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) {
+    o[dt][0] *= corr[0];
+    o[dt][1] *= corr[1];
+    o[dt][2] *= corr[0];
+    o[dt][3] *= corr[1];
+  }
+  pb0 = transpose_8x8(pack_bf16x2(s[0], s[1]));
+  pb1 = transpose_8x8(pack_bf16x2(s[2], s[3]));
+}
+
 template <int HD>
 __global__ void __launch_bounds__(32) attention_decode_swap_kernel(AttentionKernelParams p, int stages, int splits,
                                                                    int min_split_keys) {
@@ -180,34 +213,8 @@ __global__ void __launch_bounds__(32) attention_decode_swap_kernel(AttentionKern
       s[e] = key <= kend ? (s[e] + s2[e]) * p.scale_log2 : -INFINITY;
     }
 
-    // Online softmax per head column: the max over the 16 keys (this lane's 2, then the 8 lanes of the
-    // same q), the running state rescaled, P = 2^(s - m).
-    float corr[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float mx = fmaxf(s[j], s[2 + j]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      const float m_new = fmaxf(m[j], mx);
-      const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: stays at zero weight
-      corr[j] = exp2f(m[j] - base);
-      m[j] = m_new;
-      s[j] = exp2f(s[j] - base);
-      s[2 + j] = exp2f(s[2 + j] - base);
-      l[j] = l[j] * corr[j] + s[j] + s[2 + j];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDt; ++dt) {
-      o[dt][0] *= corr[0];
-      o[dt][1] *= corr[1];
-      o[dt][2] *= corr[0];
-      o[dt][3] *= corr[1];
-    }
-    // P^T's 8 x 8 blocks (keys r / r + 8, heads 2q, 2q + 1) transposed: lane (r, q) then holds P of head r
-    // at keys 2q, 2q + 1 (and + 8), the B fragment of the P.V mma.
-    const uint32_t pb0 = transpose_8x8(pack_bf16x2(s[0], s[1]));
-    const uint32_t pb1 = transpose_8x8(pack_bf16x2(s[2], s[3]));
+    uint32_t pb0, pb1;
+    softmax_stage_to_p(s, m, l, o, pb0, pb1);
 #pragma unroll
     for (int dt = 0; dt < kDt; ++dt) {
       uint32_t va[4];
@@ -393,34 +400,8 @@ __global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(
       s[e] = key <= kend ? sum * p.scale_log2 : -INFINITY;
     }
 
-    // Online softmax per head column: the max over the 16 keys (this lane's 2, then the 8 lanes of the
-    // same q), the running state rescaled, P = 2^(s - m).
-    float corr[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float mx = fmaxf(s[j], s[2 + j]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      const float m_new = fmaxf(m[j], mx);
-      const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: stays at zero weight
-      corr[j] = exp2f(m[j] - base);
-      m[j] = m_new;
-      s[j] = exp2f(s[j] - base);
-      s[2 + j] = exp2f(s[2 + j] - base);
-      l[j] = l[j] * corr[j] + s[j] + s[2 + j];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDt; ++dt) {
-      o[dt][0] *= corr[0];
-      o[dt][1] *= corr[1];
-      o[dt][2] *= corr[0];
-      o[dt][3] *= corr[1];
-    }
-    // P^T's 8 x 8 blocks (keys r / r + 8, heads 2q, 2q + 1) transposed: lane (r, q) then holds P of head r
-    // at keys 2q, 2q + 1 (and + 8), the B fragment of the P.V mma.
-    const uint32_t pb0 = transpose_8x8(pack_bf16x2(s[0], s[1]));
-    const uint32_t pb1 = transpose_8x8(pack_bf16x2(s[2], s[3]));
+    uint32_t pb0, pb1;
+    softmax_stage_to_p(s, m, l, o, pb0, pb1);
 #pragma unroll
     for (int dt = 0; dt < kDt; ++dt) {
       uint32_t va[4];
