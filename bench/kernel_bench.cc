@@ -815,15 +815,18 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       p.routing_ready = routing_ready;
       return g_b->moe_geglu_experts(p);
     };
-    // 8-token tiles below 32 routed tokens per expert: both decode kernels, register loads first; the bulk
-    // kernel also with 1 to 4 tiles per CTA in its second GEMM (the default runs 1 where the experts route
-    // themselves, else 3) and with the routing ready before its PDL wait (as the Gemma-4 model calls it: the
-    // next call's first weights go out while the previous call finishes).
+    // 8-token tiles below 32 routed tokens per expert: both decode kernels, register loads first; up to 32
+    // routed slots the bulk kernel also with 1 to 4 tiles per CTA in its second GEMM (the default runs 1 where
+    // the experts route themselves, else 3) and with the routing ready before its PDL wait (as the Gemma-4
+    // model calls it: the next call's first weights go out while the previous call finishes).
+    // Above 32 routed slots also the streamed kernel (persistent CTAs, one ring through all their items) by
+    // tokens per tile and ring slots.
     struct Variant {
       CudaBf16ExpertsDecode path;
       int tiles_per_cta;  // 0: the default
       bool routing_ready;
       std::string label;
+      int stream_tile_tokens = 0, stream_ring_slots = 0;
     };
     using D = CudaBf16ExpertsDecode;
     const std::vector<Variant> variants{{D::kRegisterLoads, 0, false, " (register loads)"},
@@ -833,16 +836,37 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
                                         {D::kBulkCopies, 4, false, " (bulk copies, 4 tiles per CTA)"},
                                         {D::kBulkCopies, 0, false, " (bulk copies)"},
                                         {D::kBulkCopies, 0, true, " (bulk copies, routing ready)"},
+                                        {D::kStreamed, 0, false, " (streamed, 16-token tiles, 4 slots)", 16, 4},
+                                        {D::kStreamed, 0, false, " (streamed, 8-token tiles, 4 slots)", 8, 4},
+                                        {D::kStreamed, 0, false, " (streamed, 32-token tiles, 4 slots)", 32, 4},
+                                        {D::kStreamed, 0, false, " (streamed, 16-token tiles, 3 slots)", 16, 3},
                                         {D::kAuto, 0, false, ""}};
     const bool decode = T * k < 32 * E;
+    // The streamed kernel's output must equal the bulk kernel's bit for bit (same sums in the same order):
+    // checked on the first routing, so that a fast wrong kernel cannot pass unnoticed.
+    std::vector<uint16_t> bulk_out, got_out(static_cast<size_t>(T * H));
     for (const Variant& v : variants) {
       if (decode == (v.path == D::kAuto)) continue;
+      if (v.path == D::kStreamed && T * k <= 32) continue;  // self-routed steps keep the bulk kernels
+      // Tiles per CTA and the early routing were measured where the bulk kernels route themselves (<= 32 slots).
+      if (v.path == D::kBulkCopies && (v.tiles_per_cta != 0 || v.routing_ready) && T * k > 32) continue;
       routing_ready = v.routing_ready;
-      CHECK_OK(set_cuda_bf16_experts_options(*g_b, {v.path, v.tiles_per_cta}));
+      CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
+      o.stream_tile_tokens = v.stream_tile_tokens;
+      o.stream_ring_slots = v.stream_ring_slots;
+      CHECK_OK(set_cuda_bf16_experts_options(*g_b, o));
       CHECK_OK(op(0));
+      std::string same;
+      if (v.path == D::kBulkCopies && v.tiles_per_cta == 0 && !v.routing_ready) {
+        bulk_out.resize(got_out.size());
+        CHECK_OK(g_b->copy_to_host(bulk_out.data(), out));
+      } else if (v.path == D::kStreamed) {
+        CHECK_OK(g_b->copy_to_host(got_out.data(), out));
+        same = got_out == bulk_out ? ", = bulk bit for bit" : ", DIFFERS from bulk";
+      }
       const double us = time_graph(T >= 1024 ? 4 : 24, op);
       report("gemma moe geglu T=" + std::to_string(T) + v.label, us, touched * expert_bytes, 2.0 * T * k * 3 * I * H,
-             std::to_string(static_cast<int>(touched + 0.5)) + " experts touched");
+             std::to_string(static_cast<int>(touched + 0.5)) + " experts touched" + same);
     }
     CHECK_OK(set_cuda_bf16_experts_options(*g_b, {}));
   }

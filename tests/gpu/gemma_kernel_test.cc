@@ -363,8 +363,8 @@ GegluExpertTables upload_geglu_experts(Arena& cpu, Arena& cuda, std::mt19937_64&
 }
 
 TEST_F(GemmaKernelTest, MoeGegluExperts) {
-  // 26B-A4B's shapes at decode (1 and 4 tokens: <= 32 slots, self-routed with the combine fused; 5 and 33
-  // tokens: routing metadata, 8-token tiles, k split); the tiny fixture's; odd sizes (I
+  // 26B-A4B's shapes at decode (1 and 4 tokens: <= 32 slots, self-routed with the combine fused; 5, 33 and
+  // 100 tokens: routing metadata, 8-token tiles, k split; also streamed); the tiny fixture's; odd sizes (I
   // and H not multiples of 64, H % 16 != 0: partial strips and k chunks); prefill with 64-token tiles
   // (slots >= 32 per expert), a hot expert spanning many tiles. The 26B cases share one set of expert
   // tables (1.5 GB; their routings and inputs are fresh per case).
@@ -372,7 +372,8 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
   std::map<std::tuple<int64_t, int64_t, int64_t>, GegluExpertTables> tables;
   for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 1, false}, GegluCase{128, 2816, 704, 8, 4, true},
                              GegluCase{128, 2816, 704, 8, 5, false},
-                             GegluCase{128, 2816, 704, 8, 33, true}, GegluCase{6, 64, 32, 3, 7, false},
+                             GegluCase{128, 2816, 704, 8, 33, true}, GegluCase{128, 2816, 704, 8, 100, false},
+                             GegluCase{6, 64, 32, 3, 7, false},
                              GegluCase{9, 264, 200, 3, 11, false}, GegluCase{8, 264, 200, 2, 300, true},
                              GegluCase{16, 512, 256, 4, 600, false}, GegluCase{4, 128, 72, 4, 130, false}}) {
     const auto key = std::make_tuple(c.e, c.h, c.i);
@@ -425,6 +426,36 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                                                       (same ? " per CTA: identical" : " per CTA: DIFFER"),
                same ? 0 : 1, 0, 0, same);
         EXPECT_TRUE(same) << tiles_per_cta;
+        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
+      }
+      // The streamed kernel (routing metadata only) on tiles of 8, 16 and 32 tokens and rings of 2 and 5 slots:
+      // the bulk kernel's fragments, k order and warp-order sums, so bit for bit its result.
+      for (const auto& [tile_tokens, ring_slots] : {std::pair{8, 4}, std::pair{16, 2}, std::pair{32, 5}}) {
+        if (prefill || self_routed || decode != CudaBf16ExpertsDecode::kBulkCopies) break;
+        CudaBf16ExpertsOptions o{CudaBf16ExpertsDecode::kStreamed};
+        o.stream_tile_tokens = tile_tokens;
+        o.stream_ring_slots = ring_slots;
+        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
+        TensorView o_s = cuda_.make(DType::kBF16, {c.t, c.h});
+        st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_s, c.k});
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        const bool same = cuda_.download_f32(o_s) == got;
+        record("moe_geglu_experts streamed", what + ", " + std::to_string(tile_tokens) + "-token tiles, " +
+                                                 std::to_string(ring_slots) + " slots" +
+                                                 (same ? ": identical to bulk copies" : ": DIFFER"),
+               same ? 0 : 1, 0, 0, same);
+        EXPECT_TRUE(same) << tile_tokens << " " << ring_slots;
+        // Replayed from a CUDA graph (the grid is fixed; the tile count is read on the device): the eager bits.
+        TensorView o_r = cuda_.make(DType::kBF16, {c.t, c.h});
+        auto graph = cuda_backend().capture(
+            [&] { return cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_r, c.k}); });
+        ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+        ASSERT_TRUE((*graph)->replay().is_ok());
+        const bool replayed = cuda_.download_f32(o_r) == got;
+        record("moe_geglu_experts streamed", what + ", " + std::to_string(tile_tokens) + "-token tiles, graph replay" +
+                                                 (replayed ? ": identical" : ": DIFFER"),
+               replayed ? 0 : 1, 0, 0, replayed);
+        EXPECT_TRUE(replayed) << tile_tokens;
         ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
       }
       if (self_routed && decode == CudaBf16ExpertsDecode::kBulkCopies) {  // routed before the PDL wait

@@ -694,9 +694,25 @@ class CudaBackend final : public Backend {
     const int64_t E = p.gate_up.dim(0), I = p.gate_up.dim(1) / 2, H = p.gate_up.dim(2), k = p.top_k;
     const int64_t T = p.x.numel() / H, slots = T * k;
     if (T == 0) return Status::ok();
+    const CudaBf16ExpertsOptions& opt = options_.bf16_experts;
+    const CudaBf16ExpertsDecode decode = opt.decode;
+    if ((decode == CudaBf16ExpertsDecode::kBulkCopies || decode == CudaBf16ExpertsDecode::kStreamed) &&
+        dev_.sm_major < 9)
+      return unimplemented("bf16 experts: the bulk-copy and streamed decode kernels need sm_90 or later");
     // 64-token tiles (grouped GEMM) once experts average 32 routed tokens; its epilogues store channel pairs.
-    const int64_t tile_tokens = slots >= 32 * E && I % 2 == 0 ? 64 : 8;
-    const bool self_routed = tile_tokens == 8 && use_fused_moe_routing(slots);
+    const bool grouped = slots >= 32 * E && I % 2 == 0;
+    const bool self_routed = !grouped && use_fused_moe_routing(slots);
+    const bool streamed = !grouped && !self_routed &&
+                          (decode == CudaBf16ExpertsDecode::kStreamed ||
+                           (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9));
+    int64_t tile_tokens = grouped ? 64 : 8;
+    if (streamed) {
+      // 32-token tiles once experts average 16 routed tokens (an expert streamed once for up to 32), else 16
+      // (the kernel for <= 16-token tiles fits 5 CTAs per SM, the 32-token one 4): cuda_backend.h's table.
+      tile_tokens = opt.stream_tile_tokens != 0 ? opt.stream_tile_tokens : slots >= 16 * E ? 32 : 16;
+      if (tile_tokens != 8 && tile_tokens != 16 && tile_tokens != 32)
+        return invalid_argument("bf16 experts: streamed tiles of 8, 16 or 32 tokens");
+    }
     const int64_t max_tiles = self_routed ? moe_fused_max_tiles(slots, E) : moe_max_tiles(slots, E, tile_tokens);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, slots * H * 2, "MoE y"));
@@ -716,12 +732,13 @@ class CudaBackend final : public Backend {
     g.top_k = k;
     g.max_tiles = max_tiles;
     g.tile_tokens = tile_tokens;
-    const CudaBf16ExpertsDecode decode = options_.bf16_experts.decode;
-    if (decode == CudaBf16ExpertsDecode::kBulkCopies && dev_.sm_major < 9)
-      return unimplemented("bf16 experts: the bulk-copy decode kernels need sm_90 or later");
-    // kAuto: bulk copies where they were measured faster (Hopper: docs/PERF.md); not yet timed on sm_100/120.
-    g.bulk_copies = decode == CudaBf16ExpertsDecode::kBulkCopies ||
-                    (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9);
+    // kAuto: the bulk-copy and streamed kernels where they were measured faster (Hopper: docs/PERF.md); not
+    // yet timed on sm_100/120.
+    g.bulk_copies = !streamed && (decode == CudaBf16ExpertsDecode::kBulkCopies ||
+                                  decode == CudaBf16ExpertsDecode::kStreamed ||
+                                  (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9));
+    g.streamed = streamed;
+    g.ring_slots = opt.stream_ring_slots != 0 ? opt.stream_ring_slots : 4;
     // Decode (register loads): a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
     auto k_split = [&](int64_t kdim) {
       return tile_tokens == 8 ? static_cast<int>(std::clamp<int64_t>((kdim + 63) / 64 / 8, 1, 8)) : 1;
@@ -743,7 +760,7 @@ class CudaBackend final : public Backend {
     g.k = I;
     g.k_split = k_split(I);
     if (g.bulk_copies) {
-      const int forced = options_.bf16_experts.second_gemm_tiles_per_cta;
+      const int forced = opt.second_gemm_tiles_per_cta;
       g.tiles_per_cta = forced > 0 ? forced : self_routed ? 1 : 3;
     }
     if (self_routed) {

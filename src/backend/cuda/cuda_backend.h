@@ -62,10 +62,14 @@ struct CudaAttentionOptions {
   CudaAttentionDecode decode = CudaAttentionDecode::kAuto;
 };
 
-// Which decode GEMMs Gemma-4's bf16 GeGLU experts run on 8-token tiles: kAuto = the bulk-copy kernels on
-// Hopper (sm_90, where they were measured faster; moe_bf16_bulk.cu), else the register-load ones
-// (moe_bf16.cu); forced by tests and benchmarks to compare the two. kBulkCopies below sm_90 is an error.
-enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies };
+// Which decode GEMMs Gemma-4's bf16 GeGLU experts run below 32 routed tokens per expert: kBulkCopies = one CTA
+// per (8-token tile, strip) with weights by bulk copies (moe_bf16_bulk.cu, sm_90+); kRegisterLoads = the
+// same by 16-byte loads into registers (moe_bf16.cu); kStreamed = where launch_moe_routing's metadata routes
+// the tiles (> 32 slots), persistent CTAs stream (tile, strip) items through one ring (moe_bf16_stream.cu,
+// sm_90+; tiles of stream_tile_tokens), and steps of <= 32 slots keep the bulk-copy kernels. kAuto = kStreamed
+// on Hopper (sm_90, where each was measured faster: docs/PERF.md), else register loads. Tests and benchmarks
+// force the others to compare them; kBulkCopies and kStreamed below sm_90 are errors.
+enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies, kStreamed };
 struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
   // The bulk-copy kernels' second GEMM: tiles one CTA runs in turn (1 to 4); 0 = 1 where the experts route
@@ -73,6 +77,14 @@ struct CudaBf16ExpertsOptions {
   // tiles): 1 token 37.7 / 37.9 / 42.2 / 48.7, 64 tokens 515.7 / 511.2 / 510.1 / 509.2, 100 tokens 596.9 /
   // 589.6 / 587.6 / 590.7.
   int second_gemm_tiles_per_cta = 0;
+  // kStreamed: tokens per routing tile (8, 16 or 32; 0 = 32 from 16 routed tokens per expert on average, else
+  // 16) and ring slots per CTA (2 to 8; 0 = 4). H200, session 13 W2 (mx_kernel_bench --gemma-experts-only, us
+  // per call of routing + GEMMs + combine; 8 / 16 / 32-token tiles at 4 slots, then 16 at 3; bulk copies):
+  // 64 tokens 422.8 / 419.0 / 462.3, 439.2; 511.2. 100 tokens 491.6 / 432.3 / 484.4, 472.9; 592.8. 256 tokens
+  // 966.7 / 634.1 / 588.9, 665.9; 1127.3. (Tiles of up to 16 tokens run a kernel that fits 5 CTAs per SM, 32
+  // one that fits 4: W1's single 4-CTA kernel took 461.7 us at 64 tokens with 16-token tiles, 6 slots 530.1.)
+  int stream_tile_tokens = 0;
+  int stream_ring_slots = 0;
 };
 
 // Which kernel runs Gemma-4's router at decode (up to kClusterMaxTokens tokens): kAuto = the cluster kernel

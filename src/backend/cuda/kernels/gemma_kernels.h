@@ -140,11 +140,17 @@ struct MoeBf16GemmParams {
   bool routing_ready = false;
   // Bulk copies: tiles one CTA runs in turn (1 to 4; fewer, longer CTAs where one-tile CTAs need waves).
   int tiles_per_cta = 1;
+  // Routing metadata with tiles of 8, 16 or 32 tokens: persistent CTAs stream (tile, strip) items through one
+  // ring of `ring_slots` stages (moe_bf16_stream.cu, sm_90+) instead of one CTA per item.
+  bool streamed = false;
+  int ring_slots = 0;
 };
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The 64-token-tile path of launch_moe_bf16_gemm (moe_bf16_grouped.cu); out_rows even.
 Status launch_moe_bf16_grouped_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The 8-token-tile path with bulk_copies (moe_bf16_bulk.cu).
 Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+// The streamed path (moe_bf16_stream.cu): as many persistent CTAs as the device holds at once.
+Status launch_moe_bf16_stream_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 
 }  // namespace mx::cuda

@@ -100,7 +100,8 @@ Status launch_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
 
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
   if (p.k % 8 != 0) return unimplemented("bf16 experts: the inner dimension must be a multiple of 8");
-  if (p.tile_tokens != 8 && p.tile_tokens != 64) return internal_error("bf16 experts: tiles of 8 or 64 tokens");
+  if (p.tile_tokens != 8 && p.tile_tokens != 64 && !(p.streamed && (p.tile_tokens == 16 || p.tile_tokens == 32)))
+    return internal_error("bf16 experts: tiles of 8 or 64 tokens (streamed: also 16 or 32)");
   if (p.k_split < 1 || p.k_split > 8) return internal_error("bf16 experts: k split in [1, 8]");
   if (p.topk_ids && (p.tile_tokens != 8 || p.slots > 32))
     return internal_error("bf16 experts: self-routing takes 8-token tiles and at most 32 slots");
@@ -108,6 +109,7 @@ Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
     return internal_error("bf16 experts: the combine is fused into the self-routed second GEMM only");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("bf16 experts: too many token tiles in one call");
+  if (p.streamed) return launch_moe_bf16_stream_gemm(p, stream);
   if (p.tile_tokens == 64) return launch_moe_bf16_grouped_gemm(p, stream);
   if (p.bulk_copies) return launch_moe_bf16_bulk_gemm(p, stream);
   return p.gated ? launch_gemm<true>(p, stream) : launch_gemm<false>(p, stream);
