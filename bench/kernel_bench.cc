@@ -6,7 +6,8 @@
 // over N is the time per op. Each line gives the fraction of its floor: bytes / this card's measured copy rate
 // (measure_copy_rate, as `bench latency` divides its decode floor) or FLOPs / bf16 peak (an H200's, KINDS.md).
 // Prints a table; writes JSON to the last
-// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--variants=P,P,...] | --sampling-only |
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
+// --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only |
 // --gemma-router-only | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
@@ -14,10 +15,12 @@
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
-// --moe-decode-variants it picks decode variants (e.g. `v1,stream`).
+// --moe-decode-variants it picks decode variants (e.g. `v1,stream`). --moe-experts=128 times gpt-oss-120b's MoE
+// layer (128 experts, same expert shape) in the prefill sweep instead of 20b's 32.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
@@ -157,18 +160,29 @@ double measure_copy_rate() {
   return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3);
 }
 
-constexpr int64_t kMoeE = 32, kMoeH = 2880, kMoeI = 2880, kMoeK = 4;
-constexpr int kExpertCopies = 3;  // 3 x 425 MB of experts: rotating defeats the 60 MB L2
+constexpr int64_t kMoeH = 2880, kMoeI = 2880, kMoeK = 4;
+// Experts of the MoE layer the MoE prefill sweep times: gpt-oss-20b's 32 (default) or, with --moe-experts=128,
+// gpt-oss-120b's (same expert shape and top-4; at 256 sequences a decode step routes ~8 tokens per expert).
+int64_t g_moe_experts = 32;
+// Copies of the experts rotated through: 3 x 425 MB defeat the 60 MB L2; one 1.7 GB copy of 120b's does alone.
+int expert_copies() { return g_moe_experts > 32 ? 1 : 3; }
 
-// Random 20b-layer experts (32 experts, H = I = 2880).
+// Random experts of g_moe_experts (H = I = 2880).
 std::vector<ExpertWeights> upload_bench_experts() {
-  const int64_t E = kMoeE, H = kMoeH, I = kMoeI;
-  const int copies = kExpertCopies;
+  const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI;
+  const int copies = expert_copies();
   std::vector<ExpertWeights> experts;
+  // Four random bytes per draw: 120b's 1.6 GB of fp4 a byte at a time took most of a run's start-up.
+  auto fill_random = [](std::vector<uint8_t>& v) {
+    for (size_t i = 0; i < v.size(); i += 4) {
+      const uint32_t r = static_cast<uint32_t>(g_rng());
+      for (size_t j = 0; j < 4 && i + j < v.size(); ++j) v[i + j] = static_cast<uint8_t>(r >> (8 * j));
+    }
+  };
   for (int c = 0; c < copies; ++c) {
     std::vector<uint8_t> w1b(E * 2 * I * H / 2), w1s(E * 2 * I * H / 32), w2b(E * H * I / 2), w2s(E * H * I / 32);
-    for (auto& b : w1b) b = static_cast<uint8_t>(g_rng());
-    for (auto& b : w2b) b = static_cast<uint8_t>(g_rng());
+    fill_random(w1b);
+    fill_random(w2b);
     for (auto& b : w1s) b = static_cast<uint8_t>(118 + g_rng() % 8);
     for (auto& b : w2s) b = static_cast<uint8_t>(118 + g_rng() % 8);
     std::vector<uint16_t> b1(E * 2 * I), b2(E * H);
@@ -205,7 +219,7 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
     std::vector<int32_t> h_ids(T * kMoeK);
     std::vector<float> h_w(T * kMoeK, 1.0f / kMoeK);
     std::set<int32_t> distinct;
-    std::vector<int32_t> order(kMoeE);
+    std::vector<int32_t> order(g_moe_experts);
     std::iota(order.begin(), order.end(), 0);
     for (int64_t t = 0; t < T; ++t) {
       std::shuffle(order.begin(), order.end(), g_rng);
@@ -228,8 +242,8 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 // (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
 // moe.cu), the ring GEMMs (moe_decode.cu) at their default and without PDL, and each GEMM alone.
 void bench_moe(bool variants) {
-  const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
-  const int copies = kExpertCopies;
+  const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
+  const int copies = expert_copies();
   const std::vector<ExpertWeights>& experts = bench_experts();
   const double w1_bytes = 2.0 * I * H / 2 + 2.0 * I * H / 32 + 2.0 * I * 2, w2_bytes = 1.0 * H * I / 2 + 1.0 * H * I / 32 + H * 2.0;
   const double expert_bytes = w1_bytes + w2_bytes;
@@ -277,12 +291,13 @@ void bench_moe(bool variants) {
 
 // ---- MoE prefill: the same layer at T tokens through each expert-GEMM path: decode = swap-AB kernels
 // with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128, wgmma = the sm_90 grouped
-// GEMM in tiles of 64, 96, 128 or 256 (falls back to grouped elsewhere), wgmma-ws = its warp-specialized form in
+// GEMM in tiles of 16, 32 (narrow: two strips a warp at that MMA width), 64, 96, 128 or 256 (falls back to
+// grouped elsewhere), wgmma-ws = its warp-specialized form in
 // tiles of 128 or 256, auto = what moe_experts picks. Then
 // the measured bf16 rate: one dense cuBLASLt GEMM with the first expert GEMM's shape at 8192 tokens, the
 // yardstick of issue 12.
 void bench_moe_prefill() {
-  const int64_t E = kMoeE, H = kMoeH, I = kMoeI, k = kMoeK;
+  const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
   const std::vector<ExpertWeights>& experts = bench_experts();
   const std::vector<int64_t> sizes = bench_only_prefill_sizes.empty()
                                          ? std::vector<int64_t>{32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 8192}
@@ -312,6 +327,8 @@ void bench_moe_prefill() {
           Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg"}, Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep", 0, -1, 1, -1},
           Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1, 1},
           Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg ring5", 0, -1, -1, -1},
+          Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl", 0, -1, 0, 1},
+          Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 0, 1},
           Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
           Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 1},
           Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 1},
@@ -328,13 +345,14 @@ void bench_moe_prefill() {
       // About 20 ms of work per graph.
       const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
       const double us = time_graph(n, [&](int i) {
-        MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % kExpertCopies], out, k, 7.0f, 1.702f};
+        MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % expert_copies()], out, k, 7.0f, 1.702f};
         return g_b->moe_experts(p);
       });
       char note[96];
       std::snprintf(note, sizeof note, "%.0f TFLOP/s, %.0f tokens/expert", flops / us / 1e6,
                     static_cast<double>(T * k) / E);
-      report("moe prefill T=" + std::to_string(T) + " " + v.label, us, bytes, flops, note);
+      const std::string layer = E == 32 ? "" : "E=" + std::to_string(E) + " ";  // 120b's layer
+      report("moe prefill T=" + std::to_string(T) + " " + layer + v.label, us, bytes, flops, note);
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
   }
@@ -996,6 +1014,16 @@ int main(int argc, char** argv) {
     prefill_only = true;
     bench_only_prefill_sizes = *sizes;
     ++arg;
+    // `--moe-experts=E`: the layer's experts, 32 (gpt-oss-20b, default) or 128 (gpt-oss-120b).
+    const std::string experts = "--moe-experts=";
+    if (argc > arg && std::string(argv[arg]).rfind(experts, 0) == 0) {
+      g_moe_experts = std::atoi(argv[arg] + experts.size());
+      if (g_moe_experts != 32 && g_moe_experts != 128) {
+        std::fprintf(stderr, "--moe-experts: 32 (gpt-oss-20b) or 128 (gpt-oss-120b), not %s\n", argv[arg] + experts.size());
+        return 1;
+      }
+      ++arg;
+    }
     const std::string variants = "--variants=";
     if (argc > arg && std::string(argv[arg]).rfind(variants, 0) == 0) {
       bench_variant_prefixes = parse_list<std::string>(std::string(argv[arg]).substr(variants.size() - 1),

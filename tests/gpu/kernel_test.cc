@@ -822,6 +822,13 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes96) {
     check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {96}, -1);
 }
 
+// The same shapes in tiles of 16 and 32 tokens (the narrow kernels: every tile two strips a warp at that MMA
+// width; 1 and 7 tokens leave most strips' tokens alone in a tile, 4097 over 32 experts fill ~32 tiles each).
+TEST_F(KernelTest, MoeExpertsGroupedOddShapesNarrow) {
+  for (const MoeCase& c : kMoeOddShapes)
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {16, 32}, -1);
+}
+
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,
 // the k order is fixed, the combine sums in router order): the first tokens alone give the same bits.
 TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
@@ -889,6 +896,14 @@ TEST_F(KernelTest, MoeWgmmaDeepRingIndependentOfBatch) {
                                "grouped 20b shape, deep ring", {1, 129});
 }
 
+// The narrow kernels (16- and 32-token tiles) likewise: 1 and 129 tokens alone against the same tokens among 1200.
+TEST_F(KernelTest, MoeWgmmaNarrowIndependentOfBatch) {
+  for (int tile : {16, 32})
+    check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform},
+                                 CudaMoeOptions{CudaMoePath::kGrouped, tile},
+                                 "grouped 20b shape, " + std::to_string(tile) + "-token tiles", {1, 129});
+}
+
 // 96-token tiles on the deep ring at batched-decode sizes (32 tokens per expert: two strips a warp) replayed from a
 // graph give the eager bits, with the GEMMs launched as programmatic dependents too (inside the graph).
 TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
@@ -899,6 +914,7 @@ TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
   check_moe_graph_replay(cuda_, rng_, c, deep, "grouped, 96-token tiles, deep ring");
   deep.wgmma_pdl = 1;
   check_moe_graph_replay(cuda_, rng_, c, deep, "grouped, 96-token tiles, deep ring, PDL");
+  check_moe_graph_replay(cuda_, rng_, c, {CudaMoePath::kGrouped, 16}, "grouped, 16-token tiles, PDL");
 }
 
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for

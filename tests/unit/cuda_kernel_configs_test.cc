@@ -337,8 +337,11 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
   EXPECT_TRUE(use_grouped_moe(384 * 4, 32, false));
   EXPECT_TRUE(use_grouped_moe(2048 * 4, 32, false));
   EXPECT_TRUE(use_grouped_moe(2048 * 4, 128, false));
-  // The wgmma kernel takes over from 16 per expert (batched decode at 16-64 tokens per expert).
-  EXPECT_FALSE(use_grouped_moe(64 * 4, 32, true));    // 8 per expert: decode is faster
+  // The wgmma kernel takes over from 8 per expert (its 16-token tiles; batched decode at 8-64 tokens per expert).
+  EXPECT_FALSE(use_grouped_moe(32 * 4, 32, true));    // 4 per expert: decode is faster
+  EXPECT_FALSE(use_grouped_moe(128 * 4, 128, true));  // gpt-oss-120b at 128 sequences, 4 per expert
+  EXPECT_TRUE(use_grouped_moe(64 * 4, 32, true));
+  EXPECT_TRUE(use_grouped_moe(256 * 4, 128, true));   // gpt-oss-120b at 256 sequences, 8 per expert
   EXPECT_TRUE(use_grouped_moe(128 * 4, 32, true));
   EXPECT_TRUE(use_grouped_moe(256 * 4, 32, true));
 }
@@ -347,28 +350,30 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
 // ring (plus the kernel's static table of tile rows, 8 bytes each) fits there with as many CTAs per SM as its
 // __launch_bounds__ promise: two with two warpgroups and tiles of <= 128 tokens (the 128-register cap assumes
 // it), else one. Every tile runs two warpgroups (the only count compiled); 96-token tiles the deep ring (six
-// stages) or the five-stage one.
+// stages) or the five-stage one; 16- and 32-token tiles (narrow) the deep ring's kernel with its ring.
 TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   const bool deep_by_default = choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96).deep_ring;
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {256, 2048, 8192, 32768})
-      for (int tile : {0, 64, 96, 128, 256})
+      for (int tile : {0, 16, 32, 64, 96, 128, 256})
       for (int deep : {0, 1, -1}) {
         const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, 0, 0, deep);
         EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
-        EXPECT_TRUE(c.tile_tokens == 64 || c.tile_tokens == 96 || c.tile_tokens == 128 || c.tile_tokens == 256);
+        const bool narrow = c.tile_tokens == 16 || c.tile_tokens == 32;
+        EXPECT_TRUE(narrow || c.tile_tokens == 64 || c.tile_tokens == 96 || c.tile_tokens == 128 || c.tile_tokens == 256);
         if (tile != 0) {
           EXPECT_EQ(c.tile_tokens, tile);
         }
         EXPECT_EQ(c.warpgroups, kMoeWgmmaWarpgroups);
-        EXPECT_EQ(c.deep_ring, c.tile_tokens == 96 && (deep == 1 || (deep == 0 && deep_by_default)));
+        EXPECT_EQ(c.deep_ring, narrow || (c.tile_tokens == 96 && (deep == 1 || (deep == 0 && deep_by_default))));
         EXPECT_EQ(c.stages, c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages);
-        EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024);
+        const int kernel_tile = narrow ? 96 : c.tile_tokens;  // the narrow kernels have the 96-token geometry
+        EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(kernel_tile, c.warpgroups) + 1024);
         EXPECT_EQ(c.threads, 128 * c.warpgroups);
         if (!c.enabled) continue;
-        const int64_t tables = (c.persistent ? 16 : 8) * c.tile_tokens;
+        const int64_t tables = (c.persistent ? 16 : 8) * kernel_tile;
         EXPECT_TRUE(fits(d, c.smem_bytes + tables, c.stages)) << d.name;
-        const int ctas_per_sm = moe_wgmma_ctas_per_sm(c.tile_tokens, c.warpgroups);
+        const int ctas_per_sm = moe_wgmma_ctas_per_sm(kernel_tile, c.warpgroups);
         EXPECT_LE(ctas_per_sm * (c.smem_bytes + tables + 1024), 233472) << d.name;  // 228 KB per SM
         EXPECT_EQ(c.persistent, c.tile_tokens == 256 && kMoeWgmmaPersistent);
         EXPECT_EQ(c.sms, d.sm_count);
@@ -378,8 +383,14 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   EXPECT_GE(moe_wgmma_stage_bytes(128, 2), 128 * 128 + 128 * 34);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(128, 2), 2);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(256, 2), 1);
-  // auto: 96-token tiles below 1024 tokens per expert, 256 from there.
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 16 * 32, 32).tile_tokens, 96);
+  // auto: 16-token tiles up to 10 tokens per expert, 32 up to 20 (both on the deep ring's kernel), 96-token
+  // tiles below 1024, 256 from there.
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 8 * 32, 32).tile_tokens, 16);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 8 * 128, 128).tile_tokens, 16);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 11 * 32, 32).tile_tokens, 32);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 16 * 32, 32).tile_tokens, 32);
+  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 16 * 32, 32).deep_ring);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 21 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1023 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 256);
   // The deep ring: 96-token tiles only, auto's default there, and two CTAs of it fit an SM.

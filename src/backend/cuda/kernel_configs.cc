@@ -279,6 +279,21 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
 // the deep ring's only: the other kernels load in the order measured before, without waiting for a predecessor.
 constexpr bool kMoeWgmmaDeepRingByDefault = true;
 
+// auto's narrow tiles for batched decode (moe_wgmma.cu: every tile two strips a warp at 16 or 32 MMA columns,
+// where the 96-token tiles' half width multiplies 48): 16-token tiles up to kMoeWgmmaNarrow16MaxTokensPerExpert
+// routed tokens per expert, 32-token tiles up to kMoeWgmmaNarrow32MaxTokensPerExpert (an expert past its tile
+// takes a second one, which streams its weights again: at a mean of 10 per expert ~3% of the experts have more
+// than 16, at 20 ~0.4% more than 32), and the wgmma kernel instead of the decode ones from
+// kMoeWgmmaNarrowMinTokensPerExpert (kernel_configs.h's kMoeWgmmaMinTokensPerExpert, 16, was measured against
+// 64-token tiles). Measured on an H200 (docs/PERF.md, session 13 W1, us per MoE layer, one process):
+//   gpt-oss-120b (128 experts), tokens per expert 4: decode v1 550, 16-token tiles 625, 32: 656, 96: 746;
+//     8: v1 711, 16: 648, 32: 676, 96: 768;  16: 96 791, 16: 869, 32: 768;
+//   gpt-oss-20b, 8: v1 182, 16: 176, 32: 189, 96: 212;  16: 96 217, 32: 191, 16: 242;  32: 96 227, 32: 285.
+constexpr bool kMoeWgmmaNarrowTilesByDefault = true;
+constexpr int64_t kMoeWgmmaNarrow16MaxTokensPerExpert = 10;
+constexpr int64_t kMoeWgmmaNarrow32MaxTokensPerExpert = 20;
+constexpr int64_t kMoeWgmmaNarrowMinTokensPerExpert = 8;
+
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
                                        int tile_tokens, int persistent, int warp_specialized, int deep_ring,
                                        int pdl) {
@@ -303,23 +318,35 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
                 c.smem_bytes + moe_wgmma_ws_static_bytes(c.tile_tokens) <= dev.max_smem_per_block_optin;
     return c;
   }
-  const bool forced = tile_tokens == 64 || tile_tokens == 96 || tile_tokens == 128 || tile_tokens == 256;
-  c.tile_tokens = forced ? tile_tokens : per_expert >= kMoeWgmmaHugeTileTokensPerExpert ? 256 : 96;
+  const bool forced = tile_tokens == 16 || tile_tokens == 32 || tile_tokens == 64 || tile_tokens == 96 ||
+                      tile_tokens == 128 || tile_tokens == 256;
+  const bool narrow_auto = kMoeWgmmaNarrowTilesByDefault && !forced;
+  c.tile_tokens = forced                                                          ? tile_tokens
+                  : per_expert >= kMoeWgmmaHugeTileTokensPerExpert                ? 256
+                  : narrow_auto && per_expert <= kMoeWgmmaNarrow16MaxTokensPerExpert ? 16
+                  : narrow_auto && per_expert <= kMoeWgmmaNarrow32MaxTokensPerExpert ? 32
+                                                                                  : 96;
   c.warpgroups = kMoeWgmmaWarpgroups;
   c.threads = moe_wgmma_threads(c.warpgroups);
   c.persistent = c.tile_tokens == 256 && (persistent == 1 || (persistent == 0 && kMoeWgmmaPersistent));
   c.sms = dev.sm_count;
-  c.deep_ring = c.tile_tokens == 96 && (deep_ring == 1 || (deep_ring == 0 && kMoeWgmmaDeepRingByDefault));
+  // Tiles of 16 or 32 tokens (batched decode) are the deep ring's kernel with every tile two strips a warp at
+  // that MMA width (moe_wgmma.cu).
+  const bool narrow = c.tile_tokens == 16 || c.tile_tokens == 32;
+  c.deep_ring = narrow || (c.tile_tokens == 96 && (deep_ring == 1 || (deep_ring == 0 && kMoeWgmmaDeepRingByDefault)));
   c.pdl = c.deep_ring && pdl != -1;
   c.stages = c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages;
-  c.smem_bytes = c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024;
+  // The narrow tiles' kernel has the 96-token tiles' ring (cut into its own, smaller stages).
+  c.smem_bytes = c.stages * moe_wgmma_stage_bytes(narrow ? 96 : c.tile_tokens, c.warpgroups) + 1024;
   // wgmma exists on sm_90a only (sm_100 has tcgen05 instead, sm_12x neither).
   c.enabled = dev.sm_major == 9 && fits(dev, c.smem_bytes, c.stages);
   return c;
 }
 
 bool use_grouped_moe(int64_t num_slots, int64_t num_experts, bool wgmma) {
-  const int64_t min_per_expert = wgmma ? kMoeWgmmaMinTokensPerExpert : kMoeGroupedMinTokensPerExpert;
+  const int64_t min_per_expert = !wgmma                          ? kMoeGroupedMinTokensPerExpert
+                                 : kMoeWgmmaNarrowTilesByDefault ? kMoeWgmmaNarrowMinTokensPerExpert
+                                                                 : kMoeWgmmaMinTokensPerExpert;
   return num_slots >= min_per_expert * std::max<int64_t>(1, num_experts);
 }
 

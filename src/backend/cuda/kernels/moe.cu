@@ -165,7 +165,7 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
 Status launch_moe_routing(const MoeRoutingParams& p, cudaStream_t stream) {
   if (p.experts > kMaxExperts) return unimplemented("MoE: at most 256 experts");
   // 8-token tiles for the swap-AB kernels (16 and 32 for the streamed bf16 experts), 64 or 128 for the grouped
-  // GEMMs, also 96 and 256 for the wgmma one.
+  // GEMMs, also 16, 32 (narrow), 96 and 256 for the wgmma one.
   if (p.tile_tokens != kTileTokens && p.tile_tokens != 16 && p.tile_tokens != 32 && p.tile_tokens != 64 &&
       p.tile_tokens != 96 && p.tile_tokens != 128 && p.tile_tokens != 256)
     return internal_error("MoE routing: tiles of 8, 16, 32, 64, 96, 128 or 256 tokens expected");

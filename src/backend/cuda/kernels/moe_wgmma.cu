@@ -93,12 +93,18 @@ struct Columns {
 // table for every 16-byte copy (a shared load, a 64-bit add and a scoreboard wait per copy).
 // kRing: ring stages (of full width); kHalfStages (a CTA per item, kN = 96): a tile of at most kN / 2 tokens
 // runs two strips a warp on its own stages (RingShape), its CTA taking the next column block's rows too.
+// kNarrowCols (16 or 32, with kHalfStages; 0 otherwise): the routing's tiles hold at most that many tokens
+// and every one runs two strips a warp at that MMA width (the 96-token geometry otherwise: registers, row
+// registers, epilogue). One loop width per kernel: ptxas serialized every wgmma (C7511) of a kernel that had a
+// 16- or 32-column two-strip loop beside the 48- or 96-column ones, whatever the accumulators' arrangement.
 template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
-          bool kHalfStages = false>
+          bool kHalfStages = false, int kNarrowCols = 0>
 __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(kN, kWG))
     moe_wgmma_kernel(MoeGemmParams p) {
 #if MX_SM90A
   static_assert(!kHalfStages || (!kPersistent && kN == 96), "two strips a warp: half-width tiles, a CTA per item");
+  static_assert(kNarrowCols == 0 || (kHalfStages && (kNarrowCols == 16 || kNarrowCols == 32)),
+                "narrow tiles: 16 or 32 tokens, two strips a warp on the deep ring");
   constexpr bool kHalfWidth = kN == 256 || kN == 96;  // see Columns
   constexpr int kStages = kRing;  // the persistent kernel's (one geometry for every item)
   constexpr int kThreads = moe_wgmma_threads(kWG), kRows = moe_wgmma_weight_rows(kWG), kStrips = kRows / 16;
@@ -363,7 +369,13 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   for (;;) {
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-    if constexpr (kHalfWidth) {
+    if constexpr (kNarrowCols != 0) {
+      // Every tile fits (the routing's tile size); strip B's accumulators, right after strip A's, go where the
+      // epilogue reads the half-width tile's (acc[kN / 4, kN / 2)).
+      k_loop(Columns<kNarrowCols>{});
+#pragma unroll
+      for (int i = kNarrowCols / 2 - 1; i >= 0; --i) acc[kN / 4 + i] = acc[kNarrowCols / 2 + i];
+    } else if constexpr (kHalfWidth) {
       if (cur.n <= kN / 2) {
         k_loop(Columns<kN / 2>{});
       } else {
@@ -394,9 +406,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
 }
 
 template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
-          bool kHalfStages = false>
+          bool kHalfStages = false, int kNarrowCols = 0>
 Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
-  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent, kRowRegs, kRing, kHalfStages>;
+  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent, kRowRegs, kRing, kHalfStages, kNarrowCols>;
   if (c.stages != kRing) return internal_error("MoE wgmma GEMM: the config's ring is not the kernel's");
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
@@ -424,7 +436,9 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
   if (c.warp_specialized) return launch_moe_wgmma_ws_gemm(p, c, stream);
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
-  if (!c.enabled || c.threads != moe_wgmma_threads(c.warpgroups) || (c.deep_ring && c.tile_tokens != 96))
+  const bool narrow = c.tile_tokens == 16 || c.tile_tokens == 32;
+  if (!c.enabled || c.threads != moe_wgmma_threads(c.warpgroups) ||
+      (c.deep_ring && c.tile_tokens != 96 && !narrow) || (narrow && !c.deep_ring))
     return internal_error("MoE wgmma GEMM: config does not fit this GPU");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
@@ -432,6 +446,8 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   if (c.pdl && !c.deep_ring)
     return internal_error("MoE wgmma GEMM: only the deep ring's kernel waits for its programmatic predecessor");
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
+    case 1620: return launch<96, 2, false, true, kMoeWgmmaDeepStages, true, 16>(p, c, stream);
+    case 3220: return launch<96, 2, false, true, kMoeWgmmaDeepStages, true, 32>(p, c, stream);
     case 6420: return launch<64, 2, false, true>(p, c, stream);
     case 9620:
       if (c.deep_ring) return launch<96, 2, false, true, kMoeWgmmaDeepStages, true>(p, c, stream);
@@ -441,7 +457,7 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
     case 25621: return launch<256, 2, true>(p, c, stream);
     default:
       return internal_error(
-          "MoE wgmma GEMM: tiles of 64, 96, 128 or 256 tokens at 2 warpgroups (256: persistent or not)");
+          "MoE wgmma GEMM: tiles of 16, 32, 64, 96, 128 or 256 tokens at 2 warpgroups (256: persistent or not)");
   }
 }
 

@@ -38,6 +38,20 @@ __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, in
 }
 
 #if MX_SM90A
+// wgmma m64n16k16 (wgmma.cuh's other widths' form): the narrowest MMA of the 96-token kernel's two-strip loop,
+// for tiles of at most 16 tokens (gpt-oss-120b's batched decode: ~8 tokens per expert at 256 sequences). Here
+// rather than in wgmma.cuh, which every attention kernel includes (a change there rebuilds them all).
+template <>
+__device__ __forceinline__ void wgmma_bf16_rs<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7"
+      "}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
 // One k tile of a warp's 16-row strip, once the ring stage at `stage` (B tile first) holds it: lane (r, q)'s
 // 16 fp4 bytes at `weights` and the strip's scales at `scales` (rows r and r + 8 of this lane's half) decoded
 // into the A registers `at`, the warpgroup's four k16 wgmma against the stage's B tile issued as one group,
