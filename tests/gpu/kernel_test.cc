@@ -823,10 +823,13 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes96) {
 }
 
 // The same shapes in tiles of 16 and 32 tokens (the narrow kernels: every tile two strips a warp at that MMA
-// width; 1 and 7 tokens leave most strips' tokens alone in a tile, 4097 over 32 experts fill ~32 tiles each).
+// width; 1 and 7 tokens leave most strips' tokens alone in a tile, 4097 over 32 experts fill ~32 tiles each),
+// and 128 experts (gpt-oss-120b's count: the routing's scan takes four experts a lane) on every routing tile size.
 TEST_F(KernelTest, MoeExpertsGroupedOddShapesNarrow) {
   for (const MoeCase& c : kMoeOddShapes)
     check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {16, 32}, -1);
+  check_moe_case(cpu_, cuda_, rng_, MoeCase{128, 256, 192, 4, 300, Routing::kUniform},
+                 {CudaMoePath::kGrouped, CudaMoePath::kDecodeV1, CudaMoePath::kDecode}, 0, 0, true, {16, 96}, -1);
 }
 
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,

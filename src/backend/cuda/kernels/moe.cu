@@ -43,17 +43,36 @@ __global__ void __launch_bounds__(kRoutingThreads) moe_routing_kernel(MoeRouting
   };
   for (int64_t i = tid; i < p.slots; i += blockDim.x) atomicAdd(&counts[expert_of(i)], 1);
   __syncthreads();
-  if (tid == 0) {
-    int off = 0, tiles = 0;
-    for (int e = 0; e < experts; ++e) {
+  // Exclusive scans of the counts and of the tiles over the experts, by warp 0: each lane a run of experts,
+  // the runs' sums scanned by shuffles (one thread walking all 128 of gpt-oss-120b's experts was a serial chain
+  // of shared loads and global stores).
+  if (warp == 0) {
+    const int per = (experts + 31) / 32, e0 = min(experts, lane * per), e1 = min(experts, e0 + per);
+    int run_slots = 0, run_tiles = 0;
+    for (int e = e0; e < e1; ++e) {
+      run_slots += counts[e];
+      run_tiles += (counts[e] + bm - 1) / bm;
+    }
+    int slots_through = run_slots, tiles_through = run_tiles;  // inclusive scans across the lanes
+    for (int d = 1; d < 32; d <<= 1) {
+      const int s = __shfl_up_sync(0xffffffffu, slots_through, d), t = __shfl_up_sync(0xffffffffu, tiles_through, d);
+      if (lane >= d) {
+        slots_through += s;
+        tiles_through += t;
+      }
+    }
+    int off = slots_through - run_slots, tiles = tiles_through - run_tiles;
+    for (int e = e0; e < e1; ++e) {
       p.r.offsets[e] = off;
       cursor[e] = off;
       tile_base[e] = tiles;
       off += counts[e];
       tiles += (counts[e] + bm - 1) / bm;
     }
-    p.r.offsets[experts] = off;
-    *p.r.num_tiles = tiles;
+    if (lane == 31) {
+      p.r.offsets[experts] = slots_through;
+      *p.r.num_tiles = tiles_through;
+    }
   }
   __syncthreads();
   for (int e = tid; e < experts; e += blockDim.x) {
