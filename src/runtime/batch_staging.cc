@@ -33,6 +33,13 @@ Result<BatchStaging> BatchStaging::create(Backend& backend, const BatchLimits& l
 }
 
 Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
+  MX_ASSIGN_OR_RETURN(BatchView view, pack(seqs));
+  MX_RETURN_IF_ERROR(upload());
+  return view;
+}
+
+Result<BatchView> BatchStaging::pack(const std::vector<BatchSequence>& seqs) {
+  packed_tables_at_ = -1;
   const BatchLimits& lim = limits_;
   int64_t num_tokens = 0, num_rows = 0;
   for (const auto& s : seqs) {
@@ -89,16 +96,11 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
       std::fill(row + pages.size(), row + columns, 0);
     }
   }
-  const int64_t table_rows = lim.num_kv_groups * num_seqs, tables = table_rows * lim.max_pages_per_seq;
+  packed_tables_at_ = tables_at;
+  packed_table_rows_ = lim.num_kv_groups * num_seqs;
+  packed_columns_ = columns;
   int32_t* device = static_cast<int32_t*>(device_.data());
   const Device where = backend_->device();
-  if ((lim.max_pages_per_seq - columns) * table_rows * 4 < kSplitTableUploadBytes) {
-    MX_RETURN_IF_ERROR(backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at + tables}, where), host_.data()));
-  } else {
-    MX_RETURN_IF_ERROR(backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at}, where), host_.data()));
-    MX_RETURN_IF_ERROR(backend_->copy_row_prefixes_from_host(
-        TensorView(device + tables_at, DType::kI32, {table_rows, lim.max_pages_per_seq}, where), page_tables, columns * 4));
-  }
   auto section = [&](int64_t offset, int64_t n) { return TensorView(device + offset, DType::kI32, {n}, where); };
   batch.num_tokens = num_tokens;
   batch.num_seqs = num_seqs;
@@ -111,6 +113,19 @@ Result<BatchView> BatchStaging::stage(const std::vector<BatchSequence>& seqs) {
   const TensorView all_tables(device + tables_at, DType::kI32, {lim.num_kv_groups * num_seqs, lim.max_pages_per_seq}, where);
   for (int64_t g = 0; g < lim.num_kv_groups; ++g) batch.page_tables[g] = all_tables.rows(g * num_seqs, (g + 1) * num_seqs);
   return batch;
+}
+
+Status BatchStaging::upload() {
+  if (packed_tables_at_ < 0) return internal_error("batch upload without a packed batch");
+  const int64_t max_pages = limits_.max_pages_per_seq, tables_at = packed_tables_at_, table_rows = packed_table_rows_;
+  packed_tables_at_ = -1;
+  int32_t* device = static_cast<int32_t*>(device_.data());
+  const Device where = backend_->device();
+  if ((max_pages - packed_columns_) * table_rows * 4 < kSplitTableUploadBytes)
+    return backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at + table_rows * max_pages}, where), host_.data());
+  MX_RETURN_IF_ERROR(backend_->copy_from_host(TensorView(device, DType::kI32, {tables_at}, where), host_.data()));
+  return backend_->copy_row_prefixes_from_host(TensorView(device + tables_at, DType::kI32, {table_rows, max_pages}, where),
+                                               host_.data() + tables_at, packed_columns_ * 4);
 }
 
 }  // namespace mx

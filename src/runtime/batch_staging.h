@@ -35,8 +35,13 @@ class BatchStaging {
   static Result<BatchStaging> create(Backend& backend, const BatchLimits& limits);
 
   const BatchLimits& limits() const { return limits_; }
-  // Fails (without touching the device) when the batch exceeds the limits.
+  // Fails (without touching the device) when the batch exceeds the limits. stage() = pack() + upload().
   Result<BatchView> stage(const std::vector<BatchSequence>& seqs);
+  // stage() in two halves, so that the host work can overlap the device's previous step: pack writes the
+  // step into host memory and returns its view (the device buffers it will occupy); upload copies it there.
+  // Nothing may pack between the two.
+  Result<BatchView> pack(const std::vector<BatchSequence>& seqs);
+  Status upload();
 
  private:
   Backend* backend_ = nullptr;
@@ -48,6 +53,8 @@ class BatchStaging {
   // address, as graph replays need. A step's page tables are [groups, seqs, max_pages_per_seq].
   Buffer device_;
   std::vector<int32_t> host_;  // the step staged here first, in the same layout
+  // The packed step's upload: elements before the tables, table rows, columns each row uploads.
+  int64_t packed_tables_at_ = -1, packed_table_rows_ = 0, packed_columns_ = 0;
 };
 
 }  // namespace mx

@@ -92,24 +92,29 @@ void Engine::log_stats() {
   if (now - last_log_ < kStatsInterval || s.scheduler.steps == last_logged_steps_) return;
   // Per step since the last line: its wall time; of that, the host blocked on the device's results
   // ("device wait"), delivered the previous step's outputs while the device ran, and did the rest of its work
-  // (scheduling, staging, launch, the update, the outputs) while the device idled.
+  // (scheduling, staging, launch, the update, the outputs), of which some with nothing queued on the device
+  // (from a step's results to the next launch: all of it without overlapped steps).
   const double steps = static_cast<double>(s.scheduler.steps - last_logged_steps_);
-  const double wait = core_->runner().device_wait_seconds();
+  const double wait = core_->runner().device_wait_seconds(), idle = core_->runner().idle_seconds();
   const double step_ms = 1e3 * (step_seconds_ - logged_step_seconds_) / steps;
   const double wait_ms = 1e3 * (wait - logged_wait_seconds_) / steps;
   const double deliver_ms = 1e3 * (deliver_seconds_ - logged_deliver_seconds_) / steps;
-  char per_step[192];
-  std::snprintf(per_step, sizeof(per_step), "; per step %.2f ms: device wait %.2f, delivery %.2f, other host work %.2f",
-                step_ms, wait_ms, deliver_ms, step_ms - wait_ms - deliver_ms);
+  const double idle_ms = 1e3 * (idle - logged_idle_seconds_) / steps;
+  char per_step[224];
+  std::snprintf(per_step, sizeof(per_step),
+                "; per step %.2f ms: device wait %.2f, delivery %.2f, other host work %.2f (%.2f with the device idle)",
+                step_ms, wait_ms, deliver_ms, step_ms - wait_ms - deliver_ms, idle_ms);
   MX_LOG(Info) << "engine: running " << s.num_running << ", waiting " << s.num_waiting << ", KV pages used "
                << s.pages_used << "/" << s.num_pages << " (" << s.pages_cached << " cached), steps "
                << s.scheduler.steps << ", generated " << s.scheduler.generated_tokens << ", prefix-hit tokens "
-               << s.scheduler.prefix_hit_tokens << ", preemptions " << s.scheduler.preemptions << per_step;
+               << s.scheduler.prefix_hit_tokens << ", preemptions " << s.scheduler.preemptions << ", overlapped steps "
+               << s.scheduler.overlapped_steps << per_step;
   last_log_ = now;
   last_logged_steps_ = s.scheduler.steps;
   logged_step_seconds_ = step_seconds_;
   logged_deliver_seconds_ = deliver_seconds_;
   logged_wait_seconds_ = wait;
+  logged_idle_seconds_ = idle;
 }
 
 void Engine::loop() {

@@ -62,7 +62,7 @@ class Engine {
   // Wall time of the steps and of delivering outputs (inside the next step), and the runner's device wait,
   // in all and at the last stats line (each line reports the interval since the one before).
   double step_seconds_ = 0, deliver_seconds_ = 0;
-  double logged_step_seconds_ = 0, logged_deliver_seconds_ = 0, logged_wait_seconds_ = 0;
+  double logged_step_seconds_ = 0, logged_deliver_seconds_ = 0, logged_wait_seconds_ = 0, logged_idle_seconds_ = 0;
 };
 
 }  // namespace mx

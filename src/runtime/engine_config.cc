@@ -213,7 +213,12 @@ std::vector<int64_t> cuda_graph_batch_sizes(const EngineConfig& c) {
   const int64_t cap = std::min(c.max_running_requests, c.max_num_batched_tokens);
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  const bool above_cap = !sizes.empty() && sizes.back() > cap;
   std::erase_if(sizes, [&](int64_t b) { return b < 1 || b > cap; });
+  // No step holds more than `cap` sequences: the buckets above it become one of exactly `cap`, so that the
+  // steps between the last bucket below and the cap replay too (at --max-running-requests 100, as bench
+  // latency sets for --batch-size 100, a step of 100 ran eagerly: 5 ms of launch gaps per Gemma-4 step).
+  if (above_cap && (sizes.empty() || sizes.back() < cap)) sizes.push_back(cap);
   return sizes;
 }
 
@@ -243,7 +248,7 @@ std::string describe_engine_config(const EngineConfig& c) {
                                             " tokens, at most " + std::to_string(kAutoMaxRunningRequests) + ")"
                                       : std::string()) +
          ", prefix cache " + (c.enable_prefix_cache ? "on" : "off") + ", cuda graphs " +
-         (c.enable_cuda_graphs ? "on" : "off") + ", eos [" + eos + "]" +
+         (c.enable_cuda_graphs ? "on" : "off") + ", overlapped steps " + (c.overlap_steps ? "on" : "off") + ", eos [" + eos + "]" +
          (c.speculative.enabled() ? std::string(", speculative ") + speculative_algorithm_name(c.speculative.algorithm) +
                                         " k=" + std::to_string(c.speculative.num_draft_tokens)
                                   : std::string());

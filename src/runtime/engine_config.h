@@ -36,9 +36,15 @@ struct EngineConfig {
   std::optional<std::vector<int32_t>> eos_token_ids;  // unset: the model's generation_config eos ids
   // Decode-only steps replay a graph captured at start-up for the smallest batch-size bucket that holds
   // them (padded with rows on a scratch page), where the backend can capture. Empty list = the default
-  // buckets (default_cuda_graph_batch_sizes); sizes above max-running-requests are dropped.
+  // buckets (default_cuda_graph_batch_sizes); sizes above max-running-requests (or the step budget) give way
+  // to one of exactly that size.
   bool enable_cuda_graphs = true;
   std::vector<int64_t> cuda_graph_batch_sizes;
+  // Overlapped steps (EngineCore): while a decode step runs, the next one is scheduled and packed, and it
+  // starts as soon as the running step's samples are read, its tokens copied on the device; the host applies
+  // the samples and delivers outputs while the device computes. Off: each step waits for the previous one's
+  // update (--disable-overlap-schedule).
+  bool overlap_steps = true;
   // Benchmarks only (bench latency --whole-page-table-uploads): every step uploads its page tables at full
   // width instead of the columns its rows use (BatchLimits::whole_tables), the cost that change removed.
   bool whole_page_table_uploads = false;

@@ -31,7 +31,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(const Model& model, const
 }
 
 EngineCore::EngineCore(const Model& model, EngineConfig config, DetokenizeFn detokenize)
-    : model_(model), config_(std::move(config)), detokenize_(std::move(detokenize)), scheduler_(config_) {}
+    : model_(model), config_(std::move(config)), detokenize_(std::move(detokenize)), scheduler_(config_),
+      overlap_(config_.overlap_steps) {}
 
 Status EngineCore::validate(const RequestInput& in) const {
   const int64_t len = static_cast<int64_t>(in.prompt.size());
@@ -127,6 +128,7 @@ void EngineCore::step(std::vector<RequestOutput>* outputs) {
 }
 
 void EngineCore::begin_step() {
+  if (launched_) return;  // the previous finish_step launched it (overlapped steps)
   const ScheduledBatch& batch = scheduler_.schedule();
   launched_ = batch.empty() ? nullptr : &batch;
   launch_status_ = launched_ ? runner_->launch(batch) : Status::ok();
@@ -138,7 +140,20 @@ void EngineCore::finish_step(std::vector<RequestOutput>* outputs) {
     const ScheduledBatch& batch = *launched_;
     launched_ = nullptr;
     Status status = launch_status_;
+    // Overlapped steps: the next decode step is scheduled and packed while this one runs, and launched as
+    // soon as this one's samples are read (its tokens copied on the device), before the host applies them:
+    // the device does not idle through the update, the outputs and the next step's scheduling and staging.
+    const ScheduledBatch* next = nullptr;
+    if (status.is_ok() && overlap_ && runner_->samples_on_device() && !runner_->profile_capture())
+      next = scheduler_.schedule_ahead(batch);
+    const Status prepared = next ? runner_->prepare(*next) : Status::ok();
     if (status.is_ok()) status = runner_->complete(batch, &sampled_);
+    if (next && status.is_ok()) {
+      launched_ = next;  // a failed prepare or launch fails its requests at the next finish_step
+      launch_status_ = prepared.is_ok() ? runner_->launch_prepared(*next) : prepared;
+    } else if (next) {
+      scheduler_.drop_ahead(*next);
+    }
     if (status.is_ok()) {
       scheduler_.update(batch, sampled_);
       if (runner_->has_draft_model()) {
@@ -190,7 +205,11 @@ void EngineCore::collect_outputs(std::vector<RequestOutput>* outputs) {
     if (done || !out.token_ids.empty() || !out.text.empty()) outputs->push_back(std::move(out));
     if (done) finished_ids_.push_back(r->id);
   }
-  // Finished requests are forgotten only now, so a request listed twice above is never read after free.
+  // Finished requests are forgotten only now, so a request listed twice above is never read after free, and
+  // not before an overlapped step in flight that may list them has been applied.
+  for (RequestId id : retired_ids_) requests_.erase(id);
+  retired_ids_.clear();
+  if (launched_) retired_ids_.swap(finished_ids_);
   for (RequestId id : finished_ids_) requests_.erase(id);
   finished_ids_.clear();
   touched_.clear();

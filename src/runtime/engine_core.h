@@ -53,10 +53,16 @@ class EngineCore {
   // step() in two halves, for a caller with host work to do while the device computes (the engine thread
   // delivers the previous step's outputs): begin_step schedules a batch and launches it, finish_step waits
   // for its results, applies them and fills `outputs`. No other call may come between the two.
+  // Overlapped steps (EngineConfig::overlap_steps): finish_step of a decode step schedules and packs the next
+  // step before it waits, launches it as soon as the results are read, then applies them: the next
+  // begin_step finds it running. Outputs are the same as without (a request that stops is computed one
+  // step more, unseen).
   void begin_step();
   void finish_step(std::vector<RequestOutput>* outputs);
+  // Benchmarks: overlapped steps on or off from the next finish_step (a step already launched runs on).
+  void set_overlap_steps(bool on) { overlap_ = on; }
 
-  bool has_work() const { return scheduler_.has_work() || !touched_.empty(); }
+  bool has_work() const { return scheduler_.has_work() || !touched_.empty() || launched_ != nullptr; }
   int64_t num_live() const { return static_cast<int64_t>(requests_.size()); }
   EngineStats stats() const;
   Status check_invariants() const { return scheduler_.check_invariants(); }
@@ -75,10 +81,13 @@ class EngineCore {
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::vector<Request*> touched_;
   std::vector<RequestId> finished_ids_;
+  // Finished while an overlapped step that may list them was in flight: forgotten at the next collect.
+  std::vector<RequestId> retired_ids_;
   std::vector<SampledToken> sampled_;
   const ScheduledBatch* launched_ = nullptr;  // begin_step's batch (the scheduler's), until finish_step
   Status launch_status_ = Status::ok();
   int64_t next_arrival_ = 0;
+  bool overlap_ = true;
 };
 
 }  // namespace mx

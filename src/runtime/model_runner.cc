@@ -352,7 +352,8 @@ Status ModelRunner::upload_sample_inputs(const ScheduledBatch& batch, int64_t ro
 Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, std::vector<SampledToken>* sampled) {
   const auto wait_start = std::chrono::steady_clock::now();
   MX_RETURN_IF_ERROR(model_.backend().copy_to_host(sample_out_host_.data(), sample_out_device_.view(DType::kI32, {2 * rows})));
-  device_wait_seconds_ += seconds_since(wait_start);
+  results_read_ = std::chrono::steady_clock::now();
+  device_wait_seconds_ += std::chrono::duration<double>(*results_read_ - wait_start).count();
   sampled->resize(static_cast<size_t>(batch.num_samples));
   int64_t k = 0;
   for (const ScheduledEntry& e : batch.entries) {
@@ -381,13 +382,30 @@ Status ModelRunner::complete(const ScheduledBatch& batch, std::vector<SampledTok
 }
 
 // A step: stage -> forward (graph replay or eager) -> sample (device op, or logits to the host: prompt
-// logits copied out, then each row sampled). Verification steps and grammar masks enter between these. A
-// replayed graph's tokens are read back by complete(); every other step's are in launched_sampled_.
+// logits copied out, then each row sampled). Verification steps and grammar masks enter between these. The
+// sample op's tokens are read back by complete(); a host-sampled step's are in launched_sampled_.
 Status ModelRunner::launch(const ScheduledBatch& batch) {
   launched_rows_ = -1;
-  std::vector<SampledToken>* sampled = &launched_sampled_;
+  MX_RETURN_IF_ERROR(prepare(batch));
+  return launch_prepared(batch);
+}
+
+Status ModelRunner::prepare(const ScheduledBatch& batch) {
+  prepared_.reset();
   if (step_observer_) step_observer_(batch);
-  MX_ASSIGN_OR_RETURN(const StagedStep step, stage_step(batch));
+  MX_ASSIGN_OR_RETURN(StagedStep step, stage_step(batch));
+  prepared_ = std::move(step);
+  return Status::ok();
+}
+
+Status ModelRunner::launch_prepared(const ScheduledBatch& batch) {
+  launched_rows_ = -1;
+  if (!prepared_) return internal_error("launch without a prepared step");
+  const StagedStep step = *prepared_;
+  prepared_.reset();
+  std::vector<SampledToken>* sampled = &launched_sampled_;
+  MX_RETURN_IF_ERROR(staging_.upload());
+  MX_RETURN_IF_ERROR(copy_tokens_from_samples(batch, step.view));
   const int64_t rows = step.view.num_logit_rows;
   const TensorView logits = logits_device_.view(DType::kF32, {rows, model_.dims().vocab_size});
   last_sample_seconds_ = 0;
@@ -398,12 +416,14 @@ Status ModelRunner::launch(const ScheduledBatch& batch) {
   if (replay_ && step.graph && !profile_capture_) {
     const bool masked = op && fill_token_masks(batch);
     MX_RETURN_IF_ERROR(upload_sample_inputs(batch, rows, op, masked));
+    count_idle_until_launch();
     MX_RETURN_IF_ERROR(run_forward(step, logits));
     if (!op) return sample_logits_on_host(batch, step, fill_token_masks(batch), sampled);
     ++graph_sampled_steps_;
     launched_rows_ = rows;  // the device is still running it: complete() reads the tokens
     return Status::ok();
   }
+  count_idle_until_launch();
   MX_RETURN_IF_ERROR(run_forward(step, logits));
   // Grammar masks are computed here, while a device backend still runs the forward pass just launched.
   const bool masked = fill_token_masks(batch);
@@ -415,7 +435,38 @@ Status ModelRunner::launch(const ScheduledBatch& batch) {
   if (!want_logprobs) sp.logprobs = TensorView();
   if (!masked) sp.token_mask = sp.mask_rows = TensorView();
   MX_RETURN_IF_ERROR(model_.backend().sample(sp));
-  return read_sampled(batch, rows, sampled);
+  launched_rows_ = rows;  // as a graph's: complete() reads them, and the next step may take them on the device
+  return Status::ok();
+}
+
+// Entries of an overlapped step compute the previous step's samples, which never went through the host:
+// device copies from its sample output into this step's token ids, one per run of consecutive rows.
+Status ModelRunner::copy_tokens_from_samples(const ScheduledBatch& batch, const BatchView& view) {
+  const TensorView samples = sample_out_device_.view(DType::kI32, {max_logit_rows_});
+  int64_t t = 0;  // the entry's first token row
+  bool copied = false;
+  for (size_t i = 0; i < batch.entries.size();) {
+    const ScheduledEntry& e = batch.entries[i];
+    if (e.token_from_row < 0) {
+      t += e.num_tokens;
+      ++i;
+      continue;
+    }
+    int64_t n = 1;
+    while (i + n < batch.entries.size() && batch.entries[i + n].token_from_row == e.token_from_row + n) ++n;
+    MX_RETURN_IF_ERROR(model_.backend().copy(view.token_ids.rows(t, t + n), samples.rows(e.token_from_row, e.token_from_row + n)));
+    t += n;  // overlapped entries compute one token each
+    i += static_cast<size_t>(n);
+    copied = true;
+  }
+  // Tensor-parallel ranks read the batch from this backend's memory on their own streams: the ids must be
+  // in place before any rank starts, as the synchronous uploads' are.
+  return copied ? model_.backend().synchronize() : Status::ok();
+}
+
+void ModelRunner::count_idle_until_launch() {
+  if (results_read_) idle_seconds_ += seconds_since(*results_read_);
+  results_read_.reset();
 }
 
 // Host path: the real rows' logits to the host (padding rows come last and stay), prompt logits into their
@@ -427,7 +478,8 @@ Status ModelRunner::sample_logits_on_host(const ScheduledBatch& batch, const Sta
   if (real_rows > 0)
     MX_RETURN_IF_ERROR(model_.backend().copy_to_host(
         logits_host_.data(), logits_device_.view(DType::kF32, {real_rows, model_.dims().vocab_size})));
-  device_wait_seconds_ += seconds_since(wait_start);
+  results_read_ = std::chrono::steady_clock::now();
+  device_wait_seconds_ += std::chrono::duration<double>(*results_read_ - wait_start).count();
   const auto sample_start = std::chrono::steady_clock::now();
   copy_prompt_logits(batch);
   sample_on_host(batch, masked, sampled);
@@ -440,8 +492,11 @@ Result<ModelRunner::StagedStep> ModelRunner::stage_step(const ScheduledBatch& ba
   for (const ScheduledEntry& e : batch.entries) {
     const Request& r = *e.request;
     BatchSequence s;
-    s.tokens = e.num_draft > 0 ? std::span<const int32_t>(r.verify_tokens)
-                               : std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(e.start), static_cast<size_t>(e.num_tokens));
+    // An overlapped entry's token is still on the device: a placeholder now, copy_tokens_from_samples later.
+    static constexpr int32_t kPendingToken = 0;
+    if (e.token_from_row >= 0) s.tokens = std::span<const int32_t>(&kPendingToken, 1);
+    else if (e.num_draft > 0) s.tokens = std::span<const int32_t>(r.verify_tokens);
+    else s.tokens = std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(e.start), static_cast<size_t>(e.num_tokens));
     s.start_position = e.start;
     s.group_pages = r.pages;
     s.all_logits = e.all_logits || e.num_draft > 0;
@@ -455,7 +510,7 @@ Result<ModelRunner::StagedStep> ModelRunner::stage_step(const ScheduledBatch& ba
     add_padding(step.graph->size, step.graph->rows);
     ++num_padded_steps_;
   }
-  MX_ASSIGN_OR_RETURN(step.view, staging_.stage(seqs_));
+  MX_ASSIGN_OR_RETURN(step.view, staging_.pack(seqs_));  // uploaded by launch_prepared
   if (step.view.num_logit_rows > max_logit_rows_) return internal_error("step needs more logits rows than allocated");
   return step;
 }

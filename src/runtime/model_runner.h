@@ -23,8 +23,10 @@
 // own (EAGLE-3: its chain passes).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -70,6 +72,16 @@ class ModelRunner {
   // launch. complete must follow launch with the same batch and no other call between.
   Status launch(const ScheduledBatch& batch);
   Status complete(const ScheduledBatch& batch, std::vector<SampledToken>* sampled);
+  // launch() in two halves, for overlapped steps (EngineCore): prepare does the step's host work (its
+  // inputs packed for upload) while the device still runs the previous step; launch_prepared uploads them
+  // and starts it. Entries whose token is the previous step's sample (ScheduledEntry::token_from_row) get
+  // it by a device copy from that step's sample output, so the previous step's complete() must come
+  // between the two (before this step's sample op overwrites those samples).
+  Status prepare(const ScheduledBatch& batch);
+  Status launch_prepared(const ScheduledBatch& batch);
+  // The launched step's samples are on the device until complete() reads them (the backend's sample op ran;
+  // host-sampled steps have theirs on the host): the next step can take its tokens from there.
+  bool samples_on_device() const { return launched_rows_ >= 0; }
 
   bool has_draft_model() const { return draft_model_ != nullptr; }
   // After `batch` ran and the scheduler applied it: drafts for each of its sampled requests that
@@ -102,6 +114,10 @@ class ModelRunner {
   // Host wall time spent waiting for steps' results to come back from the device, over all steps (the rest
   // of a step's time is host work while the device idles: the serving loop's overhead, per the engine's log).
   double device_wait_seconds() const { return device_wait_seconds_; }
+  // Host wall time from each step's results reaching the host to the next step's launch: what the host did
+  // while the device had nothing queued (the serving loop's overhead, per the engine's log), over all steps.
+  double idle_seconds() const { return idle_seconds_; }
+  bool profile_capture() const { return profile_capture_; }
   int64_t max_logit_rows() const { return max_logit_rows_; }
   int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
   int64_t graph_sampled_steps() const { return graph_sampled_steps_; }  // ... of which inside a step graph
@@ -119,7 +135,10 @@ class ModelRunner {
   };
 
   // The steps of execute(), in order.
-  Result<StagedStep> stage_step(const ScheduledBatch& batch);
+  Result<StagedStep> stage_step(const ScheduledBatch& batch);  // host only: the batch packed, not uploaded
+  Status copy_tokens_from_samples(const ScheduledBatch& batch, const BatchView& view);
+  // Adds the time since the last step's results were read to idle_seconds_ (nothing when none were).
+  void count_idle_until_launch();
   Status run_forward(const StagedStep& step, const TensorView& logits);
   // Profiling: captures and replays a one-off graph of the step (see set_profile_capture); false when the
   // capture failed and the engine's own graph should run instead.
@@ -194,6 +213,9 @@ class ModelRunner {
   RunnerStartup startup_;
   double last_sample_seconds_ = 0;
   double device_wait_seconds_ = 0;
+  double idle_seconds_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> results_read_;  // the last device wait's end, until a launch
+  std::optional<StagedStep> prepared_;  // prepare()'s step, until launch_prepared
   // Between launch and complete: the rows of a replayed graph's samples to read back, or -1 when launch
   // left the tokens in launched_sampled_.
   int64_t launched_rows_ = -1;

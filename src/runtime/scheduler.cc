@@ -42,7 +42,7 @@ Scheduler::Scheduler(const EngineConfig& config)
   speculating_ = config.speculative.enabled();
   drafter_ = make_drafter(config.speculative);
   stats_.spec_accepted_per_pos.assign(static_cast<size_t>(speculating_ ? config.speculative.num_draft_tokens : 0), 0);
-  batch_.entries.reserve(static_cast<size_t>(config.max_running_requests));
+  for (ScheduledBatch& b : batches_) b.entries.reserve(static_cast<size_t>(config.max_running_requests));
   running_.reserve(static_cast<size_t>(config.max_running_requests));
 }
 
@@ -55,6 +55,15 @@ int64_t Scheduler::chunk_size(const Request& r, int64_t budget, int64_t rows_lef
   return std::max<int64_t>(n, 0);
 }
 
+ScheduledBatch& Scheduler::fresh_batch() {
+  ScheduledBatch& b = batches_[next_batch_];
+  next_batch_ ^= 1;
+  b.entries.clear();
+  b.num_tokens = 0;
+  b.num_samples = 0;
+  return b;
+}
+
 void Scheduler::add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_left) {
   ScheduledEntry e;
   e.request = r;
@@ -64,9 +73,9 @@ void Scheduler::add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_
   e.all_logits = r->input.want_prompt_logits && e.start < r->prompt_len;
   if (e.all_logits) *rows_left -= n;
   *budget -= n;
-  batch_.entries.push_back(e);
-  batch_.num_tokens += n;
-  batch_.num_samples += e.sample ? 1 : 0;
+  batch_->entries.push_back(e);
+  batch_->num_tokens += n;
+  batch_->num_samples += e.sample ? 1 : 0;
 }
 
 bool Scheduler::may_speculate(const Request& r) const {
@@ -100,9 +109,7 @@ int64_t Scheduler::propose_drafts(Request* r, int64_t budget) {
 }
 
 const ScheduledBatch& Scheduler::schedule() {
-  batch_.entries.clear();
-  batch_.num_tokens = 0;
-  batch_.num_samples = 0;
+  batch_ = &fresh_batch();
   int64_t budget = config_.max_num_batched_tokens;
   int64_t rows_left = config_.max_prompt_logit_rows;
   bool preempted = false;
@@ -117,9 +124,9 @@ const ScheduledBatch& Scheduler::schedule() {
     if (n == 1) {
       if (const int64_t k = propose_drafts(r, budget); k > 0) {
         add_entry(r, 1 + k, &budget, &rows_left);
-        batch_.entries.back().num_draft = k;  // add_entry saw 1 + k tokens past the end: not a sampling entry
-        batch_.entries.back().sample = true;
-        batch_.num_samples += 1 + k;
+        batch_->entries.back().num_draft = k;  // add_entry saw 1 + k tokens past the end: not a sampling entry
+        batch_->entries.back().sample = true;
+        batch_->num_samples += 1 + k;
         ++i;
         continue;
       }
@@ -166,11 +173,56 @@ const ScheduledBatch& Scheduler::schedule() {
     running_.push_back(r);
     add_entry(r, n, &budget, &rows_left);
   }
-  if (!batch_.empty()) {
+  if (!batch_->empty()) {
     ++stats_.steps;
-    stats_.computed_tokens += batch_.num_tokens;
+    stats_.computed_tokens += batch_->num_tokens;
   }
+  return *batch_;
+}
+
+const ScheduledBatch* Scheduler::schedule_ahead(const ScheduledBatch& inflight) {
+  if (speculating_ || (!waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running_requests))
+    return nullptr;
+  // Every running request has the in-flight batch's one decode row (finished ones may be listed too).
+  size_t live = 0;
+  for (const ScheduledEntry& e : inflight.entries) {
+    const Request* r = e.request;
+    if (e.num_tokens != 1 || !e.sample || e.num_draft != 0 || e.all_logits || r->input.constraint) return nullptr;
+    if (r->finish != FinishReason::kNone) continue;
+    if (live >= running_.size() || running_[live] != r) return nullptr;
+    ++live;
+  }
+  if (live != running_.size() || static_cast<int64_t>(live) > config_.max_num_batched_tokens) return nullptr;
+  if (&inflight == &batches_[next_batch_]) next_batch_ ^= 1;  // never overwrite the batch in flight
+  batch_ = &fresh_batch();
+  for (size_t row = 0; row < inflight.entries.size(); ++row) {
+    Request* r = inflight.entries[row].request;
+    if (r->finish != FinishReason::kNone) continue;
+    // After the in-flight update: one token more, all computed but that one, which the next step computes.
+    const int64_t tokens = r->num_tokens() + 1;
+    if (r->num_generated() + 1 >= r->max_new_tokens || tokens >= config_.max_model_len) continue;  // ends by length
+    if (!pools_.allocate(tokens, &r->pages)) return nullptr;  // the pages stay: the next schedule() needs them too
+    ScheduledEntry e;
+    e.request = r;
+    e.start = tokens - 1;
+    e.num_tokens = 1;
+    e.sample = true;
+    e.token_from_row = static_cast<int64_t>(row);  // one sampled row per entry in flight
+    batch_->entries.push_back(e);
+    ++batch_->num_tokens;
+    ++batch_->num_samples;
+  }
+  if (batch_->empty()) return nullptr;
+  ++stats_.steps;
+  ++stats_.overlapped_steps;
+  stats_.computed_tokens += batch_->num_tokens;
   return batch_;
+}
+
+void Scheduler::drop_ahead(const ScheduledBatch& batch) {
+  --stats_.steps;
+  --stats_.overlapped_steps;
+  stats_.computed_tokens -= batch.num_tokens;
 }
 
 void Scheduler::preempt(Request* r) {
@@ -229,6 +281,10 @@ void Scheduler::update(const ScheduledBatch& batch, std::span<const SampledToken
   size_t k = 0;
   for (const ScheduledEntry& e : batch.entries) {
     Request* r = e.request;
+    if (r->finish != FinishReason::kNone) {  // ended while this overlapped step ran: its rows are dropped
+      k += e.sample ? static_cast<size_t>(1 + e.num_draft) : 0;
+      continue;
+    }
     if (e.num_draft > 0) {
       MX_CHECK(k + 1 + static_cast<size_t>(e.num_draft) <= sampled.size()) << "fewer sampled tokens than verify rows";
       update_verified(e, sampled.subspan(k, static_cast<size_t>(1 + e.num_draft)));

@@ -49,6 +49,9 @@ struct ScheduledEntry {
   bool sample = false;
   bool all_logits = false;
   int64_t num_draft = 0;
+  // Overlapped steps (schedule_ahead): the token this entry computes is the previous step's sample of this
+  // row, still on the device (not yet in Request::tokens); -1: Request::tokens holds it.
+  int64_t token_from_row = -1;
   // Logits rows the entry needs (in batch order): every token for prompt logits and verification, else
   // one when it samples.
   int64_t logit_rows() const { return all_logits ? num_tokens : (sample ? 1 + num_draft : 0); }
@@ -70,6 +73,7 @@ struct SchedulerStats {
   int64_t preemptions = 0;
   int64_t finished = 0;
   int64_t aborted = 0;
+  int64_t overlapped_steps = 0;    // scheduled by schedule_ahead, while the step before ran
   // Speculative decoding (vLLM's spec_decode counters): verify entries, drafts proposed, drafts accepted,
   // and accepted drafts by position in the draft (0 = the first).
   int64_t spec_drafts = 0;
@@ -97,6 +101,17 @@ class Scheduler {
   void fail(const ScheduledBatch& batch, const std::string& message);
 
   const ScheduledBatch& schedule();
+  // Overlapped steps: the next step, scheduled while `inflight` (the last batch schedule() or schedule_ahead()
+  // returned) still runs and before its update, assuming each of its requests appends the token being
+  // sampled: every request that will not finish by length decodes that token next, read from `inflight`'s
+  // samples on the device (ScheduledEntry::token_from_row). Null when the next step must wait for the
+  // update: requests could be admitted, speculation or a grammar constraint needs the tokens on the host,
+  // `inflight` is not one decode row of every running request, or a page cannot be had without preempting.
+  // A request that `inflight`'s update finishes (a stop token or string) or an abort ends is computed anyway
+  // and skipped by update(); the engine keeps its Request until then.
+  const ScheduledBatch* schedule_ahead(const ScheduledBatch& inflight);
+  // An ahead-scheduled batch that will not run (the step before it failed): its step is not counted.
+  void drop_ahead(const ScheduledBatch& batch);
   // `sampled` holds one token per entry with `sample` (1 + num_draft for a verify entry), in entry order.
   void update(const ScheduledBatch& batch, std::span<const SampledToken> sampled);
 
@@ -125,6 +140,8 @@ class Scheduler {
  private:
   // Tokens the request may compute this step under the budgets (0 when none).
   int64_t chunk_size(const Request& r, int64_t budget, int64_t rows_left) const;
+  // The batch buffer after the last one returned, emptied: the one schedule() and schedule_ahead() fill.
+  ScheduledBatch& fresh_batch();
   void add_entry(Request* r, int64_t n, int64_t* budget, int64_t* rows_left);
   // Drafts for a request about to decode one token, when speculation is on and its pages fit (0: none).
   int64_t propose_drafts(Request* r, int64_t budget);
@@ -141,7 +158,10 @@ class Scheduler {
   std::shared_ptr<const Drafter> drafter_;  // null: no speculation, or drafts from the engine's draft model
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order
-  ScheduledBatch batch_;
+  // schedule() and schedule_ahead() alternate between the two, so the batch in flight stays intact.
+  ScheduledBatch batches_[2];
+  int next_batch_ = 0;
+  ScheduledBatch* batch_ = nullptr;  // the one being filled
   std::vector<Request*> touched_;
   SchedulerStats stats_;
 };

@@ -188,6 +188,10 @@ struct BatchResult {
 // `rows_per_seq`: 1 for a decode step, k + 1 for a verify step of k drafts (the real rows the routing counts).
 Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t batch, int64_t rows_per_seq, int64_t top_k,
                            Breakdown* out, std::vector<RequestOutput>* outputs) {
+  // The step in flight (overlapped steps) finishes first and launches none, so the profiled steps are
+  // scheduled, captured and run by themselves.
+  core.set_overlap_steps(false);
+  core.step(outputs);
   core.runner().set_profile_capture(true);
   MX_RETURN_IF_ERROR(prof.start_timing(0));
   core.step(outputs);
@@ -204,6 +208,7 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   core.step(outputs);
   const auto routing = prof.finish_routing();
   core.runner().set_graph_replay(true);
+  core.set_overlap_steps(core.config().overlap_steps);
   double distinct = 0;
   for (const auto& ids : routing) {
     const size_t real = std::min(ids.size(), static_cast<size_t>(batch * rows_per_seq * top_k));
@@ -263,7 +268,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
         MX_LOG(Error) << "breakdown at batch " << batch << ": " << b.error;
       }
       r.breakdown = std::move(b);
-      r.steps += 2;
+      r.steps += 3;
       instrumented_s += since(t);
       r.instrumented_tokens += core.stats().scheduler.generated_tokens - before.generated_tokens;
       for (const RequestOutput& o : outputs)

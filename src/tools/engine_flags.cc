@@ -18,6 +18,9 @@ std::vector<CliOption> engine_cli_options() {
       {"no-prefix-cache", false, "do not reuse KV pages of shared prompt prefixes", {"no-enable-prefix-caching"}},
       {"enable-prefix-caching", false, "reuse KV pages of shared prompt prefixes (the default)"},
       {"disable-cuda-graph", false, "run decode steps eagerly instead of replaying captured CUDA graphs"},
+      {"disable-overlap-schedule", false,
+       "schedule and stage each decode step only after the previous one's tokens are applied, instead of while "
+       "it runs (the device then idles through the host's work between steps)"},
       {"cuda-graph-batch-sizes", true, "decode batch sizes to capture, e.g. 1,2,4,8 (default 1,2,4,8..512)"},
       {"speculative-algorithm", true,
        "speculative decoding drafter: ngram (prompt lookup), mtp (Gemma-4's MTP assistant) or eagle3 (an EAGLE-3 "
@@ -99,6 +102,7 @@ Status read_engine_flags(const CliArgs& args, EngineConfig* c) {
     return invalid_argument("--enable-prefix-caching and --no-prefix-cache (--no-enable-prefix-caching) contradict each other");
   if (args.has("no-prefix-cache")) c->enable_prefix_cache = false;
   if (args.has("disable-cuda-graph")) c->enable_cuda_graphs = false;
+  if (args.has("disable-overlap-schedule")) c->overlap_steps = false;
   if (args.has("cuda-graph-batch-sizes")) {
     auto sizes = parse_int_list(args.get("cuda-graph-batch-sizes"));
     if (!sizes.is_ok()) return sizes.status().with_context("--cuda-graph-batch-sizes");

@@ -72,13 +72,15 @@ TEST(EngineConfig, CudaGraphBatchSizes) {
   EngineConfig c;
   c.max_running_requests = 100;
   EXPECT_EQ(cuda_graph_batch_sizes(c),
-            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96}));
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100}));  // 112.. become 100
   c.max_running_requests = 1024;
   EXPECT_EQ(cuda_graph_batch_sizes(c).back(), 512);
   c.max_num_batched_tokens = 4;
   EXPECT_EQ(cuda_graph_batch_sizes(c), (std::vector<int64_t>{1, 2, 4}));
   c.cuda_graph_batch_sizes = {8, 3, 3, 1};
-  EXPECT_EQ(cuda_graph_batch_sizes(c), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(cuda_graph_batch_sizes(c), (std::vector<int64_t>{1, 3, 4}));
+  c.cuda_graph_batch_sizes = {1, 2};  // none above the cap: the list as given
+  EXPECT_EQ(cuda_graph_batch_sizes(c), (std::vector<int64_t>{1, 2}));
 }
 
 }  // namespace

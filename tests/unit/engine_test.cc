@@ -14,6 +14,7 @@ namespace {
 
 using test::Arrival;
 using test::drive;
+using test::DriveResult;
 using test::fixture_model;
 using test::greedy_request;
 
@@ -152,6 +153,65 @@ TEST(Engine, SeededSamplingIsIndependentOfTheBatch) {
       EXPECT_GE(a.logprobs[t].top[0].logprob, a.logprobs[t].logprob);
     }
   }
+}
+
+// Overlapped steps (the next decode step scheduled and launched before the running one's samples are
+// applied, its tokens copied on the device) give the serial steps' outputs: seeded sampling with logprobs,
+// finishes by length at different steps, a stop token and an abort (each request computes one step more,
+// unseen), a request arriving mid-decode (admission waits for the update).
+TEST(Engine, OverlappedStepsGiveTheSerialStepsOutputs) {
+  const auto& fx = fixture_model("tiny-gpt-oss-b");
+  auto prompt = [&](size_t i) { return fx.prompts[i % fx.prompts.size()]; };
+  auto run = [&](bool overlap, const std::vector<Arrival>& arrivals) {
+    EngineConfig c;
+    c.page_size = 4;
+    c.overlap_steps = overlap;
+    auto core = EngineCore::create(*fx.model, c);
+    EXPECT_TRUE(core.is_ok()) << core.status().to_string();
+    return drive(**core, arrivals, [](EngineCore& core, int64_t step) {
+      if (step == 6) core.abort(1001);  // the second arrival, mid-decode
+    });
+  };
+  std::vector<Arrival> arrivals;
+  RequestInput sampled = greedy_request(prompt(0), 16);
+  sampled.sampling.temperature = 0.9f;
+  sampled.sampling.top_p = 0.9f;
+  sampled.sampling.seed = 7;
+  sampled.sampling.logprobs = true;
+  arrivals.push_back({0, sampled});
+  arrivals.push_back({0, greedy_request(prompt(1), 20)});
+  arrivals.push_back({0, greedy_request(prompt(2), 5)});
+  arrivals.push_back({0, greedy_request(prompt(3), 12)});
+  sampled.prompt = prompt(4);
+  sampled.sampling.seed = 9;
+  arrivals.push_back({9, sampled});  // after the stop and the abort, so that both happen in overlapped steps
+  // The fourth request stops at its fifth token (as the serial steps generate it).
+  const DriveResult probe = run(false, arrivals);
+  ASSERT_EQ(probe.error, "");
+  ASSERT_GE(probe.outputs[3].token_ids.size(), 5u);
+  arrivals[3].input.stop_token_ids = {probe.outputs[3].token_ids[4]};
+
+  const DriveResult serial = run(false, arrivals), overlapped = run(true, arrivals);
+  ASSERT_EQ(serial.error, "");
+  ASSERT_EQ(overlapped.error, "");
+  EXPECT_EQ(serial.outputs[1].finish, FinishReason::kAbort);
+  EXPECT_EQ(serial.outputs[3].finish, FinishReason::kStop);
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const RequestOutput& a = serial.outputs[i];
+    const RequestOutput& b = overlapped.outputs[i];
+    EXPECT_EQ(a.token_ids, b.token_ids) << "request " << i;
+    EXPECT_EQ(a.finish, b.finish) << "request " << i;
+    EXPECT_EQ(a.stop_token, b.stop_token) << "request " << i;
+    EXPECT_EQ(a.usage.completion_tokens, b.usage.completion_tokens) << "request " << i;
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << "request " << i;
+    for (size_t t = 0; t < a.logprobs.size(); ++t) EXPECT_NEAR(a.logprobs[t].logprob, b.logprobs[t].logprob, 1e-5);
+  }
+  EXPECT_EQ(serial.stats.scheduler.overlapped_steps, 0);
+  EXPECT_GT(overlapped.stats.scheduler.overlapped_steps, 10);
+  EXPECT_EQ(serial.stats.scheduler.generated_tokens, overlapped.stats.scheduler.generated_tokens);
+  // The stopped and the aborted request each computed one row more.
+  EXPECT_EQ(overlapped.stats.scheduler.computed_tokens, serial.stats.scheduler.computed_tokens + 2);
+  EXPECT_EQ(overlapped.stats.pages_used, 0);
 }
 
 // Prompt logits (what --logits-out writes) survive chunking and equal the static generator's.
