@@ -86,6 +86,9 @@ const std::vector<CliOption> kCommandOptions = {
     {"decode-attention", true,
      "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu) or swap-ab (attention_decode_swap.cu): "
      "the kernels' comparison end to end"},
+    {"compare-overlap", false,
+     "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
+     "between decode steps before and after, in one process"},
     {"log-level", true, "debug, info (default), warning or error"},
     {"help", false, "show this help"},
 };
@@ -186,8 +189,9 @@ struct BatchResult {
 };
 
 // `rows_per_seq`: 1 for a decode step, k + 1 for a verify step of k drafts (the real rows the routing counts).
+// `overlap`: whether the batch's other steps are overlapped (restored after the profiled ones).
 Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t batch, int64_t rows_per_seq, int64_t top_k,
-                           Breakdown* out, std::vector<RequestOutput>* outputs) {
+                           bool overlap, Breakdown* out, std::vector<RequestOutput>* outputs) {
   // The step in flight (overlapped steps) finishes first and launches none, so the profiled steps are
   // scheduled, captured and run by themselves.
   core.set_overlap_steps(false);
@@ -208,7 +212,7 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   core.step(outputs);
   const auto routing = prof.finish_routing();
   core.runner().set_graph_replay(true);
-  core.set_overlap_steps(core.config().overlap_steps);
+  core.set_overlap_steps(overlap);
   double distinct = 0;
   for (const auto& ids : routing) {
     const size_t real = std::min(ids.size(), static_cast<size_t>(batch * rows_per_seq * top_k));
@@ -219,7 +223,9 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
 }
 
 Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Model& model, int64_t batch,
-                              int64_t input_len, int64_t output_len, uint64_t seed, bool breakdown, RequestId* next_id) {
+                              int64_t input_len, int64_t output_len, uint64_t seed, bool breakdown, bool overlap,
+                              RequestId* next_id) {
+  core.set_overlap_steps(overlap);
   std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(batch));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.dims().vocab_size - 1));
   std::map<RequestId, int64_t> index;
@@ -262,7 +268,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
       const auto t = Clock::now();
       b.verify_drafts = at_verify ? k : 0;
       const Status st = run_breakdown_steps(core, prof, batch, 1 + b.verify_drafts, model.cost().experts_per_token(),
-                                            &b, &outputs);
+                                            overlap, &b, &outputs);
       if (!st.is_ok()) {
         b.error = st.to_string();
         MX_LOG(Error) << "breakdown at batch " << batch << ": " << b.error;
@@ -504,13 +510,14 @@ Status run_forced_acceptance(const Setup& s, const EngineConfig& base, const Mod
     config.speculative.external = drafter;
     config.speculative.accept_all = true;  // bf16 near ties would send sequences off the recorded drafts
     MX_ASSIGN_OR_RETURN(auto core, EngineCore::create(model, config));
-    MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, model, 1, plain.front().input_len, 4, s.seed + 99, false, next_id));
+    MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, model, 1, plain.front().input_len, 4, s.seed + 99, false,
+                                             config.overlap_steps, next_id));
     (void)warm;
     std::printf("k = %lld\n", static_cast<long long>(k));
     for (const PlainRow& p : plain) {
       const int64_t replays_before = core->runner().num_verify_replays();
       MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, model, p.batch, p.input_len, s.output_len, s.seed,
-                                                   s.breakdown, next_id));
+                                                   s.breakdown, config.overlap_steps, next_id));
       json j = result_json(r, model, backend, probes, p.input_len, s.output_len);
       // Verify steps replayed from a verify graph (bucket, k) during this batch; the rest ran eagerly.
       j["verify_graph_replays"] = core->runner().num_verify_replays() - replays_before;
@@ -551,6 +558,9 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0));
   s.seed = static_cast<uint64_t>(seed);
   s.breakdown = args.has("breakdown");
+  const bool compare_overlap = args.has("compare-overlap");
+  if (compare_overlap && (args.has("forced-acceptance") || args.has("disable-overlap-schedule")))
+    return invalid_argument("--compare-overlap runs both step kinds itself: drop --forced-acceptance and --disable-overlap-schedule");
   if (args.has("forced-acceptance")) {
     MX_ASSIGN_OR_RETURN(s.forced_k, parse_int_list(args.get("forced-acceptance")));
     for (int64_t k : s.forced_k)
@@ -631,7 +641,7 @@ Status run(const CliArgs& args) {
     // Warm-up per prompt length: library plans for its prefill shapes, first-touch costs.
     const int64_t warm_batch = std::min<int64_t>(max_batch, std::max<int64_t>(1, std::min<int64_t>(4, pool_tokens / (input_len + 4))));
     MX_ASSIGN_OR_RETURN(auto warm, run_batch(*core, backend, *model, warm_batch, input_len, std::min<int64_t>(s.output_len, 4),
-                                             s.seed + 99, false, &next_id));
+                                             s.seed + 99, false, config.overlap_steps, &next_id));
     (void)warm;
     std::printf("input %lld tokens, output %lld\n", static_cast<long long>(input_len), static_cast<long long>(s.output_len));
     std::printf("%6s %10s %10s %12s %8s %10s %10s %8s %10s\n", "batch", "TTFT ms", "TTFTmax", "prefill t/s", "of flr",
@@ -646,21 +656,27 @@ Status run(const CliArgs& args) {
                            {"kv_tokens_in_pool", pool_tokens}});
         continue;
       }
-      MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown, &next_id));
-      results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
-      if (s.breakdown && !r.breakdown) {
-        // The first requests finished before the last ones had their first token (a long prefill phase).
-        std::printf("       no breakdown at batch %lld: no step decoded all %lld requests at the middle of the output "
-                    "(give a longer --output-len)\n",
-                    static_cast<long long>(b), static_cast<long long>(b));
-        results.back()["breakdown_missing"] = "no step decoded every request at the middle of the output";
+      // --compare-overlap: serial steps first, then overlapped ones (the same prompts: the same seed).
+      for (const bool overlap : compare_overlap ? std::vector<bool>{false, true} : std::vector<bool>{config.overlap_steps}) {
+        if (compare_overlap) std::printf("       %s steps:\n", overlap ? "overlapped" : "serial");
+        MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown,
+                                                     overlap, &next_id));
+        results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
+        results.back()["overlapped_steps"] = overlap;
+        if (s.breakdown && !r.breakdown) {
+          // The first requests finished before the last ones had their first token (a long prefill phase).
+          std::printf("       no breakdown at batch %lld: no step decoded all %lld requests at the middle of the output "
+                      "(give a longer --output-len)\n",
+                      static_cast<long long>(b), static_cast<long long>(b));
+          results.back()["breakdown_missing"] = "no step decoded every request at the middle of the output";
+        }
+        if (!s.forced_k.empty()) {
+          plain_rows.push_back({input_len, b, results.back()["tpot_ms_median"].get<double>(),
+                                results.back()["time_per_output_token_ms"].get<double>()});
+          references.insert(references.end(), r.outputs.begin(), r.outputs.end());
+        }
+        std::fflush(stdout);
       }
-      if (!s.forced_k.empty()) {
-        plain_rows.push_back({input_len, b, results.back()["tpot_ms_median"].get<double>(),
-                              results.back()["time_per_output_token_ms"].get<double>()});
-        references.insert(references.end(), r.outputs.begin(), r.outputs.end());
-      }
-      std::fflush(stdout);
     }
   }
   json verify_curve = json::array();
