@@ -173,7 +173,13 @@ __device__ __forceinline__ void attn_mask_cols(float (&s)[KT / 2], int lo0, int 
       if (!ok) s[4 * j + e] = -INFINITY;
     }
 }
-template <int KT>
+// LAZY (FA4's conditional rescale): the running max moves only when a tile's max passes it by more than
+// kAttnLazyRescaleLog2 (2^8); below that the tile's weights are taken relative to the old max (at most 2^8,
+// well within fp32 and bf16's range; the sums and O use the same reference, so the result is unchanged),
+// corr stays exactly 1 and the warp skips rescaling O when no row of it moved (attn_softmax_tile). Once a
+// row's max has settled, which in a long row is after its first tiles, no tile rescales.
+inline constexpr float kAttnLazyRescaleLog2 = 8.f;
+template <int KT, bool LAZY = false>
 __device__ __forceinline__ void attn_mask_move_max(float (&s)[KT / 2], float (&m_run)[2], float (&l_run)[2],
                                                    float (&corr)[2], float (&base)[2], int sides, int k0, int q4,
                                                    int f0, int l0, int f1, int l1, float scale_log2) {
@@ -197,28 +203,41 @@ __device__ __forceinline__ void attn_mask_move_max(float (&s)[KT / 2], float (&m
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
-    base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero weight
-    corr[h] = exp2_ftz(m_run[h] - base[h]);
-    m_run[h] = m_new;
+    if constexpr (LAZY) {
+      const float m_tile = mx[h] * scale_log2;
+      const bool grow = m_tile > m_run[h] + kAttnLazyRescaleLog2;  // -inf + 8 = -inf: a first visible key grows
+      const float m_new = grow ? m_tile : m_run[h];
+      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero weight
+      corr[h] = grow ? exp2_ftz(m_run[h] - base[h]) : 1.f;
+      m_run[h] = m_new;
+    } else {
+      const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
+      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at zero weight
+      corr[h] = exp2_ftz(m_run[h] - base[h]);
+      m_run[h] = m_new;
+    }
     l_run[h] *= corr[h];
   }
 }
 
 // One tile's online softmax of rows r0 (keys [f0, l0] visible) and r1 ([f1, l1]), whole (the in-turn loop):
-// attn_mask_move_max, then o rescaled and the weights packed as the A fragments of P V.
+// attn_mask_move_max with the lazy rescale, then o rescaled unless no row of the warp moved its max (the
+// common case once the rows' maxima settle: 32 multiplies a tile saved) and the weights packed as the A
+// fragments of P V.
 template <int KT, int HD>
 __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)[HD / 2], float (&m_run)[2],
                                                   float (&l_run)[2], uint32_t (&pa)[KT / 16][4], int sides, int k0,
                                                   int q4, int f0, int l0, int f1, int l1, float scale_log2) {
   float corr[2], base[2];
-  attn_mask_move_max<KT>(s, m_run, l_run, corr, base, sides, k0, q4, f0, l0, f1, l1, scale_log2);
+  attn_mask_move_max<KT, /*LAZY=*/true>(s, m_run, l_run, corr, base, sides, k0, q4, f0, l0, f1, l1, scale_log2);
+  if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-  for (int j = 0; j < HD / 8; ++j) {
-    o[4 * j] *= corr[0];
-    o[4 * j + 1] *= corr[0];
-    o[4 * j + 2] *= corr[1];
-    o[4 * j + 3] *= corr[1];
+    for (int j = 0; j < HD / 8; ++j) {
+      o[4 * j] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
+    }
   }
 #pragma unroll
   for (int j = 0; j < KT / 8; ++j) {
@@ -319,6 +338,45 @@ __device__ __forceinline__ void attn_pv(float (&o)[HD / 2], uint32_t (&pa)[KT / 
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_regs(o);
+}
+
+// One K/V tile of KT key rows from the paged cache into a ring stage (K at `stage`, V `tile_bytes` after it,
+// both [KT][64] swizzled) by WARPS producer warps, one page lookup per key row: warp w owns rows
+// w R .. w R + R - 1 (R = KT / WARPS); lane L < R looks up row w R + L's pool row (page * page_size + offset;
+// -1 outside [klo, khi] or where the page is not mapped: those rows are zero-filled); lane L then copies
+// 16-byte chunk L % 8 of rows w R + L / 8 + 4 i, taking the pool row from lane L / 8 + 4 i by a shuffle. Per
+// copied row: a shuffle, two address computations (32-bit row times stride into a 64-bit pointer) and two
+// cp.async; a row's lookup and 64-bit offset arithmetic are no longer repeated by its 8 chunk threads. Rows
+// 4 apart alternate between two swizzle phases (R is a multiple of 8).
+template <int KT, int HD, int WARPS>
+__device__ __forceinline__ void attn_copy_kv_tile(uint8_t* stage, int tile_bytes, const PagedKv& kv,
+                                                  const int32_t* table, int k0, int klo, int khi, int g, int64_t n_kv,
+                                                  bool pow2, int page_shift, int tid) {
+  constexpr int R = KT / WARPS;
+  static_assert(HD == 64 && R % 8 == 0 && R <= 32, "rows of 128 bytes; a warp's rows fit its lanes");
+  const int w = tid / 32, lane = tid % 32, ch = lane % 8, rsub = lane / 8;
+  const int page_size = static_cast<int>(kv.page_size);
+  int pool_row = -1;
+  if (lane < R) {
+    const int key = k0 + w * R + lane;
+    const int logical = pow2 ? key >> page_shift : key / page_size;
+    const int page = key >= klo && key <= khi && logical < kv.max_pages ? table[logical] : -1;
+    if (page >= 0 && page < kv.num_pages) pool_row = page * page_size + (key - logical * page_size);
+  }
+  const int row_stride = static_cast<int>(n_kv) * HD;
+  const uint16_t* k_chunk = kv.k + g * HD + ch * 8;
+  const uint16_t* v_chunk = kv.v + g * HD + ch * 8;
+  const int row_base = (w * R + rsub) * 128;
+  const int dst_even = row_base + ((ch ^ rsub) << 4), dst_odd = row_base + ((ch ^ (rsub + 4)) << 4) + 512;
+#pragma unroll
+  for (int i = 0; i < R / 4; ++i) {
+    const int row = __shfl_sync(0xffffffffu, pool_row, rsub + 4 * i);
+    const bool ok = row >= 0;
+    const int64_t off = static_cast<int64_t>(ok ? row : 0) * row_stride;
+    const int dst = ((i & 1) ? dst_odd : dst_even) + (i / 2) * 1024;
+    cp_async_16(stage + dst, k_chunk + off, ok);
+    cp_async_16(stage + tile_bytes + dst, v_chunk + off, ok);
+  }
 }
 
 // The overlapped consumer loop over a pass's tiles (FA3's intra-warpgroup overlap) of the ws kernel's 64-key

@@ -9,8 +9,9 @@
 // per SM.
 //
 // Roles as in attention_wgmma_ws.cu (tile layout, GEMMs, softmax, store: attention_wgmma_parts.cuh):
-// - producer warpgroup (setmaxnreg 32): warps 0-1 load K/V tiles into the ring, warps 2-3 load each
-//   block's Q into one of two buffers; cp.async arrivals on mbarriers.
+// - producer warpgroup (setmaxnreg 32): warps 0-1 load K/V tiles into the ring (attn_copy_kv_tile: one
+//   page lookup per key row), warps 2-3 load each block's Q into one of two buffers; cp.async arrivals on
+//   mbarriers.
 // - two consumer warpgroups of 64 rows (104 registers), each tile in turn: S = Q K^T (both from shared
 //   memory), softmax, O += P V; the warpgroups of the SM's two CTAs overlap each other. The ws kernel's
 //   overlapped loop (QK(i) issued with P V(i - 1)) spilled P and had its wgmmas serialized at this budget
@@ -204,17 +205,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
   if (tid < 128) {
     setmaxnreg_dec<kProducerRegisters>();
     if (tid < kKvLoaders) {
-      // Thread tid copies 16-byte chunk tid % 8 of key rows tid / 8 + 8i: one swizzle phase, one offset.
-      const int ch = tid % 8, row0 = tid / 8;
-      const int dst0 = row0 * 128 + ((ch ^ (row0 & 7)) << 4);
       const PagedKv& kv = p.kv;
       const int page_size = static_cast<int>(kv.page_size);
       const bool pow2 = (page_size & (page_size - 1)) == 0;
       const int page_shift = __ffs(page_size) - 1;
-      // The thread's chunk of key row 0 of page 0 in K, V's offset from K, and the stride of a key row
-      // (32 registers after setmaxnreg: the fewer live values the loop carries, the fewer spills).
-      const uint16_t* k_chunk = kv.k + g * kHd + ch * 8;
-      const int64_t v_minus_k = kv.v - kv.k, row_stride = p.n_kv * kHd;
       for (int ps = 0; ps < n_passes; ++ps) {
         const int fresh = tab.pass_new[ps];
         if (fresh == 0) continue;
@@ -224,27 +218,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
         for (int i = tiles - fresh; i < tiles; ++i) {
           const int j = tab.pass_jlo[ps] + i, slot = j % kStages;
           mbarrier_wait(empty0 + 8 * slot, ((j / kStages) & 1) ^ 1);  // a fresh ring is empty
-          uint8_t* stage = skv + slot * kStageBytes;
-          const int k0 = (tab.pass_tlo[ps] + i) * kKt;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            int page[4], in_page[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int key = k0 + row0 + 8 * (4 * half + r);
-              const int logical = pow2 ? key >> page_shift : key / page_size;
-              in_page[r] = key - logical * page_size;
-              page[r] = key >= lo && key <= hi && logical < kv.max_pages ? table[logical] : -1;
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const bool ok = page[r] >= 0 && page[r] < kv.num_pages;
-              const uint16_t* src = ok ? k_chunk + (static_cast<int64_t>(page[r]) * page_size + in_page[r]) * row_stride : kv.k;
-              const int dst = dst0 + (4 * half + r) * 1024;
-              cp_async_16(stage + dst, src, ok);
-              cp_async_16(stage + kTileBytes + dst, src + v_minus_k, ok);
-            }
-          }
+          attn_copy_kv_tile<kKt, kHd, kKvLoaders / 32>(skv + slot * kStageBytes, kTileBytes, kv, table,
+                                                        (tab.pass_tlo[ps] + i) * kKt, lo, hi, g, p.n_kv, pow2,
+                                                        page_shift, tid);
           cp_async_mbarrier_arrive(full0 + 8 * slot);
         }
       }

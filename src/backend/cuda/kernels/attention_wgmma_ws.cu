@@ -3,9 +3,10 @@
 // instead of every warp doing everything in lockstep behind a CTA barrier per tile:
 //
 // - warpgroup 0, the producer (32 registers a thread after setmaxnreg): walks the CTA's K/V tiles, waits
-//   for a ring slot to be empty, issues the tile's cp.async copies (16-byte chunks, one page-table lookup
-//   per key row, so any page size works) and arms the slot's full mbarrier with
-//   cp.async.mbarrier.arrive. It never waits for its own copies: it runs as far ahead as the ring allows.
+//   for a ring slot to be empty, issues the tile's cp.async copies (attn_copy_kv_tile: 16-byte chunks, one
+//   page-table lookup per key row shared with the row's copying lanes by a shuffle, so any page size works)
+//   and arms the slot's full mbarrier with cp.async.mbarrier.arrive. It never waits for its own copies: it
+//   runs as far ahead as the ring allows.
 // - warpgroups 1..kConsumers (the rest of the register pool: 160 registers for the 128-key shape, 104 for
 //   the 64-key one): 64 query rows each. Per tile: wait for the slot's full barrier, S = Q K^T, online
 //   softmax, O += P V, then each warp releases the slot. No CTA-wide barrier in the loop, so one
@@ -150,12 +151,8 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
 
   if (tid < kProducerThreads) {
     setmaxnreg_dec<Shape::kProducerRegisters>();
-    // Thread tid copies 16-byte chunk tid % 8 of key rows tid / 8 + 16j: one swizzle phase (16j % 8 == 0),
-    // so one destination offset per thread.
-    const int ch = tid % 8, row0 = tid / 8;
-    const int dst0 = row0 * 128 + ((ch ^ (row0 & 7)) << 4);
     const PagedKv& kv = p.kv;
-    // Page sizes are powers of two in practice (16): a shift and a mask then, not a division per key row.
+    // Page sizes are powers of two in practice (16): a shift, not a division per key row.
     const int page_size = static_cast<int>(kv.page_size);
     const bool pow2 = (page_size & (page_size - 1)) == 0;
     const int page_shift = __ffs(page_size) - 1;
@@ -167,26 +164,8 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
       const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
       for (int i = 0; i < n_tiles; ++i) {
         mbarrier_wait(empty0 + 8 * slot, parity);
-        uint8_t* stage = skv + slot * kStageBytes;
-        const int k0 = kmin + i * KT;
-        // The rows' pages first, all lookups in flight at once, then the copies (32-bit arithmetic: page
-        // sizes and positions fit an int).
-        int page[KT / 16], in_page[KT / 16];
-#pragma unroll
-        for (int j = 0; j < KT / 16; ++j) {
-          const int key = k0 + row0 + 16 * j;
-          const int logical = pow2 ? key >> page_shift : key / page_size;
-          in_page[j] = key - logical * page_size;
-          page[j] = key <= kmax && logical < kv.max_pages ? table[logical] : -1;
-        }
-#pragma unroll
-        for (int j = 0; j < KT / 16; ++j) {
-          const bool ok = page[j] >= 0 && page[j] < kv.num_pages;
-          const int64_t off =
-              ok ? ((static_cast<int64_t>(page[j]) * page_size + in_page[j]) * p.n_kv + g) * HD + ch * 8 : 0;
-          cp_async_16(stage + dst0 + j * 2048, kv.k + off, ok);
-          cp_async_16(stage + kTileBytes + dst0 + j * 2048, kv.v + off, ok);
-        }
+        attn_copy_kv_tile<KT, HD, kProducerThreads / 32>(skv + slot * kStageBytes, kTileBytes, kv, table, kmin + i * KT,
+                                                         kmin, kmax, g, p.n_kv, pow2, page_shift, tid);
         cp_async_mbarrier_arrive(full0 + 8 * slot);
         if (++slot == kStages) {
           slot = 0;
