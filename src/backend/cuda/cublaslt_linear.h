@@ -2,6 +2,9 @@
 // and scale, bf16 or f32 output, the bias in the epilogue for bf16 outputs. Row-major is handled as the
 // column-major product out^T = W x^T ("TN": A = W transposed, B = x). The algorithm of each shape is chosen
 // once by the heuristic and cached; the workspace is allocated once, so calls are graph-capturable.
+// libcublasLt is opened (dlopen) when the first LtLinear is made, not linked: its static initializers cost
+// ~0.5 CPU s in every process that links it, and most mxserve processes (the CPU backend, every CLI command
+// and test process) never multiply on a GPU.
 #pragma once
 
 #include <map>
@@ -11,6 +14,18 @@
 #include "backend/cuda/cuda_check.h"
 
 namespace mx::cuda {
+
+// Owners of cuBLASLt objects; they exist only once the library is open, so they are released through it.
+// (cuda_check.h's LtHandle & co. call the linked library: unused since, left alone because every .cu
+// includes that header.)
+void destroy_lt_handle(cublasLtHandle_t h);
+void destroy_lt_matmul_desc(cublasLtMatmulDesc_t d);
+void destroy_lt_layout(cublasLtMatrixLayout_t l);
+void destroy_lt_preference(cublasLtMatmulPreference_t p);
+using LtHandleOwner = Owned<cublasLtHandle_t, destroy_lt_handle>;
+using LtMatmulDescOwner = Owned<cublasLtMatmulDesc_t, destroy_lt_matmul_desc>;
+using LtLayoutOwner = Owned<cublasLtMatrixLayout_t, destroy_lt_layout>;
+using LtPreferenceOwner = Owned<cublasLtMatmulPreference_t, destroy_lt_preference>;
 
 class LtLinear {
  public:
@@ -23,14 +38,14 @@ class LtLinear {
 
  private:
   struct Plan {
-    LtMatmulDesc desc;
-    LtLayout a, b, d;
+    LtMatmulDescOwner desc;
+    LtLayoutOwner a, b, d;
     cublasLtMatmulAlgo_t algo{};
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>;  // m, n, k, out_f32, has_bias, ldd
   Result<Plan*> plan(const Key& key);
 
-  LtHandle handle_;
+  LtHandleOwner handle_;
   void* workspace_ = nullptr;
   int64_t workspace_bytes_ = 0;
   struct FreeDevice {
