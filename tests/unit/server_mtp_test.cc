@@ -10,7 +10,7 @@
 
 #include "model/gemma4/gemma4_assistant_synthetic.h"
 #include "model/gemma4/gemma4_synthetic.h"
-#include "server_test_util.h"
+#include "serve_process_util.h"
 #include "test_util.h"
 
 namespace mx::test {

@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "server_test_util.h"
+#include "serve_process_util.h"
 #include "test_util.h"
 
 namespace mx::test {

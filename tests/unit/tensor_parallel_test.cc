@@ -18,7 +18,7 @@
 #include "io/safetensors.h"
 #include "model/gemma4/gemma4_shard.h"
 #include "model/gpt_oss/gpt_oss_shard.h"
-#include "server_test_util.h"
+#include "serve_process_util.h"
 #include "test_util.h"
 
 namespace mx {

@@ -1,7 +1,7 @@
 // Runs `mxserve serve` as users do: a child process on a free port (`--port 0`; the port is read from the
 // "listening on http://HOST:PORT" line it prints), stopped with SIGTERM, which must drain and exit 0.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 
@@ -10,6 +10,8 @@ const live = new Set();
 process.on('exit', () => {
   for (const child of live) child.kill('SIGKILL');
 });
+
+const SETPRIV = '/usr/bin/setpriv';
 
 export function mxserveBinary() {
   const bin = process.env.MXSERVE_BIN;
@@ -22,7 +24,12 @@ export function mxserveBinary() {
 export async function startServer({ args = [], startupMs = 120_000 } = {}) {
   const cacheHome = process.env.MX_E2E_CACHE ?? (process.env.MX_E2E_CACHE = mkdtempSync(path.join(tmpdir(), 'mx-e2e-')));
   const argv = ['serve', '--port', '0', '--backend', 'cpu', '--log-level', 'warning', ...args];
-  const child = spawn(mxserveBinary(), argv, {
+  // Through util-linux's setpriv (where there is one), the server gets SIGKILL when this process dies however
+  // it dies (a CTest timeout, a killed run), instead of serving on, reparented to init, holding the pipes and
+  // descriptors it inherited; the 'exit' handler above covers only a normal exit.
+  const [command, commandArgs] = existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'KILL', '--', mxserveBinary(), ...argv]]
+    : [mxserveBinary(), argv];
+  const child = spawn(command, commandArgs, {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, XDG_CACHE_HOME: cacheHome },
   });
