@@ -10,7 +10,7 @@
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only |
-// --gemma-router-only | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
+// --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
@@ -713,12 +713,14 @@ TensorView gemma_random_f32(Shape shape, float stddev) {
   return v;
 }
 
-// Up to CudaGemmaRouterOptions::kClusterMaxTokens tokens both decode kernels (ticket first, then the
-// cluster kernel on clusters of 16 and of 8 CTAs, weights by loads and by bulk copies; a form the device
-// does not run is skipped), then the default's choice. The checkpoint's bf16 weights (30 layers rotated)
+// Every size: the ticket kernel first (4-token tiles, no clusters; the logits the others are checked against), up to
+// CudaGemmaRouterOptions::kClusterMaxTokens tokens the cluster kernel on clusters of 16 and of 8 CTAs
+// (weights by loads and by bulk copies), the split kernel on clusters of 16 and of 8 (a form the device does
+// not run is skipped), then the default's choice. The checkpoint's bf16 weights (30 layers rotated)
 // beside an f32 x_scale; every form's logits are checked against the first form's (max |diff| in the note;
 // past 1e-4 of the largest logit the run ends).
-void bench_gemma_router() {
+const std::vector<int64_t> kGemmaRouterSizes{1, 2, 4, 8, 16, 32, 64, 100, 128, 256, 512, 2048, 8192};
+void bench_gemma_router(const std::vector<int64_t>& sizes) {
   const int64_t E = kGemmaE, H = kGemmaH, k = kGemmaK;
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, H, kGemmaI, E, k, 16, 8, 512}));
   // The calls rotate over 256 copies of the weight (184 MB, past the L2 of any card we run), so that each
@@ -741,7 +743,7 @@ void bench_gemma_router() {
   TensorView x_scale = make(DType::kF32, {H});
   CHECK_OK(g_b->copy_from_host(x_scale, x_scale_host.data()));
   TensorView scale = random_bf16({E}, 1.0f);
-  for (int64_t T : {1, 2, 4, 8, 32, 512, 8192}) {
+  for (const int64_t T : sizes) {
     TensorView x = gemma_random_f32({T, H}, 2.0f), logits = make(DType::kF32, {T, E});
     TensorView ids = make(DType::kI32, {T, k}), weights = make(DType::kF32, {T, k});
     auto op = [&](int i) {
@@ -749,14 +751,15 @@ void bench_gemma_router() {
                                            1e-6f, x_scale});
     };
     using Variant = std::pair<CudaGemmaRouterOptions, std::string>;
-    std::vector<Variant> variants{{CudaGemmaRouterOptions{}, ""}};
+    std::vector<Variant> variants{{{CudaGemmaRouterDecode::kTicket}, " (ticket)"}};
     if (T <= CudaGemmaRouterOptions::kClusterMaxTokens)
-      variants = {{{CudaGemmaRouterDecode::kTicket}, " (ticket)"},
-                  {{CudaGemmaRouterDecode::kCluster, 16, -1}, " (cluster of 16, loads)"},
-                  {{CudaGemmaRouterDecode::kCluster, 8, -1}, " (cluster of 8, loads)"},
-                  {{CudaGemmaRouterDecode::kCluster, 16, 1}, " (cluster of 16, bulk copies)"},
-                  {{CudaGemmaRouterDecode::kCluster, 8, 1}, " (cluster of 8, bulk copies)"},
-                  {{}, ""}};
+      variants.insert(variants.end(), {{{CudaGemmaRouterDecode::kCluster, 16, -1}, " (cluster of 16, loads)"},
+                                       {{CudaGemmaRouterDecode::kCluster, 8, -1}, " (cluster of 8, loads)"},
+                                       {{CudaGemmaRouterDecode::kCluster, 16, 1}, " (cluster of 16, bulk copies)"},
+                                       {{CudaGemmaRouterDecode::kCluster, 8, 1}, " (cluster of 8, bulk copies)"}});
+    variants.insert(variants.end(), {{{CudaGemmaRouterDecode::kSplit, 16}, " (split of 16)"},
+                                     {{CudaGemmaRouterDecode::kSplit, 8}, " (split of 8)"},
+                                     {{}, ""}});
     std::vector<float> first_logits;
     for (const auto& [options, name] : variants) {
       CHECK_OK(set_cuda_gemma_router_options(*g_b, options));
@@ -892,7 +895,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
 
 void bench_gemma() {
   const int64_t H = kGemmaH;
-  bench_gemma_router();
+  bench_gemma_router(kGemmaRouterSizes);
   bench_gemma_experts({1, 8, 64, 1024, 8192});
   for (int64_t T : {1, 8192}) {
     TensorView g = random_bf16({T, 2112}, 1.0f), u = random_bf16({T, 2112}, 1.0f);
@@ -990,10 +993,16 @@ int main(int argc, char** argv) {
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }
-  // `--gemma-only`: Gemma-4 26B-A4B's router, bf16 experts and small ops; `--gemma-router-only` the router.
-  if (argc > arg && (std::string(argv[arg]) == "--gemma-only" || std::string(argv[arg]) == "--gemma-router-only")) {
-    if (std::string(argv[arg]) == "--gemma-only") bench_gemma();
-    else bench_gemma_router();
+  // `--gemma-router-only[=T,T,...]`: the router alone (default: every size of bench_gemma_router).
+  if (const auto sizes = argc > arg ? int_list_flag(argv[arg], "--gemma-router-only") : std::nullopt) {
+    bench_gemma_router(sizes->empty() ? kGemmaRouterSizes : *sizes);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--gemma-only`: Gemma-4 26B-A4B's router, bf16 experts and small ops.
+  if (argc > arg && std::string(argv[arg]) == "--gemma-only") {
+    bench_gemma();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

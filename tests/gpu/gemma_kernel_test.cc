@@ -199,20 +199,35 @@ TEST_F(GemmaKernelTest, FusedLayerEndNorms) {
   EXPECT_FALSE(cuda_backend().gemma_layer_end({x, TensorView(), w, w, w, two, r, w, x, 1e-6f}).is_ok());  // scalar
 }
 
-// The router kernels a batch of `tokens` can take: past CudaGemmaRouterOptions::kClusterMaxTokens the
-// default's choice; up to it the ticket kernel and the cluster kernel, with the default's cluster size (16
-// CTAs up to 4 tokens where the device runs them) and with 8 CTAs, weights by loads and by bulk copies.
+// The router kernels a batch of `tokens` can take: the split kernel (the default's cluster size, and 8
+// CTAs) and the ticket kernel at every size; past CudaGemmaRouterOptions::kClusterMaxTokens the default's
+// choice; up to it the cluster kernel, with the default's cluster size (16 CTAs up to 4 tokens where the
+// device runs them) and with 8 CTAs, weights by loads and by bulk copies.
 struct RouterKernel {
   CudaGemmaRouterOptions options;
   std::string name;
 };
 std::vector<RouterKernel> router_kernels(int64_t tokens) {
-  if (tokens > CudaGemmaRouterOptions::kClusterMaxTokens) return {{{}, ""}};
-  return {{{CudaGemmaRouterDecode::kTicket}, ", ticket"},
-          {{CudaGemmaRouterDecode::kCluster, 0, 1}, ", cluster, bulk copies"},
-          {{CudaGemmaRouterDecode::kCluster, 8, 1}, ", cluster of 8, bulk copies"},
-          {{CudaGemmaRouterDecode::kCluster, 0, -1}, ", cluster, loads"},
-          {{CudaGemmaRouterDecode::kCluster, 8, -1}, ", cluster of 8, loads"}};
+  std::vector<RouterKernel> kernels{{{CudaGemmaRouterDecode::kSplit}, ", split"},
+                                    {{CudaGemmaRouterDecode::kSplit, 8}, ", split of 8"}};
+  if (tokens > CudaGemmaRouterOptions::kClusterMaxTokens) {
+    kernels.push_back({{}, ""});
+    kernels.push_back({{CudaGemmaRouterDecode::kTicket}, ", ticket"});
+    return kernels;
+  }
+  kernels.insert(kernels.end(), {{{CudaGemmaRouterDecode::kTicket}, ", ticket"},
+                                 {{CudaGemmaRouterDecode::kCluster, 0, 1}, ", cluster, bulk copies"},
+                                 {{CudaGemmaRouterDecode::kCluster, 8, 1}, ", cluster of 8, bulk copies"},
+                                 {{CudaGemmaRouterDecode::kCluster, 0, -1}, ", cluster, loads"},
+                                 {{CudaGemmaRouterDecode::kCluster, 8, -1}, ", cluster of 8, loads"}});
+  return kernels;
+}
+
+// Rejects the forced form where the shape does not fit it: bulk copies and the split kernel of rows not a
+// multiple of 16 bytes.
+bool router_rejects(const RouterKernel& kernel, int64_t hidden) {
+  return hidden % 8 != 0 &&
+         (kernel.options.bulk_weights > 0 || kernel.options.decode == CudaGemmaRouterDecode::kSplit);
 }
 
 std::vector<int32_t> ids_of(const std::vector<uint8_t>& bytes) {
@@ -257,9 +272,10 @@ TEST_F(GemmaKernelTest, FusedRouter) {
     int64_t t, e, h, k;
     bool norm, f32_x, f32_scale;
   };
-  // Decode tiles (<= 32 tokens, 4 per tile, 2 experts per CTA), 16-token tiles of 32 experts per CTA, and
-  // from 2048 tokens the GEMM tiles (64 tokens x <= 128 experts): partial tiles, expert counts that
-  // leave a CTA partly empty, hidden sizes not a multiple of 32 or 128. Up to 8 tokens also the cluster
+  // The ticket kernel's 4-token tiles (2 experts per CTA): partial tiles, expert counts that leave a CTA
+  // partly empty, hidden sizes not a multiple of 32 or 128. The split kernel on every case:
+  // 8- to 32-token tiles, CTAs without hidden chunks (hidden 64), two m tiles per warp (256 experts), two
+  // register passes over a CTA's chunks (5000), partial m tiles (33, 40 experts). Up to 8 tokens also the cluster
   // kernel (router_kernels): CTAs without experts (6 experts), partial groups (40), two groups per CTA (256),
   // two passes over the hidden row (5000), rows not a multiple of 16 bytes (hidden 204: no bulk copies). Every
   // case with a bf16 weight and a random x_scale, the twin with the same.
@@ -300,7 +316,7 @@ TEST_F(GemmaKernelTest, FusedRouter) {
                        cuda_.make(DType::kI32, {c.t, c.k}), cuda_.make(DType::kF32, {c.t, c.k}), c.k, ps.cuda, eps,
                        pxs.cuda};
       const Status st = cuda_backend().router_topk(r_g);
-      if (c.h % 8 != 0 && kernel.options.bulk_weights > 0) {  // forced copies of 408-byte rows
+      if (router_rejects(kernel, c.h)) {  // forced copies or split tiles of 408-byte rows
         EXPECT_FALSE(st.is_ok()) << kernel.name;
         continue;
       }
@@ -341,6 +357,28 @@ TEST_F(GemmaKernelTest, FusedRouter) {
     record("gemma router ties", "128 equal logits -> experts 0..7" + kernel.name, got == want ? 0 : 1, 0, 0,
            got == want);
     EXPECT_EQ(got, want) << kernel.name;
+  }
+  // A token's logits from the split kernel do not depend on the tokens beside it or on the tile size: the
+  // first 9 of 130 tokens (24-token tiles) routed alone (8-token tiles) give the same bits.
+  for (const RouterKernel& kernel : router_kernels(130)) {
+    if (kernel.options.decode != CudaGemmaRouterDecode::kSplit) continue;
+    ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok());
+    const int64_t hb = 2816, n = 130, few = 9;
+    const Bf16Data wb = random_bf16(rng_, e * hb, 0.05f);
+    TensorView wv = cuda_.upload(DType::kBF16, {e, hb}, wb.bits.data());
+    Pair xb = f32_pair(random_f32(rng_, n * hb, 0.1f, 4.0f), {n, hb});
+    Pair xsb = f32_pair(random_f32(rng_, hb, 1.0f, 0.3f), {hb});
+    std::vector<std::vector<float>> logits;
+    for (const int64_t t : {n, few}) {
+      RouterParams r_g{xb.cuda.rows(0, t), wv, TensorView(), cuda_.make(DType::kF32, {t, e}),
+                       cuda_.make(DType::kI32, {t, k}), cuda_.make(DType::kF32, {t, k}), k, TensorView(), 1e-6f,
+                       xsb.cuda};
+      ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok()) << kernel.name;
+      logits.push_back(cuda_.download_f32(r_g.logits));
+    }
+    const bool same = std::equal(logits[1].begin(), logits[1].end(), logits[0].begin());
+    record("gemma router batch independence", "9 of 130 tokens alone" + kernel.name, same ? 0 : 1, 0, 0, same);
+    EXPECT_TRUE(same) << kernel.name;
   }
   ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), {}).is_ok());
 }

@@ -548,7 +548,24 @@ class CudaBackend final : public Backend {
     const int forced_ctas = options_.gemma_router.cluster_ctas;
     if (forced_ctas != 0 && forced_ctas != 8 && forced_ctas != 16)
       return invalid_argument("cuda router: clusters of 8 or 16 CTAs, not " + std::to_string(forced_ctas));
-    if (decode != CudaGemmaRouterDecode::kTicket && r.tokens <= CudaGemmaRouterOptions::kClusterMaxTokens) {
+    if (decode == CudaGemmaRouterDecode::kSplit ||
+        (decode == CudaGemmaRouterDecode::kAuto && r.tokens > CudaGemmaRouterOptions::kClusterMaxTokens)) {
+      if (router_split_ctas_ < 0) router_split_ctas_ = gemma_router_split_ctas();
+      const int by_tokens =
+          r.tokens <= CudaGemmaRouterOptions::kSplitLargeClusterMaxTokens ? router_split_ctas_ : std::min(router_split_ctas_, 8);
+      r.split_ctas = forced_ctas > 0 && forced_ctas <= router_split_ctas_ ? forced_ctas : by_tokens;
+      if (decode == CudaGemmaRouterDecode::kSplit &&
+          (r.split_ctas == 0 || (forced_ctas > 0 && r.split_ctas != forced_ctas)))
+        return unimplemented("cuda router: this device runs split clusters of at most " +
+                             std::to_string(router_split_ctas_));
+      if (r.split_ctas > 0 && !gemma_router_split_fits(r)) {
+        if (decode == CudaGemmaRouterDecode::kSplit)
+          return unimplemented("cuda router: the split kernel needs hidden % 8 == 0 and its tile in shared memory");
+        r.split_ctas = 0;  // kAuto: the ticket kernel
+      }
+    }
+    if (r.split_ctas == 0 && (decode == CudaGemmaRouterDecode::kAuto || decode == CudaGemmaRouterDecode::kCluster) &&
+        r.tokens <= CudaGemmaRouterOptions::kClusterMaxTokens) {
       if (router_cluster_ctas_ < 0) router_cluster_ctas_ = gemma_router_cluster_ctas();
       int ctas = r.tokens <= CudaGemmaRouterOptions::kLargeClusterMaxTokens ? router_cluster_ctas_
                                                                             : std::min(router_cluster_ctas_, 8);
@@ -1019,6 +1036,7 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(
         ensure(scratch_.gemma_router_tickets, gemma_router_tickets(s.max_tokens) * 4, "router tickets", true));
     if (router_cluster_ctas_ < 0) router_cluster_ctas_ = gemma_router_cluster_ctas();  // host queries: not in a capture
+    if (router_split_ctas_ < 0) router_split_ctas_ = gemma_router_split_ctas();
     MX_RETURN_IF_ERROR(ensure_linear_scratch());
     if (fp8_slab_bytes_ > 0) MX_RETURN_IF_ERROR(ensure(scratch_.dense_fp8, fp8_slab_bytes_, "FP8 dense slab"));
     // Decode splits shrink as the batch grows: tokens * splits <= tokens + 3 * SMs (kernel_configs.cc).
@@ -1092,6 +1110,7 @@ class CudaBackend final : public Backend {
   DeviceInfo dev_;
   CudaBackendOptions options_;
   int router_cluster_ctas_ = -1;  // gemma_router_cluster_ctas() on this device, asked at the first decode router
+  int router_split_ctas_ = -1;   // gemma_router_split_ctas() on this device, asked once as the one above
   CudaStream stream_;
   std::unique_ptr<LtLinear> lt_;
   Scratch scratch_;

@@ -87,18 +87,25 @@ struct CudaBf16ExpertsOptions {
   int stream_ring_slots = 0;
 };
 
-// Which kernel runs Gemma-4's router at decode (up to kClusterMaxTokens tokens): kAuto = the cluster kernel
-// on sm_90 (where it was measured faster), else the ticket kernel; kTicket = the last CTA to finish its
-// experts picks the top-k, kCluster = a CTA cluster per token (gemma_router.cu). Tests and benchmarks force
-// either; kCluster without CTA clusters is an error. Clusters of 16 CTAs (where the device runs them) up to
-// kLargeClusterMaxTokens tokens, else of 8: on an H100 eight clusters of 16 took 9.19 us (two waves, it
-// seems), eight of 8 7.64 us, one of 16 5.47 us and one of 8 7.42 us (docs/PERF.md).
-enum class CudaGemmaRouterDecode { kAuto, kTicket, kCluster };
+// Which kernel runs Gemma-4's router: kAuto = up to kClusterMaxTokens tokens the cluster kernel on sm_90
+// (where it was measured faster), else the ticket kernel; from there the split kernel wherever the device
+// runs CTA clusters (gemma_router_split.cu: a cluster per token tile splitting the hidden dimension; H200,
+// weights from HBM: 98.9 -> 7.0 us at 64 tokens, 94.0 -> 20.0 at 512, 358 -> 205 at 8192; slower than the
+// cluster kernel up to 8 tokens: 5.0 vs 3.9 us at one); kTicket = the ticket kernel (4-token tiles; the last
+// CTA to finish its experts picks the top-k) at every size, kCluster = a CTA cluster per token (up to
+// kClusterMaxTokens), kSplit = the split kernel at every size. Tests and benchmarks force them; kCluster or
+// kSplit without CTA clusters is an error. The cluster kernel runs clusters of 16 CTAs (where the device
+// runs them) up to kLargeClusterMaxTokens tokens, else of 8: on an H100 eight clusters of 16 took 9.19 us
+// (two waves, it seems), eight of 8 7.64 us, one of 16 5.47 us and one of 8 7.42 us (docs/PERF.md). The
+// split kernel runs clusters of 16 up to kSplitLargeClusterMaxTokens, else of 8 (H200: 16 vs 8 CTAs 7.0 vs
+// 8.2 us at 64 tokens, 9.25 vs 9.26 at 128, 13.4 vs 12.6 at 256, 25.6 vs 20.0 at 512).
+enum class CudaGemmaRouterDecode { kAuto, kTicket, kCluster, kSplit };
 struct CudaGemmaRouterOptions {
   static constexpr int64_t kClusterMaxTokens = 8;
   static constexpr int64_t kLargeClusterMaxTokens = 4;
+  static constexpr int64_t kSplitLargeClusterMaxTokens = 128;
   CudaGemmaRouterDecode decode = CudaGemmaRouterDecode::kAuto;
-  int cluster_ctas = 0;  // 8 or 16 forces the cluster's CTAs (tests, benchmarks); 0 = by tokens, as above
+  int cluster_ctas = 0;  // 8 or 16 forces the cluster's CTAs (both cluster kernels; tests, benchmarks)
   // The cluster kernel's weights: 0 = by cp.async.bulk into shared memory where a CTA's rows fit, else by
   // loads into registers (H100, one token: 4.51 against 5.47 us); 1 forces the copies (an error where the
   // rows do not fit), -1 the loads.

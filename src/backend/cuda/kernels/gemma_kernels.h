@@ -83,7 +83,7 @@ Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t s
 // top-k (ties to the lower expert), softmax over the k, times expert_scale[id]. CTAs split the experts; the last CTA of a token tile
 // (atomic ticket, reset by it for the next replay) selects the top-k of the tile's tokens, or, with
 // cluster_ctas at decode, CTA 0 of the token's CTA cluster, from the logits the others stored into its
-// shared memory.
+// shared memory; with split_ctas, the owner CTA of each token in its tile's cluster (gemma_router_split.cu).
 struct GemmaRouterParams {
   const void* x = nullptr;             // [tokens, hidden], f32 when x_f32 else bf16
   const uint16_t* weight = nullptr;    // bf16 [experts, hidden]
@@ -96,12 +96,17 @@ struct GemmaRouterParams {
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
   float norm_eps = 0.0f;
   bool x_f32 = false, scale_f32 = false;
-  // 0 = the ticket kernel (or at 2048 tokens and more the GEMM tiles); else one cluster of this many CTAs
-  // per token (a value gemma_router_cluster_ctas() returned on this device; meant for decode batches).
+  // 0 = the ticket kernel; else one cluster of this many CTAs per token (a value gemma_router_cluster_ctas()
+  // returned on this device; meant for a few tokens).
   int cluster_ctas = 0;
   // With cluster_ctas: each CTA's weight rows by cp.async.bulk into shared memory (where they fit:
   // gemma_router_bulk_weights_fit: rows of hidden % 8 == 0) instead of 8-byte loads into registers.
   bool bulk_weights = false;
+  // > 0 (8 or 16, a value gemma_router_split_ctas() returned on this device): the split kernel instead
+  // (gemma_router_split.cu; launch_gemma_router_split): a cluster of this many CTAs per tile of up to 32
+  // tokens, each CTA a slice of the hidden dimension for every expert, on bf16 tensor cores. Meant for
+  // batches (cluster_ctas is for a few tokens); needs hidden % 8 == 0 (gemma_router_split_fits).
+  int split_ctas = 0;
 };
 int64_t gemma_router_tickets(int64_t tokens);
 // The largest CTA cluster the router's cluster kernel runs on with the current device (16 where the device
@@ -109,6 +114,12 @@ int64_t gemma_router_tickets(int64_t tokens);
 int gemma_router_cluster_ctas();
 bool gemma_router_bulk_weights_fit(const GemmaRouterParams& p);
 Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream);
+// The split kernel's cluster size on the current device (16 where it runs non-portable clusters of 16, else
+// 8), or 0 below sm_90: a host query. Then whether p (with split_ctas set) fits the kernel, and its launch
+// (launch_gemma_router takes it where p.split_ctas > 0).
+int gemma_router_split_ctas();
+bool gemma_router_split_fits(const GemmaRouterParams& p);
+Status launch_gemma_router_split(const GemmaRouterParams& p, cudaStream_t stream);
 
 // bf16 GeGLU experts over launch_moe_routing's tiles (or self-routed, below): 8-token tiles on a swap-AB
 // decode kernel (moe_bf16.cu or moe_bf16_bulk.cu), 64-token tiles on the grouped GEMM (moe_bf16_grouped.cu).

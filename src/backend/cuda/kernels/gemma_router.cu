@@ -14,115 +14,22 @@
 // At decode (GemmaRouterParams::cluster_ctas) the CTAs of one token form a cluster instead, and CTA 0 picks
 // the top-k from logits the others store into its shared memory (gemma_router_cluster_kernel).
 // At decode the first weights are requested before the PDL wait: they do not depend on earlier kernels.
+// Batches (more than a few tokens) take the split kernel where the device runs clusters
+// (gemma_router_split.cu, GemmaRouterParams::split_ctas).
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
+#include "backend/cuda/kernels/gemma_router_parts.cuh"
 #include "backend/cuda/kernels/mbarrier.cuh"
 
 namespace mx::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxExperts = 256;
-constexpr int kMaxTopK = 16;
-constexpr int kMinTileTokens = 4;  // the smallest token tile of the configs below (ticket count)
+using namespace router_parts;
 
-__device__ __forceinline__ float4 bf16x4_to_float4(uint2 v) {
-  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                     __uint_as_float(v.y & 0xffff0000u));
-}
-
-__device__ __forceinline__ float4 load_x4(const GemmaRouterParams& p, int64_t t, int64_t i) {
-  if (p.x_f32) return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + t * p.hidden) + i);
-  return bf16x4_to_float4(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + t * p.hidden) + i));
-}
-
-// Weights 4i .. 4i + 3 of expert e's row, from global memory.
-__device__ __forceinline__ float4 load_w4(const GemmaRouterParams& p, int64_t e, int64_t i) {
-  return bf16x4_to_float4(__ldg(reinterpret_cast<const uint2*>(p.weight + e * p.hidden) + i));
-}
-
-// Float4 i of p.x_scale: x's factor per dimension before the dot products (the norm's sum of squares is of
-// x itself).
-__device__ __forceinline__ float4 load_x_scale4(const GemmaRouterParams& p, int64_t i) {
-  return __ldg(reinterpret_cast<const float4*>(p.x_scale) + i);
-}
-__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
-  return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
-}
-
-__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  return fmaf(a.w, b.w, acc);
-}
-
-// Expert e's scale (p.expert_scale non-null), as f32.
-__device__ __forceinline__ float expert_scale_at(const GemmaRouterParams& p, int e) {
-  return p.scale_f32 ? static_cast<const float*>(p.expert_scale)[e]
-                     : bf16_bits_to_f32(static_cast<const uint16_t*>(p.expert_scale)[e]);
-}
-
-// Larger logit -> larger key; the low word is ~id, so equal logits rank the lower id first.
-__device__ __forceinline__ uint64_t topk_key(float logit, int id) {
-  const uint32_t u = __float_as_uint(logit);
-  const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<uint64_t>(k) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
-}
-__device__ __forceinline__ float key_logit(uint64_t key) {
-  const uint32_t k = static_cast<uint32_t>(key >> 32);
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
-// One warp: top-k of token t's logits, softmax, scale. `row`: the token's logits in shared memory (this
-// CTA computed them), or null: from p.logits through L2 (the tile's other CTAs wrote them). `scales`: the
-// per-expert scales as f32 in shared memory (loaded early), or null: from p.expert_scale.
-__device__ void select_topk(const GemmaRouterParams& p, int64_t t, const float* row = nullptr,
-                            const float* scales = nullptr) {
-  const int lane = threadIdx.x % 32, experts = static_cast<int>(p.experts), top_k = static_cast<int>(p.top_k);
-  constexpr int kPerLane = kMaxExperts / 32;
-  uint64_t keys[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    keys[i] = e < experts ? topk_key(row ? row[e] : __ldcg(p.logits + t * p.experts + e), e) : 0ull;
-  }
-  uint64_t mine = 0;  // lane j keeps the j-th pick
-  for (int j = 0; j < top_k; ++j) {
-    uint64_t local = 0;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) local = keys[i] > local ? keys[i] : local;
-    // The warp max of the 64-bit keys as two single-instruction 32-bit reductions: the logit key, then
-    // the id word among the lanes holding that key.
-    const uint32_t hi = __reduce_max_sync(0xffffffffu, static_cast<uint32_t>(local >> 32));
-    const uint32_t lo = __reduce_max_sync(
-        0xffffffffu, static_cast<uint32_t>(local >> 32) == hi ? static_cast<uint32_t>(local) : 0u);
-    const uint64_t best = (static_cast<uint64_t>(hi) << 32) | lo;
-    const int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(best));
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (lane + 32 * i == id) keys[i] = 0ull;
-    if (lane == j) mine = best;
-  }
-  // Softmax over the k picks (the first is the largest), in fp32, then the expert's scale.
-  const float top = __shfl_sync(0xffffffffu, key_logit(mine), 0);
-  const float ex = lane < top_k ? expf(key_logit(mine) - top) : 0.f;
-  const float sum = warp_sum(ex);
-  if (lane >= top_k) return;
-  int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(mine));
-  if (id < 0 || id >= experts) id = lane;  // only a row of NaNs gets here; keep the ids valid
-  float scale = 1.f;
-  if (scales)
-    scale = scales[id];
-  else if (p.expert_scale)
-    scale = expert_scale_at(p, id);
-  p.topk_ids[t * p.top_k + lane] = id;
-  p.topk_weights[t * p.top_k + lane] = ex / sum * scale;
-}
+constexpr int kMinTileTokens = 4;  // the ticket kernel's token tile (one ticket each)
 
 // kWarpExperts experts per warp, kKSplit warps per expert (hidden split in equal parts), kTileTokens tokens
 // per CTA. kBatch float4 weight loads per expert and lane are issued before their FMAs.
@@ -241,22 +148,6 @@ constexpr int kChunk = 3;           // groups of 4 per lane and expert: hidden u
 constexpr int kMaxCtaExperts = 32;  // 256 experts over a cluster of 8
 constexpr int64_t kMaxBulkWeightBytes = 200 * 1024;  // a CTA's weight rows in shared memory (H100: 227 KB)
 
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The float at `local`'s offset in the shared memory of the cluster's CTA `rank` = v.
-__device__ __forceinline__ void store_to_cluster_rank(const float* local, unsigned rank, float v) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
-}
-
 template <bool kBulkWeights>
 __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRouterParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -370,98 +261,6 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
 #endif
 }
 
-// Prefill, up to 128 experts: a CTA computes all the experts of 64 tokens as a register-blocked fp32 GEMM
-// (k in chunks of 32 through shared memory, 4 tokens x 8 experts per thread), so it picks its tokens' top-k
-// itself from shared memory (no ticket). The thread that loads a token's x also sums its squares.
-constexpr int kTileM = 64, kTileE = 128, kTileK = 32;
-constexpr int kLogitPitch = kTileE + 1;
-constexpr int64_t kTileGemmMinTokens = 2048;
-
-__global__ void __launch_bounds__(kThreads) gemma_router_tile_kernel(GemmaRouterParams p) {
-  constexpr int kXPitch = kTileM + 4, kWPitch = kTileE + 4;
-  static_assert(kTileK * (kXPitch + kWPitch) <= kTileM * kLogitPitch, "the logits reuse the operand buffer");
-  __shared__ __align__(16) float buf[kTileM * kLogitPitch];
-  __shared__ float inv_rms[kTileM];
-  float* xs = buf;                    // [k][token]
-  float* ws = buf + kTileK * kXPitch;  // [k][expert]
-  pdl_wait();
-  pdl_launch_dependents();
-  const int tid = threadIdx.x, warp = tid / 32;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileM;
-  const int nt = static_cast<int>(p.tokens - t0 < kTileM ? p.tokens - t0 : kTileM);
-  const int ty = tid / 16, tx = tid % 16;  // tokens 4 ty .. + 4; experts 4 tx .. + 4 and 64 + 4 tx .. + 4
-  float acc[4][8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
-  float sq[2] = {0.f, 0.f};  // tokens tid / 8 and 32 + tid / 8
-  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t k0 = 0; k0 < p.hidden; k0 += kTileK) {
-    // x: 64 tokens x 8 float4; W: 128 experts x 8 float4; stored transposed (k-major).
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int tok = tid / 8 + 32 * j, k4 = tid % 8;
-      const int64_t kk = k0 + 4 * k4;
-      const float4 raw = tok < nt && kk < p.hidden ? load_x4(p, t0 + tok, kk / 4) : zero;
-      sq[j] = dot4(raw, raw, sq[j]);
-      const float4 v = kk < p.hidden ? mul4(raw, load_x_scale4(p, kk / 4)) : zero;
-      xs[(4 * k4 + 0) * kXPitch + tok] = v.x;
-      xs[(4 * k4 + 1) * kXPitch + tok] = v.y;
-      xs[(4 * k4 + 2) * kXPitch + tok] = v.z;
-      xs[(4 * k4 + 3) * kXPitch + tok] = v.w;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = tid / 8 + 32 * j, k4 = tid % 8;
-      const int64_t kk = k0 + 4 * k4;
-      const float4 v = e < p.experts && kk < p.hidden ? load_w4(p, e, kk / 4) : zero;
-      ws[(4 * k4 + 0) * kWPitch + e] = v.x;
-      ws[(4 * k4 + 1) * kWPitch + e] = v.y;
-      ws[(4 * k4 + 2) * kWPitch + e] = v.z;
-      ws[(4 * k4 + 3) * kWPitch + e] = v.w;
-    }
-    __syncthreads();
-#pragma unroll 8
-    for (int k = 0; k < kTileK; ++k) {
-      const float4 xv = *reinterpret_cast<const float4*>(xs + k * kXPitch + 4 * ty);
-      const float4 w0 = *reinterpret_cast<const float4*>(ws + k * kWPitch + 4 * tx);
-      const float4 w1 = *reinterpret_cast<const float4*>(ws + k * kWPitch + 64 + 4 * tx);
-      const float xa[4] = {xv.x, xv.y, xv.z, xv.w};
-      const float wa[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(xa[i], wa[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {  // the 8 lanes that loaded a token's x hold its partial sums
-    float v = sq[j];
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    if (tid % 8 == 0)
-      inv_rms[tid / 8 + 32 * j] = p.norm_eps > 0.f ? rsqrtf(v / static_cast<float>(p.hidden) + p.norm_eps) : 1.f;
-  }
-  __syncthreads();
-  float* lg = buf;  // [token][expert], after the last chunk's barrier
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int tok = 4 * ty + i;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int e = j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4;
-      const float v = acc[i][j] * inv_rms[tok];
-      lg[tok * kLogitPitch + e] = v;
-      if (tok < nt && e < p.experts) p.logits[(t0 + tok) * p.experts + e] = v;
-    }
-  }
-  __syncthreads();
-  for (int t = warp; t < nt; t += kWarps) select_topk(p, t0 + t, lg + t * kLogitPitch);
-}
-
 // A CTA's weight rows in bytes at `ctas` CTAs per cluster.
 int64_t cluster_weight_bytes(const GemmaRouterParams& p, int ctas) { return ceil_div64(p.experts, ctas) * p.hidden * 2; }
 
@@ -551,19 +350,13 @@ Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream) {
   if (p.hidden % 4 != 0) return unimplemented("router: hidden size must be a multiple of 4");
   if (p.weight == nullptr || p.x_scale == nullptr) return invalid_argument("router: a bf16 weight and its x_scale");
   if (p.tokens == 0) return Status::ok();
+  if (p.split_ctas > 0) return launch_gemma_router_split(p, stream);
   if (p.cluster_ctas > 0) return launch_cluster(p, stream);
   if (ceil_div64(p.tokens, kMinTileTokens) > 65535) return unimplemented("router: too many tokens for one launch");
-  // Decode: 2 experts per CTA (64 CTAs for 128 experts), 4 warps per expert, 4 tokens per tile. Prefill: the
-  // 64-token GEMM tiles up to 128 experts from 2048 tokens, else 32 experts per CTA, whole rows per warp, 16
-  // tokens per tile.
-  if (p.tokens <= 32) return launch<1, 4, 4>(p, stream);
-  // The GEMM tiles beat the 16-token tiles once there are enough of them to fill the GPU (H100: 304 vs
-  // 1183 us at 8192 tokens, 279 vs 72 us at 512 with 8 CTAs).
-  if (p.experts <= kTileE && p.tokens >= kTileGemmMinTokens)
-    return cuda_status(launch_pdl(gemma_router_tile_kernel, dim3(static_cast<unsigned>(ceil_div64(p.tokens, kTileM))),
-                                  dim3(kThreads), 0, stream, p),
-                       "gemma_router_tile_kernel");
-  return launch<4, 1, 16>(p, stream);
+  // 2 experts per CTA (64 CTAs for 128 experts), 4 warps per expert, 4 tokens per tile: the kernel without
+  // clusters at every size (batches take the split kernel where the device runs clusters: 14x faster at 64
+  // tokens on an H200).
+  return launch<1, 4, 4>(p, stream);
 }
 
 }  // namespace mx::cuda

@@ -1,0 +1,127 @@
+// Device parts both router files share (gemma_router.cu, gemma_router_split.cu): bf16 loads, the top-k of one
+// token's logits with one warp, and the cluster barrier / distributed shared memory steps.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/gemma_kernels.h"
+
+namespace mx::cuda::router_parts {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxExperts = 256;
+constexpr int kMaxTopK = 16;
+
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 v) {
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ float4 load_x4(const GemmaRouterParams& p, int64_t t, int64_t i) {
+  if (p.x_f32) return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + t * p.hidden) + i);
+  return bf16x4_to_float4(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + t * p.hidden) + i));
+}
+
+// Weights 4i .. 4i + 3 of expert e's row, from global memory.
+__device__ __forceinline__ float4 load_w4(const GemmaRouterParams& p, int64_t e, int64_t i) {
+  return bf16x4_to_float4(__ldg(reinterpret_cast<const uint2*>(p.weight + e * p.hidden) + i));
+}
+
+// Float4 i of p.x_scale: x's factor per dimension before the dot products (the norm's sum of squares is of
+// x itself).
+__device__ __forceinline__ float4 load_x_scale4(const GemmaRouterParams& p, int64_t i) {
+  return __ldg(reinterpret_cast<const float4*>(p.x_scale) + i);
+}
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
+  return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+// Expert e's scale (p.expert_scale non-null), as f32.
+__device__ __forceinline__ float expert_scale_at(const GemmaRouterParams& p, int e) {
+  return p.scale_f32 ? static_cast<const float*>(p.expert_scale)[e]
+                     : bf16_bits_to_f32(static_cast<const uint16_t*>(p.expert_scale)[e]);
+}
+
+// Larger logit -> larger key; the low word is ~id, so equal logits rank the lower id first.
+__device__ __forceinline__ uint64_t topk_key(float logit, int id) {
+  const uint32_t u = __float_as_uint(logit);
+  const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<uint64_t>(k) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ float key_logit(uint64_t key) {
+  const uint32_t k = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// One warp: top-k of token t's logits, softmax, scale. `row`: the token's logits in shared memory (this
+// CTA computed them), or null: from p.logits through L2 (the tile's other CTAs wrote them). `scales`: the
+// per-expert scales as f32 in shared memory (loaded early), or null: from p.expert_scale.
+__device__ inline void select_topk(const GemmaRouterParams& p, int64_t t, const float* row = nullptr,
+                            const float* scales = nullptr) {
+  const int lane = threadIdx.x % 32, experts = static_cast<int>(p.experts), top_k = static_cast<int>(p.top_k);
+  constexpr int kPerLane = kMaxExperts / 32;
+  uint64_t keys[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    keys[i] = e < experts ? topk_key(row ? row[e] : __ldcg(p.logits + t * p.experts + e), e) : 0ull;
+  }
+  uint64_t mine = 0;  // lane j keeps the j-th pick
+  for (int j = 0; j < top_k; ++j) {
+    uint64_t local = 0;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) local = keys[i] > local ? keys[i] : local;
+    // The warp max of the 64-bit keys as two single-instruction 32-bit reductions: the logit key, then
+    // the id word among the lanes holding that key.
+    const uint32_t hi = __reduce_max_sync(0xffffffffu, static_cast<uint32_t>(local >> 32));
+    const uint32_t lo = __reduce_max_sync(
+        0xffffffffu, static_cast<uint32_t>(local >> 32) == hi ? static_cast<uint32_t>(local) : 0u);
+    const uint64_t best = (static_cast<uint64_t>(hi) << 32) | lo;
+    const int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(best));
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i == id) keys[i] = 0ull;
+    if (lane == j) mine = best;
+  }
+  // Softmax over the k picks (the first is the largest), in fp32, then the expert's scale.
+  const float top = __shfl_sync(0xffffffffu, key_logit(mine), 0);
+  const float ex = lane < top_k ? expf(key_logit(mine) - top) : 0.f;
+  const float sum = warp_sum(ex);
+  if (lane >= top_k) return;
+  int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(mine));
+  if (id < 0 || id >= experts) id = lane;  // only a row of NaNs gets here; keep the ids valid
+  float scale = 1.f;
+  if (scales)
+    scale = scales[id];
+  else if (p.expert_scale)
+    scale = expert_scale_at(p, id);
+  p.topk_ids[t * p.top_k + lane] = id;
+  p.topk_weights[t * p.top_k + lane] = ex / sum * scale;
+}
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The float at `local`'s offset in the shared memory of the cluster's CTA `rank` = v.
+__device__ __forceinline__ void store_to_cluster_rank(const float* local, unsigned rank, float v) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
+}
+
+}  // namespace mx::cuda::router_parts
