@@ -358,11 +358,12 @@ TEST_F(GemmaKernelTest, FusedRouter) {
            got == want);
     EXPECT_EQ(got, want) << kernel.name;
   }
-  // A token's logits from the split kernel do not depend on the tokens beside it or on the tile size: the
-  // first 9 of 130 tokens (24-token tiles) routed alone (8-token tiles) give the same bits.
-  for (const RouterKernel& kernel : router_kernels(130)) {
-    if (kernel.options.decode != CudaGemmaRouterDecode::kSplit) continue;
-    ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok());
+  // A token's logits from the split kernel do not depend on the tokens beside it or on the tile size, at a
+  // given cluster size (kAuto's moves from 16 CTAs to 8 past 128 tokens: another order of the sums): the
+  // first 9 of 130 tokens (24-token tiles at 16 CTAs, 16 at 8) routed alone (8-token tiles) give the same bits.
+  for (const RouterKernel& kernel : std::vector<RouterKernel>{{{CudaGemmaRouterDecode::kSplit, 16}, ", split of 16"},
+                                                              {{CudaGemmaRouterDecode::kSplit, 8}, ", split of 8"}}) {
+    if (!set_cuda_gemma_router_options(cuda_backend(), kernel.options).is_ok()) continue;
     const int64_t hb = 2816, n = 130, few = 9;
     const Bf16Data wb = random_bf16(rng_, e * hb, 0.05f);
     TensorView wv = cuda_.upload(DType::kBF16, {e, hb}, wb.bits.data());
@@ -373,9 +374,12 @@ TEST_F(GemmaKernelTest, FusedRouter) {
       RouterParams r_g{xb.cuda.rows(0, t), wv, TensorView(), cuda_.make(DType::kF32, {t, e}),
                        cuda_.make(DType::kI32, {t, k}), cuda_.make(DType::kF32, {t, k}), k, TensorView(), 1e-6f,
                        xsb.cuda};
-      ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok()) << kernel.name;
+      const Status st = cuda_backend().router_topk(r_g);
+      if (!st.is_ok() && kernel.options.cluster_ctas == 16) break;  // a device without clusters of 16
+      ASSERT_TRUE(st.is_ok()) << kernel.name << ": " << st.to_string();
       logits.push_back(cuda_.download_f32(r_g.logits));
     }
+    if (logits.size() < 2) continue;
     const bool same = std::equal(logits[1].begin(), logits[1].end(), logits[0].begin());
     record("gemma router batch independence", "9 of 130 tokens alone" + kernel.name, same ? 0 : 1, 0, 0, same);
     EXPECT_TRUE(same) << kernel.name;

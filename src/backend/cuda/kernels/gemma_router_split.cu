@@ -86,7 +86,7 @@ __device__ __forceinline__ void load_x8(const GemmaRouterParams& p, int64_t t, i
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-__global__ void __launch_bounds__(kThreads) gemma_router_split_kernel(SplitArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) gemma_router_split_kernel(SplitArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const GemmaRouterParams& p = a.p;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -119,38 +119,49 @@ __global__ void __launch_bounds__(kThreads) gemma_router_split_kernel(SplitArgs 
   // x * x_scale of the tile's tokens over this CTA's chunks into the planes (zeros past the tokens and past
   // hidden), and each token's partial sum of x^2: warp w takes tokens w, w + 8, ... (a fixed order).
   const int octets = static_cast<int>(c_end - c_begin) * (kChunkK / 8);
-  float sq[kMaxTileTokens / kWarps];
+  constexpr int kWarpTokens = kMaxTileTokens / kWarps;
+  float sq[kWarpTokens];
+  // Every load of a lane's octet (its x_scale once, x of each of the warp's tokens) is issued before any is
+  // used: one round trip per octet instead of one per token and octet.
 #pragma unroll
-  for (int j = 0; j < kMaxTileTokens / kWarps; ++j) {
-    const int n = warp + kWarps * j;
-    sq[j] = 0.f;
-    if (n >= 8 * n_tiles) break;
-    for (int o = lane; o < octets; o += 32) {
-      const int64_t k = kChunkK * c_begin + 8 * o;
-      float z[8];
-      if (n < nt && k < p.hidden) {
-        load_x8(p, t0 + n, k, z);
-        const float4 s0 = __ldg(reinterpret_cast<const float4*>(p.x_scale + k));
-        const float4 s1 = __ldg(reinterpret_cast<const float4*>(p.x_scale + k) + 1);
-        const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+  for (int j = 0; j < kWarpTokens; ++j) sq[j] = 0.f;
+  for (int o = lane; o < octets; o += 32) {
+    const int64_t k = kChunkK * c_begin + 8 * o;
+    const bool k_ok = k < p.hidden;
+    float z[kWarpTokens][8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          sq[j] = fmaf(z[i], z[i], sq[j]);
-          z[i] *= s[i];
-        }
+    for (int j = 0; j < kWarpTokens; ++j) {
+      const int n = warp + kWarps * j;
+      if (n < nt && k_ok) {
+        load_x8(p, t0 + n, k, z[j]);
       } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) z[i] = 0.f;
+        for (int i = 0; i < 8; ++i) z[j][i] = 0.f;
+      }
+    }
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 s0 = k_ok ? __ldg(reinterpret_cast<const float4*>(p.x_scale + k)) : zero4;
+    const float4 s1 = k_ok ? __ldg(reinterpret_cast<const float4*>(p.x_scale + k) + 1) : zero4;
+    const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+    for (int j = 0; j < kWarpTokens; ++j) {
+      const int n = warp + kWarps * j;
+      if (n >= 8 * n_tiles) break;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        sq[j] = fmaf(z[j][i], z[j][i], sq[j]);
+        z[j][i] *= s[i];
       }
       uint32_t parts[4][kPlanes];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) split3(z[2 * i], z[2 * i + 1], parts[i]);
+      for (int i = 0; i < 4; ++i) split3(z[j][2 * i], z[j][2 * i + 1], parts[i]);
       uint4* dst = planes + ((static_cast<int64_t>(o / 4) * n_tiles_max + n / 8) * kPlanes) * 32 + (n % 8) * 4 + o % 4;
 #pragma unroll
-      for (int s = 0; s < kPlanes; ++s) dst[s * 32] = make_uint4(parts[0][s], parts[1][s], parts[2][s], parts[3][s]);
+      for (int t = 0; t < kPlanes; ++t) dst[t * 32] = make_uint4(parts[0][t], parts[1][t], parts[2][t], parts[3][t]);
     }
-    sq[j] = warp_sum(sq[j]);
   }
+#pragma unroll
+  for (int j = 0; j < kWarpTokens; ++j) sq[j] = warp_sum(sq[j]);
   __syncthreads();
   cluster_wait_acquire();  // phase 0
 #pragma unroll
@@ -162,9 +173,12 @@ __global__ void __launch_bounds__(kThreads) gemma_router_split_kernel(SplitArgs 
   // Warp w: experts 16 m .. 16 m + 15 for m = w, w + 8, ...; every token n tile; two mma steps per chunk
   // and plane. The partial logits go to the tokens' owners.
   for (int m = warp; m < m_tiles; m += kWarps) {
-    float acc[kMaxTileTokens / 8][4];
+    // Two accumulator chains (a chunk's two mma steps): half as long a chain of dependent mmas.
+    float acc[kMaxTileTokens / 8][4], acc2[kMaxTileTokens / 8][4];
 #pragma unroll
-    for (int i = 0; i < kMaxTileTokens / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int i = 0; i < kMaxTileTokens / 8; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][r] = acc2[i][r] = 0.f;
     for (int64_t c0 = c_begin; c0 < c_end; c0 += kRegChunks) {
       if (m != warp || c0 != c_begin) load_weights(p, m, c0, c_end, w);
 #pragma unroll
@@ -180,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) gemma_router_split_kernel(SplitArgs 
           for (int s = 0; s < kPlanes; ++s) {
             const uint4 bv = b[s * 32];
             mma_bf16_16816(acc[j], a0, bv.x, bv.y);
-            mma_bf16_16816(acc[j], a1, bv.z, bv.w);
+            mma_bf16_16816(acc2[j], a1, bv.z, bv.w);
           }
         }
       }
@@ -189,6 +203,8 @@ __global__ void __launch_bounds__(kThreads) gemma_router_split_kernel(SplitArgs 
 #pragma unroll
     for (int j = 0; j < kMaxTileTokens / 8; ++j) {
       if (j >= n_tiles) break;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[j][r] += acc2[j][r];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int e = 16 * m + lane / 4 + 8 * (r / 2), n = 8 * j + 2 * (lane % 4) + r % 2;
