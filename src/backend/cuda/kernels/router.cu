@@ -65,21 +65,42 @@ __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids
 }
 
 __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(RouterKernelParams p) {
-  pdl_wait();  // launched as a programmatic dependent: x comes from the norm before
-  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kExpertsPerCta + warp;
-  if (e < p.experts) {
-    const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
-    const uint4* w = reinterpret_cast<const uint4*>(p.weight + e * p.hidden);
+  const bool has_expert = e < p.experts;
+  const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
+  const uint4* w = reinterpret_cast<const uint4*>(p.weight + (has_expert ? e : 0) * p.hidden);
+  const int64_t n = p.hidden / 8;
+  // The weights are constant: the first kWeightsAhead 16-byte chunks of the lane's row (all of a row up to
+  // hidden 4096) are requested before the wait, so their HBM round trip overlaps the norm before us and
+  // only x's (L2) is left after it.
+  constexpr int kWeightsAhead = 16;
+  uint4 w_ahead[kWeightsAhead];
+#pragma unroll
+  for (int u = 0; u < kWeightsAhead; ++u)
+    if (has_expert && lane + 32 * u < n) w_ahead[u] = w[lane + 32 * u];
+  pdl_wait();  // launched as a programmatic dependent: x comes from the norm before
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+  if (has_expert) {
     // All of a group's loads are issued before its FMAs: a loop that waited on each 16-byte load in
-    // turn spent ~7 us at one token on memory round trips (hidden 2880: 12 steps per lane, now 2). The sum
-    // order is unchanged (i ascending per lane), so the logits are bitwise the same.
-    constexpr int kLoadsInFlight = 8;
-    const int64_t n = p.hidden / 8;
+    // turn spent ~7 us at one token on memory round trips. The sum order is i ascending per lane in
+    // both parts, as before the weights were requested ahead, so the logits are bitwise the same.
     float acc = 0.f;
-    for (int64_t base = lane; base < n; base += 32 * kLoadsInFlight) {
+    uint4 x_ahead[kWeightsAhead];
+#pragma unroll
+    for (int u = 0; u < kWeightsAhead; ++u)
+      if (lane + 32 * u < n) x_ahead[u] = x[lane + 32 * u];
+#pragma unroll
+    for (int u = 0; u < kWeightsAhead; ++u) {
+      if (lane + 32 * u >= n) break;
+      const uint16_t* xs = reinterpret_cast<const uint16_t*>(&x_ahead[u]);
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(&w_ahead[u]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc = fmaf(bf16_bits_to_f32(xs[j]), bf16_bits_to_f32(ws[j]), acc);
+    }
+    constexpr int kLoadsInFlight = 8;  // the rest of a longer row
+    for (int64_t base = lane + 32 * kWeightsAhead; base < n; base += 32 * kLoadsInFlight) {
       uint4 xv[kLoadsInFlight], wv[kLoadsInFlight];
 #pragma unroll
       for (int u = 0; u < kLoadsInFlight; ++u) {
