@@ -9,7 +9,8 @@
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
-// --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only | --gemma-only |
+// --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only |
+// --linear-fp8-only | --gemma-only |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
@@ -568,8 +569,9 @@ void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches) {
   CHECK_OK(set_cuda_attention_options(*g_b, {}));
 }
 
-// ---- Dense linears at decode sizes: the skinny kernel (M <= 16) against cuBLASLt on the same shapes.
-void bench_linear_skinny() {
+// ---- Dense linears at decode sizes: the skinny kernel (M <= 16) against cuBLASLt on the same shapes, then the
+// skinny kernel on FP8 weights (`fp8_only`: just those rows).
+void bench_linear_skinny(bool fp8_only) {
   struct Shape3 {
     const char* name;
     int64_t n, k;
@@ -579,10 +581,10 @@ void bench_linear_skinny() {
   for (const Shape3& s : {Shape3{"qkv 2880->5120", 5120, 2880, 8}, Shape3{"o_proj 4096->2880", 2880, 4096, 8},
                           Shape3{"eagle3 qkv 5760->5120", 5120, 5760, 4}, Shape3{"lm_head 2880->201088", 201088, 2880, 1}}) {
     std::vector<TensorView> w;
-    for (int c = 0; c < s.copies; ++c) w.push_back(random_bf16({s.n, s.k}, 0.02f));
+    for (int c = 0; c < s.copies && !fp8_only; ++c) w.push_back(random_bf16({s.n, s.k}, 0.02f));
     const bool head = s.n == 201088;
     TensorView bias = head ? TensorView() : random_bf16({s.n}, 0.1f);
-    for (int64_t m : {1, 2, 4, 8, 16}) {
+    for (int64_t m : fp8_only ? std::vector<int64_t>{} : std::vector<int64_t>{1, 2, 4, 8, 16}) {
       TensorView x = random_bf16({m, s.k}, 1.0f);
       TensorView out = make(head ? DType::kF32 : DType::kBF16, {m, s.n});
       // (max rows, k splits, chunks in flight): linear()'s choice, the skinny kernel forced, cuBLASLt, and
@@ -608,6 +610,29 @@ void bench_linear_skinny() {
         report(std::string(s.name) + " M=" + std::to_string(m) + v.name, us, bytes, 2.0 * m * s.n * s.k, note);
       }
       CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
+    }
+    // --dense-dtype fp8's weights (random e4m3 codes with the lowest bit clear: no NaN, 0x7f / 0xff; one f32
+    // scale per row): the skinny kernel at decode sizes, half the weight bytes of the rows above.
+    std::vector<TensorView> w8;
+    std::vector<uint32_t> codes(static_cast<size_t>(s.n * s.k / 4));
+    for (int c = 0; c < s.copies; ++c) {
+      for (auto& v : codes) v = static_cast<uint32_t>(g_rng()) & 0xfefefefeu;
+      w8.push_back(make(DType::kF8E4M3, {s.n, s.k}));
+      CHECK_OK(g_b->copy_from_host(w8.back(), codes.data()));
+    }
+    std::vector<float> host_scale(static_cast<size_t>(s.n), 1.0f / 448);
+    TensorView scale = make(DType::kF32, {s.n});
+    CHECK_OK(g_b->copy_from_host(scale, host_scale.data()));
+    for (int64_t m : {1, 8, 16}) {
+      TensorView x = random_bf16({m, s.k}, 1.0f);
+      TensorView out = make(head ? DType::kF32 : DType::kBF16, {m, s.n});
+      auto op = [&](int i) { return g_b->linear_fp8(x, w8[i % s.copies], scale, bias, out); };
+      CHECK_OK(op(0));
+      const double us = time_graph(head ? 10 : 40, op);
+      const double bytes = 1.0 * s.n * s.k + 4.0 * s.n + 2.0 * m * s.k + (head ? 4.0 : 2.0) * m * s.n;
+      char note[64];
+      std::snprintf(note, sizeof note, "%.0f GB/s", bytes / us / 1e3);
+      report(std::string(s.name) + " M=" + std::to_string(m) + " fp8", us, bytes, 2.0 * m * s.n * s.k, note);
     }
   }
 }
@@ -1007,9 +1032,10 @@ int main(int argc, char** argv) {
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }
-  // `--linear-only`: the skinny linear kernel against cuBLASLt at 1-16 rows.
-  if (argc > arg && std::string(argv[arg]) == "--linear-only") {
-    bench_linear_skinny();
+  // `--linear-only`: the skinny linear kernel against cuBLASLt at 1-16 rows, then on FP8 weights;
+  // `--linear-fp8-only`: just the FP8 rows.
+  if (argc > arg && (std::string(argv[arg]) == "--linear-only" || std::string(argv[arg]) == "--linear-fp8-only")) {
+    bench_linear_skinny(/*fp8_only=*/std::string(argv[arg]) == "--linear-fp8-only");
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
