@@ -241,7 +241,8 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 
 // ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4). The default path at 1/8/64 tokens, then
 // (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
-// moe.cu), the ring GEMMs (moe_decode.cu) at their default and without PDL, and each GEMM alone.
+// moe.cu), the ring GEMMs (moe_decode.cu) at their default, at other k splits ("ktN": about N k tiles per warp;
+// 6, 12, 16, 23 are 8, 4, 3, 2 warps at k = 2880) and without PDL, and each GEMM alone.
 void bench_moe(bool variants) {
   const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = expert_copies();
@@ -250,19 +251,25 @@ void bench_moe(bool variants) {
   const double expert_bytes = w1_bytes + w2_bytes;
   struct Variant {
     CudaMoePath path;
-    int k_tiles, depth;
+    int k_tiles;
     bool pdl;
     int only_gemm;
     std::string label;
   };
-  std::vector<Variant> list{{CudaMoePath::kAuto, 0, 0, true, 0, ""}};
+  std::vector<Variant> list{{CudaMoePath::kAuto, 0, true, 0, ""}};
   if (variants)
-    list = {{CudaMoePath::kAuto, 0, 0, true, 0, " auto"},
-            {CudaMoePath::kDecodeV1, 0, 0, true, 0, " v1"},
-            {CudaMoePath::kDecode, 12, 4, true, 0, " ring kt12 d4"},
-            {CudaMoePath::kDecode, 12, 4, false, 0, " ring kt12 d4 no-pdl"},
-            {CudaMoePath::kDecode, 0, 0, true, 1, " ring gemm1 only"},
-            {CudaMoePath::kDecode, 0, 0, true, 2, " ring gemm2 only"}};
+    list = {{CudaMoePath::kAuto, 0, true, 0, " auto"},
+            {CudaMoePath::kDecodeV1, 0, true, 0, " v1"},
+            {CudaMoePath::kDecode, 12, true, 0, " ring kt12"},
+            {CudaMoePath::kDecode, 16, true, 0, " ring kt16"},
+            {CudaMoePath::kDecode, 23, true, 0, " ring kt23"},
+            {CudaMoePath::kDecode, 12, false, 0, " ring no-pdl"},
+            {CudaMoePath::kDecode, 12, true, 1, " ring gemm1 only"},
+            {CudaMoePath::kDecode, 12, true, 2, " ring gemm2 only"},
+            {CudaMoePath::kDecode, 6, true, 1, " ring kt6 gemm1 only"},
+            {CudaMoePath::kDecode, 6, true, 2, " ring kt6 gemm2 only"},
+            {CudaMoePath::kDecode, 23, true, 1, " ring kt23 gemm1 only"},
+            {CudaMoePath::kDecode, 23, true, 2, " ring kt23 gemm2 only"}};
   const std::vector<int64_t> sizes = !variants                         ? std::vector<int64_t>{1, 8, 64}
                                      : !bench_only_decode_sizes.empty() ? bench_only_decode_sizes
                                                                         : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
@@ -275,7 +282,7 @@ void bench_moe(bool variants) {
     for (const Variant& v : list) {
       if (!variant_selected(v.label)) continue;
       const int only = v.only_gemm;
-      CudaMoeOptions o{v.path, 0, v.k_tiles, v.depth, v.pdl, only};
+      CudaMoeOptions o{v.path, 0, v.k_tiles, v.pdl, only};
       CHECK_OK(set_cuda_moe_options(*g_b, o));
       const double us = time_graph(24, [&](int i) {
         MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};

@@ -625,12 +625,14 @@ const char* path_name(CudaMoePath p) {
   return "?";
 }
 
-// One routing of random experts through the CPU twin and through each CUDA path in `paths` (the grouped
-// path once per tile size in `grouped_tiles`, 0 = its own choice; `warp_specialized` as
-// CudaMoeOptions::wgmma_warp_specialized).
+// One routing of random experts through the CPU twin and through each CUDA path in `paths` (the decode path
+// once per k tiles per warp in `decode_k_tiles`, the grouped path once per tile size in `grouped_tiles`, 0 =
+// its own choice; `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized). One set of experts and one
+// CPU run for all of them.
 void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
-                    std::initializer_list<CudaMoePath> paths, int decode_k_tiles = 0, int decode_depth = 0,
-                    bool decode_pdl = true, std::initializer_list<int> grouped_tiles = {0}, int warp_specialized = 0) {
+                    std::initializer_list<CudaMoePath> paths, std::initializer_list<int> decode_k_tiles = {0},
+                    bool decode_pdl = true,
+                    std::initializer_list<int> grouped_tiles = {0}, int warp_specialized = 0) {
   HostExperts hx;
   make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
@@ -649,6 +651,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
   const std::vector<float> want = cpu.download_f32(o_c);
   for (CudaMoePath path : paths)
+  for (int k_tiles : decode_k_tiles)
   for (int tile : grouped_tiles)
   // 256-token tiles (wgmma) run on a persistent grid or a CTA per item (the warp-specialized kernel is always
   // persistent), 96-token tiles on the deep ring (both GEMMs programmatic dependents) or the five-stage one.
@@ -656,7 +659,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   for (int deep_ring : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
-    CudaMoeOptions options{path, tile, decode_k_tiles, decode_depth, decode_pdl};
+    CudaMoeOptions options{path, tile, k_tiles, decode_pdl};
     options.wgmma_persistent = persistent;
     options.wgmma_warp_specialized = warp_specialized;
     options.wgmma_deep_ring = deep_ring;
@@ -666,9 +669,8 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     std::string variant;
-    if (decode_k_tiles != 0 || decode_depth != 0 || !decode_pdl)
-      variant = " (" + std::to_string(decode_k_tiles) + " k tiles/warp, ring " + std::to_string(decode_depth) +
-                (decode_pdl ? "" : ", no PDL") + ")";
+    if (k_tiles != 0 || !decode_pdl)
+      variant = " (" + std::to_string(k_tiles) + " k tiles/warp" + (decode_pdl ? "" : ", no PDL") + ")";
     if (tile != 0) variant += " (" + std::to_string(tile) + "-token tiles)";
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     if (deep_ring != 0) variant += deep_ring > 0 ? " (deep ring, PDL)" : " (five-stage ring, no PDL)";
@@ -731,16 +733,16 @@ TEST_F(KernelTest, MoeExpertsOfAShare) {
 // The decode GEMMs (moe_decode.cu) around their switches: each CTA routing itself up to 32 routed tokens
 // (one token, 8 tokens = 32 slots, 9 tokens = the routing kernel's metadata), experts with more than one
 // 8-token tile (16 tokens to one hot expert, 20 tokens to one expert at top-1), 128 experts, k splits of
-// 2 to 8 warps and every compiled ring depth (rings wrapping several times at I = 4160: 65 k tiles), and
-// the second GEMM launched without PDL.
+// 2 to 8 warps (rings wrapping several times at I = 4160: 65 k tiles; warps whose k range is not a whole
+// number of ring rounds), and the second GEMM launched without PDL. kAuto's split at two tokens and more
+// (about 23 k tiles per warp) is the 23 here.
 TEST_F(KernelTest, MoeExpertsDecode) {
   for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 8, Routing::kHot},
                            MoeCase{32, 2880, 2880, 4, 9, Routing::kUniform}, MoeCase{8, 256, 4160, 2, 3, Routing::kUniform},
                            MoeCase{8, 320, 192, 4, 8, Routing::kSame}, MoeCase{128, 256, 192, 4, 5, Routing::kUniform},
                            MoeCase{8, 256, 4160, 2, 16, Routing::kHot}, MoeCase{8, 256, 192, 1, 20, Routing::kSame}})
-    for (auto [k_tiles, depth] : {std::pair{12, 4}, std::pair{12, 6}, std::pair{23, 8}, std::pair{6, 6}})
-      check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode}, k_tiles, depth);
-  check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform}, {CudaMoePath::kDecode}, 0, 0, false);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode}, {12, 23, 6});
+  check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform}, {CudaMoePath::kDecode}, {0}, false);
 }
 
 // Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and
@@ -808,9 +810,9 @@ const MoeCase kMoeOddShapes[] = {
     MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}};
 TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
   for (const MoeCase& c : kMoeOddShapes) {
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {64, 128, 256}, -1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {64, 128, 256}, -1);
     // The warp-specialized kernel (moe_wgmma_ws.cu): both tile sizes, half- and full-width items.
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {128, 256}, 1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {128, 256}, 1);
   }
 }
 
@@ -819,7 +821,7 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
 // CTA of which half is past it) and on the five-stage ring.
 TEST_F(KernelTest, MoeExpertsGroupedOddShapes96) {
   for (const MoeCase& c : kMoeOddShapes)
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {96}, -1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {96}, -1);
 }
 
 // The same shapes in tiles of 16 and 32 tokens (the narrow kernels: every tile two strips a warp at that MMA
@@ -827,9 +829,9 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes96) {
 // and 128 experts (gpt-oss-120b's count: the routing's scan takes four experts a lane) on every routing tile size.
 TEST_F(KernelTest, MoeExpertsGroupedOddShapesNarrow) {
   for (const MoeCase& c : kMoeOddShapes)
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, 0, 0, true, {16, 32}, -1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {16, 32}, -1);
   check_moe_case(cpu_, cuda_, rng_, MoeCase{128, 256, 192, 4, 300, Routing::kUniform},
-                 {CudaMoePath::kGrouped, CudaMoePath::kDecodeV1, CudaMoePath::kDecode}, 0, 0, true, {16, 96}, -1);
+                 {CudaMoePath::kGrouped, CudaMoePath::kDecodeV1, CudaMoePath::kDecode}, {0}, true, {16, 96}, -1);
 }
 
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,

@@ -256,27 +256,20 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
 TEST(CudaKernelConfigs, MoeFusedFitsEveryChipAndSplitsByKAlone) {
   for (const DeviceInfo& d : chips())
     for (int64_t k : {64, 256, 2880, 4160, 65536})
-      for (int kt : {0, 6, 12, 23})
-        for (int depth : {0, 4, 6, 8}) {
-          const MoeFusedConfig c = choose_moe_fused_config(d, k, kt, depth);
-          EXPECT_TRUE(fits(d, c.smem_bytes, 1)) << d.name;
-          EXPECT_GE(c.k_split, 1);
-          EXPECT_LE(c.k_split, kMoeFusedMaxKSplit);
-          EXPECT_LE(c.k_split, k / 64);  // every warp has at least one k tile
-          EXPECT_EQ(c.threads, 32 * c.k_split);
-          EXPECT_EQ(c.smem_bytes, (c.k_split - 1) * 4 * 32 * 4);
-          EXPECT_TRUE(c.depth == 4 || c.depth == 6 || c.depth == 8);
-          EXPECT_TRUE(c.pdl) << d.name;  // every chip we target is SM90+
-          if (depth != 0) EXPECT_EQ(c.depth, depth);
-          // Warps get about k_tiles_per_warp tiles each unless the split is capped.
-          if (c.k_split < kMoeFusedMaxKSplit) EXPECT_LE((k / 64 + c.k_split - 1) / c.k_split, c.k_tiles_per_warp);
-        }
+      for (int kt : {0, 6, 12, 23}) {
+        const MoeFusedConfig c = choose_moe_fused_config(d, k, kt);
+        EXPECT_TRUE(fits(d, c.smem_bytes, 1)) << d.name;
+        EXPECT_GE(c.k_split, 1);
+        EXPECT_LE(c.k_split, kMoeFusedMaxKSplit);
+        EXPECT_LE(c.k_split, k / 64);  // every warp has at least one k tile
+        EXPECT_EQ(c.threads, 32 * c.k_split);
+        EXPECT_EQ(c.smem_bytes, (c.k_split - 1) * 4 * 32 * 4);
+        EXPECT_TRUE(c.pdl) << d.name;  // every chip we target is SM90+
+        // Warps get about k_tiles_per_warp tiles each unless the split is capped.
+        if (c.k_split < kMoeFusedMaxKSplit) EXPECT_LE((k / 64 + c.k_split - 1) / c.k_split, c.k_tiles_per_warp);
+      }
   // gpt-oss (k = 2880, 45 tiles): the same split on every chip and for every batch (no batch input).
-  for (const DeviceInfo& d : chips()) {
-    EXPECT_EQ(choose_moe_fused_config(d, 2880).k_split, 4) << d.name;
-    EXPECT_EQ(choose_moe_fused_config(d, 2880).depth, 4) << d.name;
-  }
-  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, 0, 5).depth, 4);  // unknown variants fall back
+  for (const DeviceInfo& d : chips()) EXPECT_EQ(choose_moe_fused_config(d, 2880).k_split, 4) << d.name;
   EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, 23).k_split, 2);
 }
 
@@ -285,9 +278,14 @@ TEST(CudaKernelConfigs, MoeFusedRoutingAndTileBound) {
   EXPECT_TRUE(use_fused_moe_routing(4));    // one token, top-4
   EXPECT_TRUE(use_fused_moe_routing(32));   // 8 tokens: one slot per lane
   EXPECT_FALSE(use_fused_moe_routing(33));
-  // kAuto: the ring kernels at one token (top-4), the first decode kernels from two tokens on (measured).
+  // kAuto: the ring kernels up to 16 tokens (top-4), the first decode kernels above (measured); 4 warps per
+  // CTA at one token, 2 from two tokens on (gpt-oss, k = 2880: 45 k tiles).
   EXPECT_TRUE(use_fused_moe_decode(4));
-  EXPECT_FALSE(use_fused_moe_decode(8));
+  EXPECT_TRUE(use_fused_moe_decode(64));
+  EXPECT_FALSE(use_fused_moe_decode(65));
+  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, moe_fused_auto_k_tiles_per_warp(4)).k_split, 4);
+  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, moe_fused_auto_k_tiles_per_warp(8)).k_split, 2);
+  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, moe_fused_auto_k_tiles_per_warp(64)).k_split, 2);
   // Worst routing by dynamic programming: the most tiles sum ceil(c_e / 8) over <= E experts with sum c_e = s.
   for (int64_t experts : {1, 4, 32, 128}) {
     const int64_t max_slots = 300;

@@ -895,8 +895,12 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k;
-    MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, options_.moe.decode_k_tiles_per_warp, options_.moe.decode_depth);
-    MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, options_.moe.decode_k_tiles_per_warp, options_.moe.decode_depth);
+    // kDecode keeps the batch-independent default split; kAuto's follows the batch (kernel_configs.h).
+    const int k_tiles = options_.moe.decode_k_tiles_per_warp != 0   ? options_.moe.decode_k_tiles_per_warp
+                        : options_.moe.path == CudaMoePath::kAuto ? moe_fused_auto_k_tiles_per_warp(slots)
+                                                                   : 0;
+    MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, k_tiles);
+    MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, k_tiles);
     c1.pdl = c1.pdl && options_.moe.decode_pdl;
     c2.pdl = c2.pdl && options_.moe.decode_pdl;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));

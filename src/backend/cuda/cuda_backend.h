@@ -23,11 +23,10 @@ enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1, kGroupedMmaSync };
 struct CudaMoeOptions {
   CudaMoePath path = CudaMoePath::kAuto;
   int grouped_tile_tokens = 0;  // 64 or 128 (wgmma: also 96, 256) forces the grouped kernel's tile; 0 = by tokens per expert
-  // Decode GEMM knobs (0 = kernel_configs.h's choice): target k tiles per warp (sets the k split), ring
-  // depth (4, 6 or 8), whether the second GEMM is a programmatic dependent of the first, and `only_gemm`
-  // (1 or 2: launch just that GEMM, to time it alone; the output is then garbage).
+  // Decode GEMM knobs (0 = kernel_configs.h's choice): target k tiles per warp (sets the k split), whether
+  // the second GEMM is a programmatic dependent of the first, and `only_gemm` (1 or 2: launch just that
+  // GEMM, to time it alone; the output is then garbage).
   int decode_k_tiles_per_warp = 0;
-  int decode_depth = 0;
   bool decode_pdl = true;
   int decode_only_gemm = 0;
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default

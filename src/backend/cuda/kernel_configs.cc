@@ -197,12 +197,10 @@ MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t nu
   return c;
 }
 
-MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_tiles_per_warp, int depth) {
+MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_tiles_per_warp) {
   MoeFusedConfig c;
   c.k_tiles_per_warp = k_tiles_per_warp > 0 ? k_tiles_per_warp : 12;
-  // Measured on H200 at one token (docs/PERF.md): depth 4 33.6 us, 6 42.5, 8 47.8; 2 warps of 23 tiles or
-  // 8 of 6 were slower than 4 of 12.
-  c.depth = depth == 4 || depth == 6 || depth == 8 ? depth : 4;
+  // Measured on H200 at one token (docs/PERF.md): 2 warps of 23 tiles or 8 of 6 were slower than 4 of 12.
   const int64_t k_tiles = std::max<int64_t>(1, k / 64);
   c.k_split = static_cast<int>(std::clamp<int64_t>(ceil_div(k_tiles, c.k_tiles_per_warp), 1,
                                                    std::min<int64_t>(kMoeFusedMaxKSplit, k_tiles)));
@@ -246,7 +244,18 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows) {
   return m >= 1 && m <= most && k % 8 == 0 && k > 0;
 }
 
+// kAuto's ring kernels up to this many routed tokens (16 tokens at top-4, the most measured), v1 (moe.cu)
+// above; 4 warps of ~12 k tiles up to kMoeFusedAutoFourWarpSlots (one token at top-4), 2 of ~23 above (more
+// CTAs than SMs by far from two tokens on: longer runs per warp, fewer reductions). Measured on an H200 at
+// the 20b shape, one process (docs/PERF.md, session 13 W1), us per layer, ring kt12 / ring kt23 / v1: one
+// token 25.26 / 26.13 / 36.41, two 43.25 / 41.18 / 52.86, four 69.50 / 65.68 / 66.61, eight 116.03 / 99.99 /
+// 101.61, sixteen 129.13 / 117.57 / 120.31.
+constexpr int64_t kMoeFusedDecodeMaxSlots = 64;
+constexpr int64_t kMoeFusedAutoFourWarpSlots = 4;
+
 bool use_fused_moe_decode(int64_t num_slots) { return num_slots <= kMoeFusedDecodeMaxSlots; }
+
+int moe_fused_auto_k_tiles_per_warp(int64_t num_slots) { return num_slots <= kMoeFusedAutoFourWarpSlots ? 12 : 23; }
 
 bool use_fused_moe_routing(int64_t num_slots) { return num_slots >= 1 && num_slots <= kMoeFusedMaxSlots; }
 

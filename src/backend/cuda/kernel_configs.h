@@ -155,9 +155,9 @@ MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t nu
 int64_t moe_max_tiles(int64_t num_slots, int64_t num_experts, int64_t tile_tokens);
 
 // MXFP4 experts at decode, second generation ("fused", moe_decode.cu): the same swap-AB fragments, but
-// every warp keeps a ring of `depth` k tiles of weights and scales (64 k each; activations: two) in flight
-// instead of one 512-byte load (the first kernel reached 31% of HBM at one token; deeper rings measured
-// slower, docs/PERF.md). The k split depends on k only,
+// every warp keeps a ring of 4 k tiles of weights and scales (64 k each; activations: two) in flight
+// instead of one 512-byte load (the first kernel reached 31% of HBM at one token; rings of 6 and 8 measured
+// slower, docs/PERF.md, and are gone). The k split depends on k only,
 // never on the batch, so a token's sums run in the same order in any batch. Up to kMoeFusedMaxSlots
 // routed tokens, every CTA derives its tile's routing from the top-k ids itself (no routing kernel) and
 // the second GEMM's last CTA of each 16-row strip sums the top-k rows in router order (no combine
@@ -169,19 +169,20 @@ inline constexpr int kMoeFusedTileTokens = 8;
 inline constexpr int kMoeFusedMaxKSplit = 16;
 struct MoeFusedConfig {
   int k_tiles_per_warp = 0;  // target k tiles per warp: sets k_split = ceil(k tiles / this); default 12
-  int depth = 0;             // ring depth: 4 (default, fastest measured), 6 or 8 (compiled variants)
   int k_split = 0;           // warps per CTA
   int threads = 0;
   int64_t smem_bytes = 0;    // cross-warp reduction
   bool pdl = false;          // programmatic dependent launch of the second GEMM (SM90+)
 };
-// `k`: the GEMM's reduction length (H for the first, I for the second). 0 = default for the knobs.
-MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_tiles_per_warp = 0, int depth = 0);
-// Below the grouped GEMM's threshold, kAuto runs these kernels up to this many routed tokens and the
-// first decode kernels (moe.cu) above. Measured on H200 at the 20b shape (docs/PERF.md): 33.6 vs 37.6 us
-// at one token, but slower from two tokens on (60 vs 55 us at 2, 169 vs 110 us at 8).
-inline constexpr int64_t kMoeFusedDecodeMaxSlots = 4;
+// `k`: the GEMM's reduction length (H for the first, I for the second). 0 = default for the knobs: about 12 k
+// tiles per warp whatever the batch, so that a token's sums are bitwise the same in any batch (kDecode).
+MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_tiles_per_warp = 0);
+// Below the grouped GEMM's threshold, whether kAuto runs these kernels for this many routed tokens (else the
+// first decode kernels, moe.cu), and the k tiles per warp it asks for there (measured: kernel_configs.cc).
+// kAuto's split follows the batch, so its sums are not bitwise batch independent (nor were they when it
+// switched kernels by batch); kDecode's default split is.
 bool use_fused_moe_decode(int64_t num_slots);
+int moe_fused_auto_k_tiles_per_warp(int64_t num_slots);
 // Each CTA routes itself (and the combine is fused) up to this many routed tokens.
 bool use_fused_moe_routing(int64_t num_slots);
 // Busy tiles of 8 tokens over at most min(E, slots) experts: sum ceil(c_e / 8) <= (slots + 7 * experts) / 8.

@@ -1,8 +1,9 @@
 // MXFP4 experts at decode, second generation (kernel_configs.h, MoeFusedConfig). Same swap-AB fragments
 // and epilogues as moe.cu, but:
-//  * every warp keeps a ring of kDepth (4 by default) k tiles of weights in flight (activations: two),
-//    refilling a slot as soon as its tile is multiplied: the first kernel had one 512-byte load per warp in
-//    flight (the loads could not pass the previous mma) and reached 31% of HBM at one token;
+//  * every warp keeps a ring of kDepth = 4 k tiles of weights in flight (activations: two), refilling a
+//    slot as soon as its tile is multiplied: the first kernel had one 512-byte load per warp in flight
+//    (the loads could not pass the previous mma) and reached 31% of HBM at one token; rings of 6 and 8
+//    measured slower (45.1 vs 35.5 us at one token on an H100, docs/PERF.md) and were deleted;
 //  * the loop is counted in issued instructions (what bounds it at one token: docs/PERF.md): the three
 //    streams advance by one pointer add each per round of kDepth tiles and every load of a round takes a
 //    constant offset from them, rounds whose refills all exist run without a check per tile, scale bytes
@@ -42,36 +43,18 @@ __device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) {
   return v;
 }
 
-// kDepth: weight tiles in flight per warp (MoeFusedConfig::depth).
-template <bool kGated, int kDepth>
-__global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
-  extern __shared__ float red[];  // [k_split - 1][4][32]
-  const MoeGemmParams& g = p.g;
-  const int tile = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k_split = blockDim.x / 32;
-  const int r = lane / 4, q = lane % 4;
-  if constexpr (kGated) {
-    pdl_wait();  // launched as a programmatic dependent: the top-k ids come from the router
-    // Only after the wait: the second GEMM reads the top-k ids before its own wait.
-    pdl_launch_dependents();  // the second GEMM may start routing and loading weights
-  }
-  const TileRoute rt = p.topk_ids ? route_tile(p.topk_ids, static_cast<int>(p.slots), static_cast<int>(p.experts), tile)
-                                  : route_from_metadata(g.r, tile);
-  if (tile >= rt.tiles) return;
+// Weight tiles in flight per warp.
+constexpr int kDepth = 4;
 
-  const int64_t strip = blockIdx.x, strips = g.rows / 16, n_k = g.k / 64;
-  const int t_begin = static_cast<int>(warp * n_k / k_split), t_end = static_cast<int>((warp + 1) * n_k / k_split);
-  const int64_t first = (rt.expert * strips + strip) * n_k + t_begin;
-  // Tile j of this warp's k range: weights at wq + 512 j, its two scale bytes at sq + 32 j (+ 8), the
-  // activations at xq + 8 j; the pointers move on by kDepth tiles per round.
-  const uint8_t* wq = g.blocks + first * 512 + lane * 16;
-  const uint8_t* sq = g.scales + first * 32 + (q >> 1) * 16 + r;
-  const bool has_token = r < rt.rows;
-  const int64_t in_row = !has_token ? 0 : kGated ? rt.row_slot / g.top_k : rt.start + r;
-  const uint4* xq = reinterpret_cast<const uint4*>(g.in + in_row * g.k) + 2 * q + t_begin * 8;
-
+// One warp's k loop on the register ring: its n tiles (weights of tile j at wq + 512 j, the lane's two scale
+// bytes at sq + 32 j and + 8, activations at xq + 8 j), `stage()` called once the first weights are
+// requested (before the second GEMM's PDL wait).
+template <bool kGated, typename Stage>
+__device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint8_t* wq, const uint8_t* sq,
+                                                     const uint4* xq, bool has_token, int n, Stage stage) {
   // Activations come from L2/L1 (shorter latency than the weights' HBM): a ring of two is enough and keeps
-  // registers for weight slots. Lanes without a token keep zeroed activation slots.
+  // registers for weight slots. Lanes without a token keep zeroed activation slots. The pointers move on by
+  // kDepth tiles per round.
   constexpr int kActDepth = 2;
   static_assert(kDepth % kActDepth == 0, "activation slots are picked at compile time");
   uint4 w[kDepth], xa[kActDepth], xb[kActDepth];
@@ -89,18 +72,15 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
       xb[slot] = load_act<kGated>(xq + j * 8 + 1);
     }
   };
-  const int n = t_end - t_begin;
 #pragma unroll
   for (int i = 0; i < kDepth; ++i)
     if (i < n) load_weights(i, i);
-  __shared__ StagedEpilogue staged;
-  if (warp == 0) stage_epilogue_inputs(&staged, g, rt, strip, /*weights=*/!kGated);
+  stage();
   if constexpr (!kGated) pdl_wait();  // h comes from the first GEMM
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i)
     if (i < n) load_acts(i, i);
 
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int left = n;  // tiles not multiplied yet, the first of them at the pointers
   for (; left >= 2 * kDepth; left -= kDepth) {  // every slot multiplied and refilled
 #pragma unroll
@@ -126,6 +106,41 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
     sq += kDepth * 32;
     xq += kDepth * 8;
   }
+}
+
+template <bool kGated>
+__global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
+  extern __shared__ float red[];  // [k_split - 1][4][32]
+  const MoeGemmParams& g = p.g;
+  const int tile = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k_split = blockDim.x / 32;
+  const int r = lane / 4, q = lane % 4;
+  if constexpr (kGated) {
+    pdl_wait();  // launched as a programmatic dependent: the top-k ids come from the router
+    // Only after the wait: the second GEMM reads the top-k ids before its own wait.
+    pdl_launch_dependents();  // the second GEMM may start routing and loading weights
+  }
+  const TileRoute rt = p.topk_ids ? route_tile(p.topk_ids, static_cast<int>(p.slots), static_cast<int>(p.experts), tile)
+                                  : route_from_metadata(g.r, tile);
+  if (tile >= rt.tiles) return;
+
+  const int64_t strip = blockIdx.x, strips = g.rows / 16, n_k = g.k / 64;
+  const int t_begin = static_cast<int>(warp * n_k / k_split), t_end = static_cast<int>((warp + 1) * n_k / k_split);
+  const int64_t first = (rt.expert * strips + strip) * n_k + t_begin;
+  const bool has_token = r < rt.rows;
+  const int64_t in_row = !has_token ? 0 : kGated ? rt.row_slot / g.top_k : rt.start + r;
+  // Tile j of this warp's k range: weights at w0 + 512 j (this lane's 16 bytes), its 32 scale bytes at s0 +
+  // 32 j, the lane's activations at xq + 8 j.
+  const uint8_t* w0 = g.blocks + first * 512 + lane * 16;
+  const uint8_t* s0 = g.scales + first * 32;
+  const uint4* xq = reinterpret_cast<const uint4*>(g.in + in_row * g.k) + 2 * q + t_begin * 8;
+  const int n = t_end - t_begin;
+  __shared__ StagedEpilogue staged;
+  auto stage = [&] {
+    if (warp == 0) stage_epilogue_inputs(&staged, g, rt, strip, /*weights=*/!kGated);
+  };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  register_ring_k_loop<kGated>(acc, w0, s0 + (q >> 1) * 16 + r, xq, has_token, n, stage);
 
   if (!reduce_k_split(acc, red, warp, lane, k_split)) return;
   staged_epilogue_ready();
@@ -149,12 +164,7 @@ Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid,
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  switch (c.depth) {
-    case 4: return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, 4>, p), "moe_fused_gemm_kernel");
-    case 6: return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, 6>, p), "moe_fused_gemm_kernel");
-    case 8: return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, 8>, p), "moe_fused_gemm_kernel");
-    default: return internal_error("MoE fused GEMM: ring depth must be 4, 6 or 8");
-  }
+  return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated>, p), "moe_fused_gemm_kernel");
 }
 
 }  // namespace
