@@ -10,10 +10,14 @@
 //
 // Roles as in attention_wgmma_ws.cu (tile layout, GEMMs, softmax, store: attention_wgmma_parts.cuh):
 // - producer warpgroup (setmaxnreg 32): warps 0-1 load K/V tiles into the ring (attn_copy_kv_tile: one
-//   page lookup per key row), warps 2-3 load each block's Q into one of two buffers; cp.async arrivals on
-//   mbarriers.
+//   page lookup per key row; cp.async arrivals on mbarriers); one thread of warp 2 loads each block's Q into
+//   one of two buffers as one TMA box (tma.cuh: a tensor map over Q, its bytes counted on the buffer's
+//   mbarrier; no consumer fence, and two warps' address arithmetic gone).
 // - two consumer warpgroups of 64 rows (104 registers), each tile in turn: S = Q K^T (both from shared
-//   memory), softmax, O += P V; the warpgroups of the SM's two CTAs overlap each other. The ws kernel's
+//   memory), softmax, O += P V; the warpgroups of the SM's two CTAs overlap each other. A warpgroup (8
+//   tokens at g8) computes only the 16-key groups of a tile that its rows see: its 135 keys take 9 groups
+//   (144 keys) instead of 3 whole 64-key tiles (192), so a third less QK, softmax and P V work (m64n16-48
+//   score GEMMs for the partial tiles). The ws kernel's
 //   overlapped loop (QK(i) issued with P V(i - 1)) spilled P and had its wgmmas serialized at this budget
 //   (ptxas C7512) and ran 7% slower; four consumer warpgroups at one CTA per SM (112 registers, not
 //   serialized) and one pipeline across blocks were slower still (session 12, docs/PERF.md).
@@ -25,7 +29,8 @@
 // first need them, which is the order the producer loads them and the slot (index % stages) they take.
 // Consumers release a tile (once per warp) when they start the first pass that no longer needs it, so the
 // ring holds at most one pass's tiles plus prefetched ones; the host only picks this kernel when a pass's
-// tiles fit the ring (attention_window_wgmma_takes).
+// tiles fit the ring (attention_window_wgmma_takes). A warp waits for a tile (and fences the copies for
+// wgmma) only the first time; later passes reuse it as it is.
 #include <algorithm>
 #include <climits>
 
@@ -35,6 +40,7 @@
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/mbarrier.cuh"
+#include "backend/cuda/kernels/tma.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
 
 namespace mx::cuda {
@@ -61,7 +67,8 @@ static_assert(attention_window_wgmma_smem_bytes() ==
 
 // The kernel's constants and helpers exist for sm_90a's pass only (other archs compile an empty kernel).
 #if MX_SM90A
-constexpr int kKvLoaders = 64, kQLoaders = 64;  // producer threads per role
+constexpr int kKvLoaders = 64;      // producer threads that copy K/V tiles (warps 0-1)
+constexpr int kQLoader = kKvLoaders;  // the producer thread that issues Q's TMA boxes (warp 2's first)
 // Registers after setmaxnreg: two CTAs of 384 threads share the file (80 a thread at launch); the producer
 // gives back what the consumers take.
 constexpr int kLaunchRegisters = (65536 / (kThreads * 2)) / 8 * 8;
@@ -157,8 +164,10 @@ __device__ void build_passes(WinTables& tab, int n_tok, int tpb, int lane) {
 }
 #endif  // MX_SM90A
 
-__global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_kernel(AttentionKernelParams p,
-                                                                                   int blocks_per_cta) {
+// `q_map`: Q as [tokens][n_q][64] in boxes of a block's tokens x one kv head's q heads (the launcher's).
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_prefill_wgmma_window_kernel(AttentionKernelParams p, int blocks_per_cta,
+                                          const __grid_constant__ CUtensorMap q_map) {
 #if MX_SM90A
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -191,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
       mbarrier_init(empty0 + 8 * s, 4 * kConsumers);  // each consumer warp, once no pass of it needs the tile
     }
     for (int b = 0; b < 2; ++b) {
-      mbarrier_init(qfull0 + 8 * b, kQLoaders);
+      mbarrier_init(qfull0 + 8 * b, 1);  // the Q loader's arrival, with the box's bytes
       mbarrier_init(qempty0 + 8 * b, 4 * kConsumers);
     }
     mbarrier_init_fence();
@@ -224,18 +233,14 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
           cp_async_mbarrier_arrive(full0 + 8 * slot);
         }
       }
-    } else {
-      const int qt = tid - kKvLoaders;
+    } else if (tid == kQLoader) {
+      tma_prefetch_map(&q_map);
+      const uint32_t q_bytes = static_cast<uint32_t>(group * tpb * kHd * 2);  // the whole box, tails zero-filled
       for (int b = 0; b < n_blocks; ++b) {
         const int buf = b & 1;
         mbarrier_wait(qempty0 + 8 * buf, ((b >> 1) & 1) ^ 1);
-        for (int idx = qt; idx < kRows * (kHd / 8); idx += kQLoaders) {
-          const int row = idx / (kHd / 8), c = idx % (kHd / 8), tok = b * tpb + row / group;
-          const bool ok = row / group < tpb && tok < n_tok;
-          const uint16_t* src = ok ? p.q + ((t0 + tok) * p.n_q + g * group + row % group) * kHd + c * 8 : p.q;
-          cp_async_16(sq + buf * kQBytes + attn_tile_offset<kRows>(row, c), src, ok);
-        }
-        cp_async_mbarrier_arrive(qfull0 + 8 * buf);
+        mbarrier_arrive_expect_tx(qfull0 + 8 * buf, q_bytes);
+        tma_load_3d(sq_addr + buf * kQBytes, &q_map, 0, g * group, static_cast<int>(t0) + b * tpb, qfull0 + 8 * buf);
       }
     }
     cp_async_wait<0>();  // no thread leaves with copies in flight
@@ -247,24 +252,31 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
   const int r0 = warp * 16 + lane / 4, r1 = r0 + 8, q4 = lane % 4;
   // This warpgroup's 64 rows within a Q buffer; the index read from lane 0 is warp-uniform to the compiler,
   // so Q's wgmma descriptors live in uniform registers.
-  const uint32_t q_row_off = __shfl_sync(0xffffffffu, warp / 4, 0) * 64 * 128;
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
+  const uint32_t q_row_off = wg * 64 * 128;
+  // This warpgroup's tokens within a block, and whether all its 64 rows hold (token, head) pairs.
+  const int wg_tok_lo = wg * 64 / group, wg_tok_hi = min((wg * 64 + 63) / group, tpb - 1);
+  const bool wg_rows_full = wg * 64 + 63 < tpb * group;
   int released = 0;                                  // list indices below this were released by this warp
+  int acquired = 0;                                  // and below this waited for
   auto release_to = [&](int j_end) {
     for (; released < j_end; ++released)
       if (lane == 0) mbarrier_arrive(empty0 + 8 * (released % kStages));
   };
-  auto acquire = [&](int j) {  // tile j of the list; a tile reused by a later pass is waited for again
-    mbarrier_wait(full0 + 8 * (j % kStages), (j / kStages) & 1);
-    fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
+  auto acquire = [&](int j) {  // tile j of the list, waited for once (passes take tiles in list order)
+    if (j >= acquired) {
+      mbarrier_wait(full0 + 8 * (j % kStages), (j / kStages) & 1);
+      fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
+      acquired = j + 1;
+    }
     return skv_addr + (j % kStages) * kStageBytes;
   };
 
   for (int b = 0; b < n_blocks; ++b) {
     const int buf = b & 1;
     mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
-    fence_proxy_async_smem();
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
-    const int b0 = b * tpb, b_end = min(b0 + tpb, n_tok);
+    const int b0 = b * tpb;
     const int tl0 = r0 / group < tpb && b0 + r0 / group < n_tok ? b0 + r0 / group : -1;
     const int tl1 = r1 / group < tpb && b0 + r1 / group < n_tok ? b0 + r1 / group : -1;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -280,25 +292,41 @@ __global__ void __launch_bounds__(kThreads, 2) attention_prefill_wgmma_window_ke
       const bool in0 = tl0 >= start && tl0 < end, in1 = tl1 >= start && tl1 < end;
       const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
       const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
-      // Keys every row of the block sees, when this pass is the whole block: tiles inside them go unmasked,
-      // the edge tiles masked on one side.
-      const bool whole = start == b0 && end == b_end;
-      const int fmax = whole ? tab.tok_first[end - 1] : INT_MAX, lmin = whole ? tab.tok_last[start] : -1;
-      for (int i = 0; i < tiles; ++i) {
-        const uint32_t got = acquire(jlo + i);
-        const int k0 = (tlo + i) * kKt;
-        float s[kKt / 2], corr[2];
-        uint32_t pa[kKt / 16][4];
+      // One tile's (or sub-tile's: KT keys from key k0 at byte `row_off` of the tile) QK, softmax and P V.
+      auto step = [&]<int KT>(uint32_t got, uint32_t row_off, int k0, int sides) {
+        float s[KT / 2], corr[2];
+        uint32_t pa[KT / 16][4];
         wgmma_fence();
-        attn_qk_issue<kKt, kHd>(s, q_addr, got);
+        attn_qk_issue<KT, kHd>(s, q_addr, got + row_off);
         wgmma_wait<0>();
         wgmma_fence_regs(s);
-        attn_softmax_weights<kKt>(s, m_run, l_run, corr, attn_mask_sides(k0, kKt, fmax, lmin), k0, q4, f0, l0, f1,
-                                  l1, p.scale_log2);
+        attn_softmax_weights<KT>(s, m_run, l_run, corr, sides, k0, q4, f0, l0, f1, l1, p.scale_log2);
         if (!o_empty) attn_rescale_o<kHd>(o, corr);
         o_empty = false;
-        attn_pack_p<kKt>(s, pa);
-        attn_pv<kKt, kHd>(o, pa, got + kTileBytes);
+        attn_pack_p<KT>(s, pa);
+        attn_pv<KT, kHd>(o, pa, got + kTileBytes + row_off);
+      };
+      // This warpgroup's tokens in the pass, [a, z] (empty: a > z), and the keys they see, [kmin_w, kmax_w]
+      // (first and last grow along a pass). Of each tile the warpgroup computes only the 16-key groups that
+      // hold those keys: an 8-token warpgroup's 135 keys take 144 (9 groups), not 3 whole tiles' 192. Keys
+      // every row of the warpgroup sees, [fmax, lmin] when all its rows are in this pass: groups inside them
+      // go unmasked, the edge groups masked on one side.
+      const int a = max(start, b0 + wg_tok_lo), z = min(end - 1, b0 + wg_tok_hi);
+      const bool wg_whole = wg_rows_full && a == b0 + wg_tok_lo && z == b0 + wg_tok_hi;
+      const int kmin_w = a <= z ? tab.tok_first[a] : 1, kmax_w = a <= z ? tab.tok_last[z] : 0;
+      const int fmax = wg_whole ? tab.tok_first[z] : INT_MAX, lmin = wg_whole ? tab.tok_last[a] : -1;
+      for (int i = 0; i < tiles; ++i) {
+        const uint32_t got = acquire(jlo + i);
+        const int k0 = (tlo + i) * kKt, lo = max(k0, kmin_w), hi = min(k0 + kKt - 1, kmax_w);
+        if (lo > hi) continue;
+        const int g_lo = (lo - k0) / 16, groups = (hi - k0) / 16 - g_lo + 1, ks = k0 + 16 * g_lo;
+        const uint32_t off = static_cast<uint32_t>(g_lo) * 16 * 128;
+        switch (groups) {
+          case 4: step.template operator()<64>(got, off, ks, attn_mask_sides(ks, 64, fmax, lmin)); break;
+          case 3: step.template operator()<48>(got, off, ks, attn_mask_sides(ks, 48, fmax, lmin)); break;
+          case 2: step.template operator()<32>(got, off, ks, attn_mask_sides(ks, 32, fmax, lmin)); break;
+          default: step.template operator()<16>(got, off, ks, attn_mask_sides(ks, 16, fmax, lmin)); break;
+        }
       }
     }
     if (lane == 0) mbarrier_arrive(qempty0 + 8 * buf);  // this warp's GEMMs are done with the block's Q
@@ -347,10 +375,17 @@ Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, con
                                                       static_cast<int>(cudaSharedmemCarveoutMaxShared)),
                                  "cudaFuncSetAttribute(attention wgmma window carveout)"));
   // Grid: x = CTAs of blocks_per_cta blocks of 128 / group tokens, y = kv heads.
-  const int64_t tpb = std::max<int64_t>(1, kRows / (p.n_q / p.n_kv));
+  const int64_t group = p.n_q / p.n_kv, tpb = std::max<int64_t>(1, kRows / group);
   const int bpc = blocks_per_cta(p.tokens, tpb, p.n_kv, c.sm_count);
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.tokens, tpb * bpc)), static_cast<unsigned>(p.n_kv));
-  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p, bpc);
+  // Q as [tokens][n_q][64]; a block's box: tpb tokens x the kv head's `group` q heads x 64 dims, its rows in the
+  // order the consumers' rows take them (token-major).
+  CUtensorMap q_map{};
+  MX_RETURN_IF_ERROR(encode_bf16_tensor_map_3d(
+        &q_map, p.q, {static_cast<uint64_t>(kHd), static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
+        {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(p.n_q) * kHd * 2},
+        {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(tpb)}));
+  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p, bpc, q_map);
   return launch_status("attention_prefill_wgmma_window_kernel");
 }
 

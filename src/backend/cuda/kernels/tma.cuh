@@ -1,0 +1,71 @@
+// Tensor maps and TMA tile loads (sm_90+): the copy engine moves a whole box of a tensor into shared memory,
+// swizzled as wgmma's descriptors expect, from one thread's instruction, and counts its bytes on an mbarrier.
+// Against per-thread cp.async copies: no address arithmetic per 16-byte chunk, no producer warps busy for it,
+// rows past the tensor's end zero-filled by the engine, and the writes belong to the async proxy that wgmma
+// reads through, so a consumer needs no fence.proxy.async after its mbarrier wait.
+//
+// The host encodes a map with the driver's cuTensorMapEncodeTiled, reached through the runtime's entry point
+// (the binary links no libcuda); a kernel takes the map as a __grid_constant__ parameter, so a captured graph
+// replays it with the pointers it was built for.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <string>
+
+#include "core/status.h"
+
+namespace mx::cuda {
+
+// A bf16 tensor of rank 3, dims[0] contiguous, strides (bytes) of dims 1 and 2, read in boxes of box[0..2]
+// elements with the 128-byte swizzle (box[0] * 2 must be 128: one swizzled row per box row). Elements past the
+// tensor's ends read as zero.
+inline Status encode_bf16_tensor_map_3d(CUtensorMap* map, const void* base, const uint64_t (&dims)[3],
+                                        const uint64_t (&strides)[2], const uint32_t (&box)[3]) {
+  using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const EncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<EncodeTiled>(fn);
+  }();
+  if (encode == nullptr) return internal_error("cuTensorMapEncodeTiled: not found through the CUDA driver entry point");
+  if (box[0] * 2 != 128) return internal_error("tensor map: a box row must be one 128-byte swizzled row");
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || strides[0] % 16 != 0 || strides[1] % 16 != 0)
+    return invalid_argument("tensor map: the base and strides must be multiples of 16 bytes");
+  const cuuint64_t gdims[3] = {dims[0], dims[1], dims[2]};
+  const cuuint64_t gstrides[2] = {strides[0], strides[1]};
+  const cuuint32_t gbox[3] = {box[0], box[1], box[2]};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), gdims, gstrides, gbox,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return internal_error("cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ")");
+  return Status::ok();
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The box of `map` at element coordinates (c0, c1, c2) into shared memory at `dst` (1024-byte aligned for the
+// 128-byte swizzle), its bytes counted on mbarrier `bar` (armed with mbarrier_arrive_expect_tx).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Pulls the map's descriptor into the cache ahead of the first load.
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+#endif
+
+}  // namespace mx::cuda
