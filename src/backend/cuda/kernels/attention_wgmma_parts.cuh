@@ -23,6 +23,16 @@ namespace mx::cuda {
 
 #if MX_SM90A
 
+// D(64 x 8, fp32) += A(64 x 16, bf16, registers) * B(16 x 8) with B MN-major: with B all ones, every column
+// of D is the running sum of A's rows (the softmax denominator of the bf16 weights P V multiplies).
+__device__ __forceinline__ void wgmma_bf16_rs_n8(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
 // Descriptor of an MN-major B operand: rows of 64 n (128 bytes, 128-byte swizzle) along k, 8-row groups
 // 1024 bytes apart (stride byte offset), the next 64 n at `panel_bytes` (leading byte offset).
 __device__ __forceinline__ uint64_t wgmma_desc_mn128(uint32_t addr, uint32_t panel_bytes) {
@@ -271,13 +281,14 @@ __device__ __forceinline__ void attn_mask_move_max(float (&s)[KT / 2], float (&m
 }
 
 // One tile's online softmax of rows r0 (keys [f0, l0] visible) and r1 ([f1, l1]), whole (the in-turn loop):
-// attn_mask_move_max with the lazy rescale, then o rescaled unless no row of the warp moved its max (the
-// common case once the rows' maxima settle: 32 multiplies a tile saved) and the weights packed as the A
-// fragments of P V.
+// attn_mask_move_max with the lazy rescale, then O and the row sums `lsum` (which attn_pv_sum adds, not this)
+// rescaled unless no row of the warp moved its max (the common case once the rows' maxima settle: 36
+// multiplies a tile saved), and the weights packed as the A fragments of P V.
 template <int KT, int HD>
-__device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)[HD / 2], float (&m_run)[2],
-                                                  float (&l_run)[2], uint32_t (&pa)[KT / 16][4], int sides, int k0,
-                                                  int q4, int f0, int l0, int f1, int l1, float scale_log2) {
+__device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)[HD / 2], float (&lsum)[4],
+                                                  float (&m_run)[2], float (&l_run)[2], uint32_t (&pa)[KT / 16][4],
+                                                  int sides, int k0, int q4, int f0, int l0, int f1, int l1,
+                                                  float scale_log2) {
   float corr[2], base[2];
   attn_mask_move_max<KT, /*LAZY=*/true>(s, m_run, l_run, corr, base, sides, k0, q4, f0, l0, f1, l1, scale_log2);
   if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
@@ -288,6 +299,10 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)
       o[4 * j + 2] *= corr[1];
       o[4 * j + 3] *= corr[1];
     }
+    lsum[0] *= corr[0];
+    lsum[1] *= corr[0];
+    lsum[2] *= corr[1];
+    lsum[3] *= corr[1];
   }
 #pragma unroll
   for (int j = 0; j < KT / 8; ++j) {
@@ -295,8 +310,6 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[KT / 2], float (&o)
     const float e1 = exp2_ftz(fmaf(s[4 * j + 1], scale_log2, -base[0]));
     const float e2 = exp2_ftz(fmaf(s[4 * j + 2], scale_log2, -base[1]));
     const float e3 = exp2_ftz(fmaf(s[4 * j + 3], scale_log2, -base[1]));
-    l_run[0] += e0 + e1;
-    l_run[1] += e2 + e3;
     // A fragment of k16 step j / 2: {row r keys 2q.., row r + 8 keys 2q.., row r keys 8 + 2q.., row r + 8 ...}.
     pa[j / 2][(j % 2) * 2] = pack_bf16x2(e0, e1);
     pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(e2, e3);
@@ -388,6 +401,28 @@ __device__ __forceinline__ void attn_pv(float (&o)[HD / 2], uint32_t (&pa)[KT / 
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_regs(o);
+}
+
+// attn_pv plus each row's sum of P into `lsum` (every column of the m64n8 result: the ones block at
+// `ones_desc`, 16 x 64 bf16 ones, is the B of every k step).
+template <int KT, int HD>
+__device__ __forceinline__ void attn_pv_sum(float (&o)[HD / 2], float (&lsum)[4], uint32_t (&pa)[KT / 16][4],
+                                            uint32_t v_addr, uint64_t ones_desc) {
+  static_assert(HD == 64, "the P.V wgmma wrapper is written for n = 64; wider heads need n = HD");
+  wgmma_fence_regs(o);
+  wgmma_fence_regs(lsum);
+  pin_fragments(pa);
+  wgmma_fence();
+  const uint64_t dv = wgmma_desc_mn128(v_addr, KT * 128);
+#pragma unroll
+  for (int kc = 0; kc < KT / 16; ++kc) {
+    wgmma_bf16_rs_mn64(o, pa[kc], attn_desc_advance(dv, kc * 16 * 128));
+    wgmma_bf16_rs_n8(lsum, pa[kc], ones_desc);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_regs(o);
+  wgmma_fence_regs(lsum);
 }
 
 // One K/V tile of KT key rows from the paged cache into a ring stage (K at `stage`, V `tile_bytes` after it,
@@ -482,15 +517,18 @@ __device__ __forceinline__ void attn_overlap_last_pv(float (&o)[HD / 2], uint32_
 
 // The end of the lane's two rows: running sums summed over the quad, the sink (if any) joins the
 // denominator once, bf16 out. `token[h]` < 0: row h holds no (token, head) pair and is not stored.
-template <int HD>
+// SUMS_WHOLE: l_run already holds each row's whole sum (attn_pv_sum), not the lane's quarter.
+template <int HD, bool SUMS_WHOLE = false>
 __device__ __forceinline__ void attn_store_rows(const AttentionKernelParams& p, const float (&o)[HD / 2],
                                                 const float (&m_run)[2], const float (&l_run)[2],
                                                 const int64_t (&token)[2], const int (&head)[2], int q4) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if constexpr (!SUMS_WHOLE) {
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+    }
     if (token[h] < 0) continue;
     const float factor = attention_final_factor(m_run[h], l, attention_sink_log2(p.sinks, head[h]));
     uint16_t* out = p.out + (token[h] * p.n_q + head[h]) * HD;

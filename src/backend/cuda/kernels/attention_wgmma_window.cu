@@ -16,8 +16,11 @@
 // - two consumer warpgroups of 64 rows (104 registers), each tile in turn: S = Q K^T (both from shared
 //   memory), softmax, O += P V; the warpgroups of the SM's two CTAs overlap each other. A warpgroup (8
 //   tokens at g8) computes only the 16-key groups of a tile that its rows see: its 135 keys take 9 groups
-//   (144 keys) instead of 3 whole 64-key tiles (192), so a third less QK, softmax and P V work (m64n16-48
-//   score GEMMs for the partial tiles). The ws kernel's
+//   (144 keys) instead of 3 whole 64-key tiles (192), a quarter less QK, softmax and P V work. In the steady
+//   state of a 128-key window (every row of the warpgroup in one pass, 9 groups over 3 tiles, the inner 7
+//   visible to every row) the 9 groups are one 144-key score tile: three score GEMMs (m64n16..64, one per
+//   tile) into one accumulator, one max and sum, no rescale, one P V over the three tiles' V rows, masks on
+//   the edge groups only; other blocks take the groups tile by tile (m64n16..64 score GEMMs). The ws kernel's
 //   overlapped loop (QK(i) issued with P V(i - 1)) spilled P and had its wgmmas serialized at this budget
 //   (ptxas C7512) and ran 7% slower; four consumer warpgroups at one CTA per SM (112 registers, not
 //   serialized) and one pipeline across blocks were slower still (session 12, docs/PERF.md).
@@ -281,51 +284,124 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int tl1 = r1 / group < tpb && b0 + r1 / group < n_tok ? b0 + r1 / group : -1;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     float o[kHd / 2];
+    // 144 keys from key kb as one score tile: NA from the end of tile `ta_addr`, 64 of `tb_addr`, 80 - NA from
+    // the start of `tc_addr`; one max, one sum, no rescale; only the first and last 16-key groups are masked
+    // (every row's first key lies in the first, its last in the last). O is written here from zero, so its
+    // registers are free while the score tile is live.
+    auto one_tile = [&]<int NA>(uint32_t ta_addr, uint32_t tb_addr, uint32_t tc_addr, int kb, int f0, int l0,
+                                int f1, int l1) {
+      constexpr int NC = 80 - NA;
+      float s[72], corr[2];
+      uint32_t pa[9][4];
+      wgmma_fence();
+      attn_qk_issue<NA, kHd>(*reinterpret_cast<float(*)[NA / 2]>(&s[0]), q_addr, ta_addr + (64 - NA) * 128);
+      attn_qk_issue<64, kHd>(*reinterpret_cast<float(*)[32]>(&s[NA / 2]), q_addr, tb_addr);
+      attn_qk_issue<NC, kHd>(*reinterpret_cast<float(*)[NC / 2]>(&s[NA / 2 + 32]), q_addr, tc_addr);
+      wgmma_wait<0>();
+      wgmma_fence_regs(s);
+      const int c0 = kb + 2 * q4, c8 = kb + 128 + 2 * q4;
+      attn_mask_cols<16, kMaskLeft>(*reinterpret_cast<float(*)[8]>(&s[0]), f0 - c0, l0 - c0, f1 - c0, l1 - c0);
+      attn_mask_cols<16, kMaskRight>(*reinterpret_cast<float(*)[8]>(&s[64]), f0 - c8, l0 - c8, f1 - c8, l1 - c8);
+      attn_softmax_weights<144>(s, m_run, l_run, corr, kMaskNone, kb, q4, f0, l0, f1, l1, p.scale_log2);
+      attn_pack_p<144>(s, pa);
 #pragma unroll
-    for (int i = 0; i < kHd / 2; ++i) o[i] = 0.f;
-    bool o_empty = true;  // until the block's first P V: its rescale of a zero O is skipped
-    for (int ps = tab.block_pass[b]; ps < tab.block_pass[b + 1]; ++ps) {
-      const int start = tab.pass_start[ps], end = tab.pass_start[ps + 1];
-      const int tlo = tab.pass_tlo[ps], tiles = tab.pass_tiles[ps], jlo = tab.pass_jlo[ps];
-      release_to(jlo);
-      // A row outside this pass sees nothing here (empty range [1, 0]).
-      const bool in0 = tl0 >= start && tl0 < end, in1 = tl1 >= start && tl1 < end;
-      const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
-      const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
-      // One tile's (or sub-tile's: KT keys from key k0 at byte `row_off` of the tile) QK, softmax and P V.
-      auto step = [&]<int KT>(uint32_t got, uint32_t row_off, int k0, int sides) {
-        float s[KT / 2], corr[2];
-        uint32_t pa[KT / 16][4];
-        wgmma_fence();
-        attn_qk_issue<KT, kHd>(s, q_addr, got + row_off);
-        wgmma_wait<0>();
-        wgmma_fence_regs(s);
-        attn_softmax_weights<KT>(s, m_run, l_run, corr, sides, k0, q4, f0, l0, f1, l1, p.scale_log2);
-        if (!o_empty) attn_rescale_o<kHd>(o, corr);
-        o_empty = false;
-        attn_pack_p<KT>(s, pa);
-        attn_pv<KT, kHd>(o, pa, got + kTileBytes + row_off);
-      };
-      // This warpgroup's tokens in the pass, [a, z] (empty: a > z), and the keys they see, [kmin_w, kmax_w]
-      // (first and last grow along a pass). Of each tile the warpgroup computes only the 16-key groups that
-      // hold those keys: an 8-token warpgroup's 135 keys take 144 (9 groups), not 3 whole tiles' 192. Keys
-      // every row of the warpgroup sees, [fmax, lmin] when all its rows are in this pass: groups inside them
-      // go unmasked, the edge groups masked on one side.
-      const int a = max(start, b0 + wg_tok_lo), z = min(end - 1, b0 + wg_tok_hi);
-      const bool wg_whole = wg_rows_full && a == b0 + wg_tok_lo && z == b0 + wg_tok_hi;
-      const int kmin_w = a <= z ? tab.tok_first[a] : 1, kmax_w = a <= z ? tab.tok_last[z] : 0;
-      const int fmax = wg_whole ? tab.tok_first[z] : INT_MAX, lmin = wg_whole ? tab.tok_last[a] : -1;
-      for (int i = 0; i < tiles; ++i) {
-        const uint32_t got = acquire(jlo + i);
-        const int k0 = (tlo + i) * kKt, lo = max(k0, kmin_w), hi = min(k0 + kKt - 1, kmax_w);
-        if (lo > hi) continue;
-        const int g_lo = (lo - k0) / 16, groups = (hi - k0) / 16 - g_lo + 1, ks = k0 + 16 * g_lo;
-        const uint32_t off = static_cast<uint32_t>(g_lo) * 16 * 128;
-        switch (groups) {
-          case 4: step.template operator()<64>(got, off, ks, attn_mask_sides(ks, 64, fmax, lmin)); break;
-          case 3: step.template operator()<48>(got, off, ks, attn_mask_sides(ks, 48, fmax, lmin)); break;
-          case 2: step.template operator()<32>(got, off, ks, attn_mask_sides(ks, 32, fmax, lmin)); break;
-          default: step.template operator()<16>(got, off, ks, attn_mask_sides(ks, 16, fmax, lmin)); break;
+      for (int i = 0; i < kHd / 2; ++i) o[i] = 0.f;
+      wgmma_fence_regs(o);
+      pin_fragments(pa);
+      wgmma_fence();
+      const uint64_t dva = wgmma_desc_mn128(ta_addr + kTileBytes, kKt * 128);
+      const uint64_t dvb = wgmma_desc_mn128(tb_addr + kTileBytes, kKt * 128);
+      const uint64_t dvc = wgmma_desc_mn128(tc_addr + kTileBytes, kKt * 128);
+#pragma unroll
+      for (int kk = 0; kk < NA / 16; ++kk)
+        wgmma_bf16_rs_mn64(o, pa[kk], attn_desc_advance(dva, (64 - NA + 16 * kk) * 128));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs_mn64(o, pa[NA / 16 + kk], attn_desc_advance(dvb, 16 * kk * 128));
+#pragma unroll
+      for (int kk = 0; kk < NC / 16; ++kk)
+        wgmma_bf16_rs_mn64(o, pa[NA / 16 + 4 + kk], attn_desc_advance(dvc, 16 * kk * 128));
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+    };
+    // The fast case: all of this warpgroup's rows in one pass whose keys make exactly 9 16-key groups over 3
+    // tiles of the pass, and every row sees the 7 inner groups whole (every steady-state block of a 128-key
+    // window at g8).
+    bool done = false;
+    if (wg_rows_full) {
+      for (int ps = tab.block_pass[b]; ps < tab.block_pass[b + 1]; ++ps) {
+        const int start = tab.pass_start[ps], end = tab.pass_start[ps + 1];
+        const int a = b0 + wg_tok_lo, z = b0 + wg_tok_hi;
+        if (start > a || end <= z) continue;
+        const int tlo = tab.pass_tlo[ps], tiles = tab.pass_tiles[ps], jlo = tab.pass_jlo[ps];
+        const int kmin_w = tab.tok_first[a], kmax_w = tab.tok_last[z], g0 = kmin_w / 16, ta = kmin_w / kKt - tlo;
+        // Only the edge groups need masks: every row's first key in group 0 (or at group 1's start), its last
+        // in group 8 (or at group 7's end).
+        const bool edges = tab.tok_first[z] <= 16 * g0 + 16 && tab.tok_last[a] >= 16 * g0 + 127;
+        if (kmax_w / 16 - g0 != 8 || ta + 3 > tiles || !edges) break;
+        release_to(jlo);
+        for (int i = 0; i < ta + 3; ++i) acquire(jlo + i);
+        const uint32_t a0 = skv_addr + ((jlo + ta) % kStages) * kStageBytes;
+        const uint32_t a1 = skv_addr + ((jlo + ta + 1) % kStages) * kStageBytes;
+        const uint32_t a2 = skv_addr + ((jlo + ta + 2) % kStages) * kStageBytes;
+        const int f0 = tab.tok_first[tl0], l0 = tab.tok_last[tl0], f1 = tab.tok_first[tl1], l1 = tab.tok_last[tl1];
+        switch (g0 % 4) {
+          case 0: one_tile.template operator()<64>(a0, a1, a2, g0 * 16, f0, l0, f1, l1); break;
+          case 1: one_tile.template operator()<48>(a0, a1, a2, g0 * 16, f0, l0, f1, l1); break;
+          case 2: one_tile.template operator()<32>(a0, a1, a2, g0 * 16, f0, l0, f1, l1); break;
+          default: one_tile.template operator()<16>(a0, a1, a2, g0 * 16, f0, l0, f1, l1); break;
+        }
+        done = true;
+        break;
+      }
+    }
+    if (!done) {
+#pragma unroll
+      for (int i = 0; i < kHd / 2; ++i) o[i] = 0.f;
+      bool o_empty = true;  // until the block's first P V: its rescale of a zero O is skipped
+      for (int ps = tab.block_pass[b]; ps < tab.block_pass[b + 1]; ++ps) {
+        const int start = tab.pass_start[ps], end = tab.pass_start[ps + 1];
+        const int tlo = tab.pass_tlo[ps], tiles = tab.pass_tiles[ps], jlo = tab.pass_jlo[ps];
+        release_to(jlo);
+        // A row outside this pass sees nothing here (empty range [1, 0]).
+        const bool in0 = tl0 >= start && tl0 < end, in1 = tl1 >= start && tl1 < end;
+        const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
+        const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
+        // One tile's (or sub-tile's: KT keys from key k0 at byte `row_off` of the tile) QK, softmax and P V.
+        auto step = [&]<int KT>(uint32_t got, uint32_t row_off, int k0, int sides) {
+          float s[KT / 2], corr[2];
+          uint32_t pa[KT / 16][4];
+          wgmma_fence();
+          attn_qk_issue<KT, kHd>(s, q_addr, got + row_off);
+          wgmma_wait<0>();
+          wgmma_fence_regs(s);
+          attn_softmax_weights<KT>(s, m_run, l_run, corr, sides, k0, q4, f0, l0, f1, l1, p.scale_log2);
+          if (!o_empty) attn_rescale_o<kHd>(o, corr);
+          o_empty = false;
+          attn_pack_p<KT>(s, pa);
+          attn_pv<KT, kHd>(o, pa, got + kTileBytes + row_off);
+        };
+        // This warpgroup's tokens in the pass, [a, z] (empty: a > z), and the keys they see, [kmin_w, kmax_w]
+        // (first and last grow along a pass). Of each tile the warpgroup computes only the 16-key groups that
+        // hold those keys: an 8-token warpgroup's 135 keys take 144 (9 groups), not 3 whole tiles' 192. Keys
+        // every row of the warpgroup sees, [fmax, lmin] when all its rows are in this pass: groups inside them
+        // go unmasked, the edge groups masked on one side.
+        const int a = max(start, b0 + wg_tok_lo), z = min(end - 1, b0 + wg_tok_hi);
+        const bool wg_whole = wg_rows_full && a == b0 + wg_tok_lo && z == b0 + wg_tok_hi;
+        const int kmin_w = a <= z ? tab.tok_first[a] : 1, kmax_w = a <= z ? tab.tok_last[z] : 0;
+        const int fmax = wg_whole ? tab.tok_first[z] : INT_MAX, lmin = wg_whole ? tab.tok_last[a] : -1;
+        for (int i = 0; i < tiles; ++i) {
+          const uint32_t got = acquire(jlo + i);
+          const int k0 = (tlo + i) * kKt, lo = max(k0, kmin_w), hi = min(k0 + kKt - 1, kmax_w);
+          if (lo > hi) continue;
+          const int g_lo = (lo - k0) / 16, groups = (hi - k0) / 16 - g_lo + 1, ks = k0 + 16 * g_lo;
+          const uint32_t off = static_cast<uint32_t>(g_lo) * 16 * 128;
+          switch (groups) {
+            case 4: step.template operator()<64>(got, off, ks, attn_mask_sides(ks, 64, fmax, lmin)); break;
+            case 3: step.template operator()<48>(got, off, ks, attn_mask_sides(ks, 48, fmax, lmin)); break;
+            case 2: step.template operator()<32>(got, off, ks, attn_mask_sides(ks, 32, fmax, lmin)); break;
+            default: step.template operator()<16>(got, off, ks, attn_mask_sides(ks, 16, fmax, lmin)); break;
+          }
         }
       }
     }

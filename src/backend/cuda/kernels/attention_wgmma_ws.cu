@@ -207,7 +207,22 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
   auto k_tile = [&](int got) { return skv_addr + got * kStageBytes; };
   auto v_tile = [&](int got) { return skv_addr + got * kStageBytes + kTileBytes; };
   uint32_t qf[OVERLAP ? 1 : HD / 16][4];
-  if constexpr (!OVERLAP) attn_load_q<kRows, HD>(qf, sq, warp * 16, lane);
+  // The in-turn loop's row sums come from the tensor cores (attn_pv_sum: each P V k step also multiplies P by
+  // a 16 x 8 block of ones, whose every column is then the row's sum), not from an FADD per weight (13% of the
+  // kernel's instructions): `lsum` holds the whole sums of rows r0 (0, 1) and r1 (2, 3). Q is in registers
+  // then, so the ones are written over the start of Q's buffer (1024-aligned; all equal, so the swizzle is moot).
+  float lsum[4] = {0.f, 0.f, 0.f, 0.f};
+  uint64_t ones_desc = 0;
+  if constexpr (!OVERLAP) {
+    attn_load_q<kRows, HD>(qf, sq, warp * 16, lane);
+    named_barrier_sync(1, 128 * kConsumers);  // every consumer has Q in registers
+    if (ct < 128) {
+      *reinterpret_cast<uint4*>(sq + ct * 16) = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
+      fence_proxy_async_smem();  // the ones, written by the generic proxy, seen by wgmma's reads
+    }
+    named_barrier_sync(1, 128 * kConsumers);
+    ones_desc = wgmma_desc_mn128(smem_addr(sq), 64 * 128);
+  }
   for (int ps = 0, start = 0; ps < n_passes; ++ps) {
     const int end = tab.pass_end[ps], kmin = tab.pass_kmin[ps], kmax = tab.pass_kmax[ps];
     // A row outside this pass sees nothing here (empty range [1, 0]).
@@ -224,8 +239,8 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
         float s[KT / 2];
         attn_qk<KT, HD>(s, qf, k_tile(got));
         uint32_t pa[KT / 16][4];
-        attn_softmax_tile<KT, HD>(s, o, m_run, l_run, pa, sides(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
-        attn_pv<KT, HD>(o, pa, v_tile(got));
+        attn_softmax_tile<KT, HD>(s, o, lsum, m_run, l_run, pa, sides(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
+        attn_pv_sum<KT, HD>(o, lsum, pa, v_tile(got), ones_desc);
         release(got);
       }
     } else {
@@ -255,7 +270,12 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
     token[h] = tl >= 0 ? t0 + tl : -1;
     head[h] = g * group + row % group;
   }
-  attn_store_rows<HD>(p, o, m_run, l_run, token, head, q4);
+  if constexpr (!OVERLAP) {
+    const float l_whole[2] = {lsum[0], lsum[2]};
+    attn_store_rows<HD, /*SUMS_WHOLE=*/true>(p, o, m_run, l_whole, token, head, q4);
+  } else {
+    attn_store_rows<HD>(p, o, m_run, l_run, token, head, q4);
+  }
 #endif  // MX_SM90A
 }
 

@@ -48,14 +48,16 @@ inline Status encode_bf16_tensor_map_3d(CUtensorMap* map, const void* base, cons
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), gdims, gstrides, gbox,
                             unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return internal_error("cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ")");
+  if (r != CUDA_SUCCESS)
+    return internal_error("cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ")");
   return Status::ok();
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // The box of `map` at element coordinates (c0, c1, c2) into shared memory at `dst` (1024-byte aligned for the
 // 128-byte swizzle), its bytes counted on mbarrier `bar` (armed with mbarrier_arrive_expect_tx).
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];\n" ::"r"(dst),
