@@ -38,9 +38,11 @@ TEST(DenseFp8, LinearMatchesCpuTwin) {
     bool bias, f32;
     int skinny_max_rows = -1;  // -1: the backend's choice; 0 forces the bf16 slabs + cuBLASLt
   };
-  // Skinny: one and two token tiles, n not a multiple of 16, k a multiple of 8 but not of 32. Slabs: above 16
-  // rows, forced at 4, and a weight of two slabs (12000 x 2880 bf16 is over the 64 MiB slab).
+  // Skinny: one and two token tiles, n not a multiple of 16, k a multiple of 8 but not of 16, each tile count
+  // with its strips in one wave at 2 CTAs per SM and not (5120 and 4500 rows on 132 SMs: the 3-CTA forms).
+  // Slabs: above 16 rows, forced at 4, and a weight of two slabs (12000 x 2880 bf16 is over the 64 MiB slab).
   for (const Case& c : {Case{1, 5120, 2880, true, false}, Case{3, 77, 328, true, true}, Case{9, 133, 2888, true, false},
+                        Case{11, 4500, 1000, true, false},
                         Case{16, 1000, 64, false, true}, Case{1, 2880, 4096, true, false}, Case{13, 35, 24, true, true},
                         Case{17, 640, 320, true, false}, Case{64, 2880, 4096, true, true}, Case{4, 203, 1000, false, false, 0},
                         Case{20, 12000, 2880, false, true}, Case{33, 12000, 2880, true, false}}) {

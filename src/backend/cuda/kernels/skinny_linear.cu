@@ -4,14 +4,19 @@
 //
 // Fragments straight from global memory: mma m16n8k16 wants lane (g, t) to hold A[g][2t, 2t+1, 2t+8,
 // 2t+9] (and row g + 8) and B[2t, 2t+1, 2t+8, 2t+9][g]. A dot product does not care how k is ordered as
-// long as A and B agree, so the kernel renames k inside each 32-chunk: lane t's 16-byte load of a weight
-// row (elements 8t..8t+7) supplies logical k {2t, 2t+1, 2t+8, 2t+9} of the first k16 step with elements
-// 0-3 and of the second step with elements 4-7, and the same 16-byte load of the token's activation row
-// supplies B. No shared memory, no shuffles, one 16-byte load per 16 weight bytes. With k splits (grid
-// y) each CTA covers a range of chunks and the strip's last CTA adds the fp32 partials in split order.
-// FP8 weights (e4m3, one scale per row): the same lane takes the same 8 elements as an 8-byte load and widens
-// them to bf16 (exact: every e4m3 value is a bf16 value) just before its mmas; the row's scale multiplies
-// the fp32 sum in the epilogue.
+// long as A and B agree, so the kernel renames k inside each chunk: lane t's 16-byte load of a weight row
+// (bf16: elements 8t..8t+7 of a 32-element chunk) supplies logical k {2t, 2t+1, 2t+8, 2t+9} of the first
+// k16 step with elements 0-3 and of the second step with elements 4-7, and the same 16-byte load of the
+// token's activation row supplies B. No shared memory, no shuffles, one 16-byte load per 16 weight bytes.
+// With k splits (grid y) each CTA covers a range of chunks and the strip's last CTA adds the fp32 partials
+// in split order.
+// FP8 weights (e4m3, one scale per row): a lane's 16-byte load holds 16 codes (elements 16t..16t+15 of a
+// 64-element chunk), widened to bf16 (exact: every e4m3 value is a bf16 value) eight at a time just before
+// their two k16 steps, against two 16-byte activation loads; the row's scale multiplies the fp32 sum in the
+// epilogue. A warp so has as many weight bytes in flight per chunk as with bf16: the first FP8 form loaded
+// 8 codes per lane (half the bytes per round trip) and ran at 47-56% of the copy rate on an H200 where bf16
+// ran at 78-88% (docs/PERF.md). Shapes whose strips do not fit one wave at 2 CTAs per SM run a 3-CTA form
+// with fewer chunks in flight (launch_skinny_linear).
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -20,8 +25,6 @@
 
 namespace mx::cuda {
 namespace {
-
-constexpr int kChunk = 32;  // k elements per lane quad per step: 4 lanes x 8 bf16
 
 __device__ __forceinline__ uint4 ldg_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
@@ -39,34 +42,48 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
-__device__ __forceinline__ uint4 widen_fp8x8(uint2 v) {
-  return make_uint4(fp8x2_to_bf16x2(v.x & 0xffffu), fp8x2_to_bf16x2(v.x >> 16), fp8x2_to_bf16x2(v.y & 0xffffu),
-                    fp8x2_to_bf16x2(v.y >> 16));
+__device__ __forceinline__ uint4 widen_fp8x8(uint32_t lo, uint32_t hi) {
+  return make_uint4(fp8x2_to_bf16x2(lo & 0xffffu), fp8x2_to_bf16x2(lo >> 16), fp8x2_to_bf16x2(hi & 0xffffu),
+                    fp8x2_to_bf16x2(hi >> 16));
 }
 
-// The weights' registers: 16 bytes of bf16, or 8 bytes of fp8 widened when used.
-template <bool kFp8>
-struct WeightRegs;
-template <>
-struct WeightRegs<false> {
+// A lane's registers for one weight row and chunk: kLaneK elements from one 16-byte load, handed to the
+// mmas as kLaneK / 8 groups of 8 bf16 (group h against the lane's activations 8h..8h+7 of the chunk).
+// `offset`: the first element; `ok`: row and chunk in range; `whole`: all kLaneK elements lie before k.
+struct Bf16Weights {
+  static constexpr bool kFp8 = false;
+  static constexpr int kLaneK = 8;
   uint4 raw;
-  __device__ __forceinline__ void load(const SkinnyLinearParams& p, int64_t offset, bool ok) {
-    raw = ok ? ldg_stream(p.w + offset) : make_uint4(0, 0, 0, 0);
+  __device__ __forceinline__ void load(const SkinnyLinearParams& p, int64_t offset, bool ok, bool /*whole*/) {
+    raw = ok ? ldg_stream(p.w + offset) : make_uint4(0, 0, 0, 0);  // k % 8 == 0: always whole
   }
-  __device__ __forceinline__ uint4 bf16() const { return raw; }
+  __device__ __forceinline__ uint4 bf16(int /*group*/) const { return raw; }
 };
-template <>
-struct WeightRegs<true> {
-  uint2 raw;
-  __device__ __forceinline__ void load(const SkinnyLinearParams& p, int64_t offset, bool ok) {
-    raw = ok ? ldg_stream8(p.w_fp8 + offset) : make_uint2(0, 0);
+struct Fp8Weights {
+  static constexpr bool kFp8 = true;  // the row's scale multiplies the sum
+  static constexpr int kLaneK = 16;
+  uint4 raw;
+  // Rows are 16-byte aligned when k % 16 == 0; otherwise (k % 16 == 8) two 8-byte loads, the second only
+  // when the lane's 16 codes are all before k.
+  __device__ __forceinline__ void load(const SkinnyLinearParams& p, int64_t offset, bool ok, bool whole) {
+    if (!ok) {
+      raw = make_uint4(0, 0, 0, 0);
+    } else if (p.k % 16 == 0) {
+      raw = ldg_stream(p.w_fp8 + offset);
+    } else {
+      const uint2 a = ldg_stream8(p.w_fp8 + offset), b = whole ? ldg_stream8(p.w_fp8 + offset + 8) : make_uint2(0, 0);
+      raw = make_uint4(a.x, a.y, b.x, b.y);
+    }
   }
-  __device__ __forceinline__ uint4 bf16() const { return widen_fp8x8(raw); }
+  __device__ __forceinline__ uint4 bf16(int group) const {
+    return group == 0 ? widen_fp8x8(raw.x, raw.y) : widen_fp8x8(raw.z, raw.w);
+  }
 };
 
-template <int kTiles, int kChunks, bool kFp8>
-__global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerSm)
+template <int kTiles, int kChunks, typename Weights, int kCtasPerSm>
+__global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
     skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split) {
+  constexpr int kLaneK = Weights::kLaneK, kGroups = kLaneK / 8, kChunk = 4 * kLaneK;  // k per chunk: 4 lanes
   __shared__ float red[kSkinnyLinearWarps][kTiles * 4][32];
   __shared__ bool last_of_strip;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -75,35 +92,39 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   const int64_t end = min((p.k + kChunk - 1) / kChunk, first + chunks_per_split);
   // Rows past n and tokens past m read row 0 / token 0 (always valid) and are masked to zero.
   const bool lo_ok = row0 + g < p.n, hi_ok = row0 + g + 8 < p.n;
-  const int64_t w_lo = (lo_ok ? row0 + g : 0) * p.k + 8 * t;  // element offsets of this lane's weights
-  const int64_t w_hi = (hi_ok ? row0 + g + 8 : 0) * p.k + 8 * t;
+  const int64_t w_lo = (lo_ok ? row0 + g : 0) * p.k + kLaneK * t;  // element offsets of this lane's weights
+  const int64_t w_hi = (hi_ok ? row0 + g + 8 : 0) * p.k + kLaneK * t;
   const uint16_t* x_row[kTiles];
   bool x_ok[kTiles];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
     x_ok[j] = g + 8 * j < p.m;
-    x_row[j] = p.x + (x_ok[j] ? g + 8 * j : 0) * p.k + 8 * t;
+    x_row[j] = p.x + (x_ok[j] ? g + 8 * j : 0) * p.k + kLaneK * t;
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  WeightRegs<kFp8> a_lo[kChunks], a_hi[kChunks];
-  uint4 b[kChunks][kTiles];
-  auto in_range = [&](int64_t c) { return c < end && c * kChunk + 8 * t < p.k; };
+  Weights a_lo[kChunks], a_hi[kChunks];
+  uint4 b[kChunks][kTiles][kGroups];
+  auto in_range = [&](int64_t c) { return c < end && c * kChunk + kLaneK * t < p.k; };
+  auto whole = [&](int64_t c) { return c * kChunk + kLaneK * (t + 1) <= p.k; };
   auto load_weights = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kChunks; ++u) {
       const int64_t c = c0 + static_cast<int64_t>(u) * kSkinnyLinearWarps;
-      const bool in = in_range(c);
-      a_lo[u].load(p, w_lo + c * kChunk, in && lo_ok);
-      a_hi[u].load(p, w_hi + c * kChunk, in && hi_ok);
+      const bool in = in_range(c), all = whole(c);
+      a_lo[u].load(p, w_lo + c * kChunk, in && lo_ok, all);
+      a_hi[u].load(p, w_hi + c * kChunk, in && hi_ok, all);
     }
   };
   auto load_activations = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kChunks; ++u) {
       const int64_t c = c0 + static_cast<int64_t>(u) * kSkinnyLinearWarps;
-      const bool in = in_range(c);
+      const bool in = in_range(c), all = whole(c);
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) b[u][j] = in && x_ok[j] ? ldg_cached(x_row[j] + c * kChunk) : zero;
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int h = 0; h < kGroups; ++h)
+          b[u][j][h] = in && x_ok[j] && (h == 0 || all) ? ldg_cached(x_row[j] + c * kChunk + 8 * h) : zero;
     }
   };
 
@@ -117,13 +138,16 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   for (int64_t c0 = first + warp; c0 < end; c0 += step) {
 #pragma unroll
     for (int u = 0; u < kChunks; ++u) {
-      const uint4 lo = a_lo[u].bf16(), hi = a_hi[u].bf16();
-      const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-      const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        mma_bf16_16816(acc[j], a0, b[u][j].x, b[u][j].y);
-        mma_bf16_16816(acc[j], a1, b[u][j].z, b[u][j].w);
+      for (int h = 0; h < kGroups; ++h) {
+        const uint4 lo = a_lo[u].bf16(h), hi = a_hi[u].bf16(h);
+        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+          mma_bf16_16816(acc[j], a0, b[u][j][h].x, b[u][j][h].y);
+          mma_bf16_16816(acc[j], a1, b[u][j][h].z, b[u][j][h].w);
+        }
       }
     }
     load_weights(c0 + step);  // past the end these are all masked: no memory traffic
@@ -167,7 +191,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   const int64_t row = row0 + l / 4 + (e >= 2 ? 8 : 0);
   const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
   if (row >= p.n || token >= p.m) return;
-  if (kFp8) s *= p.w_scale[row];
+  if constexpr (Weights::kFp8) s *= p.w_scale[row];
   if (p.bias) s += bf16_bits_to_f32(p.bias[row]);
   if (p.out_f32) {
     static_cast<float*>(p.out)[token * p.n + row] = s;
@@ -176,7 +200,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kSkinnyLinearCtasPerS
   }
 }
 
-template <int kTiles, int kChunks, bool kFp8>
+template <int kTiles, int kChunks, typename Weights, int kCtasPerSm = kSkinnyLinearCtasPerSm>
 Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(ceil_div64(p.n, 16)), static_cast<unsigned>(c.k_splits));
@@ -187,13 +211,11 @@ Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStre
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = c.pdl ? 1 : 0;
-  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, kFp8>, p, c.chunks_per_split),
+  // The config counts 32-element chunks per split; an FP8 chunk is 64 elements (two of them, rounded up: an
+  // empty last split adds zeros).
+  const int64_t chunks_per_split = Weights::kFp8 ? (c.chunks_per_split + 1) / 2 : c.chunks_per_split;
+  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm>, p, chunks_per_split),
                      "skinny_linear_kernel");
-}
-
-template <int kTiles, int kChunks>
-Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
-  return p.w_fp8 ? launch<kTiles, kChunks, true>(p, c, stream) : launch<kTiles, kChunks, false>(p, c, stream);
 }
 
 // One thread per 8 weights: an 8-byte load, 8 bf16 out in one 16-byte store.
@@ -230,9 +252,26 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
     return internal_error("skinny linear: k splits do not cover k");
   if (c.k_splits > 1 && (!p.partials || !p.tickets || ceil_div64(p.n, 16) > kSkinnyLinearMaxSplitStrips))
     return internal_error("skinny linear: k splits need the partials and tickets scratch");
-  if (c.n_tiles == 1 && c.chunks_in_flight == 8) return launch<1, 8>(p, c, stream);
-  if (c.n_tiles == 1 && c.chunks_in_flight == 4) return launch<1, 4>(p, c, stream);
-  if (c.n_tiles == 2 && c.chunks_in_flight == 4) return launch<2, 4>(p, c, stream);
+  // A chunk in flight is one 16-byte load per weight row and lane for either dtype, but an FP8 chunk takes two
+  // activation loads per token tile. FP8 has two forms per tile count: when the strips fit one wave at 2 CTAs
+  // per SM, 2 CTAs with 4 chunks in flight (3 with two tiles: 124 registers, 4 would spill); otherwise 3 CTAs
+  // per SM with 3 chunks (2 with two tiles; <= 80 registers), so that e.g. qkv's 320 strips on 132 SMs run in
+  // one wave. Measured on an H200 at one token (docs/PERF.md, session 14 W1): o_proj's 180 strips 6.42 us at 2
+  // per SM vs 7.47 at 3, qkv's 320 strips 9.75 vs 6.56, the lm_head 230.4 vs 179.5. No 8-chunk FP8 variant
+  // (bf16's benchmark knob at one token; it would spill).
+  if (p.w_fp8) {
+    if (c.chunks_in_flight != 4) return internal_error("skinny linear: no compiled FP8 variant for this config");
+    int device = 0, sms = 0;
+    MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+    MX_RETURN_IF_ERROR(
+        cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
+    const bool one_wave = ceil_div64(p.n, 16) <= static_cast<int64_t>(sms) * kSkinnyLinearCtasPerSm;
+    if (c.n_tiles == 1) return one_wave ? launch<1, 4, Fp8Weights>(p, c, stream) : launch<1, 3, Fp8Weights, 3>(p, c, stream);
+    return one_wave ? launch<2, 3, Fp8Weights>(p, c, stream) : launch<2, 2, Fp8Weights, 3>(p, c, stream);
+  }
+  if (c.n_tiles == 1 && c.chunks_in_flight == 8) return launch<1, 8, Bf16Weights>(p, c, stream);
+  if (c.n_tiles == 1 && c.chunks_in_flight == 4) return launch<1, 4, Bf16Weights>(p, c, stream);
+  if (c.n_tiles == 2 && c.chunks_in_flight == 4) return launch<2, 4, Bf16Weights>(p, c, stream);
   return internal_error("skinny linear: no compiled variant for this config");
 }
 
