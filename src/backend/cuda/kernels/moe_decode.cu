@@ -57,14 +57,22 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
   // kDepth tiles per round.
   constexpr int kActDepth = 2;
   static_assert(kDepth % kActDepth == 0, "activation slots are picked at compile time");
+  // The slots keep the raw scale bytes: a scale is made a bf16x2 when its tile is multiplied, not when it is
+  // requested. Converted at the load (before session 14), the conversion stalled the warp for the byte's HBM
+  // round trip at every refill, so each tile after the first round waited on memory in turn (ncu, session 14
+  // W1: the scale conversions after the loads held 22% of the one-token GEMMs' stall samples).
   uint4 w[kDepth], xa[kActDepth], xb[kActDepth];
   uint32_t sc0[kDepth], sc8[kDepth];
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i) xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
   auto load_weights = [&](int slot, int j) {
     w[slot] = ldg_stream(wq + j * 512);
-    sc0[slot] = mxfp4_scale_x2(ldg_u8(sq + j * 32));
-    sc8[slot] = mxfp4_scale_x2(ldg_u8(sq + j * 32 + 8));
+    sc0[slot] = ldg_u8(sq + j * 32);
+    sc8[slot] = ldg_u8(sq + j * 32 + 8);
+  };
+  auto multiply = [&](int slot) {
+    mxfp4_strip_mma(acc, w[slot], mxfp4_scale_x2(sc0[slot]), mxfp4_scale_x2(sc8[slot]), xa[slot % kActDepth],
+                    xb[slot % kActDepth]);
   };
   auto load_acts = [&](int slot, int j) {
     if (has_token) {
@@ -85,7 +93,7 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
   for (; left >= 2 * kDepth; left -= kDepth) {  // every slot multiplied and refilled
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
-      mxfp4_strip_mma(acc, w[i], sc0[i], sc8[i], xa[i % kActDepth], xb[i % kActDepth]);
+      multiply(i);
       load_weights(i, i + kDepth);
       load_acts(i % kActDepth, i + kActDepth);
     }
@@ -97,7 +105,7 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
       if (i < left) {
-        mxfp4_strip_mma(acc, w[i], sc0[i], sc8[i], xa[i % kActDepth], xb[i % kActDepth]);
+        multiply(i);
         if (i + kDepth < left) load_weights(i, i + kDepth);
         if (i + kActDepth < left) load_acts(i % kActDepth, i + kActDepth);
       }
@@ -124,11 +132,13 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
                                   : route_from_metadata(g.r, tile);
   if (tile >= rt.tiles) return;
 
-  const int64_t strip = blockIdx.x, strips = g.rows / 16, n_k = g.k / 64;
-  const int t_begin = static_cast<int>(warp * n_k / k_split), t_end = static_cast<int>((warp + 1) * n_k / k_split);
+  // Warp and token indices divide in 32 bits (a 64-bit division is ~20 more instructions per warp).
+  const int64_t strip = blockIdx.x, strips = g.rows / 16;
+  const int n_k = static_cast<int>(g.k / 64);
+  const int t_begin = warp * n_k / k_split, t_end = (warp + 1) * n_k / k_split;
   const int64_t first = (rt.expert * strips + strip) * n_k + t_begin;
   const bool has_token = r < rt.rows;
-  const int64_t in_row = !has_token ? 0 : kGated ? rt.row_slot / g.top_k : rt.start + r;
+  const int64_t in_row = !has_token ? 0 : kGated ? rt.row_slot / static_cast<int>(g.top_k) : rt.start + r;
   // Tile j of this warp's k range: weights at w0 + 512 j (this lane's 16 bytes), its 32 scale bytes at s0 +
   // 32 j, the lane's activations at xq + 8 j.
   const uint8_t* w0 = g.blocks + first * 512 + lane * 16;
