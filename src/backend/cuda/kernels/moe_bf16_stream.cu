@@ -21,6 +21,13 @@
 // its consumers wait before reading h. Tiles of up to 16 tokens run an instance with 2 groups of registers
 // (72 registers: 5 CTAs per SM), 32-token tiles one with 4 (96: 4 CTAs); on an H200 (session 13) 4 CTAs of
 // 16-token tiles took 461.7 us at 64 tokens, 5 CTAs 419.0 (docs/PERF.md).
+// Ring bookkeeping ("lean ring", 32-token tiles only): both sides step their ring position (slot, phase
+// parity) by increments and the producer's lane 0 issues a stage's row copies in a loop, where the other
+// form divides a 64-bit stage count by the slot count on both sides every stage and copies a row per lane
+// (compiled into a loop that elects each lane and moves its operands to uniform registers: ~230 producer
+// instructions per 8 KB stage, ncu). One H200, session 14, one process, median of 3 interleaved rounds: the
+// 32-token instance at 256 tokens 612.6 -> 557.1 us with it; the 16-token one 4-5% slower with it at 64, 100
+// and 256 tokens (413.6 -> 432.5 us at 64), so it keeps the per-lane copies.
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
@@ -44,6 +51,17 @@ constexpr int kMaxSlots = 8;
 constexpr int ctas_per_sm(int max_groups) { return max_groups <= 2 ? 5 : 4; }
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kConsumerWarps) : "memory"); }
+
+// A ring position: its slot and the parity of that slot's current phase (flips with each pass through the ring).
+struct RingPos {
+  uint32_t slot = 0, parity = 0;
+  __device__ __forceinline__ void advance(int slots) {
+    if (++slot == static_cast<uint32_t>(slots)) {
+      slot = 0;
+      parity ^= 1u;
+    }
+  }
+};
 
 // A work item's routing tile (warp-uniform).
 struct Item {
@@ -81,6 +99,7 @@ __device__ __forceinline__ void token_rows(const MoeBf16GemmParams& p, const Ite
 template <bool kGated, int kMaxGroups>
 __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
     moe_bf16_stream_kernel(MoeBf16GemmParams p, int slots) {
+  constexpr bool kLeanRing = kMaxGroups > 2;  // measured faster only there (above)
   extern __shared__ __align__(128) uint8_t ring[];
   __shared__ __align__(8) uint64_t full[kMaxSlots], empty[kMaxSlots];
   __shared__ float red[kConsumerWarps][kMaxGroups][4][32];
@@ -105,25 +124,49 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
   }
 
   const int n_tiles = *p.r.num_tiles;
+  RingPos ring_pos;  // the lean ring's position
+  int64_t c = 0;     // the other form's stage count
   if (warp == kConsumerWarps) {  // the producer
-    int64_t c = 0, i = blockIdx.x, tile = i / strips;
+    int64_t i = blockIdx.x, tile = i / strips;
     int64_t e = tile < n_tiles ? p.r.tile_expert[tile] : 0;
     while (tile < n_tiles) {
       const int64_t strip = i % strips, i_next = i + gridDim.x, tile_next = i_next / strips;
       const int64_t e_next = tile_next < n_tiles ? p.r.tile_expert[tile_next] : 0;  // used an item later
-      // Lane i < 16 copies slot row i: gate rows of channels 8 strip + i, then the same channels' up rows.
-      const int64_t row = kGated ? (lane < 8 ? 8 * strip + lane : p.out_rows + 8 * strip + lane - 8) : 16 * strip + lane;
-      const bool row_ok = lane < kRows && (kGated ? 8 * strip + lane % 8 < p.out_rows : row < p.out_rows);
-      const uint32_t valid_rows = __popc(__ballot_sync(0xffffffffu, row_ok));
-      const uint16_t* src = p.w + (e * rows_total + row) * p.k;
-      for (int64_t ks = 0; ks < n_stages; ++ks, ++c) {
-        const uint32_t slot = static_cast<uint32_t>(c % slots);
-        mbarrier_wait(empty0 + 8 * slot, (static_cast<uint32_t>(c / slots) & 1u) ^ 1u);
-        const int64_t k0 = ks * kStageK;
-        const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
-        if (lane == 0) mbarrier_arrive_expect_tx(full0 + 8 * slot, bytes * valid_rows);
-        __syncwarp();
-        if (row_ok) bulk_copy(ring0 + slot * kSlotBytes + lane * kRowPitch, src + k0, bytes, full0 + 8 * slot);
+      if constexpr (kLeanRing) {
+        // Slot rows 0-7 and 8-15: the gate rows of channels 8 strip + j and the same channels' up rows (first
+        // GEMM), or rows 16 strip + j; rows past out_rows are not copied (their results are never stored).
+        const int64_t left = kGated ? p.out_rows - 8 * strip : p.out_rows - 16 * strip;
+        const int lo = static_cast<int>(left < 8 ? left : 8);
+        const int hi = kGated ? lo : static_cast<int>(left > 16 ? 8 : left > 8 ? left - 8 : 0);
+        const uint16_t* w_lo = p.w + (e * rows_total + (kGated ? 8 * strip : 16 * strip)) * p.k;
+        const uint16_t* w_hi = w_lo + (kGated ? p.out_rows : 8) * p.k;
+        for (int64_t ks = 0; ks < n_stages; ++ks, ring_pos.advance(slots)) {
+          mbarrier_wait(empty0 + 8 * ring_pos.slot, ring_pos.parity ^ 1u);
+          const int64_t k0 = ks * kStageK;
+          const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
+          if (lane == 0) {
+            const uint32_t bar = full0 + 8 * ring_pos.slot, dst = ring0 + ring_pos.slot * kSlotBytes;
+            mbarrier_arrive_expect_tx(bar, bytes * static_cast<uint32_t>(lo + hi));
+            for (int j = 0; j < lo; ++j) bulk_copy(dst + j * kRowPitch, w_lo + j * p.k + k0, bytes, bar);
+            for (int j = 0; j < hi; ++j) bulk_copy(dst + (8 + j) * kRowPitch, w_hi + j * p.k + k0, bytes, bar);
+          }
+          __syncwarp();
+        }
+      } else {
+        // Lane i < 16 copies slot row i: gate rows of channels 8 strip + i, then the same channels' up rows.
+        const int64_t row = kGated ? (lane < 8 ? 8 * strip + lane : p.out_rows + 8 * strip + lane - 8) : 16 * strip + lane;
+        const bool row_ok = lane < kRows && (kGated ? 8 * strip + lane % 8 < p.out_rows : row < p.out_rows);
+        const uint32_t valid_rows = __popc(__ballot_sync(0xffffffffu, row_ok));
+        const uint16_t* src = p.w + (e * rows_total + row) * p.k;
+        for (int64_t ks = 0; ks < n_stages; ++ks, ++c) {
+          const uint32_t slot = static_cast<uint32_t>(c % slots);
+          mbarrier_wait(empty0 + 8 * slot, (static_cast<uint32_t>(c / slots) & 1u) ^ 1u);
+          const int64_t k0 = ks * kStageK;
+          const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
+          if (lane == 0) mbarrier_arrive_expect_tx(full0 + 8 * slot, bytes * valid_rows);
+          __syncwarp();
+          if (row_ok) bulk_copy(ring0 + slot * kSlotBytes + lane * kRowPitch, src + k0, bytes, full0 + 8 * slot);
+        }
       }
       i = i_next;
       tile = tile_next;
@@ -138,7 +181,6 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
     // before it reads the combined output.
     pdl_launch_dependents();
   }
-  int64_t c = 0;
   Item it = load_item(p, blockIdx.x, strips, n_tiles);
   const uint16_t* x_rows[kMaxGroups];
   token_rows<kGated, kMaxGroups>(p, it, r, q, x_rows);
@@ -157,8 +199,9 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
         x[g][0] = load16_act<kGated>(x_rows[g] + off, g < groups && x_rows[g] && in0);
         x[g][1] = load16_act<kGated>(x_rows[g] + off + 8, g < groups && x_rows[g] && in1);
       }
-      const uint32_t slot = static_cast<uint32_t>(c % slots);
-      mbarrier_wait(full0 + 8 * slot, static_cast<uint32_t>(c / slots) & 1u);
+      const uint32_t slot = kLeanRing ? ring_pos.slot : static_cast<uint32_t>(c % slots);
+      mbarrier_wait(full0 + 8 * slot, kLeanRing ? ring_pos.parity : static_cast<uint32_t>(c / slots) & 1u);
+      if constexpr (kLeanRing) ring_pos.advance(slots);
       const uint8_t* base = ring + slot * kSlotBytes + (64 * warp + 16 * q) * 2;
       const uint4 zero = make_uint4(0, 0, 0, 0);
       const uint4 a[4] = {in0 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch) : zero,
