@@ -20,7 +20,11 @@
 //   state of a 128-key window (every row of the warpgroup in one pass, 9 groups over 3 tiles, the inner 7
 //   visible to every row) the 9 groups are one 144-key score tile: three score GEMMs (m64n16..64, one per
 //   tile) into one accumulator, one max and sum, no rescale, one P V over the three tiles' V rows, masks on
-//   the edge groups only; other blocks take the groups tile by tile (m64n16..64 score GEMMs). The ws kernel's
+//   the edge groups only; other blocks take the groups tile by tile (m64n16..64 score GEMMs). A block's O,
+//   normalised, is written over its Q buffer and stored as one TMA box by one thread (the output's tensor
+//   map), which hands the buffer back to the Q loader once the store has read it: no per-row global stores
+//   with 64-bit addresses, sink loads or IEEE divisions in the loop (ncu: the old epilogue issued ~15% of
+//   the kernel's instructions). The ws kernel's
 //   overlapped loop (QK(i) issued with P V(i - 1)) spilled P and had its wgmmas serialized at this budget
 //   (ptxas C7512) and ran 7% slower; four consumer warpgroups at one CTA per SM (112 registers, not
 //   serialized) and one pipeline across blocks were slower still (session 12, docs/PERF.md).
@@ -168,9 +172,12 @@ __device__ void build_passes(WinTables& tab, int n_tok, int tpb, int lane) {
 #endif  // MX_SM90A
 
 // `q_map`: Q as [tokens][n_q][64] in boxes of a block's tokens x one kv head's q heads (the launcher's).
+// `o_map`: the output as [tokens][n_q][64] in the same boxes; a block's O is written over its Q buffer and
+// stored as one box.
 __global__ void __launch_bounds__(kThreads, 2)
     attention_prefill_wgmma_window_kernel(AttentionKernelParams p, int blocks_per_cta,
-                                          const __grid_constant__ CUtensorMap q_map) {
+                                          const __grid_constant__ CUtensorMap q_map,
+                                          const __grid_constant__ CUtensorMap o_map) {
 #if MX_SM90A
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     for (int b = 0; b < 2; ++b) {
       mbarrier_init(qfull0 + 8 * b, 1);  // the Q loader's arrival, with the box's bytes
-      mbarrier_init(qempty0 + 8 * b, 4 * kConsumers);
+      mbarrier_init(qempty0 + 8 * b, 1);  // the O store's issuer, once the store has read the buffer
     }
     mbarrier_init_fence();
   }
@@ -275,8 +282,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     return skv_addr + (j % kStages) * kStageBytes;
   };
 
+  float sink_row[2];  // the sinks of this lane's two rows (log2 units): a row's head is the same in every block
+#pragma unroll
+  for (int h = 0; h < 2; ++h) sink_row[h] = attention_sink_log2(p.sinks, g * group + (h == 0 ? r0 : r1) % group);
   for (int b = 0; b < n_blocks; ++b) {
     const int buf = b & 1;
+    if (ct == 0 && b > 0) {  // the previous block's O store has read its buffer: back to the Q loader
+      tma_store_wait_read();
+      mbarrier_arrive(qempty0 + 8 * (buf ^ 1));
+    }
     mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
     const int b0 = b * tpb;
@@ -405,18 +419,40 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
-    if (lane == 0) mbarrier_arrive(qempty0 + 8 * buf);  // this warp's GEMMs are done with the block's Q
-    int64_t token[2];
-    int head[2];
+    // O, normalised (the sink joins the denominator; ex2.approx and one fast division: far below bf16's
+    // rounding), over this block's Q buffer: the warp's own QKs are done with it, and the barrier below holds
+    // the store until every warp's are. Rows without a (token, head) pair (tl < 0) lie outside the box or past
+    // the last token, which the store leaves out.
+    {
+      uint8_t* so = sq + buf * kQBytes;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = h == 0 ? r0 : r1, tl = h == 0 ? tl0 : tl1;
-      token[h] = tl >= 0 ? t0 + tl : -1;
-      head[h] = g * group + row % group;
+      for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if ((h == 0 ? tl0 : tl1) < 0) continue;
+        const float m_f = fmaxf(m_run[h], sink_row[h]);
+        float factor = 0.f;
+        if (m_f != -INFINITY) {
+          const float scale = exp2_ftz(m_run[h] - m_f), denom = l * scale + exp2_ftz(sink_row[h] - m_f);
+          factor = denom > 0.f ? __fdividef(scale, denom) : 0.f;
+        }
+        const int row = h == 0 ? r0 : r1;
+#pragma unroll
+        for (int j = 0; j < kHd / 8; ++j)
+          *reinterpret_cast<uint32_t*>(so + attn_tile_offset<kRows>(row, j) + 4 * q4) =
+              pack_bf16x2(o[4 * j + 2 * h] * factor, o[4 * j + 2 * h + 1] * factor);
+      }
+      fence_proxy_async_smem();  // the generic writes, seen by the TMA engine's reads
+      named_barrier_sync(1, 128 * kConsumers);
+      if (ct == 0) {
+        tma_store_3d(&o_map, smem_addr(so), 0, g * group, static_cast<int>(t0) + b * tpb);
+        tma_store_commit();
+      }
     }
-    attn_store_rows<kHd>(p, o, m_run, l_run, token, head, q4);
   }
   release_to(n_list);
+  if (ct == 0) tma_store_wait_read();  // shared memory stays until the last store has read it
 #endif  // MX_SM90A
 }
 
@@ -461,7 +497,12 @@ Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, con
         &q_map, p.q, {static_cast<uint64_t>(kHd), static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
         {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(p.n_q) * kHd * 2},
         {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(tpb)}));
-  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p, bpc, q_map);
+  CUtensorMap o_map{};  // the output in the same boxes
+  MX_RETURN_IF_ERROR(encode_bf16_tensor_map_3d(
+      &o_map, p.out, {static_cast<uint64_t>(kHd), static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
+      {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(p.n_q) * kHd * 2},
+      {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(tpb)}));
+  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p, bpc, q_map, o_map);
   return launch_status("attention_prefill_wgmma_window_kernel");
 }
 
