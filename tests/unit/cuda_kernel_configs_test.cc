@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/moe_wgmma_narrow.h"
 
 namespace mx::cuda {
 namespace {
@@ -364,14 +365,20 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
         }
         EXPECT_EQ(c.warpgroups, kMoeWgmmaWarpgroups);
         EXPECT_EQ(c.deep_ring, narrow || (c.tile_tokens == 96 && (deep == 1 || (deep == 0 && deep_by_default))));
-        EXPECT_EQ(c.stages, c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages);
         const int kernel_tile = narrow ? 96 : c.tile_tokens;  // the narrow kernels have the 96-token geometry
-        EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(kernel_tile, c.warpgroups) + 1024);
+        if (narrow) {  // a ring of their own (moe_wgmma_narrow.h)
+          EXPECT_EQ(c.stages, moe_wgmma_narrow_stages(c.tile_tokens));
+          EXPECT_EQ(c.smem_bytes, moe_wgmma_narrow_smem_bytes(c.tile_tokens, c.stages));
+        } else {
+          EXPECT_EQ(c.stages, c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages);
+          EXPECT_EQ(c.smem_bytes, c.stages * moe_wgmma_stage_bytes(kernel_tile, c.warpgroups) + 1024);
+        }
         EXPECT_EQ(c.threads, 128 * c.warpgroups);
         if (!c.enabled) continue;
         const int64_t tables = (c.persistent ? 16 : 8) * kernel_tile;
         EXPECT_TRUE(fits(d, c.smem_bytes + tables, c.stages)) << d.name;
-        const int ctas_per_sm = moe_wgmma_ctas_per_sm(kernel_tile, c.warpgroups);
+        const int ctas_per_sm = narrow ? moe_wgmma_narrow_ctas_per_sm(c.tile_tokens, c.stages)
+                                       : moe_wgmma_ctas_per_sm(kernel_tile, c.warpgroups);
         EXPECT_LE(ctas_per_sm * (c.smem_bytes + tables + 1024), 233472) << d.name;  // 228 KB per SM
         EXPECT_EQ(c.persistent, c.tile_tokens == 256 && kMoeWgmmaPersistent);
         EXPECT_EQ(c.sms, d.sm_count);
@@ -381,6 +388,15 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   EXPECT_GE(moe_wgmma_stage_bytes(128, 2), 128 * 128 + 128 * 34);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(128, 2), 2);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(256, 2), 1);
+  // The narrow kernels: three CTAs per SM of the 16-token one on its six stages, two of the 32-token one; a stage
+  // holds the tile's activations and two strips' fp4 and scales.
+  EXPECT_EQ(moe_wgmma_narrow_ctas_per_sm(16, moe_wgmma_narrow_stages(16)), 3);
+  EXPECT_EQ(moe_wgmma_narrow_ctas_per_sm(32, moe_wgmma_narrow_stages(32)), 2);
+  for (int tile : {16, 32}) {
+    EXPECT_EQ(moe_wgmma_narrow_stage_bytes(tile) % 1024, 0);
+    EXPECT_GE(moe_wgmma_narrow_stage_bytes(tile), tile * 128 + 256 * 34);
+    EXPECT_GE(moe_wgmma_narrow_stages(tile), 3);  // tile t - 1 in the MMAs, tile t decoded, one loading
+  }
   // auto: 16-token tiles up to 10 tokens per expert, 32 up to 20 (both on the deep ring's kernel), 96-token
   // tiles below 1024, 256 from there.
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 8 * 32, 32).tile_tokens, 16);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/moe_wgmma_narrow.h"
+
 namespace mx::cuda {
 namespace {
 
@@ -344,9 +346,10 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
   const bool narrow = c.tile_tokens == 16 || c.tile_tokens == 32;
   c.deep_ring = narrow || (c.tile_tokens == 96 && (deep_ring == 1 || (deep_ring == 0 && kMoeWgmmaDeepRingByDefault)));
   c.pdl = c.deep_ring && pdl != -1;
-  c.stages = c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages;
-  // The narrow tiles' kernel has the 96-token tiles' ring (cut into its own, smaller stages).
-  c.smem_bytes = c.stages * moe_wgmma_stage_bytes(narrow ? 96 : c.tile_tokens, c.warpgroups) + 1024;
+  // The narrow tiles' kernel has a ring of its own (moe_wgmma_narrow.h).
+  c.stages = narrow ? moe_wgmma_narrow_stages(c.tile_tokens) : c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages;
+  c.smem_bytes = narrow ? moe_wgmma_narrow_smem_bytes(c.tile_tokens, c.stages)
+                        : c.stages * moe_wgmma_stage_bytes(c.tile_tokens, c.warpgroups) + 1024;
   // wgmma exists on sm_90a only (sm_100 has tcgen05 instead, sm_12x neither).
   c.enabled = dev.sm_major == 9 && fits(dev, c.smem_bytes, c.stages);
   return c;

@@ -40,6 +40,7 @@
 #include "backend/cuda/kernels/moe_wgmma_parts.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
+#include "backend/cuda/moe_wgmma_narrow.h"
 
 namespace mx::cuda {
 namespace {
@@ -59,14 +60,15 @@ __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t 
 // stages of full width: with kHalfStages (a CTA per item only), a half-width loop cuts the same bytes into
 // stages of its own size, for twice the weight rows (two strips a warp): 48 token rows and 256 weight rows of
 // a 96-token tile's CTA take 15 KB instead of 17 KB.
-template <int kN, int kWG, int kCols, int kRing, bool kHalfStages>
+// The narrow kernels (kOwnStages) count kRing in stages of their own size.
+template <int kN, int kWG, int kCols, int kRing, bool kHalfStages, bool kOwnStages>
 struct RingShape {
   static constexpr bool kTwoStrips = kHalfStages && kCols < kN;
   static constexpr int kRows = moe_wgmma_weight_rows(kWG) * (kTwoStrips ? 2 : 1);
   static constexpr int kFullBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, kWG));
   static constexpr int kStageBytes =
       kHalfStages ? static_cast<int>((kCols * 128 + kRows * 34 + 1023) / 1024 * 1024) : kFullBytes;
-  static constexpr int kStages = kHalfStages ? kRing * kFullBytes / kStageBytes : kRing;
+  static constexpr int kStages = kHalfStages && !kOwnStages ? kRing * kFullBytes / kStageBytes : kRing;
   static constexpr int kWeightsAt = (kHalfStages ? kCols : kN) * 128;  // after the B tile
   static constexpr int kScalesAt = kWeightsAt + kRows * 32;
   static_assert(kStages >= 3, "tile t - 1 in the MMAs, tile t decoded, at least one tile loading");
@@ -91,20 +93,33 @@ struct Columns {
 // kRowRegs (a CTA per item only): each thread keeps the input rows it copies (kN / 32 of them with two
 // warpgroups) as pointers in registers for the whole k loop instead of reading them back from the shared row
 // table for every 16-byte copy (a shared load, a 64-bit add and a scoreboard wait per copy).
-// kRing: ring stages (of full width); kHalfStages (a CTA per item, kN = 96): a tile of at most kN / 2 tokens
-// runs two strips a warp on its own stages (RingShape), its CTA taking the next column block's rows too.
+// kRing: ring stages (of full width; of the narrow loop's own size with kNarrowCols); kHalfStages (a CTA per
+// item, kN = 96): a tile of at most kN / 2 tokens runs two strips a warp on its own stages (RingShape), its CTA
+// taking the next column block's rows too.
 // kNarrowCols (16 or 32, with kHalfStages; 0 otherwise): the routing's tiles hold at most that many tokens
 // and every one runs two strips a warp at that MMA width (the 96-token geometry otherwise: registers, row
 // registers, epilogue). One loop width per kernel: ptxas serialized every wgmma (C7511) of a kernel that had a
 // 16- or 32-column two-strip loop beside the 48- or 96-column ones, whatever the accumulators' arrangement.
+// Every narrow tile runs two strips a warp, so the narrow grid has a CTA per even column block only (no CTA
+// that exits at once), and its CTAs per SM are what its ring's shared memory allows (moe_wgmma_narrow.h: three
+// of the 16-token kernel on six stages, <= 80 registers; two of the others).
+template <int kN, int kWG, int kRing, int kNarrowCols>
+constexpr int ctas_per_sm() {
+  return kNarrowCols != 0 ? moe_wgmma_narrow_ctas_per_sm(kNarrowCols, kRing) : moe_wgmma_ctas_per_sm(kN, kWG);
+}
+
 template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
           bool kHalfStages = false, int kNarrowCols = 0>
-__global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(kN, kWG))
+__global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, kRing, kNarrowCols>()))
     moe_wgmma_kernel(MoeGemmParams p) {
 #if MX_SM90A
   static_assert(!kHalfStages || (!kPersistent && kN == 96), "two strips a warp: half-width tiles, a CTA per item");
   static_assert(kNarrowCols == 0 || (kHalfStages && (kNarrowCols == 16 || kNarrowCols == 32)),
                 "narrow tiles: 16 or 32 tokens, two strips a warp on the deep ring");
+  if constexpr (kNarrowCols != 0)
+    static_assert(RingShape<kN, kWG, kNarrowCols, kRing, kHalfStages, true>::kStageBytes ==
+                      moe_wgmma_narrow_stage_bytes(kNarrowCols),
+                  "the narrow ring's stages are moe_wgmma_narrow.h's");
   constexpr bool kHalfWidth = kN == 256 || kN == 96;  // see Columns
   constexpr int kStages = kRing;  // the persistent kernel's (one geometry for every item)
   constexpr int kThreads = moe_wgmma_threads(kWG), kRows = moe_wgmma_weight_rows(kWG), kStrips = kRows / 16;
@@ -129,7 +144,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     stride = gridDim.x;
   } else {
     if (static_cast<int>(blockIdx.y) >= *p.r.num_tiles) return;
-    item = blockIdx.y * n_cols + blockIdx.x;
+    item = blockIdx.y * n_cols + static_cast<int>(blockIdx.x) * (kNarrowCols != 0 ? 2 : 1);
     n_items = item + 1;
     stride = 1;
   }
@@ -145,7 +160,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   WorkItem cur = item_at(item);  // the item being multiplied
   // Two strips a warp: the even column block's CTA takes the odd one's rows, which therefore has nothing to do.
   const bool two_strips = kHalfStages && cur.n <= kN / 2;
-  if (two_strips && (blockIdx.x & 1)) return;
+  if (kNarrowCols == 0 && two_strips && (blockIdx.x & 1)) return;
 
   // Stage s of the ring: the B tile (kN rows of 128 bytes, swizzled), this CTA's packed fp4 (32 B per
   // weight row), then its scales (2 B per row).
@@ -198,7 +213,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   // 32 B of scales. With two strips a warp the second is kStrips strips on: its bytes follow the first strips'
   // in the stage, and lanes 2 and 3 copy its scales.
   auto load_weights = [&](auto columns, const LoadItem& li, int t, int s) {
-    using Shape = RingShape<kN, kWG, decltype(columns)::value, kRing, kHalfStages>;
+    using Shape = RingShape<kN, kWG, decltype(columns)::value, kRing, kHalfStages, kNarrowCols != 0>;
     const uint32_t stage = static_cast<uint32_t>(s) * Shape::kStageBytes;
     cp_async_16_to(w_dst + Shape::kWeightsAt + stage, li.w_src + t * 512, li.w_size);
     if constexpr (Shape::kTwoStrips) {
@@ -219,7 +234,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   // This thread's chunks of the tile's activation rows of k tile t into slot s.
   auto load_rows = [&](auto columns, const LoadItem& li, int t, int s) {
     constexpr int kCols = decltype(columns)::value;
-    using Shape = RingShape<kN, kWG, kCols, kRing, kHalfStages>;
+    using Shape = RingShape<kN, kWG, kCols, kRing, kHalfStages, kNarrowCols != 0>;
     const uint32_t stage = static_cast<uint32_t>(s) * Shape::kStageBytes;
 #pragma unroll
     for (int j = 0; j < (kCols + kRowsPerPass - 1) / kRowsPerPass; ++j) {
@@ -274,7 +289,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
       ++ld_t;
     }
     cp_async_commit();
-    constexpr int kSlots = RingShape<kN, kWG, decltype(columns)::value, kRing, kHalfStages>::kStages;
+    constexpr int kSlots = RingShape<kN, kWG, decltype(columns)::value, kRing, kHalfStages, kNarrowCols != 0>::kStages;
     load_slot = load_slot == kSlots - 1 ? 0 : load_slot + 1;
     return moved;
   };
@@ -307,9 +322,39 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
   // between two sets (the k loop is unrolled by 2 to keep their indices static). The slot reloaded at a
   // step is that of the k tile two steps back, which every warpgroup has finished (wait<1> before the
   // barrier); the k tiles of the next kS - 2 steps (across items in persistent mode) are in flight.
+  // Two strips a warp (the k loop of a tile of at most kN / 2 tokens, or of every narrow tile): each step strip
+  // A's decode and MMAs into da (wait<1>: strip B's of the previous tile are done, its A registers free), then
+  // strip B's into db (wait<1>: strip A's are done). The caller zeroes da and db (kCols / 2 floats each);
+  // `fence_a()` fences da's registers (or the whole accumulator that holds them) around the asynchronous MMAs.
+  // (Fencing db before the loop too, or the 96-token accumulator around the whole loop, made ptxas serialize
+  // every wgmma of the 96-token kernel, C7511.)
+  auto two_strip_loop = [&](auto columns, auto& da, auto& db, auto fence_a) {
+    constexpr int kCols = decltype(columns)::value;
+    using Shape = RingShape<kN, kWG, kCols, kRing, kHalfStages, kNarrowCols != 0>;
+    static_assert(Shape::kTwoStrips, "two strips a warp");
+    constexpr int kS = Shape::kStages;
+    prologue(columns, kS - 2);
+    uint32_t a[2][4][4];
+    fence_a();
+    for (int t = 0; t < n_k; ++t) {
+      cp_async_wait<kS - 3>();
+      fence_proxy_async_smem();
+      __syncthreads();
+      advance_load(columns);
+      const uint32_t stage = ring + slot * Shape::kStageBytes;
+      const uint32_t weights = stage + Shape::kWeightsAt + tid * 16;
+      const uint32_t scales = stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16;
+      moe_wgmma_k_tile<kCols>(da, a[0], stage, weights, scales, r);
+      moe_wgmma_k_tile<kCols>(db, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
+      slot = slot == kS - 1 ? 0 : slot + 1;
+    }
+    wgmma_wait<0>();
+    fence_a();
+    wgmma_fence_regs(db);
+  };
   auto k_loop = [&](auto columns) {
     constexpr int kCols = decltype(columns)::value;
-    using Shape = RingShape<kN, kWG, kCols, kRing, kHalfStages>;
+    using Shape = RingShape<kN, kWG, kCols, kRing, kHalfStages, kNarrowCols != 0>;
     constexpr int kS = Shape::kStages;
     // The accumulator's first kCols / 2 registers are columns 0 .. kCols - 1 in wgmma's layout.
     float(&d)[kCols / 2] = *reinterpret_cast<float(*)[kCols / 2]>(&acc[0]);
@@ -320,31 +365,12 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
       slot = slot == kS - 1 ? 0 : slot + 1;
     };
     if constexpr (Shape::kTwoStrips) {
-      // Each step: strip A's decode and MMAs (wait<1>: strip B's of the previous tile are done, its A registers
-      // free), then strip B's (wait<1>: strip A's are done). Accumulators: A in acc[0, 24), B in its own d2,
-      // copied to acc[24, 48) at the end (as the upper half of the 96-column accumulator, B made ptxas serialize
-      // every wgmma, C7511).
-      prologue(columns, kS - 2);
+      // Strip A in acc[0, 24), B in its own d2, copied to acc[24, 48) at the end (as the upper half of the
+      // 96-column accumulator, B made ptxas serialize every wgmma, C7511).
       float d2[kCols / 2];
 #pragma unroll
       for (int i = 0; i < kCols / 2; ++i) d2[i] = 0.f;
-      uint32_t a[2][4][4];
-      wgmma_fence_regs(acc);
-      for (int t = 0; t < n_k; ++t) {
-        cp_async_wait<kS - 3>();
-        fence_proxy_async_smem();
-        __syncthreads();
-        advance_load(columns);
-        const uint32_t stage = ring + slot * Shape::kStageBytes;
-        const uint32_t weights = stage + Shape::kWeightsAt + tid * 16;
-        const uint32_t scales = stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16;
-        moe_wgmma_k_tile<kCols>(d, a[0], stage, weights, scales, r);
-        moe_wgmma_k_tile<kCols>(d2, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
-        slot = slot == kS - 1 ? 0 : slot + 1;
-      }
-      wgmma_wait<0>();
-      wgmma_fence_regs(acc);
-      wgmma_fence_regs(d2);
+      two_strip_loop(columns, d, d2, [&] { wgmma_fence_regs(acc); });
 #pragma unroll
       for (int i = 0; i < kCols / 2; ++i) acc[kCols / 2 + i] = d2[i];
     } else {
@@ -366,40 +392,47 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), moe_wgmma_ctas_per_sm(
     }
   };
 
-  for (;;) {
+  if constexpr (kNarrowCols != 0) {
+    // Every tile fits (the routing's tile size): two strips a warp at kNarrowCols columns, each with
+    // accumulators of that width only (no unused columns of the 96-token tile's kept live in registers).
+    float da[kNarrowCols / 2], db[kNarrowCols / 2];
 #pragma unroll
-    for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-    if constexpr (kNarrowCols != 0) {
-      // Every tile fits (the routing's tile size); strip B's accumulators, right after strip A's, go where the
-      // epilogue reads the half-width tile's (acc[kN / 4, kN / 2)).
-      k_loop(Columns<kNarrowCols>{});
+    for (int i = 0; i < kNarrowCols / 2; ++i) da[i] = db[i] = 0.f;
+    two_strip_loop(Columns<kNarrowCols>{}, da, db, [&] { wgmma_fence_regs(da); });
+    cur = item_at(item);
+    const int64_t my_strip = cur.strip0 + warp;
+    if (my_strip < strips) moe_wgmma_store<kNarrowCols>(p, da, cur, my_strip, r, q);
+    if (my_strip + kStrips < strips) moe_wgmma_store<kNarrowCols>(p, db, cur, my_strip + kStrips, r, q);
+  } else {
+    for (;;) {
 #pragma unroll
-      for (int i = kNarrowCols / 2 - 1; i >= 0; --i) acc[kN / 4 + i] = acc[kNarrowCols / 2 + i];
-    } else if constexpr (kHalfWidth) {
-      if (cur.n <= kN / 2) {
-        k_loop(Columns<kN / 2>{});
+      for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+      if constexpr (kHalfWidth) {
+        if (cur.n <= kN / 2) {
+          k_loop(Columns<kN / 2>{});
+        } else {
+          k_loop(Columns<kN>{});
+        }
       } else {
         k_loop(Columns<kN>{});
       }
-    } else {
-      k_loop(Columns<kN>{});
+      // The item's metadata read again (cached) rather than kept live through the k loop, which keeps the
+      // persistent 256-token kernel within its 255 registers and the deep ring's two-strip loop within its 128.
+      if constexpr (kPersistent || kHalfStages) cur = item_at(item);
+      const int64_t my_strip = cur.strip0 + warp;
+      if (two_strips) {
+        using Half = float[kN / 4];
+        if (my_strip < strips) moe_wgmma_store<kN / 2>(p, *reinterpret_cast<Half*>(&acc[0]), cur, my_strip, r, q);
+        if (my_strip + kStrips < strips)
+          moe_wgmma_store<kN / 2>(p, *reinterpret_cast<Half*>(&acc[kN / 4]), cur, my_strip + kStrips, r, q);
+      } else if (my_strip < strips) {
+        moe_wgmma_store<kN>(p, acc, cur, my_strip, r, q);  // else a strip past the matrix
+      }
+      if constexpr (!kPersistent) break;
+      item += stride;
+      if (item >= n_items) break;
+      cur = item_at(item);
     }
-    // The item's metadata read again (cached) rather than kept live through the k loop, which keeps the
-    // persistent 256-token kernel within its 255 registers and the deep ring's two-strip loop within its 128.
-    if constexpr (kPersistent || kHalfStages) cur = item_at(item);
-    const int64_t my_strip = cur.strip0 + warp;
-    if (two_strips) {
-      using Half = float[kN / 4];
-      if (my_strip < strips) moe_wgmma_store<kN / 2>(p, *reinterpret_cast<Half*>(&acc[0]), cur, my_strip, r, q);
-      if (my_strip + kStrips < strips)
-        moe_wgmma_store<kN / 2>(p, *reinterpret_cast<Half*>(&acc[kN / 4]), cur, my_strip + kStrips, r, q);
-    } else if (my_strip < strips) {
-      moe_wgmma_store<kN>(p, acc, cur, my_strip, r, q);  // else a strip past the matrix
-    }
-    if constexpr (!kPersistent) break;
-    item += stride;
-    if (item >= n_items) break;
-    cur = item_at(item);
   }
   cp_async_wait<0>();
 #endif
@@ -413,11 +446,15 @@ Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stre
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
       "cudaFuncSetAttribute(moe wgmma smem)"));
+  if (kNarrowCols != 0 && c.smem_bytes < moe_wgmma_narrow_smem_bytes(kNarrowCols, kRing))
+    return internal_error("MoE wgmma GEMM: the config's shared memory is smaller than the narrow kernel's ring");
   const int64_t n_cols = ceil_div64(p.rows / 16, moe_wgmma_weight_rows(kWG) / 16);
+  // Narrow: a CTA per even column block (two strips a warp: it takes the odd one's rows too).
+  const int64_t grid_cols = kNarrowCols != 0 ? ceil_div64(n_cols, 2) : n_cols;
   // Persistent: one wave of resident CTAs, fewer when the routing cannot have that many items.
   const dim3 grid = kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(
-                                      n_cols * p.max_tiles, int64_t{c.sms} * moe_wgmma_ctas_per_sm(kN, kWG))))
-                                : dim3(static_cast<unsigned>(n_cols), static_cast<unsigned>(p.max_tiles));
+                                      n_cols * p.max_tiles, int64_t{c.sms} * ctas_per_sm<kN, kWG, kRing, kNarrowCols>())))
+                                : dim3(static_cast<unsigned>(grid_cols), static_cast<unsigned>(p.max_tiles));
   if (c.pdl) return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), c.smem_bytes, stream, p), "moe_wgmma_kernel");
   kernel<<<grid, c.threads, c.smem_bytes, stream>>>(p);
   return launch_status("moe_wgmma_kernel");
@@ -446,8 +483,8 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   if (c.pdl && !c.deep_ring)
     return internal_error("MoE wgmma GEMM: only the deep ring's kernel waits for its programmatic predecessor");
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
-    case 1620: return launch<96, 2, false, true, kMoeWgmmaDeepStages, true, 16>(p, c, stream);
-    case 3220: return launch<96, 2, false, true, kMoeWgmmaDeepStages, true, 32>(p, c, stream);
+    case 1620: return launch<96, 2, false, true, moe_wgmma_narrow_stages(16), true, 16>(p, c, stream);
+    case 3220: return launch<96, 2, false, true, moe_wgmma_narrow_stages(32), true, 32>(p, c, stream);
     case 6420: return launch<64, 2, false, true>(p, c, stream);
     case 9620:
       if (c.deep_ring) return launch<96, 2, false, true, kMoeWgmmaDeepStages, true>(p, c, stream);
