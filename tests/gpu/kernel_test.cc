@@ -834,6 +834,12 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapesNarrow) {
                  {CudaMoePath::kGrouped, CudaMoePath::kDecodeV1, CudaMoePath::kDecode}, {0}, true, {16, 96}, -1);
 }
 
+// Top-8 (Gemma-4's k: the combine kernel's wider form) through the narrow tiles and decode v1.
+TEST_F(KernelTest, MoeExpertsTopEight) {
+  check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 320, 256, 8, 129, Routing::kUniform},
+                 {CudaMoePath::kGrouped, CudaMoePath::kDecodeV1}, {0}, true, {16}, -1);
+}
+
 // A token's output does not depend on the other tokens of the batch (grouped path: rows are independent,
 // the k order is fixed, the combine sums in router order): the first tokens alone give the same bits.
 TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {

@@ -13,6 +13,7 @@
 // Second GEMM epilogue: (acc + bias) * routing weight. The combine sums a token's k rows in router order.
 // The fp4 decode, the k-split reduction and both epilogues are in mxfp4_swap_ab.cuh, shared with
 // moe_decode.cu (and the decode with moe_grouped.cu), so that the paths cannot drift apart.
+#include <algorithm>
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
@@ -161,14 +162,27 @@ __global__ void moe_gemm_kernel(MoeGemmParams p) {
   }
 }
 
+// One CTA per token, a thread per 8 channels (one pass at gpt-oss's and Gemma-4's widths, 360 and 352 chunks):
+// the token's k row positions are read once, and all k rows' 16 bytes are requested before any is summed. The
+// first form read a position and then its row, k dependent round trips a pass, in three passes of 128 threads:
+// 7.4 us for 256 tokens x 4 on an H200, 1.9 warps per scheduler (ncu, session 14). Sums in router order.
+template <int kMaxTopK>
 __global__ void moe_combine_kernel(MoeCombineParams p) {
   const int64_t t = blockIdx.x;
+  const int k = static_cast<int>(p.top_k);
+  int64_t pos[kMaxTopK];
+#pragma unroll
+  for (int j = 0; j < kMaxTopK; ++j) pos[j] = j < k ? p.slot_pos[t * k + j] : 0;
   for (int64_t i = threadIdx.x; i < p.hidden / 8; i += blockDim.x) {
+    uint4 v[kMaxTopK];
+#pragma unroll
+    for (int j = 0; j < kMaxTopK; ++j)
+      if (j < k) v[j] = reinterpret_cast<const uint4*>(p.y + pos[j] * p.hidden)[i];
     float sum[8] = {};
-    for (int64_t j = 0; j < p.top_k; ++j) {
-      const int64_t pos = p.slot_pos[t * p.top_k + j];
-      const uint4 v = reinterpret_cast<const uint4*>(p.y + pos * p.hidden)[i];
-      const uint16_t* vs = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+    for (int j = 0; j < kMaxTopK; ++j) {
+      if (j >= k) break;
+      const uint16_t* vs = reinterpret_cast<const uint16_t*>(&v[j]);
 #pragma unroll
       for (int c = 0; c < 8; ++c) sum[c] += bf16_bits_to_f32(vs[c]);
     }
@@ -208,8 +222,15 @@ Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t 
 
 Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.hidden % 8 != 0) return unimplemented("MoE combine: hidden size must be a multiple of 8");
+  if (p.top_k < 1 || p.top_k > 8) return unimplemented("MoE combine: top-k from 1 to 8");
   if (p.tokens == 0) return Status::ok();
-  moe_combine_kernel<<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
+  // A thread per 16-byte chunk of a row, whole warps, at most 512 (wider rows loop).
+  const unsigned threads = static_cast<unsigned>(std::clamp<int64_t>((p.hidden / 8 + 31) / 32 * 32, 32, 512));
+  if (p.top_k <= 4) {
+    moe_combine_kernel<4><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(p);
+  } else {
+    moe_combine_kernel<8><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(p);
+  }
   return launch_status("moe_combine_kernel");
 }
 
