@@ -34,6 +34,14 @@ EngineCore::EngineCore(const Model& model, EngineConfig config, DetokenizeFn det
     : model_(model), config_(std::move(config)), detokenize_(std::move(detokenize)), scheduler_(config_),
       overlap_(config_.overlap_steps) {}
 
+Status EngineCore::set_step_token_budget(int64_t tokens) {
+  if (tokens < 1 || tokens > config_.max_num_batched_tokens)
+    return invalid_argument("step token budget " + std::to_string(tokens) + " is outside [1, " +
+                            std::to_string(config_.max_num_batched_tokens) + "] (max-num-batched-tokens)");
+  scheduler_.set_token_budget(tokens);
+  return Status::ok();
+}
+
 Status EngineCore::validate(const RequestInput& in) const {
   const int64_t len = static_cast<int64_t>(in.prompt.size());
   const int64_t vocab = config_.vocab_size;

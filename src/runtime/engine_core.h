@@ -61,6 +61,10 @@ class EngineCore {
   void finish_step(std::vector<RequestOutput>* outputs);
   // Benchmarks: overlapped steps on or off from the next finish_step (a step already launched runs on).
   void set_overlap_steps(bool on) { overlap_ = on; }
+  // Benchmarks: tokens computed per step from the next scheduled step on, 1 to config().max_num_batched_tokens
+  // (the buffers were sized for that): `bench latency --compare-batched-tokens` times prefill chunk sizes in
+  // one process.
+  Status set_step_token_budget(int64_t tokens);
 
   bool has_work() const { return scheduler_.has_work() || !touched_.empty() || launched_ != nullptr; }
   int64_t num_live() const { return static_cast<int64_t>(requests_.size()); }

@@ -37,7 +37,9 @@ std::string describe_speculation(const SchedulerStats& s) {
 }
 
 Scheduler::Scheduler(const EngineConfig& config)
-    : config_(config), pools_(group_pools(config), config.page_size, config.enable_prefix_cache) {
+    : config_(config),
+      token_budget_(config.max_num_batched_tokens),
+      pools_(group_pools(config), config.page_size, config.enable_prefix_cache) {
   pools_.set_observer(config.prefix_cache_observer.get());
   speculating_ = config.speculative.enabled();
   drafter_ = make_drafter(config.speculative);
@@ -110,7 +112,7 @@ int64_t Scheduler::propose_drafts(Request* r, int64_t budget) {
 
 const ScheduledBatch& Scheduler::schedule() {
   batch_ = &fresh_batch();
-  int64_t budget = config_.max_num_batched_tokens;
+  int64_t budget = token_budget_;
   int64_t rows_left = config_.max_prompt_logit_rows;
   bool preempted = false;
 
@@ -192,7 +194,7 @@ const ScheduledBatch* Scheduler::schedule_ahead(const ScheduledBatch& inflight) 
     if (live >= running_.size() || running_[live] != r) return nullptr;
     ++live;
   }
-  if (live != running_.size() || static_cast<int64_t>(live) > config_.max_num_batched_tokens) return nullptr;
+  if (live != running_.size() || static_cast<int64_t>(live) > token_budget_) return nullptr;
   if (&inflight == &batches_[next_batch_]) next_batch_ ^= 1;  // never overwrite the batch in flight
   batch_ = &fresh_batch();
   for (size_t row = 0; row < inflight.entries.size(); ++row) {

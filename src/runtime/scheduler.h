@@ -110,6 +110,9 @@ class Scheduler {
   // A request that `inflight`'s update finishes (a stop token or string) or an abort ends is computed anyway
   // and skipped by update(); the engine keeps its Request until then.
   const ScheduledBatch* schedule_ahead(const ScheduledBatch& inflight);
+  // Benchmarks: the step's token budget from the next schedule on (1 to config.max_num_batched_tokens, which
+  // sized the runner's buffers; EngineCore::set_step_token_budget checks it).
+  void set_token_budget(int64_t tokens) { token_budget_ = tokens; }
   // An ahead-scheduled batch that will not run (the step before it failed): its step is not counted.
   void drop_ahead(const ScheduledBatch& batch);
   // `sampled` holds one token per entry with `sample` (1 + num_draft for a verify entry), in entry order.
@@ -153,6 +156,7 @@ class Scheduler {
   void register_full_pages(Request* r);
 
   const EngineConfig& config_;
+  int64_t token_budget_;  // tokens per step: config_.max_num_batched_tokens unless a benchmark set less
   KvPools pools_;
   bool speculating_ = false;
   std::shared_ptr<const Drafter> drafter_;  // null: no speculation, or drafts from the engine's draft model

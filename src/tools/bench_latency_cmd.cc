@@ -89,6 +89,9 @@ const std::vector<CliOption> kCommandOptions = {
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
+    {"compare-batched-tokens", true,
+     "comma-separated step token budgets (--max-num-batched-tokens values): every batch once per budget, the engine "
+     "sized for the largest: the prefill chunk size's before and after (TTFTmax: the prefill phase), in one process"},
     {"log-level", true, "debug, info (default), warning or error"},
     {"help", false, "show this help"},
 };
@@ -561,6 +564,15 @@ Status run(const CliArgs& args) {
   const bool compare_overlap = args.has("compare-overlap");
   if (compare_overlap && (args.has("forced-acceptance") || args.has("disable-overlap-schedule")))
     return invalid_argument("--compare-overlap runs both step kinds itself: drop --forced-acceptance and --disable-overlap-schedule");
+  std::vector<int64_t> budgets;  // --compare-batched-tokens
+  if (args.has("compare-batched-tokens")) {
+    if (compare_overlap || args.has("max-num-batched-tokens") || args.has("forced-acceptance"))
+      return invalid_argument("--compare-batched-tokens sets the step budgets itself: drop --max-num-batched-tokens, "
+                              "--compare-overlap and --forced-acceptance");
+    MX_ASSIGN_OR_RETURN(budgets, parse_int_list(args.get("compare-batched-tokens")));
+    for (int64_t b : budgets)
+      if (b < 1 || b > (int64_t{1} << 20)) return invalid_argument("--compare-batched-tokens values must be in [1, 1048576]");
+  }
   if (args.has("forced-acceptance")) {
     MX_ASSIGN_OR_RETURN(s.forced_k, parse_int_list(args.get("forced-acceptance")));
     for (int64_t k : s.forced_k)
@@ -615,7 +627,8 @@ Status run(const CliArgs& args) {
 
   EngineConfig config;
   config.max_running_requests = max_batch;
-  config.max_num_batched_tokens = std::max<int64_t>(16384, max_input);
+  config.max_num_batched_tokens =
+      budgets.empty() ? std::max<int64_t>(16384, max_input) : *std::max_element(budgets.begin(), budgets.end());
   config.max_model_len = max_input + s.output_len;
   MX_RETURN_IF_ERROR(read_engine_flags(args, &config));
   config.whole_page_table_uploads = args.has("whole-page-table-uploads");
@@ -632,6 +645,22 @@ Status run(const CliArgs& args) {
                static_cast<long long>(probes.gemm_n), probes.clock.c_str());
 
   const int64_t pool_tokens = core->runner().startup().kv_pages * config.page_size;
+  // What each batch runs under: --compare-overlap serial then overlapped steps, --compare-batched-tokens each
+  // budget, else the engine's configuration once.
+  struct StepVariant {
+    bool overlap;
+    int64_t budget;
+    std::string label;  // printed above the variant's row when comparing
+  };
+  const int64_t full_budget = core->config().max_num_batched_tokens;
+  std::vector<StepVariant> variants;
+  if (compare_overlap) {
+    variants = {{false, full_budget, "serial steps"}, {true, full_budget, "overlapped steps"}};
+  } else {
+    for (int64_t budget : budgets)
+      variants.push_back({config.overlap_steps, budget, "step budget " + std::to_string(budget) + " tokens"});
+    if (variants.empty()) variants.push_back({config.overlap_steps, full_budget, ""});
+  }
   RequestId next_id = 1;
   std::vector<PlainRow> plain_rows;                     // --forced-acceptance: the plain rows to compare with
   std::vector<ReferenceDrafter::Reference> references;  // and every request's output
@@ -656,13 +685,15 @@ Status run(const CliArgs& args) {
                            {"kv_tokens_in_pool", pool_tokens}});
         continue;
       }
-      // --compare-overlap: serial steps first, then overlapped ones (the same prompts: the same seed).
-      for (const bool overlap : compare_overlap ? std::vector<bool>{false, true} : std::vector<bool>{config.overlap_steps}) {
-        if (compare_overlap) std::printf("       %s steps:\n", overlap ? "overlapped" : "serial");
+      // The same prompts (the same seed) under each step kind or budget compared.
+      for (const StepVariant& v : variants) {
+        if (!v.label.empty()) std::printf("       %s:\n", v.label.c_str());
+        MX_RETURN_IF_ERROR(core->set_step_token_budget(v.budget));
         MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown,
-                                                     overlap, &next_id));
+                                                     v.overlap, &next_id));
         results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
-        results.back()["overlapped_steps"] = overlap;
+        results.back()["overlapped_steps"] = v.overlap;
+        results.back()["max_num_batched_tokens"] = v.budget;
         if (s.breakdown && !r.breakdown) {
           // The first requests finished before the last ones had their first token (a long prefill phase).
           std::printf("       no breakdown at batch %lld: no step decoded all %lld requests at the middle of the output "

@@ -40,6 +40,21 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_GT(j["startup"]["kv_tokens"].get<int64_t>(), 0);
   EXPECT_NE(r.stdout_text.find("TPOT ms"), std::string::npos);
 
+  // --compare-batched-tokens: every batch once per step budget; the smaller budget prefills in more steps.
+  const auto budgets = test::run_mxserve("bench latency --preset tiny --backend cpu --threads 2 --batch-size 2 --input-len 12"
+                                         " --output-len 3 --compare-batched-tokens 8,24 --num-kv-pages 8 --json " +
+                                         dir.file("budgets.json"));
+  ASSERT_EQ(budgets.exit_code, 0) << budgets.stderr_text;
+  const auto jb = nlohmann::json::parse(test::read_file(dir.file("budgets.json")));
+  ASSERT_EQ(jb["results"].size(), 2u);
+  EXPECT_EQ(jb["results"][0]["max_num_batched_tokens"], 8);
+  EXPECT_EQ(jb["results"][1]["max_num_batched_tokens"], 24);
+  EXPECT_GT(jb["results"][0]["engine_steps"].get<int64_t>(), jb["results"][1]["engine_steps"].get<int64_t>());
+  EXPECT_NE(budgets.stdout_text.find("step budget 8 tokens"), std::string::npos);
+  const auto clash = test::run_mxserve("bench latency --preset tiny --backend cpu --compare-batched-tokens 8 --compare-overlap");
+  EXPECT_EQ(clash.exit_code, 1);
+  EXPECT_NE(clash.stderr_text.find("sets the step budgets itself"), std::string::npos);
+
   const auto both = test::run_mxserve("bench latency --preset tiny --model x --backend cpu");
   EXPECT_EQ(both.exit_code, 1);
   EXPECT_NE(both.stderr_text.find("exactly one of --model or --preset"), std::string::npos);
