@@ -153,6 +153,16 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapShapesAndSplits) {
               EXPECT_LE(tokens * c.num_splits, tokens + 3 * d.sm_count) << d.name;
             }
   }
+  // gpt-oss on an H200 (16 one-warp CTAs of 3 stages per SM, one wave wanted: 2112 CTAs): 256 tokens x 8 kv heads
+  // fill it unsplit, 128 tokens split in 2, 64 in 4; a 128-key window is one split.
+  struct Case {
+    int64_t tokens, max_keys, splits;
+  };
+  for (const Case& k : {Case{256, 131072, 1}, Case{128, 131072, 2}, Case{64, 131072, 4}, Case{256, 128, 1}}) {
+    const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(sm90_h200(), 64, 8, false, k.tokens, 8, k.max_keys);
+    EXPECT_EQ(c.stages, 3);
+    EXPECT_EQ(c.num_splits, k.splits) << k.tokens << " tokens";
+  }
   // Gemma-4 on an H100 (4 CTAs of 4 warps and 3 stages per SM, two waves wanted): 1024-key windows at batch 8
   // split 17 ways, at batch 80 two.
   EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).stages, 3);

@@ -118,19 +118,20 @@ AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& 
   const int64_t sm_smem = dev.max_smem_per_block_optin + kStaticSmemReserve;
   int64_t best_ctas = 0;
   if (head_dim == 64) {
-    // One-warp CTAs: the ring depth that keeps the most bytes in flight per SM ((stages - 1) stages per CTA).
-    int64_t best_in_flight = 0;
-    for (int stages = 2; stages <= 4; ++stages) {
+    // One-warp CTAs: the deepest ring that still lets 16 of them share an SM (3 stages), else the most CTAs. The
+    // kernel is latency bound, not short of bytes in flight: ncu at 256 x 1.5K keys (H200, session 14 W1) found
+    // the 4-stage ring's 12 CTAs per SM with 0.59 of 2.63 warps per scheduler eligible and DRAM at 65%; 16 CTAs
+    // of 3 stages (of the registers' limit of 20) ran the step in 200.5 us instead of 238.7 (below).
+    for (int stages = 4; stages >= 2; --stages) {
       const int64_t smem = q_bytes + stages * stage_bytes;
       if (!fits(dev, smem, stages)) continue;
       const int64_t ctas = std::min<int64_t>(32, sm_smem / (smem + kStaticSmemReserve));
-      const int64_t in_flight = ctas * (stages - 1) * stage_bytes;
-      if (in_flight > best_in_flight) {
-        best_in_flight = in_flight;
+      if (ctas > best_ctas) {
         best_ctas = ctas;
         c.stages = stages;
         c.smem_bytes = smem;
       }
+      if (ctas >= 16) break;
     }
   } else {
     // 4-warp CTAs: the deepest ring that still lets 4 of them (16 warps) share an SM, whose warps hide each
@@ -150,17 +151,23 @@ AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& 
   }
   if (c.stages == 0) return c;
   c.enabled = true;
-  // Two waves of CTAs over the SMs, in splits of at least 32 keys, or 32 per head of the group above 2 (a
-  // split writes group x (head_dim + 2) floats of partial state, which the merge reads back: with 256 keys
-  // at group 8 that is 1/8 of the split's K bytes). Splits past a short context are empty and cost little.
+  // Head dims 256 and 512: two waves of CTAs over the SMs; head dim 64: one wave (as many splits as keep every
+  // (token, kv head) in the CTAs resident at once; one split where the pairs fill them already), in splits of
+  // at least 32 keys, or 32 per head of the group above 2 (a split writes group x (head_dim + 2) floats of
+  // partial state, which the merge reads back: with 256 keys at group 8 that is 1/8 of the split's K bytes).
+  // Splits past a short context are empty and cost little. Head dim 64 on an H200 (session 14 W1, one process,
+  // mx_kernel_bench's grid of depths and splits, us per layer; two waves of 4-stage CTAs -> one wave of 3-stage
+  // ones): 256 x 1.5K 238.7 -> 200.5, 256 x 2K 307.5 -> 266.5, 256 x window 128 27.9 -> 21.3, 128 x 1.5K 125.1
+  // -> 115.2, 64 x 1K 56.1 -> 43.3; more splits at 3 stages were slower at each (e.g. 256 x 1.5K: 2 224.3, 3
+  // 229.4); 4-stage rings at the same splits too (270.2 at one split: 1.29 waves of 12 CTAs per SM).
   c.min_split_keys = static_cast<int>(32 * std::max<int64_t>(1, group <= 2 ? 1 : group));
   const int64_t resident = std::max(1, dev.sm_count) * best_ctas;
   const int64_t pairs = std::max<int64_t>(1, num_tokens * n_kv);
   const int64_t most = std::max<int64_t>(1, ceil_div(max_keys, c.min_split_keys));
   // tokens x splits stays within tokens + 3 x SMs, the partials the backend's prepare() sizes for.
   const int64_t scratch_cap = 1 + 3 * std::max(1, dev.sm_count) / std::max<int64_t>(1, num_tokens);
-  c.num_splits = static_cast<int>(
-      std::clamp<int64_t>(ceil_div(2 * resident, pairs), 1, std::min<int64_t>({most, 64, scratch_cap})));
+  const int64_t want = head_dim == 64 ? resident / pairs : ceil_div(2 * resident, pairs);
+  c.num_splits = static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>({most, 64, scratch_cap})));
   return c;
 }
 
