@@ -9,7 +9,7 @@
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
-// --attention-prefill-only[=T,T,...] | --attention-decode-only | --attention-gemma | --linear-only |
+// --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
 // --linear-fp8-only | --gemma-only |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
@@ -469,7 +469,8 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
 // gpt-oss decode attention (64 q / 8 kv heads, head dim 64, sinks), each decode kernel (attention.cu's split-KV
 // mma.sync kernel and the swap-AB one): batch x context on a full layer, and the serving batch on a window-128
 // layer; rotating over KV layers worth >= 150 MB so reads come from HBM. Bytes = the K and V a step reads.
-void bench_attention_decode() {
+// `only_batches`: just the rows of these batch sizes (empty: every row).
+void bench_attention_decode(const std::vector<int64_t>& only_batches = {}) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
   struct Shape {
     int64_t ctx, seqs, window;
@@ -479,6 +480,7 @@ void bench_attention_decode() {
   for (const Shape& sh : {Shape{1024, 1, 0}, Shape{8192, 1, 0}, Shape{32768, 1, 0}, Shape{1024, 32, 0}, Shape{8192, 8, 0},
                           Shape{32768, 2, 0}, Shape{1024, 64, 0}, Shape{1536, 128, 0}, Shape{1536, 256, 0},
                           Shape{1536, 256, 128}}) {
+    if (!only_batches.empty() && std::find(only_batches.begin(), only_batches.end(), sh.seqs) == only_batches.end()) continue;
     AttnGeometry geo;
     const double layer_bytes = static_cast<double>(sh.seqs) * sh.ctx * geo.n_kv * geo.head_dim * 2 * 2;
     geo.layers = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(150e6 / layer_bytes)), 1, 16);
@@ -1028,7 +1030,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   // `--attention-gemma`: Gemma-4 26B-A4B attention, prefill 1K/4K/8K and decode, both layer kinds;
-  // `--attention-decode-only`: gpt-oss's decode attention rows.
+  // `--attention-decode-only[=B,B,...]`: gpt-oss's decode attention rows (or only those of batches B).
   // `--attention-gemma-decode[=B,B,...]`: only the Gemma-4 decode rows, each kernel (or only batches B at 1K
   // context: one kernel launch each to profile).
   const std::string gemma_decode_flag = "--attention-gemma-decode";
@@ -1038,9 +1040,14 @@ int main(int argc, char** argv) {
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }
-  if (argc > arg && (std::string(argv[arg]) == "--attention-gemma" || std::string(argv[arg]) == "--attention-decode-only")) {
-    if (std::string(argv[arg]) == "--attention-gemma") bench_attention_gemma();
-    else bench_attention_decode();
+  if (const auto batches = argc > arg ? int_list_flag(argv[arg], "--attention-decode-only") : std::nullopt) {
+    bench_attention_decode(*batches);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  if (argc > arg && std::string(argv[arg]) == "--attention-gemma") {
+    bench_attention_gemma();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
