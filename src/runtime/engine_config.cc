@@ -70,6 +70,7 @@ std::vector<int32_t> default_eos_token_ids(const Model& model) {
 }
 
 int64_t auto_max_num_batched_tokens(int64_t kv_room_bytes) {
+  if (kv_room_bytes >= kAutoLargestStepMinKvBytes) return kAutoBatchedTokensLargest;
   return kv_room_bytes >= kAutoLargeStepMinKvBytes ? kAutoBatchedTokensLarge : kAutoBatchedTokensSmall;
 }
 
@@ -239,9 +240,10 @@ std::string describe_engine_config(const EngineConfig& c) {
          "max-model-len " + std::to_string(c.max_model_len) + ", max-num-batched-tokens " +
          std::to_string(c.max_num_batched_tokens) +
          (c.auto_max_num_batched_tokens
-              ? " (auto: " + std::to_string(kAutoBatchedTokensLarge) + " where the memory share leaves " +
-                    std::to_string(kAutoLargeStepMinKvBytes >> 30) + " GiB beside the weights, else " +
-                    std::to_string(kAutoBatchedTokensSmall) + ")"
+              ? " (auto: " + std::to_string(kAutoBatchedTokensLargest) + " where the memory share leaves " +
+                    std::to_string(kAutoLargestStepMinKvBytes >> 30) + " GiB beside the weights, " +
+                    std::to_string(kAutoBatchedTokensLarge) + " where " + std::to_string(kAutoLargeStepMinKvBytes >> 30) +
+                    " GiB, else " + std::to_string(kAutoBatchedTokensSmall) + ")"
               : std::string()) +
          ", max-running-requests " + std::to_string(c.max_running_requests) +
          (c.auto_max_running_requests ? " (auto: the KV pool holds that many at " + std::to_string(kAutoTokensPerRequest) +

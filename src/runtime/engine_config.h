@@ -75,12 +75,16 @@ struct EngineConfig {
 // ceil(tokens / P) more before the window moves past the old ones.
 int64_t window_group_pages(int64_t window, const EngineConfig& config);
 
-// Auto sizes. A step's token budget: 8192 on a device with room to spare (whole prompts of several
-// requests in one step, as vLLM's server default on big GPUs), 2048 where the weights leave less than
-// kAutoLargeStepMinKvBytes for the KV pool (an 8192-token step's activations and window pages cost gpt-oss
-// ~1 GiB, 12% of 120b's KV on an 80 GB GPU) and on the CPU (short steps).
+// Auto sizes. A step's token budget: 16384 where the weights leave at least kAutoLargestStepMinKvBytes of the
+// memory share for the KV pool (a 16K step's activations cost gpt-oss ~2 GiB: 120b's prefill phase of 256 x 1K
+// prompts ran 5.87 s at 16K steps against 6.69 at 8K, 20b 3.55 against 4.05, Gemma-4's 100 x 1K 3.07 against
+// 3.72: H200, docs/PERF.md), 8192 where they leave kAutoLargeStepMinKvBytes (whole prompts of several requests
+// in one step, as vLLM's server default on big GPUs), 2048 where they leave less (an 8192-token step's
+// activations and window pages cost gpt-oss ~1 GiB, 12% of 120b's KV on an 80 GB GPU) and on the CPU.
+constexpr int64_t kAutoBatchedTokensLargest = 16384;
 constexpr int64_t kAutoBatchedTokensLarge = 8192;
 constexpr int64_t kAutoBatchedTokensSmall = 2048;
+constexpr int64_t kAutoLargestStepMinKvBytes = 32ll << 30;
 constexpr int64_t kAutoLargeStepMinKvBytes = 16ll << 30;
 // Running requests: on a device as many as the KV pool holds at kAutoTokensPerRequest tokens each (a
 // 1K-in/1K-out request at its end, so that a full batch of them never preempts), at most the largest

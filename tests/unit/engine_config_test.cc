@@ -45,9 +45,9 @@ TEST(EngineConfig, ResolvesAutoValuesAndRejectsBadRanges) {
   EXPECT_FALSE(autos->auto_max_running_requests);
   // Both auto values are named so in the start-up line.
   EXPECT_TRUE(autos->auto_max_num_batched_tokens);
-  EXPECT_NE(describe_engine_config(*autos).find("max-num-batched-tokens 2048 (auto: 8192 where"), std::string::npos)
+  EXPECT_NE(describe_engine_config(*autos).find("max-num-batched-tokens 2048 (auto: 16384 where"), std::string::npos)
       << describe_engine_config(*autos);
-  EXPECT_EQ(describe_engine_config(*r).find("(auto: 8192"), std::string::npos);
+  EXPECT_EQ(describe_engine_config(*r).find("(auto: 16384"), std::string::npos);
 }
 
 // Tensor parallel on N devices: each holds 1/N of every layer group's KV, so the per-device plan sees 1/N
@@ -62,10 +62,12 @@ TEST(EngineConfig, KvInputsPerDeviceDivideEveryGroup) {
   EXPECT_EQ(two.group_window_pages, one.group_window_pages);
 }
 
-// The auto step: large where the weights leave room (gpt-oss-20b on an 80 GB GPU: ~58 GiB), small where the
-// KV pool is tight (120b there: ~10 GiB) and on the CPU.
+// The auto step: largest where the weights leave room (gpt-oss-20b on an 80 GB GPU: ~58 GiB; 120b on an H200:
+// ~65 GiB), large where they leave some (Gemma-4 26B-A4B on an 80 GB GPU: ~25 GiB), small where the KV pool is
+// tight (120b on an 80 GB GPU: ~10 GiB) and on the CPU.
 TEST(EngineConfig, AutoStepBudgetFollowsTheRoomForKv) {
-  EXPECT_EQ(auto_max_num_batched_tokens(58ll << 30), 8192);
+  EXPECT_EQ(auto_max_num_batched_tokens(58ll << 30), 16384);
+  EXPECT_EQ(auto_max_num_batched_tokens(25ll << 30), 8192);
   EXPECT_EQ(auto_max_num_batched_tokens(10ll << 30), 2048);
   EXPECT_EQ(auto_max_num_batched_tokens(-1), 2048);
 }
