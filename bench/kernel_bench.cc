@@ -553,9 +553,11 @@ void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches) {
   // normed and rotated one), as the memory plan's 225,280 bytes per token count: no layer reads V from K's bytes.
   const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1, false}, 1024}, {"full hd512", {16, 2, 512, 1, false}, 0}};
   const std::pair<CudaAttentionDecode, const char*> paths[] = {{CudaAttentionDecode::kMmaSync, "mma.sync"},
-                                                               {CudaAttentionDecode::kSwapAb, "swap AB"}};
+                                                               {CudaAttentionDecode::kSwapAb, "swap AB"},
+                                                               {CudaAttentionDecode::kSwapAbCluster, "swap AB cluster"}};
   for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{
-           {1024, 1}, {1024, 8}, {1024, 16}, {1024, 64}, {1024, 80}, {1024, 100}, {2048, 80}, {8192, 1}, {8192, 8}}) {
+           {1024, 1}, {1024, 2}, {1024, 4}, {1024, 8}, {1024, 16}, {1024, 64}, {1024, 80}, {1024, 100}, {2048, 80}, {8192, 1},
+           {8192, 8}}) {
     if (!only_batches.empty() && (ctx != 1024 || std::find(only_batches.begin(), only_batches.end(), seqs) == only_batches.end()))
       continue;
     for (Layer k : kinds) {
@@ -827,6 +829,8 @@ void bench_gemma_router(const std::vector<int64_t>& sizes) {
   }
 }
 
+void bench_gemma_experts_dense_stand_in();
+
 // The bf16 GeGLU experts at `sizes` tokens (`--gemma-experts-only=T,...`: one size to profile).
 void bench_gemma_experts(const std::vector<int64_t>& sizes) {
   const int64_t E = kGemmaE, H = kGemmaH, I = kGemmaI, k = kGemmaK;
@@ -952,7 +956,36 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
              std::to_string(static_cast<int>(touched + 0.5)) + " experts touched" + notes[i] + spread);
     }
     CHECK_OK(set_cuda_bf16_experts_options(*g_b, {}));
+    if (T == 1) bench_gemma_experts_dense_stand_in();
   }
+}
+
+// What the dense skinny kernel (skinny_linear.cu) reads at one token from matrices of the bytes of one token's 8
+// experts: their gate|up rows as one [8 x 1408, 2816] matrix and their down rows as one [8 x 2816, 704]
+// (4 copies each, rotated: from HBM). The bound a GEMV-shaped experts kernel could reach at one token.
+void bench_gemma_experts_dense_stand_in() {
+  const int64_t H = kGemmaH, I = kGemmaI, k = kGemmaK;
+  struct Gemm {
+    const char* name;
+    int64_t n, kk;
+  };
+  for (const Gemm& g : {Gemm{"gate|up", k * 2 * I, H}, Gemm{"down", k * H, I}}) {
+    std::vector<TensorView> w;
+    for (int c = 0; c < 4; ++c) w.push_back(make(DType::kBF16, {g.n, g.kk}));
+    TensorView x = random_bf16({1, g.kk}, 1.0f), out = make(DType::kBF16, {1, g.n});
+    for (const auto& [label, chunks, splits] : {std::tuple<const char*, int, int>{"", 0, 0}, {" 8-chunk", 8, 0}, {" k/2", 0, 2}}) {
+      CHECK_OK(set_cuda_skinny_linear_options(*g_b, {16, splits, chunks}));
+      auto op = [&](int i) { return g_b->linear(x, w[i % 4], TensorView(), out); };
+      CHECK_OK(op(0));
+      const double us = time_graph(24, op);
+      const double bytes = 2.0 * g.n * g.kk;
+      char note[64];
+      std::snprintf(note, sizeof note, "%.0f GB/s", bytes / us / 1e3);
+      report(std::string("gemma experts T=1 dense stand-in ") + g.name + " skinny" + label, us, bytes, 2.0 * g.n * g.kk,
+             note);
+    }
+  }
+  CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
 }
 
 void bench_gemma() {

@@ -84,8 +84,9 @@ const std::vector<CliOption> kCommandOptions = {
      "upload every step's page tables at full width (max-model-len / page-size columns) as before 2026-11-28, not "
      "only the columns the step uses: the before of that change"},
     {"decode-attention", true,
-     "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu) or swap-ab (attention_decode_swap.cu): "
-     "the kernels' comparison end to end"},
+     "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), swap-ab (attention_decode_swap.cu) or "
+     "swap-ab-cluster (the same, a token's splits as one CTA cluster: head dims 256/512): the kernels' comparison end "
+     "to end"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -109,7 +110,8 @@ Status choose_decode_attention(Backend& backend, const std::string& name) {
   CudaAttentionDecode decode = CudaAttentionDecode::kAuto;
   if (name == "mma-sync") decode = CudaAttentionDecode::kMmaSync;
   else if (name == "swap-ab") decode = CudaAttentionDecode::kSwapAb;
-  else if (name != "auto") return invalid_argument("--decode-attention must be auto, mma-sync or swap-ab, got " + name);
+  else if (name == "swap-ab-cluster") decode = CudaAttentionDecode::kSwapAbCluster;
+  else if (name != "auto") return invalid_argument("--decode-attention must be auto, mma-sync, swap-ab or swap-ab-cluster, got " + name);
   return set_cuda_attention_options(backend, {CudaAttentionPath::kAuto, decode});
 #else
   (void)backend;

@@ -359,11 +359,10 @@ TEST_F(KernelTest, AttentionGemmaDecode) {
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
 }
 
-// The swap-AB decode kernel (attention_decode_swap.cu: head dims 64, 256 and 512, up to 8 q heads per kv head,
-// one warp per split at head dim 64, a CTA of 4 warps at 256 and 512): Gemma's cases above, then batches of
-// 1, 3, 33 and 80 with contexts that cross the 1024-key window and page edges, V aliasing K, odd groups, sinks
-// through the split merge, verify rows, and graph replay equal to eager. Shapes outside it are refused.
-TEST_F(KernelTest, AttentionDecodeSwap) {
+// The swap-AB decode kernel's cases (attention_decode_swap.cu: head dims 64, 256 and 512, up to 8 q heads per kv
+// head): Gemma's, then batches of 1, 3, 33 and 80 with contexts that cross the 1024-key window and page edges, V
+// aliasing K, odd groups, sinks through the split merge, verify rows; gpt-oss's head dim 64 last.
+std::vector<AttnCase> swap_decode_cases() {
   auto ctx = [](std::initializer_list<int64_t> lens) {
     std::vector<std::pair<int64_t, int64_t>> spans;
     for (int64_t n : lens) spans.push_back({n - 1, 1});
@@ -374,7 +373,7 @@ TEST_F(KernelTest, AttentionDecodeSwap) {
     for (int64_t i = 0; i < seqs; ++i) spans.push_back({lo + (i * step) % 1500, 1});
     return spans;
   };
-  const std::vector<AttnCase> cases = {
+  return {
       {"sliding hd256 w1024 b1 ctx 1000", 16, 8, 256, 1024, 16, ctx({1000}), false, 1.0f},
       {"sliding hd256 w1024 b3 ctx 1 / 1024 / 1025, page 5", 16, 8, 256, 1024, 5, ctx({1, 1024, 1025}), false, 1.0f},
       {"sliding hd256 w1024 b33 ctx 1..2100", 16, 8, 256, 1024, 16, spread(33, 0, 67), false, 1.0f},
@@ -397,6 +396,17 @@ TEST_F(KernelTest, AttentionDecodeSwap) {
       {"hd64 g3 (odd group) window 128 b33, page 7", 6, 2, 64, 128, 7, spread(33, 100, 41)},
       {"hd64 g8 verify 4 rows after 1022 + 8 after 30", 16, 2, 64, 0, 16, {{1022, 4}, {30, 8}}},
   };
+}
+
+// The swap-AB decode kernel (one warp per split at head dim 64, a CTA of 4 warps at 256 and 512) on every case
+// above, with graph replay equal to eager. Shapes outside it are refused.
+TEST_F(KernelTest, AttentionDecodeSwap) {
+  auto ctx = [](std::initializer_list<int64_t> lens) {
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (int64_t n : lens) spans.push_back({n - 1, 1});
+    return spans;
+  };
+  const std::vector<AttnCase> cases = swap_decode_cases();
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kAuto, CudaAttentionDecode::kSwapAb}).is_ok());
   for (const auto& c : cases)
     run_attention(cpu_, cuda_, rng_, c, " (swap AB)", /*replay=*/&c == &cases[2] || &c == &cases[6] || &c == &cases[17]);
@@ -412,6 +422,26 @@ TEST_F(KernelTest, AttentionDecodeSwap) {
     EXPECT_FALSE(cuda_backend().attention({q, {kv, kv, c.page_size}, {}, o, c.n_q, c.n_kv, c.hd, 0, 1.0f}, *batch).is_ok())
         << c.name;
   }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
+// The same kernel with a token's 16 splits as one CTA cluster that merges them in distributed shared memory
+// (head dims 256 and 512, sm_90+): every case of those head dims but the batches of 80, splits without keys
+// (contexts under 16 keys a split) and graph replay included; head dim 64 is refused.
+TEST_F(KernelTest, AttentionDecodeSwapCluster) {
+  const std::vector<AttnCase> cases = swap_decode_cases();
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kAuto, CudaAttentionDecode::kSwapAbCluster}).is_ok());
+  for (const auto& c : cases)
+    if (c.hd != 64 && c.name.find("b80") == std::string::npos)
+      run_attention(cpu_, cuda_, rng_, c, " (swap AB, clusters)", /*replay=*/&c == &cases[2] || &c == &cases[6]);
+  PagedSetup s = make_paged(rng_, {{9, 1}}, 16);
+  auto st = BatchStaging::create(cuda_backend(), {1, 1, s.max_pages, 1});
+  ASSERT_TRUE(st.is_ok());
+  auto batch = st->stage(s.seqs);
+  ASSERT_TRUE(batch.is_ok());
+  TensorView kv = cuda_.make(DType::kBF16, {s.num_pages, 16, 2, 64});
+  TensorView q = cuda_.make(DType::kBF16, {1, 16 * 64}), o = cuda_.make(DType::kBF16, {1, 16 * 64});
+  EXPECT_FALSE(cuda_backend().attention({q, {kv, kv, 16}, {}, o, 16, 2, 64, 0, 1.0f}, *batch).is_ok()) << "hd64 clusters";
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 

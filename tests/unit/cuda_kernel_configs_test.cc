@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cluster_configs.h"
 #include "backend/cuda/kernel_configs.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
@@ -168,6 +169,46 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapShapesAndSplits) {
   EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).stages, 3);
   EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 8, 8, 1024).num_splits, 17);
   EXPECT_EQ(choose_attention_decode_swap_config(sm90_h100(), 256, 2, false, 80, 8, 1024).num_splits, 2);
+}
+
+// The clustered form: 16 splits of at least one stage on sm_90 and later at head dims 256 and 512 only, a ring of
+// 2-4 stages that fits every such chip (4 where it fits: every H100/H200 shape here).
+TEST(CudaKernelConfigs, AttentionDecodeSwapClusterConfig) {
+  for (const DeviceInfo& d : chips())
+    for (int64_t hd : {64, 256, 512})
+      for (int64_t group : {1, 2, 8})
+        for (bool shared : {false, true}) {
+          const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, hd, group, shared, 1, 8, 1024);
+          const AttentionDecodeSwapConfig cc = attention_decode_swap_cluster_config(d, c, hd, shared);
+          ASSERT_EQ(cc.enabled, hd != 64 && d.sm_major >= 9) << d.name << " hd " << hd;
+          if (!cc.enabled) continue;
+          EXPECT_EQ(cc.num_splits, kAttnSwapClusterSplits);
+          EXPECT_EQ(cc.min_split_keys, 16);
+          EXPECT_GE(cc.stages, 2);
+          EXPECT_LE(cc.stages, 4);
+          EXPECT_TRUE(fits(d, cc.smem_bytes, cc.stages)) << d.name << " smem " << cc.smem_bytes;
+          EXPECT_EQ(cc.smem_bytes, 8 * hd * 2 + 4096 + cc.stages * (shared ? 1 : 2) * 16 * hd * 2);
+          if (d.sm_major == 9) EXPECT_EQ(cc.stages, hd == 512 && !shared ? c.stages : 4);
+        }
+  // kAuto takes it where measured (an H200) while its CTAs are at most ~4 per SM: Gemma's sliding layers (8 kv
+  // heads) up to 4 tokens, head dim 512 with V aliasing K (2 kv heads) up to 16; not yet head dim 512 with V
+  // beside K (Gemma's full layers as stored); nowhere off sm_90 yet.
+  auto by_default = [](const DeviceInfo& d, int64_t hd, int64_t group, bool shared, int64_t n_kv, int64_t tokens) {
+    const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, hd, group, shared, tokens, n_kv, 1024);
+    return attention_decode_swap_cluster_by_default(d, attention_decode_swap_cluster_config(d, c, hd, shared), hd, shared,
+                                                    tokens, n_kv);
+  };
+  for (const DeviceInfo& d : {sm90_h100(), sm90_h200()}) {
+    EXPECT_TRUE(by_default(d, 256, 2, false, 8, 1));
+    EXPECT_TRUE(by_default(d, 256, 2, false, 8, 4));
+    EXPECT_FALSE(by_default(d, 256, 2, false, 8, 5));
+    EXPECT_TRUE(by_default(d, 512, 8, true, 2, 16));
+    EXPECT_FALSE(by_default(d, 512, 8, true, 2, 17));
+    EXPECT_FALSE(by_default(d, 512, 8, false, 2, 1));
+    EXPECT_FALSE(by_default(d, 64, 8, false, 8, 1));  // gpt-oss: no clustered form at head dim 64
+  }
+  for (const DeviceInfo& d : {sm100_b200(), sm120_rtx_pro_6000(), sm121_gb10()})
+    EXPECT_FALSE(by_default(d, 256, 2, false, 8, 1));
 }
 
 // kAuto takes the swap-AB kernel where it was measured faster (an H200): Gemma's sliding layers (head dim 256,

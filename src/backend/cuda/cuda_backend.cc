@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/expert_repack.h"
 #include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/kernels/cluster_kernels.h"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/llama_kernels.h"
@@ -442,6 +443,16 @@ class CudaBackend final : public Backend {
       const CudaAttentionDecode decode = options_.attention.decode;
       const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(
           dev_, p.head_dim, group, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv, max_keys);
+      // The clustered form (a token's splits merged in distributed shared memory): forced, or kAuto's where
+      // attention_decode_swap_cluster_by_default has it measured faster.
+      const AttentionDecodeSwapConfig cc = attention_decode_swap_cluster_config(dev_, c, p.head_dim, a.kv.k == a.kv.v);
+      if (decode == CudaAttentionDecode::kSwapAbCluster && !cc.enabled)
+        return unimplemented("attention decode (swap AB, clusters): head dim 256 or 512, up to 8 q heads per kv head, "
+                             "sm_90+");
+      if (decode == CudaAttentionDecode::kSwapAbCluster ||
+          (decode == CudaAttentionDecode::kAuto &&
+           attention_decode_swap_cluster_by_default(dev_, cc, p.head_dim, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv)))
+        return launch_attention_decode_swap_cluster(a, cc, stream_.get());
       if (decode == CudaAttentionDecode::kSwapAb && !c.enabled)
         return unimplemented("attention decode (swap AB): head dim 64, 256 or 512, up to 8 q heads per kv head");
       if (decode == CudaAttentionDecode::kSwapAb ||

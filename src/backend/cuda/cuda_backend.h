@@ -52,10 +52,13 @@ struct CudaSkinnyLinearOptions {
 // shape), kWgmmaWindow (the window kernel; layers it does not take run as kAuto) and kMmaSync force one,
 // for tests and benchmarks; kWgmmaWs* or kWgmmaWindow where there is none is an error.
 enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWindow };
-// Which decode attention kernel runs (one query per sequence, or verify rows): kAuto = the swap-AB one where
-// attention_decode_swap_by_default (kernel_configs.h) has it measured faster, else attention.cu's split-KV
-// kernel; kSwapAb = attention_decode_swap.cu (head dims 64, 256, 512, <= 8 q heads per kv head; else an error).
-enum class CudaAttentionDecode { kAuto, kMmaSync, kSwapAb };
+// Which decode attention kernel runs (one query per sequence, or verify rows): kAuto = the swap-AB one, its splits
+// as CTA clusters where attention_decode_swap_cluster_by_default (cluster_configs.h) has that measured faster,
+// else where attention_decode_swap_by_default (kernel_configs.h) has the swap-AB kernel measured faster, else
+// attention.cu's split-KV kernel; kSwapAb = attention_decode_swap.cu (head dims 64, 256, 512, <= 8 q heads per kv
+// head; else an error); kSwapAbCluster = the same with a token's 16 splits of a kv head as one CTA cluster merged in
+// distributed shared memory (head dims 256 and 512 on sm_90+; else an error).
+enum class CudaAttentionDecode { kAuto, kMmaSync, kSwapAb, kSwapAbCluster };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
   CudaAttentionDecode decode = CudaAttentionDecode::kAuto;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/cluster_configs.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
 namespace mx::cuda {
@@ -169,6 +170,40 @@ AttentionDecodeSwapConfig choose_attention_decode_swap_config(const DeviceInfo& 
   const int64_t want = head_dim == 64 ? resident / pairs : ceil_div(2 * resident, pairs);
   c.num_splits = static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>({most, 64, scratch_cap})));
   return c;
+}
+
+AttentionDecodeSwapConfig attention_decode_swap_cluster_config(const DeviceInfo& dev, AttentionDecodeSwapConfig c,
+                                                               int64_t head_dim, bool kv_shared) {
+  if (!c.enabled || dev.sm_major < 9 || (head_dim != 256 && head_dim != 512)) return AttentionDecodeSwapConfig{};
+  // The ring's full depth (3 stages in flight) where 2 CTAs still share an SM: at a few tokens a split of a 1K
+  // context (64 keys) is then in flight at once. (Head dim 512 with V beside K would fit one CTA per SM, and a
+  // cluster of 16 would then need 16 free SMs of one GPC: it keeps the unclustered config's depth.)
+  const int64_t deepest = attention_decode_swap_cta_smem_bytes(head_dim, kv_shared, 4);
+  const int64_t sm_smem = dev.max_smem_per_block_optin + kStaticSmemReserve;
+  if (fits(dev, deepest, 4) && sm_smem / (deepest + kStaticSmemReserve) >= 2) {
+    c.stages = 4;
+    c.smem_bytes = deepest;
+  }
+  c.num_splits = kAttnSwapClusterSplits;
+  c.min_split_keys = 16;  // no partials to write back: a split may be as short as one stage
+  return c;
+}
+
+// Measured on an H200 (session 14 W1b, one process, 1K context, us per call; bench/results/
+// 2026-11-28-h200-gemma15-s14-w1-attention-cluster.txt): the clustered form against the unclustered swap-AB kernel
+// and attention.cu's at 1 / 2 / 4 / 8 / 16 / 64 tokens, Gemma's sliding layers (8 kv heads): 7.39 / 9.29 / 17.64 /
+// 31.23 / 55.52 / 204.3 vs swap AB 9.29 / 11.50 / 20.16 / 27.20 / 43.16 / 135.0; full layers (2 kv heads, group 8):
+// 8.79 / 8.88 / 10.20 / 18.56 / 28.96 / 100.0 vs swap AB 21.83 / 23.51 / 22.50 / 22.67 / 23.50 / 45.78 and
+// attention.cu 14.05 / 15.95 / 27.66 / 38.74 / 60.26 / 165.9 (those full layers with V aliasing K). The clusters win while their CTAs (16 per token and
+// kv head) are at most ~4 per SM: every such row above beats what kAuto took before, every larger one loses to the
+// unclustered swap-AB kernel. (Asking for over half an SM's shared memory, so that a cluster's CTAs spread one per
+// SM, was slower: 13.03 us on sliding layers at one token, 17.25 on full layers at 4 tokens.)
+bool attention_decode_swap_cluster_by_default(const DeviceInfo& dev, const AttentionDecodeSwapConfig& c,
+                                              int64_t head_dim, bool kv_shared, int64_t num_tokens, int64_t n_kv) {
+  // Measured: head dim 256 (V beside K) and 512 with V aliasing K; not yet 512 with V beside K (Gemma-4's full
+  // layers store V apart: its K is normed and rotated, its V not).
+  const bool measured = head_dim == 256 || kv_shared;
+  return c.enabled && measured && dev.sm_major == 9 && num_tokens * n_kv * kAttnSwapClusterSplits <= 4 * dev.sm_count;
 }
 
 // Measured on an H200 (bench/results/2026-11-28-h200-gemmab-w1-decode-attention.txt, one process, 1K context):

@@ -14,6 +14,8 @@
 // The page of each of a stage's 16 keys is looked up once, by one lane, and broadcast by shuffles.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/attention_common.cuh"
+#include "backend/cuda/kernels/cluster.cuh"
+#include "backend/cuda/kernels/cluster_kernels.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 
@@ -308,7 +310,72 @@ __device__ __forceinline__ void copy_stage_cta(const AttentionKernelParams& p, c
   }
 }
 
+// The clustered kernel's end (see kCluster below). Called by every thread after the key loop, with this warp's
+// O^T slice (head dims d0 + 16 dt + r (+ 8), heads 2q, 2q + 1), its running maxima and the heads' full sums.
+// `ring` (at least kHeads x (HD + 2) floats) takes this split's state; `xbuf` the splits' (m, l) pairs.
 template <int HD>
+__device__ __forceinline__ void cluster_merge(const AttentionKernelParams& p, int64_t t, int g, int group, int d0,
+                                              const float (&m)[2], const float (&l)[2], const float (&o)[HD / 64][4],
+                                              uint16_t* ring, float* xbuf) {
+  constexpr int kC = kAttnSwapClusterSplits, kCols = HD / kC, kDt = HD / 64;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, q = lane % 4;
+  float* state_o = reinterpret_cast<float*>(ring);  // [kHeads][HD]
+  float* state_ml = state_o + kHeads * HD;          // [kHeads][2]
+  __syncthreads();  // every warp is done with the ring (and the partial scores)
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int h = 2 * q + j;
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) {
+      state_o[h * HD + d0 + dt * 16 + r] = o[dt][j];
+      state_o[h * HD + d0 + dt * 16 + r + 8] = o[dt][2 + j];
+    }
+    if (warp == 0 && r == 0) {
+      state_ml[2 * h] = m[j];
+      state_ml[2 * h + 1] = l[j];
+    }
+  }
+  cluster_arrive_release();  // every split's state is in its CTA's shared memory
+  cluster_wait_acquire();
+  // Every split's (m, l) of the group's heads, once per CTA: split_ml[s][h][2].
+  for (int i = threadIdx.x; i < kC * group * 2; i += blockDim.x) {
+    const int s = i / (group * 2), hm = i % (group * 2);
+    xbuf[s * kHeads * 2 + hm] = load_from_cluster_rank(state_ml + hm, static_cast<unsigned>(s));
+  }
+  __syncthreads();
+  const unsigned rank = cluster_cta_rank();
+  for (int i = threadIdx.x; i < group * kCols; i += blockDim.x) {
+    const int h = i / kCols, d = static_cast<int>(rank) * kCols + i % kCols;
+    float acc[kC];
+#pragma unroll
+    for (int s = 0; s < kC; ++s) acc[s] = load_from_cluster_rank(state_o + h * HD + d, static_cast<unsigned>(s));
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kC; ++s) mx = fmaxf(mx, xbuf[(s * kHeads + h) * 2]);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    float sum = 0.f, out = 0.f;
+#pragma unroll
+    for (int s = 0; s < kC; ++s) {
+      const float ms = xbuf[(s * kHeads + h) * 2];
+      if (ms == -INFINITY) continue;  // a split that saw no key
+      const float c = exp2f(ms - base);
+      sum += xbuf[(s * kHeads + h) * 2 + 1] * c;
+      out += acc[s] * c;
+    }
+    const int64_t head = static_cast<int64_t>(g) * group + h;
+    p.out[(t * p.n_q + head) * HD + d] =
+        f32_to_bf16_bits(out * attention_final_factor(mx, sum, attention_sink_log2(p.sinks, head)));
+  }
+  cluster_arrive_relaxed();  // no CTA leaves while another still reads its shared memory
+  cluster_wait_acquire();
+}
+
+// kCluster: the splits of a (kv head, token) are one CTA cluster of kAttnSwapClusterSplits; each CTA leaves its
+// softmax state (m, l, O per head) in its shared memory and, after a cluster barrier, merges the columns
+// [rank HD / C, (rank + 1) HD / C) of every head across the splits through distributed shared memory, in the
+// merge kernel's order and arithmetic (the same bits as the unclustered kernel with the same splits), and
+// writes the output: no partials through global memory and no merge kernel behind it.
+template <int HD, bool kCluster>
 __global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(AttentionKernelParams p, int stages,
                                                                             int splits, int min_split_keys) {
   constexpr int kChunks = HD / 8, kDs = HD / kWarps, kDt = kDs / 16;  // a warp's head dims, in 16-wide tiles
@@ -417,31 +484,35 @@ __global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(
     l[j] += __shfl_xor_sync(0xffffffffu, l[j], 8);
     l[j] += __shfl_xor_sync(0xffffffffu, l[j], 16);
   }
+  if constexpr (kCluster) {
+    cluster_merge<HD>(p, t, g, group, d0, m, l, o, ring, xbuf);
+  } else {
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int h = 2 * q + j;
-    if (h >= group) continue;
-    const int64_t head = static_cast<int64_t>(g) * group + h;
-    if (splits == 1) {
-      const float factor = attention_final_factor(m[j], l[j], attention_sink_log2(p.sinks, head));
-      uint16_t* out = p.out + (t * p.n_q + head) * HD + d0;
-#pragma unroll
-      for (int dt = 0; dt < kDt; ++dt) {
-        out[dt * 16 + r] = f32_to_bf16_bits(o[dt][j] * factor);
-        out[dt * 16 + r + 8] = f32_to_bf16_bits(o[dt][2 + j] * factor);
-      }
-    } else {
-      float* part = p.partials + ((t * p.n_q + head) * splits + split) * (HD + 2);
-      if (n_tiles > 0) {  // an empty split's m = -inf tells the merge to skip its accumulators
+    for (int j = 0; j < 2; ++j) {
+      const int h = 2 * q + j;
+      if (h >= group) continue;
+      const int64_t head = static_cast<int64_t>(g) * group + h;
+      if (splits == 1) {
+        const float factor = attention_final_factor(m[j], l[j], attention_sink_log2(p.sinks, head));
+        uint16_t* out = p.out + (t * p.n_q + head) * HD + d0;
 #pragma unroll
         for (int dt = 0; dt < kDt; ++dt) {
-          part[d0 + dt * 16 + r] = o[dt][j];
-          part[d0 + dt * 16 + r + 8] = o[dt][2 + j];
+          out[dt * 16 + r] = f32_to_bf16_bits(o[dt][j] * factor);
+          out[dt * 16 + r + 8] = f32_to_bf16_bits(o[dt][2 + j] * factor);
         }
-      }
-      if (warp == 0 && r == 0) {
-        part[HD] = m[j];
-        part[HD + 1] = l[j];
+      } else {
+        float* part = p.partials + ((t * p.n_q + head) * splits + split) * (HD + 2);
+        if (n_tiles > 0) {  // an empty split's m = -inf tells the merge to skip its accumulators
+#pragma unroll
+          for (int dt = 0; dt < kDt; ++dt) {
+            part[d0 + dt * 16 + r] = o[dt][j];
+            part[d0 + dt * 16 + r + 8] = o[dt][2 + j];
+          }
+        }
+        if (warp == 0 && r == 0) {
+          part[HD] = m[j];
+          part[HD + 1] = l[j];
+        }
       }
     }
   }
@@ -449,14 +520,44 @@ __global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(
 
 template <int HD>
 Status launch_cta(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c, cudaStream_t stream) {
-  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(attention_decode_swap_cta_kernel<HD>,
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(attention_decode_swap_cta_kernel<HD, false>,
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       static_cast<int>(c.smem_bytes)),
                                  "cudaFuncSetAttribute(attention decode swap, 4 warps)"));
   const dim3 grid(static_cast<unsigned>(p.n_kv), static_cast<unsigned>(c.num_splits), static_cast<unsigned>(p.tokens));
-  return cuda_status(launch_pdl(attention_decode_swap_cta_kernel<HD>, grid, dim3(32 * kWarps), c.smem_bytes, stream, p,
-                                c.stages, c.num_splits, c.min_split_keys),
+  return cuda_status(launch_pdl(attention_decode_swap_cta_kernel<HD, false>, grid, dim3(32 * kWarps), c.smem_bytes, stream,
+                                p, c.stages, c.num_splits, c.min_split_keys),
                      "attention_decode_swap_cta_kernel");
+}
+
+// The splits as one cluster of kAttnSwapClusterSplits CTAs (non-portable above 8: opted in here).
+template <int HD>
+Status launch_cta_cluster(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c, cudaStream_t stream) {
+  static_assert(kHeads * (HD + 2) * 4 <= 2 * 16 * HD * 2, "a split's state fits the smallest ring");
+  static_assert(kAttnSwapClusterSplits * kHeads * 2 <= 2 * kWarps * 4 * 32, "the splits' (m, l) fit the score buffer");
+  if (c.num_splits != kAttnSwapClusterSplits) return internal_error("attention decode swap: a cluster takes 16 splits");
+  auto kernel = attention_decode_swap_cta_kernel<HD, true>;
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                                 "cudaFuncSetAttribute(attention decode swap, clusters of 16)"));
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(c.smem_bytes)),
+                                 "cudaFuncSetAttribute(attention decode swap, clusters)"));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.n_kv), static_cast<unsigned>(c.num_splits), static_cast<unsigned>(p.tokens));
+  cfg.blockDim = dim3(32 * kWarps);
+  cfg.dynamicSmemBytes = static_cast<size_t>(c.smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1;
+  attrs[0].val.clusterDim.y = static_cast<unsigned>(c.num_splits);
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p, c.stages, c.num_splits, c.min_split_keys),
+                     "attention_decode_swap_cta_kernel (clusters)");
 }
 
 template <int HD>
@@ -491,6 +592,18 @@ Status launch_attention_decode_swap(const AttentionKernelParams& p, const Attent
   }
   if (c.num_splits == 1) return Status::ok();
   return launch_attention_split_merge(p, c.num_splits, stream);
+}
+
+Status launch_attention_decode_swap_cluster(const AttentionKernelParams& p, const AttentionDecodeSwapConfig& c,
+                                            cudaStream_t stream) {
+  if (!c.enabled) return internal_error("attention decode swap (clusters): no config for this shape");
+  if (p.head_dim != 256 && p.head_dim != 512) return unimplemented("attention decode swap (clusters): head dim 256 or 512");
+  if (p.n_kv <= 0 || p.n_q % p.n_kv != 0 || p.n_q / p.n_kv > kAttnSwapMaxGroup)
+    return unimplemented("attention decode swap (clusters): 1 to 8 q heads per kv head");
+  if (c.stages < 2 || c.stages > 4) return internal_error("attention decode swap (clusters): ring of 2 to 4 stages");
+  if (p.tokens == 0) return Status::ok();
+  if (p.tokens > 65535) return unimplemented("attention decode swap (clusters): more than 65535 tokens in one call");
+  return p.head_dim == 256 ? launch_cta_cluster<256>(p, c, stream) : launch_cta_cluster<512>(p, c, stream);
 }
 
 }  // namespace mx::cuda

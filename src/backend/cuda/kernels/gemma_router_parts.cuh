@@ -1,9 +1,10 @@
 // Device parts both router files share (gemma_router.cu, gemma_router_split.cu): bf16 loads, the top-k of one
-// token's logits with one warp, and the cluster barrier / distributed shared memory steps.
+// token's logits with one warp (the cluster steps are in cluster.cuh).
 #pragma once
 
 #include <cstdint>
 
+#include "backend/cuda/kernels/cluster.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
 
@@ -106,22 +107,6 @@ __device__ inline void select_topk(const GemmaRouterParams& p, int64_t t, const 
     scale = expert_scale_at(p, id);
   p.topk_ids[t * p.top_k + lane] = id;
   p.topk_weights[t * p.top_k + lane] = ex / sum * scale;
-}
-
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The float at `local`'s offset in the shared memory of the cluster's CTA `rank` = v.
-__device__ __forceinline__ void store_to_cluster_rank(const float* local, unsigned rank, float v) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
 }
 
 }  // namespace mx::cuda::router_parts

@@ -1,0 +1,44 @@
+// CTA cluster steps (sm_90+): the cluster barrier's halves and distributed shared memory loads and stores, used by
+// the Gemma-4 router (partial logits to a token's owner CTA) and the clustered decode attention (a split's
+// softmax state read by the CTA that merges its columns).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/common.cuh"
+
+namespace mx::cuda {
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_cta_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// The shared-memory address of `local`'s offset in the cluster's CTA `rank`.
+__device__ __forceinline__ uint32_t cluster_address(const float* local, unsigned rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
+  return remote;
+}
+// The float at `local`'s offset in the shared memory of the cluster's CTA `rank` = v.
+__device__ __forceinline__ void store_to_cluster_rank(const float* local, unsigned rank, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(cluster_address(local, rank)), "f"(v) : "memory");
+}
+// The float at `local`'s offset in the shared memory of the cluster's CTA `rank` (not volatile: several such
+// loads may be in flight before the first is used).
+__device__ __forceinline__ float load_from_cluster_rank(const float* local, unsigned rank) {
+  float v;
+  asm("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(cluster_address(local, rank)) : "memory");
+  return v;
+}
+
+}  // namespace mx::cuda
