@@ -299,7 +299,7 @@ void bench_moe(bool variants) {
 
 // ---- MoE prefill: the same layer at T tokens through each expert-GEMM path: decode = swap-AB kernels
 // with 8-token tiles, grouped = tokens as the mma M side in tiles of 64 or 128, wgmma = the sm_90 grouped
-// GEMM in tiles of 16, 32 (narrow: two strips a warp at that MMA width), 64, 96, 128 or 256 (falls back to
+// GEMM in tiles of 16, 32 (narrow: two strips a warp at that MMA width), 96, 128 or 256 (falls back to
 // grouped elsewhere), wgmma-ws = its warp-specialized form in
 // tiles of 128 or 256, auto = what moe_experts picks. Then
 // the measured bf16 rate: one dense cuBLASLt GEMM with the first expert GEMM's shape at 8192 tokens, the
@@ -326,17 +326,15 @@ void bench_moe_prefill() {
       const char* label;
       int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
       int warp_specialized = -1;  // wgmma: 1 the warp-specialized kernel (moe_wgmma_ws.cu), 0 auto's choice
-      int deep_ring = 0;          // wgmma, 96-token tiles: 1 the deep ring, -1 the five-stage one (before session 12)
-      int pdl = 0;                // wgmma, a CTA per item: 1 programmatic dependent launches, -1 not
+      int pdl = 0;                // wgmma, the deep ring's kernel: 1 programmatic dependent launches, -1 not
     };
     for (const Variant& v :
          {Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
           Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"}, Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
-          Variant{CudaMoePath::kGrouped, 64, "wgmma/64x2wg"}, Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep", 0, -1, 1, -1},
-          Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1, 1},
-          Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg ring5", 0, -1, -1, -1},
-          Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl", 0, -1, 0, 1},
-          Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 0, 1},
+          Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep", 0, -1, -1},
+          Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1},
+          Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl", 0, -1, 1},
+          Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},
           Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
           Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 1},
           Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 1},
@@ -346,7 +344,6 @@ void bench_moe_prefill() {
       CudaMoeOptions o{v.path, v.tile};
       o.wgmma_persistent = v.persistent;
       o.wgmma_warp_specialized = v.warp_specialized;
-      o.wgmma_deep_ring = v.deep_ring;
       o.wgmma_pdl = v.pdl;
       CHECK_OK(set_cuda_moe_options(*g_b, o));
       CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture

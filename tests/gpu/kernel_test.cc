@@ -684,16 +684,15 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   for (int k_tiles : decode_k_tiles)
   for (int tile : grouped_tiles)
   // 256-token tiles (wgmma) run on a persistent grid or a CTA per item (the warp-specialized kernel is always
-  // persistent), 96-token tiles on the deep ring (both GEMMs programmatic dependents) or the five-stage one.
+  // persistent), 96-token tiles on the deep ring with both GEMMs programmatic dependents or not.
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
-  for (int deep_ring : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
+  for (int pdl : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, k_tiles, decode_pdl};
     options.wgmma_persistent = persistent;
     options.wgmma_warp_specialized = warp_specialized;
-    options.wgmma_deep_ring = deep_ring;
-    options.wgmma_pdl = deep_ring;
+    options.wgmma_pdl = pdl;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
@@ -703,7 +702,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
       variant = " (" + std::to_string(k_tiles) + " k tiles/warp" + (decode_pdl ? "" : ", no PDL") + ")";
     if (tile != 0) variant += " (" + std::to_string(tile) + "-token tiles)";
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
-    if (deep_ring != 0) variant += deep_ring > 0 ? " (deep ring, PDL)" : " (five-stage ring, no PDL)";
+    if (pdl != 0) variant += pdl > 0 ? " (deep ring, PDL)" : " (deep ring, no PDL)";
     if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
@@ -832,7 +831,8 @@ TEST_F(KernelTest, MoeExpertsPrefill) {
 // The grouped path at odd token counts (1, 7, 129, 4097 tokens: partial tiles everywhere), experts without
 // tokens, every token on the same experts, one expert in every token's top-k, each tile size forced; on
 // sm_90 this is the wgmma kernel (moe_wgmma.cu) with its k-permuted activations, at every compiled tile width
-// (96-token tiles in MoeExpertsGroupedOddShapes96).
+// (96-token tiles in MoeExpertsGroupedOddShapes96, the narrow ones in ...Narrow; 64-token tiles are the mma.sync
+// kernel's everywhere).
 const MoeCase kMoeOddShapes[] = {
     MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 7, Routing::kUniform},
     MoeCase{32, 2880, 2880, 4, 129, Routing::kHalf},  MoeCase{32, 320, 256, 4, 4097, Routing::kUniform},
@@ -840,7 +840,7 @@ const MoeCase kMoeOddShapes[] = {
     MoeCase{8, 1088, 4160, 1, 300, Routing::kSame}};
 TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
   for (const MoeCase& c : kMoeOddShapes) {
-    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {64, 128, 256}, -1);
+    check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {64, 128, 256}, -1);  // 64: mma.sync
     // The warp-specialized kernel (moe_wgmma_ws.cu): both tile sizes, half- and full-width items.
     check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {128, 256}, 1);
   }
@@ -848,7 +848,7 @@ TEST_F(KernelTest, MoeExpertsGroupedOddShapes) {
 
 // The same shapes in 96-token tiles, on the deep ring (tiles of <= 48 tokens two strips a warp, 256 weight rows
 // a CTA: the 20b second GEMM's 180 strips leave the last CTA's second strips past the matrix, 2I = 384 a third
-// CTA of which half is past it) and on the five-stage ring.
+// CTA of which half is past it), with and without programmatic dependent launches.
 TEST_F(KernelTest, MoeExpertsGroupedOddShapes96) {
   for (const MoeCase& c : kMoeOddShapes)
     check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kGrouped}, {0}, true, {96}, -1);
@@ -932,7 +932,6 @@ TEST_F(KernelTest, MoeGroupedGraphReplay) {
 // one strip a warp) against 1 and 129 tokens alone (tiles of <= 48: half width, two strips a warp).
 TEST_F(KernelTest, MoeWgmmaDeepRingIndependentOfBatch) {
   CudaMoeOptions deep{CudaMoePath::kGrouped, 96};
-  deep.wgmma_deep_ring = 1;
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, deep,
                                "grouped 20b shape, deep ring", {1, 129});
 }
@@ -950,7 +949,6 @@ TEST_F(KernelTest, MoeWgmmaNarrowIndependentOfBatch) {
 TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
   const MoeCase c{32, 2880, 2880, 4, 256, Routing::kUniform};
   CudaMoeOptions deep{CudaMoePath::kGrouped, 96};
-  deep.wgmma_deep_ring = 1;
   deep.wgmma_pdl = -1;
   check_moe_graph_replay(cuda_, rng_, c, deep, "grouped, 96-token tiles, deep ring");
   deep.wgmma_pdl = 1;

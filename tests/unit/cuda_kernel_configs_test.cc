@@ -400,22 +400,21 @@ TEST(CudaKernelConfigs, MoeGroupedTilesFollowTokensPerExpert) {
 // ring (plus the kernel's static table of tile rows, 8 bytes each) fits there with as many CTAs per SM as its
 // __launch_bounds__ promise: two with two warpgroups and tiles of <= 128 tokens (the 128-register cap assumes
 // it), else one. Every tile runs two warpgroups (the only count compiled); 96-token tiles the deep ring (six
-// stages) or the five-stage one; 16- and 32-token tiles (narrow) the deep ring's kernel with its ring.
+// stages); 16- and 32-token tiles (narrow) the deep ring's kernel with its ring. A forced 64 is disabled (64-token
+// tiles are the mma.sync grouped kernel's).
 TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
-  const bool deep_by_default = choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96).deep_ring;
   for (const DeviceInfo& d : chips())
     for (int64_t slots : {256, 2048, 8192, 32768})
-      for (int tile : {0, 16, 32, 64, 96, 128, 256})
-      for (int deep : {0, 1, -1}) {
-        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile, 0, 0, deep);
+      for (int tile : {0, 16, 32, 96, 128, 256}) {
+        const MoeWgmmaConfig c = choose_moe_wgmma_config(d, slots, 32, tile);
         EXPECT_EQ(c.enabled, d.sm_major == 9) << d.name;
         const bool narrow = c.tile_tokens == 16 || c.tile_tokens == 32;
-        EXPECT_TRUE(narrow || c.tile_tokens == 64 || c.tile_tokens == 96 || c.tile_tokens == 128 || c.tile_tokens == 256);
+        EXPECT_TRUE(narrow || c.tile_tokens == 96 || c.tile_tokens == 128 || c.tile_tokens == 256);
         if (tile != 0) {
           EXPECT_EQ(c.tile_tokens, tile);
         }
         EXPECT_EQ(c.warpgroups, kMoeWgmmaWarpgroups);
-        EXPECT_EQ(c.deep_ring, narrow || (c.tile_tokens == 96 && (deep == 1 || (deep == 0 && deep_by_default))));
+        EXPECT_EQ(c.deep_ring, narrow || c.tile_tokens == 96);
         const int kernel_tile = narrow ? 96 : c.tile_tokens;  // the narrow kernels have the 96-token geometry
         if (narrow) {  // a ring of their own (moe_wgmma_narrow.h)
           EXPECT_EQ(c.stages, moe_wgmma_narrow_stages(c.tile_tokens));
@@ -435,7 +434,8 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
         EXPECT_EQ(c.sms, d.sm_count);
       }
   EXPECT_EQ(kMoeWgmmaWarpgroups, 2);
-  for (int tile : {64, 96, 128, 256}) EXPECT_EQ(moe_wgmma_stage_bytes(tile, 2) % 1024, 0);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 2048, 32, 64).enabled);
+  for (int tile : {96, 128, 256}) EXPECT_EQ(moe_wgmma_stage_bytes(tile, 2) % 1024, 0);
   EXPECT_GE(moe_wgmma_stage_bytes(128, 2), 128 * 128 + 128 * 34);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(128, 2), 2);
   EXPECT_EQ(moe_wgmma_ctas_per_sm(256, 2), 1);
@@ -458,20 +458,19 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 21 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1023 * 32, 32).tile_tokens, 96);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 256);
-  // The deep ring: 96-token tiles only, auto's default there, and two CTAs of it fit an SM.
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32).deep_ring, deep_by_default);  // auto: 96-token tiles
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 1).stages, 6);
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, -1).stages, 5);
-  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 128, 0, 0, 1).deep_ring);
+  // The deep ring: 96-token tiles (auto's below 1024 tokens per expert) and the narrow ones, and two CTAs of it
+  // fit an SM.
+  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32).deep_ring);  // auto: 96-token tiles
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96).stages, 6);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 128).deep_ring);
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).deep_ring);  // 256-token tiles
   EXPECT_EQ(moe_wgmma_ctas_per_sm(96, 2), 2);
   // Programmatic dependent launches with the deep ring only (its kernel waits for the predecessor), unless -1.
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32).pdl, deep_by_default);
-  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, -1).pdl);  // the five-stage ring
+  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32).pdl);
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, -1).pdl);
-  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 0, 1).pdl);
-  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 0, -1).pdl);
-  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 1, 0, 0, 1).pdl);
+  EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, 1).pdl);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96, 0, 0, -1).pdl);
+  EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 1, 0, 1).pdl);
   // A persistent grid only with 256-token tiles, on request or by default.
   EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, 1).persistent);
   EXPECT_FALSE(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32, 256, -1).persistent);

@@ -814,8 +814,7 @@ class CudaBackend final : public Backend {
     const CudaMoePath path = options_.moe.path;
     const MoeWgmmaConfig cw =
         choose_moe_wgmma_config(dev_, slots, E, options_.moe.grouped_tile_tokens, options_.moe.wgmma_persistent,
-                                options_.moe.wgmma_warp_specialized, options_.moe.wgmma_deep_ring,
-                                options_.moe.wgmma_pdl);
+                                options_.moe.wgmma_warp_specialized, options_.moe.wgmma_pdl);
     const bool grouped = path == CudaMoePath::kGrouped || path == CudaMoePath::kGroupedMmaSync ||
                          (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, cw.enabled));
     if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))

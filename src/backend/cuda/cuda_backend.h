@@ -22,7 +22,7 @@ enum class CudaMoePath { kAuto, kDecode, kGrouped, kDecodeV1, kGroupedMmaSync };
 // A CUDA backend's MoE choices; the defaults are what serving uses. Tests and benchmarks force the rest.
 struct CudaMoeOptions {
   CudaMoePath path = CudaMoePath::kAuto;
-  int grouped_tile_tokens = 0;  // 64 or 128 (wgmma: also 96, 256) forces the grouped kernel's tile; 0 = by tokens per expert
+  int grouped_tile_tokens = 0;  // 64 (mma.sync only) or 128 (wgmma: also 16, 32, 96, 256) forces the grouped kernel's tile; 0 = by tokens per expert
   // Decode GEMM knobs (0 = kernel_configs.h's choice): target k tiles per warp (sets the k split), whether
   // the second GEMM is a programmatic dependent of the first, and `only_gemm` (1 or 2: launch just that
   // GEMM, to time it alone; the output is then garbage).
@@ -31,7 +31,6 @@ struct CudaMoeOptions {
   int decode_only_gemm = 0;
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
-  int wgmma_deep_ring = 0;  // 96-token tiles: 1 the wgmma deep ring (kernel_configs.h), -1 the five-stage one; 0 default
   int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents
 };
 

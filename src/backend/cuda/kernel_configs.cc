@@ -326,11 +326,11 @@ MoeGroupedConfig choose_moe_grouped_config(const DeviceInfo& dev, int64_t num_sl
   return c;
 }
 
-// The 96-token tiles' deep ring by default, with both GEMMs programmatic dependents: measured on an H200
-// (docs/PERF.md, session 12, one process) against the five-stage ring at 16, 32 and 64 tokens per expert:
-// 213.2 / 220.3 / 294.2 us against 233.8 / 244.0 / 320.2 (the deep ring alone 214.3 / 227.4 / 320.4). PDL is
-// the deep ring's only: the other kernels load in the order measured before, without waiting for a predecessor.
-constexpr bool kMoeWgmmaDeepRingByDefault = true;
+// The 96-token tiles run on the deep ring, both GEMMs programmatic dependents (the five-stage ring it replaced
+// was deleted in session 14): measured on an H200 (docs/PERF.md, session 12, one process) against the five-stage
+// ring at 16, 32 and 64 tokens per expert: 213.2 / 220.3 / 294.2 us against 233.8 / 244.0 / 320.2 (the deep ring
+// alone 214.3 / 227.4 / 320.4). PDL is the deep ring's only: the other kernels load in the order measured before,
+// without waiting for a predecessor.
 
 // auto's narrow tiles for batched decode (moe_wgmma.cu: every tile two strips a warp at 16 or 32 MMA columns,
 // where the 96-token tiles' half width multiplies 48): 16-token tiles up to kMoeWgmmaNarrow16MaxTokensPerExpert
@@ -348,8 +348,7 @@ constexpr int64_t kMoeWgmmaNarrow32MaxTokensPerExpert = 20;
 constexpr int64_t kMoeWgmmaNarrowMinTokensPerExpert = 8;
 
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
-                                       int tile_tokens, int persistent, int warp_specialized, int deep_ring,
-                                       int pdl) {
+                                       int tile_tokens, int persistent, int warp_specialized, int pdl) {
   MoeWgmmaConfig c;
   const int64_t per_expert = num_slots / std::max<int64_t>(1, num_experts);
   if (warp_specialized == 1 || (warp_specialized == 0 && kMoeWgmmaWarpSpecialized)) {
@@ -371,8 +370,9 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
                 c.smem_bytes + moe_wgmma_ws_static_bytes(c.tile_tokens) <= dev.max_smem_per_block_optin;
     return c;
   }
-  const bool forced = tile_tokens == 16 || tile_tokens == 32 || tile_tokens == 64 || tile_tokens == 96 ||
-                      tile_tokens == 128 || tile_tokens == 256;
+  if (tile_tokens == 64) return c;  // disabled: 64-token tiles are the mma.sync grouped kernel's
+  const bool forced = tile_tokens == 16 || tile_tokens == 32 || tile_tokens == 96 || tile_tokens == 128 ||
+                      tile_tokens == 256;
   const bool narrow_auto = kMoeWgmmaNarrowTilesByDefault && !forced;
   c.tile_tokens = forced                                                          ? tile_tokens
                   : per_expert >= kMoeWgmmaHugeTileTokensPerExpert                ? 256
@@ -386,7 +386,7 @@ MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots,
   // Tiles of 16 or 32 tokens (batched decode) are the deep ring's kernel with every tile two strips a warp at
   // that MMA width (moe_wgmma.cu).
   const bool narrow = c.tile_tokens == 16 || c.tile_tokens == 32;
-  c.deep_ring = narrow || (c.tile_tokens == 96 && (deep_ring == 1 || (deep_ring == 0 && kMoeWgmmaDeepRingByDefault)));
+  c.deep_ring = narrow || c.tile_tokens == 96;
   c.pdl = c.deep_ring && pdl != -1;
   // The narrow tiles' kernel has a ring of its own (moe_wgmma_narrow.h).
   c.stages = narrow ? moe_wgmma_narrow_stages(c.tile_tokens) : c.deep_ring ? kMoeWgmmaDeepStages : kMoeWgmmaStages;

@@ -265,9 +265,10 @@ bool skinny_linear_by_default(const DeviceInfo& dev, int64_t n);
 bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows = -1);
 
 // MXFP4 experts for many tokens per expert on Hopper (sm_90a only: wgmma, moe_wgmma.cu): weights as the
-// wgmma M side decoded from the swap-AB layout into registers, 64, 96, 128 or 256 expert-sorted tokens as N
-// in shared memory, two warpgroups of 64 weight rows per CTA sharing each token tile (kMoeWgmmaWarpgroups), a
-// cp.async ring of kMoeWgmmaStages k tiles (kMoeWgmmaDeepStages on the 96-token tiles' deep ring, below).
+// wgmma M side decoded from the swap-AB layout into registers, 16, 32, 96, 128 or 256 expert-sorted tokens as
+// N in shared memory, two warpgroups of 64 weight rows per CTA sharing each token tile (kMoeWgmmaWarpgroups), a
+// cp.async ring of kMoeWgmmaStages k tiles (kMoeWgmmaDeepStages on the 96-token tiles' deep ring, below; the
+// narrow tiles' rings are moe_wgmma_narrow.h's).
 // 5: with tile t - 1 still in the MMAs, three tiles load ahead; two CTAs of 128-token tiles (2 x 107 KB) fit an
 // SM, one of 256-token tiles (186 KB).
 inline constexpr int kMoeWgmmaStages = 5;
@@ -303,28 +304,28 @@ inline constexpr int64_t moe_wgmma_ws_static_bytes(int tile_tokens) {
 }
 struct MoeWgmmaConfig {
   bool enabled = false;     // sm_90 with the ring in shared memory
-  int tile_tokens = 0;      // 64, 96, 128 or 256 expert-sorted tokens per tile
+  int tile_tokens = 0;      // 16, 32, 96, 128 or 256 expert-sorted tokens per tile
   int warpgroups = 0;       // warpgroups of 64 weight rows per CTA: kMoeWgmmaWarpgroups (MMA warpgroups if ws)
   int threads = 0;          // 128 per warpgroup (plus the producer's 128 when warp-specialized)
   int stages = 0;
   int64_t smem_bytes = 0;   // dynamic: the ring + 1 KB to align it
   bool persistent = false;  // a grid of one wave looping over the work items (256-token tiles, or warp-specialized)
-  bool deep_ring = false;   // 96-token tiles: the deep ring (kMoeWgmmaDeepStages; half-width tiles two strips a warp)
+  bool deep_ring = false;   // 96-token and narrow tiles: the deep ring's kernel (two strips a warp at half width)
   bool pdl = false;         // launched as programmatic dependents: the first k tiles' weights load before the wait
   bool warp_specialized = false;  // moe_wgmma_ws.cu (tiles of 128 or 256 tokens, two MMA warpgroups)
   int sms = 0;              // the device's SMs, which size a persistent grid
 };
-// `tile_tokens` 0 picks from the tokens per expert; 64, 96, 128 or 256 forces that tile. `deep_ring` 0 picks
-// the default for 96-token tiles (kernel_configs.cc, as measured), 1 forces the deep ring there, -1 the
-// five-stage one (other tiles have no deep ring); `pdl` likewise for programmatic dependent launches (of the
-// deep ring's kernel only: the one that waits for its predecessor). `persistent` 0 picks kMoeWgmmaPersistent,
-// 1 forces a persistent grid and -1 a grid of one CTA per item (tiles of 64, 96 or 128 tokens always have the
-// latter). `warp_specialized` 0 picks kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized kernel (tiles of
-// 128 or 256 tokens: a forced 64 becomes 128), -1 the other one; it runs two MMA warpgroups on a persistent grid
-// whatever the other knobs say.
+// `tile_tokens` 0 picks from the tokens per expert; 16, 32, 96, 128 or 256 forces that tile (64 gives a
+// disabled config: 64-token tiles are the mma.sync grouped kernel's; the wgmma one and the five-stage 96-token
+// ring, no configuration's choice since sessions 11-12, were deleted in session 14). 96-token and narrow tiles
+// run the deep ring's kernel, whose GEMMs are programmatic dependents unless `pdl` is -1. `persistent` 0 picks
+// kMoeWgmmaPersistent, 1 forces a persistent grid and -1 a grid of one CTA per item (tiles of 16 to 128 tokens
+// always have the latter). `warp_specialized` 0 picks kMoeWgmmaWarpSpecialized, 1 forces the warp-specialized
+// kernel (tiles of 128 or 256 tokens: a forced 64 becomes 128), -1 the other one; it runs two MMA warpgroups on a
+// persistent grid whatever the other knobs say.
 MoeWgmmaConfig choose_moe_wgmma_config(const DeviceInfo& dev, int64_t num_slots, int64_t num_experts,
                                        int tile_tokens = 0, int persistent = 0, int warp_specialized = 0,
-                                       int deep_ring = 0, int pdl = 0);
+                                       int pdl = 0);
 // Warpgroups per CTA, the only count compiled. Measured on an H100 (docs/PERF.md, 2026-11-24): 4 halve the L2
 // traffic of the bf16 activations (ncu: L2 throughput 42% -> 25%) but run no faster (the kernel is not
 // L2-bound; one CTA per SM, and 2880 rows leave a CTA of 256 half idle), 3 are slower at T <= 2048; 2 was

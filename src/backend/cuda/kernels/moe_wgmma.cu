@@ -3,7 +3,7 @@
 // Swap AB as at decode: the weights are the MMA's M side, straight from the swap-AB layout (expert_repack.h),
 // whose per-lane 16 bytes per 16-row strip and 64-k tile are exactly the A register fragments of four
 // m64nNk16 steps for one warp once decoded (mxfp4_dequant_step): no shared-memory staging of bf16 weights.
-// The expert-sorted tokens are the N side (a routing tile of kN = 64, 96, 128 or 256 tokens), in shared memory
+// The expert-sorted tokens are the N side (a routing tile of kN = 96, 128 or 256 tokens), in shared memory
 // as wgmma's K-major B operand with the 128-byte swizzle. A CTA is kWG = 2 warpgroups (three and four measured
 // no faster and are not compiled, docs/PERF.md; 256-token tiles' 128 accumulators a thread allow one CTA per
 // SM, smaller tiles two), each 64 weight rows (warp w of the CTA owns strip strip0 + w), sharing the B tile;
@@ -14,7 +14,7 @@
 // tokens runs its loads and MMAs at half width (96 fits the ~64 tokens per expert of a 512-token step in one
 // tile, 48 the ~32 of a 256-token decode step).
 //
-// 96-token tiles also have a deep ring (MoeWgmmaConfig::deep_ring; auto's where kernel_configs.cc says so):
+// 96-token tiles run on a deep ring (MoeWgmmaConfig::deep_ring; the five-stage one was deleted in session 14):
 // six stages, and a tile of at most 48 tokens (batched decode, 16-48 tokens per expert) has each warp multiply
 // two 16-row strips, 256 weight rows a CTA (the CTA of the odd column block next to it exits), on stages of its
 // own size. At those sizes the kernel is bound by its instruction stream (ncu, session 12: ~150 issued
@@ -475,7 +475,7 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
   const bool narrow = c.tile_tokens == 16 || c.tile_tokens == 32;
   if (!c.enabled || c.threads != moe_wgmma_threads(c.warpgroups) ||
-      (c.deep_ring && c.tile_tokens != 96 && !narrow) || (narrow && !c.deep_ring))
+      c.deep_ring != (c.tile_tokens == 96 || narrow))
     return internal_error("MoE wgmma GEMM: config does not fit this GPU");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
@@ -485,16 +485,13 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
     case 1620: return launch<96, 2, false, true, moe_wgmma_narrow_stages(16), true, 16>(p, c, stream);
     case 3220: return launch<96, 2, false, true, moe_wgmma_narrow_stages(32), true, 32>(p, c, stream);
-    case 6420: return launch<64, 2, false, true>(p, c, stream);
-    case 9620:
-      if (c.deep_ring) return launch<96, 2, false, true, kMoeWgmmaDeepStages, true>(p, c, stream);
-      return launch<96, 2, false, true>(p, c, stream);
+    case 9620: return launch<96, 2, false, true, kMoeWgmmaDeepStages, true>(p, c, stream);
     case 12820: return launch<128, 2, false>(p, c, stream);
     case 25620: return launch<256, 2, false>(p, c, stream);
     case 25621: return launch<256, 2, true>(p, c, stream);
     default:
       return internal_error(
-          "MoE wgmma GEMM: tiles of 16, 32, 64, 96, 128 or 256 tokens at 2 warpgroups (256: persistent or not)");
+          "MoE wgmma GEMM: tiles of 16, 32, 96, 128 or 256 tokens at 2 warpgroups (256: persistent or not)");
   }
 }
 
