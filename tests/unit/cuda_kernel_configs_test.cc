@@ -191,8 +191,8 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapClusterConfig) {
           if (d.sm_major == 9) EXPECT_EQ(cc.stages, hd == 512 && !shared ? c.stages : 4);
         }
   // kAuto takes it where measured (an H200) while its CTAs are at most ~4 per SM: Gemma's sliding layers (8 kv
-  // heads) up to 4 tokens, head dim 512 with V aliasing K (2 kv heads) up to 16; not yet head dim 512 with V
-  // beside K (Gemma's full layers as stored); nowhere off sm_90 yet.
+  // heads) up to 4 tokens, head dim 512 with V aliasing K (2 kv heads) up to 16; with V beside K (Gemma's full
+  // layers as stored; 2 CTAs per SM) while they fit the SMs once: up to 4 tokens; nowhere off sm_90 yet.
   auto by_default = [](const DeviceInfo& d, int64_t hd, int64_t group, bool shared, int64_t n_kv, int64_t tokens) {
     const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, hd, group, shared, tokens, n_kv, 1024);
     return attention_decode_swap_cluster_by_default(d, attention_decode_swap_cluster_config(d, c, hd, shared), hd, shared,
@@ -204,7 +204,9 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapClusterConfig) {
     EXPECT_FALSE(by_default(d, 256, 2, false, 8, 5));
     EXPECT_TRUE(by_default(d, 512, 8, true, 2, 16));
     EXPECT_FALSE(by_default(d, 512, 8, true, 2, 17));
-    EXPECT_FALSE(by_default(d, 512, 8, false, 2, 1));
+    EXPECT_TRUE(by_default(d, 512, 8, false, 2, 1));
+    EXPECT_TRUE(by_default(d, 512, 8, false, 2, 4));
+    EXPECT_FALSE(by_default(d, 512, 8, false, 2, 5));
     EXPECT_FALSE(by_default(d, 64, 8, false, 8, 1));  // gpt-oss: no clustered form at head dim 64
   }
   for (const DeviceInfo& d : {sm100_b200(), sm120_rtx_pro_6000(), sm121_gb10()})

@@ -198,12 +198,16 @@ AttentionDecodeSwapConfig attention_decode_swap_cluster_config(const DeviceInfo&
 // kv head) are at most ~4 per SM: every such row above beats what kAuto took before, every larger one loses to the
 // unclustered swap-AB kernel. (Asking for over half an SM's shared memory, so that a cluster's CTAs spread one per
 // SM, was slower: 13.03 us on sliding layers at one token, 17.25 on full layers at 4 tokens.)
+// Head dim 512 with V beside K (Gemma-4's full layers as stored: K normed and rotated, V not), W2 of session 14
+// (bench/results/2026-11-28-h200-gemma15-s14-w2.txt), 1 / 2 / 4 tokens: 8.89 / 9.17 / 12.18 us against
+// attention.cu's 14.31 / 16.03 / 27.90 (kAuto before) and the unclustered swap-AB kernel's 23.01 / 24.09 / 23.94;
+// its ring (3 stages, 110 KB) fits 2 CTAs per SM, so kAuto takes it while its CTAs fit the SMs once (measured
+// up to there).
 bool attention_decode_swap_cluster_by_default(const DeviceInfo& dev, const AttentionDecodeSwapConfig& c,
                                               int64_t head_dim, bool kv_shared, int64_t num_tokens, int64_t n_kv) {
-  // Measured: head dim 256 (V beside K) and 512 with V aliasing K; not yet 512 with V beside K (Gemma-4's full
-  // layers store V apart: its K is normed and rotated, its V not).
-  const bool measured = head_dim == 256 || kv_shared;
-  return c.enabled && measured && dev.sm_major == 9 && num_tokens * n_kv * kAttnSwapClusterSplits <= 4 * dev.sm_count;
+  const int64_t ctas = num_tokens * n_kv * kAttnSwapClusterSplits;
+  const int64_t most = head_dim == 512 && !kv_shared ? dev.sm_count : 4 * dev.sm_count;
+  return c.enabled && dev.sm_major == 9 && ctas <= most;
 }
 
 // Measured on an H200 (bench/results/2026-11-28-h200-gemmab-w1-decode-attention.txt, one process, 1K context):
