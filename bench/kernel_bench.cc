@@ -80,6 +80,15 @@ std::optional<std::vector<int64_t>> int_list_flag(const char* arg, const std::st
   return parse_list<int64_t>(a.substr(flag.size()), [](const std::string& t) { return std::stoll(t); });
 }
 
+// `--variants=P,P,...` at argv[arg], if there: its prefixes go to bench_variant_prefixes and arg moves past it.
+void take_variant_prefixes(int argc, char** argv, int& arg) {
+  const std::string flag = "--variants=";
+  if (argc <= arg || std::string(argv[arg]).rfind(flag, 0) != 0) return;
+  bench_variant_prefixes =
+      parse_list<std::string>(std::string(argv[arg]).substr(flag.size() - 1), [](const std::string& t) { return t; });
+  ++arg;
+}
+
 // Whether a variant's label (leading spaces ignored) starts with one of --variants' prefixes.
 bool variant_selected(const std::string& label) {
   const std::string l = label.substr(std::min(label.find_first_not_of(' '), label.size()));
@@ -1040,12 +1049,7 @@ int main(int argc, char** argv) {
   if (const auto sizes = argc > arg ? int_list_flag(argv[arg], decode_flag) : std::nullopt) {
     bench_only_decode_sizes = *sizes;
     ++arg;
-    const std::string prefixes = "--variants=";
-    if (argc > arg && std::string(argv[arg]).rfind(prefixes, 0) == 0) {
-      bench_variant_prefixes = parse_list<std::string>(std::string(argv[arg]).substr(prefixes.size() - 1),
-                                                       [](const std::string& t) { return t; });
-      ++arg;
-    }
+    take_variant_prefixes(argc, argv, arg);
     bench_moe(/*variants=*/true);
     if (argc > arg) write_json(argv[arg]);
     return 0;
@@ -1087,12 +1091,7 @@ int main(int argc, char** argv) {
   if (const auto sizes = argc > arg ? int_list_flag(argv[arg], experts_flag) : std::nullopt) {
     ++arg;
     // `--variants=P,P,...`: only the variants whose labels start with one of the prefixes (one to profile).
-    const std::string variants = "--variants=";
-    if (argc > arg && std::string(argv[arg]).rfind(variants, 0) == 0) {
-      bench_variant_prefixes = parse_list<std::string>(std::string(argv[arg]).substr(variants.size() - 1),
-                                                       [](const std::string& t) { return t; });
-      ++arg;
-    }
+    take_variant_prefixes(argc, argv, arg);
     bench_gemma_experts(sizes->empty() ? std::vector<int64_t>{1, 8, 64} : *sizes);
     if (argc > arg) write_json(argv[arg]);
     return 0;
@@ -1138,12 +1137,7 @@ int main(int argc, char** argv) {
       }
       ++arg;
     }
-    const std::string variants = "--variants=";
-    if (argc > arg && std::string(argv[arg]).rfind(variants, 0) == 0) {
-      bench_variant_prefixes = parse_list<std::string>(std::string(argv[arg]).substr(variants.size() - 1),
-                                                       [](const std::string& t) { return t; });
-      ++arg;
-    }
+    take_variant_prefixes(argc, argv, arg);
   }
   if (sampling_only) {
     bench_sampling();
