@@ -461,10 +461,12 @@ TEST_F(KernelTest, AttentionDecode) {
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
 }
 
-// The kernel spreads (head, pair) work over CTAs of 128 pairs: head counts that do not fill the last CTA,
-// CTAs that mix q, k and v heads, one head per CTA (hd 256) and several (hd 32) all meet the CPU twin.
+// The kernel spreads (head, run of 4 pairs) work over CTAs of 128 threads: head counts that do not fill the last
+// CTA, CTAs that mix q, k and v heads, two heads per CTA (hd 256) and several (hd 32), and a head dim whose half
+// is not a multiple of 4 (hd 12: one pair per thread) all meet the CPU twin.
 TEST_F(KernelTest, QkvRope) {
-  for (const auto& [n_q, n_kv, hd] : {std::tuple<int64_t, int64_t, int64_t>{16, 2, 64}, {7, 3, 32}, {5, 1, 256}, {64, 8, 64}})
+  for (const auto& [n_q, n_kv, hd] :
+       {std::tuple<int64_t, int64_t, int64_t>{16, 2, 64}, {7, 3, 32}, {5, 1, 256}, {64, 8, 64}, {3, 1, 12}})
     run_qkv_rope(n_q, n_kv, hd);
 }
 

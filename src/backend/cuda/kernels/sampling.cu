@@ -1,11 +1,12 @@
 // The sample op (backend/sampling_math.h is the algorithm; cpu/sampling.cc its twin). Four launches:
-//   1. row_max:  grid (chunks, rows) - sanitized maximum and its first index per chunk of kChunk tokens;
-//   2. cuts:     one 1024-thread CTA per row - merges (1), then for rows with top-k / top-p finds the cuts
-//                by radix select over the logits' order keys (11 + 11 + 10 bits): counts for top-k, exact
-//                integer masses for top-p, then the same select over ids when a cut falls inside a run of
-//                equal logits;
-//   3. draw:     grid (chunks, rows) - Gumbel key argmax over the kept tokens (Philox per 4 tokens) and the
-//                chunk's sum of exp(x - m) for the logprob;
+//   1. row_stats: grid (chunks, rows) - per chunk of kChunk tokens, read once into registers: the sanitized
+//                maximum, its first index and the sum of exp(x - chunk maximum) (the logprob's denominator);
+//   2. cuts:     one 1024-thread CTA per row - merges (1) (the sums rescaled to the row maximum, in chunk
+//                order), then for rows with top-k / top-p finds the cuts by radix select over the logits'
+//                order keys (11 + 11 + 10 bits): counts for top-k, exact integer masses for top-p, then the
+//                same select over ids when a cut falls inside a run of equal logits;
+//   3. draw:     grid (chunks, rows) - Gumbel key argmax over the kept tokens (Philox per 4 tokens); greedy
+//                rows return at once, so a greedy batch reads its logits once (a 256-row step's 206 MB);
 //   4. finish:   one warp per row - merges (3) in chunk order.
 // Chunks are a fixed size, so every per-row result (logprob bits included) is independent of the batch.
 #include <cfloat>
@@ -24,21 +25,23 @@ constexpr int kStreamThreads = 256;
 constexpr int kSelectThreads = 1024;
 constexpr int kBuckets = 2048;  // 11-bit digits; two per select thread
 
-struct MaxPartial {
-  float value;
-  int32_t id;
+constexpr int kValuesPerThread = kChunk / kStreamThreads;
+
+struct StatsPartial {
+  float value;    // the chunk's sanitized maximum
+  int32_t id;     // its first index
+  float sum_exp;  // sum of exp(x - value) over the chunk (0 when value is -inf)
 };
 struct DrawPartial {
   float key;
   int32_t id;
-  float sum_exp;
-  int32_t pad;
 };
 struct RowState {
   float m;          // sanitized maximum (-inf when nothing is finite)
   int32_t argmax;   // its first index
   float inv_t;      // 0 = greedy
   float min_e;      // min-p threshold on exp(s); 0 = off
+  float sum_exp;    // sum of exp(x - m) over the row (0 when m is -inf)
   Cut k_cut, p_cut;
 };
 
@@ -74,23 +77,50 @@ __device__ void block_argmax(float& v, int32_t& id, float* sv, int32_t* si) {
     }
 }
 
-__global__ void row_max_kernel(const float* __restrict__ logits, int64_t vocab, MaxPartial* __restrict__ out) {
-  __shared__ float sv[32];
+// Sum over the block in a fixed order (shuffle tree within warps, then warps in order), valid in thread 0.
+__device__ float block_sum_in_order(float v, float* ss) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) ss[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += ss[w];
+  return total;
+}
+
+__global__ void __launch_bounds__(kStreamThreads) row_stats_kernel(const float* __restrict__ logits, int64_t vocab,
+                                                                   StatsPartial* __restrict__ out) {
+  __shared__ float sv[32], ss[32];
   __shared__ int32_t si[32];
   const int64_t row = blockIdx.y, begin = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t end = min(vocab, begin + kChunk);
   const float* x = logits + row * vocab;
+  // Every load first (the chunk's 16 KB in flight at once), then the maximum and the sum from registers.
+  float v[kValuesPerThread];
+#pragma unroll
+  for (int j = 0; j < kValuesPerThread; ++j) {
+    const int64_t i = begin + threadIdx.x + j * kStreamThreads;
+    v[j] = i < end ? sanitize(x[i]) : -INFINITY;
+  }
   float best = -INFINITY;
   int32_t best_id = INT32_MAX;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = sanitize(x[i]);
-    if (better(v, static_cast<int32_t>(i), best, best_id)) {
-      best = v;
-      best_id = static_cast<int32_t>(i);
+#pragma unroll
+  for (int j = 0; j < kValuesPerThread; ++j) {  // ascending ids: the first index wins ties
+    const auto id = static_cast<int32_t>(begin + threadIdx.x + j * kStreamThreads);
+    if (better(v[j], id, best, best_id)) {
+      best = v[j];
+      best_id = id;
     }
   }
   block_argmax(best, best_id, sv, si);
-  if (threadIdx.x == 0) out[row * gridDim.x + blockIdx.x] = {best, best_id};
+  float sum = 0.0f;
+  if (best > -INFINITY) {
+#pragma unroll
+    for (int j = 0; j < kValuesPerThread; ++j) sum += __expf(v[j] - best);
+  }
+  sum = block_sum_in_order(sum, ss);
+  if (threadIdx.x == 0) out[row * gridDim.x + blockIdx.x] = {best, best_id, sum};
 }
 
 // Weighted histogram as two 32-bit words per bucket: native 32-bit shared atomics instead of 64-bit ones
@@ -211,7 +241,7 @@ __device__ int32_t tie_cut(const float* x, int64_t vocab, uint32_t key, unsigned
 
 __global__ void __launch_bounds__(kSelectThreads) cuts_kernel(const float* __restrict__ logits, int64_t vocab,
                                                               const SampleRowParams* __restrict__ params,
-                                                              const MaxPartial* __restrict__ partials, int64_t chunks,
+                                                              const StatsPartial* __restrict__ partials, int64_t chunks,
                                                               RowState* __restrict__ states) {
   __shared__ SelectShared sh;
   __shared__ float sv[32];
@@ -221,17 +251,28 @@ __global__ void __launch_bounds__(kSelectThreads) cuts_kernel(const float* __res
   float m = -INFINITY;
   int32_t argmax = INT32_MAX;
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-    const MaxPartial p = partials[row * chunks + c];
+    const StatsPartial p = partials[row * chunks + c];
     if (better(p.value, p.id, m, argmax)) {
       m = p.value;
       argmax = p.id;
     }
   }
   block_argmax(m, argmax, sv, si);
+  // The chunks' sums rescaled to the row maximum, merged in a fixed order: lane l takes chunks l, l + 32, ...
+  // in turn, then a shuffle tree (warp 0; the result in thread 0).
+  float sum_exp = 0.0f;
+  if (threadIdx.x < 32 && m > -INFINITY) {
+    for (int64_t c = threadIdx.x; c < chunks; c += 32) {
+      const StatsPartial p = partials[row * chunks + c];
+      if (p.value > -INFINITY) sum_exp += p.sum_exp * __expf(p.value - m);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum_exp += __shfl_xor_sync(0xffffffffu, sum_exp, o);
+  }
   const SampleRowParams p = params[row];
   RowState st;
   st.m = m;
   st.argmax = argmax;
+  st.sum_exp = sum_exp;
   st.inv_t = m > -INFINITY ? inverse_temperature(p.temperature) : 0.0f;
   st.min_e = min_p_threshold(p.min_p);
   if (st.inv_t > 0.0f && has_top_k(p.top_k, vocab)) {
@@ -272,25 +313,19 @@ __global__ void draw_kernel(const float* __restrict__ logits, int64_t vocab, con
                             const RowState* __restrict__ states, DrawPartial* __restrict__ out) {
   __shared__ float sv[32];
   __shared__ int32_t si[32];
-  __shared__ float ss[32];
   const int64_t row = blockIdx.y, begin = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t end = min(vocab, begin + kChunk);
   const float* x = logits + row * vocab;
   const RowState st = states[row];
+  if (!(st.inv_t > 0.0f)) return;  // greedy: finish takes the argmax of row_stats
   const SampleRowParams p = params[row];
-  const bool sampling = st.inv_t > 0.0f, finite = st.m > -INFINITY;
-  float best = -INFINITY, sum = 0.0f;
+  float best = -INFINITY;
   int32_t best_id = INT32_MAX;
   // Each thread takes groups of 4 consecutive tokens: one Philox call gives all four their words.
   for (int64_t g = begin + 4 * threadIdx.x; g < end; g += 4 * blockDim.x) {
     float v[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) v[j] = g + j < end ? sanitize(x[g + j]) : -INFINITY;
-    if (finite) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) sum += __expf(v[j] - st.m);
-    }
-    if (!sampling) continue;
     float s[4];
     bool live[4], any = false;
 #pragma unroll
@@ -314,15 +349,8 @@ __global__ void draw_kernel(const float* __restrict__ logits, int64_t vocab, con
       }
     }
   }
-  // Fixed-order sum: shuffle tree within warps, then warps in order.
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (threadIdx.x % 32 == 0) ss[threadIdx.x / 32] = sum;
-  block_argmax(best, best_id, sv, si);  // its barriers also publish ss
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += ss[w];
-    out[row * gridDim.x + blockIdx.x] = {best, best_id, total, 0};
-  }
+  block_argmax(best, best_id, sv, si);
+  if (threadIdx.x == 0) out[row * gridDim.x + blockIdx.x] = {best, best_id};
 }
 
 __global__ void finish_kernel(const float* __restrict__ logits, int64_t vocab, const RowState* __restrict__ states,
@@ -331,18 +359,17 @@ __global__ void finish_kernel(const float* __restrict__ logits, int64_t vocab, c
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x;
   const RowState st = states[row];
-  float best = -INFINITY, sum = 0.0f;
+  const bool sampling = st.inv_t > 0.0f;  // else draw wrote nothing for this row
+  float best = -INFINITY;
   int32_t best_id = INT32_MAX;
-  for (int64_t c = lane; c < chunks; c += 32) {
+  for (int64_t c = lane; sampling && c < chunks; c += 32) {
     const DrawPartial d = partials[row * chunks + c];
-    sum += d.sum_exp;
     if (better(d.key, d.id, best, best_id)) {
       best = d.key;
       best_id = d.id;
     }
   }
   for (int o = 16; o > 0; o >>= 1) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
     const int32_t oi = __shfl_xor_sync(0xffffffffu, best_id, o);
     if (better(ov, oi, best, best_id)) {
@@ -351,10 +378,10 @@ __global__ void finish_kernel(const float* __restrict__ logits, int64_t vocab, c
     }
   }
   if (lane != 0) return;
-  const int32_t token = st.inv_t > 0.0f && best_id != INT32_MAX ? best_id : st.argmax;
+  const int32_t token = sampling && best_id != INT32_MAX ? best_id : st.argmax;
   tokens[row] = token;
   if (logprobs)
-    logprobs[row] = st.m > -INFINITY ? (sanitize(logits[row * vocab + token]) - st.m) - logf(sum) : -INFINITY;
+    logprobs[row] = st.m > -INFINITY ? (sanitize(logits[row * vocab + token]) - st.m) - logf(st.sum_exp) : -INFINITY;
 }
 
 // Grammar masks: one thread per mask word of a masked row; a row whose flag is 0 returns at once, so an
@@ -390,7 +417,7 @@ Status launch_apply_token_mask(float* logits, int64_t rows, int64_t vocab, const
 
 int64_t sample_scratch_bytes(int64_t rows, int64_t vocab) {
   const int64_t chunks = num_chunks(vocab);
-  return rows * (chunks * static_cast<int64_t>(sizeof(MaxPartial) + sizeof(DrawPartial)) + static_cast<int64_t>(sizeof(RowState))) + 256;
+  return rows * (chunks * static_cast<int64_t>(sizeof(StatsPartial) + sizeof(DrawPartial)) + static_cast<int64_t>(sizeof(RowState))) + 256;
 }
 
 Status launch_sample(const SampleKernelParams& p, cudaStream_t stream) {
@@ -400,11 +427,11 @@ Status launch_sample(const SampleKernelParams& p, cudaStream_t stream) {
   const int64_t chunks = num_chunks(p.vocab);
   if (p.scratch_bytes < sample_scratch_bytes(p.rows, p.vocab)) return internal_error("sample: scratch too small");
   auto* draw = static_cast<DrawPartial*>(p.scratch);
-  auto* maxes = reinterpret_cast<MaxPartial*>(draw + p.rows * chunks);
-  auto* states = reinterpret_cast<RowState*>(maxes + p.rows * chunks);
+  auto* stats = reinterpret_cast<StatsPartial*>(draw + p.rows * chunks);
+  auto* states = reinterpret_cast<RowState*>(stats + p.rows * chunks);
   const dim3 stream_grid(static_cast<unsigned>(chunks), static_cast<unsigned>(p.rows));
-  row_max_kernel<<<stream_grid, kStreamThreads, 0, stream>>>(p.logits, p.vocab, maxes);
-  cuts_kernel<<<static_cast<unsigned>(p.rows), kSelectThreads, 0, stream>>>(p.logits, p.vocab, p.params, maxes, chunks,
+  row_stats_kernel<<<stream_grid, kStreamThreads, 0, stream>>>(p.logits, p.vocab, stats);
+  cuts_kernel<<<static_cast<unsigned>(p.rows), kSelectThreads, 0, stream>>>(p.logits, p.vocab, p.params, stats, chunks,
                                                                            states);
   draw_kernel<<<stream_grid, kStreamThreads, 0, stream>>>(p.logits, p.vocab, p.params, states, draw);
   finish_kernel<<<static_cast<unsigned>(p.rows), 32, 0, stream>>>(p.logits, p.vocab, states, draw, chunks, p.tokens,
