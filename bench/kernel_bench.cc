@@ -10,7 +10,7 @@
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
-// --linear-fp8-only | --gemma-only |
+// --linear-fp8-only | --gemma-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "backend/cuda/cublaslt_linear.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/kernel_configs.h"
@@ -109,6 +110,19 @@ TensorView random_bf16(Shape shape, float stddev) {
   std::vector<uint16_t> host(static_cast<size_t>(shape.numel()));
   std::normal_distribution<float> d(0.0f, stddev);
   for (auto& h : host) h = f32_to_bf16(d(g_rng));
+  TensorView v = make(DType::kBF16, shape);
+  CHECK_OK(g_b->copy_from_host(v, host.data()));
+  return v;
+}
+
+// random_bf16 for large weights whose values do not matter to a timing: one block of 1M random values repeated at
+// rotating offsets (drawing a 201088 x 2880 lm_head value by value takes seconds).
+TensorView repeated_random_bf16(Shape shape, float stddev) {
+  const size_t count = static_cast<size_t>(shape.numel()), block = std::min<size_t>(count, (size_t{1} << 20) + 7);
+  std::vector<uint16_t> host(count);
+  std::normal_distribution<float> d(0.0f, stddev);
+  for (size_t i = 0; i < block; ++i) host[i] = f32_to_bf16(d(g_rng));
+  for (size_t i = block; i < count; ++i) host[i] = host[(i + i / block) % block];
   TensorView v = make(DType::kBF16, shape);
   CHECK_OK(g_b->copy_from_host(v, host.data()));
   return v;
@@ -691,8 +705,98 @@ void bench_linear() {
   report("lm_head 2880->201088 M=64", us, 2.0 * 201088 * 2880 + 4.0 * 64 * 201088, 2.0 * 64 * 201088 * 2880);
 }
 
+// ---- The non-MoE, non-attention ops of a gpt-oss decode step at serving batches (`--decode-step-only[=B,...]`,
+// default 64, 128, 256 sequences): the dense linears through linear() (cuBLASLt's first heuristic choice at these
+// sizes) and each of the heuristic's first `candidate_count` algorithms (`--candidates=N`, default 12; 0 = none),
+// the router, qkv_rope, add_rms_norm and the lm_head; the sample op's rows are bench_sampling's. Weights rotate over copies past the L2, as a step's ~13 GB do.
+void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count) {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{512, 2880, 2880, 128, 4, 64, 8, 64, 256, 201088}));
+  auto placement = cuda_placement(*g_b);
+  CHECK_OK(placement.is_ok() ? Status::ok() : placement.status());
+  auto stream = static_cast<cudaStream_t>(placement->stream);
+  auto lt = cuda::LtLinear::create(32ll << 20);
+  CHECK_OK(lt.is_ok() ? Status::ok() : lt.status());
+  struct Dense {
+    const char* name;
+    int64_t n, k;
+    int copies;
+    bool bias, out_f32;
+  };
+  const Dense shapes[] = {{"qkv 2880->5120", 5120, 2880, 8, true, false},
+                          {"o_proj 4096->2880", 2880, 4096, 8, true, false},
+                          {"router 2880->128", 128, 2880, 128, false, true},
+                          {"lm_head 2880->201088", 201088, 2880, 1, false, true}};
+  for (const Dense& s : shapes) {
+    std::vector<TensorView> w;
+    for (int c = 0; c < s.copies; ++c) w.push_back(repeated_random_bf16({s.n, s.k}, 0.02f));
+    const TensorView bias = s.bias ? random_bf16({s.n}, 0.1f) : TensorView();
+    for (const int64_t m : batches) {
+      const TensorView x = random_bf16({m, s.k}, 1.0f);
+      const TensorView out = make(s.out_f32 ? DType::kF32 : DType::kBF16, {m, s.n});
+      const int n = s.n > 100000 ? 8 : 40;
+      const double bytes = 2.0 * s.n * s.k + 2.0 * m * s.k + (s.out_f32 ? 4.0 : 2.0) * m * s.n;
+      const double flops = 2.0 * m * s.n * s.k;
+      const std::string row = std::string(s.name) + " M=" + std::to_string(m);
+      report(row + " linear()", time_graph(n, [&](int i) { return g_b->linear(x, w[i % s.copies], bias, out); }), bytes,
+             flops);
+      if (candidate_count == 0) continue;
+      auto candidates = lt->candidates(m, s.n, s.k, s.out_f32, s.bias, candidate_count);
+      CHECK_OK(candidates.is_ok() ? Status::ok() : candidates.status());
+      for (size_t c = 0; c < candidates->size(); ++c) {
+        const cublasLtMatmulAlgo_t* algo = &(*candidates)[c].algo;
+        auto op = [&](int i) {
+          return lt->run(x.data(), w[i % s.copies].data(), s.bias ? bias.data() : nullptr, out.data(), m, s.n, s.k,
+                         s.out_f32, stream, 0, algo);
+        };
+        if (const Status st = op(0); !st.is_ok()) {
+          std::printf("%s candidate %zu skipped: %s\n", row.c_str(), c, st.to_string().c_str());
+          continue;
+        }
+        report(row + " #" + std::to_string(c), time_graph(n, op), bytes, flops, (*candidates)[c].config);
+      }
+    }
+  }
+  // The router op at 120b's 128 experts (top 4): its GEMM above plus the top-k softmax.
+  {
+    const int64_t E = 128, H = 2880, copies = 128;
+    std::vector<TensorView> w;
+    for (int64_t c = 0; c < copies; ++c) w.push_back(random_bf16({E, H}, 0.02f));
+    const TensorView bias = random_bf16({E}, 0.1f);
+    for (const int64_t m : batches) {
+      const TensorView x = random_bf16({m, H}, 1.0f), logits = make(DType::kF32, {m, E});
+      const TensorView ids = make(DType::kI32, {m, 4}), weights = make(DType::kF32, {m, 4});
+      RouterParams p{.x = x, .bias = bias, .logits = logits, .topk_ids = ids, .topk_weights = weights, .top_k = 4};
+      const double us = time_graph(40, [&](int i) {
+        p.weight = w[i % copies];
+        return g_b->router_topk(p);
+      });
+      report("router_topk E=128 M=" + std::to_string(m), us, 2.0 * E * H + 2.0 * m * H, 2.0 * m * E * H);
+    }
+  }
+  // qkv_rope (64 q / 8 kv heads, head dim 64) writing K and V into a paged cache at ~1K context, and the
+  // residual add + RMSNorm after o_proj and after the experts (f32 residual, bf16 out).
+  std::vector<float> freq(32);
+  for (int i = 0; i < 32; ++i) freq[static_cast<size_t>(i)] = std::pow(150000.0f, -static_cast<float>(i) / 32);
+  const TensorView inv_freq = make(DType::kF32, {32});
+  CHECK_OK(g_b->copy_from_host(inv_freq, freq.data()));
+  for (const int64_t m : batches) {
+    AttnSetup a = make_attention(m, 1024, 1);
+    const TensorView qkv = random_bf16({m, 80 * 64}, 1.0f);
+    const QkvRopeParams p{.qkv = qkv, .q_out = a.q, .kv = a.kv.layer(0), .inv_freq = inv_freq, .n_q = 64, .n_kv = 8,
+                          .head_dim = 64};
+    const double us = time_graph(40, [&](int) { return g_b->qkv_rope(p, a.batch); });
+    report("qkv_rope M=" + std::to_string(m), us, 2.0 * m * 80 * 64 * 2, 0);
+    const TensorView residual = make(DType::kF32, {m, 2880}), delta = random_bf16({m, 2880}, 1.0f);
+    const TensorView norm_w = random_bf16({2880}, 1.0f), normed = make(DType::kBF16, {m, 2880});
+    std::vector<float> zeros(static_cast<size_t>(m * 2880), 0.0f);
+    CHECK_OK(g_b->copy_from_host(residual, zeros.data()));
+    const double norm_us = time_graph(40, [&](int) { return g_b->add_rms_norm(residual, delta, norm_w, 1e-5f, normed); });
+    report("add_rms_norm M=" + std::to_string(m), norm_us, m * 2880 * (4.0 * 2 + 2.0 * 2), 0);
+  }
+}
+
 // ---- Sampling: rows of gpt-oss's 201,088-token vocabulary; floor = reading the f32 logits once.
-void bench_sampling() {
+void bench_sampling(const std::vector<int64_t>& row_counts = {1, 8, 64}) {
   const int64_t V = 201088;
   struct Mode {
     const char* name;
@@ -703,8 +807,9 @@ void bench_sampling() {
                         {"temp 1.0", 1.0f, 1.0f, 0},
                         {"temp 0.7 top-k 50 top-p 0.9", 0.7f, 0.9f, 50},
                         {"temp 1.0 top-p 0.9", 1.0f, 0.9f, 0}};
-  const int copies = 4;  // rotated so that the logits come from HBM, as after the lm_head
-  for (int64_t R : {1, 8, 64}) {
+  for (const int64_t R : row_counts) {
+    // Rotated so that the logits come from HBM, as after the lm_head (one copy of 100+ MB is past the L2).
+    const int copies = R * V * 4 > 100e6 ? 1 : 4;
     std::vector<TensorView> logits;
     std::normal_distribution<float> d(0.0f, 2.0f);
     std::vector<float> host(static_cast<size_t>(R * V));
@@ -1077,6 +1182,20 @@ int main(int argc, char** argv) {
   if (const auto batches = argc > arg ? int_list_flag(argv[arg], "--attention-decode-only") : std::nullopt) {
     bench_attention_decode(*batches);
     ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--decode-step-only[=B,B,...] [--candidates=N]`: the rest of a gpt-oss decode step at serving batches
+  // (bench_decode_step), then the sample op at those rows.
+  if (const auto batches = argc > arg ? int_list_flag(argv[arg], "--decode-step-only") : std::nullopt) {
+    const std::vector<int64_t> b = batches->empty() ? std::vector<int64_t>{64, 128, 256} : *batches;
+    ++arg;
+    int candidates = 12;
+    const std::string candidates_flag = "--candidates=";
+    if (argc > arg && std::string(argv[arg]).rfind(candidates_flag, 0) == 0)
+      candidates = std::atoi(argv[arg++] + candidates_flag.size());
+    bench_decode_step(b, candidates);
+    bench_sampling(b);
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }

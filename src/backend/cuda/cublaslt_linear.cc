@@ -24,6 +24,7 @@ struct CublasLtLibrary {
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set_attribute = nullptr;
   decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulAlgoConfigGetAttribute) algo_config_get = nullptr;
 
   static Result<const CublasLtLibrary*> get() {
     static const Result<CublasLtLibrary> lib = load();
@@ -59,6 +60,7 @@ struct CublasLtLibrary {
     sym(l.pref_set_attribute, "cublasLtMatmulPreferenceSetAttribute");
     sym(l.layout_create, "cublasLtMatrixLayoutCreate");
     sym(l.layout_destroy, "cublasLtMatrixLayoutDestroy");
+    sym(l.algo_config_get, "cublasLtMatmulAlgoConfigGetAttribute");
     if (!found_all) return unimplemented(name + " lacks entry points mxserve needs");
     return l;
   }
@@ -113,27 +115,58 @@ Result<LtLinear::Plan*> LtLinear::plan(const Key& key) {
   p->b = LtLayoutOwner(b);
   MX_CUBLAS_RETURN_IF_ERROR(lib.layout_create(&d, out_type, n, m, ldd));
   p->d = LtLayoutOwner(d);
+  MX_ASSIGN_OR_RETURN(std::vector<cublasLtMatmulHeuristicResult_t> found, heuristic(*p, 1));
+  if (found.empty())
+    return unimplemented("cuBLASLt has no algorithm for " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                         std::to_string(k));
+  p->algo = found[0].algo;
+  Plan* raw = p.get();
+  plans_.emplace(key, std::move(p));
+  return raw;
+}
+
+Result<std::vector<cublasLtMatmulHeuristicResult_t>> LtLinear::heuristic(const Plan& p, int count) {
+  const CublasLtLibrary& lib = CublasLtLibrary::opened();
   cublasLtMatmulPreference_t pref = nullptr;
   MX_CUBLAS_RETURN_IF_ERROR(lib.pref_create(&pref));
   LtPreferenceOwner pref_owner(pref);
   const uint64_t ws = static_cast<uint64_t>(workspace_bytes_);
   MX_CUBLAS_RETURN_IF_ERROR(
       lib.pref_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
   int found = 0;
-  MX_CUBLAS_RETURN_IF_ERROR(
-      lib.algo_get_heuristic(handle_.get(), desc, a, b, d, d, pref, 1, &result, &found));
-  if (found == 0)
-    return unimplemented("cuBLASLt has no algorithm for " + std::to_string(m) + "x" + std::to_string(n) + "x" +
-                         std::to_string(k));
-  p->algo = result.algo;
-  Plan* raw = p.get();
-  plans_.emplace(key, std::move(p));
-  return raw;
+  MX_CUBLAS_RETURN_IF_ERROR(lib.algo_get_heuristic(handle_.get(), p.desc.get(), p.a.get(), p.b.get(), p.d.get(),
+                                                   p.d.get(), pref, count, results.data(), &found));
+  results.resize(static_cast<size_t>(found));
+  return results;
+}
+
+Result<std::vector<LtLinear::Candidate>> LtLinear::candidates(int64_t m, int64_t n, int64_t k, bool out_f32,
+                                                              bool has_bias, int count) {
+  MX_ASSIGN_OR_RETURN(Plan * p, plan(Key{m, n, k, out_f32, has_bias, n}));
+  MX_ASSIGN_OR_RETURN(std::vector<cublasLtMatmulHeuristicResult_t> found, heuristic(*p, count));
+  const CublasLtLibrary& lib = CublasLtLibrary::opened();
+  std::vector<Candidate> out;
+  for (const cublasLtMatmulHeuristicResult_t& r : found) {
+    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+      uint32_t v = 0;
+      size_t written = 0;
+      return lib.algo_config_get(&r.algo, attr, &v, sizeof(v), &written) == CUBLAS_STATUS_SUCCESS ? v : ~0u;
+    };
+    const std::string config =
+        "algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile " + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
+        " stages " + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitk " +
+        std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " red " +
+        std::to_string(get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) + " swz " +
+        std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " cluster " +
+        std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)) + " waves " + std::to_string(r.wavesCount);
+    out.push_back({r.algo, config});
+  }
+  return out;
 }
 
 Status LtLinear::run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k,
-                     bool out_f32, cudaStream_t stream, int64_t ldd) {
+                     bool out_f32, cudaStream_t stream, int64_t ldd, const cublasLtMatmulAlgo_t* algo) {
   MX_ASSIGN_OR_RETURN(Plan * p, plan(Key{m, n, k, out_f32, bias != nullptr, ldd > 0 ? ldd : n}));
   const CublasLtLibrary& lib = CublasLtLibrary::opened();
   if (bias)
@@ -141,7 +174,7 @@ Status LtLinear::run(const void* x, const void* w, const void* bias, void* out, 
         lib.desc_set_attribute(p->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f, beta = 0.0f;
   MX_CUBLAS_RETURN_IF_ERROR(lib.matmul(handle_.get(), p->desc.get(), &alpha, w, p->a.get(), x, p->b.get(), &beta, out,
-                                       p->d.get(), out, p->d.get(), &p->algo, workspace_,
+                                       p->d.get(), out, p->d.get(), algo ? algo : &p->algo, workspace_,
                                        static_cast<size_t>(workspace_bytes_), stream));
   return Status::ok();
 }

@@ -9,7 +9,9 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 
@@ -32,9 +34,18 @@ class LtLinear {
   static Result<LtLinear> create(int64_t workspace_bytes);
 
   // out: f32 when `out_f32`, else bf16. bias may be null (then no epilogue). ldd: elements between out's rows
-  // (0 = n; larger writes n columns of a wider matrix).
+  // (0 = n; larger writes n columns of a wider matrix). `algo`: one of candidates()'s for this shape instead of
+  // the heuristic's first (benchmarks).
   Status run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k, bool out_f32,
-             cudaStream_t stream, int64_t ldd = 0);
+             cudaStream_t stream, int64_t ldd = 0, const cublasLtMatmulAlgo_t* algo = nullptr);
+
+  // The heuristic's first `count` algorithms for a shape (ldd = n), its first (run()'s) first, each with its
+  // configuration in words (tile, stages, split-k and its reduction, swizzle): benchmarks time them.
+  struct Candidate {
+    cublasLtMatmulAlgo_t algo{};
+    std::string config;
+  };
+  Result<std::vector<Candidate>> candidates(int64_t m, int64_t n, int64_t k, bool out_f32, bool has_bias, int count);
 
  private:
   struct Plan {
@@ -44,6 +55,8 @@ class LtLinear {
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>;  // m, n, k, out_f32, has_bias, ldd
   Result<Plan*> plan(const Key& key);
+  // Up to `count` of the heuristic's algorithms for a plan's shape, best guess first.
+  Result<std::vector<cublasLtMatmulHeuristicResult_t>> heuristic(const Plan& p, int count);
 
   LtHandleOwner handle_;
   void* workspace_ = nullptr;
