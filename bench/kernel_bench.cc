@@ -756,9 +756,9 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
       }
     }
   }
-  // The router op at 120b's 128 experts (top 4): its GEMM above plus the top-k softmax.
-  {
-    const int64_t E = 128, H = 2880, copies = 128;
+  // The router op at 20b's 32 and 120b's 128 experts (top 4): its GEMM above plus the top-k softmax.
+  for (const int64_t E : {32, 128}) {
+    const int64_t H = 2880, copies = 128;
     std::vector<TensorView> w;
     for (int64_t c = 0; c < copies; ++c) w.push_back(random_bf16({E, H}, 0.02f));
     const TensorView bias = random_bf16({E}, 0.1f);
@@ -770,7 +770,8 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
         p.weight = w[i % copies];
         return g_b->router_topk(p);
       });
-      report("router_topk E=128 M=" + std::to_string(m), us, 2.0 * E * H + 2.0 * m * H, 2.0 * m * E * H);
+      report("router_topk E=" + std::to_string(E) + " M=" + std::to_string(m), us, 2.0 * E * H + 2.0 * m * H,
+             2.0 * m * E * H);
     }
   }
   // qkv_rope (64 q / 8 kv heads, head dim 64) writing K and V into a paged cache at ~1K context, and the

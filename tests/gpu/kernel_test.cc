@@ -550,9 +550,12 @@ void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma
 }
 
 TEST_F(KernelTest, RouterTopK) {
-  const int64_t e = 32, k = 4;
-  // hidden 2880: two load groups per lane, the second partial; hidden 64: most lanes idle.
-  for (const auto& [t, h] : {std::pair<int64_t, int64_t>{1, 2880}, {5, 2880}, {32, 2880}, {77, 2880}, {1, 64}, {3, 64}}) {
+  const int64_t k = 4;
+  // hidden 2880: two load groups per lane, the second partial; hidden 64: most lanes idle. 32 experts: a cluster of
+  // 4 expert blocks per token; 128 (120b's): a cluster of 16 on Hopper; 8: one block; 200: 25 blocks, the ticket.
+  for (const auto& [t, h, e] : {std::tuple<int64_t, int64_t, int64_t>{1, 2880, 32}, {5, 2880, 32}, {32, 2880, 32},
+                                {77, 2880, 32}, {1, 64, 32}, {3, 64, 32}, {1, 2880, 128}, {6, 2880, 128}, {2, 2880, 8},
+                                {3, 2880, 200}}) {
     Bf16Data x = random_bf16(rng_, t * h, 1.0f), w = random_bf16(rng_, e * h, 0.05f), b = random_bf16(rng_, e, 0.5f);
     Pair px = upload_activation(cpu_, cuda_, x, {t, h});
     TensorView w_c = cpu_.upload(DType::kBF16, {e, h}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {e, h}, w.bits.data());
@@ -563,7 +566,8 @@ TEST_F(KernelTest, RouterTopK) {
                      cuda_.make(DType::kF32, {t, k}), k};
     ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
     ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok());
-    const std::string what = std::to_string(t) + " tokens, hidden " + std::to_string(h) + ", 32 experts, top-4" +
+    const std::string what = std::to_string(t) + " tokens, hidden " + std::to_string(h) + ", " + std::to_string(e) +
+                             " experts, top-4" +
                              (t > 32 ? " (cuBLASLt logits)" : " (fused)");
     check("router logits", what, cuda_.download_f32(r_g.logits), cpu_.download_f32(r_c.logits), 1e-4);
     check("router weights", what, cuda_.download_f32(r_g.topk_weights), cpu_.download_f32(r_c.topk_weights), 1e-4);

@@ -1,11 +1,16 @@
 // Router: fp32 logits of x W^T + b (bf16 products, fp32 accumulation), then top-k and a softmax over the
 // k selected logits, ties to the lower expert index (the CPU twin's order).
-// Small batches run one fused launch: CTA (expert block, token) computes 8 logits, and the last CTA of a
-// token to finish (an atomic ticket, reset by that CTA so graph replays start from zero) selects the top-k.
+// Small batches run one fused launch: CTA (expert block, token) computes 8 logits, and one CTA per token
+// selects the top-k: with up to kMaxRouterClusterCtas expert blocks (gpt-oss: 4 at 32 experts, 16 at 128) a
+// token's blocks are one CTA cluster, and after one cluster barrier its first CTA reads the others' logits from
+// their shared memory; with more, the last CTA of a token to finish (an atomic ticket, reset by that CTA so graph
+// replays start from zero) reads them from global memory. The cluster takes the ticket's fences and L2 round
+// trips (a fence and an atomic per CTA, a fence and the logits' loads in the last) off the path to the top-k.
 // Large batches take their logits from cuBLASLt and run the top-k kernel alone.
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels/cluster.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 
@@ -15,6 +20,9 @@ namespace {
 constexpr int kExpertsPerCta = 8;
 constexpr int kMaxExperts = 256;
 constexpr int kMaxTopK = 16;
+// Expert blocks of a token in one cluster at most: 16 is Hopper's non-portable cluster size (8 elsewhere).
+constexpr int kMaxRouterClusterCtas = 16;
+constexpr int kPortableClusterCtas = 8;
 
 // Warp-level top-k over `row` (length e_count, in shared or global memory), lane 0 writes the results.
 __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids, float* weights) {
@@ -64,6 +72,7 @@ __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids
   }
 }
 
+template <bool kClustered>
 __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(RouterKernelParams p) {
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -72,6 +81,7 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
   const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
   const uint4* w = reinterpret_cast<const uint4*>(p.weight + (has_expert ? e : 0) * p.hidden);
   const int64_t n = p.hidden / 8;
+  __shared__ float block_logits[kExpertsPerCta];  // clustered: this CTA's logits, read by the cluster's first CTA
   // The weights are constant: the first kWeightsAhead 16-byte chunks of the lane's row (all of a row up to
   // hidden 4096) are requested before the wait, so their HBM round trip overlaps the norm before us and
   // only x's (L2) is left after it.
@@ -120,7 +130,29 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
       }
     }
     acc = warp_sum(acc);
-    if (lane == 0) p.logits[t * p.experts + e] = acc + bf16_bits_to_f32(p.bias[e]);
+    if (lane == 0) {
+      const float logit = acc + bf16_bits_to_f32(p.bias[e]);
+      p.logits[t * p.experts + e] = logit;
+      if constexpr (kClustered) block_logits[warp] = logit;
+    }
+  }
+  __shared__ float row[kMaxExperts];
+  if constexpr (kClustered) {
+    // Every CTA's logits are in its shared memory; the cluster's first CTA gathers them, then lets the others exit.
+    cluster_arrive_release();
+    cluster_wait_acquire();
+    const bool selects = cluster_cta_rank() == 0 && warp == 0;
+    if (selects) {
+      for (int i = lane; i < static_cast<int>(p.experts); i += 32)
+        row[i] = load_from_cluster_rank(&block_logits[i % kExpertsPerCta], static_cast<unsigned>(i / kExpertsPerCta));
+      __syncwarp();
+    }
+    cluster_arrive_relaxed();  // after the gather: no CTA's shared memory is read again
+    if (selects)
+      warp_topk(row, static_cast<int>(p.experts), static_cast<int>(p.top_k), p.topk_ids + t * p.top_k,
+                p.topk_weights + t * p.top_k);
+    cluster_wait_acquire();
+    return;
   }
   // The last CTA of this token selects the top-k.
   __shared__ bool last;
@@ -135,7 +167,6 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
   if (!last || warp != 0) return;
   __threadfence();
   // Other CTAs' logits are read through L2 (volatile) after their fences.
-  __shared__ float row[kMaxExperts];
   for (int64_t i = lane; i < p.experts; i += 32) row[i] = *reinterpret_cast<volatile float*>(p.logits + t * p.experts + i);
   __syncwarp();
   warp_topk(row, static_cast<int>(p.experts), static_cast<int>(p.top_k), p.topk_ids + t * p.top_k,
@@ -179,9 +210,45 @@ Status launch_local_routing(const LocalRoutingParams& p, cudaStream_t stream) {
 Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
   MX_RETURN_IF_ERROR(check(p));
   if (p.tokens == 0) return Status::ok();
-  const dim3 grid(static_cast<unsigned>(ceil_div64(p.experts, kExpertsPerCta)), static_cast<unsigned>(p.tokens));
-  return cuda_status(launch_pdl(router_topk_kernel, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
-                     "router_topk_kernel");
+  const int blocks = static_cast<int>(ceil_div64(p.experts, kExpertsPerCta));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.tokens));
+  int device = 0, major = 0;
+  MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+  MX_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                                 "cudaDeviceGetAttribute"));
+  const bool clustered =
+      major >= 9 && (blocks <= kPortableClusterCtas || (major == 9 && blocks <= kMaxRouterClusterCtas));
+  if (!clustered)
+    return cuda_status(launch_pdl(router_topk_kernel<false>, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
+                       "router_topk_kernel");
+  auto kernel = router_topk_kernel<true>;
+  if (blocks > kPortableClusterCtas)
+    MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                                   "cudaFuncSetAttribute(router, clusters of 16)"));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(32 * kExpertsPerCta);
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(blocks);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  if (blocks > kPortableClusterCtas) {
+    // A non-portable cluster needs that many SMs of one GPC free for its CTAs (one per SM at this kernel's
+    // registers): where none can hold it, the ticket form.
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters == 0) {
+      (void)cudaGetLastError();
+      return cuda_status(launch_pdl(router_topk_kernel<false>, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
+                         "router_topk_kernel");
+    }
+  }
+  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "router_topk_kernel (clusters)");
 }
 
 Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream) {
