@@ -552,7 +552,7 @@ void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma
 TEST_F(KernelTest, RouterTopK) {
   const int64_t k = 4;
   // hidden 2880: two load groups per lane, the second partial; hidden 64: most lanes idle. 32 experts: a cluster of
-  // 4 expert blocks per token; 128 (120b's): a cluster of 16 on Hopper; 8: one block; 200: 25 blocks, the ticket.
+  // 4 expert blocks per token; 8: a cluster of one; 128 (120b's) and 200: 16 and 25 blocks, the ticket.
   for (const auto& [t, h, e] : {std::tuple<int64_t, int64_t, int64_t>{1, 2880, 32}, {5, 2880, 32}, {32, 2880, 32},
                                 {77, 2880, 32}, {1, 64, 32}, {3, 64, 32}, {1, 2880, 128}, {6, 2880, 128}, {2, 2880, 8},
                                 {3, 2880, 200}}) {

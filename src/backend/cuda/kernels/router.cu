@@ -1,11 +1,12 @@
 // Router: fp32 logits of x W^T + b (bf16 products, fp32 accumulation), then top-k and a softmax over the
 // k selected logits, ties to the lower expert index (the CPU twin's order).
 // Small batches run one fused launch: CTA (expert block, token) computes 8 logits, and one CTA per token
-// selects the top-k: with up to kMaxRouterClusterCtas expert blocks (gpt-oss: 4 at 32 experts, 16 at 128) a
-// token's blocks are one CTA cluster, and after one cluster barrier its first CTA reads the others' logits from
-// their shared memory; with more, the last CTA of a token to finish (an atomic ticket, reset by that CTA so graph
-// replays start from zero) reads them from global memory. The cluster takes the ticket's fences and L2 round
-// trips (a fence and an atomic per CTA, a fence and the logits' loads in the last) off the path to the top-k.
+// selects the top-k. With up to kMaxRouterClusterCtas expert blocks (gpt-oss-20b: 4 at 32 experts) a token's
+// blocks are one CTA cluster, and after one cluster barrier its first CTA reads the others' logits from their
+// shared memory: on an H200 (docs/PERF.md, session 15 W2) 4.60 -> 4.14 us at one token and 4.68 -> 4.17 at 8. With
+// more blocks the last CTA of a token to finish (an atomic ticket, reset by that CTA so graph replays start from
+// zero) reads them from global memory after a fence: 120b's 16 blocks as a cluster of 16 measured no faster at
+// one token (4.70 vs 4.76 us) and slower at 8 (7.96 vs 5.32: a CTA per SM, 16 SMs of one GPC per cluster).
 // Large batches take their logits from cuBLASLt and run the top-k kernel alone.
 #include <climits>
 
@@ -20,9 +21,8 @@ namespace {
 constexpr int kExpertsPerCta = 8;
 constexpr int kMaxExperts = 256;
 constexpr int kMaxTopK = 16;
-// Expert blocks of a token in one cluster at most: 16 is Hopper's non-portable cluster size (8 elsewhere).
-constexpr int kMaxRouterClusterCtas = 16;
-constexpr int kPortableClusterCtas = 8;
+// Expert blocks of a token in one cluster at most (the sizes measured: 1 and 4).
+constexpr int kMaxRouterClusterCtas = 4;
 
 // Warp-level top-k over `row` (length e_count, in shared or global memory), lane 0 writes the results.
 __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids, float* weights) {
@@ -216,15 +216,9 @@ Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
   MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
   MX_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                                  "cudaDeviceGetAttribute"));
-  const bool clustered =
-      major >= 9 && (blocks <= kPortableClusterCtas || (major == 9 && blocks <= kMaxRouterClusterCtas));
-  if (!clustered)
+  if (major < 9 || blocks > kMaxRouterClusterCtas)
     return cuda_status(launch_pdl(router_topk_kernel<false>, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
                        "router_topk_kernel");
-  auto kernel = router_topk_kernel<true>;
-  if (blocks > kPortableClusterCtas)
-    MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-                                   "cudaFuncSetAttribute(router, clusters of 16)"));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(32 * kExpertsPerCta);
@@ -238,17 +232,7 @@ Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs;
   cfg.numAttrs = 2;
-  if (blocks > kPortableClusterCtas) {
-    // A non-portable cluster needs that many SMs of one GPC free for its CTAs (one per SM at this kernel's
-    // registers): where none can hold it, the ticket form.
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters == 0) {
-      (void)cudaGetLastError();
-      return cuda_status(launch_pdl(router_topk_kernel<false>, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
-                         "router_topk_kernel");
-    }
-  }
-  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "router_topk_kernel (clusters)");
+  return cuda_status(cudaLaunchKernelEx(&cfg, router_topk_kernel<true>, p), "router_topk_kernel (clusters)");
 }
 
 Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream) {
