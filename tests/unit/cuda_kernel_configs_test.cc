@@ -60,8 +60,9 @@ TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
 
 // The warp-specialized wgmma prefill kernel, both shapes: on every sm_90 chip for head dim 64 (and fitting),
 // nowhere else; one producer warpgroup next to the consumers, the shared memory the kernel lays out (Q, the
-// ring, 2 barriers a stage, the token and pass tables, alignment slack), and as many CTAs per SM as the
-// shape is built for within an sm_90 SM's 228 KB (1 KB reserved per CTA).
+// ring, 2 barriers a stage, the token and pass tables, alignment slack; the wide shape's persistent kernel
+// two units' Q and tables, a block of ones and 2 barriers a Q buffer), and as many CTAs per SM as the shape
+// is built for within an sm_90 SM's 228 KB (1 KB reserved per CTA).
 TEST(CudaKernelConfigs, AttentionPrefillWgmmaWsOnlyOnHopper) {
   for (const AttnWsShape* shape : {&kAttnWsWide, &kAttnWsNarrow})
     for (const DeviceInfo& d : chips())
@@ -73,8 +74,11 @@ TEST(CudaKernelConfigs, AttentionPrefillWgmmaWsOnlyOnHopper) {
         EXPECT_EQ(c.threads, 128 + 2 * c.rows_per_cta);
         EXPECT_EQ(c.keys_per_tile, shape->keys_per_tile);
         EXPECT_EQ(c.ctas_per_sm, shape->ctas_per_sm);
-        EXPECT_EQ(c.smem_bytes, 1024 + c.rows_per_cta * hd * 2 + c.stages * (4 * c.keys_per_tile * hd + 16) +
-                                    (7 * c.rows_per_cta + 3) * 4);
+        // The in-turn (wide) shape runs persistent: two units' Q and tables, a block of ones, 4 more barriers.
+        const int64_t units = shape->overlap ? 1 : 2;
+        EXPECT_EQ(c.smem_bytes, 1024 + units * c.rows_per_cta * hd * 2 + (shape->overlap ? 0 : 2048) +
+                                    c.stages * (4 * c.keys_per_tile * hd + 16) + (shape->overlap ? 0 : 32) +
+                                    units * (7 * c.rows_per_cta + 3) * 4);
         EXPECT_LE(c.ctas_per_sm * (c.smem_bytes + 1024), 228 * 1024);
       }
 }

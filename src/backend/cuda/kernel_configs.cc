@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attention_persist_config.h"
 #include "backend/cuda/cluster_configs.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
@@ -60,7 +61,9 @@ AttentionPrefillWgmmaConfig choose_attention_prefill_wgmma_ws_config(const Devic
   c.keys_per_tile = shape.keys_per_tile;
   c.stages = shape.stages;
   c.ctas_per_sm = shape.ctas_per_sm;
-  c.smem_bytes = attention_prefill_wgmma_ws_smem_bytes(head_dim, shape);
+  // The in-turn (wide) shape runs as the persistent kernel (attention_persist_config.h).
+  c.smem_bytes = shape.overlap ? attention_prefill_wgmma_ws_smem_bytes(head_dim, shape)
+                               : attention_prefill_wgmma_persist_smem_bytes(head_dim, shape);
   c.enabled = dev.sm_major == 9 && head_dim == 64 && fits(dev, c.smem_bytes, c.stages);
   return c;
 }

@@ -14,18 +14,24 @@
 //   warpgroups; it uses no scheduling barrier there either).
 //
 // Two shapes (kernel_configs.h): 128-key tiles and three consumer warpgroups, one CTA per SM, for full
-// layers; 64-key tiles and two consumer warpgroups, two CTAs per SM, for short windows, whose CTAs run only
-// a few tiles (one CTA's prologue and first loads then run under the other's math).
+// layers, run as a persistent kernel (attention_prefill_wgmma_persist_kernel below: a CTA per SM walks the
+// units of work, so a unit's prologue runs under the previous unit's last tiles); 64-key tiles and two
+// consumer warpgroups, two CTAs per SM, for short windows, whose CTAs run only a few tiles (one CTA's
+// prologue and first loads then run under the other's math).
 //
 // Rows pack (token, q head) pairs of one kv head, as in the other prefill kernels; a CTA's tokens split
 // into passes, one per sequence, and the producer and consumers walk the same passes and tiles, the ring
 // running on across passes.
+#include <algorithm>
 #include <climits>
 
+#include "backend/cuda/attention_persist_config.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernel_configs.h"
 #include "backend/cuda/kernels/attention_wgmma_parts.cuh"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/mbarrier.cuh"
+#include "backend/cuda/kernels/tma.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/wgmma.cuh"
 
@@ -61,8 +67,7 @@ constexpr bool smem_counted() {
   return attention_prefill_wgmma_ws_smem_bytes(64, S) ==
          1024 + rows * 64 * 2 + S.stages * 2 * S.keys_per_tile * 64 * 2 + 2 * S.stages * 8 + sizeof(WsTables<64 * S.consumers>);
 }
-static_assert(smem_counted<kAttnWsWide>() && smem_counted<kAttnWsNarrow>(),
-              "kernel_configs.h counts the shared memory this kernel lays out");
+static_assert(smem_counted<kAttnWsNarrow>(), "kernel_configs.h counts the shared memory this kernel lays out");
 
 // OVERLAP: the consumer loop issues S(i) = Q K(i)^T and O += P(i-1) V(i-1) together and runs tile i's softmax
 // while the P V is in flight (FA3's intra-warpgroup overlap; Q read from shared memory, which also leaves
@@ -279,6 +284,258 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
 #endif  // MX_SM90A
 }
 
+// The wide (in-turn) shape as a persistent kernel: one CTA per SM walks units (a unit: the 192 rows of one kv
+// head that a CTA of the kernel above takes) in a fixed snake order over the heaviest-first list (round r
+// takes units r G .. r G + G - 1, forwards on even rounds and backwards on odd ones, so every CTA's sum of
+// unit costs is about equal; G = the grid). The producer builds the next unit's tables and loads its Q (one
+// TMA box into the other of two Q buffers) once it has issued the current unit's last K/V tile, and the K/V
+// ring runs on across units: the next unit's Q and first tiles load under the current unit's last tiles.
+// As separate CTAs (one per SM at this shape's registers and shared memory) each unit paid its prologue (Q,
+// tables, the first tiles' latency) with nothing else on its SM: 8K causal on an H200 1298 -> 1203 us (W1b).
+template <int HD, int KT, int CONSUMERS, int STAGES>
+struct PersistShape {
+  static constexpr int kRows = 64 * CONSUMERS, kThreads = kProducerThreads + 128 * CONSUMERS;
+  static constexpr int kTileBytes = KT * HD * 2, kStageBytes = 2 * kTileBytes, kQBytes = kRows * HD * 2;
+  static constexpr int kOnesBytes = 2048;  // 16 rows of 128 bytes: the B of the row-sum wgmma
+  static constexpr int smem_bytes() {
+    return 1024 + 2 * kQBytes + kOnesBytes + STAGES * kStageBytes + (2 * STAGES + 4) * 8 + 2 * sizeof(WsTables<kRows>);
+  }
+};
+static_assert(PersistShape<64, kAttnWsWide.keys_per_tile, kAttnWsWide.consumers, kAttnWsWide.stages>::smem_bytes() ==
+                  attention_prefill_wgmma_persist_smem_bytes(64, kAttnWsWide),
+              "attention_persist_config.h counts the shared memory the persistent kernel lays out");
+
+#if MX_SM90A  // the helpers of sm_90a's pass (other archs compile an empty kernel)
+// Unit `j` of the heaviest-first list: its kv head and first token.
+__device__ __forceinline__ void persist_unit(int j, int n_kv, int units_x, int tpc, int* g, int* t0) {
+  *g = j % n_kv;
+  *t0 = (units_x - 1 - j / n_kv) * tpc;
+}
+// The CTA's `n`th unit in the snake order, or -1 past the list.
+__device__ __forceinline__ int persist_unit_index(int n, int n_units) {
+  const int G = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+  const int j = n * G + ((n & 1) == 0 ? c : G - 1 - c);
+  return j < n_units ? j : -1;
+}
+#endif
+
+template <int HD, int KT, int CONSUMERS, int STAGES>
+__global__ void __launch_bounds__(PersistShape<HD, KT, CONSUMERS, STAGES>::kThreads, 1)
+    attention_prefill_wgmma_persist_kernel(AttentionKernelParams p, const __grid_constant__ CUtensorMap q_map) {
+#if MX_SM90A
+  using S = PersistShape<HD, KT, CONSUMERS, STAGES>;
+  using Regs = WsShape<KT, CONSUMERS, STAGES, 1>;
+  constexpr int kRows = S::kRows, kStages = STAGES, kConsumers = CONSUMERS;
+  constexpr int kTileBytes = S::kTileBytes, kStageBytes = S::kStageBytes, kQBytes = S::kQBytes;
+  static_assert(HD == 64, "one 64-dim panel per row");
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem;                           // 2 x [kRows][64], swizzled
+  uint8_t* sones = sq + 2 * kQBytes;            // [16][64] bf16 ones
+  uint8_t* skv = sones + S::kOnesBytes;         // kStages x {K, V} [KT][64], swizzled
+  uint64_t* bars = reinterpret_cast<uint64_t*>(skv + kStages * kStageBytes);
+  WsTables<kRows>* tabs = reinterpret_cast<WsTables<kRows>*>(bars + 2 * kStages + 4);  // one per Q buffer
+  const uint32_t full0 = smem_addr(bars), empty0 = full0 + 8 * kStages;
+  const uint32_t ufull0 = empty0 + 8 * kStages, uempty0 = ufull0 + 16;  // a unit's Q + tables, per buffer
+
+  const int group = static_cast<int>(p.n_q / p.n_kv);
+  const int tpc = max(1, kRows / group);  // tokens per unit
+  const int units_x = static_cast<int>((p.tokens + tpc - 1) / tpc);
+  const int n_units = units_x * static_cast<int>(p.n_kv);
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full0 + 8 * s, kProducerThreads);  // each producer thread's cp.async arrival
+      mbarrier_init(empty0 + 8 * s, 4 * kConsumers);   // each consumer warp, once its GEMMs left the slot
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(ufull0 + 8 * b, 1);                // the table builder's arrival, with Q's bytes
+      mbarrier_init(uempty0 + 8 * b, 4 * kConsumers);  // each consumer warp, once the unit is done
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  const uint32_t skv_addr = smem_addr(skv);
+
+  if (tid < kProducerThreads) {
+    setmaxnreg_dec<Regs::kProducerRegisters>();
+    const PagedKv& kv = p.kv;
+    const int page_size = static_cast<int>(kv.page_size);
+    const bool pow2 = (page_size & (page_size - 1)) == 0;
+    const int page_shift = __ffs(page_size) - 1;
+    if (tid == 0) tma_prefetch_map(&q_map);
+    int slot = 0;
+    uint32_t parity = 1;  // a fresh ring is empty
+    for (int n = 0;; ++n) {
+      const int j = persist_unit_index(n, n_units);
+      if (j < 0) break;
+      const int b = n & 1;
+      int g, t0;
+      persist_unit(j, static_cast<int>(p.n_kv), units_x, tpc, &g, &t0);
+      const int n_tok = min(tpc, static_cast<int>(p.tokens) - t0);
+      WsTables<kRows>& tab = tabs[b];
+      mbarrier_wait(uempty0 + 8 * b, ((n >> 1) & 1) ^ 1);  // the consumers are done with unit n - 2
+      if (tid < 32) {
+        for (int i = tid; i < n_tok; i += 32) {
+          int f, l;
+          attn_key_range(p, t0 + i, &f, &l);
+          tab.tok_first[i] = f;
+          tab.tok_last[i] = l;
+          tab.tok_seq[i] = p.kv.token_seq[t0 + i];
+        }
+        __syncwarp();
+        if (tid == 0) {  // the passes, as the kernel above's prologue
+          int np = 0, fmax = -1, lmin = INT_MAX;
+          for (int start = 0; start < n_tok; ++np) {
+            const int seq = tab.tok_seq[start];
+            int kmin = INT_MAX, kmax = -1, end = start;
+            for (; end < n_tok && tab.tok_seq[end] == seq; ++end) {
+              kmin = min(kmin, tab.tok_first[end]);
+              kmax = max(kmax, tab.tok_last[end]);
+              fmax = max(fmax, tab.tok_first[end]);
+              lmin = min(lmin, tab.tok_last[end]);
+            }
+            tab.pass_end[np] = end;
+            tab.pass_seq[np] = seq;
+            tab.pass_kmin[np] = kmin;
+            tab.pass_kmax[np] = kmax;
+            start = end;
+          }
+          tab.n_passes = np;
+          tab.whole_fmax = np == 1 ? fmax : INT_MAX;
+          tab.whole_lmin = np == 1 ? lmin : -1;
+          // The tables (this warp's writes, ordered by the arrival's release) and Q's box, on one phase.
+          mbarrier_arrive_expect_tx(ufull0 + 8 * b, static_cast<uint32_t>(group * tpc * HD * 2));
+          tma_load_3d(smem_addr(sq) + b * kQBytes, &q_map, 0, g * group, t0, ufull0 + 8 * b);
+        }
+      }
+      named_barrier_sync(1, kProducerThreads);  // the pass tables, seen by the other producer warps
+      const int n_passes = tab.n_passes;
+      for (int ps = 0; ps < n_passes; ++ps) {
+        const int kmin = tab.pass_kmin[ps], kmax = tab.pass_kmax[ps];
+        const int32_t* table = kv.page_table + static_cast<int64_t>(tab.pass_seq[ps]) * kv.max_pages;
+        const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
+        for (int i = 0; i < n_tiles; ++i) {
+          mbarrier_wait(empty0 + 8 * slot, parity);
+          attn_copy_kv_tile<KT, HD, kProducerThreads / 32>(skv + slot * kStageBytes, kTileBytes, kv, table,
+                                                           kmin + i * KT, kmin, kmax, g, p.n_kv, pow2, page_shift,
+                                                           tid);
+          cp_async_mbarrier_arrive(full0 + 8 * slot);
+          if (++slot == kStages) {
+            slot = 0;
+            parity ^= 1;
+          }
+        }
+      }
+    }  // (warp 0 rewrites this unit's tables two units on, after every producer warp passed the next unit's barrier)
+    cp_async_wait<0>();  // no thread leaves with copies in flight
+    return;
+  }
+
+  setmaxnreg_inc<Regs::kConsumerRegisters>();
+  const int ct = tid - kProducerThreads, warp = ct / 32, lane = tid % 32;
+  const int r0 = warp * 16 + lane / 4, r1 = r0 + 8, q4 = lane % 4;
+  if (ct < 128) {
+    *reinterpret_cast<uint4*>(sones + ct * 16) = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
+    fence_proxy_async_smem();  // the ones, written by the generic proxy, seen by wgmma's reads
+  }
+  named_barrier_sync(2, 128 * kConsumers);
+  const uint64_t ones_desc = wgmma_desc_mn128(smem_addr(sones), 64 * 128);
+  int slot = 0;
+  uint32_t parity = 0;
+  auto acquire = [&]() {
+    mbarrier_wait(full0 + 8 * slot, parity);
+    fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
+    const int got = slot;
+    if (++slot == kStages) {
+      slot = 0;
+      parity ^= 1;
+    }
+    return got;
+  };
+  auto k_tile = [&](int got) { return skv_addr + got * kStageBytes; };
+  auto v_tile = [&](int got) { return skv_addr + got * kStageBytes + kTileBytes; };
+  for (int n = 0;; ++n) {
+    const int j = persist_unit_index(n, n_units);
+    if (j < 0) break;
+    const int b = n & 1;
+    int g, t0;
+    persist_unit(j, static_cast<int>(p.n_kv), units_x, tpc, &g, &t0);
+    const int n_tok = min(tpc, static_cast<int>(p.tokens) - t0);
+    auto row_valid = [&](int row) { return row / group < n_tok && row < tpc * group; };
+    const int tl0 = row_valid(r0) ? r0 / group : -1, tl1 = row_valid(r1) ? r1 / group : -1;
+    const WsTables<kRows>& tab = tabs[b];
+    mbarrier_wait(ufull0 + 8 * b, (n >> 1) & 1);
+    uint32_t qf[HD / 16][4];
+    attn_load_q<kRows, HD>(qf, sq + b * kQBytes, warp * 16, lane);
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    float lsum[4] = {0.f, 0.f, 0.f, 0.f};
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+    const int fmax = tab.whole_fmax, lmin = tab.whole_lmin, n_passes = tab.n_passes;
+    for (int ps = 0, start = 0; ps < n_passes; ++ps) {
+      const int end = tab.pass_end[ps], kmin = tab.pass_kmin[ps], kmax = tab.pass_kmax[ps];
+      const bool in0 = tl0 >= start && tl0 < end, in1 = tl1 >= start && tl1 < end;
+      const int f0 = in0 ? tab.tok_first[tl0] : 1, l0 = in0 ? tab.tok_last[tl0] : 0;
+      const int f1 = in1 ? tab.tok_first[tl1] : 1, l1 = in1 ? tab.tok_last[tl1] : 0;
+      const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
+      start = end;
+      for (int i = 0; i < n_tiles; ++i) {
+        const int got = acquire();
+        const int k0 = kmin + i * KT;
+        float s[KT / 2];
+        attn_qk<KT, HD>(s, qf, k_tile(got));
+        uint32_t pa[KT / 16][4];
+        attn_softmax_tile<KT, HD>(s, o, lsum, m_run, l_run, pa, attn_mask_sides(k0, KT, fmax, lmin), k0, q4, f0, l0,
+                                  f1, l1, p.scale_log2);
+        attn_pv_sum<KT, HD>(o, lsum, pa, v_tile(got), ones_desc);
+        if (lane == 0) mbarrier_arrive(empty0 + 8 * got);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(uempty0 + 8 * b);  // this warp read its Q and the tables for the last time
+    int64_t token[2];
+    int head[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = h == 0 ? r0 : r1, tl = h == 0 ? tl0 : tl1;
+      token[h] = tl >= 0 ? t0 + tl : -1;
+      head[h] = g * group + row % group;
+    }
+    const float l_whole[2] = {lsum[0], lsum[2]};
+    attn_store_rows<HD, /*SUMS_WHOLE=*/true>(p, o, m_run, l_whole, token, head, q4);
+  }
+#endif  // MX_SM90A
+}
+
+// The persistent kernel of shape Sh: grid = the SMs (or fewer units), Q's tensor map in boxes of a unit.
+template <const AttnWsShape& Sh>
+Status launch_persist(const AttentionKernelParams& p, const AttentionPrefillWgmmaConfig& c, cudaStream_t stream) {
+  using S = PersistShape<64, Sh.keys_per_tile, Sh.consumers, Sh.stages>;
+  auto kernel = attention_prefill_wgmma_persist_kernel<64, Sh.keys_per_tile, Sh.consumers, Sh.stages>;
+  MX_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
+      "cudaFuncSetAttribute(attention wgmma persist smem)"));
+  const int64_t group = p.n_q / p.n_kv, tpc = std::max<int64_t>(1, S::kRows / group);
+  const int64_t units = ceil_div64(p.tokens, tpc) * p.n_kv;
+  // Q as [tokens][n_q][64]; a unit's box: tpc tokens x the kv head's `group` q heads, rows token-major as the
+  // consumers take them (rows past the last token zero-filled).
+  CUtensorMap q_map{};
+  MX_RETURN_IF_ERROR(encode_bf16_tensor_map_3d(
+      &q_map, p.q, {64, static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
+      {64 * 2, static_cast<uint64_t>(p.n_q) * 64 * 2},
+      {64, static_cast<uint32_t>(group), static_cast<uint32_t>(tpc)}));
+  int device = 0, sms = 0;
+  MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+  MX_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, std::max(sms, 1))));
+  kernel<<<grid, S::kThreads, c.smem_bytes, stream>>>(p, q_map);
+  return launch_status("attention_prefill_wgmma_persist_kernel");
+}
+
 // Launches shape S (its config checked by the caller) on grid x = the CTAs of rows_per_cta / group tokens
 // each, y = kv heads.
 template <const AttnWsShape& S>
@@ -300,7 +557,8 @@ Status launch_shape(const AttentionKernelParams& p, const AttentionPrefillWgmmaC
 bool config_is(const AttentionPrefillWgmmaConfig& c, const AttnWsShape& s, int64_t head_dim) {
   return c.keys_per_tile == s.keys_per_tile && c.threads == 128 * (1 + s.consumers) &&
          c.rows_per_cta == 64 * s.consumers && c.stages == s.stages && c.ctas_per_sm == s.ctas_per_sm &&
-         c.smem_bytes == attention_prefill_wgmma_ws_smem_bytes(head_dim, s);
+         c.smem_bytes == (s.overlap ? attention_prefill_wgmma_ws_smem_bytes(head_dim, s)
+                                    : attention_prefill_wgmma_persist_smem_bytes(head_dim, s));
 }
 
 }  // namespace
@@ -316,7 +574,7 @@ Status launch_attention_prefill_wgmma_ws(const AttentionKernelParams& p, const A
   if (!wide && !narrow)
     return internal_error("attention prefill wgmma (warp-specialized): config does not match a shape of the kernel");
   if (p.tokens == 0) return Status::ok();
-  return wide ? launch_shape<kAttnWsWide>(p, c, stream) : launch_shape<kAttnWsNarrow>(p, c, stream);
+  return wide ? launch_persist<kAttnWsWide>(p, c, stream) : launch_shape<kAttnWsNarrow>(p, c, stream);
 }
 
 }  // namespace mx::cuda
