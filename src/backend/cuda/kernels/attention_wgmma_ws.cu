@@ -69,15 +69,15 @@ constexpr bool smem_counted() {
 }
 static_assert(smem_counted<kAttnWsNarrow>(), "kernel_configs.h counts the shared memory this kernel lays out");
 
-// OVERLAP: the consumer loop issues S(i) = Q K(i)^T and O += P(i-1) V(i-1) together and runs tile i's softmax
-// while the P V is in flight (FA3's intra-warpgroup overlap; Q read from shared memory, which also leaves
-// the registers for a score tile next to P); otherwise each tile's QK (Q in registers), softmax and P V run
-// in turn. kernel_configs.h says which shape takes which: the 128-key shape runs in turn (overlapped was not
-// faster at 8K causal), the 64-key one overlapped (in turn, with Q in registers and m64n64 score GEMMs
-// under its 104-register budget, it gave wrong results on an H100, as session 7's 64-key kernel did).
+// The overlapped shapes (the narrow one): the consumer loop issues S(i) = Q K(i)^T and O += P(i-1) V(i-1)
+// together and runs tile i's softmax while the P V is in flight (FA3's intra-warpgroup overlap; Q read from
+// shared memory, which also leaves the registers for a score tile next to P). In turn, with Q in registers and
+// m64n64 score GEMMs under the narrow shape's 104-register budget, it gave wrong results on an H100, as session
+// 7's 64-key kernel did; the in-turn (wide) shape runs as attention_prefill_wgmma_persist_kernel below.
 template <int HD, int KT, int CONSUMERS, int STAGES, int CTAS_PER_SM, bool OVERLAP>
 __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::kThreads, CTAS_PER_SM)
     attention_prefill_wgmma_ws_kernel(AttentionKernelParams p) {
+  static_assert(OVERLAP, "the in-turn shape runs as attention_prefill_wgmma_persist_kernel");
 #if MX_SM90A
   using Shape = WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>;
   constexpr int kRows = 64 * CONSUMERS, kThreads = Shape::kThreads, kStages = STAGES, kConsumers = CONSUMERS;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
     tab.whole_lmin = n == 1 ? lmin : -1;
   }
   cp_async_wait<0>();
-  if constexpr (OVERLAP) fence_proxy_async_smem();  // Q's copies, read by wgmma from shared memory
+  fence_proxy_async_smem();  // Q's copies, read by wgmma from shared memory
   __syncthreads();
   const int n_passes = tab.n_passes;
   const uint32_t skv_addr = smem_addr(skv);
@@ -211,23 +211,6 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
   };
   auto k_tile = [&](int got) { return skv_addr + got * kStageBytes; };
   auto v_tile = [&](int got) { return skv_addr + got * kStageBytes + kTileBytes; };
-  uint32_t qf[OVERLAP ? 1 : HD / 16][4];
-  // The in-turn loop's row sums come from the tensor cores (attn_pv_sum: each P V k step also multiplies P by
-  // a 16 x 8 block of ones, whose every column is then the row's sum), not from an FADD per weight (13% of the
-  // kernel's instructions): `lsum` holds the whole sums of rows r0 (0, 1) and r1 (2, 3). Q is in registers
-  // then, so the ones are written over the start of Q's buffer (1024-aligned; all equal, so the swizzle is moot).
-  float lsum[4] = {0.f, 0.f, 0.f, 0.f};
-  uint64_t ones_desc = 0;
-  if constexpr (!OVERLAP) {
-    attn_load_q<kRows, HD>(qf, sq, warp * 16, lane);
-    named_barrier_sync(1, 128 * kConsumers);  // every consumer has Q in registers
-    if (ct < 128) {
-      *reinterpret_cast<uint4*>(sq + ct * 16) = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
-      fence_proxy_async_smem();  // the ones, written by the generic proxy, seen by wgmma's reads
-    }
-    named_barrier_sync(1, 128 * kConsumers);
-    ones_desc = wgmma_desc_mn128(smem_addr(sq), 64 * 128);
-  }
   for (int ps = 0, start = 0; ps < n_passes; ++ps) {
     const int end = tab.pass_end[ps], kmin = tab.pass_kmin[ps], kmax = tab.pass_kmax[ps];
     // A row outside this pass sees nothing here (empty range [1, 0]).
@@ -237,34 +220,21 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
     const int n_tiles = kmax >= kmin ? (kmax - kmin + KT) / KT : 0;
     start = end;
     auto sides = [&](int k0) { return attn_mask_sides(k0, KT, fmax, lmin); };
-    if constexpr (!OVERLAP) {
-      for (int i = 0; i < n_tiles; ++i) {
-        const int got = acquire();
-        const int k0 = kmin + i * KT;
-        float s[KT / 2];
-        attn_qk<KT, HD>(s, qf, k_tile(got));
-        uint32_t pa[KT / 16][4];
-        attn_softmax_tile<KT, HD>(s, o, lsum, m_run, l_run, pa, sides(k0), k0, q4, f0, l0, f1, l1, p.scale_log2);
-        attn_pv_sum<KT, HD>(o, lsum, pa, v_tile(got), ones_desc);
-        release(got);
-      }
-    } else {
-      if (n_tiles == 0) continue;
-      // The overlapped steps (attention_wgmma_parts.cuh); a slot is released once its P V is done.
-      uint32_t pa[KT / 16][4];
-      int prev = acquire();
-      attn_overlap_first<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(prev), sides(kmin), kmin, q4, f0, l0, f1, l1,
-                                 p.scale_log2);
-      for (int i = 1; i < n_tiles; ++i) {
-        const int got = acquire();
-        const int k0 = kmin + i * KT;
-        attn_overlap_step<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(got), v_tile(prev), sides(k0), k0, q4, f0, l0,
-                                  f1, l1, p.scale_log2, [&] { release(prev); });
-        prev = got;
-      }
-      attn_overlap_last_pv<KT, HD>(o, pa, v_tile(prev));
-      release(prev);
+    if (n_tiles == 0) continue;
+    // The overlapped steps (attention_wgmma_parts.cuh); a slot is released once its P V is done.
+    uint32_t pa[KT / 16][4];
+    int prev = acquire();
+    attn_overlap_first<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(prev), sides(kmin), kmin, q4, f0, l0, f1, l1,
+                               p.scale_log2);
+    for (int i = 1; i < n_tiles; ++i) {
+      const int got = acquire();
+      const int k0 = kmin + i * KT;
+      attn_overlap_step<KT, HD>(o, pa, m_run, l_run, q_addr, k_tile(got), v_tile(prev), sides(k0), k0, q4, f0, l0,
+                                f1, l1, p.scale_log2, [&] { release(prev); });
+      prev = got;
     }
+    attn_overlap_last_pv<KT, HD>(o, pa, v_tile(prev));
+    release(prev);
   }
 
   int64_t token[2];
@@ -275,12 +245,7 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
     token[h] = tl >= 0 ? t0 + tl : -1;
     head[h] = g * group + row % group;
   }
-  if constexpr (!OVERLAP) {
-    const float l_whole[2] = {lsum[0], lsum[2]};
-    attn_store_rows<HD, /*SUMS_WHOLE=*/true>(p, o, m_run, l_whole, token, head, q4);
-  } else {
-    attn_store_rows<HD>(p, o, m_run, l_run, token, head, q4);
-  }
+  attn_store_rows<HD>(p, o, m_run, l_run, token, head, q4);
 #endif  // MX_SM90A
 }
 
