@@ -10,7 +10,8 @@
 // nibble, ~15 ALU instructions per word, a third of the decode kernels' issue slots at one token. Here each
 // code's four bits sit where one 32-bit rotation puts all of them in place at once for registers 0-2 (sign
 // and magnitudes of both halves: rotate, then one mask), and register 3 takes two rotations (no four
-// rotations of the pattern {6, 7, 8, 15, 22, 23, 24, 31} tile 32 bits): 9 ALU instructions per word.
+// rotations of the pattern {6, 7, 8, 15, 22, 23, 24, 31} tile 32 bits): 9 integer instructions per word,
+// two of them plain left shifts (swap_ab_decode_word).
 #pragma once
 
 #include <cstdint>
@@ -41,13 +42,28 @@ MX_SWAP_AB_FN uint32_t swap_ab_rotl(uint32_t v, int s) {
 #endif
 }
 
+// Whether every code bit that register `reg` takes through the left rotation by `rot` is stored at least `rot`
+// bits below the word's top, so that a left shift by `rot` puts it where the rotation does (the bits only the
+// rotation carries around the top land outside the register's mask).
+constexpr bool swap_ab_rotation_is_shift(int reg, int rot) {
+  for (int half = 0; half < 2; ++half)
+    for (int bit = 0; bit < 4; ++bit)
+      if (kSwapAbRotation[reg][bit] == rot && swap_ab_stored_bit(reg, half, bit) + rot >= 32) return false;
+  return true;
+}
+
 // The four A registers of a word, unscaled (each half: sign at bit 15, magnitude at bits 6-8, rest zero).
+// Register 1's rotation by 4 and register 3's by 6 are left shifts (swap_ab_rotation_is_shift), which the
+// compiler can issue as IMAD.SHL on the FMA pipe instead of a funnel shift on the ALU pipe, where the masks and
+// the other two rotations already are: the MXFP4 wgmma kernels at batched decode are bound by the ALU pipe
+// (ncu, gpt-oss-120b at 8 tokens per expert, H200, session 14: math-pipe throttle the first stall after issue).
 MX_SWAP_AB_FN void swap_ab_decode_word(uint32_t v, uint32_t (&a)[4]) {
+  static_assert(swap_ab_rotation_is_shift(1, 4) && swap_ab_rotation_is_shift(3, 6), "see above");
   constexpr uint32_t kCode = 0x81C081C0u;  // sign and magnitude bits of both halves
   a[0] = v & kCode;
-  a[1] = swap_ab_rotl(v, 4) & kCode;
+  a[1] = (v << 4) & kCode;
   a[2] = swap_ab_rotl(v, 10) & kCode;
-  a[3] = (swap_ab_rotl(v, 6) & 0x80C080C0u) | (swap_ab_rotl(v, 14) & 0x01000100u);
+  a[3] = ((v << 6) & 0x80C080C0u) | (swap_ab_rotl(v, 14) & 0x01000100u);
 }
 
 }  // namespace mx::cuda
