@@ -1016,8 +1016,19 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       bool routing_ready;
       std::string label;
       int stream_tile_tokens = 0, stream_ring_slots = 0;
+      CudaBf16ExpertsPrefill prefill = CudaBf16ExpertsPrefill::kAuto;  // from 32 routed tokens per expert
+      int prefill_tile_tokens = 0;
+    };
+    auto options_of = [](const Variant& v) {
+      CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
+      o.stream_tile_tokens = v.stream_tile_tokens;
+      o.stream_ring_slots = v.stream_ring_slots;
+      o.prefill = v.prefill;
+      o.prefill_tile_tokens = v.prefill_tile_tokens;
+      return o;
     };
     using D = CudaBf16ExpertsDecode;
+    using P = CudaBf16ExpertsPrefill;
     const std::vector<Variant> variants{{D::kRegisterLoads, 0, false, " (register loads)"},
                                         {D::kBulkCopies, 1, false, " (bulk copies, 1 tile per CTA)"},
                                         {D::kBulkCopies, 2, false, " (bulk copies, 2 tiles per CTA)"},
@@ -1029,12 +1040,15 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
                                         {D::kStreamed, 0, false, " (streamed 8-token tiles 4 slots)", 8, 4},
                                         {D::kStreamed, 0, false, " (streamed 32-token tiles 4 slots)", 32, 4},
                                         {D::kStreamed, 0, false, " (streamed 16-token tiles 3 slots)", 16, 3},
+                                        {D::kAuto, 0, false, " (prefill mma.sync)", 0, 0, P::kMmaSync},
+                                        {D::kAuto, 0, false, " (prefill wgmma)", 0, 0, P::kWgmma},
+                                        {D::kAuto, 0, false, " (prefill wgmma 128-token tiles)", 0, 0, P::kWgmma, 128},
                                         {D::kAuto, 0, false, ""}};
     const bool decode = T * k < 32 * E;
     // The streamed kernel's output must equal the bulk kernel's bit for bit (same sums in the same order):
     // checked on the first routing, so that a fast wrong kernel cannot pass unnoticed. (Also the bulk kernel
     // on one tile per CTA against its default three, above 32 slots.)
-    std::vector<uint16_t> bulk_out, got_out(static_cast<size_t>(T * H));
+    std::vector<uint16_t> bulk_out, mma_sync_out, wgmma_out, got_out(static_cast<size_t>(T * H));
     std::vector<const Variant*> timed;
     std::vector<std::string> notes;
     for (const Variant& v : variants) {
@@ -1042,12 +1056,13 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       if (v.path == D::kStreamed && T * k <= 32) continue;  // self-routed steps keep the bulk kernels
       // Tiles per CTA and the early routing were measured where the bulk kernels route themselves (<= 32 slots).
       if (v.path == D::kBulkCopies && ((v.tiles_per_cta > 1) || v.routing_ready) && T * k > 32) continue;
-      CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
-      o.stream_tile_tokens = v.stream_tile_tokens;
-      o.stream_ring_slots = v.stream_ring_slots;
       routing_ready = v.routing_ready;
-      CHECK_OK(set_cuda_bf16_experts_options(*g_b, o));
-      CHECK_OK(op(0));
+      CHECK_OK(set_cuda_bf16_experts_options(*g_b, options_of(v)));
+      if (const Status st = op(0); !st.is_ok()) {  // the wgmma kernel off sm_90
+        std::printf("gemma moe geglu T=%lld%s skipped: %s\n", static_cast<long long>(T), v.label.c_str(),
+                    st.to_string().c_str());
+        continue;
+      }
       std::string same;
       if (v.path == D::kBulkCopies && v.tiles_per_cta == 0 && !v.routing_ready) {
         bulk_out.resize(got_out.size());
@@ -1055,6 +1070,23 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       } else if (v.path == D::kStreamed || (v.path == D::kBulkCopies && T * k > 32)) {
         CHECK_OK(g_b->copy_to_host(got_out.data(), out));
         same = bulk_out.empty() ? "" : got_out == bulk_out ? ", = bulk bit for bit" : ", DIFFERS from bulk";
+      } else if (v.prefill == P::kMmaSync) {
+        mma_sync_out.resize(got_out.size());
+        CHECK_OK(g_b->copy_to_host(mma_sync_out.data(), out));
+      } else if (v.prefill == P::kWgmma) {
+        // Both tile sizes: the same sums in the same order (a token's row alone), so the first one's bits;
+        // against mma.sync the largest difference, beside the largest value.
+        CHECK_OK(g_b->copy_to_host(got_out.data(), out));
+        if (wgmma_out.empty()) wgmma_out = got_out;
+        same = got_out == wgmma_out ? ", = wgmma bit for bit" : ", DIFFERS from wgmma";
+        float diff = 0.f, top = 0.f;
+        for (size_t j = 0; j < got_out.size(); ++j) {
+          diff = std::max(diff, std::fabs(bf16_to_f32(got_out[j]) - bf16_to_f32(mma_sync_out[j])));
+          top = std::max(top, std::fabs(bf16_to_f32(mma_sync_out[j])));
+        }
+        char text[96];
+        std::snprintf(text, sizeof text, ", max |wgmma - mma.sync| %.3g of max |y| %.3g", diff, top);
+        if (!mma_sync_out.empty()) same += text;
       }
       timed.push_back(&v);
       notes.push_back(same);
@@ -1065,11 +1097,8 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
     for (int round = 0; round < kRounds; ++round)
       for (size_t i = 0; i < timed.size(); ++i) {
         const Variant& v = *timed[i];
-        CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
-        o.stream_tile_tokens = v.stream_tile_tokens;
-        o.stream_ring_slots = v.stream_ring_slots;
         routing_ready = v.routing_ready;
-        CHECK_OK(set_cuda_bf16_experts_options(*g_b, o));
+        CHECK_OK(set_cuda_bf16_experts_options(*g_b, options_of(v)));
         us[i].push_back(time_graph(T >= 1024 ? 4 : 24, op));
       }
     for (size_t i = 0; i < timed.size(); ++i) {

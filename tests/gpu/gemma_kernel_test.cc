@@ -390,6 +390,7 @@ TEST_F(GemmaKernelTest, FusedRouter) {
 struct GegluCase {
   int64_t e, h, i, k, t;
   bool hot;  // expert 0 in every token's top-k (one expert with many tiles)
+  int64_t used = 0;  // tokens route among experts [0, used) only (the others stay empty); 0 = all
 };
 
 // One model's expert tables on both backends.
@@ -408,7 +409,8 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
   // 26B-A4B's shapes at decode (1 and 4 tokens: <= 32 slots, self-routed with the combine fused; 5, 33 and
   // 100 tokens: routing metadata, 8-token tiles, k split; also streamed); the tiny fixture's; odd sizes (I
   // and H not multiples of 64, H % 16 != 0: partial strips and k chunks); prefill with 64-token tiles
-  // (slots >= 32 per expert), a hot expert spanning many tiles. The 26B cases share one set of expert
+  // (slots >= 32 per expert), a hot expert spanning many tiles, 128 experts top-8 at 1000 tokens, empty
+  // experts, every token on one expert. The 26B cases share one set of expert
   // tables (1.5 GB; their routings and inputs are fresh per case).
   std::mt19937_64 table_rng(rng_());
   std::map<std::tuple<int64_t, int64_t, int64_t>, GegluExpertTables> tables;
@@ -417,7 +419,9 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                              GegluCase{128, 2816, 704, 8, 33, true}, GegluCase{128, 2816, 704, 8, 100, false},
                              GegluCase{6, 64, 32, 3, 7, false},
                              GegluCase{9, 264, 200, 3, 11, false}, GegluCase{8, 264, 200, 2, 300, true},
-                             GegluCase{16, 512, 256, 4, 600, false}, GegluCase{4, 128, 72, 4, 130, false}}) {
+                             GegluCase{16, 512, 256, 4, 600, false}, GegluCase{4, 128, 72, 4, 130, false},
+                             GegluCase{128, 128, 64, 8, 1000, false}, GegluCase{8, 136, 96, 2, 129, false, 3},
+                             GegluCase{4, 128, 64, 1, 200, false, 1}}) {
     const auto key = std::make_tuple(c.e, c.h, c.i);
     if (!tables.count(key)) tables.emplace(key, upload_geglu_experts(cpu_, cuda_, table_rng, c.e, c.h, c.i));
     const GegluExpertTables& w = tables.at(key);
@@ -427,7 +431,7 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
     std::vector<int32_t> order(static_cast<size_t>(c.e));
     std::iota(order.begin(), order.end(), 0);
     for (int64_t t = 0; t < c.t; ++t) {
-      std::shuffle(order.begin(), order.end(), rng_);
+      std::shuffle(order.begin(), order.begin() + (c.used > 0 ? c.used : c.e), rng_);
       if (c.hot) std::swap(order[0], *std::find(order.begin(), order.end(), 0));
       for (int64_t j = 0; j < c.k; ++j) {
         ids[t * c.k + j] = order[j];
@@ -444,18 +448,60 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
     const bool prefill = c.t * c.k >= 32 * c.e, self_routed = c.t * c.k <= 32;
     const std::string what = dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
                              (c.hot ? " hot expert" : "") +
-                             (prefill ? " (grouped, 64-token tiles)" : self_routed ? " (self-routed, fused combine)"
+                             (c.used > 0 ? " on experts 0.." + std::to_string(c.used - 1) : "") +
+                             (prefill ? " (grouped)" : self_routed ? " (self-routed, fused combine)"
                                                                                    : " (8-token tiles)");
+    // 64-token tiles: the mma.sync kernel and (sm_90 only) the wgmma one, which also takes 128-token tiles and
+    // gives the same bits on both; each wgmma run replayed from a CUDA graph (a fixed grid; the tile count is
+    // read on the device) gives its eager bits.
+    std::vector<float> wgmma_got;
+    struct PrefillKernel {
+      CudaBf16ExpertsPrefill kernel;
+      int tile_tokens;
+      const char* name;
+    };
+    for (const auto& [kernel, tile_tokens, name] :
+         {PrefillKernel{CudaBf16ExpertsPrefill::kMmaSync, 64, ", mma.sync"},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 64, ", wgmma"},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma 128-token tiles"}}) {
+      if (!prefill) break;
+      CudaBf16ExpertsOptions o;
+      o.prefill = kernel;
+      o.prefill_tile_tokens = tile_tokens;
+      ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
+      TensorView o_g = cuda_.make(DType::kBF16, {c.t, c.h});
+      const Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_g, c.k});
+      if (kernel != CudaBf16ExpertsPrefill::kMmaSync && st.code() == StatusCode::kUnimplemented) break;  // not sm_90
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      const std::vector<float> got = cuda_.download_f32(o_g);
+      check("moe_geglu_experts", what + name, got, want, 1e-2);
+      if (kernel == CudaBf16ExpertsPrefill::kMmaSync) continue;
+      // A token's row sums in the same order on either tile size: the first one's bits.
+      if (wgmma_got.empty()) wgmma_got = got;
+      const bool same = got == wgmma_got;
+      record("moe_geglu_experts wgmma", what + name + (same ? ": the wgmma bits" : ": DIFFERS from wgmma"), same ? 0 : 1,
+             0, 0, same);
+      EXPECT_TRUE(same);
+      TensorView o_r = cuda_.make(DType::kBF16, {c.t, c.h});
+      auto graph = cuda_backend().capture(
+          [&] { return cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_r, c.k}); });
+      ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+      ASSERT_TRUE((*graph)->replay().is_ok());
+      const bool replayed = cuda_.download_f32(o_r) == got;
+      record("moe_geglu_experts wgmma", what + name + ", graph replay" + (replayed ? ": identical" : ": DIFFER"),
+             replayed ? 0 : 1, 0, 0, replayed);
+      EXPECT_TRUE(replayed);
+    }
     // Both decode kernels on 8-token tiles; a token's row alone equals its row in the batch, bit for bit.
     for (const auto& [decode, name] : {std::pair{CudaBf16ExpertsDecode::kRegisterLoads, ", register loads"},
                                        std::pair{CudaBf16ExpertsDecode::kBulkCopies, ", bulk copies"}}) {
-      if (prefill && decode == CudaBf16ExpertsDecode::kBulkCopies) continue;  // one grouped kernel
+      if (prefill) break;
       ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
       TensorView o_g = cuda_.make(DType::kBF16, {c.t, c.h}), one_g = cuda_.make(DType::kBF16, {1, c.h});
       Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_g, c.k});
       ASSERT_TRUE(st.is_ok()) << st.to_string();
       const std::vector<float> got = cuda_.download_f32(o_g);
-      check("moe_geglu_experts", what + (prefill ? "" : name), got, want, 1e-2);
+      check("moe_geglu_experts", what + name, got, want, 1e-2);
       // The bulk kernels' second GEMM with other tile counts per CTA (auto: 1 self-routed, else 3): the same
       // sums in the same order, so bit for bit the same.
       for (const int tiles_per_cta : {1, 3}) {
@@ -473,7 +519,7 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
       // The streamed kernel (routing metadata only) on tiles of 8, 16 and 32 tokens and rings of 2 and 5 slots:
       // the bulk kernel's fragments, k order and warp-order sums, so bit for bit its result.
       for (const auto& [tile_tokens, ring_slots] : {std::pair{8, 4}, std::pair{16, 2}, std::pair{32, 5}}) {
-        if (prefill || self_routed || decode != CudaBf16ExpertsDecode::kBulkCopies) break;
+        if (self_routed || decode != CudaBf16ExpertsDecode::kBulkCopies) break;
         CudaBf16ExpertsOptions o{CudaBf16ExpertsDecode::kStreamed};
         o.stream_tile_tokens = tile_tokens;
         o.stream_ring_slots = ring_slots;
@@ -509,7 +555,7 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                same);
         EXPECT_TRUE(same);
       }
-      if (prefill || c.t == 1) continue;
+      if (c.t == 1) continue;
       st = cuda_backend().moe_geglu_experts({px.cuda.rows(0, 1), id_g.rows(0, 1), pwt.cuda.rows(0, 1),
                                              gu_g, dn_g, one_g, c.k});
       ASSERT_TRUE(st.is_ok()) << st.to_string();

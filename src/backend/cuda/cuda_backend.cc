@@ -711,8 +711,8 @@ class CudaBackend final : public Backend {
     return launch_qkv_norms(k, stream_.get());
   }
 
-  // bf16 GeGLU experts (moe_bf16.cu): routing tiles of 8 tokens at decode, 64 when experts get many tokens
-  // each; the two GEMMs; the combine in router order. Up to 32 routed slots the GEMMs route themselves and
+  // bf16 GeGLU experts (moe_bf16.cu): routing tiles of 8 tokens at decode, 64 or 128 when experts get many
+  // tokens each; the two GEMMs; the combine in router order. Up to 32 routed slots the GEMMs route themselves and
   // the second one combines (two launches in all).
   Status moe_geglu_experts(const GegluMoeParams& p) override {
     expect(p.x, DType::kBF16, "moe x");
@@ -727,13 +727,21 @@ class CudaBackend final : public Backend {
     if ((decode == CudaBf16ExpertsDecode::kBulkCopies || decode == CudaBf16ExpertsDecode::kStreamed) &&
         dev_.sm_major < 9)
       return unimplemented("bf16 experts: the bulk-copy and streamed decode kernels need sm_90 or later");
+    const bool prefill_wgmma = opt.prefill == CudaBf16ExpertsPrefill::kWgmma ||
+                               (opt.prefill == CudaBf16ExpertsPrefill::kAuto && dev_.sm_major == 9);
+    if (prefill_wgmma && dev_.sm_major != 9)
+      return unimplemented("bf16 experts: the wgmma prefill kernel runs on sm_90 only");
+    const int64_t prefill_tile_tokens =
+        opt.prefill_tile_tokens != 0 ? opt.prefill_tile_tokens : moe_bf16_prefill_tile_tokens(prefill_wgmma, slots, E);
+    if (prefill_tile_tokens != 64 && !(prefill_tile_tokens == 128 && prefill_wgmma))
+      return invalid_argument("bf16 experts: prefill tiles of 64 tokens (wgmma: also 128)");
     // 64-token tiles (grouped GEMM) once experts average 32 routed tokens; its epilogues store channel pairs.
     const bool grouped = slots >= 32 * E && I % 2 == 0;
     const bool self_routed = !grouped && use_fused_moe_routing(slots);
     const bool streamed = !grouped && !self_routed &&
                           (decode == CudaBf16ExpertsDecode::kStreamed ||
                            (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9));
-    int64_t tile_tokens = grouped ? 64 : 8;
+    int64_t tile_tokens = grouped ? prefill_tile_tokens : 8;
     if (streamed) {
       // 32-token tiles once experts average 16 routed tokens (an expert streamed once for up to 32), else 16
       // (the kernel for <= 16-token tiles fits 5 CTAs per SM, the 32-token one 4): cuda_backend.h's table.
@@ -766,6 +774,7 @@ class CudaBackend final : public Backend {
                                   decode == CudaBf16ExpertsDecode::kStreamed ||
                                   (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9));
     g.streamed = streamed;
+    g.wgmma = grouped && prefill_wgmma;
     g.ring_slots = opt.stream_ring_slots != 0 ? opt.stream_ring_slots : 4;
     // Decode (register loads): a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
     auto k_split = [&](int64_t kdim) {

@@ -71,6 +71,7 @@ struct CudaAttentionOptions {
 // on Hopper (sm_90, where each was measured faster: docs/PERF.md), else register loads. Tests and benchmarks
 // force the others to compare them; kBulkCopies and kStreamed below sm_90 are errors.
 enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies, kStreamed };
+enum class CudaBf16ExpertsPrefill { kAuto, kMmaSync, kWgmma };
 struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
   // The bulk-copy kernels' second GEMM: tiles one CTA runs in turn (1 to 4); 0 = 1 where the experts route
@@ -86,6 +87,13 @@ struct CudaBf16ExpertsOptions {
   // one that fits 4: W1's single 4-CTA kernel took 461.7 us at 64 tokens with 16-token tiles, 6 slots 530.1.)
   int stream_tile_tokens = 0;
   int stream_ring_slots = 0;
+  // From 32 routed tokens per expert: kAuto = wgmma (moe_bf16_wgmma.cu) on Hopper (sm_90a), else mma.sync
+  // (moe_bf16_grouped.cu); tests and benchmarks force either; kWgmma off sm_90 is an error. H200, session 15
+  // W1c (mx_kernel_bench --gemma-experts-only, us per call): 1K tokens mma.sync 744.7, wgmma 665.7; 8K 4335.4,
+  // 3174.9 (128-token tiles).
+  CudaBf16ExpertsPrefill prefill = CudaBf16ExpertsPrefill::kAuto;
+  // Tokens per routing tile there: 64 or 128 (wgmma only); 0 = moe_bf16_prefill_tile_tokens's choice.
+  int prefill_tile_tokens = 0;
 };
 
 // Which kernel runs Gemma-4's router: kAuto = up to kClusterMaxTokens tokens the cluster kernel on sm_90

@@ -135,6 +135,9 @@ struct MoeBf16GemmParams {
   int64_t k = 0, top_k = 0, max_tiles = 0, tile_tokens = 0;
   int k_split = 1;                      // warps per strip (8-token tiles, register loads)
   bool gated = false;
+  // 64- or 128-token tiles on wgmma (moe_bf16_wgmma.cu, sm_90a) instead of mma.sync (moe_bf16_grouped.cu,
+  // 64 only).
+  bool wgmma = false;
   // 8-token tiles: weights by cp.async.bulk into shared memory (moe_bf16_bulk.cu, sm_90+; 4 warps per strip)
   // instead of 16-byte loads into registers (moe_bf16.cu).
   bool bulk_copies = false;
@@ -157,8 +160,13 @@ struct MoeBf16GemmParams {
   int ring_slots = 0;
 };
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+// Tokens per routing tile of the prefill experts (slots >= 32 x experts) where the caller does not choose:
+// moe_bf16.cu's measured choice for the wgmma kernel; 64 for mma.sync (its only size).
+int64_t moe_bf16_prefill_tile_tokens(bool wgmma, int64_t slots, int64_t experts);
 // The 64-token-tile path of launch_moe_bf16_gemm (moe_bf16_grouped.cu); out_rows even.
 Status launch_moe_bf16_grouped_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+// The same on wgmma, tiles of 64 or 128 tokens (moe_bf16_wgmma.cu; sm_90a only: the caller checks the device).
+Status launch_moe_bf16_wgmma_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The 8-token-tile path with bulk_copies (moe_bf16_bulk.cu).
 Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The streamed path (moe_bf16_stream.cu): as many persistent CTAs as the device holds at once.

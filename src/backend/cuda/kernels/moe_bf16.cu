@@ -98,10 +98,19 @@ Status launch_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+// The wgmma kernel's tile: 128 tokens from 128 routed tokens per expert on average, else 64. H200, session 15
+// W1c, one process (mx_kernel_bench --gemma-experts-only=1024,8192, us per call of routing + GEMMs + combine;
+// mma.sync / wgmma 64-token tiles / wgmma 128): 64 tokens per expert 744.7 / 665.7 / 700.6, 512 per expert
+// 4335.4 / 3679.7 / 3174.9. (Between the two the threshold is not measured.)
+int64_t moe_bf16_prefill_tile_tokens(bool wgmma, int64_t slots, int64_t experts) {
+  return wgmma && slots >= 128 * experts ? 128 : 64;
+}
+
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
   if (p.k % 8 != 0) return unimplemented("bf16 experts: the inner dimension must be a multiple of 8");
-  if (p.tile_tokens != 8 && p.tile_tokens != 64 && !(p.streamed && (p.tile_tokens == 16 || p.tile_tokens == 32)))
-    return internal_error("bf16 experts: tiles of 8 or 64 tokens (streamed: also 16 or 32)");
+  if (p.tile_tokens != 8 && p.tile_tokens != 64 && !(p.streamed && (p.tile_tokens == 16 || p.tile_tokens == 32)) &&
+      !(p.wgmma && p.tile_tokens == 128))
+    return internal_error("bf16 experts: tiles of 8 or 64 tokens (streamed: also 16 or 32; wgmma: also 128)");
   if (p.k_split < 1 || p.k_split > 8) return internal_error("bf16 experts: k split in [1, 8]");
   if (p.topk_ids && (p.tile_tokens != 8 || p.slots > 32))
     return internal_error("bf16 experts: self-routing takes 8-token tiles and at most 32 slots");
@@ -110,6 +119,7 @@ Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("bf16 experts: too many token tiles in one call");
   if (p.streamed) return launch_moe_bf16_stream_gemm(p, stream);
+  if (p.wgmma) return launch_moe_bf16_wgmma_gemm(p, stream);
   if (p.tile_tokens == 64) return launch_moe_bf16_grouped_gemm(p, stream);
   if (p.bulk_copies) return launch_moe_bf16_bulk_gemm(p, stream);
   return p.gated ? launch_gemm<true>(p, stream) : launch_gemm<false>(p, stream);
