@@ -10,7 +10,7 @@
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
-// --linear-fp8-only | --gemma-only | --decode-step-only[=B,B,...] [--candidates=N] |
+// --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
@@ -686,6 +686,45 @@ void bench_linear_skinny(bool fp8_only) {
   }
 }
 
+// ---- Gemma-4 26B-A4B's dense linears at one token (issue 15, batch-1 TPOT): linear()'s choice against the
+// skinny kernel forced, its k splits and cuBLASLt, weights from HBM (copies rotated past the L2). Sliding
+// layers' q|k|v is 512 strips of 16 rows, full layers' 640: between one wave of skinny CTAs (264 on an H200)
+// and kSkinnyLinearManyWaves, so linear() gives them to cuBLASLt.
+void bench_gemma_dense() {
+  struct Shape3 {
+    const char* name;
+    int64_t n, k;
+  };
+  for (const Shape3& s : {Shape3{"gemma qkv sliding 2816->8192", 8192, 2816}, Shape3{"gemma qkv full 2816->10240", 10240, 2816},
+                          Shape3{"gemma o sliding 4096->2816", 2816, 4096}, Shape3{"gemma o full 8192->2816", 2816, 8192},
+                          Shape3{"gemma mlp gate|up 2816->4224", 4224, 2816}, Shape3{"gemma mlp down 2112->2816", 2816, 2112},
+                          Shape3{"gemma lm_head 2816->262144", 262144, 2816}}) {
+    if (!variant_selected(s.name)) continue;
+    const bool head = s.n == 262144;
+    const double weight_bytes = 2.0 * s.n * s.k;
+    const int copies = head ? 1 : static_cast<int>(std::max(2.0, std::ceil(128e6 / weight_bytes)));
+    std::vector<TensorView> w;
+    for (int c = 0; c < copies; ++c) w.push_back(random_bf16({s.n, s.k}, 0.02f));
+    TensorView x = random_bf16({1, s.k}, 1.0f), out = make(head ? DType::kF32 : DType::kBF16, {1, s.n});
+    struct Variant {
+      const char* name;
+      int max_rows, k_splits;
+    };
+    for (const Variant& v : {Variant{" auto", -1, 0}, Variant{" skinny", 16, 0}, Variant{" skinny k/2", 16, 2},
+                             Variant{" cublaslt", 0, 0}}) {
+      if (head && v.k_splits > 0) continue;
+      CHECK_OK(set_cuda_skinny_linear_options(*g_b, {v.max_rows, v.k_splits, 0}));
+      auto op = [&](int i) { return g_b->linear(x, w[i % copies], TensorView(), out); };
+      CHECK_OK(op(0));  // sizes the k-split scratch outside the graph
+      const double us = time_graph(head ? 10 : 40, op);
+      char note[64];
+      std::snprintf(note, sizeof note, "%.0f GB/s", weight_bytes / us / 1e3);
+      report(std::string(s.name) + " M=1" + v.name, us, weight_bytes, 2.0 * s.n * s.k, note);
+    }
+    CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
+  }
+}
+
 // ---- Dense linears through cuBLASLt (the skinny kernel at M = 1).
 void bench_linear() {
   struct Shape3 {
@@ -951,6 +990,29 @@ void bench_gemma_router(const std::vector<int64_t>& sizes) {
       report("gemma router T=" + std::to_string(T) + name, us, E * H * 2.0 + T * H * 4.0, 2.0 * T * E * H, note);
     }
     CHECK_OK(set_cuda_gemma_router_options(*g_b, {}));
+    if (T > CudaGemmaRouterOptions::kClusterMaxTokens) continue;
+    // The attention end, then the router of its residual as the model calls them (kAuto): two launches, or one
+    // (GemmaAttentionEndParams::route, gemma_attention_end_route.cu); and the attention end alone (what the
+    // router adds to it). The residual grows by the normed attention output every call; its norm keeps the
+    // values in range.
+    TensorView attn = random_bf16({T, H}, 1.0f), norm_w = random_bf16({H}, 1.0f);
+    TensorView mlp_in = make(DType::kBF16, {T, H}), moe_in = make(DType::kBF16, {T, H});
+    enum class Form { kAlone, kTwoLaunches, kOneLaunch };
+    for (const auto& [form, label] : {std::pair{Form::kAlone, " (attention end alone)"},
+                                      std::pair{Form::kTwoLaunches, " (two launches)"},
+                                      std::pair{Form::kOneLaunch, " (one launch)"}}) {
+      auto end_op = [&, form = form](int i) {
+        RouterParams r{x, router_w[i % copies], TensorView(), logits, ids, weights, k, scale, 1e-6f, x_scale};
+        GemmaAttentionEndParams end{attn, x, norm_w, norm_w, norm_w, mlp_in, moe_in, 1e-6f};
+        if (form == Form::kOneLaunch) end.route = &r;
+        MX_RETURN_IF_ERROR(g_b->gemma_attention_end(end));
+        return form == Form::kTwoLaunches ? g_b->router_topk(r) : Status::ok();
+      };
+      CHECK_OK(end_op(0));
+      const double us = time_graph(copies, end_op);
+      report("gemma attention end + router T=" + std::to_string(T) + label, us,
+             (form == Form::kAlone ? 0 : E * H * 2.0) + T * H * 10.0, 2.0 * T * E * H, "router weights from HBM");
+    }
   }
 }
 
@@ -1018,6 +1080,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       int stream_tile_tokens = 0, stream_ring_slots = 0;
       CudaBf16ExpertsPrefill prefill = CudaBf16ExpertsPrefill::kAuto;  // from 32 routed tokens per expert
       int prefill_tile_tokens = 0;
+      int fused_ring_slots = 0;
     };
     auto options_of = [](const Variant& v) {
       CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
@@ -1025,6 +1088,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       o.stream_ring_slots = v.stream_ring_slots;
       o.prefill = v.prefill;
       o.prefill_tile_tokens = v.prefill_tile_tokens;
+      o.fused_ring_slots = v.fused_ring_slots;
       return o;
     };
     using D = CudaBf16ExpertsDecode;
@@ -1043,9 +1107,12 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
                                         {D::kAuto, 0, false, " (prefill mma.sync)", 0, 0, P::kMmaSync},
                                         {D::kAuto, 0, false, " (prefill wgmma)", 0, 0, P::kWgmma},
                                         {D::kAuto, 0, false, " (prefill wgmma 128-token tiles)", 0, 0, P::kWgmma, 128},
+                                        {D::kFused, 0, true, " (fused 4 slots, routing ready)", 0, 0, P::kAuto, 0, 4},
+                                        {D::kFused, 0, true, " (fused 3 slots, routing ready)", 0, 0, P::kAuto, 0, 3},
+                                        {D::kFused, 0, true, " (fused 6 slots, routing ready)", 0, 0, P::kAuto, 0, 6},
                                         {D::kAuto, 0, false, ""}};
     const bool decode = T * k < 32 * E;
-    // The streamed kernel's output must equal the bulk kernel's bit for bit (same sums in the same order):
+    // The streamed and fused kernels' outputs must equal the bulk kernel's bit for bit (same sums in the same order):
     // checked on the first routing, so that a fast wrong kernel cannot pass unnoticed. (Also the bulk kernel
     // on one tile per CTA against its default three, above 32 slots.)
     std::vector<uint16_t> bulk_out, mma_sync_out, wgmma_out, got_out(static_cast<size_t>(T * H));
@@ -1054,6 +1121,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
     for (const Variant& v : variants) {
       if (decode == (v.path == D::kAuto) || !variant_selected(v.label)) continue;
       if (v.path == D::kStreamed && T * k <= 32) continue;  // self-routed steps keep the bulk kernels
+      if (v.path == D::kFused && T * k > 32) continue;     // larger steps run as kStreamed
       // Tiles per CTA and the early routing were measured where the bulk kernels route themselves (<= 32 slots).
       if (v.path == D::kBulkCopies && ((v.tiles_per_cta > 1) || v.routing_ready) && T * k > 32) continue;
       routing_ready = v.routing_ready;
@@ -1067,7 +1135,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       if (v.path == D::kBulkCopies && v.tiles_per_cta == 0 && !v.routing_ready) {
         bulk_out.resize(got_out.size());
         CHECK_OK(g_b->copy_to_host(bulk_out.data(), out));
-      } else if (v.path == D::kStreamed || (v.path == D::kBulkCopies && T * k > 32)) {
+      } else if (v.path == D::kStreamed || v.path == D::kFused || (v.path == D::kBulkCopies && T * k > 32)) {
         CHECK_OK(g_b->copy_to_host(got_out.data(), out));
         same = bulk_out.empty() ? "" : got_out == bulk_out ? ", = bulk bit for bit" : ", DIFFERS from bulk";
       } else if (v.prefill == P::kMmaSync) {
@@ -1269,6 +1337,14 @@ int main(int argc, char** argv) {
   if (argc > arg && std::string(argv[arg]) == "--gemma-only") {
     bench_gemma();
     ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--gemma-dense-only`: Gemma-4's dense linears at one token (bench_gemma_dense).
+  if (argc > arg && std::string(argv[arg]) == "--gemma-dense-only") {
+    ++arg;
+    take_variant_prefixes(argc, argv, arg);  // --variants=P,P,...: only the shapes whose names start so
+    bench_gemma_dense();
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }

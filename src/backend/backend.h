@@ -123,6 +123,10 @@ struct GemmaAttentionEndParams {
   TensorView pre_moe_norm;         // bf16 [H]; empty (a model without experts) = no moe_in
   TensorView mlp_in, moe_in;       // [T, H] activation dtype
   float eps = 1e-6f;
+  // Non-null: then router_topk(*route) of the updated residual (route->x is `residual`), which CUDA runs in the
+  // same launch at decode (gemma_attention_end_route.cu: the router no longer waits for this op's grid and
+  // reads the residual back).
+  const RouterParams* route = nullptr;
 };
 
 // Gemma-4's end of a layer and the next layer's input norm in one op, per token row (fp32 throughout):

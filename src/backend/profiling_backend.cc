@@ -79,6 +79,9 @@ Status ProfilingBackend::attention(const AttentionParams& p, const BatchView& ba
 }
 Status ProfilingBackend::router_topk(const RouterParams& p) {
   MX_RETURN_IF_ERROR(timed("router_topk", 0, [&] { return inner().router_topk(p); }));
+  return record_route(p);
+}
+Status ProfilingBackend::record_route(const RouterParams& p) {
   if (!record_routing_ || capturing_) return Status::ok();
   std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));
   MX_RETURN_IF_ERROR(inner().copy_to_host(ids.data(), p.topk_ids));
@@ -117,7 +120,8 @@ Status ProfilingBackend::scale_by(TensorView x, const TensorView& factor) {
   return timed("scale_by", 0, [&] { return inner().scale_by(x, factor); });
 }
 Status ProfilingBackend::gemma_attention_end(const GemmaAttentionEndParams& p) {
-  return timed("gemma_attention_end", 0, [&] { return inner().gemma_attention_end(p); });
+  MX_RETURN_IF_ERROR(timed("gemma_attention_end", 0, [&] { return inner().gemma_attention_end(p); }));
+  return p.route ? record_route(*p.route) : Status::ok();
 }
 Status ProfilingBackend::gemma_layer_end(const GemmaLayerEndParams& p) {
   return timed("gemma_layer_end", 0, [&] { return inner().gemma_layer_end(p); });

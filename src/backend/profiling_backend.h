@@ -68,6 +68,8 @@ class ProfilingBackend final : public ForwardingBackend {
   // Runs one op between two marks when timing.
   template <typename F>
   Status timed(const char* op, int64_t out_features, F&& run);
+  // After a router call (router_topk, or gemma_attention_end's route): its choices, when recording.
+  Status record_route(const RouterParams& p);
 
   std::unique_ptr<DeviceTimer> timer_;
   double hold_seconds_ = 0;

@@ -33,6 +33,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -87,6 +88,10 @@ const std::vector<CliOption> kCommandOptions = {
      "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), swap-ab (attention_decode_swap.cu) or "
      "swap-ab-cluster (the same, a token's splits as one CTA cluster: head dims 256/512): the kernels' comparison end "
      "to end"},
+    {"bf16-experts-decode", true,
+     "Gemma-4's bf16 experts at decode on CUDA: auto (default), register-loads, bulk-copies, streamed or fused (a "
+     "step of <= 32 routed slots as one persistent launch); several, comma-separated: every batch once per kernel, "
+     "each on an engine of its own over the one loaded model (the kernels' comparison end to end, in one process)"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -116,6 +121,23 @@ Status choose_decode_attention(Backend& backend, const std::string& name) {
 #else
   (void)backend;
   return invalid_argument("--decode-attention " + name + ": this build has no CUDA backend");
+#endif
+}
+
+// --bf16-experts-decode: forces a CUDA backend's bf16 expert decode kernels before the engine captures its graphs.
+Status choose_bf16_experts_decode(Backend& backend, const std::string& name) {
+#ifdef MX_HAVE_CUDA
+  CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
+  if (name == "register-loads") decode = CudaBf16ExpertsDecode::kRegisterLoads;
+  else if (name == "bulk-copies") decode = CudaBf16ExpertsDecode::kBulkCopies;
+  else if (name == "streamed") decode = CudaBf16ExpertsDecode::kStreamed;
+  else if (name == "fused") decode = CudaBf16ExpertsDecode::kFused;
+  else if (name != "auto")
+    return invalid_argument("--bf16-experts-decode must be auto, register-loads, bulk-copies, streamed or fused, got " + name);
+  return set_cuda_bf16_experts_options(backend, {decode});
+#else
+  (void)backend;
+  return invalid_argument("--bf16-experts-decode " + name + ": this build has no CUDA backend");
 #endif
 }
 
@@ -604,6 +626,21 @@ Status run(const CliArgs& args) {
     if (tp > 1) return invalid_argument("--decode-attention sets one backend's kernel: not with --tensor-parallel-size");
     MX_RETURN_IF_ERROR(choose_decode_attention(*inner, args.get("decode-attention")));
   }
+  // --bf16-experts-decode: one kernel choice, or several compared (an engine each, below).
+  std::vector<std::string> experts_choices;
+  if (args.has("bf16-experts-decode")) {
+    if (tp > 1) return invalid_argument("--bf16-experts-decode sets one backend's kernels: not with --tensor-parallel-size");
+    std::stringstream list(args.get("bf16-experts-decode"));
+    for (std::string name; std::getline(list, name, ',');) {
+      MX_RETURN_IF_ERROR(choose_bf16_experts_decode(*inner, name));  // every name checked before the model loads
+      experts_choices.push_back(name);
+    }
+    if (experts_choices.size() > 1 && (compare_overlap || !budgets.empty() || args.has("forced-acceptance")))
+      return invalid_argument("--bf16-experts-decode with several kernels compares them itself: not with "
+                              "--compare-overlap, --compare-batched-tokens or --forced-acceptance");
+    if (!experts_choices.empty()) MX_RETURN_IF_ERROR(choose_bf16_experts_decode(*inner, experts_choices[0]));
+  }
+  Backend* const kernel_backend = inner.get();  // where a comparison switches the experts' kernels
   ProfilingBackend backend(std::move(inner));
   if (s.breakdown && !backend.make_timer(2).is_ok())
     return invalid_argument("--breakdown needs a backend with a device timer (cuda)");
@@ -653,11 +690,15 @@ Status run(const CliArgs& args) {
     bool overlap;
     int64_t budget;
     std::string label;  // printed above the variant's row when comparing
+    int experts = 0;    // index into experts_choices (several: a fresh engine whenever it changes)
   };
   const int64_t full_budget = core->config().max_num_batched_tokens;
   std::vector<StepVariant> variants;
   if (compare_overlap) {
     variants = {{false, full_budget, "serial steps"}, {true, full_budget, "overlapped steps"}};
+  } else if (experts_choices.size() > 1) {
+    for (size_t i = 0; i < experts_choices.size(); ++i)
+      variants.push_back({config.overlap_steps, full_budget, "bf16 experts " + experts_choices[i], static_cast<int>(i)});
   } else {
     for (int64_t budget : budgets)
       variants.push_back({config.overlap_steps, budget, "step budget " + std::to_string(budget) + " tokens"});
@@ -668,6 +709,7 @@ Status run(const CliArgs& args) {
   std::vector<ReferenceDrafter::Reference> references;  // and every request's output
   json results = json::array();
   json skipped = json::array();
+  int engine_experts = 0;  // the experts' kernel choice the current engine's graphs were captured with
   for (int64_t input_len : s.input_lens) {
     // Warm-up per prompt length: library plans for its prefill shapes, first-touch costs.
     const int64_t warm_batch = std::min<int64_t>(max_batch, std::max<int64_t>(1, std::min<int64_t>(4, pool_tokens / (input_len + 4))));
@@ -690,12 +732,23 @@ Status run(const CliArgs& args) {
       // The same prompts (the same seed) under each step kind or budget compared.
       for (const StepVariant& v : variants) {
         if (!v.label.empty()) std::printf("       %s:\n", v.label.c_str());
+        if (v.experts != engine_experts) {
+          // Another kernel choice: a fresh engine captures its graphs with it (the old one's KV pool freed first).
+          core.reset();
+          MX_RETURN_IF_ERROR(choose_bf16_experts_decode(*kernel_backend, experts_choices[static_cast<size_t>(v.experts)]));
+          MX_ASSIGN_OR_RETURN(core, EngineCore::create(*model, config));
+          engine_experts = v.experts;
+          MX_ASSIGN_OR_RETURN(auto rewarm, run_batch(*core, backend, *model, 1, input_len, std::min<int64_t>(s.output_len, 4),
+                                                     s.seed + 99, false, config.overlap_steps, &next_id));
+          (void)rewarm;
+        }
         MX_RETURN_IF_ERROR(core->set_step_token_budget(v.budget));
         MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown,
                                                      v.overlap, &next_id));
         results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
         results.back()["overlapped_steps"] = v.overlap;
         results.back()["max_num_batched_tokens"] = v.budget;
+        if (!experts_choices.empty()) results.back()["bf16_experts_decode"] = experts_choices[static_cast<size_t>(v.experts)];
         if (s.breakdown && !r.breakdown) {
           // The first requests finished before the last ones had their first token (a long prefill phase).
           std::printf("       no breakdown at batch %lld: no step decoded all %lld requests at the middle of the output "

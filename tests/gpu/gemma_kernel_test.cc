@@ -387,6 +387,95 @@ TEST_F(GemmaKernelTest, FusedRouter) {
   ASSERT_TRUE(set_cuda_gemma_router_options(cuda_backend(), {}).is_ok());
 }
 
+// The attention end with the router of its new residual (GemmaAttentionEndParams::route): on CUDA one launch
+// up to 8 tokens (gemma_attention_end_route.cu), two from 9. Against the twin (logits, routes, weights) and
+// against the two CUDA launches (residual and normed rows bit for bit); CTAs without experts (6 experts), two
+// expert groups per CTA (256), a partial group (40), widths that leave threads one chunk or none (1000, 64);
+// graph replay == eager.
+TEST_F(GemmaKernelTest, AttentionEndRoute) {
+  struct Case {
+    int64_t t, e, h, k;
+  };
+  for (const Case& c : {Case{1, 128, 2816, 8}, Case{3, 128, 2816, 8}, Case{8, 128, 2816, 8}, Case{9, 128, 2816, 8},
+                        Case{2, 6, 64, 3}, Case{4, 256, 512, 8}, Case{1, 40, 1000, 5}}) {
+    const std::string what = std::to_string(c.t) + " tokens, " + std::to_string(c.e) + " experts, hidden " +
+                             std::to_string(c.h) + ", top-" + std::to_string(c.k);
+    Bf16Data attn = random_bf16(rng_, c.t * c.h, 3.0f);
+    const std::vector<float> res0 = random_f32(rng_, c.t * c.h, 0.2f, 4.0f);
+    Pair a = upload_activation(cpu_, cuda_, attn, {c.t, c.h});
+    Pair wp[3];
+    for (Pair& w : wp) {
+      const Bf16Data d = random_bf16(rng_, c.h, 1.0f);
+      w = {cpu_.upload(DType::kBF16, {c.h}, d.bits.data()), cuda_.upload(DType::kBF16, {c.h}, d.bits.data())};
+    }
+    const Bf16Data rw = random_bf16(rng_, c.e * c.h, 0.05f);
+    Pair pw{cpu_.upload(DType::kBF16, {c.e, c.h}, rw.bits.data()), cuda_.upload(DType::kBF16, {c.e, c.h}, rw.bits.data())};
+    Pair pxs = f32_pair(random_f32(rng_, c.h, 1.0f, 0.3f), {c.h}), ps = f32_pair(random_f32(rng_, c.e, 1.0f, 0.3f), {c.e});
+    // One run: the residual restored, then the op (fused: with route; else the attention end, then the router).
+    struct Outputs {
+      std::vector<float> residual, mlp_in, moe_in, logits, weights;
+      std::vector<int32_t> ids;
+    };
+    auto run = [&](bool cuda, bool fused) -> Outputs {
+      Arena& arena = cuda ? cuda_ : cpu_;
+      Backend& backend = cuda ? cuda_backend() : cpu_backend();
+      const DType act = cuda ? DType::kBF16 : DType::kF32;
+      TensorView res = arena.upload(DType::kF32, {c.t, c.h}, res0.data());
+      TensorView mlp = arena.make(act, {c.t, c.h}), moe = arena.make(act, {c.t, c.h});
+      RouterParams r{res, cuda ? pw.cuda : pw.cpu, TensorView(), arena.make(DType::kF32, {c.t, c.e}),
+                     arena.make(DType::kI32, {c.t, c.k}), arena.make(DType::kF32, {c.t, c.k}), c.k,
+                     cuda ? ps.cuda : ps.cpu, 1e-6f, cuda ? pxs.cuda : pxs.cpu};
+      GemmaAttentionEndParams end{cuda ? a.cuda : a.cpu, res, cuda ? wp[0].cuda : wp[0].cpu, cuda ? wp[1].cuda : wp[1].cpu,
+                                  cuda ? wp[2].cuda : wp[2].cpu, mlp, moe, 1e-6f};
+      end.route = fused ? &r : nullptr;
+      Status st = backend.gemma_attention_end(end);
+      if (st.is_ok() && !fused) st = backend.router_topk(r);
+      EXPECT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+      return {arena.download_f32(res), arena.download_f32(mlp), arena.download_f32(moe), arena.download_f32(r.logits),
+              arena.download_f32(r.topk_weights), ids_of(arena.download_bytes(r.topk_ids))};
+    };
+    const Outputs twin = run(false, true), fused = run(true, true), apart = run(true, false);
+    check("attention end route residual", what, fused.residual, twin.residual, 1e-5);
+    check("attention end route mlp_in", what, fused.mlp_in, twin.mlp_in, 5e-3);
+    check("attention end route logits", what, fused.logits, twin.logits, 1e-5);
+    const RouteComparison routes =
+        compare_routes(fused.ids, twin.ids, twin.logits, fused.weights, twin.weights, c.e, c.k, 1e-4f);
+    check("attention end route weights", what, routes.weights_got, routes.weights_want, 1e-5);
+    EXPECT_EQ(routes.other, 0) << what << ": " << routes.other << " tokens rerouted beyond a near tie";
+    const bool same = fused.residual == apart.residual && fused.mlp_in == apart.mlp_in && fused.moe_in == apart.moe_in;
+    record("attention end route vs two launches", what + (same ? ": residual and norms identical" : ": DIFFER"),
+           same ? 0 : 1, 0, 0, same);
+    EXPECT_TRUE(same) << what;
+    if (c.t != 1) continue;
+    // Graph replay: the residual restored before each replay; the eager run's bits.
+    TensorView res = cuda_.make(DType::kF32, {c.t, c.h}), mlp = cuda_.make(DType::kBF16, {c.t, c.h}),
+               moe = cuda_.make(DType::kBF16, {c.t, c.h});
+    RouterParams r{res, pw.cuda, TensorView(), cuda_.make(DType::kF32, {c.t, c.e}), cuda_.make(DType::kI32, {c.t, c.k}),
+                   cuda_.make(DType::kF32, {c.t, c.k}), c.k, ps.cuda, 1e-6f, pxs.cuda};
+    GemmaAttentionEndParams end{a.cuda, res, wp[0].cuda, wp[1].cuda, wp[2].cuda, mlp, moe, 1e-6f};
+    end.route = &r;
+    auto graph = cuda_backend().capture([&] { return cuda_backend().gemma_attention_end(end); });
+    ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+    for (int replay = 0; replay < 2; ++replay) {
+      ASSERT_TRUE(cuda_backend().copy_from_host(res, res0.data()).is_ok());
+      ASSERT_TRUE((*graph)->replay().is_ok());
+    }
+    const bool replayed = cuda_.download_f32(res) == fused.residual && cuda_.download_f32(r.logits) == fused.logits &&
+                          ids_of(cuda_.download_bytes(r.topk_ids)) == fused.ids;
+    record("attention end route graph replay", what + (replayed ? ": identical" : ": DIFFER"), replayed ? 0 : 1, 0, 0,
+           replayed);
+    EXPECT_TRUE(replayed) << what;
+  }
+  // The route's x must be the residual the op updates.
+  TensorView x = cuda_.make(DType::kBF16, {1, 64}), r1 = cuda_.make(DType::kF32, {1, 64}), r2 = cuda_.make(DType::kF32, {1, 64});
+  TensorView w = cuda_.make(DType::kBF16, {64}), rw = cuda_.make(DType::kBF16, {6, 64}), xs = cuda_.make(DType::kF32, {64});
+  RouterParams r{r2, rw, TensorView(), cuda_.make(DType::kF32, {1, 6}), cuda_.make(DType::kI32, {1, 2}),
+                 cuda_.make(DType::kF32, {1, 2}), 2, TensorView(), 1e-6f, xs};
+  GemmaAttentionEndParams end{x, r1, w, w, w, x, x, 1e-6f};
+  end.route = &r;
+  EXPECT_FALSE(cuda_backend().gemma_attention_end(end).is_ok());
+}
+
 struct GegluCase {
   int64_t e, h, i, k, t;
   bool hot;  // expert 0 in every token's top-k (one expert with many tiles)
@@ -554,6 +643,35 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
         record("moe_geglu_experts routing ready", what + name + (same ? ": identical" : ": DIFFER"), same ? 0 : 1, 0, 0,
                same);
         EXPECT_TRUE(same);
+        // Both GEMMs in one persistent launch (kFused) on rings of 2 and 5 slots, eager (twice: the counters
+        // reset themselves) and from a graph: the bulk kernels' sums in their order, so bit for bit.
+        for (const int ring_slots : {2, 5}) {
+          CudaBf16ExpertsOptions o{CudaBf16ExpertsDecode::kFused};
+          o.fused_ring_slots = ring_slots;
+          ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
+          const std::string how = what + ", fused, " + std::to_string(ring_slots) + " slots";
+          for (int run = 0; run < 2; ++run) {
+            TensorView o_f = cuda_.make(DType::kBF16, {c.t, c.h});
+            st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_f, c.k, run == 1});
+            ASSERT_TRUE(st.is_ok()) << st.to_string();
+            const bool fused_same = cuda_.download_f32(o_f) == got;
+            record("moe_geglu_experts fused", how + (run == 1 ? ", routing ready" : "") +
+                                                  (fused_same ? ": identical to bulk copies" : ": DIFFER"),
+                   fused_same ? 0 : 1, 0, 0, fused_same);
+            EXPECT_TRUE(fused_same) << ring_slots << " " << run;
+          }
+          TensorView o_r = cuda_.make(DType::kBF16, {c.t, c.h});
+          GegluMoeParams replayed_params{px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_r, c.k};
+          replayed_params.routing_ready = true;
+          auto graph = cuda_backend().capture([&] { return cuda_backend().moe_geglu_experts(replayed_params); });
+          ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+          for (int replay = 0; replay < 2; ++replay) ASSERT_TRUE((*graph)->replay().is_ok());
+          const bool replayed = cuda_.download_f32(o_r) == got;
+          record("moe_geglu_experts fused", how + ", graph replayed twice" + (replayed ? ": identical" : ": DIFFER"),
+                 replayed ? 0 : 1, 0, 0, replayed);
+          EXPECT_TRUE(replayed) << ring_slots;
+        }
+        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
       }
       if (c.t == 1) continue;
       st = cuda_backend().moe_geglu_experts({px.cuda.rows(0, 1), id_g.rows(0, 1), pwt.cuda.rows(0, 1),

@@ -55,6 +55,10 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_EQ(clash.exit_code, 1);
   EXPECT_NE(clash.stderr_text.find("sets the step budgets itself"), std::string::npos);
 
+  const auto experts = test::run_mxserve("bench latency --preset tiny --backend cpu --bf16-experts-decode nosuch");
+  EXPECT_EQ(experts.exit_code, 1);
+  EXPECT_NE(experts.stderr_text.find("--bf16-experts-decode"), std::string::npos);
+
   const auto both = test::run_mxserve("bench latency --preset tiny --model x --backend cpu");
   EXPECT_EQ(both.exit_code, 1);
   EXPECT_NE(both.stderr_text.find("exactly one of --model or --preset"), std::string::npos);

@@ -67,6 +67,15 @@ Result<std::unique_ptr<ReplayGraph>> RouteTrace::capture(const std::function<Sta
 
 Status RouteTrace::router_topk(const RouterParams& p) {
   MX_RETURN_IF_ERROR(inner().router_topk(p));
+  return record(p);
+}
+
+Status RouteTrace::gemma_attention_end(const GemmaAttentionEndParams& p) {
+  MX_RETURN_IF_ERROR(inner().gemma_attention_end(p));
+  return p.route ? record(*p.route) : Status::ok();
+}
+
+Status RouteTrace::record(const RouterParams& p) {
   if (capturing_ || step_.empty()) return Status::ok();
   const int64_t layer = layer_++, k = p.top_k, experts = p.weight.dim(0), hidden = p.weight.dim(1);
   std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));

@@ -51,6 +51,7 @@ class RouteTrace final : public ForwardingBackend {
   RouteLog take();
 
   Status router_topk(const RouterParams& p) override;
+  Status gemma_attention_end(const GemmaAttentionEndParams& p) override;  // its route, as router_topk
   // Capture records nothing (a recording copies to the host, which a graph cannot hold).
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override;
 
@@ -59,6 +60,7 @@ class RouteTrace final : public ForwardingBackend {
     RequestId id = 0;
     int64_t start = 0, rows = 0;
   };
+  Status record(const RouterParams& p);  // after the inner backend routed p
   std::vector<Span> step_;  // empty until the first begin_step: warm-up passes are not recorded
   int64_t layer_ = 0;       // router calls so far in this step
   bool capturing_ = false;

@@ -46,8 +46,10 @@ class RoutingProbe final : public ForwardingBackend {
   bool all_flips_near_ties() const;
   std::string describe_flips() const;
 
-  // Overridden: router_topk (recorded, or forced); every other call forwards to the inner backend.
+  // Overridden: router_topk and gemma_attention_end's route (the router it runs: recorded, or forced); every
+  // other call forwards to the inner backend.
   Status router_topk(const RouterParams& p) override;
+  Status gemma_attention_end(const GemmaAttentionEndParams& p) override;
   // Recording copies each router call's choices to the host, which a graph capture cannot hold.
   bool can_capture() const override { return false; }
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
@@ -57,6 +59,8 @@ class RoutingProbe final : public ForwardingBackend {
  private:
   RoutingProbe(Backend& inner, std::vector<std::vector<int32_t>> forced)
       : ForwardingBackend(inner), forcing_(!forced.empty()), forced_(std::move(forced)) {}
+  // After the inner backend routed p: its choices recorded, or replaced by the forced ones.
+  Status after_router(const RouterParams& p);
   Status force(const RouterParams& p, int64_t call);
 
   bool forcing_ = false;

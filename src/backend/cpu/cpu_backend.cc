@@ -105,7 +105,7 @@ class CpuBackend final : public Backend {
   }
   Status gemma_attention_end(const GemmaAttentionEndParams& p) override {
     cpu::gemma_attention_end(p);
-    return Status::ok();
+    return p.route ? router_topk(*p.route) : Status::ok();
   }
   Status gemma_layer_end(const GemmaLayerEndParams& p) override {
     cpu::gemma_layer_end(p);

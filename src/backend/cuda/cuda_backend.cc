@@ -101,7 +101,7 @@ class CudaDeviceTimer final : public DeviceTimer {
 
 // Private scratch, grown only outside graph capture.
 struct Scratch {
-  Buffer moe_h, moe_y, moe_meta, moe_tickets, tickets, partials, sampling, linear_partials, linear_tickets;
+  Buffer moe_h, moe_y, moe_meta, moe_tickets, moe_fused_counters, tickets, partials, sampling, linear_partials, linear_tickets;
   Buffer share_ids, share_weights;  // expert parallel: the slots' local expert ids and weights
   Buffer gemma_router_tickets;
   Buffer dense_fp8;                  // FP8 dense weights widened to bf16 for M > 16 (linear_fp8)
@@ -530,6 +530,15 @@ class CudaBackend final : public Backend {
 
   // Gemma-4 (gemma_router.cu): weightless norm, logits, top-k, softmax and expert scales in one launch.
   Status gemma_router(const RouterParams& p) {
+    MX_ASSIGN_OR_RETURN(GemmaRouterParams r, gemma_router_params(p));
+    MX_RETURN_IF_ERROR(ensure(scratch_.gemma_router_tickets, gemma_router_tickets(r.tokens) * 4, "router tickets",
+                              /*zero=*/true));
+    r.tickets = ptr_of<uint32_t>(scratch_.gemma_router_tickets);
+    return launch_gemma_router(r, stream_.get());
+  }
+
+  // The router's kernel parameters and kernel choice (the options, the tokens, the device).
+  Result<GemmaRouterParams> gemma_router_params(const RouterParams& p) {
     if (!p.bias.empty()) return unimplemented("cuda router: Gemma-4's router takes no bias");
     if (p.weight.dtype() != DType::kBF16 || p.x_scale.empty())
       return unimplemented("cuda router: Gemma-4's router takes the bf16 weight and an f32 x_scale");
@@ -594,10 +603,7 @@ class CudaBackend final : public Backend {
       if (bulk > 0 && !r.bulk_weights)
         return unimplemented("cuda router: a CTA's weight rows do not fit its shared memory");
     }
-    MX_RETURN_IF_ERROR(ensure(scratch_.gemma_router_tickets, gemma_router_tickets(r.tokens) * 4, "router tickets",
-                              /*zero=*/true));
-    r.tickets = ptr_of<uint32_t>(scratch_.gemma_router_tickets);
-    return launch_gemma_router(r, stream_.get());
+    return r;
   }
 
   Status unit_rms_norm(const TensorView& x, float eps, TensorView out) override {
@@ -666,7 +672,18 @@ class CudaBackend final : public Backend {
     k.mlp_in = ptr<uint16_t>(p.mlp_in);
     k.moe_in = moe ? ptr<uint16_t>(p.moe_in) : nullptr;
     k.rows = n / h, k.hidden = h, k.eps = p.eps;
-    return launch_gemma_attention_end(k, stream_.get());
+    if (!p.route) return launch_gemma_attention_end(k, stream_.get());
+    const RouterParams& route = *p.route;
+    if (route.x.data() != p.residual.data() || route.x.numel() != n)
+      return invalid_argument("gemma_attention_end: the route's x must be the residual it updates");
+    // Where the router runs its cluster kernel, the fused launch (gemma_attention_end_route.cu); else the two.
+    if (!route.x_scale.empty() && route.bias.empty()) {
+      MX_ASSIGN_OR_RETURN(const GemmaRouterParams r, gemma_router_params(route));
+      if (r.cluster_ctas > 0 && gemma_attention_end_route_fits(k, r))
+        return launch_gemma_attention_end_route(k, r, stream_.get());
+    }
+    MX_RETURN_IF_ERROR(launch_gemma_attention_end(k, stream_.get()));
+    return router_topk(route);
   }
   Status gemma_layer_end(const GemmaLayerEndParams& p) override {
     expect(p.residual, DType::kF32, "gemma_layer_end residual");
@@ -724,9 +741,10 @@ class CudaBackend final : public Backend {
     if (T == 0) return Status::ok();
     const CudaBf16ExpertsOptions& opt = options_.bf16_experts;
     const CudaBf16ExpertsDecode decode = opt.decode;
-    if ((decode == CudaBf16ExpertsDecode::kBulkCopies || decode == CudaBf16ExpertsDecode::kStreamed) &&
+    if ((decode == CudaBf16ExpertsDecode::kBulkCopies || decode == CudaBf16ExpertsDecode::kStreamed ||
+         decode == CudaBf16ExpertsDecode::kFused) &&
         dev_.sm_major < 9)
-      return unimplemented("bf16 experts: the bulk-copy and streamed decode kernels need sm_90 or later");
+      return unimplemented("bf16 experts: the bulk-copy, streamed and fused decode kernels need sm_90 or later");
     const bool prefill_wgmma = opt.prefill == CudaBf16ExpertsPrefill::kWgmma ||
                                (opt.prefill == CudaBf16ExpertsPrefill::kAuto && dev_.sm_major == 9);
     if (prefill_wgmma && dev_.sm_major != 9)
@@ -739,7 +757,7 @@ class CudaBackend final : public Backend {
     const bool grouped = slots >= 32 * E && I % 2 == 0;
     const bool self_routed = !grouped && use_fused_moe_routing(slots);
     const bool streamed = !grouped && !self_routed &&
-                          (decode == CudaBf16ExpertsDecode::kStreamed ||
+                          (decode == CudaBf16ExpertsDecode::kStreamed || decode == CudaBf16ExpertsDecode::kFused ||
                            (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9));
     int64_t tile_tokens = grouped ? prefill_tile_tokens : 8;
     if (streamed) {
@@ -772,6 +790,7 @@ class CudaBackend final : public Backend {
     // yet timed on sm_100/120.
     g.bulk_copies = !streamed && (decode == CudaBf16ExpertsDecode::kBulkCopies ||
                                   decode == CudaBf16ExpertsDecode::kStreamed ||
+                                  decode == CudaBf16ExpertsDecode::kFused ||
                                   (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9));
     g.streamed = streamed;
     g.wgmma = grouped && prefill_wgmma;
@@ -787,7 +806,12 @@ class CudaBackend final : public Backend {
     g.out_rows = I;
     g.k = H;
     g.k_split = k_split(H);
-    MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
+    // A self-routed step's two GEMMs in one persistent launch (moe_bf16_fused.cu): kFused, and kAuto on Hopper
+    // from two tokens (H200: 4 tokens 128.1 -> 113.2 us; one token 34.6 -> 35.7 keeps the two launches).
+    const bool fused = self_routed && (decode == CudaBf16ExpertsDecode::kFused ||
+                                       (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9 && T > 1));
+    const MoeBf16GemmParams up = g;
+    if (!fused) MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
     g.gated = false;
     g.w = ptr<const uint16_t>(p.down);
     g.in = ptr_of<const uint16_t>(scratch_.moe_h);
@@ -803,6 +827,12 @@ class CudaBackend final : public Backend {
     if (self_routed) {
       g.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       g.combined = ptr<uint16_t>(p.out);
+    }
+    if (fused) {
+      MX_RETURN_IF_ERROR(ensure(scratch_.moe_fused_counters, moe_bf16_fused_counters() * 4, "MoE fused counters",
+                                /*zero=*/true));
+      const int ring_slots = opt.fused_ring_slots != 0 ? opt.fused_ring_slots : 6;
+      return launch_moe_bf16_fused(up, g, ptr_of<uint32_t>(scratch_.moe_fused_counters), ring_slots, stream_.get());
     }
     MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
     if (self_routed) return Status::ok();

@@ -67,10 +67,13 @@ struct CudaAttentionOptions {
 // per (8-token tile, strip) with weights by bulk copies (moe_bf16_bulk.cu, sm_90+); kRegisterLoads = the
 // same by 16-byte loads into registers (moe_bf16.cu); kStreamed = where launch_moe_routing's metadata routes
 // the tiles (> 32 slots), persistent CTAs stream (tile, strip) items through one ring (moe_bf16_stream.cu,
-// sm_90+; tiles of stream_tile_tokens), and steps of <= 32 slots keep the bulk-copy kernels. kAuto = kStreamed
-// on Hopper (sm_90, where each was measured faster: docs/PERF.md), else register loads. Tests and benchmarks
-// force the others to compare them; kBulkCopies and kStreamed below sm_90 are errors.
-enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies, kStreamed };
+// sm_90+; tiles of stream_tile_tokens), and steps of <= 32 slots keep the bulk-copy kernels. kFused = steps
+// of <= 32 slots run both GEMMs in one persistent launch (moe_bf16_fused.cu, sm_90+: the second GEMM's
+// weights stream while the first finishes), larger ones as kStreamed. kAuto = on Hopper (sm_90, where each
+// was measured faster: docs/PERF.md) kStreamed, but kFused for 2-4 tokens (<= 32 slots at top-8); else
+// register loads. Tests and benchmarks force the others to compare them; kBulkCopies, kStreamed and kFused
+// below sm_90 are errors.
+enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies, kStreamed, kFused };
 enum class CudaBf16ExpertsPrefill { kAuto, kMmaSync, kWgmma };
 struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
@@ -94,6 +97,9 @@ struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsPrefill prefill = CudaBf16ExpertsPrefill::kAuto;
   // Tokens per routing tile there: 64 or 128 (wgmma only); 0 = moe_bf16_prefill_tile_tokens's choice.
   int prefill_tile_tokens = 0;
+  // kFused: ring slots per CTA (2 to 8; 0 = 6). H200, 4 tokens, us per call at 3 / 4 / 6 slots: 119.84 /
+  // 115.74 / 113.18 (mx_kernel_bench --gemma-experts-only, session 15 W1).
+  int fused_ring_slots = 0;
 };
 
 // Which kernel runs Gemma-4's router: kAuto = up to kClusterMaxTokens tokens the cluster kernel on sm_90

@@ -255,19 +255,18 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     MX_RETURN_IF_ERROR(b.attention(ap, batch));
     MX_RETURN_IF_ERROR(b.linear(attn, L.o_weight, TensorView(), proj));
     MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's heads' share of o_proj
-    // residual += normed attention; the dense MLP's and the experts' input norms of the new residual.
-    MX_RETURN_IF_ERROR(b.gemma_attention_end(GemmaAttentionEndParams{
-        proj, residual, L.post_attention_norm, L.pre_mlp_norm, c.moe ? L.pre_moe_norm : TensorView(), normed,
-        normed_moe, eps}));
-
-    // The router reads only the residual, so it runs before the dense MLP: the MLP's first GEMM streams its
-    // weights while the router finishes (a PDL dependent), and the experts find their routing complete.
-    // Routed from the residual (not from the pre-feedforward norm); the router's weightless norm of the
-    // residual is fused into the router (x_norm_eps).
+    // residual += normed attention; the dense MLP's and the experts' input norms of the new residual; then the
+    // router of that residual, in the same op (CUDA: one launch at decode), before the dense MLP, so the
+    // experts find their routing complete (and may read it before their PDL wait). Routed from the residual
+    // (not from the pre-feedforward norm); the router's weightless norm of the residual is fused into the
+    // router (x_norm_eps).
     RouterParams router{residual, router_weight_[li], TensorView(), ws.router_logits.rows(0, T),
                         ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token,
                         L.per_expert_scale, eps, router_x_scale_[li]};
-    if (c.moe) MX_RETURN_IF_ERROR(b.router_topk(router));
+    GemmaAttentionEndParams end{proj, residual, L.post_attention_norm, L.pre_mlp_norm,
+                                c.moe ? L.pre_moe_norm : TensorView(), normed, normed_moe, eps};
+    end.route = c.moe ? &router : nullptr;
+    MX_RETURN_IF_ERROR(b.gemma_attention_end(end));
     // Dense MLP.
     TensorView gate_up = ws.gate_up.rows(0, T), mlp_act = ws.mlp_act.rows(0, T);
     MX_RETURN_IF_ERROR(b.linear(normed, mlp_gate_up_[li], TensorView(), gate_up));

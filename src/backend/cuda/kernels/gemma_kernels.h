@@ -1,5 +1,5 @@
 // Parameter structs and launchers of the kernels Gemma-4 adds (gemma_ops.cu, gemma_norms.cu, gemma_router.cu,
-// moe_bf16*.cu).
+// gemma_attention_end_route.cu, moe_bf16*.cu).
 // Same conventions as kernels.h: raw device pointers, int64 sizes, a Status per launch. Host-only header.
 #pragma once
 
@@ -120,6 +120,12 @@ Status launch_gemma_router(const GemmaRouterParams& p, cudaStream_t stream);
 int gemma_router_split_ctas();
 bool gemma_router_split_fits(const GemmaRouterParams& p);
 Status launch_gemma_router_split(const GemmaRouterParams& p, cudaStream_t stream);
+// The attention end and the router of its new residual in one launch (gemma_attention_end_route.cu, sm_90+): a
+// cluster of router.cluster_ctas (8 or 16) CTAs per row; router.x, tickets and the other kernel choices are
+// unused. Where it fits (hidden % 8 == 0 and <= 4096, a CTA's router rows in shared memory), and its launch.
+bool gemma_attention_end_route_fits(const GemmaAttentionEndKernelParams& end, const GemmaRouterParams& router);
+Status launch_gemma_attention_end_route(const GemmaAttentionEndKernelParams& end, const GemmaRouterParams& router,
+                                        cudaStream_t stream);
 
 // bf16 GeGLU experts over launch_moe_routing's tiles (or self-routed, below): 8-token tiles on a swap-AB
 // decode kernel (moe_bf16.cu or moe_bf16_bulk.cu), 64-token tiles on the grouped GEMM (moe_bf16_grouped.cu).
@@ -171,5 +177,12 @@ Status launch_moe_bf16_wgmma_gemm(const MoeBf16GemmParams& p, cudaStream_t strea
 Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The streamed path (moe_bf16_stream.cu): as many persistent CTAs as the device holds at once.
 Status launch_moe_bf16_stream_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+// Both GEMMs of a self-routed step (<= 32 slots, 8-token tiles, the combine fused) in one persistent launch
+// (moe_bf16_fused.cu, sm_90+; bit for bit the bulk kernels' result): up and down as launch_moe_bf16_gemm
+// takes them, counters = moe_bf16_fused_counters() words zeroed once (reset by each launch), a ring of 2 to 8
+// stages per CTA.
+int moe_bf16_fused_counters();
+Status launch_moe_bf16_fused(const MoeBf16GemmParams& up, const MoeBf16GemmParams& down, uint32_t* counters,
+                             int ring_slots, cudaStream_t stream);
 
 }  // namespace mx::cuda
