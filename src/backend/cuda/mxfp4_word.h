@@ -11,7 +11,7 @@
 // code's four bits sit where one 32-bit rotation puts all of them in place at once for registers 0-2 (sign
 // and magnitudes of both halves: rotate, then one mask), and register 3 takes two rotations (no four
 // rotations of the pattern {6, 7, 8, 15, 22, 23, 24, 31} tile 32 bits): 9 integer instructions per word,
-// two of them plain left shifts (swap_ab_decode_word).
+// two of which a kernel may take as plain left shifts (swap_ab_decode_word<true>).
 #pragma once
 
 #include <cstdint>
@@ -53,17 +53,20 @@ constexpr bool swap_ab_rotation_is_shift(int reg, int rot) {
 }
 
 // The four A registers of a word, unscaled (each half: sign at bit 15, magnitude at bits 6-8, rest zero).
-// Register 1's rotation by 4 and register 3's by 6 are left shifts (swap_ab_rotation_is_shift), which the
-// compiler can issue as IMAD.SHL on the FMA pipe instead of a funnel shift on the ALU pipe, where the masks and
-// the other two rotations already are: the MXFP4 wgmma kernels at batched decode are bound by the ALU pipe
-// (ncu, gpt-oss-120b at 8 tokens per expert, H200, session 14: math-pipe throttle the first stall after issue).
+// kShifts: register 1's rotation by 4 and register 3's by 6 as left shifts (swap_ab_rotation_is_shift: the same
+// bits), which the compiler can issue as IMAD.SHL on the FMA pipe instead of a funnel shift on the ALU pipe,
+// where the masks and the other two rotations already are. The 16-token MoE wgmma kernel at batched decode is
+// bound by the ALU pipe (ncu, gpt-oss-120b at 8 tokens per expert, H200, session 14) and measured 4.7% faster
+// with them (session 15 W2); in the 96-token kernel they made ptxas serialize every wgmma (C7511: 121 -> 96
+// registers), and no other kernel was timed with them, so the rest keep the rotations they were measured with.
+template <bool kShifts = false>
 MX_SWAP_AB_FN void swap_ab_decode_word(uint32_t v, uint32_t (&a)[4]) {
   static_assert(swap_ab_rotation_is_shift(1, 4) && swap_ab_rotation_is_shift(3, 6), "see above");
   constexpr uint32_t kCode = 0x81C081C0u;  // sign and magnitude bits of both halves
   a[0] = v & kCode;
-  a[1] = (v << 4) & kCode;
+  a[1] = (kShifts ? v << 4 : swap_ab_rotl(v, 4)) & kCode;
   a[2] = swap_ab_rotl(v, 10) & kCode;
-  a[3] = ((v << 6) & 0x80C080C0u) | (swap_ab_rotl(v, 14) & 0x01000100u);
+  a[3] = ((kShifts ? v << 6 : swap_ab_rotl(v, 6)) & 0x80C080C0u) | (swap_ab_rotl(v, 14) & 0x01000100u);
 }
 
 }  // namespace mx::cuda

@@ -344,8 +344,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, 
       const uint32_t stage = ring + slot * Shape::kStageBytes;
       const uint32_t weights = stage + Shape::kWeightsAt + tid * 16;
       const uint32_t scales = stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16;
-      moe_wgmma_k_tile<kCols>(da, a[0], stage, weights, scales, r);
-      moe_wgmma_k_tile<kCols>(db, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
+      // The decode's shifts only in the narrow tiles: the 96-token kernel serialized its wgmma with them.
+      moe_wgmma_k_tile<kCols, kNarrowCols != 0>(da, a[0], stage, weights, scales, r);
+      moe_wgmma_k_tile<kCols, kNarrowCols != 0>(db, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
       slot = slot == kS - 1 ? 0 : slot + 1;
     }
     wgmma_wait<0>();

@@ -56,14 +56,15 @@ __device__ __forceinline__ void wgmma_bf16_rs<16>(float (&d)[8], const uint32_t 
 // 16 fp4 bytes at `weights` and the strip's scales at `scales` (rows r and r + 8 of this lane's half) decoded
 // into the A registers `at`, the warpgroup's four k16 wgmma against the stage's B tile issued as one group,
 // then a wait until the previous tile's group is done (its A registers and ring slot are free again).
-template <int kCols>
+// kShifts: the fp4 decode's form (swap_ab_decode_word).
+template <int kCols, bool kShifts = false>
 __device__ __forceinline__ void moe_wgmma_k_tile(float (&d)[kCols / 2], uint32_t (&at)[4][4], uint32_t stage,
                                                  uint32_t weights, uint32_t scales, int r) {
   const uint4 wq = lds128(weights);
   const uint32_t sc0 = mxfp4_scale_x2(lds8(scales + r)), sc8 = mxfp4_scale_x2(lds8(scales + r + 8));
   const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step(w4[kk], sc0, sc8, at[kk]);
+  for (int kk = 0; kk < 4; ++kk) mxfp4_dequant_step<kShifts>(w4[kk], sc0, sc8, at[kk]);
   // A k16 step adds 32 bytes (2 in the descriptor's address field).
   const uint64_t desc = wgmma_desc_k128(stage);
   wgmma_fence();

@@ -19,9 +19,10 @@ __device__ __forceinline__ uint32_t mxfp4_scale_x2(uint32_t s) { return s * 0x00
 // The four A registers (bf16x2) of one k-step from lane (r, q)'s packed 32-bit word of that step: the codes'
 // sign and magnitude bits go straight into bf16s (a rotation and a mask per register, mxfp4_word.h; a 2^-126
 // factor), then one bf16x2 multiply by the row's scale: registers 0 and 2 hold strip row r (scale sc0), 1
-// and 3 row r + 8.
+// and 3 row r + 8. kShifts: swap_ab_decode_word's.
+template <bool kShifts = false>
 __device__ __forceinline__ void mxfp4_dequant_step(uint32_t v, uint32_t sc0, uint32_t sc8, uint32_t (&a)[4]) {
-  swap_ab_decode_word(v, a);
+  swap_ab_decode_word<kShifts>(v, a);
 #pragma unroll
   for (int j = 0; j < 4; ++j) a[j] = bf16x2_mul(a[j], (j & 1) ? sc8 : sc0);
 }
