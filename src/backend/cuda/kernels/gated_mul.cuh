@@ -1,5 +1,6 @@
 // out = act(gate) * up elementwise over bf16, the gate of GeGLU (gemma_ops.cu) and SwiGLU (llama_ops.cu): one
-// body, each kernel passing its activation as a functor so it inlines. fp32 math, round to nearest even.
+// body, each kernel passing its activation as a functor so it inlines. fp32 math, round to nearest even. Also
+// GeGLU's activation itself (gelu_tanh), which the bf16 expert kernels apply in their epilogues.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,13 @@
 #include "backend/cuda/kernels/common.cuh"
 
 namespace mx::cuda {
+
+// GeGLU's activation, the tanh approximation of GELU in fp32 with the precise tanhf, as the CPU twin computes it:
+// the one definition of Gemma-4's dense MLP (gemma_ops.cu) and its bf16 experts (moe_bf16_*.cu).
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
 
 // vec: 8 values per thread (n % 8 == 0 and 16-byte aligned pointers), else one. Thread i of the grid.
 template <class Activation>

@@ -12,11 +12,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(ceil_div64(n, kThreads)); }
 
 __global__ void soft_cap_kernel(float* x, int64_t n, float cap, bool vec) {

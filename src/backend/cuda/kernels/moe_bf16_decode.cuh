@@ -13,17 +13,13 @@
 #pragma once
 
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/gated_mul.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/moe_route_tile.cuh"
 
 namespace mx::cuda::moe_bf16 {
 
 __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
 
 // Activations: x (first GEMM) is shared by many CTAs, through L1; h (second GEMM) may have been written
 // while this kernel already ran (PDL), so from L2 only.

@@ -10,6 +10,7 @@
 // zero-filled by the copies (src size 0). Tiles past the device-side count exit (graph-safe grid).
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/gated_mul.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
 
 namespace mx::cuda {
@@ -21,11 +22,6 @@ constexpr int kStages = 3;
 constexpr int kThreads = 128;
 constexpr int kStageElems = (kBM + kBN) * kPitch;
 constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageElems * 2;
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
 
 template <bool kGated>
 __global__ void __launch_bounds__(kThreads) moe_bf16_grouped_kernel(MoeBf16GemmParams p) {

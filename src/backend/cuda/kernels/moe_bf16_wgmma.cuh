@@ -57,8 +57,8 @@ __device__ __forceinline__ void moe_bf16_wgmma_store(const MoeBf16GemmParams& p,
         const int64_t ch = col0 + 8 * j + 2 * q;
         if (ch >= p.out_rows) continue;
         const int g = 4 * j + 2 * half, u = g + 4 * (kBN / 16);  // column 64 + 8j + 2q: up of the same channel
-        const float h0 = moe_bf16::gelu_tanh(acc[g]) * acc[u];
-        const float h1 = moe_bf16::gelu_tanh(acc[g + 1]) * acc[u + 1];
+        const float h0 = gelu_tanh(acc[g]) * acc[u];
+        const float h1 = gelu_tanh(acc[g + 1]) * acc[u + 1];
         *reinterpret_cast<uint32_t*>(p.out + pos * p.out_rows + ch) = pack_bf16x2(h0, h1);
       }
     } else {
