@@ -542,21 +542,10 @@ Status launch_cta_cluster(const AttentionKernelParams& p, const AttentionDecodeS
   MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       static_cast<int>(c.smem_bytes)),
                                  "cudaFuncSetAttribute(attention decode swap, clusters)"));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.n_kv), static_cast<unsigned>(c.num_splits), static_cast<unsigned>(p.tokens));
-  cfg.blockDim = dim3(32 * kWarps);
-  cfg.dynamicSmemBytes = static_cast<size_t>(c.smem_bytes);
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = 1;
-  attrs[0].val.clusterDim.y = static_cast<unsigned>(c.num_splits);
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 2;
-  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p, c.stages, c.num_splits, c.min_split_keys),
+  const dim3 grid(static_cast<unsigned>(p.n_kv), static_cast<unsigned>(c.num_splits), static_cast<unsigned>(p.tokens));
+  return cuda_status(launch_pdl_clusters(kernel, grid, dim3(32 * kWarps), dim3(1, static_cast<unsigned>(c.num_splits)),
+                                         static_cast<size_t>(c.smem_bytes), stream, p, c.stages, c.num_splits,
+                                         c.min_split_keys),
                      "attention_decode_swap_cta_kernel (clusters)");
 }
 

@@ -41,4 +41,26 @@ __device__ __forceinline__ float load_from_cluster_rank(const float* local, unsi
   return v;
 }
 
+// launch_pdl (common.cuh) with the grid in CTA clusters of `cluster` (sm_90+). Clusters above 8 CTAs are
+// non-portable: the caller first sets cudaFuncAttributeNonPortableClusterSizeAllowed on the kernel.
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster, size_t smem,
+                                cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = cluster.x;
+  attrs[0].val.clusterDim.y = cluster.y;
+  attrs[0].val.clusterDim.z = cluster.z;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
 }  // namespace mx::cuda

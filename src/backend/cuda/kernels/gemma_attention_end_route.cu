@@ -195,21 +195,10 @@ Status launch_gemma_attention_end_route(const GemmaAttentionEndKernelParams& end
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "cudaFuncSetAttribute(attention end route smem)"));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(router.cluster_ctas), static_cast<unsigned>(end.rows));
-  cfg.blockDim = dim3(kRowThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(router.cluster_ctas);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 2;
-  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, Params{end, router}), "gemma_attention_end_route_kernel");
+  const unsigned ctas = static_cast<unsigned>(router.cluster_ctas);
+  return cuda_status(launch_pdl_clusters(kernel, dim3(ctas, static_cast<unsigned>(end.rows)), dim3(kRowThreads),
+                                         dim3(ctas), static_cast<size_t>(smem), stream, Params{end, router}),
+                     "gemma_attention_end_route_kernel");
 }
 
 }  // namespace mx::cuda

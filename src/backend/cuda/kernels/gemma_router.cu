@@ -271,23 +271,12 @@ Status launch_cluster(const GemmaRouterParams& p, cudaStream_t stream) {
   const int64_t smem = p.bulk_weights ? cluster_weight_bytes(p, p.cluster_ctas) : 0;
   if (p.bulk_weights && !gemma_router_bulk_weights_fit(p))
     return unimplemented("router: the CTA's weight rows do not fit shared memory or 16-byte copies");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster_ctas), static_cast<unsigned>(p.tokens));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(p.cluster_ctas);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 2;
-  return cuda_status(p.bulk_weights ? cudaLaunchKernelEx(&cfg, gemma_router_cluster_kernel<true>, p)
-                                    : cudaLaunchKernelEx(&cfg, gemma_router_cluster_kernel<false>, p),
-                     "gemma_router_cluster_kernel");
+  const unsigned ctas = static_cast<unsigned>(p.cluster_ctas);
+  const dim3 grid(ctas, static_cast<unsigned>(p.tokens));
+  auto* kernel = p.bulk_weights ? gemma_router_cluster_kernel<true> : gemma_router_cluster_kernel<false>;
+  return cuda_status(
+      launch_pdl_clusters(kernel, grid, dim3(kThreads), dim3(ctas), static_cast<size_t>(smem), stream, p),
+      "gemma_router_cluster_kernel");
 }
 
 template <int kWarpExperts, int kKSplit, int kTileTokens>

@@ -307,21 +307,11 @@ Status launch_gemma_router_split(const GemmaRouterParams& p, cudaStream_t stream
   const int tile = split_tile_tokens(p.tokens, p.split_ctas);
   const SplitArgs a = split_args(p, tile);
   if (ceil_div64(p.tokens, tile) > 65535) return unimplemented("router: too many tokens for one split launch");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.split_ctas), static_cast<unsigned>(ceil_div64(p.tokens, tile)));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(a.bytes);
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(p.split_ctas);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 2;
-  return cuda_status(cudaLaunchKernelEx(&cfg, gemma_router_split_kernel, a), "gemma_router_split_kernel");
+  const unsigned ctas = static_cast<unsigned>(p.split_ctas);
+  const dim3 grid(ctas, static_cast<unsigned>(ceil_div64(p.tokens, tile)));
+  return cuda_status(launch_pdl_clusters(gemma_router_split_kernel, grid, dim3(kThreads), dim3(ctas),
+                                         static_cast<size_t>(a.bytes), stream, a),
+                     "gemma_router_split_kernel");
 }
 
 }  // namespace mx::cuda

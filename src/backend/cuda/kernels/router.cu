@@ -219,20 +219,9 @@ Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
   if (major < 9 || blocks > kMaxRouterClusterCtas)
     return cuda_status(launch_pdl(router_topk_kernel<false>, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
                        "router_topk_kernel");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(32 * kExpertsPerCta);
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(blocks);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 2;
-  return cuda_status(cudaLaunchKernelEx(&cfg, router_topk_kernel<true>, p), "router_topk_kernel (clusters)");
+  return cuda_status(launch_pdl_clusters(router_topk_kernel<true>, grid, dim3(32 * kExpertsPerCta),
+                                         dim3(static_cast<unsigned>(blocks)), 0, stream, p),
+                     "router_topk_kernel (clusters)");
 }
 
 Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream) {
