@@ -60,6 +60,31 @@ struct WsTables {
   int tok_first[ROWS], tok_last[ROWS], tok_seq[ROWS];
   int pass_end[ROWS], pass_seq[ROWS], pass_kmin[ROWS], pass_kmax[ROWS];
   int n_passes, whole_fmax, whole_lmin;
+
+  // The passes of the first n_tok tokens, from tok_*: runs of one sequence (a sequence's tokens are
+  // contiguous), each loading keys [min first, max last] of its tokens. One thread.
+  __device__ __forceinline__ void build_passes(int n_tok) {
+    int n = 0, fmax = -1, lmin = INT_MAX;
+    for (int start = 0; start < n_tok; ++n) {
+      const int seq = tok_seq[start];
+      int kmin = INT_MAX, kmax = -1, end = start;
+      for (; end < n_tok && tok_seq[end] == seq; ++end) {
+        kmin = min(kmin, tok_first[end]);
+        kmax = max(kmax, tok_last[end]);
+        fmax = max(fmax, tok_first[end]);
+        lmin = min(lmin, tok_last[end]);
+      }
+      pass_end[n] = end;
+      pass_seq[n] = seq;
+      pass_kmin[n] = kmin;
+      pass_kmax[n] = kmax;
+      start = end;
+    }
+    n_passes = n;
+    // Keys every row sees, [fmax, lmin]: only with one pass (else other passes' rows need their masks).
+    whole_fmax = n == 1 ? fmax : INT_MAX;
+    whole_lmin = n == 1 ? lmin : -1;
+  }
 };
 template <const AttnWsShape& S>
 constexpr bool smem_counted() {
@@ -124,30 +149,7 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
     mbarrier_init_fence();
   }
   __syncthreads();
-  if (tid == 0) {
-    // Passes: runs of one sequence (a sequence's tokens are contiguous), each loading keys [min first,
-    // max last] of its tokens.
-    int n = 0, fmax = -1, lmin = INT_MAX;
-    for (int start = 0; start < n_tok; ++n) {
-      const int seq = tab.tok_seq[start];
-      int kmin = INT_MAX, kmax = -1, end = start;
-      for (; end < n_tok && tab.tok_seq[end] == seq; ++end) {
-        kmin = min(kmin, tab.tok_first[end]);
-        kmax = max(kmax, tab.tok_last[end]);
-        fmax = max(fmax, tab.tok_first[end]);
-        lmin = min(lmin, tab.tok_last[end]);
-      }
-      tab.pass_end[n] = end;
-      tab.pass_seq[n] = seq;
-      tab.pass_kmin[n] = kmin;
-      tab.pass_kmax[n] = kmax;
-      start = end;
-    }
-    tab.n_passes = n;
-    // Keys every row sees, [fmax, lmin]: only with one pass (else other passes' rows need their masks).
-    tab.whole_fmax = n == 1 ? fmax : INT_MAX;
-    tab.whole_lmin = n == 1 ? lmin : -1;
-  }
+  if (tid == 0) tab.build_passes(n_tok);
   cp_async_wait<0>();
   fence_proxy_async_smem();  // Q's copies, read by wgmma from shared memory
   __syncthreads();
@@ -350,26 +352,8 @@ __global__ void __launch_bounds__(PersistShape<HD, KT, CONSUMERS, STAGES>::kThre
           tab.tok_seq[i] = p.kv.token_seq[t0 + i];
         }
         __syncwarp();
-        if (tid == 0) {  // the passes, as the kernel above's prologue
-          int np = 0, fmax = -1, lmin = INT_MAX;
-          for (int start = 0; start < n_tok; ++np) {
-            const int seq = tab.tok_seq[start];
-            int kmin = INT_MAX, kmax = -1, end = start;
-            for (; end < n_tok && tab.tok_seq[end] == seq; ++end) {
-              kmin = min(kmin, tab.tok_first[end]);
-              kmax = max(kmax, tab.tok_last[end]);
-              fmax = max(fmax, tab.tok_first[end]);
-              lmin = min(lmin, tab.tok_last[end]);
-            }
-            tab.pass_end[np] = end;
-            tab.pass_seq[np] = seq;
-            tab.pass_kmin[np] = kmin;
-            tab.pass_kmax[np] = kmax;
-            start = end;
-          }
-          tab.n_passes = np;
-          tab.whole_fmax = np == 1 ? fmax : INT_MAX;
-          tab.whole_lmin = np == 1 ? lmin : -1;
+        if (tid == 0) {
+          tab.build_passes(n_tok);
           // The tables (this warp's writes, ordered by the arrival's release) and Q's box, on one phase.
           mbarrier_arrive_expect_tx(ufull0 + 8 * b, static_cast<uint32_t>(group * tpc * HD * 2));
           tma_load_3d(smem_addr(sq) + b * kQBytes, &q_map, 0, g * group, t0, ufull0 + 8 * b);
