@@ -13,6 +13,7 @@
 // --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
+// --attention-gemma-prefill[=T,T,...]: Gemma-4's prefill attention rows only, each prefill kernel.
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
@@ -32,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "backend/cuda/attention_wide_config.h"
 #include "backend/cuda/cublaslt_linear.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_info.h"
@@ -542,33 +544,58 @@ void bench_attention() {
 }
 
 // Gemma-4 26B-A4B attention (issue 15): sliding layers (16 q / 8 kv heads, head dim 256, window 1024) and
-// full layers (16 q / 2 kv heads, head dim 512), no sinks, scale 1.0. Prefill: one prompt of 1K/4K/8K
-// tokens (FLOPs of the visible pairs). Decode: batch x context, rotating over KV layers worth >= 150 MB
-// so reads come from HBM; bytes = the K and V a step must read (the window's at most on sliding layers).
+// full layers (16 q / 2 kv heads, head dim 512, V in K's storage), no sinks, scale 1.0. Prefill: one prompt of
+// 1K/4K/8K tokens (FLOPs of the visible pairs), through attention.cu's mma.sync kernel and (sm_90) the
+// wide-head wgmma kernel, timed in interleaved rounds (the median of 3). Decode: batch x context, rotating over
+// KV layers worth >= 150 MB so reads come from HBM; bytes = the K and V a step must read (the window's at most
+// on sliding layers).
 void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches = {});
-void bench_attention_gemma() {
+void bench_attention_gemma_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2816, 704, 128, 8, 16, 8, 512}));
+  auto placement = cuda_placement(*g_b);
+  CHECK_OK(placement.is_ok() ? Status::ok() : placement.status());
+  auto dev = cuda::query_device_info(placement->device);
+  CHECK_OK(dev.is_ok() ? Status::ok() : dev.status());
+  const bool sm90 = cuda::choose_attention_wide_wgmma_config(*dev, 256).enabled;
   struct Layer {
     const char* name;
     AttnGeometry geo;
     int64_t window;
   };
-  const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1}, 1024}, {"full hd512", {16, 2, 512, 1}, 0}};
-  for (int64_t T : {1024, 4096, 8192})
+  const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1}, 1024}, {"full hd512", {16, 2, 512, 1, true}, 0}};
+  const std::pair<CudaAttentionPath, const char*> paths[] = {{CudaAttentionPath::kMmaSync, " mma.sync"},
+                                                             {CudaAttentionPath::kWgmmaWide, " wgmma-wide"}};
+  const size_t n_paths = sm90 ? 2 : 1;
+  for (int64_t T : lengths)
     for (const Layer& k : kinds) {
       AttnSetup a = make_attention(1, T, T, k.geo);
       double keys = 0;
       for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(k.window ? std::min(t + 1, k.window) : t + 1);
       const double flops = 4.0 * k.geo.n_q * k.geo.head_dim * keys;
       const int n = static_cast<int>(std::clamp<double>(20e-3 * 200e12 / flops, 2, 64));  // ~20 ms per graph
-      const double us = time_graph(n, [&](int) {
-        AttentionParams p{a.q, a.kv.layer(0), TensorView{}, a.out, k.geo.n_q, k.geo.n_kv, k.geo.head_dim, k.window, 1.0f};
-        return g_b->attention(p, a.batch);
-      });
-      char note[64];
-      std::snprintf(note, sizeof note, "%.0f TFLOP/s", flops / us / 1e6);
-      report("gemma prefill " + std::to_string(T / 1024) + "K " + k.name, us, 0, flops, note);
+      constexpr int kRounds = 3;
+      std::vector<std::vector<double>> us(n_paths);
+      for (int round = 0; round < kRounds; ++round)
+        for (size_t i = 0; i < n_paths; ++i) {
+          CHECK_OK(set_cuda_attention_options(*g_b, {paths[i].first}));
+          us[i].push_back(time_graph(n, [&](int) {
+            AttentionParams p{a.q, a.kv.layer(0), TensorView{}, a.out, k.geo.n_q, k.geo.n_kv, k.geo.head_dim, k.window, 1.0f};
+            return g_b->attention(p, a.batch);
+          }));
+        }
+      for (size_t i = 0; i < n_paths; ++i) {
+        std::sort(us[i].begin(), us[i].end());
+        const double median = us[i][kRounds / 2];
+        char note[96];
+        std::snprintf(note, sizeof note, "%.0f TFLOP/s, rounds %.1f..%.1f us", flops / median / 1e6, us[i].front(),
+                      us[i].back());
+        report("gemma prefill " + std::to_string(T / 1024) + "K " + k.name + paths[i].second, median, 0, flops, note);
+      }
     }
+  CHECK_OK(set_cuda_attention_options(*g_b, {}));
+}
+void bench_attention_gemma() {
+  bench_attention_gemma_prefill({1024, 4096, 8192});
   bench_attention_gemma_decode();
 }
 
@@ -1307,6 +1334,13 @@ int main(int argc, char** argv) {
       candidates = std::atoi(argv[arg++] + candidates_flag.size());
     bench_decode_step(b, candidates);
     bench_sampling(b);
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--attention-gemma-prefill[=T,T,...]`: only the Gemma-4 prefill rows (default 1K, 4K, 8K), each kernel.
+  if (const auto lengths = argc > arg ? int_list_flag(argv[arg], "--attention-gemma-prefill") : std::nullopt) {
+    bench_attention_gemma_prefill(lengths->empty() ? std::vector<int64_t>{1024, 4096, 8192} : *lengths);
+    ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }

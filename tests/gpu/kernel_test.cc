@@ -6,6 +6,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "backend/cuda/attention_wide_config.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/kernel_configs.h"
@@ -338,6 +339,55 @@ TEST_F(KernelTest, AttentionGemmaPrefill) {
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kMmaSync}).is_ok());
   run_attention(cpu_, cuda_, rng_, cases.back(), " (mma.sync)");
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
+// The wide-head wgmma prefill kernel (attention_wgmma_wide.cu, sm_90a) on Gemma-4's geometry and around it:
+// hd 256 (128 rows a CTA: 64 tokens at g2) with window 1024 crossed inside a prompt and inside a chunk after
+// a cached prefix, hd 512 (64 rows: 8 tokens at g8; the two warpgroups' partial scores summed) with K and V
+// in one storage (Gemma-4's full layers) and apart; 1- and 7-token sequences beside others, odd groups,
+// sinks, pages that split tiles, a window whose edge falls mid-tile, and graph replay equal to eager. The
+// mma.sync kernel (the reference, and the path of sm_100/sm_120) runs a few of them too.
+TEST_F(KernelTest, AttentionGemmaPrefillWgmma) {
+  auto placement = cuda_placement(cuda_backend());
+  ASSERT_TRUE(placement.is_ok());
+  auto dev = cuda::query_device_info(placement->device);
+  ASSERT_TRUE(dev.is_ok());
+  if (!cuda::choose_attention_wide_wgmma_config(*dev, 256).enabled) GTEST_SKIP() << "no wgmma on " << dev->name;
+  const std::vector<AttnCase> cases = {
+      {"hd256 g2 w1024, 129 tok", 16, 8, 256, 1024, 16, {{0, 129}}, false, 1.0f},
+      {"hd256 g2 w1024, 1100 tok", 16, 8, 256, 1024, 16, {{0, 1100}}, false, 1.0f},
+      {"hd256 g2 w1024, chunk 300 after 900 cached + 7 new, page 5", 16, 8, 256, 1024, 5, {{900, 300}, {0, 7}}, false, 1.0f},
+      {"hd256 g2 w1024, 1 tok + 7 tok + a decode row", 16, 8, 256, 1024, 16, {{0, 1}, {0, 7}, {40, 1}}, false, 1.0f},
+      {"hd256 g2 full, chunk 129 after 2000 cached, P32", 16, 8, 256, 0, 32, {{2000, 129}}, false, 1.0f},
+      {"hd256 g16, sinks", 32, 2, 256, 0, 16, {{0, 45}, {20, 30}}},
+      {"hd256 g3 (odd group), sinks, window 100, page 7", 6, 2, 256, 100, 7, {{0, 150}, {200, 9}}},
+      {"hd512 g8 full, 129 tok, shared K/V", 16, 2, 512, 0, 16, {{0, 129}}, false, 1.0f, true},
+      {"hd512 g8 full, 1100 tok, shared K/V", 16, 2, 512, 0, 16, {{0, 1100}}, false, 1.0f, true},
+      {"hd512 g8 full, 1 + 7 tok + chunk 77 after 700 cached, page 7, shared K/V", 16, 2, 512, 0, 7,
+       {{0, 1}, {0, 7}, {700, 77}}, false, 1.0f, true},
+      {"hd512 g8 full, chunk 129 after 2000 cached, P32", 16, 2, 512, 0, 32, {{2000, 129}}, false, 1.0f},
+      {"hd512 g32, sinks, window 100", 32, 1, 512, 100, 16, {{0, 150}}},
+      {"hd512 g3 (odd group), sinks", 6, 2, 512, 0, 16, {{0, 41}, {100, 9}}},
+  };
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWide}).is_ok());
+  for (const auto& c : cases)
+    run_attention(cpu_, cuda_, rng_, c, " (wgmma-wide)", /*replay=*/&c == &cases[2] || &c == &cases[9]);
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kMmaSync}).is_ok());
+  for (const AttnCase* c : {&cases[2], &cases[9]}) run_attention(cpu_, cuda_, rng_, *c, " (mma.sync)");
+  // Outside its shapes, forced: an error, not a wrong answer.
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWide}).is_ok());
+  for (const AttnCase& c : {AttnCase{"hd64", 16, 2, 64, 0, 16, {{0, 16}}}, AttnCase{"hd512 g128", 128, 1, 512, 0, 16, {{0, 16}}}}) {
+    PagedSetup s = make_paged(rng_, c.spans, c.page_size);
+    auto st = BatchStaging::create(cuda_backend(), {16, 1, s.max_pages, 16});
+    ASSERT_TRUE(st.is_ok());
+    auto batch = st->stage(s.seqs);
+    ASSERT_TRUE(batch.is_ok());
+    TensorView kv = cuda_.make(DType::kBF16, {s.num_pages, c.page_size, c.n_kv, c.hd});
+    TensorView q = cuda_.make(DType::kBF16, {16, c.n_q * c.hd}), o = cuda_.make(DType::kBF16, {16, c.n_q * c.hd});
+    EXPECT_FALSE(cuda_backend().attention({q, {kv, kv, c.page_size}, {}, o, c.n_q, c.n_kv, c.hd, 0, 1.0f}, *batch).is_ok())
+        << c.name;
+  }
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 

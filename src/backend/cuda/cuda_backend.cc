@@ -15,6 +15,7 @@
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/llama_kernels.h"
+#include "backend/cuda/kernels/attention_wgmma_wide.h"
 #include "backend/cuda/kernels/moe_wgmma_ws.h"
 
 namespace mx {
@@ -475,6 +476,13 @@ class CudaBackend final : public Backend {
       return launch_attention_decode(a, dc, stream_.get());
     }
     CudaAttentionPath path = options_.attention.prefill;
+    if (path == CudaAttentionPath::kWgmmaWide || (path == CudaAttentionPath::kAuto && p.head_dim >= 256)) {
+      const AttentionWideWgmmaConfig cw = choose_attention_wide_wgmma_config(dev_, p.head_dim);
+      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma_wide(a, cw, stream_.get());
+      if (path == CudaAttentionPath::kWgmmaWide)
+        return unimplemented("attention: the wide-head wgmma prefill kernel needs sm_90, head_dim 256 or 512 and at most " +
+                             std::to_string(cw.rows_per_cta) + " q heads per kv head");
+    }
     if (path == CudaAttentionPath::kWgmmaWindow || path == CudaAttentionPath::kAuto) {
       // The window kernel where it takes the layer (gpt-oss's sliding layers: 1.40x the ws kernel's 64-key
       // shape at 8K on an H200, session 12); other layers as kAuto.

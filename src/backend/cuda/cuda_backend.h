@@ -47,10 +47,12 @@ struct CudaSkinnyLinearOptions {
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel
 // (attention_wgmma_window.cu) for the window layers it takes and the warp-specialized wgmma kernel
 // (attention_wgmma_ws.cu, 128-key tiles) for the others (each the fastest there, docs/PERF.md), else
-// mma.sync (attention.cu). kWgmmaWs (the ws kernel's 128-key-tile shape), kWgmmaWs64 (its 64-key-tile
-// shape), kWgmmaWindow (the window kernel; layers it does not take run as kAuto) and kMmaSync force one,
-// for tests and benchmarks; kWgmmaWs* or kWgmmaWindow where there is none is an error.
-enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWindow };
+// mma.sync (attention.cu); on sm_90 at head dims 256 and 512 (Gemma-4) the wide-head wgmma kernel
+// (attention_wgmma_wide.cu). kWgmmaWs (the ws kernel's 128-key-tile shape), kWgmmaWs64 (its 64-key-tile
+// shape), kWgmmaWindow (the window kernel; layers it does not take run as kAuto), kWgmmaWide (the wide-head
+// kernel) and kMmaSync force one, for tests and benchmarks; kWgmmaWs*, kWgmmaWindow or kWgmmaWide where
+// there is none is an error.
+enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWindow, kWgmmaWide };
 // Which decode attention kernel runs (one query per sequence, or verify rows): kAuto = the swap-AB one, its splits
 // as CTA clusters where attention_decode_swap_cluster_by_default (cluster_configs.h) has that measured faster,
 // else where attention_decode_swap_by_default (kernel_configs.h) has the swap-AB kernel measured faster, else

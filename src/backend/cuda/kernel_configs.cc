@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/attention_persist_config.h"
+#include "backend/cuda/attention_wide_config.h"
 #include "backend/cuda/cluster_configs.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
@@ -74,6 +75,17 @@ AttentionWindowWgmmaConfig choose_attention_window_wgmma_config(const DeviceInfo
   c.sm_count = dev.sm_count;
   c.smem_bytes = attention_window_wgmma_smem_bytes();
   c.enabled = dev.sm_major == 9 && head_dim == 64 && fits(dev, c.smem_bytes, kAttnWindowStages);
+  return c;
+}
+
+AttentionWideWgmmaConfig choose_attention_wide_wgmma_config(const DeviceInfo& dev, int64_t head_dim) {
+  AttentionWideWgmmaConfig c;
+  const AttnWideShape s = attention_wide_wgmma_shape(head_dim);
+  c.threads = 128 * s.row_blocks * s.slices;
+  c.rows_per_cta = 64 * s.row_blocks;
+  c.keys_per_tile = s.keys_per_tile;
+  c.smem_bytes = attention_wide_wgmma_smem_bytes(head_dim);
+  c.enabled = dev.sm_major == 9 && (head_dim == 256 || head_dim == 512) && fits(dev, c.smem_bytes, kAttnWideStages);
   return c;
 }
 
