@@ -564,8 +564,9 @@ void bench_attention_gemma_prefill(const std::vector<int64_t>& lengths) {
   };
   const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1}, 1024}, {"full hd512", {16, 2, 512, 1, true}, 0}};
   const std::pair<CudaAttentionPath, const char*> paths[] = {{CudaAttentionPath::kMmaSync, " mma.sync"},
-                                                             {CudaAttentionPath::kWgmmaWide, " wgmma-wide"}};
-  const size_t n_paths = sm90 ? 2 : 1;
+                                                             {CudaAttentionPath::kWgmmaWide, " wgmma-wide"},
+                                                             {CudaAttentionPath::kWgmmaWideLockstep, " wgmma-wide lockstep"}};
+  const size_t n_paths = sm90 ? 3 : 1;
   for (int64_t T : lengths)
     for (const Layer& k : kinds) {
       AttnSetup a = make_attention(1, T, T, k.geo);

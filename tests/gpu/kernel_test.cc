@@ -370,9 +370,11 @@ TEST_F(KernelTest, AttentionGemmaPrefillWgmma) {
       {"hd512 g32, sinks, window 100", 32, 1, 512, 100, 16, {{0, 150}}},
       {"hd512 g3 (odd group), sinks", 6, 2, 512, 0, 16, {{0, 41}, {100, 9}}},
   };
-  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWide}).is_ok());
-  for (const auto& c : cases)
-    run_attention(cpu_, cuda_, rng_, c, " (wgmma-wide)", /*replay=*/&c == &cases[2] || &c == &cases[9]);
+  for (const auto& [path, label] : {std::pair{CudaAttentionPath::kWgmmaWide, " (wgmma-wide)"},
+                                    std::pair{CudaAttentionPath::kWgmmaWideLockstep, " (wgmma-wide lockstep)"}}) {
+    ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {path}).is_ok());
+    for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, label, /*replay=*/&c == &cases[2] || &c == &cases[9]);
+  }
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kMmaSync}).is_ok());
   for (const AttnCase* c : {&cases[2], &cases[9]}) run_attention(cpu_, cuda_, rng_, *c, " (mma.sync)");
   // Outside its shapes, forced: an error, not a wrong answer.

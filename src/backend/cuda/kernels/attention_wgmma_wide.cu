@@ -42,11 +42,15 @@ struct Wide {
   static_assert(kDs == 256 && kKt % 16 == 0, "a warpgroup's O is 64 x 256; P V takes k steps of 16 keys");
 };
 
-template <int HD>
+// DECOUPLED (one warpgroup a row block): the ring's stages hand over through full and empty mbarriers instead
+// of a CTA barrier a tile, so one warpgroup's softmax can run under the other's GEMMs (they drift apart by up
+// to a tile). At 512 the warpgroups meet every tile anyway (the partial scores): a CTA barrier a tile.
+template <int HD, bool DECOUPLED>
 __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma_wide_kernel(AttentionKernelParams p) {
 #if MX_SM90A
   using W = Wide<HD>;
   constexpr int kKt = W::kKt, kRows = W::kRows, kDs = W::kDs, kThreads = W::kThreads;
+  constexpr bool kDecoupled = DECOUPLED && W::kSlices == 1;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem;                                                          // [HD / 64][kRows][64]
@@ -55,6 +59,7 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
   int* row_first = reinterpret_cast<int*>(xbuf + W::kXFloats);                 // [kRows]: keys a row sees in the pass
   int* row_last = row_first + kRows;
   __shared__ int pass_seq, pass_end, pass_kmin, pass_kmax;
+  __shared__ __align__(8) uint64_t ring_bars[2 * kAttnWideStages];  // DECOUPLED: full, then empty, a stage
 
   const int group = static_cast<int>(p.n_q / p.n_kv);
   const int tpc = max(1, kRows / group);  // tokens per CTA
@@ -104,6 +109,14 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
     }
   };
 
+  const uint32_t full0 = smem_addr(ring_bars), empty0 = full0 + 8 * kAttnWideStages;
+  if (kDecoupled && tid == 0) {
+    for (int st = 0; st < kAttnWideStages; ++st) {
+      mbarrier_init(full0 + 8 * st, kThreads);   // every thread's cp.async arrival
+      mbarrier_init(empty0 + 8 * st, kThreads);  // every thread, once its warpgroup's P V has read the stage
+    }
+    mbarrier_init_fence();
+  }
   cp_async_wait<0>();
   fence_proxy_async_smem();
   __syncthreads();
@@ -114,6 +127,15 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
 #pragma unroll
   for (int i = 0; i < kDs / 2; ++i) o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  // DECOUPLED: tile j of the CTA (over all passes) sits in stage j % 2; its full barrier's phase j / 2 says it
+  // landed, its empty barrier's that both warpgroups are done with it.
+  int j0 = 0;  // the CTA's tiles before this pass
+  auto issue = [&](int seq, int k0, int k_hi, int j) {
+    const int st = j % kAttnWideStages;
+    if (j >= kAttnWideStages) mbarrier_wait(empty0 + 8 * st, ((j / kAttnWideStages) - 1) & 1);
+    load_tile(seq, k0, k_hi, st);
+    cp_async_mbarrier_arrive(full0 + 8 * st);
+  };
 
   for (int start = 0; start < n_tok;) {
     if (tid == 0) {
@@ -152,20 +174,31 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
     const int f0 = row_first[r0], l0 = row_last[r0], f1 = row_first[r1], l1 = row_last[r1];
     const int n_tiles = kmax >= kmin ? (kmax - kmin + kKt) / kKt : 0;
     if (n_tiles > 0) {
-      load_tile(seq, kmin, kmax, 0);
-      cp_async_commit();
+      if constexpr (kDecoupled) {
+        issue(seq, kmin, kmax, j0);
+      } else {
+        load_tile(seq, kmin, kmax, 0);
+        cp_async_commit();
+      }
     }
     for (int i = 0; i < n_tiles; ++i) {
-      if (i + 1 < n_tiles) {
-        load_tile(seq, kmin + (i + 1) * kKt, kmax, (i + 1) & 1);
-        cp_async_commit();
-        cp_async_wait<1>();
+      const int stage = kDecoupled ? (j0 + i) % kAttnWideStages : i & 1;
+      if constexpr (kDecoupled) {
+        if (i + 1 < n_tiles) issue(seq, kmin + (i + 1) * kKt, kmax, j0 + i + 1);
+        mbarrier_wait(full0 + 8 * stage, ((j0 + i) / kAttnWideStages) & 1);
+        fence_proxy_async_smem();  // the landed copies, seen through the barrier, made visible to wgmma's reads
       } else {
-        cp_async_wait<0>();
+        if (i + 1 < n_tiles) {
+          load_tile(seq, kmin + (i + 1) * kKt, kmax, (i + 1) & 1);
+          cp_async_commit();
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        fence_proxy_async_smem();  // this thread's landed copies, made visible to wgmma's reads
+        __syncthreads();
       }
-      fence_proxy_async_smem();  // this thread's landed copies, made visible to wgmma's reads
-      __syncthreads();
-      const uint32_t k_addr = skv_addr + (i & 1) * W::kStageBytes;
+      const uint32_t k_addr = skv_addr + stage * W::kStageBytes;
       const uint32_t v_addr = kv_same ? k_addr : k_addr + W::kTileBytes;
       const int k0 = kmin + i * kKt;
 
@@ -201,12 +234,24 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
         }
       }
 
-      float corr[2];
-      attn_softmax_weights<kKt>(s, m_run, l_run, corr, attn_mask_sides(k0, kKt, fmax, lmin), k0, q4, f0, l0, f1, l1,
-                                p.scale_log2);
-      attn_rescale_o<kDs>(o, corr);
+      // Online softmax with the lazy rescale (attn_mask_move_max): O is rescaled only when a row of the warp
+      // moved its max, which after a row's first tiles is rare.
+      float corr[2], base[2];
+      attn_mask_move_max<kKt, /*LAZY=*/true>(s, m_run, l_run, corr, base, attn_mask_sides(k0, kKt, fmax, lmin), k0,
+                                             q4, f0, l0, f1, l1, p.scale_log2);
       uint32_t pa[kKt / 16][4];
-      attn_pack_p<kKt>(s, pa);
+#pragma unroll
+      for (int j = 0; j < kKt / 8; ++j) {
+        const float e0 = exp2_ftz(fmaf(s[4 * j], p.scale_log2, -base[0]));
+        const float e1 = exp2_ftz(fmaf(s[4 * j + 1], p.scale_log2, -base[0]));
+        const float e2 = exp2_ftz(fmaf(s[4 * j + 2], p.scale_log2, -base[1]));
+        const float e3 = exp2_ftz(fmaf(s[4 * j + 3], p.scale_log2, -base[1]));
+        l_run[0] += e0 + e1;
+        l_run[1] += e2 + e3;
+        pa[j / 2][(j % 2) * 2] = pack_bf16x2(e0, e1);
+        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(e2, e3);
+      }
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) attn_rescale_o<kDs>(o, corr);
 
       // O += P V: V's panel of each 64 output columns as the MN-major operand.
       wgmma_fence_regs(o);
@@ -221,8 +266,12 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(o);
-      __syncthreads();  // the stage (and the partial scores) are free for the next tile
+      if constexpr (kDecoupled)
+        mbarrier_arrive(empty0 + 8 * stage);
+      else
+        __syncthreads();  // the stage (and the partial scores) are free for the next tile
     }
+    j0 += n_tiles;
     start = end;
   }
 
@@ -244,12 +293,12 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
 #endif  // MX_SM90A
 }
 
-template <int HD>
-Status launch_wide(const AttentionKernelParams& p, const AttentionWideWgmmaConfig& c, cudaStream_t stream) {
+template <int HD, typename Kernel>
+Status launch_wide_kernel(Kernel kernel, const AttentionKernelParams& p, const AttentionWideWgmmaConfig& c,
+                          cudaStream_t stream) {
   using W = Wide<HD>;
   if (c.threads != W::kThreads || c.rows_per_cta != W::kRows || c.smem_bytes != attention_wide_wgmma_smem_bytes(HD))
     return internal_error("attention prefill wgmma (wide heads): config does not match the kernel");
-  auto kernel = attention_prefill_wgmma_wide_kernel<HD>;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
       "cudaFuncSetAttribute(attention wgmma wide smem)"));
@@ -257,6 +306,14 @@ Status launch_wide(const AttentionKernelParams& p, const AttentionWideWgmmaConfi
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.tokens, tpc)), static_cast<unsigned>(p.n_kv));
   kernel<<<grid, W::kThreads, c.smem_bytes, stream>>>(p);
   return launch_status("attention_prefill_wgmma_wide_kernel");
+}
+
+template <int HD>
+Status launch_wide(const AttentionKernelParams& p, const AttentionWideWgmmaConfig& c, cudaStream_t stream) {
+  if constexpr (Wide<HD>::kSlices == 1) {
+    if (c.decoupled) return launch_wide_kernel<HD>(attention_prefill_wgmma_wide_kernel<HD, true>, p, c, stream);
+  }
+  return launch_wide_kernel<HD>(attention_prefill_wgmma_wide_kernel<HD, false>, p, c, stream);
 }
 
 }  // namespace
