@@ -556,13 +556,16 @@ void bench_attention_gemma_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(placement.is_ok() ? Status::ok() : placement.status());
   auto dev = cuda::query_device_info(placement->device);
   CHECK_OK(dev.is_ok() ? Status::ok() : dev.status());
-  const bool sm90 = cuda::choose_attention_wide_wgmma_config(*dev, 256).enabled;
+  const bool sm90 = cuda::choose_attention_wide_wgmma_config(*dev, 256, false).enabled;
   struct Layer {
     const char* name;
     AttnGeometry geo;
     int64_t window;
   };
-  const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1}, 1024}, {"full hd512", {16, 2, 512, 1, true}, 0}};
+  // Full layers with V apart too: the wide-head kernel's other 512 shape (32-key tiles of K and V).
+  const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1}, 1024},
+                         {"full hd512", {16, 2, 512, 1, true}, 0},
+                         {"full hd512 V apart", {16, 2, 512, 1, false}, 0}};
   const std::pair<CudaAttentionPath, const char*> paths[] = {{CudaAttentionPath::kMmaSync, " mma.sync"},
                                                              {CudaAttentionPath::kWgmmaWide, " wgmma-wide"},
                                                              {CudaAttentionPath::kWgmmaWideLockstep, " wgmma-wide lockstep"}};

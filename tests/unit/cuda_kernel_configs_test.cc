@@ -108,23 +108,28 @@ TEST(CudaKernelConfigs, AttentionWindowWgmmaOnlyOnHopper) {
 }
 
 // The wide-head wgmma prefill kernel (attention_wgmma_wide.cu): sm_90 and head dims 256 and 512 only; its shared
-// memory (Q, a 2-stage K/V ring, at 512 the two warpgroups' partial scores, the row bounds) fits one CTA an SM.
+// memory (Q, a 2-stage ring of K and V tiles, or K alone where V is K's storage at 512, the two warpgroups'
+// partial scores at 512, the row bounds) fits one CTA an SM.
 TEST(CudaKernelConfigs, AttentionWideWgmmaOnlyOnHopperAndFits) {
   for (const DeviceInfo& d : chips())
-    for (int64_t hd : {64, 128, 256, 512}) {
-      const AttentionWideWgmmaConfig c = choose_attention_wide_wgmma_config(d, hd);
-      EXPECT_EQ(c.enabled, d.sm_major == 9 && hd >= 256) << d.name << " hd " << hd;
-      if (!c.enabled) continue;
-      EXPECT_EQ(c.threads, 256);
-      EXPECT_EQ(c.rows_per_cta, hd == 256 ? 128 : 64);
-      EXPECT_EQ(c.keys_per_tile, hd == 256 ? 64 : 32);
-      // 1024 alignment + Q + 2 x {K, V} + partial scores + row bounds.
-      const int64_t expect = hd == 256 ? 1024 + 128 * 256 * 2 + 2 * 2 * 64 * 256 * 2 + 2 * 128 * 4
-                                       : 1024 + 64 * 512 * 2 + 2 * 2 * 32 * 512 * 2 + 2 * 64 * 32 * 4 + 2 * 64 * 4;
-      EXPECT_EQ(c.smem_bytes, expect);
-      EXPECT_TRUE(fits(d, c.smem_bytes, kAttnWideStages)) << d.name << " hd " << hd;
-      EXPECT_LE(c.smem_bytes + 1024, 227 * 1024);
-    }
+    for (int64_t hd : {64, 128, 256, 512})
+      for (bool shared : {false, true}) {
+        const AttentionWideWgmmaConfig c = choose_attention_wide_wgmma_config(d, hd, shared);
+        EXPECT_EQ(c.enabled, d.sm_major == 9 && hd >= 256) << d.name << " hd " << hd;
+        if (!c.enabled) continue;
+        EXPECT_EQ(c.threads, 256);
+        EXPECT_EQ(c.kv_shared, shared);
+        EXPECT_EQ(c.rows_per_cta, hd == 256 ? 128 : 64);
+        const int64_t keys = hd == 512 && !shared ? 32 : 64;
+        EXPECT_EQ(c.keys_per_tile, keys);
+        // 1024 alignment + Q + 2 stages of {K, V} (K at 512 shared) + partial scores (512) + row bounds.
+        const int64_t ring = 2 * (hd == 512 && shared ? 1 : 2) * keys * hd * 2;
+        const int64_t expect = hd == 256 ? 1024 + 128 * 256 * 2 + ring + 2 * 128 * 4
+                                         : 1024 + 64 * 512 * 2 + ring + 2 * 64 * keys * 4 + 2 * 64 * 4;
+        EXPECT_EQ(c.smem_bytes, expect);
+        EXPECT_TRUE(fits(d, c.smem_bytes, kAttnWideStages)) << d.name << " hd " << hd;
+        EXPECT_LE(c.smem_bytes + 1024, 227 * 1024);
+      }
 }
 
 TEST(CudaKernelConfigs, AttentionDecodeFitsEveryChipAndSplitsSensibly) {

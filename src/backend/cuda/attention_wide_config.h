@@ -15,19 +15,24 @@ namespace mx::cuda {
 // 256 the two warpgroups take 128 rows; at 512 they share 64 rows, each computes Q K^T over its half of
 // the head dims and the partial scores are summed through shared memory (both then hold the same scores
 // and run the same softmax). Tiles: [head_dim / 64 panels][rows][64] bf16 with the 128-byte swizzle.
+// Where V is K's storage (`kv_shared`: Gemma-4's full layers) the stages at 512 hold K alone, read as V too,
+// and take 64 keys (a 2-stage ring of 64-key K and V tiles at 512 would not fit): half the tiles of 32 keys,
+// and Q K^T's shared-memory reads per FLOP cut by a third (its B tile twice as wide for the same A).
 struct AttnWideShape {
   int keys_per_tile, row_blocks, slices;  // keys a K/V tile, 64-row blocks a CTA, warpgroups a row block
+  bool k_only;                            // a stage holds K alone (V is K's storage)
 };
-constexpr AttnWideShape attention_wide_wgmma_shape(int64_t head_dim) {
-  return head_dim >= 512 ? AttnWideShape{32, 1, 2} : AttnWideShape{64, 2, 1};
+constexpr AttnWideShape attention_wide_wgmma_shape(int64_t head_dim, bool kv_shared) {
+  if (head_dim < 512) return AttnWideShape{64, 2, 1, false};
+  return kv_shared ? AttnWideShape{64, 1, 2, true} : AttnWideShape{32, 1, 2, false};
 }
 inline constexpr int kAttnWideStages = 2;
-// The 1024-byte alignment slack, Q, the ring (K and V a stage), the partial scores (slices > 1: each
-// warpgroup's 64 x keys fp32), and each row's first and last visible key.
-constexpr int64_t attention_wide_wgmma_smem_bytes(int64_t head_dim) {
-  const AttnWideShape s = attention_wide_wgmma_shape(head_dim);
+// The 1024-byte alignment slack, Q, the ring (K and V a stage, or K alone), the partial scores (slices > 1:
+// each warpgroup's 64 x keys fp32), and each row's first and last visible key.
+constexpr int64_t attention_wide_wgmma_smem_bytes(int64_t head_dim, bool kv_shared) {
+  const AttnWideShape s = attention_wide_wgmma_shape(head_dim, kv_shared);
   const int64_t rows = 64 * s.row_blocks;
-  return 1024 + rows * head_dim * 2 + kAttnWideStages * 2 * s.keys_per_tile * head_dim * 2 +
+  return 1024 + rows * head_dim * 2 + kAttnWideStages * (s.k_only ? 1 : 2) * s.keys_per_tile * head_dim * 2 +
          (s.slices > 1 ? s.slices * 64 * s.keys_per_tile * 4 : 0) + 2 * rows * 4;
 }
 struct AttentionWideWgmmaConfig {
@@ -39,7 +44,8 @@ struct AttentionWideWgmmaConfig {
   // At 256, the warpgroups hand the ring's stages over by mbarriers instead of a CTA barrier a tile (one's
   // softmax under the other's GEMMs); false: the CTA barrier (kWgmmaWideLockstep, to compare).
   bool decoupled = true;
+  bool kv_shared = false;  // the shape for V in K's storage (the launch must have p.kv.k == p.kv.v)
 };
-AttentionWideWgmmaConfig choose_attention_wide_wgmma_config(const DeviceInfo& dev, int64_t head_dim);
+AttentionWideWgmmaConfig choose_attention_wide_wgmma_config(const DeviceInfo& dev, int64_t head_dim, bool kv_shared);
 
 }  // namespace mx::cuda

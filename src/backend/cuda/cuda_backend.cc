@@ -478,7 +478,7 @@ class CudaBackend final : public Backend {
     CudaAttentionPath path = options_.attention.prefill;
     const bool lockstep = path == CudaAttentionPath::kWgmmaWideLockstep;
     if (path == CudaAttentionPath::kWgmmaWide || lockstep || (path == CudaAttentionPath::kAuto && p.head_dim >= 256)) {
-      AttentionWideWgmmaConfig cw = choose_attention_wide_wgmma_config(dev_, p.head_dim);
+      AttentionWideWgmmaConfig cw = choose_attention_wide_wgmma_config(dev_, p.head_dim, a.kv.k == a.kv.v);
       cw.decoupled = !lockstep;
       if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma_wide(a, cw, stream_.get());
       if (path != CudaAttentionPath::kAuto)

@@ -78,13 +78,14 @@ AttentionWindowWgmmaConfig choose_attention_window_wgmma_config(const DeviceInfo
   return c;
 }
 
-AttentionWideWgmmaConfig choose_attention_wide_wgmma_config(const DeviceInfo& dev, int64_t head_dim) {
+AttentionWideWgmmaConfig choose_attention_wide_wgmma_config(const DeviceInfo& dev, int64_t head_dim, bool kv_shared) {
   AttentionWideWgmmaConfig c;
-  const AttnWideShape s = attention_wide_wgmma_shape(head_dim);
+  const AttnWideShape s = attention_wide_wgmma_shape(head_dim, kv_shared);
   c.threads = 128 * s.row_blocks * s.slices;
   c.rows_per_cta = 64 * s.row_blocks;
   c.keys_per_tile = s.keys_per_tile;
-  c.smem_bytes = attention_wide_wgmma_smem_bytes(head_dim);
+  c.kv_shared = kv_shared;
+  c.smem_bytes = attention_wide_wgmma_smem_bytes(head_dim, kv_shared);
   c.enabled = dev.sm_major == 9 && (head_dim == 256 || head_dim == 512) && fits(dev, c.smem_bytes, kAttnWideStages);
   return c;
 }

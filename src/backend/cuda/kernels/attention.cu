@@ -275,22 +275,7 @@ __global__ void __launch_bounds__(32 * attention_prefill_warps(HD))
   RowState<T::kDs> st;
   const int r0 = row_block * 16 + lane / 4, r1 = r0 + 8;
   for (int start = 0; start < n_tok;) {
-    if (threadIdx.x == 0) {
-      const int seq = p.kv.token_seq[t0 + start];
-      int end = start + 1;
-      while (end < n_tok && p.kv.token_seq[t0 + end] == seq) ++end;
-      int kmin = INT_MAX, kmax = -1;
-      for (int i = start; i < end; ++i) {
-        int f, l;
-        key_range(p, t0 + i, &f, &l);
-        kmin = min(kmin, f);
-        kmax = max(kmax, l);
-      }
-      pass_seq = seq;
-      pass_end = end;
-      pass_kmin = kmin;
-      pass_kmax = kmax;
-    }
+    if (threadIdx.x == 0) attention_pass_bounds(p, t0, start, n_tok, &pass_seq, &pass_end, &pass_kmin, &pass_kmax);
     __syncthreads();
     if (threadIdx.x < kRows) {
       const int row = threadIdx.x, tl = row / group;

@@ -28,15 +28,16 @@
 namespace mx::cuda {
 namespace {
 
-template <int HD>
+template <int HD, bool KV_SHARED>
 struct Wide {
-  static constexpr AttnWideShape kShape = attention_wide_wgmma_shape(HD);
+  static constexpr AttnWideShape kShape = attention_wide_wgmma_shape(HD, KV_SHARED);
   static constexpr int kKt = kShape.keys_per_tile, kSlices = kShape.slices, kRows = 64 * kShape.row_blocks;
   static constexpr int kThreads = 128 * kShape.row_blocks * kSlices;
   static constexpr int kDs = HD / kSlices;  // output columns of a warpgroup
-  static constexpr int kTileBytes = kKt * HD * 2, kStageBytes = 2 * kTileBytes, kQBytes = kRows * HD * 2;
+  static constexpr int kTileBytes = kKt * HD * 2, kStageBytes = (kShape.k_only ? 1 : 2) * kTileBytes;
+  static constexpr int kQBytes = kRows * HD * 2;
   static constexpr int kXFloats = kSlices > 1 ? kSlices * 64 * kKt : 0;  // partial scores: [slice][kKt / 2][128]
-  static_assert(attention_wide_wgmma_smem_bytes(HD) ==
+  static_assert(attention_wide_wgmma_smem_bytes(HD, KV_SHARED) ==
                     1024 + kQBytes + kAttnWideStages * kStageBytes + kXFloats * 4 + 2 * kRows * 4,
                 "kernel_configs.h counts the shared memory this kernel lays out");
   static_assert(kDs == 256 && kKt % 16 == 0, "a warpgroup's O is 64 x 256; P V takes k steps of 16 keys");
@@ -45,10 +46,12 @@ struct Wide {
 // DECOUPLED (one warpgroup a row block): the ring's stages hand over through full and empty mbarriers instead
 // of a CTA barrier a tile, so one warpgroup's softmax can run under the other's GEMMs (they drift apart by up
 // to a tile). At 512 the warpgroups meet every tile anyway (the partial scores): a CTA barrier a tile.
-template <int HD, bool DECOUPLED>
-__global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma_wide_kernel(AttentionKernelParams p) {
+// KV_SHARED: the launch has p.kv.k == p.kv.v (the shape may then hold K alone).
+template <int HD, bool KV_SHARED, bool DECOUPLED>
+__global__ void __launch_bounds__(Wide<HD, KV_SHARED>::kThreads, 1)
+    attention_prefill_wgmma_wide_kernel(AttentionKernelParams p) {
 #if MX_SM90A
-  using W = Wide<HD>;
+  using W = Wide<HD, KV_SHARED>;
   constexpr int kKt = W::kKt, kRows = W::kRows, kDs = W::kDs, kThreads = W::kThreads;
   constexpr bool kDecoupled = DECOUPLED && W::kSlices == 1;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -70,7 +73,7 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
   const int rb = wg / W::kSlices, slice = wg % W::kSlices, col0 = slice * kDs;
   const int r0 = rb * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
   auto row_valid = [&](int row) { return row < tpc * group && row / group < n_tok; };
-  const bool kv_same = p.kv.k == p.kv.v;
+  const bool kv_same = KV_SHARED || p.kv.k == p.kv.v;
 
   // Q rows of (token, head) pairs -> the swizzled panels.
   for (int idx = tid; idx < kRows * (HD / 8); idx += kThreads) {
@@ -138,22 +141,7 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
   };
 
   for (int start = 0; start < n_tok;) {
-    if (tid == 0) {
-      const int seq = p.kv.token_seq[t0 + start];
-      int end = start + 1;
-      while (end < n_tok && p.kv.token_seq[t0 + end] == seq) ++end;
-      int kmin = INT_MAX, kmax = -1;
-      for (int i = start; i < end; ++i) {
-        int f, l;
-        attn_key_range(p, t0 + i, &f, &l);
-        kmin = min(kmin, f);
-        kmax = max(kmax, l);
-      }
-      pass_seq = seq;
-      pass_end = end;
-      pass_kmin = kmin;
-      pass_kmax = kmax;
-    }
+    if (tid == 0) attention_pass_bounds(p, t0, start, n_tok, &pass_seq, &pass_end, &pass_kmin, &pass_kmax);
     __syncthreads();
     const int seq = pass_seq, end = pass_end, kmin = pass_kmin, kmax = pass_kmax;
     if (tid < kRows) {
@@ -293,11 +281,12 @@ __global__ void __launch_bounds__(Wide<HD>::kThreads, 1) attention_prefill_wgmma
 #endif  // MX_SM90A
 }
 
-template <int HD, typename Kernel>
+template <int HD, bool KV_SHARED, typename Kernel>
 Status launch_wide_kernel(Kernel kernel, const AttentionKernelParams& p, const AttentionWideWgmmaConfig& c,
                           cudaStream_t stream) {
-  using W = Wide<HD>;
-  if (c.threads != W::kThreads || c.rows_per_cta != W::kRows || c.smem_bytes != attention_wide_wgmma_smem_bytes(HD))
+  using W = Wide<HD, KV_SHARED>;
+  if (c.threads != W::kThreads || c.rows_per_cta != W::kRows || c.keys_per_tile != W::kKt ||
+      c.smem_bytes != attention_wide_wgmma_smem_bytes(HD, KV_SHARED))
     return internal_error("attention prefill wgmma (wide heads): config does not match the kernel");
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
@@ -308,12 +297,14 @@ Status launch_wide_kernel(Kernel kernel, const AttentionKernelParams& p, const A
   return launch_status("attention_prefill_wgmma_wide_kernel");
 }
 
-template <int HD>
+// Head dim 256: V's storage does not change the shape (the kernel checks it), the warpgroups decoupled or in
+// step; 512: in step (the partial scores), K alone in the stages where V is K's storage.
 Status launch_wide(const AttentionKernelParams& p, const AttentionWideWgmmaConfig& c, cudaStream_t stream) {
-  if constexpr (Wide<HD>::kSlices == 1) {
-    if (c.decoupled) return launch_wide_kernel<HD>(attention_prefill_wgmma_wide_kernel<HD, true>, p, c, stream);
-  }
-  return launch_wide_kernel<HD>(attention_prefill_wgmma_wide_kernel<HD, false>, p, c, stream);
+  if (p.head_dim == 256)
+    return c.decoupled ? launch_wide_kernel<256, false>(attention_prefill_wgmma_wide_kernel<256, false, true>, p, c, stream)
+                       : launch_wide_kernel<256, false>(attention_prefill_wgmma_wide_kernel<256, false, false>, p, c, stream);
+  if (c.kv_shared) return launch_wide_kernel<512, true>(attention_prefill_wgmma_wide_kernel<512, true, false>, p, c, stream);
+  return launch_wide_kernel<512, false>(attention_prefill_wgmma_wide_kernel<512, false, false>, p, c, stream);
 }
 
 }  // namespace
@@ -326,8 +317,10 @@ Status launch_attention_prefill_wgmma_wide(const AttentionKernelParams& p, const
   if (p.n_kv <= 0 || p.n_q % p.n_kv != 0) return invalid_argument("attention: n_q must be a multiple of n_kv");
   if (p.n_q / p.n_kv > c.rows_per_cta)
     return unimplemented("attention prefill wgmma (wide heads): more q heads per kv head than rows per CTA");
+  if (c.kv_shared && p.kv.k != p.kv.v)
+    return internal_error("attention prefill wgmma (wide heads): the config is for V in K's storage");
   if (p.tokens == 0) return Status::ok();
-  return p.head_dim == 256 ? launch_wide<256>(p, c, stream) : launch_wide<512>(p, c, stream);
+  return launch_wide(p, c, stream);
 }
 
 }  // namespace mx::cuda
