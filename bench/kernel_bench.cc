@@ -13,7 +13,8 @@
 // --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
-// --attention-gemma-prefill[=T,T,...]: Gemma-4's prefill attention rows only, each prefill kernel.
+// --attention-gemma-prefill[=T,T,...] [--variants=P,P,...]: Gemma-4's prefill attention rows only, each prefill
+// kernel (or those whose labels start with a prefix).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
@@ -566,10 +567,10 @@ void bench_attention_gemma_prefill(const std::vector<int64_t>& lengths) {
   const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1}, 1024},
                          {"full hd512", {16, 2, 512, 1, true}, 0},
                          {"full hd512 V apart", {16, 2, 512, 1, false}, 0}};
-  const std::pair<CudaAttentionPath, const char*> paths[] = {{CudaAttentionPath::kMmaSync, " mma.sync"},
-                                                             {CudaAttentionPath::kWgmmaWide, " wgmma-wide"},
-                                                             {CudaAttentionPath::kWgmmaWideLockstep, " wgmma-wide lockstep"}};
-  const size_t n_paths = sm90 ? 3 : 1;
+  std::vector<std::pair<CudaAttentionPath, const char*>> paths;
+  for (const auto& path : {std::pair{CudaAttentionPath::kMmaSync, " mma.sync"}, std::pair{CudaAttentionPath::kWgmmaWide, " wgmma-wide"}})
+    if ((sm90 || path.first == CudaAttentionPath::kMmaSync) && variant_selected(path.second)) paths.push_back(path);
+  const size_t n_paths = paths.size();
   for (int64_t T : lengths)
     for (const Layer& k : kinds) {
       AttnSetup a = make_attention(1, T, T, k.geo);
@@ -1341,10 +1342,12 @@ int main(int argc, char** argv) {
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }
-  // `--attention-gemma-prefill[=T,T,...]`: only the Gemma-4 prefill rows (default 1K, 4K, 8K), each kernel.
+  // `--attention-gemma-prefill[=T,T,...] [--variants=P,P,...]`: only the Gemma-4 prefill rows (default 1K, 4K,
+  // 8K), each kernel (or those whose labels start with a prefix: `wgmma` to profile one).
   if (const auto lengths = argc > arg ? int_list_flag(argv[arg], "--attention-gemma-prefill") : std::nullopt) {
-    bench_attention_gemma_prefill(lengths->empty() ? std::vector<int64_t>{1024, 4096, 8192} : *lengths);
     ++arg;
+    take_variant_prefixes(argc, argv, arg);
+    bench_attention_gemma_prefill(lengths->empty() ? std::vector<int64_t>{1024, 4096, 8192} : *lengths);
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }

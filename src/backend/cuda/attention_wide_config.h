@@ -41,9 +41,6 @@ struct AttentionWideWgmmaConfig {
   int rows_per_cta = 0;
   int keys_per_tile = 0;
   int64_t smem_bytes = 0;
-  // At 256, the warpgroups hand the ring's stages over by mbarriers instead of a CTA barrier a tile (one's
-  // softmax under the other's GEMMs); false: the CTA barrier (kWgmmaWideLockstep, to compare).
-  bool decoupled = true;
   bool kv_shared = false;  // the shape for V in K's storage (the launch must have p.kv.k == p.kv.v)
 };
 AttentionWideWgmmaConfig choose_attention_wide_wgmma_config(const DeviceInfo& dev, int64_t head_dim, bool kv_shared);

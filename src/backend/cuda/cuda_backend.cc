@@ -476,12 +476,10 @@ class CudaBackend final : public Backend {
       return launch_attention_decode(a, dc, stream_.get());
     }
     CudaAttentionPath path = options_.attention.prefill;
-    const bool lockstep = path == CudaAttentionPath::kWgmmaWideLockstep;
-    if (path == CudaAttentionPath::kWgmmaWide || lockstep || (path == CudaAttentionPath::kAuto && p.head_dim >= 256)) {
-      AttentionWideWgmmaConfig cw = choose_attention_wide_wgmma_config(dev_, p.head_dim, a.kv.k == a.kv.v);
-      cw.decoupled = !lockstep;
+    if (path == CudaAttentionPath::kWgmmaWide || (path == CudaAttentionPath::kAuto && p.head_dim >= 256)) {
+      const AttentionWideWgmmaConfig cw = choose_attention_wide_wgmma_config(dev_, p.head_dim, a.kv.k == a.kv.v);
       if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma_wide(a, cw, stream_.get());
-      if (path != CudaAttentionPath::kAuto)
+      if (path == CudaAttentionPath::kWgmmaWide)
         return unimplemented("attention: the wide-head wgmma prefill kernel needs sm_90, head_dim 256 or 512 and at most " +
                              std::to_string(cw.rows_per_cta) + " q heads per kv head");
     }

@@ -52,8 +52,7 @@ struct CudaSkinnyLinearOptions {
 // shape), kWgmmaWindow (the window kernel; layers it does not take run as kAuto), kWgmmaWide (the wide-head
 // kernel) and kMmaSync force one, for tests and benchmarks; kWgmmaWs*, kWgmmaWindow or kWgmmaWide where
 // there is none is an error.
-// kWgmmaWideLockstep: the wide-head kernel with its warpgroups in step every tile (to compare).
-enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWindow, kWgmmaWide, kWgmmaWideLockstep };
+enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWindow, kWgmmaWide };
 // Which decode attention kernel runs (one query per sequence, or verify rows): kAuto = the swap-AB one, its splits
 // as CTA clusters where attention_decode_swap_cluster_by_default (cluster_configs.h) has that measured faster,
 // else where attention_decode_swap_by_default (kernel_configs.h) has the swap-AB kernel measured faster, else

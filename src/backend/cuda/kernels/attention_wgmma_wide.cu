@@ -2,7 +2,7 @@
 // (512), where attention.cu's mma.sync kernel ran at ~60 TFLOP/s (session 15: 105 of a 292 ms 8K step).
 //
 // Two warpgroups, no producer: every thread issues its share of each K/V tile's cp.async copies into a
-// 2-stage ring (tile i + 1's under tile i's math) and the CTA syncs once a tile. Shape per head dim
+// 2-stage ring (tile i + 1's under tile i's math). Shape per head dim
 // (kernel_configs.h, attention_wide_wgmma_shape):
 // - 256: each warpgroup owns 64 of the CTA's 128 rows ((token, q head) pairs of one kv head, as attention.cu
 //   packs them) and all 256 output columns (64 x 256 fp32: 128 registers a thread); 64-key tiles.
@@ -43,17 +43,18 @@ struct Wide {
   static_assert(kDs == 256 && kKt % 16 == 0, "a warpgroup's O is 64 x 256; P V takes k steps of 16 keys");
 };
 
-// DECOUPLED (one warpgroup a row block): the ring's stages hand over through full and empty mbarriers instead
-// of a CTA barrier a tile, so one warpgroup's softmax can run under the other's GEMMs (they drift apart by up
-// to a tile). At 512 the warpgroups meet every tile anyway (the partial scores): a CTA barrier a tile.
-// KV_SHARED: the launch has p.kv.k == p.kv.v (the shape may then hold K alone).
-template <int HD, bool KV_SHARED, bool DECOUPLED>
+// At 256 (one warpgroup a row block) the ring's stages hand over through full and empty mbarriers instead of a
+// CTA barrier a tile, so one warpgroup's softmax can run under the other's GEMMs (they drift apart by up to a
+// tile; 8K window 1024: 507 against 533 us in step, session 16 W1). At 512 the warpgroups meet every tile
+// anyway (the partial scores): a CTA barrier a tile. KV_SHARED: the launch has p.kv.k == p.kv.v (the shape may
+// then hold K alone).
+template <int HD, bool KV_SHARED>
 __global__ void __launch_bounds__(Wide<HD, KV_SHARED>::kThreads, 1)
     attention_prefill_wgmma_wide_kernel(AttentionKernelParams p) {
 #if MX_SM90A
   using W = Wide<HD, KV_SHARED>;
   constexpr int kKt = W::kKt, kRows = W::kRows, kDs = W::kDs, kThreads = W::kThreads;
-  constexpr bool kDecoupled = DECOUPLED && W::kSlices == 1;
+  constexpr bool kDecoupled = W::kSlices == 1;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem;                                                          // [HD / 64][kRows][64]
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(Wide<HD, KV_SHARED>::kThreads, 1)
   int* row_first = reinterpret_cast<int*>(xbuf + W::kXFloats);                 // [kRows]: keys a row sees in the pass
   int* row_last = row_first + kRows;
   __shared__ int pass_seq, pass_end, pass_kmin, pass_kmax;
-  __shared__ __align__(8) uint64_t ring_bars[2 * kAttnWideStages];  // DECOUPLED: full, then empty, a stage
+  __shared__ __align__(8) uint64_t ring_bars[2 * kAttnWideStages];  // at 256: full, then empty, a stage
 
   const int group = static_cast<int>(p.n_q / p.n_kv);
   const int tpc = max(1, kRows / group);  // tokens per CTA
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(Wide<HD, KV_SHARED>::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kDs / 2; ++i) o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  // DECOUPLED: tile j of the CTA (over all passes) sits in stage j % 2; its full barrier's phase j / 2 says it
+  // At 256: tile j of the CTA (over all passes) sits in stage j % 2; its full barrier's phase j / 2 says it
   // landed, its empty barrier's that both warpgroups are done with it.
   int j0 = 0;  // the CTA's tiles before this pass
   auto issue = [&](int seq, int k0, int k_hi, int j) {
@@ -297,14 +298,12 @@ Status launch_wide_kernel(Kernel kernel, const AttentionKernelParams& p, const A
   return launch_status("attention_prefill_wgmma_wide_kernel");
 }
 
-// Head dim 256: V's storage does not change the shape (the kernel checks it), the warpgroups decoupled or in
-// step; 512: in step (the partial scores), K alone in the stages where V is K's storage.
+// Head dim 256: V's storage does not change the shape (the kernel checks it); 512: K alone in the stages where
+// V is K's storage.
 Status launch_wide(const AttentionKernelParams& p, const AttentionWideWgmmaConfig& c, cudaStream_t stream) {
-  if (p.head_dim == 256)
-    return c.decoupled ? launch_wide_kernel<256, false>(attention_prefill_wgmma_wide_kernel<256, false, true>, p, c, stream)
-                       : launch_wide_kernel<256, false>(attention_prefill_wgmma_wide_kernel<256, false, false>, p, c, stream);
-  if (c.kv_shared) return launch_wide_kernel<512, true>(attention_prefill_wgmma_wide_kernel<512, true, false>, p, c, stream);
-  return launch_wide_kernel<512, false>(attention_prefill_wgmma_wide_kernel<512, false, false>, p, c, stream);
+  if (p.head_dim == 256) return launch_wide_kernel<256, false>(attention_prefill_wgmma_wide_kernel<256, false>, p, c, stream);
+  if (c.kv_shared) return launch_wide_kernel<512, true>(attention_prefill_wgmma_wide_kernel<512, true>, p, c, stream);
+  return launch_wide_kernel<512, false>(attention_prefill_wgmma_wide_kernel<512, false>, p, c, stream);
 }
 
 }  // namespace
