@@ -17,7 +17,8 @@
 // kernel (or those whose labels start with a prefix).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
-// whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time); after
+// whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time), without
+// the sweep's closing bf16 yardstick; after
 // --moe-decode-variants it picks decode variants (e.g. `v1,stream`). --moe-experts=128 times gpt-oss-120b's MoE
 // layer (128 experts, same expert shape) in the prefill sweep instead of 20b's 32.
 #include <algorithm>
@@ -400,6 +401,9 @@ void bench_moe_prefill() {
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
   }
+  // The bf16 yardstick only for the whole sweep: a comparison of chosen variants (--variants, a device window's
+  // short run) does not need it.
+  if (!bench_variant_prefixes.empty()) return;
   std::vector<TensorView> w;
   for (int c = 0; c < 4; ++c) w.push_back(random_bf16({2 * I, H}, 0.02f));
   TensorView x = random_bf16({8192, H}, 1.0f), bias = random_bf16({2 * I}, 0.1f), out = make(DType::kBF16, {8192, 2 * I});
