@@ -24,7 +24,7 @@ __device__ __forceinline__ unsigned cluster_cta_rank() {
   return rank;
 }
 // The shared-memory address of `local`'s offset in the cluster's CTA `rank`.
-__device__ __forceinline__ uint32_t cluster_address(const float* local, unsigned rank) {
+__device__ __forceinline__ uint32_t cluster_address(const void* local, unsigned rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
   return remote;
@@ -32,6 +32,16 @@ __device__ __forceinline__ uint32_t cluster_address(const float* local, unsigned
 // The float at `local`'s offset in the shared memory of the cluster's CTA `rank` = v.
 __device__ __forceinline__ void store_to_cluster_rank(const float* local, unsigned rank, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(cluster_address(local, rank)), "f"(v) : "memory");
+}
+// The same store as one the receiver waits for: it counts its 4 bytes on the mbarrier at `bar`'s offset in CTA
+// `rank` (armed there with mbarrier_arrive_expect_tx), so only that CTA waits, on its barrier, instead of the
+// whole cluster on barrier.cluster; the sender may exit once it is issued.
+__device__ __forceinline__ void store_async_to_cluster_rank(const float* local, unsigned rank, float v,
+                                                            const uint64_t* bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                   cluster_address(local, rank)),
+               "r"(__float_as_uint(v)), "r"(cluster_address(bar, rank))
+               : "memory");
 }
 // The float at `local`'s offset in the shared memory of the cluster's CTA `rank` (not volatile: several such
 // loads may be in flight before the first is used).

@@ -4,13 +4,17 @@
 // attention end had just written, so it waited for that grid and then for a round trip to L2, and the
 // dense MLP's first GEMM waited for the router. H200, one token, us per call back to back (session 15 W2):
 // attention end alone 1.72, then the router 5.79, both in this launch 5.08 (the router's share 4.07 -> 3.36).
+// Session 16 W1 (the same bench, us per call): 5.09 -> 3.83 (the router's share 2.10) with the logits gathered
+// by st.async instead of a cluster barrier (4.52 alone) and the fewer reductions (4.18 alone).
 //
 // One cluster of C CTAs (8 or 16) per token. Every CTA computes the token's new residual row (the attention
 // output, the old residual and one norm weight: ~23 KB through L2 at hidden 2816), so it holds x in
 // registers, and the logits of its E/C experts from it (their weight rows come into shared memory by
-// cp.async.bulk before the PDL wait); each stores its logits into CTA 0's shared memory and, after one
-// cluster barrier, CTA 0 picks the top-k (router_parts::select_topk) and stores the residual and the two
-// normed rows. CTA 0 writes the residual only after that barrier: by then every CTA has read the old one.
+// cp.async.bulk before the PDL wait; a warp's 8 experts' partial sums in 9 shuffles, warp_sum8); each stores
+// its logits into CTA 0's shared memory by st.async counted on CTA 0's mbarrier and is done. CTA 0, once its
+// barrier has the bytes, picks the top-k (router_parts::select_topk) and stores the residual and the two normed
+// rows. CTA 0 writes the residual only then: every CTA with experts has read the old one (its logits come from
+// it).
 // The attention end's outputs are bit for bit gemma_attention_end_kernel's (the same chunks, block sums and
 // order); the logits are the router's up to fp32 rounding (the dot products sum in another order, and the
 // router's norm reuses the residual's sum of squares).
@@ -40,6 +44,7 @@ __global__ void __launch_bounds__(kRowThreads) gemma_attention_end_route_kernel(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) uint16_t weight_rows[];  // [CTA's experts][hidden]
   __shared__ __align__(8) uint64_t weights_landed;
+  __shared__ __align__(8) uint64_t logits_landed;  // CTA 0's: the other CTAs' logits landed
   __shared__ float2 scratch[kRowThreads / 32];
   __shared__ float row[kMaxExperts];     // CTA 0's: the token's logits from every CTA of the cluster
   __shared__ float scales[kMaxExperts];  // CTA 0's: the per-expert scales (with expert_scale)
@@ -54,7 +59,13 @@ __global__ void __launch_bounds__(kRowThreads) gemma_attention_end_route_kernel(
                                          : e_begin + cta_experts <= r.experts ? cta_experts
                                                                               : r.experts - e_begin);
   const uint32_t bar = smem_addr(&weights_landed);
-  cluster_arrive_relaxed();  // phase 0: once it completes every CTA runs, and CTA 0's row may be written
+  if (lead && tid == 0) {  // armed for the bytes of the other CTAs' logits
+    mbarrier_init(smem_addr(&logits_landed), 1);
+    mbarrier_init_fence();
+    mbarrier_arrive_expect_tx(smem_addr(&logits_landed), static_cast<uint32_t>((r.experts - n_experts) * 4));
+  }
+  // Phase 0: once it completes every CTA runs, and CTA 0's row (and its barrier) may be written.
+  cluster_arrive_relaxed();
 
   // Constants, in flight before the wait: the CTA's weight rows, CTA 0's expert scales, the norm weights,
   // x_scale; and the old residual, last written several kernels back (as gemma_norms.cu reads it).
@@ -138,11 +149,8 @@ __global__ void __launch_bounds__(kRowThreads) gemma_attention_end_route_kernel(
         for (int j = 0; j < 8; ++j) acc[g] = fmaf(xz[c][j], w[j], acc[g]);
       }
     }
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      const float sum = warp_sum(acc[g]);
-      if (lane == 0 && e0 + g < n_experts) part[warp][e0 + g] = sum;
-    }
+    const float sum = warp_sum8(acc);  // lanes 4g hold expert e0 + g's
+    if ((lane & 3) == 0 && e0 + lane / 4 < n_experts) part[warp][e0 + lane / 4] = sum;
   }
   __syncthreads();
   cluster_wait_acquire();  // phase 0
@@ -152,11 +160,18 @@ __global__ void __launch_bounds__(kRowThreads) gemma_attention_end_route_kernel(
     for (int w = 0; w < kRowThreads / 32; ++w) sum += part[w][tid];
     const float logit = sum * inv_route;
     r.logits[t * r.experts + e_begin + tid] = logit;
-    store_to_cluster_rank(row + e_begin + tid, 0, logit);
+    if (lead)
+      row[e_begin + tid] = logit;  // warp 0's lanes: CTA 0 has at most 32 experts
+    else
+      store_async_to_cluster_rank(row + e_begin + tid, 0, logit, &logits_landed);
   }
-  cluster_arrive_release();  // phase 1: the logits are in CTA 0's row, every CTA is done with the old residual
-  cluster_wait_acquire();
+  // Only CTA 0 waits, for the bytes on its barrier: once they are in, every CTA with experts has used the old
+  // residual (its logits come from it; a CTA without any stores nothing).
   if (!lead) return;
+  __syncwarp();
+  mbarrier_wait(smem_addr(&logits_landed), 0);
+  // Warp 0 picks the top-k first (the end of the critical path), then stores its chunks as the others do.
+  if (warp == 0) select_topk(r, t, row, smem_scales ? scales : nullptr);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
@@ -165,7 +180,6 @@ __global__ void __launch_bounds__(kRowThreads) gemma_attention_end_route_kernel(
     store_weighted_norm(w_mlp[c], e.mlp_in + base, i, v[c], inv_res);
     if (e.pre_moe_norm) store_weighted_norm(w_moe[c], e.moe_in + base, i, v[c], inv_res);
   }
-  if (warp == 0) select_topk(r, t, row, smem_scales ? scales : nullptr);
 #endif
 }
 

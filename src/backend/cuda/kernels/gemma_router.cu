@@ -8,9 +8,8 @@
 // 9.41 us at one token). Its warps split the experts
 // and, at decode, the hidden dimension (partials summed in a fixed order). The last CTA of a token tile
 // (atomic ticket, reset by that CTA so a replayed graph starts from zero) then picks each token's top-k
-// with one warp: every logit becomes an order-preserving 32-bit key packed above the inverted expert id,
-// so one 64-bit max per round selects the largest logit with ties to the lower id (the CPU twin's order);
-// softmax over the k in fp32, times the per-expert scale.
+// with one warp (select_topk, gemma_router_parts.cuh): the largest logit per round, ties to the lower id (the
+// CPU twin's order); softmax over the k in fp32, times the per-expert scale.
 // At decode (GemmaRouterParams::cluster_ctas) the CTAs of one token form a cluster instead, and CTA 0 picks
 // the top-k from logits the others store into its shared memory (gemma_router_cluster_kernel).
 // At decode the first weights are requested before the PDL wait: they do not depend on earlier kernels.
@@ -136,10 +135,13 @@ __global__ void __launch_bounds__(kThreads) gemma_router_kernel(GemmaRouterParam
 // [r E_c, (r + 1) E_c), E_c = ceil(E / C). Each warp takes an eighth of the hidden row for all of its CTA's
 // experts (kGroup at a time), so the row of x is read once per CTA and the warps' partial sums of x^2
 // give 1 / rms; the first group's weights are in flight before the PDL wait (26B-A4B at C = 16: 8 experts,
-// 3 groups of 4 weights per lane each, every weight of the CTA). The CTA sums its warps' partials through
-// shared memory and stores each logit to p.logits and, through distributed shared memory, into CTA 0's
-// row; one cluster barrier later CTA 0 picks the top-k from there. That replaces the ticket kernel's
-// fence, atomic and second read of the logits through L2.
+// 3 groups of 4 weights per lane each, every weight of the CTA). A warp sums its 8 experts' partials at once
+// (warp_sum8: 9 shuffles, not 8 x 5); the CTA sums its warps' through shared memory and stores each logit to
+// p.logits and, by st.async counted on CTA 0's mbarrier, into CTA 0's row, and is done: only CTA 0 waits,
+// on its barrier, then picks the top-k (select_topk: one reduction a round). That replaces the ticket
+// kernel's fence, atomic and second read of the logits through L2, and the cluster barrier after the logits
+// (H200, one token, weights from HBM, session 16 W1: 3.87 us with the barrier and a warp_sum per expert,
+// 3.62 with st.async alone, 3.15 with the fewer reductions alone, 2.88 with both; without the top-k 2.03).
 // kBulkWeights: the CTA's weight rows (all of them) come into shared memory by cp.async.bulk, one copy per
 // row completing on one mbarrier, instead of 8-byte loads into registers: the copy engine's rate into one
 // SM, where clusters of 8 (twice the bytes per SM) measured ~2 us slower than clusters of 16 on loads.
@@ -153,6 +155,7 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) uint16_t weight_rows[];  // kBulkWeights: [E_c][hidden]
   __shared__ __align__(8) uint64_t weights_landed;      // kBulkWeights: the rows' mbarrier
+  __shared__ __align__(8) uint64_t logits_landed;       // CTA 0's: the other CTAs' logits landed
   __shared__ float row[kMaxExperts];  // CTA 0's: the token's logits from every CTA of the cluster
   __shared__ float scales[kMaxExperts];  // CTA 0's: the per-expert scales (with p.expert_scale)
   __shared__ float part[kWarps][kMaxCtaExperts];
@@ -164,7 +167,13 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
   const int64_t e_end = e_begin + cta_experts < p.experts ? e_begin + cta_experts : p.experts;
   const int64_t k_begin = warp * n4 / kWarps, k_end = (warp + 1) * n4 / kWarps;
   const uint32_t bar = smem_addr(&weights_landed);
-  // Phase 0 of the cluster barrier: once it completes, every CTA runs and CTA 0's row may be written.
+  if (blockIdx.x == 0 && tid == 0) {  // armed for the bytes of the other CTAs' logits
+    mbarrier_init(smem_addr(&logits_landed), 1);
+    mbarrier_init_fence();
+    mbarrier_arrive_expect_tx(smem_addr(&logits_landed), static_cast<uint32_t>((p.experts - (e_end - e_begin)) * 4));
+  }
+  // Phase 0 of the cluster barrier: once it completes, every CTA runs and CTA 0's row (and its barrier) may be
+  // written.
   cluster_arrive_relaxed();
 
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -233,11 +242,8 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
         for (int e = 0; e < kGroup; ++e) acc[e] = dot4(xz, w[e][u], acc[e]);
       }
     }
-#pragma unroll
-    for (int e = 0; e < kGroup; ++e) {
-      const float v = warp_sum(acc[e]);
-      if (lane == 0 && e0 + e < e_end) part[warp][e0 - e_begin + e] = v;
-    }
+    const float v = warp_sum8(acc);  // lanes 4e hold expert e0 + e's
+    if ((lane & 3) == 0 && e0 + lane / 4 < e_end) part[warp][e0 - e_begin + lane / 4] = v;
   }
   sq = warp_sum(sq);  // (a CTA without experts, past the last, uses none of it)
   if (lane == 0) sq_part[warp] = sq;
@@ -253,11 +259,16 @@ __global__ void __launch_bounds__(kThreads) gemma_router_cluster_kernel(GemmaRou
     const float inv_rms = p.norm_eps > 0.f ? rsqrtf(total_sq / static_cast<float>(p.hidden) + p.norm_eps) : 1.f;
     const float logit = sum * inv_rms;
     p.logits[t * p.experts + e_begin + tid] = logit;
-    store_to_cluster_rank(row + e_begin + tid, 0, logit);
+    if (blockIdx.x == 0)
+      row[e_begin + tid] = logit;  // warp 0's lanes: CTA 0 has at most 32 experts
+    else
+      store_async_to_cluster_rank(row + e_begin + tid, 0, logit, &logits_landed);
   }
-  cluster_arrive_release();  // phase 1: the logits are in CTA 0's row
-  cluster_wait_acquire();
-  if (blockIdx.x == 0 && warp == 0) select_topk(p, t, row, smem_scales ? scales : nullptr);
+  // Only CTA 0 waits, for the bytes on its barrier; the others are done.
+  if (blockIdx.x != 0 || warp != 0) return;
+  __syncwarp();
+  mbarrier_wait(smem_addr(&logits_landed), 0);
+  select_topk(p, t, row, smem_scales ? scales : nullptr);
 #endif
 }
 
