@@ -734,7 +734,8 @@ void bench_gemma_dense() {
   for (const Shape3& s : {Shape3{"gemma qkv sliding 2816->8192", 8192, 2816}, Shape3{"gemma qkv full 2816->10240", 10240, 2816},
                           Shape3{"gemma o sliding 4096->2816", 2816, 4096}, Shape3{"gemma o full 8192->2816", 2816, 8192},
                           Shape3{"gemma mlp gate|up 2816->4224", 4224, 2816}, Shape3{"gemma mlp down 2112->2816", 2816, 2112},
-                          Shape3{"gemma lm_head 2816->262144", 262144, 2816}}) {
+                          Shape3{"gemma lm_head 2816->262144", 262144, 2816},
+                          Shape3{"gpt-oss o_proj 4096->2880", 2880, 4096}}) {
     if (!variant_selected(s.name)) continue;
     const bool head = s.n == 262144;
     const double weight_bytes = 2.0 * s.n * s.k;
@@ -744,12 +745,14 @@ void bench_gemma_dense() {
     TensorView x = random_bf16({1, s.k}, 1.0f), out = make(head ? DType::kF32 : DType::kBF16, {1, s.n});
     struct Variant {
       const char* name;
-      int max_rows, k_splits;
+      int max_rows, k_splits, strip_rows;
     };
-    for (const Variant& v : {Variant{" auto", -1, 0}, Variant{" skinny", 16, 0}, Variant{" skinny k/2", 16, 2},
-                             Variant{" cublaslt", 0, 0}}) {
-      if (head && v.k_splits > 0) continue;
-      CHECK_OK(set_cuda_skinny_linear_options(*g_b, {v.max_rows, v.k_splits, 0}));
+    // skinny: the default's strips (skinny_linear_strip_rows); then 16-row strips (the default before it) and 12.
+    for (const Variant& v : {Variant{" auto", -1, 0, 0}, Variant{" skinny", 16, 0, 0},
+                             Variant{" skinny 16-row strips", 16, 0, 16}, Variant{" skinny 12-row strips", 16, 0, 12},
+                             Variant{" skinny k/2", 16, 2, 0}, Variant{" cublaslt", 0, 0, 0}}) {
+      if (head && (v.k_splits > 0 || v.strip_rows > 0)) continue;
+      CHECK_OK(set_cuda_skinny_linear_options(*g_b, {v.max_rows, v.k_splits, 0, v.strip_rows}));
       auto op = [&](int i) { return g_b->linear(x, w[i % copies], TensorView(), out); };
       CHECK_OK(op(0));  // sizes the k-split scratch outside the graph
       const double us = time_graph(head ? 10 : 40, op);

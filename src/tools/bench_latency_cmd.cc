@@ -92,6 +92,10 @@ const std::vector<CliOption> kCommandOptions = {
      "Gemma-4's bf16 experts at decode on CUDA: auto (default), register-loads, bulk-copies, streamed or fused (a "
      "step of <= 32 routed slots as one persistent launch); several, comma-separated: every batch once per kernel, "
      "each on an engine of its own over the one loaded model (the kernels' comparison end to end, in one process)"},
+    {"skinny-strip-rows", true,
+     "output channels per CTA of the dense linears' decode kernel on CUDA (skinny_linear.cu): auto (default) or 8 "
+     "to 16; several, comma-separated: every batch once per value, each on an engine of its own over the one "
+     "loaded model (as --bf16-experts-decode)"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -140,6 +144,33 @@ Status choose_bf16_experts_decode(Backend& backend, const std::string& name) {
   return invalid_argument("--bf16-experts-decode " + name + ": this build has no CUDA backend");
 #endif
 }
+
+// --skinny-strip-rows: forces a CUDA backend's dense decode strips before the engine captures its graphs.
+Status choose_skinny_strip_rows(Backend& backend, const std::string& value) {
+  int rows = 0;
+  if (value != "auto") {
+    const auto parsed = parse_int_list(value);
+    if (!parsed.is_ok() || parsed->size() != 1 || (*parsed)[0] < 8 || (*parsed)[0] > 16)
+      return invalid_argument("--skinny-strip-rows must be auto or 8 to 16, got " + value);
+    rows = static_cast<int>((*parsed)[0]);
+  }
+#ifdef MX_HAVE_CUDA
+  return set_cuda_skinny_linear_options(backend, {-1, 0, 0, rows});
+#else
+  (void)backend;
+  (void)rows;
+  return invalid_argument("--skinny-strip-rows " + value + ": this build has no CUDA backend");
+#endif
+}
+
+// One value of a kernel flag whose values bench latency compares (--bf16-experts-decode, --skinny-strip-rows).
+struct KernelChoice {
+  std::string flag, value;
+  Status apply(Backend& backend) const {
+    return flag == "bf16-experts-decode" ? choose_bf16_experts_decode(backend, value)
+                                         : choose_skinny_strip_rows(backend, value);
+  }
+};
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -626,21 +657,28 @@ Status run(const CliArgs& args) {
     if (tp > 1) return invalid_argument("--decode-attention sets one backend's kernel: not with --tensor-parallel-size");
     MX_RETURN_IF_ERROR(choose_decode_attention(*inner, args.get("decode-attention")));
   }
-  // --bf16-experts-decode: one kernel choice, or several compared (an engine each, below).
-  std::vector<std::string> experts_choices;
-  if (args.has("bf16-experts-decode")) {
-    if (tp > 1) return invalid_argument("--bf16-experts-decode sets one backend's kernels: not with --tensor-parallel-size");
-    std::stringstream list(args.get("bf16-experts-decode"));
-    for (std::string name; std::getline(list, name, ',');) {
-      MX_RETURN_IF_ERROR(choose_bf16_experts_decode(*inner, name));  // every name checked before the model loads
-      experts_choices.push_back(name);
-    }
-    if (experts_choices.size() > 1 && (compare_overlap || !budgets.empty() || args.has("forced-acceptance")))
-      return invalid_argument("--bf16-experts-decode with several kernels compares them itself: not with "
-                              "--compare-overlap, --compare-batched-tokens or --forced-acceptance");
-    if (!experts_choices.empty()) MX_RETURN_IF_ERROR(choose_bf16_experts_decode(*inner, experts_choices[0]));
+  // --bf16-experts-decode, --skinny-strip-rows: one kernel choice each, or several values of one flag compared (an
+  // engine each, below): those come first in kernel_choices, `compared` of them.
+  std::vector<KernelChoice> kernel_choices;
+  size_t compared = 0;
+  for (const char* flag : {"bf16-experts-decode", "skinny-strip-rows"}) {
+    if (!args.has(flag)) continue;
+    if (tp > 1)
+      return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");
+    std::vector<KernelChoice> choices;
+    std::stringstream list(args.get(flag));
+    for (std::string value; std::getline(list, value, ',');) choices.push_back({flag, value});
+    if (choices.size() > 1 && (compare_overlap || !budgets.empty() || args.has("forced-acceptance") || compared > 0))
+      return invalid_argument(std::string("--") + flag +
+                              " with several values compares them itself: not with --compare-overlap, "
+                              "--compare-batched-tokens, --forced-acceptance or another flag's several values");
+    if (choices.size() > 1) compared = choices.size();
+    kernel_choices.insert(choices.size() > 1 ? kernel_choices.begin() : kernel_choices.end(), choices.begin(),
+                          choices.end());
   }
-  Backend* const kernel_backend = inner.get();  // where a comparison switches the experts' kernels
+  for (const KernelChoice& c : kernel_choices) MX_RETURN_IF_ERROR(c.apply(*inner));  // checked before the model loads
+  if (compared > 0) MX_RETURN_IF_ERROR(kernel_choices[0].apply(*inner));  // the first engine's (flags set apart)
+  Backend* const kernel_backend = inner.get();  // where a comparison switches the kernels
   ProfilingBackend backend(std::move(inner));
   if (s.breakdown && !backend.make_timer(2).is_ok())
     return invalid_argument("--breakdown needs a backend with a device timer (cuda)");
@@ -690,15 +728,16 @@ Status run(const CliArgs& args) {
     bool overlap;
     int64_t budget;
     std::string label;  // printed above the variant's row when comparing
-    int experts = 0;    // index into experts_choices (several: a fresh engine whenever it changes)
+    int choice = 0;     // index into kernel_choices when comparing (a fresh engine whenever it changes)
   };
   const int64_t full_budget = core->config().max_num_batched_tokens;
   std::vector<StepVariant> variants;
   if (compare_overlap) {
     variants = {{false, full_budget, "serial steps"}, {true, full_budget, "overlapped steps"}};
-  } else if (experts_choices.size() > 1) {
-    for (size_t i = 0; i < experts_choices.size(); ++i)
-      variants.push_back({config.overlap_steps, full_budget, "bf16 experts " + experts_choices[i], static_cast<int>(i)});
+  } else if (compared > 1) {
+    for (size_t i = 0; i < compared; ++i)
+      variants.push_back({config.overlap_steps, full_budget, kernel_choices[i].flag + " " + kernel_choices[i].value,
+                          static_cast<int>(i)});
   } else {
     for (int64_t budget : budgets)
       variants.push_back({config.overlap_steps, budget, "step budget " + std::to_string(budget) + " tokens"});
@@ -709,7 +748,7 @@ Status run(const CliArgs& args) {
   std::vector<ReferenceDrafter::Reference> references;  // and every request's output
   json results = json::array();
   json skipped = json::array();
-  int engine_experts = 0;  // the experts' kernel choice the current engine's graphs were captured with
+  int engine_choice = 0;  // the kernel choice the current engine's graphs were captured with
   for (int64_t input_len : s.input_lens) {
     // Warm-up per prompt length: library plans for its prefill shapes, first-touch costs.
     const int64_t warm_batch = std::min<int64_t>(max_batch, std::max<int64_t>(1, std::min<int64_t>(4, pool_tokens / (input_len + 4))));
@@ -732,12 +771,12 @@ Status run(const CliArgs& args) {
       // The same prompts (the same seed) under each step kind or budget compared.
       for (const StepVariant& v : variants) {
         if (!v.label.empty()) std::printf("       %s:\n", v.label.c_str());
-        if (v.experts != engine_experts) {
+        if (v.choice != engine_choice) {
           // Another kernel choice: a fresh engine captures its graphs with it (the old one's KV pool freed first).
           core.reset();
-          MX_RETURN_IF_ERROR(choose_bf16_experts_decode(*kernel_backend, experts_choices[static_cast<size_t>(v.experts)]));
+          MX_RETURN_IF_ERROR(kernel_choices[static_cast<size_t>(v.choice)].apply(*kernel_backend));
           MX_ASSIGN_OR_RETURN(core, EngineCore::create(*model, config));
-          engine_experts = v.experts;
+          engine_choice = v.choice;
           MX_ASSIGN_OR_RETURN(auto rewarm, run_batch(*core, backend, *model, 1, input_len, std::min<int64_t>(s.output_len, 4),
                                                      s.seed + 99, false, config.overlap_steps, &next_id));
           (void)rewarm;
@@ -748,7 +787,13 @@ Status run(const CliArgs& args) {
         results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
         results.back()["overlapped_steps"] = v.overlap;
         results.back()["max_num_batched_tokens"] = v.budget;
-        if (!experts_choices.empty()) results.back()["bf16_experts_decode"] = experts_choices[static_cast<size_t>(v.experts)];
+        for (size_t i = 0; i < kernel_choices.size(); ++i) {  // the flags' values this row ran under
+          const KernelChoice& c = kernel_choices[i];
+          if (i < compared && static_cast<int>(i) != v.choice) continue;
+          std::string key = c.flag;
+          std::replace(key.begin(), key.end(), '-', '_');
+          results.back()[key] = c.value;
+        }
         if (s.breakdown && !r.breakdown) {
           // The first requests finished before the last ones had their first token (a long prefill phase).
           std::printf("       no breakdown at batch %lld: no step decoded all %lld requests at the middle of the output "

@@ -98,6 +98,7 @@ TEST_F(KernelTest, Linear) {
     int skinny_max_rows = 16;  // skinny_linear max_rows: 16 forces the skinny kernel, 0 cuBLASLt
     int k_splits = 0;          // > 0 forces the skinny kernel's k split
     int chunks = 0;            // 8: the 8-chunk variant with one token tile
+    int strip_rows = 0;        // 8 to 16 forces the skinny kernel's strips (0: skinny_linear_strip_rows)
   };
   // Up to 16 rows the skinny kernel runs: one and two token tiles, n not a multiple of 16, k a multiple of
   // 8 but not of 32 (a partial last chunk), k shorter than the CTA's 8 warps' chunks; the same shapes once
@@ -107,8 +108,12 @@ TEST_F(KernelTest, Linear) {
                         Case{8, 2880, 4096, true, false}, Case{9, 133, 2888, true, false}, Case{16, 1000, 64, false, true},
                         Case{13, 35, 24, true, true}, Case{2, 5120, 2880, true, false, 0}, Case{16, 77, 328, true, true, 0},
                         Case{5, 300, 2888, true, true, 16, 8}, Case{12, 2880, 4096, true, false, 16, 3},
-                        Case{3, 5120, 2880, true, false, 16, 0, 8}, Case{6, 203, 1000, false, true, 16, 2, 8}}) {
-    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {c.skinny_max_rows, c.k_splits, c.chunks}).is_ok());
+                        Case{3, 5120, 2880, true, false, 16, 0, 8}, Case{6, 203, 1000, false, true, 16, 2, 8},
+                        Case{1, 2816, 4096, true, false}, Case{1, 2816, 4096, true, false, 16, 0, 0, 16},
+                        Case{9, 2816, 2112, false, true, 16, 0, 0, 13}, Case{5, 300, 2888, true, true, 16, 3, 0, 9},
+                        Case{3, 77, 328, true, false, 16, 0, 8, 11}, Case{16, 1000, 64, false, true, 16, 0, 0, 8}}) {
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {c.skinny_max_rows, c.k_splits, c.chunks, c.strip_rows})
+                    .is_ok());
     Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
     Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
     TensorView w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()),
@@ -126,7 +131,8 @@ TEST_F(KernelTest, Linear) {
     check("linear", shape_str({c.m, c.n, c.k}) + (c.bias ? " bias" : "") + (c.f32 ? " f32-out" : " bf16-out") +
                         (skinny ? " skinny" : " cublaslt") +
                         (c.k_splits ? " k-splits " + std::to_string(c.k_splits) : std::string()) +
-                        (c.chunks ? " chunks " + std::to_string(c.chunks) : std::string()),
+                        (c.chunks ? " chunks " + std::to_string(c.chunks) : std::string()) +
+                        (c.strip_rows ? " strips of " + std::to_string(c.strip_rows) : std::string()),
           cuda_.download_f32(o_g), cpu_.download_f32(o_c), c.f32 ? 1e-4 : 5e-3);
   }
 }

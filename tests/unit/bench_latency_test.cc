@@ -58,6 +58,13 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   const auto experts = test::run_mxserve("bench latency --preset tiny --backend cpu --bf16-experts-decode nosuch");
   EXPECT_EQ(experts.exit_code, 1);
   EXPECT_NE(experts.stderr_text.find("--bf16-experts-decode"), std::string::npos);
+  const auto strips = test::run_mxserve("bench latency --preset tiny --backend cpu --skinny-strip-rows 7,16");
+  EXPECT_EQ(strips.exit_code, 1);
+  EXPECT_NE(strips.stderr_text.find("--skinny-strip-rows must be auto or 8 to 16"), std::string::npos);
+  const auto two = test::run_mxserve(
+      "bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto");
+  EXPECT_EQ(two.exit_code, 1);
+  EXPECT_NE(two.stderr_text.find("another flag's several values"), std::string::npos);
 
   const auto both = test::run_mxserve("bench latency --preset tiny --model x --backend cpu");
   EXPECT_EQ(both.exit_code, 1);

@@ -309,8 +309,14 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
         EXPECT_GE(c.k_splits * c.chunks_per_split, chunks);
         EXPECT_LT((c.k_splits - 1) * c.chunks_per_split, chunks);
         if (c.k_splits > 1) EXPECT_LE((n + 15) / 16, kSkinnyLinearMaxSplitStrips);
-        // The same split at every batch size: a token's sums do not depend on the batch.
+        // The same split and strips at every batch size: a token's sums do not depend on the batch.
         EXPECT_EQ(c.k_splits, choose_skinny_linear_config(d, 1, n, k).k_splits);
+        EXPECT_EQ(c.strip_rows, choose_skinny_linear_config(d, 1, n, k).strip_rows);
+        // Strips of 8 to 16 rows; fewer than 16 only where their CTAs fit one wave.
+        EXPECT_GE(c.strip_rows, 8);
+        EXPECT_LE(c.strip_rows, 16);
+        if (c.strip_rows < 16)
+          EXPECT_LE((n + c.strip_rows - 1) / c.strip_rows, static_cast<int64_t>(d.sm_count) * kSkinnyLinearCtasPerSm);
       }
   // No k split unless forced; a forced one covers k and is capped.
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880).k_splits, 1);
@@ -320,6 +326,15 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 99).k_splits, kSkinnyLinearMaxKSplits);
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880, 0, 8).chunks_in_flight, 8);
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 12, 5120, 2880, 0, 8).chunks_in_flight, 4);  // two tiles
+  // Strips: 2816 and 2880 rows (176 and 180 16-row strips on 132 SMs) in strips of 11 (at most 22 rows per SM
+  // instead of 32); balanced shapes (4224 rows: 264 strips) and more than one wave (5120) keep 16; forced 8 to 16.
+  EXPECT_EQ(skinny_linear_strip_rows(sm90_h200(), 2816), 11);
+  EXPECT_EQ(skinny_linear_strip_rows(sm90_h200(), 2880), 11);
+  EXPECT_EQ(skinny_linear_strip_rows(sm90_h200(), 4224), 16);
+  EXPECT_EQ(skinny_linear_strip_rows(sm90_h200(), 5120), 16);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 2816, 4096).strip_rows, 11);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 2816, 4096, 0, 0, 16).strip_rows, 16);
+  EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 2816, 4096, 4).strip_rows, 16);  // k splits: 16
   // gpt-oss on an H100/H200 (132 SMs, 264 slots): o (180 strips, one wave) and the lm_head (12,568, 48
   // waves) take the skinny kernel; qkv (320 strips, 1.2 waves) stays on cuBLASLt.
   EXPECT_TRUE(skinny_linear_by_default(sm90_h200(), 2880));

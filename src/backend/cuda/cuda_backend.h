@@ -42,6 +42,8 @@ struct CudaSkinnyLinearOptions {
   int max_rows = -1;
   int k_splits = 0;
   int chunks_in_flight = 0;
+  int strip_rows = 0;  // 8 to 16 forces SkinnyLinearConfig::strip_rows (benchmarks); 0 = skinny_linear_strip_rows,
+                       // 16 on FP8 weights
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel

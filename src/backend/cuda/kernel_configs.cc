@@ -274,8 +274,18 @@ MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_t
   return c;
 }
 
+int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n) {
+  const int64_t sms = std::max(1, dev.sm_count), slots = sms * kSkinnyLinearCtasPerSm;
+  auto busiest = [&](int rows) { return ceil_div(ceil_div(n, rows), sms) * rows; };  // rows on the busiest SM
+  if (n <= 0 || ceil_div(n, 16) > slots) return 16;
+  int best = 16;
+  for (int rows = 15; rows >= 8; --rows)
+    if (ceil_div(n, rows) <= slots && busiest(rows) < busiest(best)) best = rows;
+  return 10 * busiest(best) <= 9 * busiest(16) ? best : 16;
+}
+
 SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k,
-                                               int k_splits, int chunks_in_flight) {
+                                               int k_splits, int chunks_in_flight, int strip_rows) {
   SkinnyLinearConfig c;
   c.n_tiles = m <= 8 ? 1 : 2;
   // Per chunk a lane holds two 16-byte weight loads (8 registers) and one activation load per token tile
@@ -294,6 +304,7 @@ SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m,
     c.k_splits = std::min(k_splits, kSkinnyLinearMaxKSplits);
   c.chunks_per_split = ceil_div(chunks, c.k_splits);
   c.k_splits = static_cast<int>(ceil_div(chunks, c.chunks_per_split));  // no empty split
+  c.strip_rows = strip_rows >= 8 && strip_rows <= 16 ? strip_rows : c.k_splits == 1 ? skinny_linear_strip_rows(dev, n) : 16;
   return c;
 }
 

@@ -225,8 +225,8 @@ inline constexpr int64_t kMoeGroupedLargeTileTokensPerExpert = 512;
 bool use_grouped_moe(int64_t num_slots, int64_t num_experts, bool wgmma);
 
 // Dense linears at decode (skinny_linear.cu): out[M, N] = x W^T + bias for M <= kSkinnyLinearMaxRows.
-// Weights as the mma.sync A operand (16 output channels per CTA), the M tokens as the 8-wide N side (one
-// or two n tiles); each lane streams 16-byte weight loads straight into its fragments, the CTA's warps
+// Weights as the mma.sync A operand (a strip of up to 16 output channels per CTA), the M tokens as the 8-wide
+// N side (one or two n tiles); each lane streams 16-byte weight loads straight into its fragments, the CTA's warps
 // split their K range in 32-element chunks round-robin and reduce in shared memory. A benchmark variant
 // also splits K over `k_splits` CTAs whose fp32 partials the last CTA of the strip sums in split order (a
 // ticket per strip); it measured slower (kernel_configs.cc). Nothing depends on M but the token tiles,
@@ -242,16 +242,27 @@ inline constexpr int64_t kSkinnyLinearPartialFloats = kSkinnyLinearMaxSplitStrip
 struct SkinnyLinearConfig {
   int n_tiles = 0;          // 8-token mma tiles: 1 (M <= 8) or 2
   int chunks_in_flight = 0; // 32-k chunks each warp loads before its first mma: 4, or 8 with one tile
-  int k_splits = 0;         // CTAs per 16-row strip
+  int k_splits = 0;         // CTAs per strip
+  int strip_rows = 16;      // output channels per strip (8 to 16: the mma's 16 rows, the rest masked)
   int64_t chunks_per_split = 0;
   int threads = 0;
   int64_t smem_bytes = 0;   // static: the cross-warp reduction (per warp: 4 floats per tile per lane)
   bool pdl = false;         // launched as a programmatic dependent: weights load before the wait (SM90+)
 };
 // `k_splits` > 0 forces a k split (benchmarks; default none), capped so that no split is empty;
-// `chunks_in_flight` 8 picks the 8-chunk variant for one token tile (benchmarks; 0 = default, 4).
+// `chunks_in_flight` 8 picks the 8-chunk variant for one token tile (benchmarks; 0 = default, 4);
+// `strip_rows` 8 to 16 forces the strips' rows (benchmarks; 0 = skinny_linear_strip_rows).
 SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k,
-                                               int k_splits = 0, int chunks_in_flight = 0);
+                                               int k_splits = 0, int chunks_in_flight = 0, int strip_rows = 0);
+// Rows per strip without a k split: where 16-row strips fit one wave of resident CTAs (2 per SM) but leave
+// some SMs two strips and others one (26B-A4B's o_proj and down, 2816 rows: 176 strips on 132 SMs, so 44 SMs
+// stream 32 rows while 88 stream 16), the rows (8 to 16) whose strips still fit one wave with the fewest rows
+// on the busiest SM (2816 rows: 11, 256 strips, at most 22 rows per SM), if that is at least 10% fewer; else 16.
+// H200, one token, us (session 16 W1, mx_kernel_bench --gemma-dense-only, 16-row strips -> these): o_proj
+// sliding (2816 x 4096) 9.11 -> 7.99, o_proj full (2816 x 8192) 16.40 -> 13.82, down (2816 x 2112) 6.16 ->
+// 5.61, gpt-oss's o_proj (2880 x 4096) 9.20 -> 8.17; 12-row strips within 1% of 11. (bf16 weights; the
+// backend keeps FP8 weights on 16-row strips, not measured narrower.)
+int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n);
 // Whether linear() takes the skinny kernel for n output channels when not forced: the 16-row strips fit
 // one wave of resident CTAs, or fill at least kSkinnyLinearManyWaves waves (the last wave's tail is then
 // small); in between (a wave and a fraction) cuBLASLt. Measured on an H100 (docs/PERF.md,

@@ -1,6 +1,7 @@
-// Dense linears for a few tokens (decode): a bandwidth kernel. Each CTA owns 16 output channels (the
-// mma.sync A side) and all M <= 16 tokens (one or two 8-wide B tiles); its 8 warps take the K axis in
-// 32-element chunks round-robin, so at any moment the CTA reads a contiguous run of every weight row.
+// Dense linears for a few tokens (decode): a bandwidth kernel. Each CTA owns a strip of up to 16 output
+// channels (the mma.sync A side; SkinnyLinearConfig::strip_rows, the rest masked) and all M <= 16 tokens (one
+// or two 8-wide B tiles); its 8 warps take the K axis in 32-element chunks round-robin, so at any moment the
+// CTA reads a contiguous run of every weight row.
 //
 // Fragments straight from global memory: mma m16n8k16 wants lane (g, t) to hold A[g][2t, 2t+1, 2t+8,
 // 2t+9] (and row g + 8) and B[2t, 2t+1, 2t+8, 2t+9][g]. A dot product does not care how k is ordered as
@@ -82,16 +83,16 @@ struct Fp8Weights {
 
 template <int kTiles, int kChunks, typename Weights, int kCtasPerSm>
 __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
-    skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split) {
+    skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split, int strip_rows) {
   constexpr int kLaneK = Weights::kLaneK, kGroups = kLaneK / 8, kChunk = 4 * kLaneK;  // k per chunk: 4 lanes
   __shared__ float red[kSkinnyLinearWarps][kTiles * 4][32];
   __shared__ bool last_of_strip;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t strip = blockIdx.x, row0 = strip * 16;
+  const int64_t strip = blockIdx.x, row0 = strip * strip_rows;
   const int64_t first = blockIdx.y * chunks_per_split;
   const int64_t end = min((p.k + kChunk - 1) / kChunk, first + chunks_per_split);
-  // Rows past n and tokens past m read row 0 / token 0 (always valid) and are masked to zero.
-  const bool lo_ok = row0 + g < p.n, hi_ok = row0 + g + 8 < p.n;
+  // Rows past the strip or n and tokens past m read row 0 / token 0 (always valid) and are masked to zero.
+  const bool lo_ok = g < strip_rows && row0 + g < p.n, hi_ok = g + 8 < strip_rows && row0 + g + 8 < p.n;
   const int64_t w_lo = (lo_ok ? row0 + g : 0) * p.k + kLaneK * t;  // element offsets of this lane's weights
   const int64_t w_hi = (hi_ok ? row0 + g + 8 : 0) * p.k + kLaneK * t;
   const uint16_t* x_row[kTiles];
@@ -188,9 +189,10 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
   }
   if (v >= kValues) return;
   const int slot = v / 32, l = v % 32, j = slot / 4, e = slot % 4;
-  const int64_t row = row0 + l / 4 + (e >= 2 ? 8 : 0);
+  const int in_strip = l / 4 + (e >= 2 ? 8 : 0);
+  const int64_t row = row0 + in_strip;
   const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
-  if (row >= p.n || token >= p.m) return;
+  if (in_strip >= strip_rows || row >= p.n || token >= p.m) return;
   if constexpr (Weights::kFp8) s *= p.w_scale[row];
   if (p.bias) s += bf16_bits_to_f32(p.bias[row]);
   if (p.out_f32) {
@@ -203,7 +205,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
 template <int kTiles, int kChunks, typename Weights, int kCtasPerSm = kSkinnyLinearCtasPerSm>
 Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div64(p.n, 16)), static_cast<unsigned>(c.k_splits));
+  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div64(p.n, c.strip_rows)), static_cast<unsigned>(c.k_splits));
   cfg.blockDim = dim3(static_cast<unsigned>(c.threads));
   cfg.stream = stream;
   cudaLaunchAttribute attr = {};
@@ -214,7 +216,8 @@ Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStre
   // The config counts 32-element chunks per split; an FP8 chunk is 64 elements (two of them, rounded up: an
   // empty last split adds zeros).
   const int64_t chunks_per_split = Weights::kFp8 ? (c.chunks_per_split + 1) / 2 : c.chunks_per_split;
-  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm>, p, chunks_per_split),
+  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm>, p,
+                                        chunks_per_split, c.strip_rows),
                      "skinny_linear_kernel");
 }
 
@@ -250,7 +253,8 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
   if (p.n == 0) return Status::ok();
   if (c.k_splits < 1 || c.k_splits > kSkinnyLinearMaxKSplits || c.k_splits * c.chunks_per_split < ceil_div64(p.k, 32))
     return internal_error("skinny linear: k splits do not cover k");
-  if (c.k_splits > 1 && (!p.partials || !p.tickets || ceil_div64(p.n, 16) > kSkinnyLinearMaxSplitStrips))
+  if (c.strip_rows < 8 || c.strip_rows > 16) return internal_error("skinny linear: strips of 8 to 16 rows");
+  if (c.k_splits > 1 && (!p.partials || !p.tickets || ceil_div64(p.n, c.strip_rows) > kSkinnyLinearMaxSplitStrips))
     return internal_error("skinny linear: k splits need the partials and tickets scratch");
   // A chunk in flight is one 16-byte load per weight row and lane for either dtype, but an FP8 chunk takes two
   // activation loads per token tile. FP8 has two forms per tile count: when the strips fit one wave at 2 CTAs
@@ -265,7 +269,7 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
     MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
     MX_RETURN_IF_ERROR(
         cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
-    const bool one_wave = ceil_div64(p.n, 16) <= static_cast<int64_t>(sms) * kSkinnyLinearCtasPerSm;
+    const bool one_wave = ceil_div64(p.n, c.strip_rows) <= static_cast<int64_t>(sms) * kSkinnyLinearCtasPerSm;
     if (c.n_tiles == 1) return one_wave ? launch<1, 4, Fp8Weights>(p, c, stream) : launch<1, 3, Fp8Weights, 3>(p, c, stream);
     return one_wave ? launch<2, 3, Fp8Weights>(p, c, stream) : launch<2, 2, Fp8Weights, 3>(p, c, stream);
   }
