@@ -321,6 +321,24 @@ void bench_moe(bool variants) {
                  std::to_string(static_cast<int>(bytes / 1e6)) + " MB");
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
+    // " norm": the experts and the add_rms_norm after them (kAuto), as two ops and as moe_experts_add_rms_norm,
+    // interleaved twice.
+    if (!variants || !variant_selected(" norm")) continue;
+    const TensorView residual = make(DType::kF32, {T, H}), norm_w = random_bf16({H}, 1.0f), normed = make(DType::kBF16, {T, H});
+    std::vector<float> zeros(static_cast<size_t>(T * H), 0.0f);
+    CHECK_OK(g_b->copy_from_host(residual, zeros.data()));
+    const double bytes = touched * expert_bytes;
+    for (int round = 0; round < 2; ++round)
+      for (const bool fused : {false, true}) {
+        const double us = time_graph(24, [&](int i) {
+          MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
+          if (fused) return g_b->moe_experts_add_rms_norm(p, residual, norm_w, 1e-5f, normed);
+          MX_RETURN_IF_ERROR(g_b->moe_experts(p));
+          return g_b->add_rms_norm(residual, out, norm_w, 1e-5f, normed);
+        });
+        report("moe decode T=" + std::to_string(T) + (fused ? " norm: moe_experts_add_rms_norm" : " norm: moe, add_rms_norm"),
+               us, bytes, 0, std::to_string(static_cast<int>(bytes / 1e6)) + " MB");
+      }
   }
 }
 
@@ -796,6 +814,48 @@ void bench_linear() {
   report("lm_head 2880->201088 M=64", us, 2.0 * 201088 * 2880 + 4.0 * 64 * 201088, 2.0 * 64 * 201088 * 2880);
 }
 
+// ---- Neighbours of the decode chain as they run there, one after the other in a graph (each launch a programmatic
+// dependent of the one before), interleaved twice: the post-attention norm and 20b's router as two ops and as
+// add_rms_norm_route; and the input norm followed by qkv on cuBLASLt and on the skinny kernel. us per pair.
+void bench_decode_pairs(const std::vector<int64_t>& batches) {
+  const int64_t H = 2880, E = 32, copies = 128;
+  std::vector<TensorView> rw, qkv_w;
+  for (int64_t c = 0; c < copies; ++c) rw.push_back(random_bf16({E, H}, 0.02f));
+  for (int c = 0; c < 8; ++c) qkv_w.push_back(repeated_random_bf16({5120, H}, 0.02f));
+  const TensorView rbias = random_bf16({E}, 0.1f), qkv_bias = random_bf16({5120}, 0.1f);
+  const TensorView norm_w = random_bf16({H}, 1.0f);
+  for (const int64_t m : batches) {
+    const TensorView residual = make(DType::kF32, {m, H}), delta = random_bf16({m, H}, 1.0f);
+    const TensorView normed = make(DType::kBF16, {m, H}), qkv = make(DType::kBF16, {m, 5120});
+    std::vector<float> zeros(static_cast<size_t>(m * H), 0.0f);
+    CHECK_OK(g_b->copy_from_host(residual, zeros.data()));
+    RouterParams r{.x = normed, .bias = rbias, .logits = make(DType::kF32, {m, E}), .topk_ids = make(DType::kI32, {m, 4}),
+                   .topk_weights = make(DType::kF32, {m, 4}), .top_k = 4};
+    const std::string ms = " M=" + std::to_string(m);
+    const double norm_bytes = m * H * (4.0 * 2 + 2.0 * 2), route_bytes = 2.0 * E * H;
+    const double qkv_bytes = 2.0 * 5120 * H + 2.0 * m * 5120;
+    for (int round = 0; round < 2; ++round) {
+      report("add_rms_norm, router_topk E=32" + ms, time_graph(40, [&](int i) {
+               r.weight = rw[static_cast<size_t>(i) % rw.size()];
+               MX_RETURN_IF_ERROR(g_b->add_rms_norm(residual, delta, norm_w, 1e-5f, normed));
+               return g_b->router_topk(r);
+             }), norm_bytes + route_bytes, 0);
+      report("add_rms_norm_route E=32" + ms, time_graph(40, [&](int i) {
+               r.weight = rw[static_cast<size_t>(i) % rw.size()];
+               return g_b->add_rms_norm_route(residual, delta, norm_w, 1e-5f, normed, r);
+             }), norm_bytes + route_bytes, 0);
+      for (const int skinny_rows : {0, 16}) {
+        CHECK_OK(set_cuda_skinny_linear_options(*g_b, {skinny_rows, 0, 0}));
+        report(std::string("add_rms_norm, qkv ") + (skinny_rows ? "skinny" : "cuBLASLt") + ms, time_graph(40, [&](int i) {
+                 MX_RETURN_IF_ERROR(g_b->add_rms_norm(residual, delta, norm_w, 1e-5f, normed));
+                 return g_b->linear(normed, qkv_w[static_cast<size_t>(i) % qkv_w.size()], qkv_bias, qkv);
+               }), norm_bytes + qkv_bytes, 2.0 * m * 5120 * H);
+      }
+      CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
+    }
+  }
+}
+
 // ---- The non-MoE, non-attention ops of a gpt-oss decode step at serving batches (`--decode-step-only[=B,...]`,
 // default 64, 128, 256 sequences): the dense linears through linear() (cuBLASLt's first heuristic choice at these
 // sizes) and each of the heuristic's first `candidate_count` algorithms (`--candidates=N`, default 12; 0 = none),
@@ -885,6 +945,7 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
     const double norm_us = time_graph(40, [&](int) { return g_b->add_rms_norm(residual, delta, norm_w, 1e-5f, normed); });
     report("add_rms_norm M=" + std::to_string(m), norm_us, m * 2880 * (4.0 * 2 + 2.0 * 2), 0);
   }
+  bench_decode_pairs(batches);
 }
 
 // ---- Sampling: rows of gpt-oss's 201,088-token vocabulary; floor = reading the f32 logits once.

@@ -312,7 +312,22 @@ class Backend {
   virtual Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) = 0;
   virtual Status attention(const AttentionParams& p, const BatchView& batch) = 0;
   virtual Status router_topk(const RouterParams& p) = 0;
+  // add_rms_norm(residual, delta, weight, eps, out), then router_topk(route) of its out (route.x is `out`): the
+  // post-attention norm and gpt-oss's router, which CUDA runs in one launch at decode (router.cu).
+  virtual Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                                    TensorView out, const RouterParams& route) {
+    MX_RETURN_IF_ERROR(add_rms_norm(residual, delta, weight, eps, out));
+    return router_topk(route);
+  }
   virtual Status moe_experts(const MoeParams& p) = 0;
+  // moe_experts(p), then add_rms_norm(residual, p.out, weight, eps, out): gpt-oss's experts and the norm after them
+  // (the next layer's input norm), one op so that a backend may join them at the combine (p.out need not then be
+  // written). CUDA runs the two ops (the joined form: docs/PERF.md, session 16).
+  virtual Status moe_experts_add_rms_norm(const MoeParams& p, TensorView residual, const TensorView& weight, float eps,
+                                          TensorView out) {
+    MX_RETURN_IF_ERROR(moe_experts(p));
+    return add_rms_norm(residual, p.out, weight, eps, out);
+  }
   // out[r] = x[rows[r]]; rows i32 [R].
   virtual Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) = 0;
   virtual Status sample(const SampleParams& p) = 0;

@@ -65,7 +65,15 @@ class ForwardingBackend : public Backend {
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override { return inner_.qkv_rope(p, batch); }
   Status attention(const AttentionParams& p, const BatchView& batch) override { return inner_.attention(p, batch); }
   Status router_topk(const RouterParams& p) override { return inner_.router_topk(p); }
+  Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                            TensorView out, const RouterParams& route) override {
+    return inner_.add_rms_norm_route(residual, delta, weight, eps, out, route);
+  }
   Status moe_experts(const MoeParams& p) override { return inner_.moe_experts(p); }
+  Status moe_experts_add_rms_norm(const MoeParams& p, TensorView residual, const TensorView& weight, float eps,
+                                  TensorView out) override {
+    return inner_.moe_experts_add_rms_norm(p, residual, weight, eps, out);
+  }
   Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) override {
     return inner_.gather_rows(x, rows, out);
   }

@@ -81,6 +81,13 @@ Status ProfilingBackend::router_topk(const RouterParams& p) {
   MX_RETURN_IF_ERROR(timed("router_topk", 0, [&] { return inner().router_topk(p); }));
   return record_route(p);
 }
+// Filed with the norms in the breakdown (as gemma_attention_end with its route): the router's own time is inside.
+Status ProfilingBackend::add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight,
+                                            float eps, TensorView out, const RouterParams& route) {
+  MX_RETURN_IF_ERROR(timed("add_rms_norm_route", 0,
+                           [&] { return inner().add_rms_norm_route(residual, delta, weight, eps, out, route); }));
+  return record_route(route);
+}
 Status ProfilingBackend::record_route(const RouterParams& p) {
   if (!record_routing_ || capturing_) return Status::ok();
   std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));
@@ -90,6 +97,12 @@ Status ProfilingBackend::record_route(const RouterParams& p) {
 }
 Status ProfilingBackend::moe_experts(const MoeParams& p) {
   return timed("moe_experts", 0, [&] { return inner().moe_experts(p); });
+}
+// Filed with the experts in the breakdown: the norm is a small part of it.
+Status ProfilingBackend::moe_experts_add_rms_norm(const MoeParams& p, TensorView residual, const TensorView& weight,
+                                                  float eps, TensorView out) {
+  return timed("moe_experts_add_rms_norm", 0,
+               [&] { return inner().moe_experts_add_rms_norm(p, residual, weight, eps, out); });
 }
 Status ProfilingBackend::gather_rows(const TensorView& x, const TensorView& rows, TensorView out) {
   return timed("gather_rows", 0, [&] { return inner().gather_rows(x, rows, out); });

@@ -33,7 +33,7 @@ class ProfilingBackend final : public ForwardingBackend {
   void start_routing_record() { record_routing_ = true, routing_.clear(); }
   std::vector<std::vector<int32_t>> finish_routing();
 
-  // Overridden: the ops below are timed (router_topk also recorded); every other call forwards unchanged.
+  // Overridden: the ops below are timed (router_topk and add_rms_norm_route also recorded); every other call forwards unchanged.
   // copy_to_host is timed only once the step's ops have started: the staging copies before them synchronize
   // and would spend the hold.
   Status copy_to_host(void* dst, const TensorView& src) override;
@@ -47,7 +47,11 @@ class ProfilingBackend final : public ForwardingBackend {
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override;
   Status attention(const AttentionParams& p, const BatchView& batch) override;
   Status router_topk(const RouterParams& p) override;
+  Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                            TensorView out, const RouterParams& route) override;
   Status moe_experts(const MoeParams& p) override;
+  Status moe_experts_add_rms_norm(const MoeParams& p, TensorView residual, const TensorView& weight, float eps,
+                                  TensorView out) override;
   Status gather_rows(const TensorView& x, const TensorView& rows, TensorView out) override;
   Status sample(const SampleParams& p) override;
   Status unit_rms_norm(const TensorView& x, float eps, TensorView out) override;

@@ -188,7 +188,9 @@ double mean(const std::vector<double>& v) {
 
 const char* op_category(const OpTiming& op, int64_t vocab) {
   if (op.op == "attention") return "attention";
-  if (op.op == "moe_experts" || op.op == "moe_geglu_experts" || op.op == "router_topk") return "moe";
+  if (op.op == "moe_experts" || op.op == "moe_geglu_experts" || op.op == "router_topk" ||
+      op.op == "moe_experts_add_rms_norm")
+    return "moe";
   if (op.op == "linear") return op.out_features == vocab ? "logits" : "dense_gemm";
   if (op.op == "gather_rows" || op.op == "sample") return "logits";
   if (op.op == "copy_to_host") return "logits_to_host";

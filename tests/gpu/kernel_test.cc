@@ -621,6 +621,62 @@ TEST_F(KernelTest, RouterTopK) {
   }
 }
 
+// The post-attention norm and gpt-oss's router in one op: bit for bit the two ops on CUDA (add_rms_norm, then
+// router_topk of its out), and the CPU twin. 32 experts: a cluster of 4 expert blocks per token (fused); 24: 3
+// blocks; 8: one; 33 tokens (past the fused router) and 128 experts (the ticket): the two ops. Hidden 328: most
+// lanes idle and one norm chunk per thread; 8192: the norm's largest row (4 chunks per thread).
+TEST_F(KernelTest, AddRmsNormRoute) {
+  const int64_t k = 4;
+  for (const auto& [t, h, e, f32_residual] :
+       {std::tuple<int64_t, int64_t, int64_t, bool>{1, 2880, 32, true}, {5, 2880, 32, true}, {32, 2880, 32, false},
+        {3, 328, 24, true}, {2, 2880, 8, false}, {33, 2880, 32, true}, {1, 2880, 128, true}, {4, 8192, 32, true},
+        {1, 2880, 32, false}}) {
+    Bf16Data x = random_bf16(rng_, t * h, 2.0f), d = random_bf16(rng_, t * h, 1.0f), nw = random_bf16(rng_, h, 1.0f);
+    Bf16Data w = random_bf16(rng_, e * h, 0.05f), b = random_bf16(rng_, e, 0.5f);
+    if (f32_residual) {
+      std::normal_distribution<float> dist(0.0f, 2.0f);
+      for (auto& v : x.values) v = dist(rng_);  // not bf16-representable: the f32 path must keep the bits
+    }
+    const DType res_dtype = f32_residual ? DType::kF32 : DType::kBF16;
+    const void* res_host = f32_residual ? static_cast<const void*>(x.values.data()) : x.bits.data();
+    // Three residuals with the same start: the CPU twin's, the fused op's and the two CUDA ops'.
+    TensorView res_c = f32_residual ? cpu_.upload(DType::kF32, {t, h}, x.values.data())
+                                    : upload_activation(cpu_, cuda_, x, {t, h}).cpu;
+    TensorView res_f = cuda_.upload(res_dtype, {t, h}, res_host), res_p = cuda_.upload(res_dtype, {t, h}, res_host);
+    Pair pd = upload_activation(cpu_, cuda_, d, {t, h});
+    TensorView nw_c = cpu_.upload(DType::kBF16, {h}, nw.bits.data()), nw_g = cuda_.upload(DType::kBF16, {h}, nw.bits.data());
+    TensorView w_c = cpu_.upload(DType::kBF16, {e, h}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {e, h}, w.bits.data());
+    TensorView b_c = cpu_.upload(DType::kBF16, {e}, b.bits.data()), b_g = cuda_.upload(DType::kBF16, {e}, b.bits.data());
+    TensorView out_c = cpu_.make(DType::kF32, {t, h}), out_f = cuda_.make(DType::kBF16, {t, h}),
+               out_p = cuda_.make(DType::kBF16, {t, h});
+    auto route = [&](Arena& a, const TensorView& out, const TensorView& wt, const TensorView& bias) {
+      return RouterParams{out, wt, bias, a.make(DType::kF32, {t, e}), a.make(DType::kI32, {t, k}),
+                          a.make(DType::kF32, {t, k}), k};
+    };
+    const RouterParams r_c = route(cpu_, out_c, w_c, b_c), r_f = route(cuda_, out_f, w_g, b_g),
+                       r_p = route(cuda_, out_p, w_g, b_g);
+    ASSERT_TRUE(cpu_backend().add_rms_norm_route(res_c, pd.cpu, nw_c, 1e-5f, out_c, r_c).is_ok());
+    ASSERT_TRUE(cuda_backend().add_rms_norm_route(res_f, pd.cuda, nw_g, 1e-5f, out_f, r_f).is_ok());
+    ASSERT_TRUE(cuda_backend().add_rms_norm(res_p, pd.cuda, nw_g, 1e-5f, out_p).is_ok());
+    ASSERT_TRUE(cuda_backend().router_topk(r_p).is_ok());
+    const std::string what = std::to_string(t) + " tokens, hidden " + std::to_string(h) + ", " + std::to_string(e) +
+                             " experts" + (f32_residual ? ", f32 residual" : ", bf16 residual");
+    const std::pair<const char*, std::pair<TensorView, TensorView>> same[] = {
+        {"residual", {res_f, res_p}}, {"normed", {out_f, out_p}}, {"logits", {r_f.logits, r_p.logits}},
+        {"ids", {r_f.topk_ids, r_p.topk_ids}}, {"weights", {r_f.topk_weights, r_p.topk_weights}}};
+    for (const auto& [name, views] : same) {
+      const bool equal = cuda_.download_bytes(views.first) == cuda_.download_bytes(views.second);
+      record(std::string("add_rms_norm_route ") + name, what + (equal ? ": the two ops' bits" : ": DIFFER from the two ops"),
+             equal ? 0 : 1, 0, 0, equal);
+      EXPECT_TRUE(equal) << name << " " << what;
+    }
+    check("add_rms_norm_route residual", what, cuda_.download_f32(res_f), cpu_.download_f32(res_c),
+          f32_residual ? 1e-6 : 5e-3);
+    check("add_rms_norm_route normed", what, cuda_.download_f32(out_f), cpu_.download_f32(out_c), 5e-3);
+    check("add_rms_norm_route logits", what, cuda_.download_f32(r_f.logits), cpu_.download_f32(r_c.logits), 1e-2);
+  }
+}
+
 // Random MXFP4 experts in the checkpoint layout (host memory).
 struct HostExperts {
   std::vector<uint8_t> w1b, w1s, w2b, w2s;
@@ -708,25 +764,42 @@ const char* path_name(CudaMoePath p) {
 // once per k tiles per warp in `decode_k_tiles`, the grouped path once per tile size in `grouped_tiles`, 0 =
 // its own choice; `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized). One set of experts and one
 // CPU run for all of them.
-void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
-                    std::initializer_list<CudaMoePath> paths, std::initializer_list<int> decode_k_tiles = {0},
-                    bool decode_pdl = true,
-                    std::initializer_list<int> grouped_tiles = {0}, int warp_specialized = 0) {
+// A case's random experts (the host copy and CUDA's), routing and activations, on both backends.
+struct MoeInputs {
   HostExperts hx;
-  make_experts(rng, c.E, c.H, c.I, &hx);
   std::vector<Buffer> owner;
-  auto up = cuda_backend().upload_experts(hx.view, &owner);
+  ExpertWeights cuda_experts;
+  Pair x;
+  TensorView id_c, id_g, w_c, w_g;
+};
+void make_moe_inputs(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c, MoeInputs* in) {
+  make_experts(rng, c.E, c.H, c.I, &in->hx);
+  auto up = cuda_backend().upload_experts(in->hx.view, &in->owner);
   ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+  in->cuda_experts = *up;
   std::vector<int32_t> ids;
   std::vector<float> weights;
   make_routing(rng, c, &ids, &weights);
   Bf16Data x = random_bf16(rng, c.T * c.H, 1.0f);
-  Pair px = upload_activation(cpu, cuda, x, {c.T, c.H});
-  TensorView id_c = cpu.upload(DType::kI32, {c.T, c.k}, ids.data()), id_g = cuda.upload(DType::kI32, {c.T, c.k}, ids.data());
-  TensorView w_c = cpu.upload(DType::kF32, {c.T, c.k}, weights.data()),
-             w_g = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
+  in->x = upload_activation(cpu, cuda, x, {c.T, c.H});
+  in->id_c = cpu.upload(DType::kI32, {c.T, c.k}, ids.data());
+  in->id_g = cuda.upload(DType::kI32, {c.T, c.k}, ids.data());
+  in->w_c = cpu.upload(DType::kF32, {c.T, c.k}, weights.data());
+  in->w_g = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
+}
+
+void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c,
+                    std::initializer_list<CudaMoePath> paths, std::initializer_list<int> decode_k_tiles = {0},
+                    bool decode_pdl = true,
+                    std::initializer_list<int> grouped_tiles = {0}, int warp_specialized = 0) {
+  MoeInputs in;
+  make_moe_inputs(cpu, cuda, rng, c, &in);
+  if (::testing::Test::HasFatalFailure()) return;
+  const Pair& px = in.x;
+  const ExpertWeights* up = &in.cuda_experts;
+  const TensorView &id_c = in.id_c, &id_g = in.id_g, &w_c = in.w_c, &w_g = in.w_g;
   TensorView o_c = cpu.make(DType::kF32, {c.T, c.H});
-  MoeParams m_c{px.cpu, id_c, w_c, &hx.view, o_c, c.k, 7.0f, 1.702f};
+  MoeParams m_c{px.cpu, id_c, w_c, &in.hx.view, o_c, c.k, 7.0f, 1.702f};
   ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
   const std::vector<float> want = cpu.download_f32(o_c);
   for (CudaMoePath path : paths)
@@ -737,7 +810,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
   for (int pdl : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
-    MoeParams m_g{px.cuda, id_g, w_g, &*up, o_g, c.k, 7.0f, 1.702f};
+    MoeParams m_g{px.cuda, id_g, w_g, up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, k_tiles, decode_pdl};
     options.wgmma_persistent = persistent;
     options.wgmma_warp_specialized = warp_specialized;
@@ -865,6 +938,59 @@ void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase&
 TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 40, Routing::kUniform}, {CudaMoePath::kDecode},
                                "decode", {1, 3, 8});
+}
+
+// The experts and the norm after them in one op: bit for bit the two ops on CUDA (moe_experts, then add_rms_norm of
+// its out), and the CPU twin.
+// 20b's layer at one token; 32 experts at 8 tokens (32 slots) with a narrow intermediate (the CPU twin's time);
+// 9 tokens at top-4 (36 slots): past the self-routed decode, the two ops.
+TEST_F(KernelTest, MoeExpertsAddRmsNorm) {
+  for (const auto& [c, f32_residual] :
+       {std::pair<MoeCase, bool>{MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, true},
+        {MoeCase{32, 2880, 192, 4, 8, Routing::kHot}, true}, {MoeCase{32, 320, 256, 4, 3, Routing::kUniform}, false},
+        {MoeCase{8, 256, 4160, 2, 3, Routing::kUniform}, true}, {MoeCase{8, 320, 192, 4, 8, Routing::kSame}, false},
+        {MoeCase{32, 320, 192, 4, 9, Routing::kUniform}, true}}) {
+    MoeInputs in;
+    make_moe_inputs(cpu_, cuda_, rng_, c, &in);
+    ASSERT_FALSE(HasFatalFailure());
+    const int64_t T = c.T, H = c.H;
+    Bf16Data res = random_bf16(rng_, T * H, 2.0f), nw = random_bf16(rng_, H, 1.0f);
+    if (f32_residual) {
+      std::normal_distribution<float> dist(0.0f, 2.0f);
+      for (auto& v : res.values) v = dist(rng_);
+    }
+    const DType res_dtype = f32_residual ? DType::kF32 : DType::kBF16;
+    const void* res_host = f32_residual ? static_cast<const void*>(res.values.data()) : res.bits.data();
+    TensorView res_c = f32_residual ? cpu_.upload(DType::kF32, {T, H}, res.values.data())
+                                    : upload_activation(cpu_, cuda_, res, {T, H}).cpu;
+    TensorView res_f = cuda_.upload(res_dtype, {T, H}, res_host), res_p = cuda_.upload(res_dtype, {T, H}, res_host);
+    TensorView nw_c = cpu_.upload(DType::kBF16, {H}, nw.bits.data()), nw_g = cuda_.upload(DType::kBF16, {H}, nw.bits.data());
+    TensorView moe_c = cpu_.make(DType::kF32, {T, H}), moe_f = cuda_.make(DType::kBF16, {T, H}),
+               moe_p = cuda_.make(DType::kBF16, {T, H});
+    TensorView out_c = cpu_.make(DType::kF32, {T, H}), out_f = cuda_.make(DType::kBF16, {T, H}),
+               out_p = cuda_.make(DType::kBF16, {T, H});
+    const MoeParams p_c{in.x.cpu, in.id_c, in.w_c, &in.hx.view, moe_c, c.k, 7.0f, 1.702f};
+    const MoeParams p_f{in.x.cuda, in.id_g, in.w_g, &in.cuda_experts, moe_f, c.k, 7.0f, 1.702f};
+    const MoeParams p_p{in.x.cuda, in.id_g, in.w_g, &in.cuda_experts, moe_p, c.k, 7.0f, 1.702f};
+    ASSERT_TRUE(cpu_backend().moe_experts_add_rms_norm(p_c, res_c, nw_c, 1e-5f, out_c).is_ok());
+    const Status st = cuda_backend().moe_experts_add_rms_norm(p_f, res_f, nw_g, 1e-5f, out_f);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_TRUE(cuda_backend().moe_experts(p_p).is_ok());
+    ASSERT_TRUE(cuda_backend().add_rms_norm(res_p, moe_p, nw_g, 1e-5f, out_p).is_ok());
+    const std::string what = std::to_string(c.E) + " experts " + shape_str({H, c.I}) + " top-" + std::to_string(c.k) +
+                             ", " + std::to_string(T) + " tokens, " + routing_name(c.routing) +
+                             (f32_residual ? ", f32 residual" : ", bf16 residual");
+    for (const auto& [name, a, b] : {std::tuple<const char*, TensorView, TensorView>{"residual", res_f, res_p},
+                                     {"normed", out_f, out_p}}) {
+      const bool equal = cuda_.download_bytes(a) == cuda_.download_bytes(b);
+      record(std::string("moe_experts_add_rms_norm ") + name,
+             what + (equal ? ": the two ops' bits" : ": DIFFER from the two ops"), equal ? 0 : 1, 0, 0, equal);
+      EXPECT_TRUE(equal) << name << " " << what;
+    }
+    check("moe_experts_add_rms_norm residual", what, cuda_.download_f32(res_f), cpu_.download_f32(res_c),
+          f32_residual ? 5e-3 : 1e-2);
+    check("moe_experts_add_rms_norm normed", what, cuda_.download_f32(out_f), cpu_.download_f32(out_c), 2e-2);
+  }
 }
 
 TEST_F(KernelTest, MoeExpertsPrefill) {

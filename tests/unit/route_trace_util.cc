@@ -70,6 +70,12 @@ Status RouteTrace::router_topk(const RouterParams& p) {
   return record(p);
 }
 
+Status RouteTrace::add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                                      TensorView out, const RouterParams& route) {
+  MX_RETURN_IF_ERROR(inner().add_rms_norm_route(residual, delta, weight, eps, out, route));
+  return record(route);
+}
+
 Status RouteTrace::gemma_attention_end(const GemmaAttentionEndParams& p) {
   MX_RETURN_IF_ERROR(inner().gemma_attention_end(p));
   return p.route ? record(*p.route) : Status::ok();

@@ -51,6 +51,8 @@ class RouteTrace final : public ForwardingBackend {
   RouteLog take();
 
   Status router_topk(const RouterParams& p) override;
+  Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                            TensorView out, const RouterParams& route) override;  // its route, as router_topk
   Status gemma_attention_end(const GemmaAttentionEndParams& p) override;  // its route, as router_topk
   // Capture records nothing (a recording copies to the host, which a graph cannot hold).
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override;

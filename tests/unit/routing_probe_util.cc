@@ -54,6 +54,12 @@ Status RoutingProbe::router_topk(const RouterParams& p) {
   return after_router(p);
 }
 
+Status RoutingProbe::add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                                        TensorView out, const RouterParams& route) {
+  MX_RETURN_IF_ERROR(inner().add_rms_norm_route(residual, delta, weight, eps, out, route));
+  return after_router(route);
+}
+
 Status RoutingProbe::gemma_attention_end(const GemmaAttentionEndParams& p) {
   MX_RETURN_IF_ERROR(inner().gemma_attention_end(p));
   return p.route ? after_router(*p.route) : Status::ok();

@@ -46,9 +46,11 @@ class RoutingProbe final : public ForwardingBackend {
   bool all_flips_near_ties() const;
   std::string describe_flips() const;
 
-  // Overridden: router_topk and gemma_attention_end's route (the router it runs: recorded, or forced); every
-  // other call forwards to the inner backend.
+  // Overridden: router_topk, add_rms_norm_route's and gemma_attention_end's routes (the router they run: recorded,
+  // or forced); every other call forwards to the inner backend.
   Status router_topk(const RouterParams& p) override;
+  Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                            TensorView out, const RouterParams& route) override;
   Status gemma_attention_end(const GemmaAttentionEndParams& p) override;
   // Recording copies each router call's choices to the host, which a graph capture cannot hold.
   bool can_capture() const override { return false; }

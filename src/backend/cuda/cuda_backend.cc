@@ -12,6 +12,7 @@
 #include "backend/cuda/expert_repack.h"
 #include "backend/cuda/kernel_configs.h"
 #include "backend/cuda/kernels/cluster_kernels.h"
+#include "backend/cuda/kernels/norm_fusion_kernels.h"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/llama_kernels.h"
@@ -282,6 +283,11 @@ class CudaBackend final : public Backend {
 
   Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                       TensorView out) override {
+    return launch_rms_norm(add_rms_norm_params(residual, delta, weight, eps, out), stream_.get());
+  }
+
+  RmsNormParams add_rms_norm_params(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                                    TensorView out) {
     MX_CHECK(residual.dtype() == DType::kF32 || residual.dtype() == DType::kBF16) << dtype_name(residual.dtype());
     expect(delta, DType::kBF16, "delta");
     expect(out, DType::kBF16, "add_rms_norm out");
@@ -295,7 +301,22 @@ class CudaBackend final : public Backend {
     p.rows = residual.numel() / h;
     p.hidden = h;
     p.eps = eps;
-    return launch_rms_norm(p, stream_.get());
+    return p;
+  }
+
+  // One launch where the router's fused form takes the tokens in CTA clusters (router.cu); else the two ops.
+  Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
+                            TensorView out, const RouterParams& route) override {
+    const bool gpt_oss_router = route.x_scale.empty() && route.expert_scale.empty() && route.x_norm_eps <= 0.0f &&
+                                !route.bias.empty() && route.x.data() == out.data();
+    if (gpt_oss_router) {
+      const RmsNormParams norm = add_rms_norm_params(residual, delta, weight, eps, out);
+      const RouterKernelParams r = gpt_oss_router_params(route);
+      MX_ASSIGN_OR_RETURN(const bool fusable, can_fuse_add_rms_norm_route(norm, r));
+      if (fusable && r.tokens <= kFusedRouterMaxTokens) return launch_add_rms_norm_route(norm, r, stream_.get());
+    }
+    MX_RETURN_IF_ERROR(add_rms_norm(residual, delta, weight, eps, out));
+    return router_topk(route);
   }
 
   Status linear(const TensorView& x, const TensorView& weight, const TensorView& bias, TensorView out) override {
@@ -513,9 +534,22 @@ class CudaBackend final : public Backend {
   Status router_topk(const RouterParams& p) override {
     if (!p.x_scale.empty() || !p.expert_scale.empty() || p.x_norm_eps > 0.0f) return gemma_router(p);
     if (p.bias.empty()) return unimplemented("cuda router: gpt-oss's router takes a bias, Gemma-4's an x_scale");
+    RouterKernelParams r = gpt_oss_router_params(p);
+    if (r.tokens <= kFusedRouterMaxTokens) {
+      MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", /*zero=*/true));
+      r.tickets = ptr_of<uint32_t>(scratch_.tickets);
+      return launch_router_topk(r, stream_.get());
+    }
+    MX_RETURN_IF_ERROR(
+        lt_->run(p.x.data(), p.weight.data(), nullptr, p.logits.data(), r.tokens, r.experts, r.hidden, true, stream_.get()));
+    return launch_topk_softmax(r, stream_.get());
+  }
+
+  // gpt-oss's router (a bias, no scales) as router.cu's parameters, tickets unset.
+  RouterKernelParams gpt_oss_router_params(const RouterParams& p) {
     expect(p.x, DType::kBF16, "router x");
     expect(p.logits, DType::kF32, "router logits");
-    const int64_t e = p.weight.dim(0), h = p.weight.dim(1), t = p.x.numel() / h;
+    const int64_t e = p.weight.dim(0), h = p.weight.dim(1);
     RouterKernelParams r;
     r.x = ptr<const uint16_t>(p.x);
     r.weight = ptr<const uint16_t>(p.weight);
@@ -523,17 +557,11 @@ class CudaBackend final : public Backend {
     r.logits = ptr<float>(p.logits);
     r.topk_ids = ptr<int32_t>(p.topk_ids);
     r.topk_weights = ptr<float>(p.topk_weights);
-    r.tokens = t;
+    r.tokens = p.x.numel() / h;
     r.hidden = h;
     r.experts = e;
     r.top_k = p.top_k;
-    if (t <= kFusedRouterMaxTokens) {
-      MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", /*zero=*/true));
-      r.tickets = ptr_of<uint32_t>(scratch_.tickets);
-      return launch_router_topk(r, stream_.get());
-    }
-    MX_RETURN_IF_ERROR(lt_->run(p.x.data(), p.weight.data(), nullptr, p.logits.data(), t, e, h, true, stream_.get()));
-    return launch_topk_softmax(r, stream_.get());
+    return r;
   }
 
   // Gemma-4 (gemma_router.cu): weightless norm, logits, top-k, softmax and expert scales in one launch.
@@ -858,14 +886,11 @@ class CudaBackend final : public Backend {
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     if (T == 0) return Status::ok();
     const int64_t slots = T * k;
+    if (moe_takes_decode_gemms(slots, E)) return moe_experts_decode(p);
     const CudaMoePath path = options_.moe.path;
-    const MoeWgmmaConfig cw =
-        choose_moe_wgmma_config(dev_, slots, E, options_.moe.grouped_tile_tokens, options_.moe.wgmma_persistent,
-                                options_.moe.wgmma_warp_specialized, options_.moe.wgmma_pdl);
+    const MoeWgmmaConfig cw = moe_wgmma_config(slots, E);
     const bool grouped = path == CudaMoePath::kGrouped || path == CudaMoePath::kGroupedMmaSync ||
                          (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, cw.enabled));
-    if (path == CudaMoePath::kDecode || (path == CudaMoePath::kAuto && !grouped && use_fused_moe_decode(slots)))
-      return moe_experts_decode(p);
     if (grouped && path != CudaMoePath::kGroupedMmaSync && cw.enabled) return moe_experts_wgmma(p, cw);
     const MoeConfig c1 = choose_moe_config(dev_, slots, E, 2 * I);
     const MoeConfig c2 = choose_moe_config(dev_, slots, E, H);
@@ -891,6 +916,18 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g2, cg, stream_.get()) : launch_moe_gemm(g2, c2, stream_.get()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());
+  }
+
+  MoeWgmmaConfig moe_wgmma_config(int64_t slots, int64_t experts) {
+    return choose_moe_wgmma_config(dev_, slots, experts, options_.moe.grouped_tile_tokens, options_.moe.wgmma_persistent,
+                                   options_.moe.wgmma_warp_specialized, options_.moe.wgmma_pdl);
+  }
+  // Whether moe_experts runs the decode GEMMs (moe_experts_decode) for this many routed slots of all its experts.
+  bool moe_takes_decode_gemms(int64_t slots, int64_t experts) {
+    const CudaMoePath path = options_.moe.path;
+    if (path == CudaMoePath::kDecode) return true;
+    return path == CudaMoePath::kAuto && !use_grouped_moe(slots, experts, moe_wgmma_config(slots, experts).enabled) &&
+           use_fused_moe_decode(slots);
   }
 
   // Many tokens per expert on Hopper (moe_wgmma.cu): routing, x permuted into the wgmma k order (in the y

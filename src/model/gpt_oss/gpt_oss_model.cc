@@ -323,25 +323,33 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
     MX_RETURN_IF_ERROR(b.attention(attn, batch));
     MX_RETURN_IF_ERROR(dense(ws.attn.rows(0, T), L.o_weight, L.o_scale, L.o_bias, proj));
-    // Each rank's heads' share of o_proj, summed over the ranks.
-    MX_RETURN_IF_ERROR(all_reduce_add_rms_norm(proj, residual, L.post_attention_norm, eps, normed));
-
     RouterParams router{normed, L.router_weight, L.router_bias, ws.router_logits.rows(0, T),
                         ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token};
-    MX_RETURN_IF_ERROR(b.router_topk(router));
+    if (shard_.size == 1) {
+      // The norm and the router of its output: one launch at decode on CUDA.
+      MX_RETURN_IF_ERROR(b.add_rms_norm_route(residual, proj, L.post_attention_norm, eps, normed, router));
+    } else {
+      // Each rank's heads' share of o_proj, summed over the ranks.
+      MX_RETURN_IF_ERROR(all_reduce_add_rms_norm(proj, residual, L.post_attention_norm, eps, normed));
+      MX_RETURN_IF_ERROR(b.router_topk(router));
+    }
     MoeParams moe{normed, router.topk_ids, router.topk_weights, &L.experts, proj, c.experts_per_token,
                   static_cast<float>(c.swiglu_limit), static_cast<float>(c.swiglu_alpha)};
     if (shard_.size > 1 && plan_.moe_split == MoeSplit::kByExpert) {
       moe.routed_experts = c.num_experts;
       moe.first_expert = plan_.first_expert;
     }
-    MX_RETURN_IF_ERROR(b.moe_experts(moe));
-
-    // Each rank's share of the experts (its experts, or its slice of every expert's channels), summed; the residual add is fused with the next norm: the next layer's input
-    // norm, or the final norm.
+    // The residual add is fused with the next norm: the next layer's input norm, or the final norm.
     const bool last = l + 1 == c.num_layers;
     const TensorView& next_norm = last ? weights_.final_norm : weights_.layers[static_cast<size_t>(l + 1)].input_norm;
-    MX_RETURN_IF_ERROR(all_reduce_add_rms_norm(proj, residual, next_norm, eps, normed));
+    if (shard_.size == 1) {
+      // The experts and that norm (one op: a backend may join them at the experts' combine).
+      MX_RETURN_IF_ERROR(b.moe_experts_add_rms_norm(moe, residual, next_norm, eps, normed));
+    } else {
+      // Each rank's share of the experts (its experts, or its slice of every expert's channels), summed.
+      MX_RETURN_IF_ERROR(b.moe_experts(moe));
+      MX_RETURN_IF_ERROR(all_reduce_add_rms_norm(proj, residual, next_norm, eps, normed));
+    }
     observe(last ? c.num_layers : l + 1, last ? normed : residual);
   }
   const ForwardOutput out{normed};

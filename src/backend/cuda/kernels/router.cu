@@ -8,12 +8,18 @@
 // zero) reads them from global memory after a fence: 120b's 16 blocks as a cluster of 16 measured no faster at
 // one token (4.70 vs 4.76 us) and slower at 8 (7.96 vs 5.32: a CTA per SM, 16 SMs of one GPC per cluster).
 // Large batches take their logits from cuBLASLt and run the top-k kernel alone.
+// add_rms_norm_route: the clustered form with the norm before it in the same launch (each CTA of the token's
+// cluster computes the normed row itself): on an H200 (docs/PERF.md, session 16 W1) the norm and the router back
+// to back in a graph 5.97 -> 5.61 us at one token, 6.22 -> 5.71 at 8.
 #include <climits>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/cluster.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/norm_fusion_kernels.h"
+#include "backend/cuda/kernels/row_norm.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -23,6 +29,8 @@ constexpr int kMaxExperts = 256;
 constexpr int kMaxTopK = 16;
 // Expert blocks of a token in one cluster at most (the sizes measured: 1 and 4).
 constexpr int kMaxRouterClusterCtas = 4;
+// The fused norm's rows (add_rms_norm_route): the norm's own limit.
+constexpr int64_t kMaxNormHidden = 8 * kRowThreads * kMaxChunks;
 
 // Warp-level top-k over `row` (length e_count, in shared or global memory), lane 0 writes the results.
 __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids, float* weights) {
@@ -72,16 +80,25 @@ __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids
   }
 }
 
-template <bool kClustered>
-__global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(RouterKernelParams p) {
+// NormRes void: the router of p.x. Else (add_rms_norm_route, clustered only) the router's x is first made by
+// add_rms_norm (`norm`: residual += delta, x = rms_norm(residual) * weight; NormRes the residual's element type):
+// every CTA of the token's cluster computes the row (rms_norm_row's arithmetic: the same bits) into its shared
+// memory, the first CTA also writes it to norm.out and, after the cluster barrier (every CTA has read the old
+// residual by then), the new residual.
+template <bool kClustered, typename NormRes = void>
+__global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(RouterKernelParams p, RmsNormParams norm) {
+  constexpr bool kNorm = !std::is_void_v<NormRes>;
+  static_assert(!kNorm || kClustered, "the fused norm runs in clusters");
+  static_assert(32 * kExpertsPerCta == kRowThreads, "the norm's CTA is the router's");
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kExpertsPerCta + warp;
   const bool has_expert = e < p.experts;
-  const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
   const uint4* w = reinterpret_cast<const uint4*>(p.weight + (has_expert ? e : 0) * p.hidden);
   const int64_t n = p.hidden / 8;
   __shared__ float block_logits[kExpertsPerCta];  // clustered: this CTA's logits, read by the cluster's first CTA
+  // kNorm: the normed row (bf16 bits) the dot products read.
+  __shared__ __align__(16) uint16_t normed_row[kNorm ? kMaxNormHidden : 8];
   // The weights are constant: the first kWeightsAhead 16-byte chunks of the lane's row (all of a row up to
   // hidden 4096) are requested before the wait, so their HBM round trip overlaps the norm before us and
   // only x's (L2) is left after it.
@@ -92,6 +109,15 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
     if (has_expert && lane + 32 * u < n) w_ahead[u] = w[lane + 32 * u];
   pdl_wait();  // launched as a programmatic dependent: x comes from the norm before
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+  const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
+  [[maybe_unused]] float residual_row[kMaxChunks][8];
+  if constexpr (kNorm) {
+    __shared__ float scratch[kRowThreads / 32];
+    const float inv = add_norm_row_in_registers<NormRes>(norm, t, scratch, residual_row);
+    store_normed_row(norm, residual_row, inv, normed_row, cluster_cta_rank() == 0 ? norm.out + t * norm.hidden : nullptr);
+    __syncthreads();
+    x = reinterpret_cast<const uint4*>(normed_row);
+  }
   if (has_expert) {
     // All of a group's loads are issued before its FMAs: a loop that waited on each 16-byte load in
     // turn spent ~7 us at one token on memory round trips. The sum order is i ascending per lane in
@@ -151,6 +177,8 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
     if (selects)
       warp_topk(row, static_cast<int>(p.experts), static_cast<int>(p.top_k), p.topk_ids + t * p.top_k,
                 p.topk_weights + t * p.top_k);
+    if constexpr (kNorm)
+      if (cluster_cta_rank() == 0) store_residual_row<NormRes>(norm, t, residual_row);
     cluster_wait_acquire();
     return;
   }
@@ -199,6 +227,15 @@ __global__ void local_routing_kernel(LocalRoutingParams p) {
   p.local_weights[i] = here ? p.weights[i] : 0.0f;
 }
 
+// Whether a token's expert blocks run as one CTA cluster (sm_90+, up to kMaxRouterClusterCtas blocks).
+Result<bool> router_clustered(const RouterKernelParams& p) {
+  int device = 0, major = 0;
+  MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+  MX_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                                 "cudaDeviceGetAttribute"));
+  return major >= 9 && ceil_div64(p.experts, kExpertsPerCta) <= kMaxRouterClusterCtas;
+}
+
 }  // namespace
 
 Status launch_local_routing(const LocalRoutingParams& p, cudaStream_t stream) {
@@ -212,16 +249,33 @@ Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return Status::ok();
   const int blocks = static_cast<int>(ceil_div64(p.experts, kExpertsPerCta));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.tokens));
-  int device = 0, major = 0;
-  MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
-  MX_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-                                 "cudaDeviceGetAttribute"));
-  if (major < 9 || blocks > kMaxRouterClusterCtas)
-    return cuda_status(launch_pdl(router_topk_kernel<false>, grid, dim3(32 * kExpertsPerCta), 0, stream, p),
+  MX_ASSIGN_OR_RETURN(const bool clustered, router_clustered(p));
+  if (!clustered)
+    return cuda_status(launch_pdl(router_topk_kernel<false>, grid, dim3(32 * kExpertsPerCta), 0, stream, p,
+                                  RmsNormParams{}),
                        "router_topk_kernel");
   return cuda_status(launch_pdl_clusters(router_topk_kernel<true>, grid, dim3(32 * kExpertsPerCta),
-                                         dim3(static_cast<unsigned>(blocks)), 0, stream, p),
+                                         dim3(static_cast<unsigned>(blocks)), 0, stream, p, RmsNormParams{}),
                      "router_topk_kernel (clusters)");
+}
+
+Result<bool> can_fuse_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelParams& route) {
+  if (!check(route).is_ok() || norm.residual == nullptr || norm.rows != route.tokens || norm.hidden != route.hidden ||
+      norm.hidden % 8 != 0 || norm.hidden > kMaxNormHidden)
+    return false;
+  return router_clustered(route);
+}
+
+Status launch_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelParams& route, cudaStream_t stream) {
+  MX_ASSIGN_OR_RETURN(const bool fusable, can_fuse_add_rms_norm_route(norm, route));
+  if (!fusable) return unimplemented("add_rms_norm_route: this norm and router do not fuse (can_fuse_add_rms_norm_route)");
+  if (route.tokens == 0) return Status::ok();
+  const int blocks = static_cast<int>(ceil_div64(route.experts, kExpertsPerCta));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(route.tokens));
+  auto kernel = norm.residual_f32 ? router_topk_kernel<true, float> : router_topk_kernel<true, uint16_t>;
+  return cuda_status(launch_pdl_clusters(kernel, grid, dim3(32 * kExpertsPerCta), dim3(static_cast<unsigned>(blocks)), 0,
+                                         stream, route, norm),
+                     "router_topk_kernel (add_rms_norm_route)");
 }
 
 Status launch_topk_softmax(const RouterKernelParams& p, cudaStream_t stream) {

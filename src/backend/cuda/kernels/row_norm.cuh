@@ -44,10 +44,36 @@ inline __device__ float block_sum(float v, float* scratch) {
   return total;
 }
 
-// Row `row` of RmsNormParams (kernels.h) by the calling CTA; scratch: kRowThreads / 32 floats of shared memory.
-// Res: the residual stream's element type (float or bf16 bits).
+// The value an element of Res holds once `v` is stored (rounded to bf16 when Res is bf16 bits).
 template <typename Res>
-__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch) {
+__device__ __forceinline__ float as_stored(float v) {
+  if constexpr (sizeof(Res) == 2) return bf16_bits_to_f32(f32_to_bf16_bits(v));
+  return v;
+}
+
+// The second pass of a row's norm: dst[i] = weight[i] * (v[i] * inv) as bf16 for the calling thread's chunks
+// of row `row` (dst: the row's start; dst2 too where not null).
+__device__ __forceinline__ void store_normed_row(const RmsNormParams& p, const float (&v)[kMaxChunks][8], float inv,
+                                                 uint16_t* dst, uint16_t* dst2 = nullptr) {
+  const int64_t chunks = p.hidden / 8;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    if (i >= chunks) break;
+    float w[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f}, o[8];
+    if (p.weight) load8(p.weight, i, w);  // null: weightless (Gemma-4's router and v norms)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv);
+    store8(dst, i, o);
+    if (dst2) store8(dst2, i, o);
+  }
+}
+
+// Row `row` of RmsNormParams (kernels.h) by the calling CTA; scratch: kRowThreads / 32 floats of shared memory.
+// Res: the residual stream's element type (float or bf16 bits). With p.residual, delta_chunk(i, d) gives the 8
+// values of chunk i of the row's delta (the next overload: p.delta's).
+template <typename Res, typename DeltaChunk>
+__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch, DeltaChunk delta_chunk) {
   const int64_t chunks = p.hidden / 8;
   float v[kMaxChunks][8];
   float sum_sq = 0;
@@ -59,7 +85,7 @@ __device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row
       Res* res = static_cast<Res*>(p.residual) + row * p.hidden;
       float d[8];
       load8(res, i, v[c]);
-      load8(p.delta + row * p.hidden, i, d);
+      delta_chunk(i, d);
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[c][j] += d[j];
       store8(res, i, v[c]);
@@ -73,15 +99,49 @@ __device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row
   }
   const float total = block_sum(sum_sq, scratch);
   const float inv = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
+  store_normed_row(p, v, inv, p.out + row * p.hidden);
+}
+template <typename Res>
+__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch) {
+  rms_norm_row<Res>(p, row, scratch, [&](int64_t i, float(&d)[8]) { load8(p.delta + row * p.hidden, i, d); });
+}
+
+// rms_norm_row's residual add and norm without its stores to the residual (a caller whose CTAs share the row
+// stores it once every CTA has read the old one, store_residual_row): v = the new residual row as stored (the
+// same bits), and the norm's 1/rms returned; p.residual must be set.
+template <typename Res>
+__device__ __forceinline__ float add_norm_row_in_registers(const RmsNormParams& p, int64_t row, float* scratch,
+                                                           float (&v)[kMaxChunks][8]) {
+  const int64_t chunks = p.hidden / 8;
+  const Res* res = static_cast<const Res*>(p.residual) + row * p.hidden;
+  float sum_sq = 0;
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
     if (i >= chunks) break;
-    float w[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f}, o[8];
-    if (p.weight) load8(p.weight, i, w);  // null: weightless (Gemma-4's router and v norms)
+    float d[8];
+    load8(res, i, v[c]);
+    load8(p.delta + row * p.hidden, i, d);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv);
-    store8(p.out + row * p.hidden, i, o);
+    for (int j = 0; j < 8; ++j) {
+      v[c][j] = as_stored<Res>(v[c][j] + d[j]);
+      sum_sq += v[c][j] * v[c][j];
+    }
+  }
+  const float total = block_sum(sum_sq, scratch);
+  return rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
+}
+
+// The new residual row v (add_norm_row_in_registers) into p.residual.
+template <typename Res>
+__device__ __forceinline__ void store_residual_row(const RmsNormParams& p, int64_t row, const float (&v)[kMaxChunks][8]) {
+  const int64_t chunks = p.hidden / 8;
+  Res* res = static_cast<Res*>(p.residual) + row * p.hidden;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    if (i >= chunks) break;
+    store8(res, i, v[c]);
   }
 }
 
