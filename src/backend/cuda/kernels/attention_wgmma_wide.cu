@@ -11,7 +11,7 @@
 //   each then P V for its 256 output columns; 32-key tiles.
 // S = Q K^T from shared memory (Q stays there: it does not fit the registers beside O), online softmax in
 // fp32 in the exp2 domain (attention_wgmma_parts.cuh), O += P V with P in registers and V as the MN-major
-// operand, one m64n64 wgmma per 64 output columns. A tile inside every row's visible range is not masked.
+// operand, one m64n256 wgmma a 16-key step. A tile inside every row's visible range is not masked.
 // Where K and V share storage (Gemma-4's full layers) only K is loaded and read as V too.
 // A CTA whose tokens span sequences runs one pass per sequence, the rows of the others masked (as attention.cu).
 #include <climits>
@@ -242,16 +242,14 @@ __global__ void __launch_bounds__(Wide<HD, KV_SHARED>::kThreads, 1)
       }
       if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) attn_rescale_o<kDs>(o, corr);
 
-      // O += P V: V's panel of each 64 output columns as the MN-major operand.
+      // O += P V: V as the MN-major operand, the warpgroup's 256 output columns (4 panels) in one m64n256k16 a
+      // k step.
       wgmma_fence_regs(o);
       pin_fragments(pa);
       wgmma_fence();
+      const uint64_t dv = wgmma_desc_mn128(v_addr + (col0 / 64) * kKt * 128, kKt * 128);
 #pragma unroll
-      for (int kk = 0; kk < kKt / 16; ++kk)
-#pragma unroll
-        for (int j = 0; j < kDs / 64; ++j)
-          wgmma_bf16_rs_mn64(*reinterpret_cast<float(*)[32]>(&o[32 * j]), pa[kk],
-                             wgmma_desc_mn128(v_addr + (col0 / 64 + j) * kKt * 128 + kk * 16 * 128, kKt * 128));
+      for (int kk = 0; kk < kKt / 16; ++kk) wgmma_bf16_rs<kDs, 1>(o, pa[kk], attn_desc_advance(dv, kk * 16 * 128));
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(o);

@@ -66,8 +66,10 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 // D(64 x N, fp32) += A(64 x 16, bf16, registers) * B(16 x N, bf16, shared memory via desc_b). A and D use
 // the per-warp layout of mma.sync m16n8k16 (warp w of the warpgroup holds rows 16w..16w+15): d[4j..4j+3]
-// are columns 8j + 2q, +1 of rows r (0, 1) and r + 8 (2, 3), lane = 4r + q.
-template <int N>
+// are columns 8j + 2q, +1 of rows r (0, 1) and r + 8 (2, 3), lane = 4r + q. TRANS_B = 1 (n = 256 only): B
+// MN-major instead (rows of 64 n along k, the next 64 n at the descriptor's leading byte offset:
+// wgmma_desc_mn128), as P V reads V.
+template <int N, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
 
 template <>
@@ -150,8 +152,9 @@ __device__ __forceinline__ void wgmma_bf16_rs<128>(float (&d)[64], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
-template <>
-__device__ __forceinline__ void wgmma_bf16_rs<256>(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
+// n = 256 with B's layout as an immediate (the two specializations below).
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_bf16_rs_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
@@ -163,7 +166,7 @@ __device__ __forceinline__ void wgmma_bf16_rs<256>(float (&d)[128], const uint32
       "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
       "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
       "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 0;\n}\n"
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1, %134;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -180,7 +183,15 @@ __device__ __forceinline__ void wgmma_bf16_rs<256>(float (&d)[128], const uint32
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TRANS_B));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16_rs<256>(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
+  wgmma_bf16_rs_n256<0>(d, a, desc_b);
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16_rs<256, 1>(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
+  wgmma_bf16_rs_n256<1>(d, a, desc_b);
 }
 
 #endif  // MX_SM90A
