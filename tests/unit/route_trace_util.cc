@@ -65,23 +65,7 @@ Result<std::unique_ptr<ReplayGraph>> RouteTrace::capture(const std::function<Sta
   return graph;
 }
 
-Status RouteTrace::router_topk(const RouterParams& p) {
-  MX_RETURN_IF_ERROR(inner().router_topk(p));
-  return record(p);
-}
-
-Status RouteTrace::add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
-                                      TensorView out, const RouterParams& route) {
-  MX_RETURN_IF_ERROR(inner().add_rms_norm_route(residual, delta, weight, eps, out, route));
-  return record(route);
-}
-
-Status RouteTrace::gemma_attention_end(const GemmaAttentionEndParams& p) {
-  MX_RETURN_IF_ERROR(inner().gemma_attention_end(p));
-  return p.route ? record(*p.route) : Status::ok();
-}
-
-Status RouteTrace::record(const RouterParams& p) {
+Status RouteTrace::routed(const RouterParams& p) {
   if (capturing_ || step_.empty()) return Status::ok();
   const int64_t layer = layer_++, k = p.top_k, experts = p.weight.dim(0), hidden = p.weight.dim(1);
   std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));

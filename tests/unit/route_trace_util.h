@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/forwarding_backend.h"
+#include "route_observer_util.h"
 #include "runtime/scheduler.h"
 
 namespace mx::test {
@@ -41,19 +41,15 @@ struct RouteRow {
 // stays in the KV cache: a rejected draft's position is computed again).
 using RouteLog = std::map<std::pair<RequestId, int64_t>, std::vector<RouteRow>>;
 
-class RouteTrace final : public ForwardingBackend {
+class RouteTrace final : public RouteObserver {
  public:
-  explicit RouteTrace(Backend& inner) : ForwardingBackend(inner) {}
+  explicit RouteTrace(Backend& inner) : RouteObserver(inner) {}
 
   // The rows of the next forward pass: the batch's entries in order, then padding (ignored).
   void begin_step(const ScheduledBatch& batch);
   // The log so far; the trace starts a new one.
   RouteLog take();
 
-  Status router_topk(const RouterParams& p) override;
-  Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
-                            TensorView out, const RouterParams& route) override;  // its route, as router_topk
-  Status gemma_attention_end(const GemmaAttentionEndParams& p) override;  // its route, as router_topk
   // Capture records nothing (a recording copies to the host, which a graph cannot hold).
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override;
 
@@ -62,7 +58,7 @@ class RouteTrace final : public ForwardingBackend {
     RequestId id = 0;
     int64_t start = 0, rows = 0;
   };
-  Status record(const RouterParams& p);  // after the inner backend routed p
+  Status routed(const RouterParams& p) override;  // records p's route (RouteObserver's ops)
   std::vector<Span> step_;  // empty until the first begin_step: warm-up passes are not recorded
   int64_t layer_ = 0;       // router calls so far in this step
   bool capturing_ = false;

@@ -49,23 +49,7 @@ std::string RoutingProbe::describe_flips() const {
   return s.empty() ? "none" : s;
 }
 
-Status RoutingProbe::router_topk(const RouterParams& p) {
-  MX_RETURN_IF_ERROR(inner().router_topk(p));
-  return after_router(p);
-}
-
-Status RoutingProbe::add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
-                                        TensorView out, const RouterParams& route) {
-  MX_RETURN_IF_ERROR(inner().add_rms_norm_route(residual, delta, weight, eps, out, route));
-  return after_router(route);
-}
-
-Status RoutingProbe::gemma_attention_end(const GemmaAttentionEndParams& p) {
-  MX_RETURN_IF_ERROR(inner().gemma_attention_end(p));
-  return p.route ? after_router(*p.route) : Status::ok();
-}
-
-Status RoutingProbe::after_router(const RouterParams& p) {
+Status RoutingProbe::routed(const RouterParams& p) {
   const int64_t call = static_cast<int64_t>(recorded_.size());
   if (forcing_) MX_RETURN_IF_ERROR(force(p, call));
   std::vector<int32_t> ids(static_cast<size_t>(p.topk_ids.numel()));

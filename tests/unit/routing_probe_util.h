@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/forwarding_backend.h"
+#include "route_observer_util.h"
 
 namespace mx::test {
 
@@ -31,7 +31,7 @@ struct RoutingFlip {
   bool near_tie() const { return gap <= kNearTieFraction * scale; }
 };
 
-class RoutingProbe final : public ForwardingBackend {
+class RoutingProbe final : public RouteObserver {
  public:
   // Records the inner backend's router choices (top-k ids per call, copied to the host).
   static RoutingProbe recorder(Backend& inner) { return RoutingProbe(inner, {}); }
@@ -46,12 +46,7 @@ class RoutingProbe final : public ForwardingBackend {
   bool all_flips_near_ties() const;
   std::string describe_flips() const;
 
-  // Overridden: router_topk, add_rms_norm_route's and gemma_attention_end's routes (the router they run: recorded,
-  // or forced); every other call forwards to the inner backend.
-  Status router_topk(const RouterParams& p) override;
-  Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
-                            TensorView out, const RouterParams& route) override;
-  Status gemma_attention_end(const GemmaAttentionEndParams& p) override;
+  // Every route (RouteObserver's ops) is recorded, or forced; every other call forwards to the inner backend.
   // Recording copies each router call's choices to the host, which a graph capture cannot hold.
   bool can_capture() const override { return false; }
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override {
@@ -60,9 +55,9 @@ class RoutingProbe final : public ForwardingBackend {
 
  private:
   RoutingProbe(Backend& inner, std::vector<std::vector<int32_t>> forced)
-      : ForwardingBackend(inner), forcing_(!forced.empty()), forced_(std::move(forced)) {}
+      : RouteObserver(inner), forcing_(!forced.empty()), forced_(std::move(forced)) {}
   // After the inner backend routed p: its choices recorded, or replaced by the forced ones.
-  Status after_router(const RouterParams& p);
+  Status routed(const RouterParams& p) override;
   Status force(const RouterParams& p, int64_t call);
 
   bool forcing_ = false;
