@@ -372,6 +372,7 @@ void bench_moe_prefill() {
       int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
       int warp_specialized = -1;  // wgmma: 1 the warp-specialized kernel (moe_wgmma_ws.cu), 0 auto's choice
       int pdl = 0;                // wgmma, the deep ring's kernel: 1 programmatic dependent launches, -1 not
+      int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -379,6 +380,7 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep", 0, -1, -1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl", 0, -1, 1},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
         Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg persistent", 1},
@@ -401,6 +403,7 @@ void bench_moe_prefill() {
         o.wgmma_persistent = v.persistent;
         o.wgmma_warp_specialized = v.warp_specialized;
         o.wgmma_pdl = v.pdl;
+        o.wgmma_bulk = v.bulk;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {
@@ -419,9 +422,9 @@ void bench_moe_prefill() {
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
   }
-  // The bf16 yardstick only for the whole sweep: a comparison of chosen variants (--variants, a device window's
-  // short run) does not need it.
-  if (!bench_variant_prefixes.empty()) return;
+  // The bf16 yardstick for the whole sweep, or with --variants only when asked for ("bf16"): a comparison of
+  // chosen variants (a device window's short run) does not need it.
+  if (!variant_selected("bf16 dense")) return;
   std::vector<TensorView> w;
   for (int c = 0; c < 4; ++c) w.push_back(random_bf16({2 * I, H}, 0.02f));
   TensorView x = random_bf16({8192, H}, 1.0f), bias = random_bf16({2 * I}, 0.1f), out = make(DType::kBF16, {8192, 2 * I});

@@ -808,13 +808,16 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   // 256-token tiles (wgmma) run on a persistent grid or a CTA per item (the warp-specialized kernel is always
   // persistent), 96-token tiles on the deep ring with both GEMMs programmatic dependents or not.
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
-  for (int pdl : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0}) {
+  for (int pdl : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
+  // 16-token tiles by cp.async and on the copy engine.
+  for (int bulk : tile == 16 && warp_specialized != 1 ? std::vector<int>{-1, 1} : std::vector<int>{0}) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, k_tiles, decode_pdl};
     options.wgmma_persistent = persistent;
     options.wgmma_warp_specialized = warp_specialized;
     options.wgmma_pdl = pdl;
+    options.wgmma_bulk = bulk;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
     const Status st = cuda_backend().moe_experts(m_g);
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
@@ -826,6 +829,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     if (pdl != 0) variant += pdl > 0 ? " (deep ring, PDL)" : " (deep ring, no PDL)";
     if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
+    if (bulk > 0) variant += " (copy engine)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -1117,6 +1121,10 @@ TEST_F(KernelTest, MoeWgmmaNarrowIndependentOfBatch) {
     check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform},
                                  CudaMoeOptions{CudaMoePath::kGrouped, tile},
                                  "grouped 20b shape, " + std::to_string(tile) + "-token tiles", {1, 129});
+  CudaMoeOptions bulk{CudaMoePath::kGrouped, 16};
+  bulk.wgmma_bulk = 1;
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, bulk,
+                               "grouped 20b shape, 16-token tiles, copy engine", {1, 129});
 }
 
 // 96-token tiles on the deep ring at batched-decode sizes (32 tokens per expert: two strips a warp) replayed from a
@@ -1129,6 +1137,9 @@ TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
   deep.wgmma_pdl = 1;
   check_moe_graph_replay(cuda_, rng_, c, deep, "grouped, 96-token tiles, deep ring, PDL");
   check_moe_graph_replay(cuda_, rng_, c, {CudaMoePath::kGrouped, 16}, "grouped, 16-token tiles, PDL");
+  CudaMoeOptions bulk{CudaMoePath::kGrouped, 16};
+  bulk.wgmma_bulk = 1;
+  check_moe_graph_replay(cuda_, rng_, c, bulk, "grouped, 16-token tiles, PDL, copy engine");
 }
 
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for

@@ -960,8 +960,11 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
-    // The warp-specialized kernel reads x and h tiled: every routing tile padded to tile_tokens rows.
-    const int64_t tiled_rows = c.warp_specialized ? max_tiles * c.tile_tokens : 0;
+    // The 16-token tiles on the copy engine (CudaMoeOptions::wgmma_bulk).
+    const bool bulk = options_.moe.wgmma_bulk == 1 && c.tile_tokens == 16 && !c.warp_specialized;
+    // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
+    const bool tiled = c.warp_specialized || bulk;
+    const int64_t tiled_rows = tiled ? max_tiles * c.tile_tokens : 0;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, std::max(slots, tiled_rows) * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, std::max(slots, tiled_rows) * H * 2, "MoE y"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
@@ -969,16 +972,16 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(
         launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles}, stream_.get()));
     uint16_t* x_in = ptr_of<uint16_t>(scratch_.moe_y);  // free until the second GEMM writes y
-    MX_RETURN_IF_ERROR(c.warp_specialized ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles,
+    MX_RETURN_IF_ERROR(tiled ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles,
                                                                     c.tile_tokens, H, k, stream_.get())
                                           : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream_.get()));
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
     g1.in = x_in;
     g1.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(launch_moe_wgmma_gemm(g1, c, stream_.get()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, stream_.get()) : launch_moe_wgmma_gemm(g1, c, stream_.get()));
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(launch_moe_wgmma_gemm(g2, c, stream_.get()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, stream_.get()) : launch_moe_wgmma_gemm(g2, c, stream_.get()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());
   }

@@ -37,8 +37,11 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/moe_wgmma_parts.cuh"
+#include "backend/cuda/kernels/moe_wgmma_ws.h"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
+#include "backend/cuda/kernels/tma.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
@@ -439,6 +442,111 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, 
 #endif
 }
 
+// The narrow tiles with every k tile's loads by the copy engine (launch_moe_wgmma_bulk_gemm): the same CTA work,
+// ring geometry, decode, MMAs and epilogue as moe_wgmma_kernel's narrow form, bitwise, but each stage arrives as
+// three copies issued by one thread and counted on the stage's mbarrier: the CTA's 16 strips of fp4 and of
+// scales as one box each of a rank-4 tensor map ([experts][strips][k tiles][bytes]: strips past the matrix
+// read as zeros, as the cp.async form zero-fills them), and the tile's activation rows as one bulk copy from the
+// tiled input (moe_wgmma_ws.h: x gathered so by launch_moe_gather_tiled, h written so by the first GEMM). The
+// other warps issue no copy, no address arithmetic, no cp.async group bookkeeping and no generic-to-async proxy
+// fence per tile (the copy engine's writes are the async proxy's): ~30 of the cp.async loop's 193 instructions
+// a warp and k tile (docs/PERF.md, session 16's SASS).
+struct MoeWgmmaMaps {
+  CUtensorMap weights, scales;
+};
+
+template <int kCols>
+__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups),
+                                  moe_wgmma_narrow_ctas_per_sm(kCols, moe_wgmma_narrow_stages(kCols)))
+    moe_wgmma_bulk_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
+#if MX_SM90A
+  constexpr int kWG = kMoeWgmmaWarpgroups, kRing = moe_wgmma_narrow_stages(kCols);
+  using Shape = RingShape<96, kWG, kCols, kRing, true, true>;
+  static_assert(Shape::kTwoStrips && Shape::kStageBytes == moe_wgmma_narrow_stage_bytes(kCols), "the narrow ring");
+  static_assert(Shape::kWeightsAt % 128 == 0 && Shape::kScalesAt % 128 == 0, "tensor copies land 128-byte aligned");
+  constexpr int kS = Shape::kStages, kStrips = moe_wgmma_weight_rows(kWG) / 16;
+  constexpr uint32_t kRowBytes = kCols * 128, kStageLoad = kRowBytes + 2 * kStrips * (512 + 32);
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ uint64_t full_bar[kS];
+  const uint32_t ring = smem_addr(smem_raw) + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t full0 = smem_addr(full_bar);
+
+  const int64_t strips = p.rows / 16;
+  const int n_k = static_cast<int>(p.k / 64);
+  const int n_cols = static_cast<int>((strips + kStrips - 1) / kStrips);
+  if (static_cast<int>(blockIdx.y) >= *p.r.num_tiles) return;
+  const int item = blockIdx.y * n_cols + static_cast<int>(blockIdx.x) * 2;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
+  const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
+  if (tid == 0) {
+    for (int s = 0; s < kS; ++s) mbarrier_init(full0 + 8 * s, 1);
+    mbarrier_init_fence();
+    tma_prefetch_map(&maps.weights);
+    tma_prefetch_map(&maps.scales);
+  }
+  __syncthreads();
+  // Thread 0's copies of k tile t into slot s: the constant weights and scales (arming the slot with the whole
+  // stage's bytes), then the rows, which the previous kernel writes.
+  auto load_weights = [&](int t, int s) {
+    const uint32_t stage = ring + static_cast<uint32_t>(s) * Shape::kStageBytes, bar = full0 + 8 * s;
+    mbarrier_arrive_expect_tx(bar, kStageLoad);
+    tma_load_4d(stage + Shape::kWeightsAt, &maps.weights, 0, t, w.strip0, w.e, bar);
+    tma_load_4d(stage + Shape::kScalesAt, &maps.scales, 0, t, w.strip0, w.e, bar);
+  };
+  const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kRowBytes;
+  const int64_t plane = p.max_tiles * kRowBytes;  // one k tile of every padded row
+  auto load_rows = [&](int t, int s) {
+    bulk_copy(ring + static_cast<uint32_t>(s) * Shape::kStageBytes, rows + t * plane, kRowBytes, full0 + 8 * s);
+  };
+  // The first kS - 2 k tiles: weights before the wait for the previous kernel (a programmatic dependent launch;
+  // a no-op otherwise), rows after it.
+  const int prologue = n_k < kS - 2 ? n_k : kS - 2;
+  if (tid == 0)
+    for (int s = 0; s < prologue; ++s) load_weights(s, s);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (tid == 0)
+    for (int s = 0; s < prologue; ++s) load_rows(s, s);
+
+  // Two strips a warp as moe_wgmma_kernel's two_strip_loop: strip A's decode and MMAs into da, then strip B's
+  // into db. The slot reloaded at step t is tile t - 2's, whose MMAs every warp has finished (wait<1> in step
+  // t - 1) before the barrier, and whose phase every thread has seen.
+  float da[kCols / 2], db[kCols / 2];
+#pragma unroll
+  for (int i = 0; i < kCols / 2; ++i) da[i] = db[i] = 0.f;
+  uint32_t a[2][4][4];
+  int slot = 0, load_slot = prologue == kS - 2 ? kS - 2 : 0;
+  uint32_t parity = 0;
+  wgmma_fence_regs(da);
+  for (int t = 0; t < n_k; ++t) {
+    mbarrier_wait(full0 + 8 * slot, parity);  // the copies landed, visible to these loads and to wgmma
+    __syncthreads();
+    if (tid == 0 && t + kS - 2 < n_k) {
+      load_weights(t + kS - 2, load_slot);
+      load_rows(t + kS - 2, load_slot);
+    }
+    load_slot = load_slot == kS - 1 ? 0 : load_slot + 1;
+    const uint32_t stage = ring + static_cast<uint32_t>(slot) * Shape::kStageBytes;
+    const uint32_t weights = stage + Shape::kWeightsAt + tid * 16;
+    const uint32_t scales = stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16;
+    moe_wgmma_k_tile<kCols, true>(da, a[0], stage, weights, scales, r);
+    moe_wgmma_k_tile<kCols, true>(db, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
+    if (++slot == kS) {
+      slot = 0;
+      parity ^= 1;
+    }
+  }
+  wgmma_wait<0>();
+  wgmma_fence_regs(da);
+  wgmma_fence_regs(db);
+  // The first GEMM writes h tiled for the second one's bulk copies.
+  const WorkItem cur = moe_work_item(p, item, n_cols, kStrips);
+  const int64_t my_strip = cur.strip0 + warp;
+  if (my_strip < strips) moe_wgmma_store<kCols, true>(p, da, cur, my_strip, r, q, kCols);
+  if (my_strip + kStrips < strips) moe_wgmma_store<kCols, true>(p, db, cur, my_strip + kStrips, r, q, kCols);
+#endif
+}
+
 template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
           bool kHalfStages = false, int kNarrowCols = 0>
 Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
@@ -469,6 +577,38 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
   if (items == 0) return Status::ok();
   moe_permute_k_kernel<<<static_cast<unsigned>(ceil_div64(items, 256)), 256, 0, stream>>>(in, out, rows, k);
   return launch_status("moe_permute_k_kernel");
+}
+
+Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
+  if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
+  if (!c.enabled || c.warp_specialized || c.tile_tokens != 16 || !c.deep_ring ||
+      c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups ||
+      c.stages != moe_wgmma_narrow_stages(16) || c.smem_bytes < moe_wgmma_narrow_smem_bytes(16, c.stages))
+    return internal_error("MoE wgmma GEMM (copy engine): a 16-token tiles' config");
+  if (p.max_tiles == 0) return Status::ok();
+  if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
+  // [experts][strips][k tiles][512 B of fp4 or 32 B of scales], as bf16 elements (bytes moved as they are). The
+  // experts' count is not a parameter: any bound above it reads the same boxes (every expert index is < it).
+  constexpr uint64_t kExpertsBound = uint64_t{1} << 16;
+  const uint64_t strips = static_cast<uint64_t>(p.rows / 16), n_k = static_cast<uint64_t>(p.k / 64);
+  MoeWgmmaMaps maps;
+  const uint64_t w_dims[4] = {256, n_k, strips, kExpertsBound}, w_strides[3] = {512, n_k * 512, strips * n_k * 512};
+  const uint64_t s_dims[4] = {16, n_k, strips, kExpertsBound}, s_strides[3] = {32, n_k * 32, strips * n_k * 32};
+  const uint32_t w_box[4] = {256, 1, 16, 1}, s_box[4] = {16, 1, 16, 1};
+  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims, w_strides,
+                                       w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
+                                       s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  auto* kernel = moe_wgmma_bulk_kernel<16>;
+  MX_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
+      "cudaFuncSetAttribute(moe wgmma bulk smem)"));
+  const int64_t n_cols = ceil_div64(p.rows / 16, moe_wgmma_weight_rows(kMoeWgmmaWarpgroups) / 16);
+  const dim3 grid(static_cast<unsigned>(ceil_div64(n_cols, 2)), static_cast<unsigned>(p.max_tiles));
+  if (c.pdl)
+    return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), c.smem_bytes, stream, p, maps), "moe_wgmma_bulk_kernel");
+  kernel<<<grid, c.threads, c.smem_bytes, stream>>>(p, maps);
+  return launch_status("moe_wgmma_bulk_kernel");
 }
 
 Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {

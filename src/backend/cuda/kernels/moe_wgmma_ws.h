@@ -17,6 +17,11 @@ namespace mx::cuda {
 
 // out = x tiled: each routing tile's rows gathered by token (sorted_slots / top_k). Padded rows past a tile's
 // tokens are not written (the GEMM never stores their results).
+// The 16-token tiles' GEMMs (moe_wgmma.cu) with every k tile by the copy engine: both read their input tiled (x
+// from launch_moe_gather_tiled at 16 tokens a tile; the first writes h so), as the warp-specialized kernel does.
+// Otherwise as launch_moe_wgmma_gemm with the same config.
+Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream);
+
 Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t* out, int64_t max_tiles,
                                int tile_tokens, int64_t k, int64_t top_k, cudaStream_t stream);
 

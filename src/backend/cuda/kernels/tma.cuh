@@ -20,11 +20,12 @@
 
 namespace mx::cuda {
 
-// A bf16 tensor of rank 3, dims[0] contiguous, strides (bytes) of dims 1 and 2, read in boxes of box[0..2]
-// elements with the 128-byte swizzle (box[0] * 2 must be 128: one swizzled row per box row). Elements past the
-// tensor's ends read as zero.
-inline Status encode_bf16_tensor_map_3d(CUtensorMap* map, const void* base, const uint64_t (&dims)[3],
-                                        const uint64_t (&strides)[2], const uint32_t (&box)[3]) {
+// The driver's cuTensorMapEncodeTiled for a tensor of `rank` (<= 5) dims, dims[0] contiguous, with the byte
+// strides of dims 1 .. rank - 1, read in boxes of box[0 .. rank - 1] elements. Elements past the tensor's ends
+// read as zero.
+inline Status encode_tensor_map(CUtensorMap* map, CUtensorMapDataType type, int rank, const void* base,
+                                const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
+                                CUtensorMapSwizzle swizzle) {
   using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -38,19 +39,34 @@ inline Status encode_bf16_tensor_map_3d(CUtensorMap* map, const void* base, cons
     return reinterpret_cast<EncodeTiled>(fn);
   }();
   if (encode == nullptr) return internal_error("cuTensorMapEncodeTiled: not found through the CUDA driver entry point");
-  if (box[0] * 2 != 128) return internal_error("tensor map: a box row must be one 128-byte swizzled row");
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || strides[0] % 16 != 0 || strides[1] % 16 != 0)
-    return invalid_argument("tensor map: the base and strides must be multiples of 16 bytes");
-  const cuuint64_t gdims[3] = {dims[0], dims[1], dims[2]};
-  const cuuint64_t gstrides[2] = {strides[0], strides[1]};
-  const cuuint32_t gbox[3] = {box[0], box[1], box[2]};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), gdims, gstrides, gbox,
-                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rank < 1 || rank > 5) return internal_error("tensor map: rank 1 to 5");
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return invalid_argument("tensor map: the base must be 16-byte aligned");
+  cuuint64_t gdims[5], gstrides[4];
+  cuuint32_t gbox[5], unit[5];
+  for (int i = 0; i < rank; ++i) {
+    gdims[i] = dims[i];
+    gbox[i] = box[i];
+    unit[i] = 1;
+    if (i + 1 < rank) {
+      if (strides[i] % 16 != 0) return invalid_argument("tensor map: the strides must be multiples of 16 bytes");
+      gstrides[i] = strides[i];
+    }
+  }
+  const CUresult r = encode(map, type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), gdims, gstrides, gbox,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return internal_error("cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ")");
   return Status::ok();
+}
+
+// A bf16 tensor of rank 3 read in boxes with the 128-byte swizzle (box[0] * 2 must be 128: one swizzled row
+// per box row).
+inline Status encode_bf16_tensor_map_3d(CUtensorMap* map, const void* base, const uint64_t (&dims)[3],
+                                        const uint64_t (&strides)[2], const uint32_t (&box)[3]) {
+  if (box[0] * 2 != 128) return internal_error("tensor map: a box row must be one 128-byte swizzled row");
+  return encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box,
+                           CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -62,6 +78,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// The same for a rank-4 map (no swizzle: `dst` 128-byte aligned).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
 // Shared memory at `src` (as tma_load_3d lays it out) into the box of `map` at (c0, c1, c2); parts of the box
