@@ -810,7 +810,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
   for (int pdl : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
   // 16-token tiles by cp.async and on the copy engine.
-  for (int bulk : tile == 16 && warp_specialized != 1 ? std::vector<int>{-1, 1} : std::vector<int>{0}) {
+  for (int bulk : tile == 16 && warp_specialized != 1 ? std::vector<int>{-1, 1, 2} : std::vector<int>{0}) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, k_tiles, decode_pdl};
@@ -829,7 +829,7 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     if (pdl != 0) variant += pdl > 0 ? " (deep ring, PDL)" : " (deep ring, no PDL)";
     if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
-    if (bulk > 0) variant += " (copy engine)";
+    if (bulk > 0) variant += bulk == 2 ? " (copy engine, warps' releases)" : " (copy engine)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -1125,6 +1125,9 @@ TEST_F(KernelTest, MoeWgmmaNarrowIndependentOfBatch) {
   bulk.wgmma_bulk = 1;
   check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, bulk,
                                "grouped 20b shape, 16-token tiles, copy engine", {1, 129});
+  bulk.wgmma_bulk = 2;
+  check_moe_batch_independence(cuda_, rng_, MoeCase{32, 2880, 2880, 4, 1200, Routing::kUniform}, bulk,
+                               "grouped 20b shape, 16-token tiles, copy engine, warps' releases", {1, 129});
 }
 
 // 96-token tiles on the deep ring at batched-decode sizes (32 tokens per expert: two strips a warp) replayed from a
@@ -1140,6 +1143,8 @@ TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
   CudaMoeOptions bulk{CudaMoePath::kGrouped, 16};
   bulk.wgmma_bulk = 1;
   check_moe_graph_replay(cuda_, rng_, c, bulk, "grouped, 16-token tiles, PDL, copy engine");
+  bulk.wgmma_bulk = 2;
+  check_moe_graph_replay(cuda_, rng_, c, bulk, "grouped, 16-token tiles, PDL, copy engine, warps' releases");
 }
 
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for

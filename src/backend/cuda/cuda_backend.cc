@@ -961,7 +961,8 @@ class CudaBackend final : public Backend {
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
     // The 16-token tiles on the copy engine (CudaMoeOptions::wgmma_bulk).
-    const bool bulk = options_.moe.wgmma_bulk == 1 && c.tile_tokens == 16 && !c.warp_specialized;
+    const bool bulk = options_.moe.wgmma_bulk >= 1 && c.tile_tokens == 16 && !c.warp_specialized;
+    const bool warp_release = options_.moe.wgmma_bulk == 2;
     // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
     const bool tiled = c.warp_specialized || bulk;
     const int64_t tiled_rows = tiled ? max_tiles * c.tile_tokens : 0;
@@ -978,10 +979,10 @@ class CudaBackend final : public Backend {
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
     g1.in = x_in;
     g1.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, stream_.get()) : launch_moe_wgmma_gemm(g1, c, stream_.get()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, stream_.get()) : launch_moe_wgmma_gemm(g1, c, stream_.get()));
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, stream_.get()) : launch_moe_wgmma_gemm(g2, c, stream_.get()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, stream_.get()) : launch_moe_wgmma_gemm(g2, c, stream_.get()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream_.get());
   }
@@ -1123,11 +1124,14 @@ class CudaBackend final : public Backend {
     if (s.max_sample_rows > 0 && s.vocab > 0)
       MX_RETURN_IF_ERROR(ensure(scratch_.sampling, sample_scratch_bytes(s.max_sample_rows, s.vocab), "sampling"));
     const int64_t slots = s.max_tokens * s.top_k;
-    // The warp-specialized wgmma kernel, where it would run, pads every routing tile (of at most 256 tokens).
+    // The warp-specialized wgmma kernel, where it would run, pads every routing tile (of at most 256 tokens); the
+    // 16-token tiles on the copy engine (any call of up to `slots`) pad theirs to 16.
     const MoeWgmmaConfig cw =
         choose_moe_wgmma_config(dev_, slots, s.num_experts, 0, 0, options_.moe.wgmma_warp_specialized);
     const bool tiled = cw.enabled && cw.warp_specialized;
-    const int64_t moe_rows = tiled ? std::max(slots, moe_max_tiles(slots, s.num_experts, 256) * 256) : slots;
+    const bool bulk = cw.enabled && options_.moe.wgmma_bulk >= 1;
+    int64_t moe_rows = tiled ? std::max(slots, moe_max_tiles(slots, s.num_experts, 256) * 256) : slots;
+    if (bulk) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 16) * 16);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, moe_rows * s.hidden * 2, "MoE y"));
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);

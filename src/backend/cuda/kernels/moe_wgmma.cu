@@ -455,9 +455,15 @@ struct MoeWgmmaMaps {
   CUtensorMap weights, scales;
 };
 
+// kWarpRelease: no CTA barrier per k tile; each warp releases a slot on its empty mbarrier once its MMAs of the
+// slot's tile are done, and thread 0 waits for the slot's eight releases before reloading it (the other warps
+// run ahead of the slowest by up to the ring's depth). Otherwise a __syncthreads per k tile, as the cp.async form.
 template <int kCols>
-__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups),
-                                  moe_wgmma_narrow_ctas_per_sm(kCols, moe_wgmma_narrow_stages(kCols)))
+constexpr int bulk_ctas_per_sm() {
+  return moe_wgmma_narrow_ctas_per_sm(kCols, moe_wgmma_narrow_stages(kCols));
+}
+template <int kCols, bool kWarpRelease>
+__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_ctas_per_sm<kCols>()))
     moe_wgmma_bulk_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
 #if MX_SM90A
   constexpr int kWG = kMoeWgmmaWarpgroups, kRing = moe_wgmma_narrow_stages(kCols);
@@ -467,9 +473,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups),
   constexpr int kS = Shape::kStages, kStrips = moe_wgmma_weight_rows(kWG) / 16;
   constexpr uint32_t kRowBytes = kCols * 128, kStageLoad = kRowBytes + 2 * kStrips * (512 + 32);
   extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t full_bar[kS];
+  __shared__ uint64_t full_bar[kS], empty_bar[kWarpRelease ? kS : 1];
   const uint32_t ring = smem_addr(smem_raw) + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  const uint32_t full0 = smem_addr(full_bar);
+  const uint32_t full0 = smem_addr(full_bar), empty0 = smem_addr(empty_bar);
 
   const int64_t strips = p.rows / 16;
   const int n_k = static_cast<int>(p.k / 64);
@@ -479,7 +485,10 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups),
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
   if (tid == 0) {
-    for (int s = 0; s < kS; ++s) mbarrier_init(full0 + 8 * s, 1);
+    for (int s = 0; s < kS; ++s) {
+      mbarrier_init(full0 + 8 * s, 1);
+      if constexpr (kWarpRelease) mbarrier_init(empty0 + 8 * s, kStrips);  // a warp per strip pair
+    }
     mbarrier_init_fence();
     tma_prefetch_map(&maps.weights);
     tma_prefetch_map(&maps.scales);
@@ -515,22 +524,32 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups),
 #pragma unroll
   for (int i = 0; i < kCols / 2; ++i) da[i] = db[i] = 0.f;
   uint32_t a[2][4][4];
-  int slot = 0, load_slot = prologue == kS - 2 ? kS - 2 : 0;
-  uint32_t parity = 0;
+  // load_slot starts at kS - 2 (slots kS - 2 and kS - 1 are fresh: their empty phase of parity 1 counts as
+  // complete), then every reload waits for the release of the slot's previous tile.
+  int slot = 0, prev_slot = 0, load_slot = kS - 2;
+  uint32_t parity = 0, load_parity = 1;
   wgmma_fence_regs(da);
   for (int t = 0; t < n_k; ++t) {
     mbarrier_wait(full0 + 8 * slot, parity);  // the copies landed, visible to these loads and to wgmma
-    __syncthreads();
+    if constexpr (!kWarpRelease) __syncthreads();
     if (tid == 0 && t + kS - 2 < n_k) {
+      if constexpr (kWarpRelease) mbarrier_wait(empty0 + 8 * load_slot, load_parity);
       load_weights(t + kS - 2, load_slot);
       load_rows(t + kS - 2, load_slot);
     }
-    load_slot = load_slot == kS - 1 ? 0 : load_slot + 1;
+    if (++load_slot == kS) {
+      load_slot = 0;
+      load_parity ^= 1;
+    }
     const uint32_t stage = ring + static_cast<uint32_t>(slot) * Shape::kStageBytes;
     const uint32_t weights = stage + Shape::kWeightsAt + tid * 16;
     const uint32_t scales = stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16;
     moe_wgmma_k_tile<kCols, true>(da, a[0], stage, weights, scales, r);
+    // Strip A's wait<1> left only its own group running: every MMA of tile t - 1 is done.
+    if constexpr (kWarpRelease)
+      if (t > 0 && lane == 0) mbarrier_arrive(empty0 + 8 * prev_slot);
     moe_wgmma_k_tile<kCols, true>(db, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
+    prev_slot = slot;
     if (++slot == kS) {
       slot = 0;
       parity ^= 1;
@@ -579,7 +598,8 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
   return launch_status("moe_permute_k_kernel");
 }
 
-Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
+Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release,
+                                  cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
   if (!c.enabled || c.warp_specialized || c.tile_tokens != 16 || !c.deep_ring ||
       c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups ||
@@ -599,7 +619,7 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
                                        w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
   MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
                                        s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
-  auto* kernel = moe_wgmma_bulk_kernel<16>;
+  auto* kernel = warp_release ? moe_wgmma_bulk_kernel<16, true> : moe_wgmma_bulk_kernel<16, false>;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
       "cudaFuncSetAttribute(moe wgmma bulk smem)"));

@@ -19,8 +19,10 @@ namespace mx::cuda {
 // tokens are not written (the GEMM never stores their results).
 // The 16-token tiles' GEMMs (moe_wgmma.cu) with every k tile by the copy engine: both read their input tiled (x
 // from launch_moe_gather_tiled at 16 tokens a tile; the first writes h so), as the warp-specialized kernel does.
-// Otherwise as launch_moe_wgmma_gemm with the same config.
-Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream);
+// Otherwise as launch_moe_wgmma_gemm with the same config. `warp_release`: each warp frees a ring slot on an
+// mbarrier instead of a CTA barrier per k tile.
+Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release,
+                                  cudaStream_t stream);
 
 Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t* out, int64_t max_tiles,
                                int tile_tokens, int64_t k, int64_t top_k, cudaStream_t stream);
