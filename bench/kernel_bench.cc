@@ -372,14 +372,14 @@ void bench_moe_prefill() {
       int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
       int warp_specialized = -1;  // wgmma: 1 the warp-specialized kernel (moe_wgmma_ws.cu), 0 auto's choice
       int pdl = 0;                // wgmma, the deep ring's kernel: 1 programmatic dependent launches, -1 not
-      int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine, 2 and warps' releases
+      int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine, 2 and warps' releases, -1 cp.async
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
         Variant{CudaMoePath::kGroupedMmaSync, 64, "grouped/64"}, Variant{CudaMoePath::kGroupedMmaSync, 128, "grouped/128"},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep", 0, -1, -1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1},
-        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl", 0, -1, 1},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl", 0, -1, 1, -1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk release", 0, -1, 1, 2},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},

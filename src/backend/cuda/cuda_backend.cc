@@ -918,6 +918,10 @@ class CudaBackend final : public Backend {
                               stream_.get());
   }
 
+  // CudaMoeOptions::wgmma_bulk with its default resolved: 1 or 2 (the copy engine's forms) or -1 (cp.async).
+  int moe_wgmma_bulk_form() const {
+    return options_.moe.wgmma_bulk != 0 ? options_.moe.wgmma_bulk : kMoeWgmmaBulk ? 1 : -1;
+  }
   MoeWgmmaConfig moe_wgmma_config(int64_t slots, int64_t experts) {
     return choose_moe_wgmma_config(dev_, slots, experts, options_.moe.grouped_tile_tokens, options_.moe.wgmma_persistent,
                                    options_.moe.wgmma_warp_specialized, options_.moe.wgmma_pdl);
@@ -960,9 +964,9 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
-    // The 16-token tiles on the copy engine (CudaMoeOptions::wgmma_bulk).
-    const bool bulk = options_.moe.wgmma_bulk >= 1 && c.tile_tokens == 16 && !c.warp_specialized;
-    const bool warp_release = options_.moe.wgmma_bulk == 2;
+    // The 16-token tiles on the copy engine (moe_wgmma_bulk_form).
+    const bool bulk = moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16 && !c.warp_specialized;
+    const bool warp_release = moe_wgmma_bulk_form() == 2;
     // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
     const bool tiled = c.warp_specialized || bulk;
     const int64_t tiled_rows = tiled ? max_tiles * c.tile_tokens : 0;
@@ -1129,7 +1133,7 @@ class CudaBackend final : public Backend {
     const MoeWgmmaConfig cw =
         choose_moe_wgmma_config(dev_, slots, s.num_experts, 0, 0, options_.moe.wgmma_warp_specialized);
     const bool tiled = cw.enabled && cw.warp_specialized;
-    const bool bulk = cw.enabled && options_.moe.wgmma_bulk >= 1;
+    const bool bulk = cw.enabled && moe_wgmma_bulk_form() >= 1;
     int64_t moe_rows = tiled ? std::max(slots, moe_max_tiles(slots, s.num_experts, 256) * 256) : slots;
     if (bulk) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 16) * 16);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));

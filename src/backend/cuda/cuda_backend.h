@@ -32,8 +32,8 @@ struct CudaMoeOptions {
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
   int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents
-  int wgmma_bulk = 0;  // 1: the 16-token wgmma tiles' k tiles by the copy engine (launch_moe_wgmma_bulk_gemm), 2: so
-                       // with each warp freeing ring slots on mbarriers (no CTA barrier); 0, -1: by cp.async
+  int wgmma_bulk = 0;  // the 16-token wgmma tiles' k tiles: 1 by the copy engine (launch_moe_wgmma_bulk_gemm), 2 so
+                       // with each warp freeing ring slots on mbarriers, -1 by cp.async; 0 = kMoeWgmmaBulk's choice
 };
 
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to

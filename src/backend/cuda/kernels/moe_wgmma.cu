@@ -455,9 +455,13 @@ struct MoeWgmmaMaps {
   CUtensorMap weights, scales;
 };
 
+// The three copies of a stage are issued by lane 0 of warps 0 (fp4), 1 (scales) and 2 (rows), each arming the
+// stage's barrier with its own bytes: one thread issuing all three (with the uniform-register loops ptxas wraps
+// around each) made its warp ~47 instructions a k tile longer than the others, which the CTA barrier waits for.
 // kWarpRelease: no CTA barrier per k tile; each warp releases a slot on its empty mbarrier once its MMAs of the
-// slot's tile are done, and thread 0 waits for the slot's eight releases before reloading it (the other warps
-// run ahead of the slowest by up to the ring's depth). Otherwise a __syncthreads per k tile, as the cp.async form.
+// slot's tile are done, and the copying lanes wait for the slot's eight releases before reloading it (the other
+// warps run ahead of the slowest by up to the ring's depth). Otherwise a __syncthreads per k tile, as the cp.async
+// form.
 template <int kCols>
 constexpr int bulk_ctas_per_sm() {
   return moe_wgmma_narrow_ctas_per_sm(kCols, moe_wgmma_narrow_stages(kCols));
@@ -471,7 +475,8 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_
   static_assert(Shape::kTwoStrips && Shape::kStageBytes == moe_wgmma_narrow_stage_bytes(kCols), "the narrow ring");
   static_assert(Shape::kWeightsAt % 128 == 0 && Shape::kScalesAt % 128 == 0, "tensor copies land 128-byte aligned");
   constexpr int kS = Shape::kStages, kStrips = moe_wgmma_weight_rows(kWG) / 16;
-  constexpr uint32_t kRowBytes = kCols * 128, kStageLoad = kRowBytes + 2 * kStrips * (512 + 32);
+  constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = 2 * kStrips * 512, kScaleBytes = 2 * kStrips * 32;
+  constexpr int kCopies = 3;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t full_bar[kS], empty_bar[kWarpRelease ? kS : 1];
   const uint32_t ring = smem_addr(smem_raw) + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -486,7 +491,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_
   const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
   if (tid == 0) {
     for (int s = 0; s < kS; ++s) {
-      mbarrier_init(full0 + 8 * s, 1);
+      mbarrier_init(full0 + 8 * s, kCopies);
       if constexpr (kWarpRelease) mbarrier_init(empty0 + 8 * s, kStrips);  // a warp per strip pair
     }
     mbarrier_init_fence();
@@ -494,28 +499,33 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_
     tma_prefetch_map(&maps.scales);
   }
   __syncthreads();
-  // Thread 0's copies of k tile t into slot s: the constant weights and scales (arming the slot with the whole
-  // stage's bytes), then the rows, which the previous kernel writes.
-  auto load_weights = [&](int t, int s) {
-    const uint32_t stage = ring + static_cast<uint32_t>(s) * Shape::kStageBytes, bar = full0 + 8 * s;
-    mbarrier_arrive_expect_tx(bar, kStageLoad);
-    tma_load_4d(stage + Shape::kWeightsAt, &maps.weights, 0, t, w.strip0, w.e, bar);
-    tma_load_4d(stage + Shape::kScalesAt, &maps.scales, 0, t, w.strip0, w.e, bar);
-  };
+  // This lane's copy of k tile t into slot s (lane 0 of warps 0 to 2): the constant fp4 or scales, or the rows,
+  // which the previous kernel writes.
+  const bool copier = lane == 0 && warp < kCopies;
   const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kRowBytes;
   const int64_t plane = p.max_tiles * kRowBytes;  // one k tile of every padded row
-  auto load_rows = [&](int t, int s) {
-    bulk_copy(ring + static_cast<uint32_t>(s) * Shape::kStageBytes, rows + t * plane, kRowBytes, full0 + 8 * s);
+  auto load = [&](int t, int s) {
+    const uint32_t stage = ring + static_cast<uint32_t>(s) * Shape::kStageBytes, bar = full0 + 8 * s;
+    if (warp == 0) {
+      mbarrier_arrive_expect_tx(bar, kWeightBytes);
+      tma_load_4d(stage + Shape::kWeightsAt, &maps.weights, 0, t, w.strip0, w.e, bar);
+    } else if (warp == 1) {
+      mbarrier_arrive_expect_tx(bar, kScaleBytes);
+      tma_load_4d(stage + Shape::kScalesAt, &maps.scales, 0, t, w.strip0, w.e, bar);
+    } else {
+      mbarrier_arrive_expect_tx(bar, kRowBytes);
+      bulk_copy(stage, rows + t * plane, kRowBytes, bar);
+    }
   };
-  // The first kS - 2 k tiles: weights before the wait for the previous kernel (a programmatic dependent launch;
-  // a no-op otherwise), rows after it.
+  // The first kS - 2 k tiles: weights and scales before the wait for the previous kernel (a programmatic
+  // dependent launch; a no-op otherwise), rows after it.
   const int prologue = n_k < kS - 2 ? n_k : kS - 2;
-  if (tid == 0)
-    for (int s = 0; s < prologue; ++s) load_weights(s, s);
+  if (copier && warp < 2)
+    for (int s = 0; s < prologue; ++s) load(s, s);
   pdl_wait();
   pdl_launch_dependents();
-  if (tid == 0)
-    for (int s = 0; s < prologue; ++s) load_rows(s, s);
+  if (copier && warp == 2)
+    for (int s = 0; s < prologue; ++s) load(s, s);
 
   // Two strips a warp as moe_wgmma_kernel's two_strip_loop: strip A's decode and MMAs into da, then strip B's
   // into db. The slot reloaded at step t is tile t - 2's, whose MMAs every warp has finished (wait<1> in step
@@ -532,10 +542,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_
   for (int t = 0; t < n_k; ++t) {
     mbarrier_wait(full0 + 8 * slot, parity);  // the copies landed, visible to these loads and to wgmma
     if constexpr (!kWarpRelease) __syncthreads();
-    if (tid == 0 && t + kS - 2 < n_k) {
+    if (copier && t + kS - 2 < n_k) {
       if constexpr (kWarpRelease) mbarrier_wait(empty0 + 8 * load_slot, load_parity);
-      load_weights(t + kS - 2, load_slot);
-      load_rows(t + kS - 2, load_slot);
+      load(t + kS - 2, load_slot);
     }
     if (++load_slot == kS) {
       load_slot = 0;

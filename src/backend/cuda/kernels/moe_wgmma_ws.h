@@ -21,6 +21,9 @@ namespace mx::cuda {
 // from launch_moe_gather_tiled at 16 tokens a tile; the first writes h so), as the warp-specialized kernel does.
 // Otherwise as launch_moe_wgmma_gemm with the same config. `warp_release`: each warp frees a ring slot on an
 // mbarrier instead of a CTA barrier per k tile.
+// Whether the 16-token tiles run on the copy engine by default (CudaMoeOptions::wgmma_bulk 0). On an H200 (session
+// 17, docs/PERF.md) gpt-oss-120b's MoE layer at 8 tokens per expert measured 560.6 us against 570.4 by cp.async.
+inline constexpr bool kMoeWgmmaBulk = true;
 Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release,
                                   cudaStream_t stream);
 
