@@ -462,20 +462,29 @@ struct MoeWgmmaMaps {
 // slot's tile are done, and the copying lanes wait for the slot's eight releases before reloading it (the other
 // warps run ahead of the slowest by up to the ring's depth). Otherwise a __syncthreads per k tile, as the cp.async
 // form.
+// The copy engine's ring: six stages of the tile's rows (each stage 1024-byte aligned for the swizzle) and the
+// CTA's 16 strips of fp4, then every stage's scales after them (a stage of rows and fp4 is a multiple of 1024
+// bytes: no padding), for three CTAs an SM, the cp.async kernel's count and depth. (Four CTAs an SM on five
+// stages would fit in shared memory, but at <= 64 registers ptxas serializes the wgmma, C7512.)
 template <int kCols>
-constexpr int bulk_ctas_per_sm() {
-  return moe_wgmma_narrow_ctas_per_sm(kCols, moe_wgmma_narrow_stages(kCols));
-}
+struct BulkRing {
+  static constexpr int kStrips = moe_wgmma_weight_rows(kMoeWgmmaWarpgroups) / 16;
+  static constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = 2 * kStrips * 512, kScaleBytes = 2 * kStrips * 32;
+  static constexpr uint32_t kStageBytes = kRowBytes + kWeightBytes;  // the fp4 at kRowBytes
+  static constexpr int kStages = 6, kCtas = 3;
+  static constexpr uint32_t kScalesAt = kStages * kStageBytes;
+  static constexpr int64_t kSmemBytes = kScalesAt + kStages * kScaleBytes + 1024;  // + 1 KB to align the ring
+  static_assert(kStageBytes % 1024 == 0 && kRowBytes % 128 == 0, "stages 1024-byte aligned, copies 128-byte");
+  static_assert(kCtas * (kSmemBytes + 1024 + 128) <= 233472, "the rings fit an SM (1 KB reserved a CTA, barriers)");
+};
+
 template <int kCols, bool kWarpRelease>
-__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_ctas_per_sm<kCols>()))
+__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkRing<kCols>::kCtas))
     moe_wgmma_bulk_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
 #if MX_SM90A
-  constexpr int kWG = kMoeWgmmaWarpgroups, kRing = moe_wgmma_narrow_stages(kCols);
-  using Shape = RingShape<96, kWG, kCols, kRing, true, true>;
-  static_assert(Shape::kTwoStrips && Shape::kStageBytes == moe_wgmma_narrow_stage_bytes(kCols), "the narrow ring");
-  static_assert(Shape::kWeightsAt % 128 == 0 && Shape::kScalesAt % 128 == 0, "tensor copies land 128-byte aligned");
-  constexpr int kS = Shape::kStages, kStrips = moe_wgmma_weight_rows(kWG) / 16;
-  constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = 2 * kStrips * 512, kScaleBytes = 2 * kStrips * 32;
+  using Ring = BulkRing<kCols>;
+  constexpr int kS = Ring::kStages, kStrips = Ring::kStrips;
+  constexpr uint32_t kRowBytes = Ring::kRowBytes, kWeightBytes = Ring::kWeightBytes, kScaleBytes = Ring::kScaleBytes;
   constexpr int kCopies = 3;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t full_bar[kS], empty_bar[kWarpRelease ? kS : 1];
@@ -505,13 +514,13 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_
   const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kRowBytes;
   const int64_t plane = p.max_tiles * kRowBytes;  // one k tile of every padded row
   auto load = [&](int t, int s) {
-    const uint32_t stage = ring + static_cast<uint32_t>(s) * Shape::kStageBytes, bar = full0 + 8 * s;
+    const uint32_t stage = ring + static_cast<uint32_t>(s) * Ring::kStageBytes, bar = full0 + 8 * s;
     if (warp == 0) {
       mbarrier_arrive_expect_tx(bar, kWeightBytes);
-      tma_load_4d(stage + Shape::kWeightsAt, &maps.weights, 0, t, w.strip0, w.e, bar);
+      tma_load_4d(stage + kRowBytes, &maps.weights, 0, t, w.strip0, w.e, bar);
     } else if (warp == 1) {
       mbarrier_arrive_expect_tx(bar, kScaleBytes);
-      tma_load_4d(stage + Shape::kScalesAt, &maps.scales, 0, t, w.strip0, w.e, bar);
+      tma_load_4d(ring + Ring::kScalesAt + s * kScaleBytes, &maps.scales, 0, t, w.strip0, w.e, bar);
     } else {
       mbarrier_arrive_expect_tx(bar, kRowBytes);
       bulk_copy(stage, rows + t * plane, kRowBytes, bar);
@@ -550,9 +559,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (bulk_
       load_slot = 0;
       load_parity ^= 1;
     }
-    const uint32_t stage = ring + static_cast<uint32_t>(slot) * Shape::kStageBytes;
-    const uint32_t weights = stage + Shape::kWeightsAt + tid * 16;
-    const uint32_t scales = stage + Shape::kScalesAt + warp * 32 + (q >> 1) * 16;
+    const uint32_t stage = ring + static_cast<uint32_t>(slot) * Ring::kStageBytes;
+    const uint32_t weights = stage + kRowBytes + tid * 16;
+    const uint32_t scales = ring + Ring::kScalesAt + slot * kScaleBytes + warp * 32 + (q >> 1) * 16;
     moe_wgmma_k_tile<kCols, true>(da, a[0], stage, weights, scales, r);
     // Strip A's wait<1> left only its own group running: every MMA of tile t - 1 is done.
     if constexpr (kWarpRelease)
@@ -611,8 +620,7 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
                                   cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
   if (!c.enabled || c.warp_specialized || c.tile_tokens != 16 || !c.deep_ring ||
-      c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups ||
-      c.stages != moe_wgmma_narrow_stages(16) || c.smem_bytes < moe_wgmma_narrow_smem_bytes(16, c.stages))
+      c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
     return internal_error("MoE wgmma GEMM (copy engine): a 16-token tiles' config");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
@@ -629,14 +637,15 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
   MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
                                        s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
   auto* kernel = warp_release ? moe_wgmma_bulk_kernel<16, true> : moe_wgmma_bulk_kernel<16, false>;
+  constexpr int64_t smem = BulkRing<16>::kSmemBytes;
   MX_RETURN_IF_ERROR(cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "cudaFuncSetAttribute(moe wgmma bulk smem)"));
   const int64_t n_cols = ceil_div64(p.rows / 16, moe_wgmma_weight_rows(kMoeWgmmaWarpgroups) / 16);
   const dim3 grid(static_cast<unsigned>(ceil_div64(n_cols, 2)), static_cast<unsigned>(p.max_tiles));
   if (c.pdl)
-    return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), c.smem_bytes, stream, p, maps), "moe_wgmma_bulk_kernel");
-  kernel<<<grid, c.threads, c.smem_bytes, stream>>>(p, maps);
+    return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), smem, stream, p, maps), "moe_wgmma_bulk_kernel");
+  kernel<<<grid, c.threads, smem, stream>>>(p, maps);
   return launch_status("moe_wgmma_bulk_kernel");
 }
 
