@@ -13,7 +13,7 @@
 //   page lookup per key row; cp.async arrivals on mbarriers); one thread of warp 2 loads each block's Q into
 //   one of two buffers as one TMA box (tma.cuh: a tensor map over Q, its bytes counted on the buffer's
 //   mbarrier; no consumer fence, and two warps' address arithmetic gone). The first two boxes go out from
-//   thread 0 right after the barriers' init, before the tables are built.
+//   thread kQEarly right after the barriers' init and the PDL wait, while the other threads build the tables.
 // - two consumer warpgroups of 64 rows (104 registers), each tile in turn: S = Q K^T (both from shared
 //   memory), softmax, O += P V; the warpgroups of the SM's two CTAs overlap each other. A warpgroup (8
 //   tokens at g8) computes only the 16-key groups of a tile that its rows see: its 135 keys take 9 groups
@@ -39,6 +39,10 @@
 // ring holds at most one pass's tiles plus prefetched ones; the host only picks this kernel when a pass's
 // tiles fit the ring (attention_window_wgmma_takes). A warp waits for a tile (and fences the copies for
 // wgmma) only the first time; later passes reuse it as it is.
+//
+// Launched as a programmatic dependent (PDL) of qkv_rope, which writes Q and the new K/V: the CTAs start while
+// qkv_rope's last wave runs and build the token, pass and tile tables (the batch's token layout only, uploaded
+// before the step) before griddepcontrol.wait; only what reads Q, K or V waits. Alone, the wait returns at once.
 #include <algorithm>
 #include <climits>
 
@@ -77,6 +81,10 @@ static_assert(attention_window_wgmma_smem_bytes() ==
 #if MX_SM90A
 constexpr int kKvLoaders = 64;      // producer threads that copy K/V tiles (warps 0-1)
 constexpr int kQLoader = kKvLoaders;  // the producer thread that issues Q's TMA boxes (warp 2's first)
+// The thread that inits the barriers, waits for qkv_rope and issues Q's first two boxes: one with no token of
+// the tables to read (thread i reads token i), so that the others build them under the wait.
+constexpr int kQEarly = kMaxTok;
+static_assert(kQEarly < kThreads, "a thread past the tables' tokens");
 // Registers after setmaxnreg: two CTAs of 384 threads share the file (80 a thread at launch); the producer
 // gives back what the consumers take.
 constexpr int kLaunchRegisters = (65536 / (kThreads * 2)) / 8 * 8;
@@ -216,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     tab.tok_last[i] = l;
     tab.tok_seq[i] = p.kv.token_seq[t0 + i];
   }
-  if (tid == 0) {
+  if (tid == kQEarly) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(full0 + 8 * s, kKvLoaders);      // each K/V loader's cp.async arrival
       mbarrier_init(empty0 + 8 * s, 4 * kConsumers);  // each consumer warp, once no pass of it needs the tile
@@ -226,6 +234,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       mbarrier_init(qempty0 + 8 * b, 1);  // the O store's issuer, once the store has read the buffer
     }
     mbarrier_init_fence();
+    pdl_wait();  // Q comes from qkv_rope
     // Q boxes 0 and 1 now, under the tables' global reads and scans (the Q loader takes the rest): the one
     // wave of CTAs starts with every CTA's first Q, tiles and tables in flight at once (8K and 4K: -0.8 us).
     for (int b = 0; b < min(2, n_blocks); ++b) {
@@ -277,6 +286,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if (tid < 128) {
     setmaxnreg_dec<kProducerRegisters>();
+    pdl_wait();  // K and V come from qkv_rope (kQEarly's wait, before the barrier above, has already returned)
     if (tid < kKvLoaders) {
       const PagedKv& kv = p.kv;
       const int page_size = static_cast<int>(kv.page_size);
@@ -299,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     } else if (tid == kQLoader) {
       tma_prefetch_map(&q_map);
-      for (int b = 2; b < n_blocks; ++b) {  // boxes 0 and 1 went out with the barriers' init
+      for (int b = 2; b < n_blocks; ++b) {  // boxes 0 and 1 went out with the barriers' init (kQEarly)
         const int buf = b & 1;
         mbarrier_wait(qempty0 + 8 * buf, ((b >> 1) & 1) ^ 1);
         mbarrier_arrive_expect_tx(qfull0 + 8 * buf, q_bytes);
@@ -564,8 +574,10 @@ Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, con
       &o_map, p.out, {static_cast<uint64_t>(kHd), static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
       {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(p.n_q) * kHd * 2},
       {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(tpb)}));
-  kernel<<<grid, kThreads, c.smem_bytes, stream>>>(p, bpc, q_map, o_map);
-  return launch_status("attention_prefill_wgmma_window_kernel");
+  // A programmatic dependent of qkv_rope (the kernel waits before it reads Q, K or V). It does not trigger its
+  // own dependents early: o_proj after it is a plain cuBLASLt launch.
+  return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), c.smem_bytes, stream, p, bpc, q_map, o_map),
+                     "attention_prefill_wgmma_window_kernel");
 }
 
 }  // namespace mx::cuda
