@@ -436,6 +436,15 @@ void bench_moe_prefill() {
   report("bf16 dense 2880->5760 M=8192", us, 0, flops, note);
 }
 
+// gpt-oss's RoPE inverse frequencies (head dim 64, base 150000; no YaRN: the timing does not depend on them).
+TensorView rope_inv_freq() {
+  std::vector<float> freq(32);
+  for (int i = 0; i < 32; ++i) freq[static_cast<size_t>(i)] = std::pow(150000.0f, -static_cast<float>(i) / 32);
+  const TensorView inv_freq = make(DType::kF32, {32});
+  CHECK_OK(g_b->copy_from_host(inv_freq, freq.data()));
+  return inv_freq;
+}
+
 // ---- Attention: gpt-oss (64 q heads, 8 kv heads, head_dim 64) unless told otherwise, page 16.
 struct AttnGeometry {
   int64_t n_q = 64, n_kv = 8, head_dim = 64;
@@ -489,6 +498,8 @@ AttnSetup make_attention(int64_t seqs, int64_t ctx, int64_t new_tokens, const At
 // on sm_90: the window kernel for the window, the wgmma-ws kernel's 128-key tiles causal). FLOPs count the visible (query, key) pairs only: 4 * heads * head_dim per pair.
 // Bytes: Q read and O written once, K and V read once. The floor is the larger of the two: a window-128 layer's
 // is its bytes (151 MB at 8K: 36 us on an H200, not its FLOPs' 22 us); a causal layer's, its FLOPs.
+// "behind qkv_rope": auto's kernel as the model runs it, after the qkv_rope launch that writes its Q and K/V
+// (the window kernel is its programmatic dependent): the pair's time less qkv_rope's alone.
 void bench_attention_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
   auto placement = cuda_placement(*g_b);
@@ -500,9 +511,13 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
     CudaAttentionPath path;
     const char* label;
   };
+  const TensorView inv_freq = rope_inv_freq();
   for (int64_t T : lengths) {
     AttnSetup a = make_attention(1, T, T);
     const double bytes = 2.0 * T * 64 * 64 * 2 + 2.0 * T * 8 * 64 * 2;  // Q + O (64 heads), K + V (8 kv heads)
+    const QkvRopeParams rope{.qkv = random_bf16({T, 80 * 64}, 1.0f), .q_out = a.q, .kv = a.kv.layer(0),
+                             .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64};
+    const double rope_us = time_graph(16, [&](int) { return g_b->qkv_rope(rope, a.batch); });
     for (int64_t window : {0, 128}) {
       double keys = 0;
       for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
@@ -522,6 +537,16 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
         std::snprintf(note, sizeof note, "%.0f TFLOP/s", flops / us / 1e6);
         report("prefill attention " + std::to_string(T / 1024) + "K " + (window ? "window 128 " : "causal ") + path.label,
                us, bytes, flops, note);
+        if (path.path != CudaAttentionPath::kAuto) continue;
+        const double pair_us = time_graph(n, [&](int) -> Status {
+          MX_RETURN_IF_ERROR(g_b->qkv_rope(rope, a.batch));
+          AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, window, 0.125f};
+          return g_b->attention(p, a.batch);
+        });
+        std::snprintf(note, sizeof note, "pair %.2f us, qkv_rope alone %.2f us", pair_us, rope_us);
+        report("prefill attention " + std::to_string(T / 1024) + "K " + (window ? "window 128 " : "causal ") +
+                   "auto behind qkv_rope",
+               pair_us - rope_us, bytes, flops, note);
       }
     }
   }
@@ -931,10 +956,7 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
   }
   // qkv_rope (64 q / 8 kv heads, head dim 64) writing K and V into a paged cache at ~1K context, and the
   // residual add + RMSNorm after o_proj and after the experts (f32 residual, bf16 out).
-  std::vector<float> freq(32);
-  for (int i = 0; i < 32; ++i) freq[static_cast<size_t>(i)] = std::pow(150000.0f, -static_cast<float>(i) / 32);
-  const TensorView inv_freq = make(DType::kF32, {32});
-  CHECK_OK(g_b->copy_from_host(inv_freq, freq.data()));
+  const TensorView inv_freq = rope_inv_freq();
   for (const int64_t m : batches) {
     AttnSetup a = make_attention(m, 1024, 1);
     const TensorView qkv = random_bf16({m, 80 * 64}, 1.0f);
