@@ -1,6 +1,8 @@
 // GenerationStream: producer events -> formatter -> channel, on the connection's strand.
 #include "server/generation_stream.h"
 
+#include "server/http_server.h"
+
 namespace mx::server {
 
 using Clock = std::chrono::steady_clock;
@@ -57,6 +59,8 @@ void GenerationStream::on_cancel(std::function<void()> fn) {
     self->cancel_fn_ = std::move(fn);
   });
 }
+
+void GenerationStream::post(std::function<void()> fn) { channel_->run(std::move(fn)); }
 
 void GenerationStream::cancel() {
   channel_->run([self = shared_from_this()] { self->fire_cancel(); });

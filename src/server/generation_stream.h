@@ -14,12 +14,13 @@
 #include <memory>
 
 #include "server/api_error.h"
-#include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_response.h"
 #include "server/openai_types.h"
 
 namespace mx::server {
+
+class ResponseChannel;  // server/http_server.h: Boost.Beast, which only the HTTP side needs to parse
 
 class GenerationStream : public std::enable_shared_from_this<GenerationStream> {
  public:
@@ -47,7 +48,7 @@ class GenerationStream : public std::enable_shared_from_this<GenerationStream> {
   bool streaming() const { return streaming_; }
   // Runs `fn` on the connection's strand, in order with the events above (producers that keep per-request
   // state without locks, e.g. the engine service draining its request streams).
-  void post(std::function<void()> fn) { channel_->run(std::move(fn)); }
+  void post(std::function<void()> fn);
 
  private:
   void start();  // registers the disconnect callback; called by the factory

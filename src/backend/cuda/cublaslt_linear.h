@@ -7,6 +7,8 @@
 // and test process) never multiply on a GPU.
 #pragma once
 
+#include <cublasLt.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -17,9 +19,18 @@
 
 namespace mx::cuda {
 
+inline Status cublas_status(cublasStatus_t st, const char* what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
+  return internal_error(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(st)));
+}
+
+}  // namespace mx::cuda
+
+#define MX_CUBLAS_RETURN_IF_ERROR(expr) MX_RETURN_IF_ERROR(::mx::cuda::cublas_status((expr), #expr))
+
+namespace mx::cuda {
+
 // Owners of cuBLASLt objects; they exist only once the library is open, so they are released through it.
-// (cuda_check.h's LtHandle & co. call the linked library: unused since, left alone because every .cu
-// includes that header.)
 void destroy_lt_handle(cublasLtHandle_t h);
 void destroy_lt_matmul_desc(cublasLtMatmulDesc_t d);
 void destroy_lt_layout(cublasLtMatrixLayout_t l);

@@ -1,8 +1,8 @@
-// Error plumbing and RAII owners for CUDA runtime and cuBLASLt resources. Every CUDA call's result
-// becomes a Status; every resource is released by a destructor (DESIGN.md 8.4).
+// Error plumbing and RAII owners for CUDA runtime resources. Every CUDA call's result becomes a Status;
+// every resource is released by a destructor (DESIGN.md 8.4). cuBLASLt's are in cublaslt_linear.h: every
+// .cu includes this header, and nvcc parses it once per architecture.
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -17,11 +17,6 @@ inline Status cuda_status(cudaError_t err, const char* what) {
   return internal_error(std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
-inline Status cublas_status(cublasStatus_t st, const char* what) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  return internal_error(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(st)));
-}
-
 // The launch error of the kernel just issued (configuration, resources); execution errors surface at the
 // next synchronizing call.
 inline Status launch_status(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
@@ -29,7 +24,6 @@ inline Status launch_status(const char* kernel) { return cuda_status(cudaGetLast
 }  // namespace mx::cuda
 
 #define MX_CUDA_RETURN_IF_ERROR(expr) MX_RETURN_IF_ERROR(::mx::cuda::cuda_status((expr), #expr))
-#define MX_CUBLAS_RETURN_IF_ERROR(expr) MX_RETURN_IF_ERROR(::mx::cuda::cublas_status((expr), #expr))
 
 namespace mx::cuda {
 
@@ -65,19 +59,11 @@ inline void release_stream(cudaStream_t s) { cudaStreamDestroy(s); }
 inline void release_event(cudaEvent_t e) { cudaEventDestroy(e); }
 inline void release_graph(cudaGraph_t g) { cudaGraphDestroy(g); }
 inline void release_graph_exec(cudaGraphExec_t g) { cudaGraphExecDestroy(g); }
-inline void release_lt(cublasLtHandle_t h) { cublasLtDestroy(h); }
-inline void release_lt_matmul_desc(cublasLtMatmulDesc_t d) { cublasLtMatmulDescDestroy(d); }
-inline void release_lt_layout(cublasLtMatrixLayout_t l) { cublasLtMatrixLayoutDestroy(l); }
-inline void release_lt_pref(cublasLtMatmulPreference_t p) { cublasLtMatmulPreferenceDestroy(p); }
 inline void release_device_memory(void* p) { cudaFree(p); }
 
 using CudaStream = Owned<cudaStream_t, release_stream>;
 using CudaEvent = Owned<cudaEvent_t, release_event>;
 using CudaGraph = Owned<cudaGraph_t, release_graph>;
 using CudaGraphExec = Owned<cudaGraphExec_t, release_graph_exec>;
-using LtHandle = Owned<cublasLtHandle_t, release_lt>;
-using LtMatmulDesc = Owned<cublasLtMatmulDesc_t, release_lt_matmul_desc>;
-using LtLayout = Owned<cublasLtMatrixLayout_t, release_lt_layout>;
-using LtPreference = Owned<cublasLtMatmulPreference_t, release_lt_pref>;
 
 }  // namespace mx::cuda
