@@ -6,9 +6,9 @@ CMAKE_FLAGS ?=
 # CI builds the CUDA code for Hopper, Blackwell and RTX Blackwell / DGX Spark so that nothing arch-specific
 # leaks into portable code (no GPU needed to compile). Device runs use `make build-gpu`.
 CUDA_ARCHS ?= 90a;100a;120a
-# `make test` only proves that the device code compiles (CI has no GPU to run it): it compiles it fast and
-# unoptimized (MX_CUDA_FAST_COMPILE, about half of nvcc's time). `make build`/`run`/`compile` and build-gpu
-# compile it optimized, for binaries that run kernels.
+# `make test` only proves that the device code compiles (CI has no GPU to run it): it compiles it, the GPU tests
+# and the kernel benchmarks fast and unoptimized (MX_CUDA_FAST_COMPILE, about half of their compile time).
+# `make build`/`run`/`compile` and build-gpu compile them optimized, for binaries that run kernels.
 CUDA_FAST_COMPILE ?= OFF
 BUILD_GPU ?= build-gpu
 
