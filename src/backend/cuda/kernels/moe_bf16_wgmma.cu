@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups) moe_bf16_wgmma_kernel(MoeBf
       const uint64_t desc_b = wgmma_desc_k128(a + kATileBytes);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_bf16_ss_n128(acc, desc_a + 2 * kk, desc_b + 2 * kk);  // +32 B
+      for (int kk = 0; kk < kBK / 16; ++kk) wgmma_bf16_ss<kBN, true>(acc, desc_a + 2 * kk, desc_b + 2 * kk);  // +32 B
       wgmma_commit();
       wgmma_wait<1>();
     }
