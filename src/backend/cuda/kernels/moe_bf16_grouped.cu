@@ -12,6 +12,7 @@
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/gated_mul.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
+#include "backend/cuda/kernels/moe_route_tile.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -32,13 +33,12 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_grouped_kernel(MoeBf16GemmP
   pdl_launch_dependents();
   const int tile = blockIdx.y;
   if (tile >= *p.r.num_tiles) return;
-  const int e = p.r.tile_expert[tile], start = p.r.tile_start[tile], n = p.r.tile_rows[tile];
+  const GroupedTile gt = grouped_tile<kBM, kThreads>(p.r, tile, kGated, p.top_k, src_row);
+  const int e = gt.expert, start = gt.start, n = gt.rows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const int wm = warp / 2, wn = warp % 2;
   const int64_t rows_total = kGated ? 2 * p.out_rows : p.out_rows;
 
-  for (int i = tid; i < kBM; i += kThreads)
-    src_row[i] = i >= n ? -1 : kGated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i;
   for (int i = tid; i < kBN; i += kThreads) {
     int64_t row;
     bool ok;

@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/moe_bf16_wgmma.cuh"
+#include "backend/cuda/kernels/moe_route_tile.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -47,14 +48,13 @@ __global__ void __launch_bounds__(128 * kWarpgroups) moe_bf16_wgmma_kernel(MoeBf
   pdl_launch_dependents();
   const int tile = blockIdx.y;
   if (tile >= *p.r.num_tiles) return;
-  const int e = p.r.tile_expert[tile], start = p.r.tile_start[tile], n = p.r.tile_rows[tile];
+  const GroupedTile gt = grouped_tile<kBM, kThreads>(p.r, tile, kGated, p.top_k, src_row);
+  const int e = gt.expert, start = gt.start, n = gt.rows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4, wg = warp / 4;
   const bool busy = wg * kWarpgroupTokens < n;  // this warpgroup's 64 tokens hold some of the tile's
   const int64_t rows_total = kGated ? 2 * p.out_rows : p.out_rows;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * (kGated ? kBN / 2 : kBN);
 
-  for (int i = tid; i < kBM; i += kThreads)
-    src_row[i] = i >= n ? -1 : kGated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i;
   for (int i = tid; i < kBN; i += kThreads) {
     const int64_t ch = col0 + (kGated ? i % (kBN / 2) : i);
     const int64_t row = kGated && i >= kBN / 2 ? p.out_rows + ch : ch;  // gate rows, then up rows

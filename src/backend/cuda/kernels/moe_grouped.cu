@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/moe_route_tile.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 
 namespace mx::cuda {
@@ -52,14 +53,13 @@ __global__ void __launch_bounds__(kMoeGroupedThreads) moe_grouped_kernel(MoeGemm
 
   const int tile = blockIdx.y;
   if (tile >= *p.r.num_tiles) return;
-  const int e = p.r.tile_expert[tile], start = p.r.tile_start[tile], n = p.r.tile_rows[tile];
+  const GroupedTile gt = grouped_tile<kTileTokens, kMoeGroupedThreads>(p.r, tile, p.gated, p.top_k, src_row);
+  const int e = gt.expert, start = gt.start, n = gt.rows;
   const int64_t strips = p.rows / 16, n_k64 = p.k / 64;
   const int strip0 = blockIdx.x * kStrips;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const int wm = warp / 2, wn = warp % 2;
 
-  for (int i = tid; i < kTileTokens; i += kMoeGroupedThreads)
-    src_row[i] = i >= n ? -1 : (p.gated ? p.r.sorted_slots[start + i] / static_cast<int>(p.top_k) : start + i);
   __syncthreads();
 
   // Two dequantized buffers [strip][kk][lane][4 bf16x2 registers]: tile t + 1 is dequantized while tile t

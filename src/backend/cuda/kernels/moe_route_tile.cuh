@@ -1,6 +1,7 @@
-// The MoE decode kernels' self-routing (moe_decode.cu for MXFP4, moe_bf16.cu for bf16 experts): with at
-// most 32 routed slots every CTA derives its routing tile from the top-k ids in registers, in the same
-// order as launch_moe_routing's metadata, so no routing kernel runs before the GEMMs.
+// The MoE kernels' routing tiles. Decode (moe_decode.cu for MXFP4, moe_bf16.cu for bf16 experts) routes
+// itself: with at most 32 routed slots every CTA derives its routing tile from the top-k ids in registers, in
+// the same order as launch_moe_routing's metadata, so no routing kernel runs before the GEMMs. The grouped
+// prefill GEMMs (moe_grouped.cu, moe_bf16_grouped.cu, moe_bf16_wgmma.cu) read that metadata: grouped_tile.
 #pragma once
 
 #include <climits>
@@ -8,6 +9,7 @@
 
 #include "backend/cuda/kernel_configs.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kernels.h"
 
 namespace mx::cuda {
 
@@ -88,6 +90,22 @@ __device__ __forceinline__ void combine_strip(const uint16_t* y, uint16_t* combi
     }
     if (idx < tokens * 16 && row < rows) combined[t * rows + row] = f32_to_bf16_bits(sum);
   }
+}
+
+// A grouped GEMM's routing tile `tile` (launch_moe_routing's metadata): its expert, first sorted position and
+// routed tokens, and src_row[i] for its kRows rows, the input row of tile row i (-1 past its tokens): the
+// slot's token for the first GEMM (`gated`: x has a row per token), the sorted position for the second (h has
+// a row per slot). The kThreads threads of the CTA share src_row; the caller synchronizes before reading it.
+struct GroupedTile {
+  int expert, start, rows;
+};
+template <int kRows, int kThreads>
+__device__ __forceinline__ GroupedTile grouped_tile(const MoeRouting& r, int tile, bool gated, int64_t top_k,
+                                                    int* src_row) {
+  const GroupedTile t{r.tile_expert[tile], r.tile_start[tile], r.tile_rows[tile]};
+  for (int i = threadIdx.x; i < kRows; i += kThreads)
+    src_row[i] = i >= t.rows ? -1 : gated ? r.sorted_slots[t.start + i] / static_cast<int>(top_k) : t.start + i;
+  return t;
 }
 
 }  // namespace mx::cuda
