@@ -226,12 +226,6 @@ __device__ __forceinline__ void softmax_pv(RowState<DS>& st, float (&s)[NT][4], 
   }
 }
 
-__device__ __forceinline__ void key_range(const AttentionKernelParams& p, int64_t t, int* first, int* last) {
-  const int pos = p.kv.positions[t];
-  *last = pos;
-  *first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
-}
-
 template <int HD>
 __global__ void __launch_bounds__(32 * attention_prefill_warps(HD))
     attention_prefill_kernel(AttentionKernelParams p, int stages) {
@@ -280,7 +274,7 @@ __global__ void __launch_bounds__(32 * attention_prefill_warps(HD))
     if (threadIdx.x < kRows) {
       const int row = threadIdx.x, tl = row / group;
       int f = 1, l = 0;  // empty range: the row is not in this pass
-      if (row_valid(row) && tl >= start && tl < pass_end) key_range(p, t0 + tl, &f, &l);
+      if (row_valid(row) && tl >= start && tl < pass_end) attn_key_range(p, t0 + tl, &f, &l);
       row_first[row] = f;
       row_last[row] = l;
     }
@@ -371,7 +365,7 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
   cp_async_commit();
 
   int first, last;
-  key_range(p, t, &first, &last);
+  attn_key_range(p, t, &first, &last);
   const int seq = p.kv.token_seq[t];
   const int len = last - first + 1;
   const int chunk = ((len + splits - 1) / splits + T::kKeys - 1) / T::kKeys * T::kKeys;

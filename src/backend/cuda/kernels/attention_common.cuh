@@ -1,6 +1,6 @@
 // What the attention kernels share (attention.cu, attention_wgmma_parts.cuh, attention_wgmma_wide.cu): the end
-// of a softmax row (the optional learned sink and the final normalisation, in the exp2 domain), and the passes
-// of a prefill CTA's tokens.
+// of a softmax row (the optional learned sink and the final normalisation, in the exp2 domain), a token's key
+// range, and the passes of a prefill CTA's tokens.
 #pragma once
 
 #include <climits>
@@ -28,6 +28,13 @@ __device__ __forceinline__ float attention_final_factor(float m, float l, float 
   const float scale = exp2f(m - m_f);
   const float denom = l * scale + exp2f(sink_log2 - m_f);
   return denom > 0.f ? scale / denom : 0.f;
+}
+
+// Keys token t sees: [first, last] (causal, and the window's start when there is one).
+__device__ __forceinline__ void attn_key_range(const AttentionKernelParams& p, int64_t t, int* first, int* last) {
+  const int pos = p.kv.positions[t];
+  *last = pos;
+  *first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
 }
 
 // The pass of a prefill CTA's tokens that starts at token t0 + start: the tokens of its sequence (contiguous in

@@ -1,9 +1,9 @@
 // The pieces of the Hopper prefill attention kernels (attention_wgmma_ws.cu, attention_wgmma_window.cu) that
-// do not depend on who loads the tiles: the swizzled tile layout, a row's key range, the two wgmma GEMMs of
-// a 64-row warpgroup (waited for, Q in registers, for the ws kernel's in-turn loop; issued only, Q in shared
-// memory, for the overlapped one and the window kernel's in-turn loop), one tile's online softmax (whole, or
-// split around the previous tile's P V), the overlapped loop's steps (the ws kernel's 64-key shape), and
-// the final normalisation and store.
+// do not depend on who loads the tiles: the swizzled tile layout, the two wgmma GEMMs of a 64-row warpgroup
+// (waited for, Q in registers, for the ws kernel's in-turn loop; issued only, Q in shared memory, for the
+// overlapped one and the window kernel's in-turn loop), one tile's online softmax (whole, or split around the
+// previous tile's P V), the overlapped loop's steps (the ws kernel's 64-key shape), and the final
+// normalisation and store.
 //
 // Layouts (per warpgroup of 64 rows): a lane holds rows r0 = 16 w + lane / 4 and r1 = r0 + 8 of its warp w;
 // s[4j + e]: key k0 + 8j + 2q + (e & 1) of r0 (e < 2) or r1 (q = lane % 4); o[4j + e]: head dims
@@ -86,13 +86,6 @@ __device__ __forceinline__ uint64_t attn_desc_advance(uint64_t desc, uint32_t by
 enum AttnMaskSides : int { kMaskNone = 0, kMaskLeft = 1, kMaskRight = 2, kMaskBoth = 3 };
 __device__ __forceinline__ int attn_mask_sides(int k0, int kt, int fmax, int lmin) {
   return (k0 < fmax ? kMaskLeft : kMaskNone) | (k0 + kt - 1 > lmin ? kMaskRight : kMaskNone);
-}
-
-// Keys token t sees: [first, last] (causal, and the window's start when there is one).
-__device__ __forceinline__ void attn_key_range(const AttentionKernelParams& p, int64_t t, int* first, int* last) {
-  const int pos = p.kv.positions[t];
-  *last = pos;
-  *first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
 }
 
 // Q's A fragments of this warp's 16 rows (rows 16 * `warp_row0` / 16 ... of a [rows][64] swizzled tile).
