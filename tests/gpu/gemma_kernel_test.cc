@@ -540,9 +540,22 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                              (c.used > 0 ? " on experts 0.." + std::to_string(c.used - 1) : "") +
                              (prefill ? " (grouped)" : self_routed ? " (self-routed, fused combine)"
                                                                                    : " (8-token tiles)");
+    // The current kernel replayed from a CUDA graph (a fixed grid; the tile count is read on the device) gives
+    // the eager bits `eager`.
+    auto expect_graph_replay = [&](const std::string& test, const std::string& detail,
+                                   const std::vector<float>& eager) {
+      TensorView o_r = cuda_.make(DType::kBF16, {c.t, c.h});
+      auto graph = cuda_backend().capture(
+          [&] { return cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_r, c.k}); });
+      ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+      ASSERT_TRUE((*graph)->replay().is_ok());
+      const bool replayed = cuda_.download_f32(o_r) == eager;
+      record(test, detail + ", graph replay" + (replayed ? ": identical" : ": DIFFER"), replayed ? 0 : 1, 0, 0,
+             replayed);
+      EXPECT_TRUE(replayed) << detail;
+    };
     // 64-token tiles: the mma.sync kernel and (sm_90 only) the wgmma one, which also takes 128-token tiles and
-    // gives the same bits on both; each wgmma run replayed from a CUDA graph (a fixed grid; the tile count is
-    // read on the device) gives its eager bits.
+    // gives the same bits on both; each wgmma run replayed from a CUDA graph gives its eager bits.
     std::vector<float> wgmma_got;
     struct PrefillKernel {
       CudaBf16ExpertsPrefill kernel;
@@ -571,15 +584,7 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
       record("moe_geglu_experts wgmma", what + name + (same ? ": the wgmma bits" : ": DIFFERS from wgmma"), same ? 0 : 1,
              0, 0, same);
       EXPECT_TRUE(same);
-      TensorView o_r = cuda_.make(DType::kBF16, {c.t, c.h});
-      auto graph = cuda_backend().capture(
-          [&] { return cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_r, c.k}); });
-      ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
-      ASSERT_TRUE((*graph)->replay().is_ok());
-      const bool replayed = cuda_.download_f32(o_r) == got;
-      record("moe_geglu_experts wgmma", what + name + ", graph replay" + (replayed ? ": identical" : ": DIFFER"),
-             replayed ? 0 : 1, 0, 0, replayed);
-      EXPECT_TRUE(replayed);
+      expect_graph_replay("moe_geglu_experts wgmma", what + name, got);
     }
     // Both decode kernels on 8-token tiles; a token's row alone equals its row in the batch, bit for bit.
     for (const auto& [decode, name] : {std::pair{CudaBf16ExpertsDecode::kRegisterLoads, ", register loads"},
@@ -622,17 +627,8 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                                                  (same ? ": identical to bulk copies" : ": DIFFER"),
                same ? 0 : 1, 0, 0, same);
         EXPECT_TRUE(same) << tile_tokens << " " << ring_slots;
-        // Replayed from a CUDA graph (the grid is fixed; the tile count is read on the device): the eager bits.
-        TensorView o_r = cuda_.make(DType::kBF16, {c.t, c.h});
-        auto graph = cuda_backend().capture(
-            [&] { return cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_r, c.k}); });
-        ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
-        ASSERT_TRUE((*graph)->replay().is_ok());
-        const bool replayed = cuda_.download_f32(o_r) == got;
-        record("moe_geglu_experts streamed", what + ", " + std::to_string(tile_tokens) + "-token tiles, graph replay" +
-                                                 (replayed ? ": identical" : ": DIFFER"),
-               replayed ? 0 : 1, 0, 0, replayed);
-        EXPECT_TRUE(replayed) << tile_tokens;
+        expect_graph_replay("moe_geglu_experts streamed", what + ", " + std::to_string(tile_tokens) + "-token tiles",
+                            got);
         ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
       }
       if (self_routed && decode == CudaBf16ExpertsDecode::kBulkCopies) {  // routed before the PDL wait
