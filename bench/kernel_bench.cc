@@ -858,8 +858,10 @@ void bench_decode_pairs(const std::vector<int64_t>& batches) {
     const TensorView normed = make(DType::kBF16, {m, H}), qkv = make(DType::kBF16, {m, 5120});
     std::vector<float> zeros(static_cast<size_t>(m * H), 0.0f);
     CHECK_OK(g_b->copy_from_host(residual, zeros.data()));
-    RouterParams r{.x = normed, .bias = rbias, .logits = make(DType::kF32, {m, E}), .topk_ids = make(DType::kI32, {m, 4}),
-                   .topk_weights = make(DType::kF32, {m, 4}), .top_k = 4};
+    // The weight is set per timed call; no expert scale, no x scale (gpt-oss).
+    RouterParams r{.x = normed, .weight = {}, .bias = rbias, .logits = make(DType::kF32, {m, E}),
+                   .topk_ids = make(DType::kI32, {m, 4}), .topk_weights = make(DType::kF32, {m, 4}), .top_k = 4,
+                   .expert_scale = {}, .x_scale = {}};
     const std::string ms = " M=" + std::to_string(m);
     const double norm_bytes = m * H * (4.0 * 2 + 2.0 * 2), route_bytes = 2.0 * E * H;
     const double qkv_bytes = 2.0 * 5120 * H + 2.0 * m * 5120;
@@ -945,7 +947,8 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
     for (const int64_t m : batches) {
       const TensorView x = random_bf16({m, H}, 1.0f), logits = make(DType::kF32, {m, E});
       const TensorView ids = make(DType::kI32, {m, 4}), weights = make(DType::kF32, {m, 4});
-      RouterParams p{.x = x, .bias = bias, .logits = logits, .topk_ids = ids, .topk_weights = weights, .top_k = 4};
+      RouterParams p{.x = x, .weight = {}, .bias = bias, .logits = logits, .topk_ids = ids, .topk_weights = weights,
+                     .top_k = 4, .expert_scale = {}, .x_scale = {}};  // the weight: per timed call
       const double us = time_graph(40, [&](int i) {
         p.weight = w[i % copies];
         return g_b->router_topk(p);
@@ -961,7 +964,7 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
     AttnSetup a = make_attention(m, 1024, 1);
     const TensorView qkv = random_bf16({m, 80 * 64}, 1.0f);
     const QkvRopeParams p{.qkv = qkv, .q_out = a.q, .kv = a.kv.layer(0), .inv_freq = inv_freq, .n_q = 64, .n_kv = 8,
-                          .head_dim = 64};
+                          .head_dim = 64, .q_norm = {}, .k_norm = {}};
     const double us = time_graph(40, [&](int) { return g_b->qkv_rope(p, a.batch); });
     report("qkv_rope M=" + std::to_string(m), us, 2.0 * m * 80 * 64 * 2, 0);
     const TensorView residual = make(DType::kF32, {m, 2880}), delta = random_bf16({m, 2880}, 1.0f);
@@ -1011,7 +1014,7 @@ void bench_sampling(const std::vector<int64_t>& row_counts = {1, 8, 64}) {
       }
       TensorView params = make(DType::kU8, {R, static_cast<int64_t>(sizeof(SampleRowParams))});
       CHECK_OK(g_b->copy_from_host(params, rows.data()));
-      auto op = [&](int i) { return g_b->sample({logits[i % copies], params, tokens, logprobs}); };
+      auto op = [&](int i) { return g_b->sample({logits[i % copies], params, tokens, logprobs, {}, {}}); };
       CHECK_OK(op(0));  // sizes the scratch outside the graph
       const double us = time_graph(20, op);
       report("sample " + std::string(m.name) + " R=" + std::to_string(R), us, 4.0 * R * V, 0,

@@ -562,8 +562,8 @@ void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma
   TensorView f_c = cpu_.upload(DType::kF32, {half}, tables.inv_freq.data()),
              f_g = cuda_.upload(DType::kF32, {half}, tables.inv_freq.data());
   Bf16Data qn = random_bf16(rng_, hd, 1.0f), kn = random_bf16(rng_, hd, 1.0f);
-  QkvRopeParams rc{p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd};
-  QkvRopeParams rg{p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd};
+  QkvRopeParams rc{p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd, {}, {}};
+  QkvRopeParams rg{p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd, {}, {}};
   if (norms) {
     rc.q_norm = cpu_.upload(DType::kBF16, {hd}, qn.bits.data()), rc.k_norm = cpu_.upload(DType::kBF16, {hd}, kn.bits.data());
     rg.q_norm = cuda_.upload(DType::kBF16, {hd}, qn.bits.data()), rg.k_norm = cuda_.upload(DType::kBF16, {hd}, kn.bits.data());
@@ -604,9 +604,9 @@ TEST_F(KernelTest, RouterTopK) {
     TensorView w_c = cpu_.upload(DType::kBF16, {e, h}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {e, h}, w.bits.data());
     TensorView b_c = cpu_.upload(DType::kBF16, {e}, b.bits.data()), b_g = cuda_.upload(DType::kBF16, {e}, b.bits.data());
     RouterParams r_c{px.cpu, w_c, b_c, cpu_.make(DType::kF32, {t, e}), cpu_.make(DType::kI32, {t, k}),
-                     cpu_.make(DType::kF32, {t, k}), k};
+                     cpu_.make(DType::kF32, {t, k}), k, TensorView(), 0.0f, TensorView()};
     RouterParams r_g{px.cuda, w_g, b_g, cuda_.make(DType::kF32, {t, e}), cuda_.make(DType::kI32, {t, k}),
-                     cuda_.make(DType::kF32, {t, k}), k};
+                     cuda_.make(DType::kF32, {t, k}), k, TensorView(), 0.0f, TensorView()};
     ASSERT_TRUE(cpu_backend().router_topk(r_c).is_ok());
     ASSERT_TRUE(cuda_backend().router_topk(r_g).is_ok());
     const std::string what = std::to_string(t) + " tokens, hidden " + std::to_string(h) + ", " + std::to_string(e) +
@@ -651,7 +651,7 @@ TEST_F(KernelTest, AddRmsNormRoute) {
                out_p = cuda_.make(DType::kBF16, {t, h});
     auto route = [&](Arena& a, const TensorView& out, const TensorView& wt, const TensorView& bias) {
       return RouterParams{out, wt, bias, a.make(DType::kF32, {t, e}), a.make(DType::kI32, {t, k}),
-                          a.make(DType::kF32, {t, k}), k};
+                          a.make(DType::kF32, {t, k}), k, TensorView(), 0.0f, TensorView()};
     };
     const RouterParams r_c = route(cpu_, out_c, w_c, b_c), r_f = route(cuda_, out_f, w_g, b_g),
                        r_p = route(cuda_, out_p, w_g, b_g);

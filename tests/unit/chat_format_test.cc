@@ -4,6 +4,10 @@
 // HarmonyStreamParser itself.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "chat/chat_formats.h"
 #include "chat/harmony/harmony_format.h"
 #include "chat/harmony/harmony_parser.h"
@@ -23,14 +27,22 @@ const ChatTokenizer& harmony_chat() {
   return chat;
 }
 
+// A message with text only (no reasoning, tool calls or tool names).
+ChatMessage text_message(ChatRole role, std::string content) {
+  ChatMessage m;
+  m.role = role;
+  m.content = std::move(content);
+  return m;
+}
+
 std::vector<ChatMessage> tool_turn_messages() {
   ChatMessage assistant{ChatRole::kAssistant, "", "Need the tool.", {{"call_1", "get_weather", R"({"city":"Paris"})"}}, "", ""};
-  return {{ChatRole::kSystem, "Be brief."},
-          {ChatRole::kDeveloper, "Answer in French."},
-          {ChatRole::kUser, "Weather in Paris?"},
+  return {text_message(ChatRole::kSystem, "Be brief."),
+          text_message(ChatRole::kDeveloper, "Answer in French."),
+          text_message(ChatRole::kUser, "Weather in Paris?"),
           assistant,
           {ChatRole::kTool, "sunny", "", {}, "call_1", "get_weather"},
-          {ChatRole::kUser, "Thanks"}};
+          text_message(ChatRole::kUser, "Thanks")};
 }
 
 TEST(ChatFormat, HarmonyRendersTheOpenAiMapping) {

@@ -184,7 +184,7 @@ TEST(CpuGemmaOps, RouterWithoutBiasWithExpertScale) {
                  TensorView(const_cast<uint16_t*>(w.data()), DType::kBF16, {E, H}), TensorView(),
                  TensorView(logits.data(), DType::kF32, {T, E}), TensorView(topk.data(), DType::kI32, {T, K}),
                  TensorView(weights.data(), DType::kF32, {T, K}), K,
-                 TensorView(const_cast<uint16_t*>(scale.data()), DType::kBF16, {E})};
+                 TensorView(const_cast<uint16_t*>(scale.data()), DType::kBF16, {E}), 0.0f, TensorView()};
   ASSERT_TRUE(backend->router_topk(p).is_ok());
   EXPECT_EQ(topk, (std::vector<int32_t>{2, 0}));
   const double p2 = 1 / (1 + std::exp(-1.0));  // softmax over the two picked logits 2 and 1
@@ -208,10 +208,10 @@ TEST(CpuGemmaOps, RouterFusedNormMatchesUnitNormThenRouter) {
   const TensorView wv(const_cast<float*>(w.data()), DType::kF32, {E, H});
   RouterParams ref{TensorView(normed.data(), DType::kF32, {T, H}), wv, TensorView(),
                    TensorView(ref_logits.data(), DType::kF32, {T, E}), TensorView(ref_topk.data(), DType::kI32, {T, K}),
-                   TensorView(ref_weights.data(), DType::kF32, {T, K}), K, TensorView(), 0.0f};
+                   TensorView(ref_weights.data(), DType::kF32, {T, K}), K, TensorView(), 0.0f, TensorView()};
   RouterParams fused{TensorView(const_cast<float*>(x.data()), DType::kF32, {T, H}), wv, TensorView(),
                      TensorView(logits.data(), DType::kF32, {T, E}), TensorView(topk.data(), DType::kI32, {T, K}),
-                     TensorView(weights.data(), DType::kF32, {T, K}), K, TensorView(), eps};
+                     TensorView(weights.data(), DType::kF32, {T, K}), K, TensorView(), eps, TensorView()};
   ASSERT_TRUE(backend->router_topk(ref).is_ok());
   ASSERT_TRUE(backend->router_topk(fused).is_ok());
   EXPECT_EQ(logits, ref_logits);
