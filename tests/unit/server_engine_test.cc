@@ -657,7 +657,9 @@ TEST(ServerEngine, ToolChoiceRequiredAndNamedCallAToolWithValidArguments) {
     for (const Json& c : r["choices"]) {
       ++calls;
       ASSERT_EQ(c["finish_reason"], "tool_calls") << c;  // never a final answer, never cut off
-      if (!budget.empty()) EXPECT_LE(str_or_empty(c["message"]["reasoning"]).size(), 4u * 64) << c;
+      if (!budget.empty()) {
+        EXPECT_LE(str_or_empty(c["message"]["reasoning"]).size(), 4u * 64) << c;
+      }
       const Json& call = c["message"]["tool_calls"][0]["function"];
       const Json args = Json::parse(call["arguments"].get<std::string>(), nullptr, false);
       ASSERT_TRUE(args.is_object()) << call;
