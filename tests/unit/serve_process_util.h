@@ -2,8 +2,10 @@
 // on a free port, and a raw HTTP client that sends exact bytes and reads whole responses (chunked too).
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +33,18 @@ struct HttpReply {
 
 // How much slower this build runs than a plain one (sanitizers): client timeouts and waits are scaled by it.
 inline constexpr int kTestTimeScale = MX_TEST_TIME_SCALE;
+
+// Polls `pred` every 5 ms for up to `limit` (scaled by kTestTimeScale); returns whether it came true.
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
+  limit *= kTestTimeScale;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
 
 class RawClient {
  public:

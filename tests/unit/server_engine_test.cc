@@ -46,17 +46,6 @@ std::string forced_json() {
       .dump();
 }
 
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 5000ms) {
-  limit *= kTestTimeScale;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
-
 // The demo model and tokenizer, made once per build tree and loaded once per process.
 struct DemoModel {
   std::unique_ptr<Backend> backend;

@@ -30,18 +30,6 @@ void expect_error_envelope(const HttpReply& r, int status, const std::string& ty
   EXPECT_TRUE(j["error"].contains("code"));
 }
 
-// Waits for `pred` up to `limit`; returns whether it came true.
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 3000ms) {
-  limit *= kTestTimeScale;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
-
 TEST(ServerHttp, KeepAliveServesManyRequestsOnOneConnection) {
   TestServer server;
   RawClient client(server.port());
