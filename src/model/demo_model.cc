@@ -53,7 +53,9 @@ void remove_abandoned_temp_dirs(const fs::path& target) {
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running (or not ours to judge)
     std::error_code remove_ec;
     fs::remove_all(entry.path(), remove_ec);
-    if (!remove_ec) MX_LOG(Info) << "removed " << entry.path().string() << ", left by a writer that did not finish";
+    if (!remove_ec) {
+      MX_LOG(Info) << "removed " << entry.path().string() << ", left by a writer that did not finish";
+    }
   }
 }
 

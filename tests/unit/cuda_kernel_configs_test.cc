@@ -218,7 +218,9 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapClusterConfig) {
           EXPECT_LE(cc.stages, 4);
           EXPECT_TRUE(fits(d, cc.smem_bytes, cc.stages)) << d.name << " smem " << cc.smem_bytes;
           EXPECT_EQ(cc.smem_bytes, 8 * hd * 2 + 4096 + cc.stages * (shared ? 1 : 2) * 16 * hd * 2);
-          if (d.sm_major == 9) EXPECT_EQ(cc.stages, hd == 512 && !shared ? c.stages : 4);
+          if (d.sm_major == 9) {
+            EXPECT_EQ(cc.stages, hd == 512 && !shared ? c.stages : 4);
+          }
         }
   // kAuto takes it where measured (an H200) while its CTAs are at most ~4 per SM: Gemma's sliding layers (8 kv
   // heads) up to 4 tokens, head dim 512 with V aliasing K (2 kv heads) up to 16; with V beside K (Gemma's full
@@ -308,15 +310,18 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
         EXPECT_LE(c.k_splits, kSkinnyLinearMaxKSplits);
         EXPECT_GE(c.k_splits * c.chunks_per_split, chunks);
         EXPECT_LT((c.k_splits - 1) * c.chunks_per_split, chunks);
-        if (c.k_splits > 1) EXPECT_LE((n + 15) / 16, kSkinnyLinearMaxSplitStrips);
+        if (c.k_splits > 1) {
+          EXPECT_LE((n + 15) / 16, kSkinnyLinearMaxSplitStrips);
+        }
         // The same split and strips at every batch size: a token's sums do not depend on the batch.
         EXPECT_EQ(c.k_splits, choose_skinny_linear_config(d, 1, n, k).k_splits);
         EXPECT_EQ(c.strip_rows, choose_skinny_linear_config(d, 1, n, k).strip_rows);
         // Strips of 8 to 16 rows; fewer than 16 only where their CTAs fit one wave.
         EXPECT_GE(c.strip_rows, 8);
         EXPECT_LE(c.strip_rows, 16);
-        if (c.strip_rows < 16)
+        if (c.strip_rows < 16) {
           EXPECT_LE((n + c.strip_rows - 1) / c.strip_rows, static_cast<int64_t>(d.sm_count) * kSkinnyLinearCtasPerSm);
+        }
       }
   // No k split unless forced; a forced one covers k and is capped.
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 5120, 2880).k_splits, 1);
@@ -365,7 +370,9 @@ TEST(CudaKernelConfigs, MoeFusedFitsEveryChipAndSplitsByKAlone) {
         EXPECT_EQ(c.smem_bytes, (c.k_split - 1) * 4 * 32 * 4);
         EXPECT_TRUE(c.pdl) << d.name;  // every chip we target is SM90+
         // Warps get about k_tiles_per_warp tiles each unless the split is capped.
-        if (c.k_split < kMoeFusedMaxKSplit) EXPECT_LE((k / 64 + c.k_split - 1) / c.k_split, c.k_tiles_per_warp);
+        if (c.k_split < kMoeFusedMaxKSplit) {
+          EXPECT_LE((k / 64 + c.k_split - 1) / c.k_split, c.k_tiles_per_warp);
+        }
       }
   // gpt-oss (k = 2880, 45 tiles): the same split on every chip and for every batch (no batch input).
   for (const DeviceInfo& d : chips()) EXPECT_EQ(choose_moe_fused_config(d, 2880).k_split, 4) << d.name;

@@ -632,7 +632,9 @@ TEST(Eagle3Drafter, ChainGraphsDraftWhatTheEagerChainDrafts) {
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();
     EXPECT_TRUE((*d)->attach_pool(Eagle3DraftPool{16, 4}).is_ok());
     const std::vector<int64_t> buckets = {1, 2, 4};
-    if (graph_pages > 0) EXPECT_TRUE((*d)->enable_chain_graphs(buckets, graph_pages).is_ok());
+    if (graph_pages > 0) {
+      EXPECT_TRUE((*d)->enable_chain_graphs(buckets, graph_pages).is_ok());
+    }
     return std::move(*d);
   };
   auto eager = make(0), graphed = make(3), wide = make(20000);

@@ -236,8 +236,11 @@ TEST(EngineSpeculative, AcceptAllAppendsTheDraftsWhateverTheTargetSamples) {
   const auto& out = r.outputs[0].token_ids;
   ASSERT_EQ(out.size(), 21u);
   // Token 0 comes from the prefill; every verify step after it keeps its 3 drafts and the bonus sample.
-  for (size_t i = 1; i < out.size(); ++i)
-    if (i % 4 != 0) EXPECT_EQ(out[i], script[i]) << i;
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (i % 4 != 0) {
+      EXPECT_EQ(out[i], script[i]) << i;
+    }
+  }
   EXPECT_EQ(r.stats.scheduler.spec_accepted_tokens, r.stats.scheduler.spec_draft_tokens);
   EXPECT_EQ(r.stats.pages_used, 0);
   EngineConfig bad = spec_config(3);
