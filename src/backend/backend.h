@@ -322,7 +322,8 @@ class Backend {
   virtual Status moe_experts(const MoeParams& p) = 0;
   // moe_experts(p), then add_rms_norm(residual, p.out, weight, eps, out): gpt-oss's experts and the norm after them
   // (the next layer's input norm), one op so that a backend may join them at the combine (p.out need not then be
-  // written). CUDA runs the two ops (the joined form: docs/PERF.md, session 16).
+  // written). CUDA's decode joins them at <= 32 routed slots: the second expert GEMM leaves the experts' rows and the
+  // norm's kernel sums them.
   virtual Status moe_experts_add_rms_norm(const MoeParams& p, TensorView residual, const TensorView& weight, float eps,
                                           TensorView out) {
     MX_RETURN_IF_ERROR(moe_experts(p));

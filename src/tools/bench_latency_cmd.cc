@@ -96,6 +96,10 @@ const std::vector<CliOption> kCommandOptions = {
      "output channels per CTA of the dense linears' decode kernel on CUDA (skinny_linear.cu): auto (default) or 8 "
      "to 16; several, comma-separated: every batch once per value, each on an engine of its own over the one "
      "loaded model (as --bf16-experts-decode)"},
+    {"moe-decode-combine", true,
+     "where gpt-oss's experts are summed at decode on CUDA (<= 32 routed slots): auto (default: in the next norm's "
+     "kernel) or gemm (in the second expert GEMM, then the norm: the two ops); several, comma-separated: compared "
+     "as --bf16-experts-decode"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -163,12 +167,27 @@ Status choose_skinny_strip_rows(Backend& backend, const std::string& value) {
 #endif
 }
 
-// One value of a kernel flag whose values bench latency compares (--bf16-experts-decode, --skinny-strip-rows).
+// --moe-decode-combine: where a CUDA backend's self-routed MoE decode sums the experts' rows (before the graphs).
+Status choose_moe_decode_combine(Backend& backend, const std::string& name) {
+  if (name != "auto" && name != "gemm") return invalid_argument("--moe-decode-combine must be auto or gemm, got " + name);
+#ifdef MX_HAVE_CUDA
+  CudaMoeOptions moe;
+  moe.decode_combine_in_norm = name == "auto";
+  return set_cuda_moe_options(backend, moe);
+#else
+  (void)backend;
+  return invalid_argument("--moe-decode-combine " + name + ": this build has no CUDA backend");
+#endif
+}
+
+// One value of a kernel flag whose values bench latency compares (--bf16-experts-decode, --skinny-strip-rows,
+// --moe-decode-combine).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
-    return flag == "bf16-experts-decode" ? choose_bf16_experts_decode(backend, value)
-                                         : choose_skinny_strip_rows(backend, value);
+    if (flag == "bf16-experts-decode") return choose_bf16_experts_decode(backend, value);
+    if (flag == "moe-decode-combine") return choose_moe_decode_combine(backend, value);
+    return choose_skinny_strip_rows(backend, value);
   }
 };
 
@@ -659,11 +678,11 @@ Status run(const CliArgs& args) {
     if (tp > 1) return invalid_argument("--decode-attention sets one backend's kernel: not with --tensor-parallel-size");
     MX_RETURN_IF_ERROR(choose_decode_attention(*inner, args.get("decode-attention")));
   }
-  // --bf16-experts-decode, --skinny-strip-rows: one kernel choice each, or several values of one flag compared (an
+  // --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine: one kernel choice each, or several values of one flag compared (an
   // engine each, below): those come first in kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
-  for (const char* flag : {"bf16-experts-decode", "skinny-strip-rows"}) {
+  for (const char* flag : {"bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

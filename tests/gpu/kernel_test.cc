@@ -945,7 +945,8 @@ TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
 }
 
 // The experts and the norm after them in one op: bit for bit the two ops on CUDA (moe_experts, then add_rms_norm of
-// its out), and the CPU twin.
+// its out; at most 32 routed slots the second decode GEMM leaves its rows and the norm's kernel sums them), and the
+// CPU twin.
 // 20b's layer at one token; 32 experts at 8 tokens (32 slots) with a narrow intermediate (the CPU twin's time);
 // 9 tokens at top-4 (36 slots): past the self-routed decode, the two ops.
 TEST_F(KernelTest, MoeExpertsAddRmsNorm) {

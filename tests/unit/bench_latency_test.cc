@@ -61,6 +61,9 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   const auto strips = test::run_mxserve("bench latency --preset tiny --backend cpu --skinny-strip-rows 7,16");
   EXPECT_EQ(strips.exit_code, 1);
   EXPECT_NE(strips.stderr_text.find("--skinny-strip-rows must be auto or 8 to 16"), std::string::npos);
+  const auto combine = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm");
+  EXPECT_EQ(combine.exit_code, 1);
+  EXPECT_NE(combine.stderr_text.find("--moe-decode-combine must be auto or gemm"), std::string::npos);
   const auto two = test::run_mxserve(
       "bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto");
   EXPECT_EQ(two.exit_code, 1);

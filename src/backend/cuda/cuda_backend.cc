@@ -934,6 +934,31 @@ class CudaBackend final : public Backend {
            use_fused_moe_decode(slots);
   }
 
+  // Where moe_experts would run the self-routed decode GEMMs, whose second GEMM combines the experts' rows, that
+  // GEMM leaves the rows and the norm's kernel sums them (norm_embed.cu): the combine's fences, ticket and the
+  // strip's reads through L2 leave the second GEMM's critical path.
+  Status moe_experts_add_rms_norm(const MoeParams& p, TensorView residual, const TensorView& weight, float eps,
+                                  TensorView out) override {
+    const ExpertWeights& w = *p.experts;
+    const int64_t slots = p.topk_ids.numel();
+    const bool all_experts = (p.routed_experts == 0 || p.routed_experts == w.num_experts) && p.first_expert == 0;
+    if (w.layout == ExpertLayout::kMxfp4SwapAb && all_experts && slots > 0 && use_fused_moe_routing(slots) &&
+        options_.moe.decode_only_gemm == 0 && options_.moe.decode_combine_in_norm &&
+        moe_takes_decode_gemms(slots, w.num_experts)) {
+      expect(p.x, DType::kBF16, "moe x");
+      MX_RETURN_IF_ERROR(moe_experts_decode(p, /*leave_rows=*/true));
+      MoeCombineNormParams m;
+      m.y = ptr_of<const uint16_t>(scratch_.moe_y);
+      m.topk_ids = ptr<const int32_t>(p.topk_ids);
+      m.slots = static_cast<int>(slots);
+      m.experts = static_cast<int>(w.num_experts);
+      m.top_k = static_cast<int>(p.top_k);
+      return launch_moe_combine_add_rms_norm(add_rms_norm_params(residual, p.out, weight, eps, out), m, stream_.get());
+    }
+    MX_RETURN_IF_ERROR(moe_experts(p));
+    return add_rms_norm(residual, p.out, weight, eps, out);
+  }
+
   // Many tokens per expert on Hopper (moe_wgmma.cu): routing, x permuted into the wgmma k order (in the y
   // scratch, free until the second GEMM), the two GEMMs (h in the permuted order between them), combine.
   // Expert parallel: this backend holds experts [first, first + E) of the router's. Slots routed elsewhere go
@@ -992,8 +1017,9 @@ class CudaBackend final : public Backend {
   }
 
   // Decode (moe_decode.cu): up to 32 routed tokens two launches (each CTA routes itself, the combine is in
-  // the second GEMM); more tokens add the routing kernel before and the combine kernel after.
-  Status moe_experts_decode(const MoeParams& p) {
+  // the second GEMM, unless `leave_rows`: then the experts' rows stay in moe_y for the caller); more tokens add the
+  // routing kernel before and the combine kernel after.
+  Status moe_experts_decode(const MoeParams& p, bool leave_rows = false) {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k;
@@ -1028,7 +1054,7 @@ class CudaBackend final : public Backend {
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
     f2.g = expert_gemm(p, r, /*first=*/false);
-    if (self_routed) {
+    if (self_routed && !leave_rows) {
       f2.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       f2.combined = ptr<uint16_t>(p.out);
     }

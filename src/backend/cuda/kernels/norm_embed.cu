@@ -3,6 +3,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/moe_route_tile.cuh"
+#include "backend/cuda/kernels/norm_fusion_kernels.h"
 #include "backend/cuda/kernels/row_norm.cuh"
 
 namespace mx::cuda {
@@ -29,6 +31,34 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) 
   pdl_wait();  // launched as a programmatic dependent: x / residual / delta come from earlier kernels
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   rms_norm_row<Res>(p, blockIdx.x, scratch);
+}
+
+// Row t: the token's k rows of y summed in router order (fp32, rounded to bf16) as the delta of rms_norm_row.
+template <typename Res>
+__global__ void __launch_bounds__(kRowThreads) moe_combine_rms_norm_kernel(RmsNormParams p, MoeCombineNormParams m) {
+  __shared__ float scratch[kRowThreads / 32];
+  __shared__ int pos[kMoeFusedMaxSlots];  // the token's slots' rows of y
+  pdl_wait();  // launched as a programmatic dependent: y, the ids and the residual come from earlier kernels
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < 32) {  // the decode GEMMs' sorted order, as their CTAs computed it
+    const TileRoute rt = route_tile(m.topk_ids, m.slots, m.experts, 0);
+    const int lane = static_cast<int>(threadIdx.x);
+    if (lane >= t * m.top_k && lane < (t + 1) * m.top_k) pos[lane - t * m.top_k] = rt.pos;
+  }
+  __syncthreads();
+  const int64_t h = p.hidden;
+  rms_norm_row<Res>(p, t, scratch, [&](int64_t i, float(&d)[8]) {
+    float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < m.top_k; ++j) {
+      float y[8];
+      load8(m.y + pos[j] * h, i, y);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum[e] += y[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d[e] = bf16_bits_to_f32(f32_to_bf16_bits(sum[e]));
+  });
 }
 
 __global__ void gather_rows_kernel(GatherRowsParams p) {
@@ -75,6 +105,17 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
                        "rms_norm_kernel");
   }
   return launch_status("rms_norm_kernel");
+}
+
+Status launch_moe_combine_add_rms_norm(const RmsNormParams& p, const MoeCombineNormParams& m, cudaStream_t stream) {
+  if (p.hidden % 8 != 0 || p.hidden > 8 * kRowThreads * kMaxChunks || p.residual == nullptr)
+    return unimplemented("moe_combine_add_rms_norm: a residual of hidden size a multiple of 8 and at most 8192");
+  if (m.slots > kMoeFusedMaxSlots || m.top_k < 1 || m.slots != p.rows * m.top_k)
+    return internal_error("moe_combine_add_rms_norm: the self-routed decode's slots (<= 32, rows * top_k)");
+  if (p.rows == 0) return Status::ok();
+  auto kernel = p.residual_f32 ? moe_combine_rms_norm_kernel<float> : moe_combine_rms_norm_kernel<uint16_t>;
+  return cuda_status(launch_pdl(kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kRowThreads), 0, stream, p, m),
+                     "moe_combine_rms_norm_kernel");
 }
 
 Status launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
