@@ -84,7 +84,11 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
   for (int i = 0; i < kDepth; ++i)
     if (i < n) load_weights(i, i);
   stage();
-  if constexpr (!kGated) pdl_wait();  // h comes from the first GEMM
+  if constexpr (!kGated) {
+    pdl_wait();  // h comes from the first GEMM
+    // Only after the wait: the norm after the experts routes before its own wait (moe_combine_rms_norm_kernel).
+    pdl_launch_dependents();
+  }
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i)
     if (i < n) load_acts(i, i);

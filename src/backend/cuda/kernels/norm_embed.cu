@@ -38,14 +38,16 @@ template <typename Res>
 __global__ void __launch_bounds__(kRowThreads) moe_combine_rms_norm_kernel(RmsNormParams p, MoeCombineNormParams m) {
   __shared__ float scratch[kRowThreads / 32];
   __shared__ int pos[kMoeFusedMaxSlots];  // the token's slots' rows of y
-  pdl_wait();  // launched as a programmatic dependent: y, the ids and the residual come from earlier kernels
-  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t t = blockIdx.x;
+  // The ids before the wait: the router wrote them before the first GEMM passed its wait, and the second GEMM lets
+  // this kernel start only after its own.
   if (threadIdx.x < 32) {  // the decode GEMMs' sorted order, as their CTAs computed it
     const TileRoute rt = route_tile(m.topk_ids, m.slots, m.experts, 0);
     const int lane = static_cast<int>(threadIdx.x);
     if (lane >= t * m.top_k && lane < (t + 1) * m.top_k) pos[lane - t * m.top_k] = rt.pos;
   }
+  pdl_wait();  // launched as a programmatic dependent: y and the residual come from earlier kernels
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   __syncthreads();
   const int64_t h = p.hidden;
   rms_norm_row<Res>(p, t, scratch, [&](int64_t i, float(&d)[8]) {
