@@ -85,9 +85,10 @@ const std::vector<CliOption> kCommandOptions = {
      "upload every step's page tables at full width (max-model-len / page-size columns) as before 2026-11-28, not "
      "only the columns the step uses: the before of that change"},
     {"decode-attention", true,
-     "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), swap-ab (attention_decode_swap.cu) or "
-     "swap-ab-cluster (the same, a token's splits as one CTA cluster: head dims 256/512): the kernels' comparison end "
-     "to end"},
+     "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), mma-sync-merge (the same with its "
+     "splits through the merge kernel, never as CTA clusters), swap-ab (attention_decode_swap.cu) or swap-ab-cluster "
+     "(the same, a token's splits as one CTA cluster: head dims 256/512); several, comma-separated: compared as "
+     "--bf16-experts-decode"},
     {"bf16-experts-decode", true,
      "Gemma-4's bf16 experts at decode on CUDA: auto (default), register-loads, bulk-copies, streamed or fused (a "
      "step of <= 32 routed slots as one persistent launch); several, comma-separated: every batch once per kernel, "
@@ -122,9 +123,12 @@ Status choose_decode_attention(Backend& backend, const std::string& name) {
 #ifdef MX_HAVE_CUDA
   CudaAttentionDecode decode = CudaAttentionDecode::kAuto;
   if (name == "mma-sync") decode = CudaAttentionDecode::kMmaSync;
+  else if (name == "mma-sync-merge") decode = CudaAttentionDecode::kMmaSyncMerge;
   else if (name == "swap-ab") decode = CudaAttentionDecode::kSwapAb;
   else if (name == "swap-ab-cluster") decode = CudaAttentionDecode::kSwapAbCluster;
-  else if (name != "auto") return invalid_argument("--decode-attention must be auto, mma-sync, swap-ab or swap-ab-cluster, got " + name);
+  else if (name != "auto")
+    return invalid_argument("--decode-attention must be auto, mma-sync, mma-sync-merge, swap-ab or swap-ab-cluster, got " +
+                            name);
   return set_cuda_attention_options(backend, {CudaAttentionPath::kAuto, decode});
 #else
   (void)backend;
@@ -180,11 +184,12 @@ Status choose_moe_decode_combine(Backend& backend, const std::string& name) {
 #endif
 }
 
-// One value of a kernel flag whose values bench latency compares (--bf16-experts-decode, --skinny-strip-rows,
-// --moe-decode-combine).
+// One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
+// --skinny-strip-rows, --moe-decode-combine).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
+    if (flag == "decode-attention") return choose_decode_attention(backend, value);
     if (flag == "bf16-experts-decode") return choose_bf16_experts_decode(backend, value);
     if (flag == "moe-decode-combine") return choose_moe_decode_combine(backend, value);
     return choose_skinny_strip_rows(backend, value);
@@ -674,15 +679,11 @@ Status run(const CliArgs& args) {
     return invalid_argument("--tensor-parallel-size needs --model: every rank loads its share from the directory "
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
-  if (args.has("decode-attention")) {
-    if (tp > 1) return invalid_argument("--decode-attention sets one backend's kernel: not with --tensor-parallel-size");
-    MX_RETURN_IF_ERROR(choose_decode_attention(*inner, args.get("decode-attention")));
-  }
-  // --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine: one kernel choice each, or several values of one flag compared (an
+  // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine: one kernel choice each, or several values of one flag compared (an
   // engine each, below): those come first in kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
-  for (const char* flag : {"bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine"}) {
+  for (const char* flag : {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

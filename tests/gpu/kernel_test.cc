@@ -501,7 +501,12 @@ TEST_F(KernelTest, AttentionDecode) {
       {"hd64 g8 window 128, verify rows across the window edge, page 4", 16, 2, 64, 128, 4, {{126, 4}, {3000, 8}, {0, 2}}},
       {"hd32 g2 full, verify 3 rows, odd page 5", 6, 3, 32, 0, 5, {{3000, 3}, {1, 2}}},
   };
-  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c);
+  for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, "", /*replay=*/&c == &cases[0]);
+  // Head dim 64 on sm_90+ merges 2-16 splits in a CTA cluster: the splits through the merge kernel too.
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kAuto, CudaAttentionDecode::kMmaSyncMerge})
+                  .is_ok());
+  for (size_t i : {0, 1, 6}) run_attention(cpu_, cuda_, rng_, cases[i], " (merge kernel)");
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
 // The kernel spreads (head, run of 4 pairs) work over CTAs of 128 threads: head counts that do not fill the last

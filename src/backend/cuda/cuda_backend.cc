@@ -486,8 +486,9 @@ class CudaBackend final : public Backend {
         }
         return launch_attention_decode_swap(a, c, stream_.get());
       }
-      const AttentionDecodeConfig dc =
+      AttentionDecodeConfig dc =
           choose_attention_decode_config(dev_, p.head_dim, batch.num_tokens, p.n_kv, head_blocks, max_keys);
+      if (decode == CudaAttentionDecode::kMmaSyncMerge) dc.clusters = false;
       if (!fits(dev_, dc.smem_bytes, dc.stages)) return internal_error("attention decode config does not fit");
       if (dc.num_splits > 1) {
         const int64_t need = batch.num_tokens * p.n_q * dc.num_splits * (p.head_dim + 2) * 4;

@@ -111,12 +111,14 @@ AttentionWindowWgmmaConfig choose_attention_window_wgmma_config(const DeviceInfo
 
 // Decode attention: one CTA per (token, kv head, head block, KV split); the warps split each key tile
 // into attention_decode_key_groups groups, merged through shared memory that aliases the K/V ring.
+constexpr int kAttentionDecodeMaxClusterSplits = 16;  // a non-portable cluster size on sm_90
 struct AttentionDecodeConfig {
   int threads = 0;
   int keys_per_tile = 0;
   int stages = 0;
-  int num_splits = 0;       // KV splits per (token, head); > 1 adds the merge kernel
+  int num_splits = 0;       // KV splits per (token, head); > 1 adds the merge kernel, unless `clusters`
   int64_t smem_bytes = 0;
+  bool clusters = false;    // head dim 64, 2-16 splits, sm_90+: the splits as one CTA cluster, merged in it
 };
 // `max_keys`: the most keys a query can see (window, or the page table's capacity): a static bound, so
 // the split count is the same for every replay of a captured graph.

@@ -11,7 +11,8 @@
 // are contiguous in a BatchView), masking the rows of the others.
 // Decode: one CTA per (token, kv head, block of 16 heads, KV split); its warps split every key tile into
 // key groups (each group with all d slices), whose states merge through shared memory; with several
-// splits a merge kernel combines them.
+// splits a merge kernel combines them, or (head dim 64, 2-16 splits, sm_90+) the splits of a (token, kv head) run
+// as one CTA cluster and merge through distributed shared memory in the merge kernel's order and arithmetic.
 // The sink (optional) enters once, at the very end (attention_common.cuh).
 // K/V tiles: [keys][head_dim] bf16 in shared memory, 16-byte chunks XOR-swizzled by row so that ldmatrix
 // reads of 8 rows hit 8 different bank groups.
@@ -21,6 +22,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/attention_common.cuh"
+#include "backend/cuda/kernels/cluster.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 
@@ -330,7 +332,52 @@ __global__ void __launch_bounds__(32 * attention_prefill_warps(HD))
   }
 }
 
-template <int HD>
+// The clustered decode's merge: this CTA's share of the 16 x HD (row, head dim) pairs, each combined over the
+// cluster's splits (rank s = split s) exactly as attention_merge_kernel combines the partials; `cst` holds each CTA's
+// split state ([16 rows][HD + 2]: o, then m and l). Rows from `rows` on are not heads of this block.
+template <int HD, int kMaxSplits>
+__device__ __forceinline__ void cluster_merge_splits(const AttentionKernelParams& p, float* cst, int splits, int64_t t,
+                                                     int head0, int rows) {
+  constexpr int kStride = HD + 2, kPairs = 16 * HD;
+  cluster_arrive_release();  // every split's state written
+  cluster_wait_acquire();
+  const int rank = static_cast<int>(cluster_cta_rank()), share = (kPairs + splits - 1) / splits;
+  const int end = min(kPairs, (rank + 1) * share);
+  for (int idx = rank * share + static_cast<int>(threadIdx.x); idx < end; idx += blockDim.x) {
+    const int row = idx / HD, d = idx % HD;
+    if (row >= rows) continue;
+    float sm[kMaxSplits], sl[kMaxSplits], so[kMaxSplits];  // every split's loads in flight at once
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) break;
+      sm[s] = load_from_cluster_rank(cst + row * kStride + HD, static_cast<unsigned>(s));
+      sl[s] = load_from_cluster_rank(cst + row * kStride + HD + 1, static_cast<unsigned>(s));
+      so[s] = load_from_cluster_rank(cst + row * kStride + d, static_cast<unsigned>(s));
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      if (s < splits) m = fmaxf(m, sm[s]);
+    const float base = m == -INFINITY ? 0.f : m;
+    float l = 0.f, o = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits || sm[s] == -INFINITY) continue;  // past the splits, or a split that saw no key
+      const float c = exp2f(sm[s] - base);
+      l += sl[s] * c;
+      o += so[s] * c;
+    }
+    const int head = head0 + row;
+    p.out[(t * p.n_q + head) * HD + d] =
+        f32_to_bf16_bits(o * attention_final_factor(m, l, attention_sink_log2(p.sinks, head)));
+  }
+  cluster_arrive_relaxed();  // no CTA leaves while another reads its state
+  cluster_wait_acquire();
+}
+
+// `kCluster`: the grid's splits are one CTA cluster per (token, kv head, head block) (cluster rank = split);
+// each CTA leaves its split's state in `cst` and merges a 1/splits share of the (row, head dim) pairs of all splits.
+template <int HD, bool kCluster = false>
 __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
     attention_decode_kernel(AttentionKernelParams p, int stages, int splits) {
   using T = Tile<HD>;
@@ -342,6 +389,7 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
   float* xbuf = reinterpret_cast<float*>(sq + 16 * HD);   // [warps][kNt * 4][32] partial scores
   uint16_t* skv = reinterpret_cast<uint16_t*>(xbuf + kExchangeFloats);  // stages x {K, V} [kKeys][HD]
   float* merge = reinterpret_cast<float*>(skv);  // after the last tile: [kGroups][16 rows][HD + 2]
+  __shared__ float cst[kCluster ? 16 * (HD + 2) : 1];  // kCluster: this split's state, [16 rows][HD + 2]
 
   const int group = static_cast<int>(p.n_q / p.n_kv);
   const int head_blocks = (group + 15) / 16;
@@ -440,7 +488,13 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
       o += wr[d] * c;
     }
     const int head = row_head(row);
-    if (splits == 1) {
+    if constexpr (kCluster) {
+      cst[row * kStride + d] = o;
+      if (d == 0) {
+        cst[row * kStride + HD] = m;
+        cst[row * kStride + HD + 1] = l;
+      }
+    } else if (splits == 1) {
       p.out[(t * p.n_q + head) * HD + d] =
           f32_to_bf16_bits(o * attention_final_factor(m, l, attention_sink_log2(p.sinks, head)));
     } else {
@@ -452,6 +506,8 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
       }
     }
   }
+  if constexpr (kCluster)
+    cluster_merge_splits<HD, kAttentionDecodeMaxClusterSplits>(p, cst, splits, t, g * group + hb * 16, group - hb * 16);
 }
 
 // Combines the splits of one (token, head) and adds the sink: blockDim.x == head_dim. (A variant where the
@@ -511,6 +567,23 @@ Status launch_prefill(const AttentionKernelParams& p, const AttentionPrefillConf
   return launch_status("attention_prefill_kernel");
 }
 
+// The clustered decode (head dim 64): the splits of a (token, kv head, head block) as one cluster, no merge kernel.
+Status launch_decode_clusters(const AttentionKernelParams& p, const AttentionDecodeConfig& c, dim3 grid,
+                              cudaStream_t stream) {
+  if (c.threads != 32 * attention_decode_warps(64) || p.head_dim != 64 || c.num_splits < 2 ||
+      c.num_splits > kAttentionDecodeMaxClusterSplits)
+    return internal_error("attention decode: clusters for head dim 64 and 2-16 splits only");
+  auto kernel = attention_decode_kernel<64, true>;
+  MX_RETURN_IF_ERROR(set_smem(kernel, c.smem_bytes));
+  MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                                 "cudaFuncSetAttribute(attention decode clusters)"));
+  const dim3 cluster(1, 1, static_cast<unsigned>(c.num_splits));
+  MX_RETURN_IF_ERROR(cuda_status(
+      launch_pdl_clusters(kernel, grid, dim3(c.threads), cluster, c.smem_bytes, stream, p, c.stages, c.num_splits),
+      "attention_decode_kernel (clusters)"));
+  return launch_status("attention_decode_kernel (clusters)");
+}
+
 template <int HD>
 Status launch_decode(const AttentionKernelParams& p, const AttentionDecodeConfig& c, dim3 grid, cudaStream_t stream) {
   if (c.threads != 32 * attention_decode_warps(HD)) return internal_error("attention decode: config for another head dim");
@@ -550,6 +623,7 @@ Status launch_attention_decode(const AttentionKernelParams& p, const AttentionDe
   const int64_t group = p.n_q / p.n_kv, head_blocks = (group + 15) / 16;
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.n_kv * head_blocks),
                   static_cast<unsigned>(c.num_splits));
+  if (c.clusters) return launch_decode_clusters(p, c, grid, stream);
   switch (p.head_dim) {
     case 32: MX_RETURN_IF_ERROR(launch_decode<32>(p, c, grid, stream)); break;
     case 64: MX_RETURN_IF_ERROR(launch_decode<64>(p, c, grid, stream)); break;
