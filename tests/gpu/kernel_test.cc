@@ -502,7 +502,7 @@ TEST_F(KernelTest, AttentionDecode) {
       {"hd32 g2 full, verify 3 rows, odd page 5", 6, 3, 32, 0, 5, {{3000, 3}, {1, 2}}},
   };
   for (const auto& c : cases) run_attention(cpu_, cuda_, rng_, c, "", /*replay=*/&c == &cases[0]);
-  // Head dim 64 on sm_90+ merges 2-16 splits in a CTA cluster: the splits through the merge kernel too.
+  // One token at head dim 64 on sm_90 merges 2-16 splits in a CTA cluster: those through the merge kernel too.
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kAuto, CudaAttentionDecode::kMmaSyncMerge})
                   .is_ok());
   for (size_t i : {0, 1, 6}) run_attention(cpu_, cuda_, rng_, cases[i], " (merge kernel)");

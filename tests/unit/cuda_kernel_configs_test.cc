@@ -54,6 +54,16 @@ TEST(CudaKernelConfigs, AttentionGemmaHeadDims) {
   // A 1024-key window at batch 1 spreads over the SMs: 8 kv heads x 16 one-tile splits on an H200.
   EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 256, 1, 8, 1, 1024).num_splits, 16);
   EXPECT_EQ(choose_attention_decode_config(sm90_h200(), 512, 1, 2, 1, 1024).num_splits, 32);
+  // gpt-oss's full layers at one token (head dim 64, 8 kv heads, 1K keys): 9 splits as one CTA cluster on sm_90,
+  // through the merge kernel at 8 tokens, at a 128-key window (one split) and off sm_90 (not measured there).
+  for (const DeviceInfo& d : chips()) {
+    const AttentionDecodeConfig one = choose_attention_decode_config(d, 64, 1, 8, 1, 1088);
+    EXPECT_EQ(one.clusters, d.sm_major == 9 && one.num_splits >= 2 && one.num_splits <= 16) << d.name;
+    EXPECT_FALSE(choose_attention_decode_config(d, 64, 8, 8, 1, 1088).clusters) << d.name;
+    EXPECT_FALSE(choose_attention_decode_config(d, 64, 1, 8, 1, 128).clusters) << d.name;
+    EXPECT_FALSE(choose_attention_decode_config(d, 256, 1, 8, 1, 1024).clusters) << d.name;
+  }
+  EXPECT_TRUE(choose_attention_decode_config(sm90_h200(), 64, 1, 8, 1, 1088).clusters);
   EXPECT_TRUE(attention_head_dim_supported(128));
   EXPECT_FALSE(attention_head_dim_supported(96));
   EXPECT_TRUE(attention_head_dim_supported(512));

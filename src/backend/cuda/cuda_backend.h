@@ -65,9 +65,9 @@ enum class CudaAttentionPath { kAuto, kWgmmaWs, kWgmmaWs64, kMmaSync, kWgmmaWind
 // else where attention_decode_swap_by_default (kernel_configs.h) has the swap-AB kernel measured faster, else
 // attention.cu's split-KV kernel; kSwapAb = attention_decode_swap.cu (head dims 64, 256, 512, <= 8 q heads per kv
 // head; else an error); kSwapAbCluster = the same with a token's 16 splits of a kv head as one CTA cluster merged in
-// distributed shared memory (head dims 256 and 512 on sm_90+; else an error). kMmaSync = attention.cu's kernel (at
-// head dim 64 on sm_90+ its 2-16 splits as one CTA cluster, AttentionDecodeConfig::clusters); kMmaSyncMerge = the
-// same with every split count through the merge kernel (the before of those clusters, for benchmarks).
+// distributed shared memory (head dims 256 and 512 on sm_90+; else an error). kMmaSync = attention.cu's kernel (one
+// token at head dim 64 on sm_90: its 2-16 splits as one CTA cluster, AttentionDecodeConfig::clusters); kMmaSyncMerge
+// = the same with every split count through the merge kernel (the before of those clusters, for benchmarks).
 enum class CudaAttentionDecode { kAuto, kMmaSync, kSwapAb, kSwapAbCluster, kMmaSyncMerge };
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;

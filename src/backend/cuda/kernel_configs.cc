@@ -116,11 +116,13 @@ AttentionDecodeConfig choose_attention_decode_config(const DeviceInfo& dev, int6
   const int64_t min_split = std::max<int64_t>(1, ceil_div(min_keys, c.keys_per_tile)) * c.keys_per_tile;
   const int64_t most = std::max<int64_t>(1, ceil_div(max_keys, min_split));
   c.num_splits = static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
-  // Measured on an H200 (session 17, bench latency 20b at 1K, bench/results/2026-11-28-h200-decode13-s17-w1c.txt):
-  // the clusters take a batch-1 step's attention from 0.184 to 0.158 ms (the full layers' 9 splits without the merge
-  // kernel's launch), the same at batch 8 (0.239 / 0.241).
-  c.clusters =
-      dev.sm_major >= 9 && head_dim == 64 && c.num_splits >= 2 && c.num_splits <= kAttentionDecodeMaxClusterSplits;
+  // Measured on an H200 (session 17, bench latency 20b at 1K; bench/results/2026-11-28-h200-decode13-s17-w2.txt, one
+  // process, against the merge kernel): at one token the clusters take the step's attention from 0.184 to 0.162 ms
+  // (the full layers' 9 splits without the merge kernel's launch), TPOT 1.848 -> 1.840 ms; at 8 tokens (7 splits)
+  // attention stayed at 0.241 / 0.242 and TPOT went 3.446 -> 3.462 (W1c, two processes: 3.422 -> 3.455), so only one
+  // token takes them.
+  c.clusters = dev.sm_major == 9 && head_dim == 64 && num_tokens == 1 && c.num_splits >= 2 &&
+               c.num_splits <= kAttentionDecodeMaxClusterSplits;
   return c;
 }
 

@@ -118,7 +118,7 @@ struct AttentionDecodeConfig {
   int stages = 0;
   int num_splits = 0;       // KV splits per (token, head); > 1 adds the merge kernel, unless `clusters`
   int64_t smem_bytes = 0;
-  bool clusters = false;    // head dim 64, 2-16 splits, sm_90+: the splits as one CTA cluster, merged in it
+  bool clusters = false;    // one token, head dim 64, 2-16 splits, sm_90: the splits as one CTA cluster
 };
 // `max_keys`: the most keys a query can see (window, or the page table's capacity): a static bound, so
 // the split count is the same for every replay of a captured graph.

@@ -11,8 +11,9 @@
 // are contiguous in a BatchView), masking the rows of the others.
 // Decode: one CTA per (token, kv head, block of 16 heads, KV split); its warps split every key tile into
 // key groups (each group with all d slices), whose states merge through shared memory; with several
-// splits a merge kernel combines them, or (head dim 64, 2-16 splits, sm_90+) the splits of a (token, kv head) run
-// as one CTA cluster and merge through distributed shared memory in the merge kernel's order and arithmetic.
+// splits a merge kernel combines them, or (one token at head dim 64, 2-16 splits, sm_90:
+// AttentionDecodeConfig::clusters) the splits of a (token, kv head) run as one CTA cluster and merge through
+// distributed shared memory in the merge kernel's order and arithmetic.
 // The sink (optional) enters once, at the very end (attention_common.cuh).
 // K/V tiles: [keys][head_dim] bf16 in shared memory, 16-byte chunks XOR-swizzled by row so that ldmatrix
 // reads of 8 rows hit 8 different bank groups.
