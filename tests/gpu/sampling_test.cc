@@ -93,7 +93,7 @@ Output run(Backend& b, Arena& arena, const Batch& x, const std::vector<int32_t>*
   const int64_t row_bytes = static_cast<int64_t>(sizeof(SampleRowParams));
   SampleParams p{arena.upload(DType::kF32, {x.rows, x.vocab}, x.logits.data()),
                  arena.upload(DType::kU8, {x.rows, row_bytes}, x.params.data()), arena.make(DType::kI32, {x.rows}),
-                 arena.make(DType::kF32, {x.rows})};
+                 arena.make(DType::kF32, {x.rows}), TensorView(), TensorView()};  // the masks: below, if any
   if (mask) {
     p.token_mask = arena.upload(DType::kI32, {x.rows, (x.vocab + 31) / 32}, mask->data());
     p.mask_rows = arena.upload(DType::kI32, {x.rows}, flags->data());
@@ -224,7 +224,7 @@ TEST(SampleOp, BatchInvariantDeterministicAndReplayable) {
   const int64_t row_bytes = static_cast<int64_t>(sizeof(SampleRowParams));
   SampleParams p{cuda.upload(DType::kF32, {b.rows, b.vocab}, b.logits.data()),
                  cuda.upload(DType::kU8, {b.rows, row_bytes}, b.params.data()), cuda.make(DType::kI32, {b.rows}),
-                 cuda.make(DType::kF32, {b.rows})};
+                 cuda.make(DType::kF32, {b.rows}), TensorView(), TensorView()};  // no grammar masks
   auto graph = cuda_backend().capture([&] { return cuda_backend().sample(p); });
   ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
   ASSERT_TRUE((*graph)->replay().is_ok());
