@@ -29,6 +29,7 @@
 #include "runtime/engine_core.h"
 #include "spec/reference_drafter.h"
 #include "runtime/token_constraint.h"
+#include "striped_constraint_util.h"
 
 namespace mx::gpu_test {
 namespace {
@@ -216,28 +217,9 @@ TEST_P(EngineGraphTest, ReplayedVerifyEqualsEagerPaddedBitForBit) {
   }
 }
 
-// A deterministic mask per step: token t is allowed at step s when (t * 7 + s * 13 + salt) % 5 == 0 (every
-// third request is left unconstrained: masked and unmasked rows share batches). Counts tokens outside it.
-class StripedConstraint final : public TokenConstraint {
- public:
-  explicit StripedConstraint(uint32_t salt) : salt_(salt) {}
-  bool fill_mask(uint32_t* words, int64_t vocab) override {
-    std::fill(words, words + (vocab + 31) / 32, 0u);
-    for (int64_t t = 0; t < vocab; ++t)
-      if (allowed(t)) words[t >> 5] |= 1u << (t & 31);
-    return true;
-  }
-  void accept(int32_t token) override {
-    violations += allowed(token) ? 0 : 1;
-    ++step_;
-  }
-  int64_t violations = 0;
-
- private:
-  bool allowed(int64_t t) const { return (t * 7 + step_ * 13 + salt_) % 5 == 0; }
-  uint32_t salt_;
-  int64_t step_ = 0;
-};
+// A deterministic mask per step (StripedConstraint, striped_constraint_util.h; every third request is left
+// unconstrained: masked and unmasked rows share batches).
+using test::StripedConstraint;
 
 TEST_P(EngineGraphTest, MaskedDecodeReplaysTheSameGraphsAsEager) {
   const Loaded f = load_fixture(GetParam());

@@ -4,15 +4,14 @@
 // verify steps replayed from graphs, which sample inside, give plain decoding's tokens and logprobs bit for bit.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "engine_test_util.h"
 #include "model/model_registry.h"
 #include "replaying_backend.h"
-#include "runtime/token_constraint.h"
 #include "spec/reference_drafter.h"
+#include "striped_constraint_util.h"
 #include "test_util.h"
 
 namespace mx::test {
@@ -97,28 +96,6 @@ TEST(EngineStepGraphs, DecodeAndVerifyGraphsReplayLikeEagerSteps) {
     EXPECT_EQ(run.stats.pages_used, 0);
   }
 }
-
-// Token t allowed at step s when (t * 7 + s * 13 + salt) % 5 == 0; counts tokens sampled outside.
-class StripedConstraint final : public TokenConstraint {
- public:
-  explicit StripedConstraint(uint32_t salt) : salt_(salt) {}
-  bool fill_mask(uint32_t* words, int64_t vocab) override {
-    std::fill(words, words + (vocab + 31) / 32, 0u);
-    for (int64_t t = 0; t < vocab; ++t)
-      if (allowed(t)) words[t >> 5] |= 1u << (t & 31);
-    return true;
-  }
-  void accept(int32_t token) override {
-    violations += allowed(token) ? 0 : 1;
-    ++step_;
-  }
-  int64_t violations = 0;
-
- private:
-  bool allowed(int64_t t) const { return (t * 7 + step_ * 13 + salt_) % 5 == 0; }
-  uint32_t salt_;
-  int64_t step_ = 0;
-};
 
 // Grammar masks with the sample op inside the decode graphs: uploaded before the replay (constrained and
 // unconstrained requests share batches, and the device's mask flags must be cleared once no request is
