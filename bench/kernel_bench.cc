@@ -516,7 +516,8 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
     AttnSetup a = make_attention(1, T, T);
     const double bytes = 2.0 * T * 64 * 64 * 2 + 2.0 * T * 8 * 64 * 2;  // Q + O (64 heads), K + V (8 kv heads)
     const QkvRopeParams rope{.qkv = random_bf16({T, 80 * 64}, 1.0f), .q_out = a.q, .kv = a.kv.layer(0),
-                             .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64};
+                             .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64, .q_norm = {},
+                             .k_norm = {}};
     const double rope_us = time_graph(16, [&](int) { return g_b->qkv_rope(rope, a.batch); });
     for (int64_t window : {0, 128}) {
       double keys = 0;

@@ -5,13 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "chat/chat_formats.h"
 #include "chat/harmony/harmony_format.h"
 #include "chat/harmony/harmony_parser.h"
 #include "chat/harmony/harmony_tokens.h"
+#include "chat_test_util.h"
 #include "model/model_registry.h"
 #include "tokenizer_util.h"
 
@@ -25,14 +25,6 @@ const ChatTokenizer& harmony_chat() {
     return *loaded;
   }();
   return chat;
-}
-
-// A message with text only (no reasoning, tool calls or tool names).
-ChatMessage text_message(ChatRole role, std::string content) {
-  ChatMessage m;
-  m.role = role;
-  m.content = std::move(content);
-  return m;
 }
 
 std::vector<ChatMessage> tool_turn_messages() {

@@ -165,7 +165,8 @@ TEST(CpuOps, RouterTopkSoftmaxOverSelected) {
   std::vector<float> weights(k);
   RouterParams p{TensorView(x.data(), DType::kF32, {1, h}), TensorView(w.data(), DType::kBF16, {e_count, h}),
                  TensorView(b.data(), DType::kBF16, {e_count}), TensorView(logits.data(), DType::kF32, {1, e_count}),
-                 TensorView(ids.data(), DType::kI32, {1, k}), TensorView(weights.data(), DType::kF32, {1, k}), k};
+                 TensorView(ids.data(), DType::kI32, {1, k}), TensorView(weights.data(), DType::kF32, {1, k}), k,
+                 TensorView(), 0.0f, TensorView()};  // no expert scale, norm or x scale (gpt-oss)
   cpu::router_topk(p);
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 4}));  // 2.0, then 1.25
   EXPECT_NEAR(weights[0], 1 / (1 + std::exp(-0.75)), 1e-6);

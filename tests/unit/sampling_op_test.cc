@@ -222,7 +222,8 @@ TEST(SamplingOp, BackendOpMatchesTheRowFunction) {
   std::vector<float> logprobs(rows, 0.0f);
   SampleParams sp{TensorView(logits.data(), DType::kF32, {rows, vocab}),
                   TensorView(params.data(), DType::kU8, {rows, static_cast<int64_t>(sizeof(SampleRowParams))}),
-                  TensorView(tokens.data(), DType::kI32, {rows}), TensorView(logprobs.data(), DType::kF32, {rows})};
+                  TensorView(tokens.data(), DType::kI32, {rows}), TensorView(logprobs.data(), DType::kF32, {rows}),
+                  TensorView(), TensorView()};  // no grammar masks
   ASSERT_TRUE(backend->sample(sp).is_ok());
   cpu::SampleScratch scratch;
   for (int64_t r = 0; r < rows; ++r) {

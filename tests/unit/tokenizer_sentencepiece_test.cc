@@ -18,9 +18,9 @@ SentencePieceBpeSpec tiny_spec(bool byte_fallback) {
   spec.merges = {{"a", "b"}, {"▁", "ab"}};
   spec.normalizer = {{NormalizerStep::Kind::kReplace, " ", "▁"}};
   spec.split = LiteralSplit{"▁", LiteralSplit::Behavior::kMergedWithNext};
-  spec.decoder = {{.kind = DecoderStep::Kind::kReplace, .from = "▁", .to = " "},
-                  {.kind = DecoderStep::Kind::kByteFallback},
-                  {.kind = DecoderStep::Kind::kFuse}};
+  spec.decoder = {{DecoderStep::Kind::kReplace, "▁", " ", ""},  // kind, from, to, strip_content
+                  {DecoderStep::Kind::kByteFallback, "", "", ""},
+                  {DecoderStep::Kind::kFuse, "", "", ""}};
   spec.byte_fallback = byte_fallback;
   spec.fuse_unk = true;
   spec.unk_id = 0;

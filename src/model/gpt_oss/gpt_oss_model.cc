@@ -316,7 +316,7 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
 
     MX_RETURN_IF_ERROR(dense(normed, L.qkv_weight, L.qkv_scale, L.qkv_bias, ws.qkv.rows(0, T)));
     QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), cache, inv_freq_, rope_scale_,
-                       plan_.heads, plan_.kv_heads, c.head_dim};
+                       plan_.heads, plan_.kv_heads, c.head_dim, TensorView(), TensorView()};  // no q/k norms
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
     AttentionParams attn{ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T), plan_.heads, plan_.kv_heads, c.head_dim,
                          kv_layout_.layers[static_cast<size_t>(l)].window,
@@ -324,7 +324,8 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
     MX_RETURN_IF_ERROR(b.attention(attn, batch));
     MX_RETURN_IF_ERROR(dense(ws.attn.rows(0, T), L.o_weight, L.o_scale, L.o_bias, proj));
     RouterParams router{normed, L.router_weight, L.router_bias, ws.router_logits.rows(0, T),
-                        ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token};
+                        ws.topk_ids.rows(0, T), ws.topk_weights.rows(0, T), c.experts_per_token,
+                        TensorView(), 0.0f, TensorView()};  // no expert scale, norm or x scale
     if (shard_.size == 1) {
       // The norm and the router of its output: one launch at decode on CUDA.
       MX_RETURN_IF_ERROR(b.add_rms_norm_route(residual, proj, L.post_attention_norm, eps, normed, router));
