@@ -11,7 +11,7 @@
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
 // --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
-// --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --attention-gemma-decode[=B,B,...]] [out.json]`).
+// --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
 // --attention-gemma-prefill[=T,T,...] [--variants=P,P,...]: Gemma-4's prefill attention rows only, each prefill
 // kernel (or those whose labels start with a prefix).
@@ -1340,6 +1340,153 @@ void bench_gemma_experts_dense_stand_in() {
   CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
 }
 
+// ---- Gemma-4's dense MLP beside its experts at one token (`--gemma-ffn-overlap`; issue 15, batch-1 TPOT). The two
+// read the same layer's normed rows and nothing of each other: the MLP (gate|up on the skinny kernel, geglu, down)
+// and the experts (routing ready, as the model calls them) one after the other in a graph, as the model runs
+// them, against the MLP's three launches on a second stream forked from the first by an event and joined back
+// by another, so that its kernels can fill the experts' ramp and tail (and the experts the MLP's). A second CUDA
+// backend owns the second stream. Weights rotate past the L2 (8 dense copies, experts over 6 routings); rounds
+// interleaved, medians of 5. Each form's outputs are checked against the serial form's, bit for bit.
+void bench_gemma_ffn_overlap() {
+  const int64_t E = kGemmaE, H = kGemmaH, I = kGemmaI, k = kGemmaK, inter = 2112;
+  CHECK_OK(g_b->prepare(WorkspaceSpec{64, H, I, E, k, 16, 8, 512}));
+  auto side_owner = make_backend(BackendOptions{"cuda", 0, 0});
+  CHECK_OK(side_owner.is_ok() ? Status::ok() : side_owner.status());
+  Backend& side = **side_owner;
+  CHECK_OK(side.prepare(WorkspaceSpec{64, H, I, E, k, 16, 8, 512}));
+  auto main_place = cuda_placement(*g_b), side_place = cuda_placement(side);
+  CHECK_OK(main_place.is_ok() ? Status::ok() : main_place.status());
+  CHECK_OK(side_place.is_ok() ? Status::ok() : side_place.status());
+  auto main_stream = static_cast<cudaStream_t>(main_place->stream), side_stream = static_cast<cudaStream_t>(side_place->stream);
+  constexpr int kCopies = 8, kRoutings = 6, kEvents = 64;
+  std::vector<TensorView> gate_up_w, down_w;
+  for (int c = 0; c < kCopies; ++c) {
+    gate_up_w.push_back(repeated_random_bf16({2 * inter, H}, 0.02f));
+    down_w.push_back(repeated_random_bf16({H, inter}, 0.02f));
+  }
+  const TensorView experts_gate_up = repeated_random_bf16({E, 2 * I, H}, 0.05f);
+  const TensorView experts_down = repeated_random_bf16({E, H, I}, 0.05f);
+  std::vector<TensorView> ids, wts;
+  for (int r = 0; r < kRoutings; ++r) {
+    std::vector<int32_t> h_ids(static_cast<size_t>(k)), order(static_cast<size_t>(E));
+    std::vector<float> h_w(static_cast<size_t>(k), 1.0f / static_cast<float>(k));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), g_rng);
+    for (int64_t j = 0; j < k; ++j) h_ids[static_cast<size_t>(j)] = order[static_cast<size_t>(j)];
+    ids.push_back(make(DType::kI32, {1, k}));
+    wts.push_back(make(DType::kF32, {1, k}));
+    CHECK_OK(g_b->copy_from_host(ids.back(), h_ids.data()));
+    CHECK_OK(g_b->copy_from_host(wts.back(), h_w.data()));
+  }
+  const TensorView normed = random_bf16({1, H}, 1.0f), normed_moe = random_bf16({1, H}, 1.0f);
+  const TensorView gate_up = make(DType::kBF16, {1, 2 * inter}), act = make(DType::kBF16, {1, inter});
+  const TensorView proj = make(DType::kBF16, {1, H}), moe_out = make(DType::kBF16, {1, H});
+  std::vector<cudaEvent_t> events(2 * kEvents);
+  for (auto& e : events) CHECK_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess ? Status::ok() : internal_error("event"));
+  auto mlp = [&](Backend& b, int i) -> Status {
+    MX_RETURN_IF_ERROR(b.linear(normed, gate_up_w[static_cast<size_t>(i % kCopies)], TensorView(), gate_up));
+    MX_RETURN_IF_ERROR(b.geglu(gate_up, act));
+    return b.linear(act, down_w[static_cast<size_t>(i % kCopies)], TensorView(), proj);
+  };
+  auto experts = [&](int i) {
+    GegluMoeParams p{normed_moe, ids[static_cast<size_t>(i % kRoutings)], wts[static_cast<size_t>(i % kRoutings)],
+                     experts_gate_up, experts_down, moe_out, k};
+    p.routing_ready = true;
+    return g_b->moe_geglu_experts(p);
+  };
+  auto cuda = [](cudaError_t e, const char* what) { return e == cudaSuccess ? Status::ok() : internal_error(std::string(what) + ": " + cudaGetErrorString(e)); };
+  // 0: MLP then experts (the model's order); 1: experts then MLP; 2: MLP on the side stream beside the experts;
+  // 3: the experts on the side stream beside the MLP; 4: the MLP alone; 5: the experts alone.
+  auto step = [&](int form, int i) -> Status {
+    switch (form) {
+      case 0: MX_RETURN_IF_ERROR(mlp(*g_b, i)); return experts(i);
+      case 1: MX_RETURN_IF_ERROR(experts(i)); return mlp(*g_b, i);
+      case 4: return mlp(*g_b, i);
+      case 5: return experts(i);
+      default: break;
+    }
+    cudaEvent_t fork = events[static_cast<size_t>(2 * (i % kEvents))], join = events[static_cast<size_t>(2 * (i % kEvents) + 1)];
+    MX_RETURN_IF_ERROR(cuda(cudaEventRecord(fork, main_stream), "fork record"));
+    MX_RETURN_IF_ERROR(cuda(cudaStreamWaitEvent(side_stream, fork, 0), "fork wait"));
+    if (form == 2) {
+      MX_RETURN_IF_ERROR(mlp(side, i));
+      MX_RETURN_IF_ERROR(experts(i));
+    } else {
+      // The experts through the main backend's kernels but on the side stream: swap which stream launches what
+      // by running the MLP on the main stream and the experts after a fork on the side backend.
+      GegluMoeParams p{normed_moe, ids[static_cast<size_t>(i % kRoutings)], wts[static_cast<size_t>(i % kRoutings)],
+                       experts_gate_up, experts_down, moe_out, k};
+      p.routing_ready = true;
+      MX_RETURN_IF_ERROR(side.moe_geglu_experts(p));
+      MX_RETURN_IF_ERROR(mlp(*g_b, i));
+    }
+    MX_RETURN_IF_ERROR(cuda(cudaEventRecord(join, side_stream), "join record"));
+    return cuda(cudaStreamWaitEvent(main_stream, join, 0), "join wait");
+  };
+  const char* names[] = {"MLP then experts (serial, model order)", "experts then MLP (serial)",
+                         "MLP on a side stream beside the experts", "experts on a side stream beside the MLP",
+                         "MLP alone (3 launches)", "experts alone"};
+  constexpr int kForms = 6, kRounds = 5, kSteps = 30;
+  // Outputs of each form against the serial one's (same kernels, same inputs: identical bits expected).
+  std::vector<uint16_t> ref_proj(static_cast<size_t>(H)), ref_moe(static_cast<size_t>(H)), got(static_cast<size_t>(H));
+  std::vector<std::string> notes(kForms);
+  std::vector<std::unique_ptr<ReplayGraph>> graphs(kForms);
+  for (int f = 0; f < kForms; ++f) {
+    if (const Status st = step(f, 0); !st.is_ok()) {  // eagerly first: lazy set-up outside the capture
+      std::printf("gemma ffn overlap: %s: eager step failed: %s\n", names[f], st.to_string().c_str());
+      continue;
+    }
+    CHECK_OK(g_b->synchronize());
+    CHECK_OK(side.synchronize());
+    auto graph = g_b->capture([&]() -> Status {
+      for (int i = 0; i < kSteps; ++i) MX_RETURN_IF_ERROR(step(f, i));
+      return Status::ok();
+    });
+    if (!graph.is_ok()) {
+      std::printf("gemma ffn overlap: %s: capture failed: %s\n", names[f], graph.status().to_string().c_str());
+      continue;
+    }
+    graphs[static_cast<size_t>(f)] = std::move(*graph);
+    CHECK_OK(graphs[static_cast<size_t>(f)]->replay());
+    CHECK_OK(g_b->synchronize());
+    CHECK_OK(side.synchronize());
+    if (f == 0) {
+      CHECK_OK(g_b->copy_to_host(ref_proj.data(), proj));
+      CHECK_OK(g_b->copy_to_host(ref_moe.data(), moe_out));
+    } else if (f < 4) {
+      CHECK_OK(g_b->copy_to_host(got.data(), proj));
+      const bool same_proj = got == ref_proj;
+      CHECK_OK(g_b->copy_to_host(got.data(), moe_out));
+      notes[static_cast<size_t>(f)] = same_proj && got == ref_moe ? ", outputs = serial bit for bit" : ", outputs DIFFER from serial";
+    }
+  }
+  std::vector<std::vector<double>> us(kForms);
+  for (int round = 0; round < kRounds; ++round)
+    for (int f = 0; f < kForms; ++f) {
+      if (!graphs[static_cast<size_t>(f)]) continue;
+      std::vector<double> r;
+      for (int rep = 0; rep < 9; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        CHECK_OK(graphs[static_cast<size_t>(f)]->replay());
+        CHECK_OK(g_b->synchronize());
+        r.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kSteps);
+      }
+      std::sort(r.begin(), r.end());
+      us[static_cast<size_t>(f)].push_back(r[r.size() / 2]);
+    }
+  const double bytes = 2.0 * (3.0 * inter * H) + 8 * 3.0 * I * H * 2;
+  for (int f = 0; f < kForms; ++f) {
+    auto& u = us[static_cast<size_t>(f)];
+    if (u.empty()) continue;
+    std::sort(u.begin(), u.end());
+    char spread[64];
+    std::snprintf(spread, sizeof spread, "rounds %.2f..%.2f us", u.front(), u.back());
+    const double b = f == 4 ? 2.0 * 3.0 * inter * H : f == 5 ? 8 * 3.0 * I * H * 2 : bytes;
+    report(std::string("gemma ffn T=1 ") + names[f], u[u.size() / 2], b, 0, spread + notes[static_cast<size_t>(f)]);
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+}
+
 void bench_gemma() {
   const int64_t H = kGemmaH;
   bench_gemma_router(kGemmaRouterSizes);
@@ -1475,6 +1622,13 @@ int main(int argc, char** argv) {
   // `--gemma-only`: Gemma-4 26B-A4B's router, bf16 experts and small ops.
   if (argc > arg && std::string(argv[arg]) == "--gemma-only") {
     bench_gemma();
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--gemma-ffn-overlap`: Gemma-4's dense MLP and experts at one token, serial against on two streams.
+  if (argc > arg && std::string(argv[arg]) == "--gemma-ffn-overlap") {
+    bench_gemma_ffn_overlap();
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
