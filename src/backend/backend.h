@@ -69,6 +69,10 @@ struct QkvRopeParams {
   // k_norm, v heads weightless) first, in the same op (one launch at decode); qkv is scratch afterwards.
   TensorView q_norm, k_norm;  // bf16 [head_dim], with norm_eps > 0
   float norm_eps = 0;
+  // A weight the step reads after the attention (Gemma-4: o_proj), pulled into the L2 while this op and the
+  // attention run, where the backend does so (CUDA: the Gemma-4 form at decode, CudaL2PrefetchOptions): at one
+  // token both leave HBM idle. A hint: never read as data; empty = none.
+  TensorView prefetch;
 };
 
 struct AttentionParams {
@@ -396,6 +400,21 @@ class Backend {
     (void)dst, (void)src;
     return unimplemented(name() + " backend has no device copy");
   }
+
+  // Two groups of ops that may run at the same time (Gemma-4's dense MLP beside its experts at decode): the ops
+  // issued between begin_side() and end_side() (the side group), and those issued after end_side() up to
+  // join_side(); after join_side() both have finished. Neither group may read what the other writes. A backend
+  // that runs them side by side (CUDA: the side group on a second stream, forked from the first by an event and
+  // joined back by another, in a graph capture too) answers true from begin_side(); one that runs every op in
+  // order (the default; CUDA above `tokens` of CudaSideStreamOptions) answers false, and end_side() and
+  // join_side() change nothing. `tokens`: the step's, for that choice. A true answer also says that the op
+  // after end_side() follows the op before begin_side() directly (GegluMoeParams::routing_ready then false).
+  virtual Result<bool> begin_side(int64_t tokens) {
+    (void)tokens;
+    return false;
+  }
+  virtual Status end_side() { return Status::ok(); }
+  virtual Status join_side() { return Status::ok(); }
 
   // Device facts. Backends without a memory of their own (the CPU) answer unimplemented.
   virtual std::string device_name() const { return name(); }

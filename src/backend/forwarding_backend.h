@@ -97,6 +97,10 @@ class ForwardingBackend : public Backend {
   Status convert(const TensorView& x, TensorView out) override { return inner_.convert(x, out); }
   Status copy(TensorView dst, const TensorView& src) override { return inner_.copy(dst, src); }
 
+  Result<bool> begin_side(int64_t tokens) override { return inner_.begin_side(tokens); }
+  Status end_side() override { return inner_.end_side(); }
+  Status join_side() override { return inner_.join_side(); }
+
   std::string device_name() const override { return inner_.device_name(); }
   Result<DeviceMemory> memory_info() override { return inner_.memory_info(); }
   Result<std::unique_ptr<DeviceTimer>> make_timer(int64_t slots) override { return inner_.make_timer(slots); }

@@ -136,6 +136,16 @@ Status ProfilingBackend::gemma_attention_end(const GemmaAttentionEndParams& p) {
   MX_RETURN_IF_ERROR(timed("gemma_attention_end", 0, [&] { return inner().gemma_attention_end(p); }));
   return p.route ? record_route(*p.route) : Status::ok();
 }
+Result<bool> ProfilingBackend::begin_side(int64_t tokens) {
+  side_forwarded_ = !timing_;
+  return timing_ ? Result<bool>(false) : inner().begin_side(tokens);
+}
+Status ProfilingBackend::end_side() { return side_forwarded_ ? inner().end_side() : Status::ok(); }
+Status ProfilingBackend::join_side() {
+  if (!side_forwarded_) return Status::ok();
+  side_forwarded_ = false;
+  return inner().join_side();
+}
 Status ProfilingBackend::gemma_layer_end(const GemmaLayerEndParams& p) {
   return timed("gemma_layer_end", 0, [&] { return inner().gemma_layer_end(p); });
 }

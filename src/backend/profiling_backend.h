@@ -65,6 +65,11 @@ class ProfilingBackend final : public ForwardingBackend {
   Status gemma_layer_end(const GemmaLayerEndParams& p) override;
   Status silu_mul(const TensorView& gate, const TensorView& up, TensorView out) override;
   Status convert(const TensorView& x, TensorView out) override;
+  // While timing, the side group runs in order on the timed stream (begin_side answers false): each op between
+  // its own two marks; otherwise forwarded.
+  Result<bool> begin_side(int64_t tokens) override;
+  Status end_side() override;
+  Status join_side() override;
   // Marks the capture so that ops inside it are timed by event nodes and routing is not recorded.
   Result<std::unique_ptr<ReplayGraph>> capture(const std::function<Status()>& body) override;
 
@@ -78,6 +83,7 @@ class ProfilingBackend final : public ForwardingBackend {
   std::unique_ptr<DeviceTimer> timer_;
   double hold_seconds_ = 0;
   bool timing_ = false, capturing_ = false, record_routing_ = false;
+  bool side_forwarded_ = false;  // the open side group was forwarded (begin_side while not timing)
   int64_t next_slot_ = 0;
   std::vector<OpTiming> ops_;
   std::vector<std::pair<int64_t, int64_t>> op_slots_;  // start and end mark of each op

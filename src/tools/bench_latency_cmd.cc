@@ -101,6 +101,11 @@ const std::vector<CliOption> kCommandOptions = {
      "where gpt-oss's experts are summed at decode on CUDA (<= 32 routed slots): auto (default: in the next norm's "
      "kernel) or gemm (in the second expert GEMM, then the norm: the two ops); several, comma-separated: compared "
      "as --bf16-experts-decode"},
+    {"decode-overlap", true,
+     "Gemma-4's decode overlaps on CUDA: auto (default: both), off, side-stream (the dense MLP on a second stream "
+     "beside the experts, CudaSideStreamOptions) or l2-prefetch (o_proj's weight into the L2 during the attention, "
+     "CudaL2PrefetchOptions); several, comma-separated: every batch once per value, each on an engine of its own "
+     "over the one loaded model (as --bf16-experts-decode)"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -184,14 +189,32 @@ Status choose_moe_decode_combine(Backend& backend, const std::string& name) {
 #endif
 }
 
+// --decode-overlap: which of the side stream and the L2 prefetch a CUDA backend runs (the others' defaults).
+Status choose_decode_overlap(Backend& backend, const std::string& value) {
+  if (value != "auto" && value != "off" && value != "side-stream" && value != "l2-prefetch")
+    return invalid_argument("--decode-overlap must be auto, off, side-stream or l2-prefetch, got " + value);
+#ifdef MX_HAVE_CUDA
+  CudaSideStreamOptions side;
+  CudaL2PrefetchOptions prefetch;
+  if (value == "off" || value == "l2-prefetch") side.max_tokens = 0;
+  if (value == "off" || value == "side-stream") prefetch.max_bytes = 0;
+  MX_RETURN_IF_ERROR(set_cuda_side_stream_options(backend, side));
+  return set_cuda_l2_prefetch_options(backend, prefetch);
+#else
+  (void)backend;
+  return invalid_argument("--decode-overlap " + value + ": this build has no CUDA backend");
+#endif
+}
+
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
-// --skinny-strip-rows, --moe-decode-combine).
+// --skinny-strip-rows, --moe-decode-combine, --decode-overlap).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
     if (flag == "decode-attention") return choose_decode_attention(backend, value);
     if (flag == "bf16-experts-decode") return choose_bf16_experts_decode(backend, value);
     if (flag == "moe-decode-combine") return choose_moe_decode_combine(backend, value);
+    if (flag == "decode-overlap") return choose_decode_overlap(backend, value);
     return choose_skinny_strip_rows(backend, value);
   }
 };
@@ -679,11 +702,13 @@ Status run(const CliArgs& args) {
     return invalid_argument("--tensor-parallel-size needs --model: every rank loads its share from the directory "
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
-  // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine: one kernel choice each, or several values of one flag compared (an
-  // engine each, below): those come first in kernel_choices, `compared` of them.
+  // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --decode-overlap: one
+  // kernel choice each, or several values of one flag compared (an engine each, below): those come first in
+  // kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
-  for (const char* flag : {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine"}) {
+  for (const char* flag :
+       {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "decode-overlap"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

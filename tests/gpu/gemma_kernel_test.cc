@@ -682,5 +682,100 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
   }
 }
 
+// Backend::begin_side on CUDA: the model's dense MLP (gate|up on the skinny kernel, geglu, down) as the side group
+// on a second stream beside the experts (routing not ready: they follow the op that routed), eagerly and replayed
+// twice from a graph, gives the in-order run's bits; both against the CPU twin running every op in order. Gemma-4
+// 26B-A4B's shapes at one token, an odd model at 3 tokens, and a step past max_tokens (in order: begin_side false).
+TEST_F(GemmaKernelTest, SideStreamGroup) {
+  struct Case {
+    int64_t t, h, inter, e, i, k;
+  };
+  std::mt19937_64 table_rng(rng_());
+  ASSERT_TRUE(set_cuda_side_stream_options(cuda_backend(), {4}).is_ok());
+  for (const Case& c : {Case{1, 2816, 2112, 128, 704, 8}, Case{3, 264, 200, 9, 200, 3}, Case{5, 264, 200, 9, 200, 3}}) {
+    const GegluExpertTables w = upload_geglu_experts(cpu_, cuda_, table_rng, c.e, c.h, c.i);
+    const std::vector<uint16_t> gu_bits = quick_random_bf16_bits(table_rng, 2 * c.inter * c.h, 0.02f),
+                                dn_bits = quick_random_bf16_bits(table_rng, c.h * c.inter, 0.02f);
+    const TensorView gu_c = cpu_.upload(DType::kBF16, {2 * c.inter, c.h}, gu_bits.data()),
+                     gu_g = cuda_.upload(DType::kBF16, {2 * c.inter, c.h}, gu_bits.data());
+    const TensorView dn_c = cpu_.upload(DType::kBF16, {c.h, c.inter}, dn_bits.data()),
+                     dn_g = cuda_.upload(DType::kBF16, {c.h, c.inter}, dn_bits.data());
+    std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k)), order(static_cast<size_t>(c.e));
+    std::vector<float> weights(ids.size());
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t t = 0; t < c.t; ++t) {
+      std::shuffle(order.begin(), order.end(), rng_);
+      for (int64_t j = 0; j < c.k; ++j) {
+        ids[static_cast<size_t>(t * c.k + j)] = order[static_cast<size_t>(j)];
+        weights[static_cast<size_t>(t * c.k + j)] = 0.05f + static_cast<float>(rng_() % 1000) / 1000.0f;
+      }
+    }
+    const Pair x = upload_activation(cpu_, cuda_, random_bf16(rng_, c.t * c.h, 1.0f), {c.t, c.h});
+    const Pair x_moe = upload_activation(cpu_, cuda_, random_bf16(rng_, c.t * c.h, 1.0f), {c.t, c.h});
+    const TensorView id_c = cpu_.upload(DType::kI32, {c.t, c.k}, ids.data()),
+                     id_g = cuda_.upload(DType::kI32, {c.t, c.k}, ids.data());
+    const Pair wt = f32_pair(weights, {c.t, c.k});
+    // The CPU twin, every op in order.
+    const TensorView gate_up_c = cpu_.make(DType::kF32, {c.t, 2 * c.inter});
+    const TensorView act_c = cpu_.make(DType::kF32, {c.t, c.inter});
+    const TensorView proj_c = cpu_.make(DType::kF32, {c.t, c.h}), moe_c = cpu_.make(DType::kF32, {c.t, c.h});
+    ASSERT_TRUE(cpu_backend().linear(x.cpu, gu_c, TensorView(), gate_up_c).is_ok());
+    ASSERT_TRUE(cpu_backend().geglu(gate_up_c, act_c).is_ok());
+    ASSERT_TRUE(cpu_backend().linear(act_c, dn_c, TensorView(), proj_c).is_ok());
+    ASSERT_TRUE(cpu_backend().moe_geglu_experts({x_moe.cpu, id_c, wt.cpu, w.gu_c, w.dn_c, moe_c, c.k}).is_ok());
+    // The same ops on CUDA: in order, or with the MLP as the side group; fresh outputs per run.
+    const TensorView gate_up = cuda_.make(DType::kBF16, {c.t, 2 * c.inter});
+    const TensorView act = cuda_.make(DType::kBF16, {c.t, c.inter});
+    auto run = [&](bool side, TensorView proj, TensorView moe, bool* forked) -> Status {
+      bool beside = false;
+      if (side) {
+        MX_ASSIGN_OR_RETURN(beside, cuda_backend().begin_side(c.t));
+      }
+      *forked = beside;
+      MX_RETURN_IF_ERROR(cuda_backend().linear(x.cuda, gu_g, TensorView(), gate_up));
+      MX_RETURN_IF_ERROR(cuda_backend().geglu(gate_up, act));
+      MX_RETURN_IF_ERROR(cuda_backend().linear(act, dn_g, TensorView(), proj));
+      if (beside) MX_RETURN_IF_ERROR(cuda_backend().end_side());
+      MX_RETURN_IF_ERROR(cuda_backend().moe_geglu_experts({x_moe.cuda, id_g, wt.cuda, w.gu_g, w.dn_g, moe, c.k}));
+      return beside ? cuda_backend().join_side() : Status::ok();
+    };
+    const std::string what = "T=" + std::to_string(c.t) + " " + dims({c.h, c.inter}) + " MLP beside " +
+                             dims({c.e, c.i}) + " top" + std::to_string(c.k) + " experts";
+    TensorView proj0 = cuda_.make(DType::kBF16, {c.t, c.h}), moe0 = cuda_.make(DType::kBF16, {c.t, c.h});
+    bool forked = false;
+    ASSERT_TRUE(run(false, proj0, moe0, &forked).is_ok());
+    const std::vector<float> want_proj = cuda_.download_f32(proj0), want_moe = cuda_.download_f32(moe0);
+    check("side stream group", what + ", in order: MLP vs CPU", want_proj, cpu_.download_f32(proj_c), 1e-2);
+    check("side stream group", what + ", in order: experts vs CPU", want_moe, cpu_.download_f32(moe_c), 1e-2);
+    TensorView proj1 = cuda_.make(DType::kBF16, {c.t, c.h}), moe1 = cuda_.make(DType::kBF16, {c.t, c.h});
+    const Status st = run(true, proj1, moe1, &forked);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_EQ(forked, c.t <= 4);
+    ASSERT_TRUE(cuda_backend().synchronize().is_ok());
+    const bool eager_same = cuda_.download_f32(proj1) == want_proj && cuda_.download_f32(moe1) == want_moe;
+    const std::string how = what + (forked ? ", side stream" : ", past max_tokens (in order)");
+    record("side stream group", how + (eager_same ? ": in-order bits" : ": DIFFER"), eager_same ? 0 : 1, 0, 0,
+           eager_same);
+    EXPECT_TRUE(eager_same);
+    TensorView proj2 = cuda_.make(DType::kBF16, {c.t, c.h}), moe2 = cuda_.make(DType::kBF16, {c.t, c.h});
+    auto graph = cuda_backend().capture([&] { return run(true, proj2, moe2, &forked); });
+    ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+    for (int replay = 0; replay < 2; ++replay) ASSERT_TRUE((*graph)->replay().is_ok());
+    ASSERT_TRUE(cuda_backend().synchronize().is_ok());
+    const bool replayed = cuda_.download_f32(proj2) == want_proj && cuda_.download_f32(moe2) == want_moe;
+    record("side stream group", how + ", graph replayed twice" + (replayed ? ": in-order bits" : ": DIFFER"),
+           replayed ? 0 : 1, 0, 0, replayed);
+    EXPECT_TRUE(replayed);
+  }
+  // A second begin_side before the first group is joined is an error; the group then joins as usual.
+  auto first = cuda_backend().begin_side(1);
+  ASSERT_TRUE(first.is_ok() && *first);
+  EXPECT_FALSE(cuda_backend().begin_side(1).is_ok());
+  EXPECT_FALSE(cuda_backend().join_side().is_ok());  // before end_side
+  ASSERT_TRUE(cuda_backend().end_side().is_ok());
+  ASSERT_TRUE(cuda_backend().join_side().is_ok());
+  ASSERT_TRUE(set_cuda_side_stream_options(cuda_backend(), {}).is_ok());
+}
+
 }  // namespace
 }  // namespace mx::gpu_test

@@ -187,6 +187,45 @@ class CudaBackend final : public Backend {
   }
   Status synchronize() override {
     MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    if (side_stream_) MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(side_stream_.get()));
+    return Status::ok();
+  }
+
+  // The side group on a second stream (Backend::begin_side): forked after the ops issued so far on the main
+  // stream; its ops launch on the side stream (with programmatic dependent launch there as everywhere) until
+  // end_side(), and join_side() makes the main stream wait for its last op. Both events are reused: a record
+  // and the wait on it are issued together (captured as graph edges, or taken at the call eagerly).
+  Result<bool> begin_side(int64_t tokens) override {
+    if (side_open_ || side_pending_) return internal_error("begin_side: the previous side group is not joined");
+    if (tokens <= 0 || tokens > options_.side_stream.max_tokens) return false;
+    if (!side_stream_) {
+      if (capturing_) return internal_error("begin_side: the side stream is made outside graph capture first");
+      cudaStream_t s = nullptr;
+      MX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      side_stream_ = CudaStream(s);
+      for (CudaEvent* e : {&fork_event_, &join_event_}) {
+        cudaEvent_t ev = nullptr;
+        MX_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        *e = CudaEvent(ev);
+      }
+    }
+    MX_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_event_.get(), stream_.get()));
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_stream_.get(), fork_event_.get(), 0));
+    side_open_ = true;
+    return true;
+  }
+  Status end_side() override {
+    if (!side_open_) return Status::ok();
+    MX_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_event_.get(), side_stream_.get()));
+    side_open_ = false;
+    side_pending_ = true;
+    return Status::ok();
+  }
+  Status join_side() override {
+    if (side_open_) return internal_error("join_side before end_side");
+    if (!side_pending_) return Status::ok();
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), join_event_.get(), 0));
+    side_pending_ = false;
     return Status::ok();
   }
   Status copy(TensorView dst, const TensorView& src) override {
@@ -263,7 +302,7 @@ class CudaBackend final : public Backend {
     MX_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
     return launch_embedding({ptr<const uint16_t>(table), ptr<const int32_t>(token_ids), out.data(), token_ids.numel(),
                              table.dim(1), table.dim(0), out.dtype() == DType::kF32},
-                            stream_.get());
+                            stream());
   }
 
   Status rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView out) override {
@@ -278,12 +317,12 @@ class CudaBackend final : public Backend {
     p.rows = x.numel() / h;
     p.hidden = h;
     p.eps = eps;
-    return launch_rms_norm(p, stream_.get());
+    return launch_rms_norm(p, stream());
   }
 
   Status add_rms_norm(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                       TensorView out) override {
-    return launch_rms_norm(add_rms_norm_params(residual, delta, weight, eps, out), stream_.get());
+    return launch_rms_norm(add_rms_norm_params(residual, delta, weight, eps, out), stream());
   }
 
   RmsNormParams add_rms_norm_params(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
@@ -313,7 +352,7 @@ class CudaBackend final : public Backend {
       const RmsNormParams norm = add_rms_norm_params(residual, delta, weight, eps, out);
       const RouterKernelParams r = gpt_oss_router_params(route);
       MX_ASSIGN_OR_RETURN(const bool fusable, can_fuse_add_rms_norm_route(norm, r));
-      if (fusable && r.tokens <= kFusedRouterMaxTokens) return launch_add_rms_norm_route(norm, r, stream_.get());
+      if (fusable && r.tokens <= kFusedRouterMaxTokens) return launch_add_rms_norm_route(norm, r, stream());
     }
     MX_RETURN_IF_ERROR(add_rms_norm(residual, delta, weight, eps, out));
     return router_topk(route);
@@ -339,9 +378,9 @@ class CudaBackend final : public Backend {
     // cuBLASLt's bias epilogue takes a bias of the output type; an f32 output gets its bf16 bias separately.
     const bool fused_bias = !bias.empty() && !out_f32;
     MX_RETURN_IF_ERROR(lt_->run(x.data(), weight.data(), fused_bias ? bias.data() : nullptr, out.data(), m, n, k,
-                                out_f32, stream_.get()));
+                                out_f32, stream()));
     if (!bias.empty() && out_f32)
-      return launch_add_bias_f32({ptr<float>(out), ptr<const uint16_t>(bias), m, n}, stream_.get());
+      return launch_add_bias_f32({ptr<float>(out), ptr<const uint16_t>(bias), m, n}, stream());
     return Status::ok();
   }
 
@@ -374,13 +413,13 @@ class CudaBackend final : public Backend {
       const int64_t rows = std::min(slab_rows, n - r0);
       auto* slab = ptr_of<uint16_t>(scratch_.dense_fp8);
       MX_RETURN_IF_ERROR(launch_dequant_fp8_rows(ptr<const uint8_t>(weight) + r0 * k, ptr<const float>(scale) + r0,
-                                                 slab, rows, k, stream_.get()));
+                                                 slab, rows, k, stream()));
       const void* slab_bias = fused_bias ? static_cast<const void*>(ptr<const uint16_t>(bias) + r0) : nullptr;
       MX_RETURN_IF_ERROR(lt_->run(x.data(), slab, slab_bias, static_cast<char*>(out.data()) + r0 * out_bytes, m, rows, k,
-                                  out_f32, stream_.get(), n));
+                                  out_f32, stream(), n));
     }
     if (!bias.empty() && out_f32)
-      return launch_add_bias_f32({ptr<float>(out), ptr<const uint16_t>(bias), m, n}, stream_.get());
+      return launch_add_bias_f32({ptr<float>(out), ptr<const uint16_t>(bias), m, n}, stream());
     return Status::ok();
   }
 
@@ -421,7 +460,12 @@ class CudaBackend final : public Backend {
       g.kv = paged(p.kv, batch);
       g.tokens = batch.num_tokens, g.n_q = p.n_q, g.n_kv = p.n_kv, g.head_dim = p.head_dim;
       g.rope_scale = p.rope_scale, g.eps = p.norm_eps;
-      return launch_gemma_qkv_norm_rope(g, stream_.get());
+      const CudaL2PrefetchOptions& pf = options_.l2_prefetch;
+      if (!p.prefetch.empty() && batch.num_tokens <= pf.max_tokens && dev_.sm_major >= 9) {
+        g.prefetch = p.prefetch.data();
+        g.prefetch_bytes = std::min(p.prefetch.bytes(), pf.max_bytes) / 16 * 16;
+      }
+      return launch_gemma_qkv_norm_rope(g, stream());
     }
     RopeParams r;
     r.qkv = ptr<const uint16_t>(p.qkv);
@@ -433,7 +477,7 @@ class CudaBackend final : public Backend {
     r.n_kv = p.n_kv;
     r.head_dim = p.head_dim;
     r.rope_scale = p.rope_scale;
-    return launch_qkv_rope(r, stream_.get());
+    return launch_qkv_rope(r, stream());
   }
 
   Status attention(const AttentionParams& p, const BatchView& batch) override {
@@ -474,7 +518,7 @@ class CudaBackend final : public Backend {
       if (decode == CudaAttentionDecode::kSwapAbCluster ||
           (decode == CudaAttentionDecode::kAuto &&
            attention_decode_swap_cluster_by_default(dev_, cc, p.head_dim, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv)))
-        return launch_attention_decode_swap_cluster(a, cc, stream_.get());
+        return launch_attention_decode_swap_cluster(a, cc, stream());
       if (decode == CudaAttentionDecode::kSwapAb && !c.enabled)
         return unimplemented("attention decode (swap AB): head dim 64, 256 or 512, up to 8 q heads per kv head");
       if (decode == CudaAttentionDecode::kSwapAb ||
@@ -484,7 +528,7 @@ class CudaBackend final : public Backend {
           MX_RETURN_IF_ERROR(ensure(scratch_.partials, need, "attention partials"));
           a.partials = ptr_of<float>(scratch_.partials);
         }
-        return launch_attention_decode_swap(a, c, stream_.get());
+        return launch_attention_decode_swap(a, c, stream());
       }
       AttentionDecodeConfig dc =
           choose_attention_decode_config(dev_, p.head_dim, batch.num_tokens, p.n_kv, head_blocks, max_keys);
@@ -495,12 +539,12 @@ class CudaBackend final : public Backend {
         MX_RETURN_IF_ERROR(ensure(scratch_.partials, need, "attention partials"));
         a.partials = ptr_of<float>(scratch_.partials);
       }
-      return launch_attention_decode(a, dc, stream_.get());
+      return launch_attention_decode(a, dc, stream());
     }
     CudaAttentionPath path = options_.attention.prefill;
     if (path == CudaAttentionPath::kWgmmaWide || (path == CudaAttentionPath::kAuto && p.head_dim >= 256)) {
       const AttentionWideWgmmaConfig cw = choose_attention_wide_wgmma_config(dev_, p.head_dim, a.kv.k == a.kv.v);
-      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma_wide(a, cw, stream_.get());
+      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma_wide(a, cw, stream());
       if (path == CudaAttentionPath::kWgmmaWide)
         return unimplemented("attention: the wide-head wgmma prefill kernel needs sm_90, head_dim 256 or 512 and at most " +
                              std::to_string(cw.rows_per_cta) + " q heads per kv head");
@@ -510,7 +554,7 @@ class CudaBackend final : public Backend {
       // shape at 8K on an H200, session 12); other layers as kAuto.
       const AttentionWindowWgmmaConfig cw = choose_attention_window_wgmma_config(dev_, p.head_dim);
       if (cw.enabled && p.n_q / p.n_kv <= 128 && attention_window_wgmma_takes(p.window, p.n_q / p.n_kv))
-        return launch_attention_prefill_wgmma_window(a, cw, stream_.get());
+        return launch_attention_prefill_wgmma_window(a, cw, stream());
       if (path == CudaAttentionPath::kWgmmaWindow && !cw.enabled)
         return unimplemented("attention: the wgmma window prefill kernel needs sm_90 and head_dim 64");
       path = CudaAttentionPath::kAuto;
@@ -523,13 +567,13 @@ class CudaBackend final : public Backend {
       const AttnWsShape& shape = narrow ? kAttnWsNarrow : kAttnWsWide;
       const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_ws_config(dev_, p.head_dim, shape);
       if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta)
-        return launch_attention_prefill_wgmma_ws(a, cw, stream_.get());
+        return launch_attention_prefill_wgmma_ws(a, cw, stream());
       if (path != CudaAttentionPath::kAuto)
         return unimplemented("attention: the warp-specialized wgmma prefill kernel needs sm_90 and head_dim 64");
     }
     const AttentionPrefillConfig c = choose_attention_prefill_config(dev_, p.head_dim);
     if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention prefill config does not fit");
-    return launch_attention_prefill(a, c, stream_.get());
+    return launch_attention_prefill(a, c, stream());
   }
 
   Status router_topk(const RouterParams& p) override {
@@ -539,11 +583,11 @@ class CudaBackend final : public Backend {
     if (r.tokens <= kFusedRouterMaxTokens) {
       MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", /*zero=*/true));
       r.tickets = ptr_of<uint32_t>(scratch_.tickets);
-      return launch_router_topk(r, stream_.get());
+      return launch_router_topk(r, stream());
     }
     MX_RETURN_IF_ERROR(
-        lt_->run(p.x.data(), p.weight.data(), nullptr, p.logits.data(), r.tokens, r.experts, r.hidden, true, stream_.get()));
-    return launch_topk_softmax(r, stream_.get());
+        lt_->run(p.x.data(), p.weight.data(), nullptr, p.logits.data(), r.tokens, r.experts, r.hidden, true, stream()));
+    return launch_topk_softmax(r, stream());
   }
 
   // gpt-oss's router (a bias, no scales) as router.cu's parameters, tickets unset.
@@ -571,7 +615,7 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.gemma_router_tickets, gemma_router_tickets(r.tokens) * 4, "router tickets",
                               /*zero=*/true));
     r.tickets = ptr_of<uint32_t>(scratch_.gemma_router_tickets);
-    return launch_gemma_router(r, stream_.get());
+    return launch_gemma_router(r, stream());
   }
 
   // The router's kernel parameters and kernel choice (the options, the tokens, the device).
@@ -648,7 +692,7 @@ class CudaBackend final : public Backend {
   }
   Status soft_cap(TensorView x, float cap) override {
     expect(x, DType::kF32, "soft_cap x");
-    return launch_soft_cap(ptr<float>(x), x.numel(), cap, stream_.get());
+    return launch_soft_cap(ptr<float>(x), x.numel(), cap, stream());
   }
   Status gelu_tanh_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
     expect(gate, DType::kBF16, "gelu_tanh_mul gate");
@@ -656,14 +700,14 @@ class CudaBackend final : public Backend {
     expect(out, DType::kBF16, "gelu_tanh_mul out");
     MX_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel());
     return launch_gelu_tanh_mul(ptr<const uint16_t>(gate), ptr<const uint16_t>(up), ptr<uint16_t>(out), out.numel(),
-                                stream_.get());
+                                stream());
   }
   Status geglu(const TensorView& gate_up, TensorView out) override {
     expect(gate_up, DType::kBF16, "geglu gate_up");
     expect(out, DType::kBF16, "geglu out");
     if (gate_up.numel() != 2 * out.numel()) return invalid_argument("geglu: gate_up must hold twice out's values");
     const int64_t inter = out.dim(-1);
-    return launch_geglu(ptr<const uint16_t>(gate_up), ptr<uint16_t>(out), out.numel() / inter, inter, stream_.get());
+    return launch_geglu(ptr<const uint16_t>(gate_up), ptr<uint16_t>(out), out.numel() / inter, inter, stream());
   }
   Status silu_mul(const TensorView& gate, const TensorView& up, TensorView out) override {
     expect(gate, DType::kBF16, "silu_mul gate");
@@ -671,21 +715,21 @@ class CudaBackend final : public Backend {
     expect(out, DType::kBF16, "silu_mul out");
     MX_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel());
     return launch_silu_mul(ptr<const uint16_t>(gate), ptr<const uint16_t>(up), ptr<uint16_t>(out), out.numel(),
-                           stream_.get());
+                           stream());
   }
   Status convert(const TensorView& x, TensorView out) override {
     MX_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) << dtype_name(x.dtype());
     MX_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) << dtype_name(out.dtype());
     MX_CHECK_EQ(x.numel(), out.numel());
     return launch_convert(x.data(), x.dtype() == DType::kF32, out.data(), out.dtype() == DType::kF32, x.numel(),
-                          stream_.get());
+                          stream());
   }
   Status scale_by(TensorView x, const TensorView& factor) override {
     MX_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16) << dtype_name(x.dtype());
     MX_CHECK(factor.dtype() == DType::kF32 || factor.dtype() == DType::kBF16) << dtype_name(factor.dtype());
     MX_CHECK_EQ(factor.numel(), 1);
     return launch_scale_by(x.data(), x.dtype() == DType::kF32, x.numel(), factor.data(),
-                           factor.dtype() == DType::kF32, stream_.get());
+                           factor.dtype() == DType::kF32, stream());
   }
   Status gemma_attention_end(const GemmaAttentionEndParams& p) override {
     expect(p.residual, DType::kF32, "gemma_attention_end residual");
@@ -709,7 +753,7 @@ class CudaBackend final : public Backend {
     k.mlp_in = ptr<uint16_t>(p.mlp_in);
     k.moe_in = moe ? ptr<uint16_t>(p.moe_in) : nullptr;
     k.rows = n / h, k.hidden = h, k.eps = p.eps;
-    if (!p.route) return launch_gemma_attention_end(k, stream_.get());
+    if (!p.route) return launch_gemma_attention_end(k, stream());
     const RouterParams& route = *p.route;
     if (route.x.data() != p.residual.data() || route.x.numel() != n)
       return invalid_argument("gemma_attention_end: the route's x must be the residual it updates");
@@ -717,9 +761,9 @@ class CudaBackend final : public Backend {
     if (!route.x_scale.empty() && route.bias.empty()) {
       MX_ASSIGN_OR_RETURN(const GemmaRouterParams r, gemma_router_params(route));
       if (r.cluster_ctas > 0 && gemma_attention_end_route_fits(k, r))
-        return launch_gemma_attention_end_route(k, r, stream_.get());
+        return launch_gemma_attention_end_route(k, r, stream());
     }
-    MX_RETURN_IF_ERROR(launch_gemma_attention_end(k, stream_.get()));
+    MX_RETURN_IF_ERROR(launch_gemma_attention_end(k, stream()));
     return router_topk(route);
   }
   Status gemma_layer_end(const GemmaLayerEndParams& p) override {
@@ -750,7 +794,7 @@ class CudaBackend final : public Backend {
     k.next_norm = ptr<const uint16_t>(p.next_norm);
     k.next_in = ptr<uint16_t>(p.next_in);
     k.rows = n / h, k.hidden = h, k.eps = p.eps;
-    return launch_gemma_layer_end(k, stream_.get());
+    return launch_gemma_layer_end(k, stream());
   }
   Status qkv_norms(const QkvNormParams& p) override {
     expect(p.qkv, DType::kBF16, "qkv_norms qkv");
@@ -762,7 +806,7 @@ class CudaBackend final : public Backend {
     k.k_norm = ptr<const uint16_t>(p.k_norm);
     k.n_q = p.n_q, k.n_kv = p.n_kv, k.head_dim = p.head_dim, k.eps = p.eps;
     k.tokens = p.qkv.numel() / ((p.n_q + 2 * p.n_kv) * p.head_dim);
-    return launch_qkv_norms(k, stream_.get());
+    return launch_qkv_norms(k, stream());
   }
 
   // bf16 GeGLU experts (moe_bf16.cu): routing tiles of 8 tokens at decode, 64 or 128 when experts get many
@@ -818,7 +862,7 @@ class CudaBackend final : public Backend {
       MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
       g.r = routing_scratch(E, slots, max_tiles);
       MX_RETURN_IF_ERROR(
-          launch_moe_routing({ptr<const int32_t>(p.topk_ids), g.r, slots, E, tile_tokens, max_tiles}, stream_.get()));
+          launch_moe_routing({ptr<const int32_t>(p.topk_ids), g.r, slots, E, tile_tokens, max_tiles}, stream()));
     }
     g.top_k = k;
     g.max_tiles = max_tiles;
@@ -848,7 +892,7 @@ class CudaBackend final : public Backend {
     const bool fused = self_routed && (decode == CudaBf16ExpertsDecode::kFused ||
                                        (decode == CudaBf16ExpertsDecode::kAuto && dev_.sm_major == 9 && T > 1));
     const MoeBf16GemmParams up = g;
-    if (!fused) MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
+    if (!fused) MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream()));
     g.gated = false;
     g.w = ptr<const uint16_t>(p.down);
     g.in = ptr_of<const uint16_t>(scratch_.moe_h);
@@ -869,12 +913,12 @@ class CudaBackend final : public Backend {
       MX_RETURN_IF_ERROR(ensure(scratch_.moe_fused_counters, moe_bf16_fused_counters() * 4, "MoE fused counters",
                                 /*zero=*/true));
       const int ring_slots = opt.fused_ring_slots != 0 ? opt.fused_ring_slots : 6;
-      return launch_moe_bf16_fused(up, g, ptr_of<uint32_t>(scratch_.moe_fused_counters), ring_slots, stream_.get());
+      return launch_moe_bf16_fused(up, g, ptr_of<uint32_t>(scratch_.moe_fused_counters), ring_slots, stream());
     }
-    MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream_.get()));
+    MX_RETURN_IF_ERROR(launch_moe_bf16_gemm(g, stream()));
     if (self_routed) return Status::ok();
     return launch_moe_combine({g.out, g.r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
-                              stream_.get());
+                              stream());
   }
 
   Status moe_experts(const MoeParams& p) override {
@@ -908,15 +952,15 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     const MoeRouting r = routing_scratch(E, slots, max_tiles);
     MX_RETURN_IF_ERROR(
-        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, tile_tokens, max_tiles}, stream_.get()));
+        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, tile_tokens, max_tiles}, stream()));
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
     g1.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g1, cg, stream_.get()) : launch_moe_gemm(g1, c1, stream_.get()));
+    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g1, cg, stream()) : launch_moe_gemm(g1, c1, stream()));
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g2, cg, stream_.get()) : launch_moe_gemm(g2, c2, stream_.get()));
+    MX_RETURN_IF_ERROR(grouped ? launch_moe_grouped_gemm(g2, cg, stream()) : launch_moe_gemm(g2, c2, stream()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
-                              stream_.get());
+                              stream());
   }
 
   // CudaMoeOptions::wgmma_bulk with its default resolved: 1 or 2 (the copy engine's forms) or -1 (cp.async).
@@ -977,7 +1021,7 @@ class CudaBackend final : public Backend {
     lr.num_experts = static_cast<int32_t>(p.experts->num_experts);
     lr.local_ids = static_cast<int32_t*>(scratch_.share_ids.data());
     lr.local_weights = static_cast<float*>(scratch_.share_weights.data());
-    MX_RETURN_IF_ERROR(launch_local_routing(lr, stream_.get()));
+    MX_RETURN_IF_ERROR(launch_local_routing(lr, stream()));
     MoeParams local = p;
     local.topk_ids = scratch_.share_ids.view(DType::kI32, p.topk_ids.shape());
     local.topk_weights = scratch_.share_weights.view(DType::kF32, p.topk_weights.shape());
@@ -1001,20 +1045,20 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     const MoeRouting r = routing_scratch(E, slots, max_tiles);
     MX_RETURN_IF_ERROR(
-        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles}, stream_.get()));
+        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles}, stream()));
     uint16_t* x_in = ptr_of<uint16_t>(scratch_.moe_y);  // free until the second GEMM writes y
     MX_RETURN_IF_ERROR(tiled ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles,
-                                                                    c.tile_tokens, H, k, stream_.get())
-                                          : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream_.get()));
+                                                                    c.tile_tokens, H, k, stream())
+                                          : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream()));
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
     g1.in = x_in;
     g1.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, stream_.get()) : launch_moe_wgmma_gemm(g1, c, stream_.get()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, stream()) : launch_moe_wgmma_gemm(g1, c, stream()));
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, stream_.get()) : launch_moe_wgmma_gemm(g2, c, stream_.get()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, stream()) : launch_moe_wgmma_gemm(g2, c, stream()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
-                              stream_.get());
+                              stream());
   }
 
   // Decode (moe_decode.cu): up to 32 routed tokens two launches (each CTA routes itself, the combine is in
@@ -1041,7 +1085,7 @@ class CudaBackend final : public Backend {
       MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
       r = routing_scratch(E, slots, max_tiles);
       MX_RETURN_IF_ERROR(launch_moe_routing(
-          {ptr<const int32_t>(p.topk_ids), r, slots, E, kMoeFusedTileTokens, max_tiles}, stream_.get()));
+          {ptr<const int32_t>(p.topk_ids), r, slots, E, kMoeFusedTileTokens, max_tiles}, stream()));
     } else {
       MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, H / 16 * 4, "MoE tickets", /*zero=*/true));
     }
@@ -1051,7 +1095,7 @@ class CudaBackend final : public Backend {
     f1.slots = slots;
     f1.experts = E;
     const int only = options_.moe.decode_only_gemm;  // benchmarks only
-    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, stream_.get()));
+    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, stream()));
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
     f2.g = expert_gemm(p, r, /*first=*/false);
@@ -1059,10 +1103,10 @@ class CudaBackend final : public Backend {
       f2.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       f2.combined = ptr<uint16_t>(p.out);
     }
-    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, stream_.get()));
+    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, stream()));
     if (self_routed) return Status::ok();
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
-                              stream_.get());
+                              stream());
   }
 
   // The routing kernel's outputs, carved out of moe_meta (sized by the caller).
@@ -1113,7 +1157,7 @@ class CudaBackend final : public Backend {
     const int64_t row_bytes = x.bytes() / x.dim(0);
     return launch_gather_rows({ptr<const uint8_t>(x), ptr<const int32_t>(rows), ptr<uint8_t>(out), rows.numel(),
                                x.dim(0), row_bytes},
-                              stream_.get());
+                              stream());
   }
 
   Status sample(const SampleParams& p) override {
@@ -1135,7 +1179,7 @@ class CudaBackend final : public Backend {
       MX_CHECK_EQ(p.token_mask.numel(), rows * sampling::mask_words(vocab));
       MX_CHECK_EQ(p.mask_rows.numel(), rows);
       MX_RETURN_IF_ERROR(launch_apply_token_mask(ptr<float>(p.logits), rows, vocab, ptr<const uint32_t>(p.token_mask),
-                                                 ptr<const int32_t>(p.mask_rows), stream_.get()));
+                                                 ptr<const int32_t>(p.mask_rows), stream()));
     }
     const int64_t bytes = sample_scratch_bytes(rows, vocab);
     MX_RETURN_IF_ERROR(ensure(scratch_.sampling, bytes, "sampling"));
@@ -1148,7 +1192,7 @@ class CudaBackend final : public Backend {
     k.scratch_bytes = scratch_.sampling.bytes();
     k.rows = rows;
     k.vocab = vocab;
-    return launch_sample(k, stream_.get());
+    return launch_sample(k, stream());
   }
 
   Status prepare(const WorkspaceSpec& s) override {
@@ -1222,7 +1266,7 @@ class CudaBackend final : public Backend {
       s.partials = ptr_of<float>(scratch_.linear_partials);
       s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
     }
-    return launch_skinny_linear(s, c, stream_.get());
+    return launch_skinny_linear(s, c, stream());
   }
 
   // The skinny linear's k-split partials and per-strip tickets (fixed size, kernel_configs.h).
@@ -1236,10 +1280,10 @@ class CudaBackend final : public Backend {
     if (b.bytes() >= bytes && b.data()) return Status::ok();
     if (capturing_)
       return internal_error(std::string(what) + " scratch too small inside graph capture: call prepare() first");
-    MX_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    MX_RETURN_IF_ERROR(synchronize());  // both streams: the old buffer may be in use on either
     b = Buffer();
     MX_ASSIGN_OR_RETURN(b, allocate(bytes));
-    if (zero) MX_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.data(), 0, static_cast<size_t>(bytes), stream_.get()));
+    if (zero) MX_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.data(), 0, static_cast<size_t>(bytes), stream()));
     return Status::ok();
   }
 
@@ -1250,6 +1294,12 @@ class CudaBackend final : public Backend {
   int router_cluster_ctas_ = -1;  // gemma_router_cluster_ctas() on this device, asked at the first decode router
   int router_split_ctas_ = -1;   // gemma_router_split_ctas() on this device, asked once as the one above
   CudaStream stream_;
+  // Backend::begin_side's second stream and its fork and join events (made at the first side group).
+  CudaStream side_stream_;
+  CudaEvent fork_event_, join_event_;
+  bool side_open_ = false, side_pending_ = false;  // between begin_side and end_side; between that and join_side
+  // The stream an op launches on: the side stream inside a side group, else the main one.
+  cudaStream_t stream() const { return side_open_ ? side_stream_.get() : stream_.get(); }
   std::unique_ptr<LtLinear> lt_;
   Scratch scratch_;
   bool capturing_ = false;
@@ -1306,6 +1356,18 @@ Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOpti
 Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOptions& gemma_router) {
   MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
   options->gemma_router = gemma_router;
+  return Status::ok();
+}
+
+Status set_cuda_side_stream_options(Backend& backend, const CudaSideStreamOptions& side_stream) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->side_stream = side_stream;
+  return Status::ok();
+}
+
+Status set_cuda_l2_prefetch_options(Backend& backend, const CudaL2PrefetchOptions& l2_prefetch) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->l2_prefetch = l2_prefetch;
   return Status::ok();
 }
 

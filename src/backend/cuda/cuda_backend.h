@@ -139,12 +139,29 @@ struct CudaGemmaRouterOptions {
 };
 
 // Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.
+// Backend::begin_side on CUDA: the side group on a second stream for steps of 1 to max_tokens tokens; larger
+// steps (and max_tokens 0) run it in order. Gemma-4's dense MLP beside its experts at one token: 53.7 -> 48.0 us a
+// layer (`mx_kernel_bench --gemma-ffn-overlap`, H200; docs/PERF.md).
+struct CudaSideStreamOptions {
+  int64_t max_tokens = 16;
+};
+
+// QkvRopeParams::prefetch on CUDA (the Gemma-4 form): steps of at most max_tokens tokens pull the first max_bytes
+// of the weight into the L2 (H100/H200: 50 MB, shared with the attention's K/V; Gemma-4's o_proj is 23 MB on
+// sliding layers, 46 MB on full ones). max_bytes 0: none.
+struct CudaL2PrefetchOptions {
+  int64_t max_bytes = 24ll << 20;
+  int64_t max_tokens = 16;
+};
+
 struct CudaBackendOptions {
   CudaMoeOptions moe;
   CudaSkinnyLinearOptions skinny_linear;
   CudaAttentionOptions attention;
   CudaBf16ExpertsOptions bf16_experts;
   CudaGemmaRouterOptions gemma_router;
+  CudaSideStreamOptions side_stream;
+  CudaL2PrefetchOptions l2_prefetch;
 };
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options = {});
@@ -155,6 +172,8 @@ Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOp
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention);
 Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts);
 Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOptions& gemma_router);
+Status set_cuda_side_stream_options(Backend& backend, const CudaSideStreamOptions& side_stream);
+Status set_cuda_l2_prefetch_options(Backend& backend, const CudaL2PrefetchOptions& l2_prefetch);
 
 // A CUDA backend's device ordinal and stream (cudaStream_t), for the collectives that run on its stream.
 struct CudaPlacement {

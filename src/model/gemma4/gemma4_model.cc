@@ -250,6 +250,7 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     // Per-head q/k/v norms, then RoPE and the KV write, in one op.
     QkvRopeParams rope{qkv, q, cache, sliding ? sliding_inv_freq_ : full_inv_freq_, 1.0f, nq, n_kv, hd, L.q_norm,
                        L.k_norm, eps};
+    rope.prefetch = L.o_weight;  // into the L2 while the attention runs (where the backend does so)
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
     AttentionParams ap{q, cache, TensorView(), attn, nq, n_kv, hd, kv_layout_.layers[li].window, 1.0f};
     MX_RETURN_IF_ERROR(b.attention(ap, batch));
@@ -267,19 +268,28 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
                                 c.moe ? L.pre_moe_norm : TensorView(), normed, normed_moe, eps};
     end.route = c.moe ? &router : nullptr;
     MX_RETURN_IF_ERROR(b.gemma_attention_end(end));
-    // Dense MLP.
+    // Dense MLP, beside the experts where the backend runs the two so (CUDA: at a few tokens, on two streams;
+    // one rank only: the all-reduces stay in order). The MLP reads normed and writes gate_up, mlp_act and proj;
+    // the experts read normed_moe and the routing and write moe_out.
+    bool beside = false;
+    if (c.moe && shard_.size == 1) {
+      MX_ASSIGN_OR_RETURN(beside, b.begin_side(T));
+    }
     TensorView gate_up = ws.gate_up.rows(0, T), mlp_act = ws.mlp_act.rows(0, T);
     MX_RETURN_IF_ERROR(b.linear(normed, mlp_gate_up_[li], TensorView(), gate_up));
     MX_RETURN_IF_ERROR(b.geglu(gate_up, mlp_act));
     MX_RETURN_IF_ERROR(b.linear(mlp_act, L.mlp_down, TensorView(), proj));
+    if (beside) MX_RETURN_IF_ERROR(b.end_side());
     MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's intermediate slice
     if (c.moe) {
       GegluMoeParams experts{normed_moe, router.topk_ids, router.topk_weights, L.experts_gate_up, L.experts_down,
                              moe_out, c.experts_per_token};
-      experts.routing_ready = true;  // the dense MLP's kernels ran in between
+      // In order, the dense MLP's kernels ran in between; beside it, the experts follow the router's launch.
+      experts.routing_ready = !beside;
       MX_RETURN_IF_ERROR(b.moe_geglu_experts(experts));
       MX_RETURN_IF_ERROR(all_reduce(moe_out));  // each rank's slice of every expert
     }
+    if (beside) MX_RETURN_IF_ERROR(b.join_side());
     // residual = (residual + normed FFN) * layer_scalar, then the next layer's input norm (or the final
     // norm) into normed. With experts the FFN is the norm of (normed dense + normed experts).
     const bool last = l + 1 == c.num_layers;

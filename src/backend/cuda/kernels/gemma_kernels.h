@@ -44,6 +44,10 @@ struct GemmaQkvNormRopeParams {
   PagedKv kv;
   int64_t tokens = 0, n_q = 0, n_kv = 0, head_dim = 0;
   float rope_scale = 1.0f, eps = 1e-6f;
+  // Bytes [prefetch, prefetch + prefetch_bytes) into the L2 (bulk prefetches before the PDL wait; sm_90+);
+  // prefetch 16-byte aligned, prefetch_bytes % 16 == 0; 0 = none.
+  const void* prefetch = nullptr;
+  int64_t prefetch_bytes = 0;
 };
 Status launch_gemma_qkv_norm_rope(const GemmaQkvNormRopeParams& p, cudaStream_t stream);
 

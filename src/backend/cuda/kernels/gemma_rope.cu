@@ -4,6 +4,9 @@
 // head: the warp holds its head's row in registers for the sum of squares, puts the normed row (fp32) in
 // shared memory for the half rotation's partner elements, and writes 16 bytes per lane access. cos/sin as
 // rope.cu computes them (fp32 angle, precise sincosf); v heads are normed and copied, not rotated.
+// At decode the kernel also pulls the weight the step reads after the attention (o_proj) into the L2
+// (GemmaQkvNormRopeParams::prefetch): this kernel and the attention leave HBM idle for ~10 us a layer at one token,
+// and the o_proj GEMV then reads its weight from the L2 instead of HBM.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/head_rows.cuh"
@@ -14,6 +17,21 @@ namespace {
 constexpr int kWarps = 8;       // heads per CTA
 constexpr int kMaxHalf = 256;   // head_dim <= 512 (Gemma-4's full layers)
 constexpr int kMaxChunks = 2;   // 8-element chunks per lane: 32 * 2 * 8 = 512
+constexpr int64_t kPrefetchChunk = 16 << 10;  // bytes per bulk L2 prefetch: ~1,500 for o_proj's 23 MB
+
+// This thread's share of [base, base + bytes) as bulk L2 prefetches of kPrefetchChunk bytes (the last one shorter),
+// chunk i to thread i % threads: fire and forget, nothing waits for them.
+__device__ __forceinline__ void prefetch_l2_share(const void* base, int64_t bytes, int64_t thread, int64_t threads) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const auto* p = static_cast<const char*>(base);
+  for (int64_t off = thread * kPrefetchChunk; off < bytes; off += threads * kPrefetchChunk) {
+    const auto size = static_cast<uint32_t>(bytes - off < kPrefetchChunk ? bytes - off : kPrefetchChunk);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(size) : "memory");
+  }
+#else
+  (void)base, (void)bytes, (void)thread, (void)threads;
+#endif
+}
 
 __global__ void __launch_bounds__(kWarps * 32) gemma_qkv_norm_rope_kernel(GemmaQkvNormRopeParams p) {
   __shared__ float cos_t[kMaxHalf], sin_t[kMaxHalf];
@@ -39,6 +57,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemma_qkv_norm_rope_kernel(GemmaQ
     const int i = lane + 32 * c;
     if (i >= chunks) break;
     if (weight && h < heads) weight_raw[c] = reinterpret_cast<const uint4*>(weight)[i];
+  }
+  if (p.prefetch_bytes > 0) {
+    const int64_t threads = static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x;
+    const int64_t thread = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+    prefetch_l2_share(p.prefetch, p.prefetch_bytes, thread, threads);
   }
   pdl_wait();
   pdl_launch_dependents();
@@ -94,6 +117,8 @@ Status launch_gemma_qkv_norm_rope(const GemmaQkvNormRopeParams& p, cudaStream_t 
   if (p.head_dim < 8 || p.head_dim % 8 != 0 || p.head_dim > 2 * kMaxHalf)
     return unimplemented("qkv norms + rope: head_dim must be a multiple of 8 in [8, 512]");
   if (p.tokens == 0) return Status::ok();
+  if (p.prefetch_bytes < 0 || p.prefetch_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(p.prefetch) % 16 != 0)
+    return invalid_argument("qkv norms + rope: the L2 prefetch needs 16-byte alignment and a multiple of 16 bytes");
   const int64_t groups = ceil_div64(p.n_q + 2 * p.n_kv, kWarps);
   if (groups > 65535) return unimplemented("qkv norms + rope: too many heads");
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(groups));
