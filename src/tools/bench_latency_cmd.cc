@@ -102,10 +102,10 @@ const std::vector<CliOption> kCommandOptions = {
      "kernel) or gemm (in the second expert GEMM, then the norm: the two ops); several, comma-separated: compared "
      "as --bf16-experts-decode"},
     {"decode-overlap", true,
-     "Gemma-4's decode overlaps on CUDA: auto (default: both), off, side-stream (the dense MLP on a second stream "
-     "beside the experts, CudaSideStreamOptions) or l2-prefetch (o_proj's weight into the L2 during the attention, "
-     "CudaL2PrefetchOptions); several, comma-separated: every batch once per value, each on an engine of its own "
-     "over the one loaded model (as --bf16-experts-decode)"},
+     "Gemma-4's decode overlaps on CUDA: auto (default: the side stream alone), off, side-stream (the dense MLP on a "
+     "second stream beside the experts, CudaSideStreamOptions), l2-prefetch (24 MiB of o_proj's weight into the L2 "
+     "during the attention, CudaL2PrefetchOptions) or both; several, comma-separated: every batch once per value, "
+     "each on an engine of its own over the one loaded model (as --bf16-experts-decode)"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -191,13 +191,14 @@ Status choose_moe_decode_combine(Backend& backend, const std::string& name) {
 
 // --decode-overlap: which of the side stream and the L2 prefetch a CUDA backend runs (the others' defaults).
 Status choose_decode_overlap(Backend& backend, const std::string& value) {
-  if (value != "auto" && value != "off" && value != "side-stream" && value != "l2-prefetch")
-    return invalid_argument("--decode-overlap must be auto, off, side-stream or l2-prefetch, got " + value);
+  if (value != "auto" && value != "off" && value != "side-stream" && value != "l2-prefetch" && value != "both")
+    return invalid_argument("--decode-overlap must be auto, off, side-stream, l2-prefetch or both, got " + value);
 #ifdef MX_HAVE_CUDA
   CudaSideStreamOptions side;
   CudaL2PrefetchOptions prefetch;
   if (value == "off" || value == "l2-prefetch") side.max_tokens = 0;
   if (value == "off" || value == "side-stream") prefetch.max_bytes = 0;
+  if (value == "l2-prefetch" || value == "both") prefetch.max_bytes = 24ll << 20;
   MX_RETURN_IF_ERROR(set_cuda_side_stream_options(backend, side));
   return set_cuda_l2_prefetch_options(backend, prefetch);
 #else

@@ -140,17 +140,19 @@ struct CudaGemmaRouterOptions {
 
 // Kernel choices of one CUDA backend, fixed at creation; the defaults are what serving uses.
 // Backend::begin_side on CUDA: the side group on a second stream for steps of 1 to max_tokens tokens; larger
-// steps (and max_tokens 0) run it in order. Gemma-4's dense MLP beside its experts at one token: 53.7 -> 48.0 us a
-// layer (`mx_kernel_bench --gemma-ffn-overlap`, H200; docs/PERF.md).
+// steps (and max_tokens 0) run it in order. Gemma-4's dense MLP beside its experts (H200, docs/PERF.md): 53.7 ->
+// 48.0 us a layer at one token (`mx_kernel_bench --gemma-ffn-overlap`); TPOT 3.397 -> 3.222 ms at batch 1 and
+// 8.440 -> 8.295 at batch 8 (bench latency --decode-overlap); not measured above 8 tokens.
 struct CudaSideStreamOptions {
-  int64_t max_tokens = 16;
+  int64_t max_tokens = 8;
 };
 
 // QkvRopeParams::prefetch on CUDA (the Gemma-4 form): steps of at most max_tokens tokens pull the first max_bytes
 // of the weight into the L2 (H100/H200: 50 MB, shared with the attention's K/V; Gemma-4's o_proj is 23 MB on
-// sliding layers, 46 MB on full ones). max_bytes 0: none.
+// sliding layers, 46 MB on full ones). max_bytes 0: none, the default: at 24 MiB the o_proj GEMVs took 67 us less
+// a batch-1 step, but qkv_rope's CTAs issuing the bulk prefetches took ~32 us more a layer (H200, docs/PERF.md).
 struct CudaL2PrefetchOptions {
-  int64_t max_bytes = 24ll << 20;
+  int64_t max_bytes = 0;
   int64_t max_tokens = 16;
 };
 
