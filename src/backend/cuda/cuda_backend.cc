@@ -998,7 +998,7 @@ class CudaBackend final : public Backend {
       m.slots = static_cast<int>(slots);
       m.experts = static_cast<int>(w.num_experts);
       m.top_k = static_cast<int>(p.top_k);
-      return launch_moe_combine_add_rms_norm(add_rms_norm_params(residual, p.out, weight, eps, out), m, stream_.get());
+      return launch_moe_combine_add_rms_norm(add_rms_norm_params(residual, p.out, weight, eps, out), m, stream());
     }
     MX_RETURN_IF_ERROR(moe_experts(p));
     return add_rms_norm(residual, p.out, weight, eps, out);
