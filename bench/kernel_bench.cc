@@ -1211,9 +1211,12 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       CudaBf16ExpertsPrefill prefill = CudaBf16ExpertsPrefill::kAuto;  // from 32 routed tokens per expert
       int prefill_tile_tokens = 0;
       int fused_ring_slots = 0;
+      int bulk_up_stage_k = 0, bulk_down_stage_k = 0;  // bulk copies: k per ring stage (0: 256)
     };
     auto options_of = [](const Variant& v) {
       CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
+      o.bulk_up_stage_k = v.bulk_up_stage_k;
+      o.bulk_down_stage_k = v.bulk_down_stage_k;
       o.stream_tile_tokens = v.stream_tile_tokens;
       o.stream_ring_slots = v.stream_ring_slots;
       o.prefill = v.prefill;
@@ -1224,12 +1227,18 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
     using D = CudaBf16ExpertsDecode;
     using P = CudaBf16ExpertsPrefill;
     const std::vector<Variant> variants{{D::kRegisterLoads, 0, false, " (register loads)"},
-                                        {D::kBulkCopies, 1, false, " (bulk copies, 1 tile per CTA)"},
-                                        {D::kBulkCopies, 2, false, " (bulk copies, 2 tiles per CTA)"},
-                                        {D::kBulkCopies, 3, false, " (bulk copies, 3 tiles per CTA)"},
-                                        {D::kBulkCopies, 4, false, " (bulk copies, 4 tiles per CTA)"},
-                                        {D::kBulkCopies, 0, false, " (bulk copies)"},
-                                        {D::kBulkCopies, 0, true, " (bulk copies, routing ready)"},
+                                        {D::kBulkCopies, 1, false, " (bulk copies, 1 tile per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
+                                        {D::kBulkCopies, 2, false, " (bulk copies, 2 tiles per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
+                                        {D::kBulkCopies, 3, false, " (bulk copies, 3 tiles per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
+                                        {D::kBulkCopies, 4, false, " (bulk copies, 4 tiles per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
+                                        {D::kBulkCopies, 0, false, " (bulk copies)", 0, 0, P::kAuto, 0, 0, 256, 256},
+                                        {D::kBulkCopies, 0, true, " (bulk copies, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 256},
+                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 512 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 768},
+                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 768 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 768, 768},
+                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 512 and 256, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 256},
+                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 256 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 768},
+                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 256 and 512, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 512},
+                                        {D::kBulkCopies, 0, false, " (bulk copies in stages of 512 and 768)", 0, 0, P::kAuto, 0, 0, 512, 768},
                                         {D::kStreamed, 0, false, " (streamed 16-token tiles 4 slots)", 16, 4},
                                         {D::kStreamed, 0, false, " (streamed 8-token tiles 4 slots)", 8, 4},
                                         {D::kStreamed, 0, false, " (streamed 32-token tiles 4 slots)", 32, 4},
@@ -1262,10 +1271,12 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
         continue;
       }
       std::string same;
-      if (v.path == D::kBulkCopies && v.tiles_per_cta == 0 && !v.routing_ready) {
+      const bool wide = v.bulk_up_stage_k > 256 || v.bulk_down_stage_k > 256;
+      if (v.path == D::kBulkCopies && v.tiles_per_cta == 0 && !v.routing_ready && !wide) {
         bulk_out.resize(got_out.size());
         CHECK_OK(g_b->copy_to_host(bulk_out.data(), out));
-      } else if (v.path == D::kStreamed || v.path == D::kFused || (v.path == D::kBulkCopies && T * k > 32)) {
+      } else if (v.path == D::kStreamed || v.path == D::kFused || (v.path == D::kBulkCopies && T * k > 32) ||
+                 wide) {
         CHECK_OK(g_b->copy_to_host(got_out.data(), out));
         same = bulk_out.empty() ? "" : got_out == bulk_out ? ", = bulk bit for bit" : ", DIFFERS from bulk";
       } else if (v.prefill == P::kMmaSync) {

@@ -887,6 +887,8 @@ class CudaBackend final : public Backend {
     g.out_rows = I;
     g.k = H;
     g.k_split = k_split(H);
+    // Bulk copies where the experts route themselves (one CTA per tile and strip): wider ring stages, fewer copies.
+    g.bulk_stage_k = opt.bulk_up_stage_k != 0 ? opt.bulk_up_stage_k : self_routed ? 512 : 256;
     // A self-routed step's two GEMMs in one persistent launch (moe_bf16_fused.cu): kFused, and kAuto on Hopper
     // from two tokens (H200: 4 tokens 128.1 -> 113.2 us; one token 34.6 -> 35.7 keeps the two launches).
     const bool fused = self_routed && (decode == CudaBf16ExpertsDecode::kFused ||
@@ -901,6 +903,7 @@ class CudaBackend final : public Backend {
     g.out_rows = H;
     g.k = I;
     g.k_split = k_split(I);
+    g.bulk_stage_k = opt.bulk_down_stage_k != 0 ? opt.bulk_down_stage_k : self_routed ? 768 : 256;
     if (g.bulk_copies) {
       const int forced = opt.second_gemm_tiles_per_cta;
       g.tiles_per_cta = forced > 0 ? forced : self_routed ? 1 : 3;

@@ -111,6 +111,10 @@ struct CudaBf16ExpertsOptions {
   // kFused: ring slots per CTA (2 to 8; 0 = 6). H200, 4 tokens, us per call at 3 / 4 / 6 slots: 119.84 /
   // 115.74 / 113.18 (mx_kernel_bench --gemma-experts-only, session 15 W1).
   int fused_ring_slots = 0;
+  // The bulk-copy kernels' k per ring stage (a copy per weight row and stage) in the first (up) and second (down)
+  // GEMM: 256, 512 or 768; 0 = 512 and 768 where the experts route themselves (<= 32 slots), else 256.
+  int bulk_up_stage_k = 0;
+  int bulk_down_stage_k = 0;
 };
 
 // Which kernel runs Gemma-4's router: kAuto = up to kClusterMaxTokens tokens the cluster kernel on sm_90

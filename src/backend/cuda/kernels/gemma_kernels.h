@@ -164,6 +164,8 @@ struct MoeBf16GemmParams {
   bool routing_ready = false;
   // Bulk copies: tiles one CTA runs in turn (1 to 4; fewer, longer CTAs where one-tile CTAs need waves).
   int tiles_per_cta = 1;
+  // Bulk copies: k per ring stage (a copy per row and stage), 256, 512 or 768; 0 = 256.
+  int64_t bulk_stage_k = 0;
   // Routing metadata with tiles of 8, 16 or 32 tokens: persistent CTAs stream (tile, strip) items through one
   // ring of `ring_slots` stages (moe_bf16_stream.cu, sm_90+) instead of one CTA per item.
   bool streamed = false;

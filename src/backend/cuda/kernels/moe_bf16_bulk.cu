@@ -38,11 +38,24 @@ constexpr int kSlotBytes = kRows * kRowPitch;
 
 constexpr int kMaxTilesPerCta = 4;
 
-// The ring's slots for a CTA's `stages`: every stage in flight at once where there are no more than kStages.
-__host__ __device__ constexpr int ring_slots(int64_t stages) { return stages < kStages ? static_cast<int>(stages) : kStages; }
+// Wide stages (MoeBf16GemmParams::bulk_stage_k): kBlocks of the kStageK-wide blocks per stage, a copy per row and
+// stage, in a ring of the same bytes (4 slots of one block, 2 of two, 1 of three); each warp still multiplies
+// chunk w of every block in k order, so the sums and bits are the one-block kernel's.
+__host__ __device__ constexpr int64_t row_pitch(int blocks) { return 2 * kStageK * blocks + 16; }
+__host__ __device__ constexpr int64_t slot_bytes(int blocks) { return kRows * row_pitch(blocks); }
+__host__ __device__ constexpr int max_slots(int blocks) {
+  return kStages * kSlotBytes / slot_bytes(blocks) > 1 ? static_cast<int>(kStages * kSlotBytes / slot_bytes(blocks)) : 1;
+}
 
-template <bool kGated>
-__global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmParams p) {
+// The ring's slots for a CTA's `stages`: every stage in flight at once where there are no more than max_slots.
+__host__ __device__ constexpr int ring_slots(int64_t stages, int blocks = 1) {
+  return stages < max_slots(blocks) ? static_cast<int>(stages) : max_slots(blocks);
+}
+
+template <bool kGated, int kBlocks>
+__device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p) {
+  constexpr int64_t kStageWidth = static_cast<int64_t>(kStageK) * kBlocks, kPitch = row_pitch(kBlocks);
+  constexpr int64_t kSlot = slot_bytes(kBlocks);
   extern __shared__ __align__(128) uint8_t ring[];
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ float red[kWarps - 1][4][32];
@@ -61,8 +74,8 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
 #pragma unroll
   for (int j = 0; j < kMaxTilesPerCta; ++j)
     expert[j] = j == 0 ? rt0.expert : j < n_tiles ? tile_route(p, tile0 + j).expert : 0;
-  const int64_t n_stages = cdiv(p.k, kStageK), total = n_tiles * n_stages;
-  const int slots = ring_slots(total);
+  const int64_t n_stages = cdiv(p.k, kStageWidth), total = n_tiles * n_stages, n_blocks = cdiv(p.k, kStageK);
+  const int slots = ring_slots(total, kBlocks);
   const uint32_t ring0 = smem_addr(ring), full0 = smem_addr(full);
 
   if (threadIdx.x == 0) {
@@ -78,11 +91,11 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
   const int64_t rows_left = p.out_rows - (kGated ? 8 : 16) * strip;
   const int valid_rows = static_cast<int>(kGated ? 2 * (rows_left < 8 ? rows_left : 8) : (rows_left < 16 ? rows_left : 16));
   auto issue = [&](int64_t c) {
-    const int64_t k0 = c % n_stages * kStageK;
+    const int64_t k0 = c % n_stages * kStageWidth;
     int e = expert[0];
 #pragma unroll
     for (int j = 1; j < kMaxTilesPerCta; ++j) e = c / n_stages == j ? expert[j] : e;
-    const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
+    const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageWidth ? p.k - k0 : kStageWidth));
     const uint32_t bar = full0 + 8 * static_cast<uint32_t>(c % slots);
     if (lane == 0) mbarrier_arrive_expect_tx(bar, bytes * valid_rows);
     __syncwarp();
@@ -90,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
     const bool row_ok = kGated ? i < 16 && i % 8 < valid_rows / 2 : i < valid_rows;
     if (row_ok) {
       const int64_t row = kGated ? (i < 8 ? 8 * strip + i : p.out_rows + 8 * strip + i - 8) : 16 * strip + i;
-      const uint32_t dst = ring0 + static_cast<uint32_t>((c % slots) * kSlotBytes + i * kRowPitch);
+      const uint32_t dst = ring0 + static_cast<uint32_t>((c % slots) * kSlot + i * kPitch);
       bulk_copy(dst, p.w + (e * rows_total + row) * p.k + k0, bytes, bar);
     }
   };
@@ -116,20 +129,30 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t ks = 0; ks < n_stages; ++ks) {
       const int64_t c = j * n_stages + ks;
-      const int64_t off = ks * kStageK + 64 * warp, k0 = off + 16 * q;  // this warp's chunk; this lane's first k
-      const bool in0 = k0 < p.k, in1 = k0 + 8 < p.k;
-      const uint4 x0 = load16_act<kGated>(x_row + off, x_ok && in0);  // issued before the wait
-      const uint4 x1 = load16_act<kGated>(x_row + off + 8, x_ok && in1);
+      bool in0[kBlocks], in1[kBlocks];
+      uint4 x0[kBlocks], x1[kBlocks];
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {  // blocks past the last of k do not exist (no mma, as in one-block stages)
+        const int64_t off = ks * kStageWidth + b * kStageK + 64 * warp, k0 = off + 16 * q;  // this warp's chunk
+        const bool block_ok = ks * kBlocks + b < n_blocks;
+        in0[b] = block_ok && k0 < p.k, in1[b] = block_ok && k0 + 8 < p.k;
+        x0[b] = load16_act<kGated>(x_row + off, x_ok && in0[b]);  // issued before the wait
+        x1[b] = load16_act<kGated>(x_row + off + 8, x_ok && in1[b]);
+      }
       const uint32_t slot = static_cast<uint32_t>(c % slots);
       while (!mbarrier_try_wait(full0 + 8 * slot, static_cast<uint32_t>(c / slots) & 1u)) {
       }
-      const uint8_t* base = ring + slot * kSlotBytes + (64 * warp + 16 * q) * 2;
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      const uint4 a[4] = {in0 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch) : zero,
-                          in1 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch + 16) : zero,
-                          in0 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch) : zero,
-                          in1 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch + 16) : zero};
-      chunk_mma(acc, a, x0, x1);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        if (ks * kBlocks + b >= n_blocks) break;
+        const uint8_t* base = ring + slot * kSlot + (b * kStageK + 64 * warp + 16 * q) * 2;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const uint4 a[4] = {in0[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch) : zero,
+                            in1[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch + 16) : zero,
+                            in0[b] ? *reinterpret_cast<const uint4*>(base + (r + 8) * kPitch) : zero,
+                            in1[b] ? *reinterpret_cast<const uint4*>(base + (r + 8) * kPitch + 16) : zero};
+        chunk_mma(acc, a, x0[b], x1[b]);
+      }
       __syncthreads();  // every warp is done with this slot
       if (warp == 0 && c + slots < total) issue(c + slots);
     }
@@ -150,6 +173,17 @@ __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmPara
   }
 }
 
+template <bool kGated>
+__global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmParams p) {
+  bulk_gemm<kGated, 1>(p);
+}
+// Wide stages: registers for as many CTAs per SM as one-block stages get (first GEMM 6, shared memory; second 7,
+// registers), where one wave holds the whole grid at one token.
+template <bool kGated, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kGated ? 6 : 7) moe_bf16_bulk_wide_kernel(MoeBf16GemmParams p) {
+  bulk_gemm<kGated, kBlocks>(p);
+}
+
 }  // namespace
 
 Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
@@ -157,9 +191,15 @@ Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream
     return invalid_argument("moe_bf16_bulk: 1 to " + std::to_string(kMaxTilesPerCta) + " tiles per CTA");
   const int64_t strips = p.gated ? cdiv(p.out_rows, 8) : cdiv(p.out_rows, 16);
   const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(cdiv(p.max_tiles, p.tiles_per_cta)));
-  auto kernel = p.gated ? moe_bf16_bulk_kernel<true> : moe_bf16_bulk_kernel<false>;
+  const int blocks = p.bulk_stage_k == 0 ? 1 : static_cast<int>(p.bulk_stage_k / kStageK);
+  if (blocks < 1 || blocks > 3 || (p.bulk_stage_k != 0 && p.bulk_stage_k % kStageK != 0))
+    return invalid_argument("moe_bf16_bulk: stages of 256, 512 or 768 k");
+  auto kernel = blocks == 3   ? (p.gated ? moe_bf16_bulk_wide_kernel<true, 3> : moe_bf16_bulk_wide_kernel<false, 3>)
+                : blocks == 2 ? (p.gated ? moe_bf16_bulk_wide_kernel<true, 2> : moe_bf16_bulk_wide_kernel<false, 2>)
+                              : (p.gated ? moe_bf16_bulk_kernel<true> : moe_bf16_bulk_kernel<false>);
   // Ring slots for a CTA's stages: the most any CTA runs (tiles_per_cta full tiles).
-  const size_t smem = static_cast<size_t>(ring_slots(p.tiles_per_cta * cdiv(p.k, kStageK))) * kSlotBytes;
+  const int64_t stages = p.tiles_per_cta * cdiv(p.k, kStageK * blocks);
+  const size_t smem = static_cast<size_t>(ring_slots(stages, blocks) * slot_bytes(blocks));
   return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), smem, stream, p), "moe_bf16_bulk_kernel");
 }
 
