@@ -106,6 +106,10 @@ const std::vector<CliOption> kCommandOptions = {
      "second stream beside the experts, CudaSideStreamOptions), l2-prefetch (24 MiB of o_proj's weight into the L2 "
      "during the attention, CudaL2PrefetchOptions) or both; several, comma-separated: every batch once per value, "
      "each on an engine of its own over the one loaded model (as --bf16-experts-decode)"},
+    {"moe-wgmma-loads", true,
+     "how gpt-oss's 16-token wgmma MoE tiles (batched decode at ~8-16 tokens per expert, sm_90) load their k tiles: "
+     "auto (default: the copy engine), cp-async or copy-engine; several, comma-separated: compared as "
+     "--bf16-experts-decode"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -180,12 +184,26 @@ Status choose_skinny_strip_rows(Backend& backend, const std::string& value) {
 Status choose_moe_decode_combine(Backend& backend, const std::string& name) {
   if (name != "auto" && name != "gemm") return invalid_argument("--moe-decode-combine must be auto or gemm, got " + name);
 #ifdef MX_HAVE_CUDA
-  CudaMoeOptions moe;
+  MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));  // the other MoE flag's choice stays
   moe.decode_combine_in_norm = name == "auto";
   return set_cuda_moe_options(backend, moe);
 #else
   (void)backend;
   return invalid_argument("--moe-decode-combine " + name + ": this build has no CUDA backend");
+#endif
+}
+
+// --moe-wgmma-loads: the 16-token wgmma MoE tiles' k-tile loads (CudaMoeOptions::wgmma_bulk).
+Status choose_moe_wgmma_loads(Backend& backend, const std::string& name) {
+  if (name != "auto" && name != "cp-async" && name != "copy-engine")
+    return invalid_argument("--moe-wgmma-loads must be auto, cp-async or copy-engine, got " + name);
+#ifdef MX_HAVE_CUDA
+  MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
+  moe.wgmma_bulk = name == "cp-async" ? -1 : name == "copy-engine" ? 1 : 0;
+  return set_cuda_moe_options(backend, moe);
+#else
+  (void)backend;
+  return invalid_argument("--moe-wgmma-loads " + name + ": this build has no CUDA backend");
 #endif
 }
 
@@ -208,13 +226,14 @@ Status choose_decode_overlap(Backend& backend, const std::string& value) {
 }
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
-// --skinny-strip-rows, --moe-decode-combine, --decode-overlap).
+// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --decode-overlap).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
     if (flag == "decode-attention") return choose_decode_attention(backend, value);
     if (flag == "bf16-experts-decode") return choose_bf16_experts_decode(backend, value);
     if (flag == "moe-decode-combine") return choose_moe_decode_combine(backend, value);
+    if (flag == "moe-wgmma-loads") return choose_moe_wgmma_loads(backend, value);
     if (flag == "decode-overlap") return choose_decode_overlap(backend, value);
     return choose_skinny_strip_rows(backend, value);
   }
@@ -703,13 +722,14 @@ Status run(const CliArgs& args) {
     return invalid_argument("--tensor-parallel-size needs --model: every rank loads its share from the directory "
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
-  // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --decode-overlap: one
-  // kernel choice each, or several values of one flag compared (an engine each, below): those come first in
-  // kernel_choices, `compared` of them.
+  // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads,
+  // --decode-overlap: one kernel choice each, or several values of one flag compared (an engine each, below): those
+  // come first in kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
   for (const char* flag :
-       {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "decode-overlap"}) {
+       {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-wgmma-loads",
+        "decode-overlap"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

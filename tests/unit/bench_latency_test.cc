@@ -64,6 +64,9 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   const auto combine = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm");
   EXPECT_EQ(combine.exit_code, 1);
   EXPECT_NE(combine.stderr_text.find("--moe-decode-combine must be auto or gemm"), std::string::npos);
+  const auto loads = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads tma,auto");
+  EXPECT_EQ(loads.exit_code, 1);
+  EXPECT_NE(loads.stderr_text.find("--moe-wgmma-loads must be auto, cp-async or copy-engine"), std::string::npos);
   const auto two = test::run_mxserve(
       "bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto");
   EXPECT_EQ(two.exit_code, 1);

@@ -1330,6 +1330,11 @@ Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe) {
   return Status::ok();
 }
 
+Result<CudaMoeOptions> cuda_moe_options(Backend& backend) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  return options->moe;
+}
+
 Result<CudaPlacement> cuda_placement(Backend& backend) {
   // Through decorators (profiling, probes) to the CUDA backend they wrap.
   if (auto* wrapper = dynamic_cast<ForwardingBackend*>(&backend)) return cuda_placement(wrapper->inner());

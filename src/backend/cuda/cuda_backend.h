@@ -174,6 +174,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackend
 // Replace a CUDA backend's choices between ops (tests and benchmarks compare paths on one backend).
 // Not a CUDA backend: an error.
 Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe);
+Result<CudaMoeOptions> cuda_moe_options(Backend& backend);  // the current ones, to change one field
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny);
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention);
 Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts);
