@@ -903,7 +903,7 @@ class CudaBackend final : public Backend {
     g.out_rows = H;
     g.k = I;
     g.k_split = k_split(I);
-    g.bulk_stage_k = opt.bulk_down_stage_k != 0 ? opt.bulk_down_stage_k : self_routed ? 768 : 256;
+    g.bulk_stage_k = opt.bulk_down_stage_k != 0 ? opt.bulk_down_stage_k : 256;
     if (g.bulk_copies) {
       const int forced = opt.second_gemm_tiles_per_cta;
       g.tiles_per_cta = forced > 0 ? forced : self_routed ? 1 : 3;
