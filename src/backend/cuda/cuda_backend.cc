@@ -1322,12 +1322,18 @@ Result<CudaBackendOptions*> cuda_options_of(Backend& backend) {
   return &cuda->options();
 }
 
+// One group of a CUDA backend's options replaced (the set_cuda_*_options below).
+template <typename Group>
+Status set_option_group(Backend& backend, Group CudaBackendOptions::*group, const Group& value) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  options->*group = value;
+  return Status::ok();
+}
+
 }  // namespace
 
 Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe) {
-  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
-  options->moe = moe;
-  return Status::ok();
+  return set_option_group(backend, &CudaBackendOptions::moe, moe);
 }
 
 Result<CudaMoeOptions> cuda_moe_options(Backend& backend) {
@@ -1344,39 +1350,27 @@ Result<CudaPlacement> cuda_placement(Backend& backend) {
 }
 
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny) {
-  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
-  options->skinny_linear = skinny;
-  return Status::ok();
+  return set_option_group(backend, &CudaBackendOptions::skinny_linear, skinny);
 }
 
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention) {
-  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
-  options->attention = attention;
-  return Status::ok();
+  return set_option_group(backend, &CudaBackendOptions::attention, attention);
 }
 
 Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts) {
-  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
-  options->bf16_experts = bf16_experts;
-  return Status::ok();
+  return set_option_group(backend, &CudaBackendOptions::bf16_experts, bf16_experts);
 }
 
 Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOptions& gemma_router) {
-  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
-  options->gemma_router = gemma_router;
-  return Status::ok();
+  return set_option_group(backend, &CudaBackendOptions::gemma_router, gemma_router);
 }
 
 Status set_cuda_side_stream_options(Backend& backend, const CudaSideStreamOptions& side_stream) {
-  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
-  options->side_stream = side_stream;
-  return Status::ok();
+  return set_option_group(backend, &CudaBackendOptions::side_stream, side_stream);
 }
 
 Status set_cuda_l2_prefetch_options(Backend& backend, const CudaL2PrefetchOptions& l2_prefetch) {
-  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
-  options->l2_prefetch = l2_prefetch;
-  return Status::ok();
+  return set_option_group(backend, &CudaBackendOptions::l2_prefetch, l2_prefetch);
 }
 
 }  // namespace mx
