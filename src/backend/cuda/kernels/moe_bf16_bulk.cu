@@ -7,14 +7,18 @@
 // instruction per 512 bytes and keeps a whole ring of stages in flight per CTA.
 //
 // A CTA: 4 warps, a 16-row strip and MoeBf16GemmParams::tiles_per_cta 8-token tiles in turn. k goes in
-// stages of 256 through a ring of min(kStages, stages) slots (ring_slots), the tiles' stages one after the
-// other; stage c sits in slot c % slots, and thread 0 refills a slot after the CTA barrier that ends its
-// use. The second GEMM (k 704: 3 stages per tile) runs several tiles per CTA where there are many (fewer, longer
-// CTAs; a ring no longer than the stages leaves more of them resident): from 8 tokens 1-2% faster on an H200
-// with 3; at one token (8 tiles) one tile per CTA, as fast as two (CudaBf16ExpertsOptions).
-// Warp w multiplies the stage's 64-wide chunk w; the warps' partials are summed in warp order
-// at the end (a split fixed by k: batch-independent, like the register kernel's). Rows of a slot are padded
-// to 528 bytes so that a quarter warp's 16-byte reads of 2 rows x 4 k groups hit 8 different bank groups.
+// stages of MoeBf16GemmParams::bulk_stage_k: 256, 512 or 768 (one to three 256-wide blocks; by default 512 in
+// the first GEMM where the experts route themselves, <= 32 slots, else 256, and 256 in the second:
+// CudaBf16ExpertsOptions). The ring holds the same bytes at every width (4 slots of one block, 2 of two, 1 of
+// three; ring_slots), the tiles' stages one after the other; stage c sits in slot c % slots, and thread 0
+// refills a slot after the CTA barrier that ends its use. The second GEMM (k 704: 3 stages of 256 per tile)
+// runs several tiles per CTA where there are many (fewer, longer CTAs; a ring no longer than the stages leaves
+// more of them resident): from 8 tokens 1-2% faster on an H200 with 3; at one token (8 tiles) one tile per
+// CTA, as fast as two (CudaBf16ExpertsOptions).
+// Warp w multiplies chunk w (64 wide) of each block, in k order; the warps' partials are summed in warp order
+// at the end (a split fixed by k: batch-independent, like the register kernel's; the same bits at every stage
+// width). Rows of a slot are padded by 16 bytes (528 bytes a row at 256 k) so that a quarter warp's 16-byte
+// reads of 2 rows x 4 k groups hit 8 different bank groups.
 // Rows past the matrix are not copied (their stale results are never stored); k past the matrix in the last
 // stage is zeroed in registers, since the slot holds an earlier stage's bytes there.
 // The second GEMM issues its first stages before waiting for h (PDL): weights do not depend on earlier
