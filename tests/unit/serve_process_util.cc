@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -44,6 +45,7 @@ bool RawClient::send(const std::string& bytes) {
   size_t sent = 0;
   while (fd_ >= 0 && sent < bytes.size()) {
     const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     sent += static_cast<size_t>(n);
   }
@@ -62,7 +64,10 @@ std::string RawClient::read_some() {
 std::string RawClient::recv_some() {
   if (fd_ < 0) return "";
   char buf[16384];
-  const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+  ssize_t n;
+  do {  // a stopped and continued process (a debugger, a throttled run) sees EINTR from a read with a timeout
+    n = ::recv(fd_, buf, sizeof(buf), 0);
+  } while (n < 0 && errno == EINTR);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
@@ -72,6 +77,7 @@ bool RawClient::closed_by_peer() {
   while (true) {
     const ssize_t n = ::recv(fd_, &c, 1, 0);
     if (n == 0) return true;
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0) return errno == ECONNRESET;  // a timeout means the connection is still open
   }
 }
