@@ -24,10 +24,11 @@ RequestOutput read_all(RequestStream& stream) {
   return all;
 }
 
-// Waits (bounded) for the engine thread's stats snapshot to show an idle engine.
+// Waits (up to 60 s: only a hang guard, as eventually()'s) for the engine thread's stats snapshot to show an idle
+// engine.
 EngineStats wait_idle(const Engine& engine) {
   EngineStats s;
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     s = engine.stats();
     if (s.num_running == 0 && s.num_waiting == 0 && engine.num_live() == 0) break;
     std::this_thread::sleep_for(10ms);
