@@ -517,7 +517,7 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
     const double bytes = 2.0 * T * 64 * 64 * 2 + 2.0 * T * 8 * 64 * 2;  // Q + O (64 heads), K + V (8 kv heads)
     const QkvRopeParams rope{.qkv = random_bf16({T, 80 * 64}, 1.0f), .q_out = a.q, .kv = a.kv.layer(0),
                              .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64, .q_norm = {},
-                             .k_norm = {}};
+                             .k_norm = {}, .prefetch = {}};
     const double rope_us = time_graph(16, [&](int) { return g_b->qkv_rope(rope, a.batch); });
     for (int64_t window : {0, 128}) {
       double keys = 0;
@@ -965,7 +965,7 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
     AttnSetup a = make_attention(m, 1024, 1);
     const TensorView qkv = random_bf16({m, 80 * 64}, 1.0f);
     const QkvRopeParams p{.qkv = qkv, .q_out = a.q, .kv = a.kv.layer(0), .inv_freq = inv_freq, .n_q = 64, .n_kv = 8,
-                          .head_dim = 64, .q_norm = {}, .k_norm = {}};
+                          .head_dim = 64, .q_norm = {}, .k_norm = {}, .prefetch = {}};
     const double us = time_graph(40, [&](int) { return g_b->qkv_rope(p, a.batch); });
     report("qkv_rope M=" + std::to_string(m), us, 2.0 * m * 80 * 64 * 2, 0);
     const TensorView residual = make(DType::kF32, {m, 2880}), delta = random_bf16({m, 2880}, 1.0f);

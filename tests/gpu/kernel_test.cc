@@ -574,8 +574,8 @@ void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma
   TensorView f_c = cpu_.upload(DType::kF32, {half}, tables.inv_freq.data()),
              f_g = cuda_.upload(DType::kF32, {half}, tables.inv_freq.data());
   Bf16Data qn = random_bf16(rng_, hd, 1.0f), kn = random_bf16(rng_, hd, 1.0f);
-  QkvRopeParams rc{p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd, {}, {}};
-  QkvRopeParams rg{p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd, {}, {}};
+  QkvRopeParams rc{p.cpu, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, n_q, n_kv, hd, {}, {}, 0, {}};
+  QkvRopeParams rg{p.cuda, q_g, {k_g, v_g, page}, f_g, tables.attention_scale, n_q, n_kv, hd, {}, {}, 0, {}};
   if (norms) {
     rc.q_norm = cpu_.upload(DType::kBF16, {hd}, qn.bits.data()), rc.k_norm = cpu_.upload(DType::kBF16, {hd}, kn.bits.data());
     rg.q_norm = cuda_.upload(DType::kBF16, {hd}, qn.bits.data()), rg.k_norm = cuda_.upload(DType::kBF16, {hd}, kn.bits.data());
