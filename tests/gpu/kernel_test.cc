@@ -844,8 +844,10 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   // persistent), 96-token tiles on the deep ring with both GEMMs programmatic dependents or not.
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
   for (int pdl : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
-  // 16-token tiles by cp.async and on the copy engine.
-  for (int bulk : tile == 16 && warp_specialized != 1 ? std::vector<int>{-1, 1, 2} : std::vector<int>{0}) {
+  // 16-token tiles by cp.async and on the copy engine (two forms); 32-token tiles by cp.async and on the copy engine.
+  for (int bulk : tile == 16 && warp_specialized != 1   ? std::vector<int>{-1, 1, 2}
+                  : tile == 32 && warp_specialized != 1 ? std::vector<int>{0, 1}
+                                                        : std::vector<int>{0}) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
     MoeParams m_g{px.cuda, id_g, w_g, up, o_g, c.k, 7.0f, 1.702f};
     CudaMoeOptions options{path, tile, k_tiles, decode_pdl};

@@ -1038,7 +1038,9 @@ class CudaBackend final : public Backend {
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
     // The 16-token tiles on the copy engine (moe_wgmma_bulk_form).
-    const bool bulk = moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16 && !c.warp_specialized;
+    // 32-token tiles only when forced (not measured yet).
+    const bool bulk = !c.warp_specialized && ((moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
+                                              (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32));
     const bool warp_release = moe_wgmma_bulk_form() == 2;
     // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
     const bool tiled = c.warp_specialized || bulk;
@@ -1210,6 +1212,7 @@ class CudaBackend final : public Backend {
     const bool bulk = cw.enabled && moe_wgmma_bulk_form() >= 1;
     int64_t moe_rows = tiled ? std::max(slots, moe_max_tiles(slots, s.num_experts, 256) * 256) : slots;
     if (bulk) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 16) * 16);
+    if (options_.moe.wgmma_bulk == 1) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 32) * 32);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, moe_rows * s.hidden * 2, "MoE y"));
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);

@@ -471,7 +471,8 @@ struct BulkRing {
   static constexpr int kStrips = moe_wgmma_weight_rows(kMoeWgmmaWarpgroups) / 16;
   static constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = 2 * kStrips * 512, kScaleBytes = 2 * kStrips * 32;
   static constexpr uint32_t kStageBytes = kRowBytes + kWeightBytes;  // the fp4 at kRowBytes
-  static constexpr int kStages = 6, kCtas = 3;
+  // 16-token tiles: six stages, three CTAs (the cp.async kernel's); 32: seven of 12 KB, two CTAs (likewise).
+  static constexpr int kStages = kCols == 16 ? 6 : 7, kCtas = kCols == 16 ? 3 : 2;
   static constexpr uint32_t kScalesAt = kStages * kStageBytes;
   static constexpr int64_t kSmemBytes = kScalesAt + kStages * kScaleBytes + 1024;  // + 1 KB to align the ring
   static_assert(kStageBytes % 1024 == 0 && kRowBytes % 128 == 0, "stages 1024-byte aligned, copies 128-byte");
@@ -619,9 +620,10 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release,
                                   cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
-  if (!c.enabled || c.warp_specialized || c.tile_tokens != 16 || !c.deep_ring ||
+  if (!c.enabled || c.warp_specialized || (c.tile_tokens != 16 && c.tile_tokens != 32) || !c.deep_ring ||
       c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
-    return internal_error("MoE wgmma GEMM (copy engine): a 16-token tiles' config");
+    return internal_error("MoE wgmma GEMM (copy engine): a 16- or 32-token tiles' config");
+  if (warp_release && c.tile_tokens != 16) return unimplemented("MoE wgmma GEMM (copy engine): warps' releases at 16 tokens");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
   // [experts][strips][k tiles][512 B of fp4 or 32 B of scales], as bf16 elements (bytes moved as they are). The
@@ -636,8 +638,10 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
                                        w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
   MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
                                        s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
-  auto* kernel = warp_release ? moe_wgmma_bulk_kernel<16, true> : moe_wgmma_bulk_kernel<16, false>;
-  constexpr int64_t smem = BulkRing<16>::kSmemBytes;
+  auto* kernel = c.tile_tokens == 32 ? moe_wgmma_bulk_kernel<32, false>
+                 : warp_release       ? moe_wgmma_bulk_kernel<16, true>
+                                      : moe_wgmma_bulk_kernel<16, false>;
+  const int64_t smem = c.tile_tokens == 32 ? BulkRing<32>::kSmemBytes : BulkRing<16>::kSmemBytes;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "cudaFuncSetAttribute(moe wgmma bulk smem)"));
