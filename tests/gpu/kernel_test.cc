@@ -1170,15 +1170,16 @@ TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
   check_moe_graph_replay(cuda_, rng_, c, {CudaMoePath::kGrouped, 16}, "grouped, 16-token tiles, PDL");
 }
 
-// The 16-token tiles' three forms (cp.async, the copy engine with a CTA barrier or with warps' releases) replayed
-// from a graph give the eager bits, at 8 tokens per expert on a small shape (the second GEMM's last CTA half past
-// the matrix).
+// The 16-token tiles' three forms (cp.async, the copy engine with a CTA barrier or with warps' releases) and the
+// 32-token tiles' two (cp.async, the copy engine) replayed from a graph give the eager bits, at 8 tokens per expert
+// on a small shape (the second GEMM's last CTA half past the matrix).
 TEST_F(KernelTest, MoeWgmmaNarrowGraphReplay) {
   const MoeCase c{32, 320, 256, 4, 64, Routing::kUniform};
-  for (int bulk : {-1, 1, 2}) {
-    CudaMoeOptions o{CudaMoePath::kGrouped, 16};
+  for (const auto& [tile, bulk] : {std::pair{16, -1}, std::pair{16, 1}, std::pair{16, 2}, std::pair{32, 0}, std::pair{32, 1}}) {
+    CudaMoeOptions o{CudaMoePath::kGrouped, tile};
     o.wgmma_bulk = bulk;
-    check_moe_graph_replay(cuda_, rng_, c, o, "grouped, 16-token tiles, PDL, bulk form " + std::to_string(bulk));
+    check_moe_graph_replay(cuda_, rng_, c, o,
+                           "grouped, " + std::to_string(tile) + "-token tiles, PDL, bulk form " + std::to_string(bulk));
   }
 }
 
