@@ -6,7 +6,7 @@
 // over N is the time per op. Each line gives the fraction of its floor: bytes / this card's measured copy rate
 // (measure_copy_rate, as `bench latency` divides its decode floor) or FLOPs / bf16 peak (an H200's, KINDS.md).
 // Prints a table; writes JSON to the last
-// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--moe-skew=S] [--variants=P,P,...] |
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
@@ -20,7 +20,8 @@
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time), without
 // the sweep's closing bf16 yardstick; after
 // --moe-decode-variants it picks decode variants (e.g. `v1,stream`). --moe-experts=128 times gpt-oss-120b's MoE
-// layer (128 experts, same expert shape) in the prefill sweep instead of 20b's 32.
+// layer (128 experts, same expert shape) in the prefill sweep instead of 20b's 32; --moe-skew=S routes it unevenly
+// (make_routings).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -94,12 +95,15 @@ void take_variant_prefixes(int argc, char** argv, int& arg) {
   ++arg;
 }
 
-// Whether a variant's label (leading spaces ignored) starts with one of --variants' prefixes.
+// Whether a variant's label (leading spaces ignored) starts with one of --variants' prefixes (or, for a prefix
+// ending in '$', is that label).
 bool variant_selected(const std::string& label) {
   const std::string l = label.substr(std::min(label.find_first_not_of(' '), label.size()));
   return bench_variant_prefixes.empty() ||
-         std::any_of(bench_variant_prefixes.begin(), bench_variant_prefixes.end(),
-                     [&](const std::string& prefix) { return l.rfind(prefix, 0) == 0; });
+         std::any_of(bench_variant_prefixes.begin(), bench_variant_prefixes.end(), [&](const std::string& prefix) {
+           return !prefix.empty() && prefix.back() == '$' ? l == prefix.substr(0, prefix.size() - 1)
+                                                          : l.rfind(prefix, 0) == 0;
+         });
 }
 
 TensorView make(DType dtype, Shape shape) {
@@ -239,18 +243,35 @@ const std::vector<ExpertWeights>& bench_experts() {
   return experts;
 }
 
-// Top-k routings of T tokens, k distinct experts each, uniformly at random; returns the mean number of
-// distinct experts touched.
+// `--moe-skew=S`: the MoE prefill sweep's experts drawn with weight 1 / (rank + 1)^S (ranks a random permutation
+// of the experts), k distinct a token (the Gumbel top-k), as a router's uneven load; 0 (default) uniformly.
+double g_moe_skew = 0;
+
+// Top-k routings of T tokens, k distinct experts each, uniformly at random (or skewed, g_moe_skew); returns the
+// mean number of distinct experts touched.
 double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::vector<TensorView>* weights) {
   double touched = 0;
+  std::vector<double> log_weight(g_moe_experts);
+  std::vector<int32_t> rank(g_moe_experts);
+  std::iota(rank.begin(), rank.end(), 0);
+  std::shuffle(rank.begin(), rank.end(), g_rng);
+  for (int64_t e = 0; e < g_moe_experts; ++e) log_weight[e] = -g_moe_skew * std::log(1.0 + rank[e]);
+  std::uniform_real_distribution<double> uniform(1e-12, 1.0);
   for (int r = 0; r < count; ++r) {
     std::vector<int32_t> h_ids(T * kMoeK);
     std::vector<float> h_w(T * kMoeK, 1.0f / kMoeK);
     std::set<int32_t> distinct;
     std::vector<int32_t> order(g_moe_experts);
+    std::vector<double> key(g_moe_experts);
     std::iota(order.begin(), order.end(), 0);
     for (int64_t t = 0; t < T; ++t) {
-      std::shuffle(order.begin(), order.end(), g_rng);
+      if (g_moe_skew > 0) {
+        for (int64_t e = 0; e < g_moe_experts; ++e) key[e] = log_weight[e] - std::log(-std::log(uniform(g_rng)));
+        std::partial_sort(order.begin(), order.begin() + kMoeK, order.end(),
+                          [&](int32_t a, int32_t b) { return key[a] > key[b]; });
+      } else {
+        std::shuffle(order.begin(), order.end(), g_rng);
+      }
       for (int64_t j = 0; j < kMoeK; ++j) {
         h_ids[t * kMoeK + j] = order[j];
         distinct.insert(order[j]);
@@ -419,7 +440,9 @@ void bench_moe_prefill() {
       char note[128];
       std::snprintf(note, sizeof note, "%.0f TFLOP/s, %.0f tokens/expert, rounds %.1f..%.1f us", flops / median / 1e6,
                     static_cast<double>(T * k) / E, us[i].front(), us[i].back());
-      const std::string layer = E == 32 ? "" : "E=" + std::to_string(E) + " ";  // 120b's layer
+      char skew[32] = "";
+      if (g_moe_skew > 0) std::snprintf(skew, sizeof skew, "skew %.2g ", g_moe_skew);
+      const std::string layer = (E == 32 ? "" : "E=" + std::to_string(E) + " ") + skew;  // 120b's layer
       report("moe prefill T=" + std::to_string(T) + " " + layer + timed[i]->label, median, bytes, flops, note);
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
@@ -1678,6 +1701,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--moe-experts: 32 (gpt-oss-20b) or 128 (gpt-oss-120b), not %s\n", argv[arg] + experts.size());
         return 1;
       }
+      ++arg;
+    }
+    const std::string skew = "--moe-skew=";
+    if (argc > arg && std::string(argv[arg]).rfind(skew, 0) == 0) {
+      g_moe_skew = std::atof(argv[arg] + skew.size());
       ++arg;
     }
     take_variant_prefixes(argc, argv, arg);
