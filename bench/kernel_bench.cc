@@ -6,7 +6,7 @@
 // over N is the time per op. Each line gives the fraction of its floor: bytes / this card's measured copy rate
 // (measure_copy_rate, as `bench latency` divides its decode floor) or FLOPs / bf16 peak (an H200's, KINDS.md).
 // Prints a table; writes JSON to the last
-// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--moe-skew=S] [--variants=P,P,...] |
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--moe-skew=S,S,...] [--variants=P,P,...] |
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
@@ -243,8 +243,10 @@ const std::vector<ExpertWeights>& bench_experts() {
   return experts;
 }
 
-// `--moe-skew=S`: the MoE prefill sweep's experts drawn with weight 1 / (rank + 1)^S (ranks a random permutation
-// of the experts), k distinct a token (the Gumbel top-k), as a router's uneven load; 0 (default) uniformly.
+// `--moe-skew=S,S,...`: the MoE prefill sweep's experts drawn with weight 1 / (rank + 1)^S (ranks a random
+// permutation of the experts), k distinct a token (the Gumbel top-k), as a router's uneven load; 0 (default)
+// uniformly. Each size is timed at each S; g_moe_skew is the one being timed.
+std::vector<double> g_moe_skews{0};
 double g_moe_skew = 0;
 
 // Top-k routings of T tokens, k distinct experts each, uniformly at random (or skewed, g_moe_skew); returns the
@@ -376,7 +378,11 @@ void bench_moe_prefill() {
   const std::vector<int64_t> sizes = bench_only_prefill_sizes.empty()
                                          ? std::vector<int64_t>{32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 8192}
                                          : bench_only_prefill_sizes;
-  for (int64_t T : sizes) {
+  std::vector<std::pair<int64_t, double>> cases;  // each size at each --moe-skew
+  for (int64_t T : sizes)
+    for (double skew : g_moe_skews) cases.emplace_back(T, skew);
+  for (const auto& [T, skew] : cases) {
+    g_moe_skew = skew;
     CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));
     const int routings = 2;
     std::vector<TensorView> ids, weights;
@@ -393,7 +399,8 @@ void bench_moe_prefill() {
       int persistent = 0;  // wgmma, 256-token tiles: 1 a persistent grid, -1 a CTA per item
       int warp_specialized = -1;  // wgmma: 1 the warp-specialized kernel (moe_wgmma_ws.cu), 0 auto's choice
       int pdl = 0;                // wgmma, the deep ring's kernel: 1 programmatic dependent launches, -1 not
-      int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine, 2 and warps' releases, -1 cp.async
+      int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine, 2 and warps' releases,
+                                  // 3 and an expert's tiles paired, -1 cp.async
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -403,6 +410,7 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl", 0, -1, 1, -1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk release", 0, -1, 1, 2},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs", 0, -1, 1, 3},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
@@ -1705,7 +1713,9 @@ int main(int argc, char** argv) {
     }
     const std::string skew = "--moe-skew=";
     if (argc > arg && std::string(argv[arg]).rfind(skew, 0) == 0) {
-      g_moe_skew = std::atof(argv[arg] + skew.size());
+      g_moe_skews = parse_list<double>(std::string(argv[arg]).substr(skew.size() - 1),
+                                       [](const std::string& t) { return std::stod(t); });
+      if (g_moe_skews.empty()) g_moe_skews = {0};
       ++arg;
     }
     take_variant_prefixes(argc, argv, arg);

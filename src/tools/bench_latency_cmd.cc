@@ -32,7 +32,6 @@
 #include <fstream>
 #include <map>
 #include <random>
-#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -108,7 +107,8 @@ const std::vector<CliOption> kCommandOptions = {
      "each on an engine of its own over the one loaded model (as --bf16-experts-decode)"},
     {"moe-wgmma-loads", true,
      "how gpt-oss's 16-token wgmma MoE tiles (batched decode at ~8-16 tokens per expert, sm_90) load their k tiles: "
-     "auto (default: the copy engine), cp-async or copy-engine; several, comma-separated: compared as "
+     "auto (default: the copy engine), cp-async, copy-engine or copy-engine-pairs (an expert's tiles paired: one "
+     "fp4 decode for two tiles' rows); several, comma-separated: compared as "
      "--bf16-experts-decode"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
@@ -195,11 +195,11 @@ Status choose_moe_decode_combine(Backend& backend, const std::string& name) {
 
 // --moe-wgmma-loads: the 16-token wgmma MoE tiles' k-tile loads (CudaMoeOptions::wgmma_bulk).
 Status choose_moe_wgmma_loads(Backend& backend, const std::string& name) {
-  if (name != "auto" && name != "cp-async" && name != "copy-engine")
-    return invalid_argument("--moe-wgmma-loads must be auto, cp-async or copy-engine, got " + name);
+  if (name != "auto" && name != "cp-async" && name != "copy-engine" && name != "copy-engine-pairs")
+    return invalid_argument("--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs, got " + name);
 #ifdef MX_HAVE_CUDA
   MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
-  moe.wgmma_bulk = name == "cp-async" ? -1 : name == "copy-engine" ? 1 : 0;
+  moe.wgmma_bulk = name == "cp-async" ? -1 : name == "copy-engine" ? 1 : name == "copy-engine-pairs" ? 3 : 0;
   return set_cuda_moe_options(backend, moe);
 #else
   (void)backend;
@@ -281,6 +281,10 @@ struct Breakdown {
   double host_sampling_ms = 0;
   double engine_graph_ms = 0;    // the engine's own graph for the same step, GPU time (0: eager step)
   double experts_per_layer = 0;  // distinct experts over the batch's real rows, mean over layers
+  // The routing's load on the experts, mean over layers: token tiles of 16 and of 32 (sum over the experts of
+  // ceil(tokens / tile): what the MoE kernels' grids run), and the most tokens one expert got (max over layers).
+  double tiles16_per_layer = 0, tiles32_per_layer = 0;
+  int64_t max_tokens_per_expert = 0;
   int64_t verify_drafts = 0;     // > 0: a verify step of that many drafts per sequence (else a decode step)
   std::string error;             // why the breakdown could not be taken (the run goes on)
 };
@@ -340,12 +344,22 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   const auto routing = prof.finish_routing();
   core.runner().set_graph_replay(true);
   core.set_overlap_steps(overlap);
-  double distinct = 0;
+  double distinct = 0, tiles16 = 0, tiles32 = 0;
   for (const auto& ids : routing) {
     const size_t real = std::min(ids.size(), static_cast<size_t>(batch * rows_per_seq * top_k));
-    distinct += static_cast<double>(std::set<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(real)).size());
+    std::map<int32_t, int64_t> tokens;
+    for (size_t i = 0; i < real; ++i) ++tokens[ids[i]];
+    distinct += static_cast<double>(tokens.size());
+    for (const auto& [expert, n] : tokens) {
+      tiles16 += static_cast<double>((n + 15) / 16);
+      tiles32 += static_cast<double>((n + 31) / 32);
+      out->max_tokens_per_expert = std::max(out->max_tokens_per_expert, n);
+    }
   }
-  out->experts_per_layer = routing.empty() ? 0 : distinct / static_cast<double>(routing.size());
+  const double layers = std::max<double>(1, static_cast<double>(routing.size()));
+  out->experts_per_layer = distinct / layers;
+  out->tiles16_per_layer = tiles16 / layers;
+  out->tiles32_per_layer = tiles32 / layers;
   return Status::ok();
 }
 
@@ -511,6 +525,9 @@ json breakdown_json(const Breakdown& b, int64_t vocab, double step_ms, double* i
   j["marked_graph_span_ms"] = span;
   j["mark_overhead_per_op_ms"] = per_op;
   j["experts_per_layer_counted"] = b.experts_per_layer;
+  j["moe_tiles16_per_layer"] = b.tiles16_per_layer;
+  j["moe_tiles32_per_layer"] = b.tiles32_per_layer;
+  j["moe_max_tokens_per_expert"] = b.max_tokens_per_expert;
   if (!b.error.empty()) j["error"] = b.error;
   j["ops"] = ops;
   return j;
@@ -610,6 +627,10 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
     else std::printf("       decode step at batch %lld (ms):", static_cast<long long>(b));
     for (const auto& [k, v] : j["breakdown"]["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
     std::printf("\n");
+    if (r.breakdown->tiles16_per_layer > 0)
+      std::printf("       routing per layer: %.1f experts, %.1f tiles of 16 tokens, %.1f of 32, at most %lld tokens an expert\n",
+                  r.breakdown->experts_per_layer, r.breakdown->tiles16_per_layer, r.breakdown->tiles32_per_layer,
+                  static_cast<long long>(r.breakdown->max_tokens_per_expert));
   }
   return j;
 }

@@ -844,8 +844,9 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   // persistent), 96-token tiles on the deep ring with both GEMMs programmatic dependents or not.
   for (int persistent : tile == 256 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
   for (int pdl : tile == 96 && warp_specialized != 1 ? std::vector<int>{1, -1} : std::vector<int>{0})
-  // 16-token tiles by cp.async and on the copy engine (two forms); 32-token tiles by cp.async and on the copy engine.
-  for (int bulk : tile == 16 && warp_specialized != 1   ? std::vector<int>{-1, 1, 2}
+  // 16-token tiles by cp.async and on the copy engine (three forms: a CTA barrier, warps' releases, tiles paired);
+  // 32-token tiles by cp.async and on the copy engine.
+  for (int bulk : tile == 16 && warp_specialized != 1   ? std::vector<int>{-1, 1, 2, 3}
                   : tile == 32 && warp_specialized != 1 ? std::vector<int>{0, 1}
                                                         : std::vector<int>{0}) {
     TensorView o_g = cuda.make(DType::kBF16, {c.T, c.H});  // poisoned
@@ -1170,12 +1171,14 @@ TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
   check_moe_graph_replay(cuda_, rng_, c, {CudaMoePath::kGrouped, 16}, "grouped, 16-token tiles, PDL");
 }
 
-// The 16-token tiles' three forms (cp.async, the copy engine with a CTA barrier or with warps' releases) and the
-// 32-token tiles' two (cp.async, the copy engine) replayed from a graph give the eager bits, at 8 tokens per expert
-// on a small shape (the second GEMM's last CTA half past the matrix).
+// The 16-token tiles' four forms (cp.async, the copy engine with a CTA barrier, with warps' releases or with an
+// expert's tiles paired) and the 32-token tiles' two (cp.async, the copy engine) replayed from a graph give the eager
+// bits, at 8 tokens per expert on a small shape (the second GEMM's last CTA half past the matrix) with one hot expert
+// (paired tiles).
 TEST_F(KernelTest, MoeWgmmaNarrowGraphReplay) {
-  const MoeCase c{32, 320, 256, 4, 64, Routing::kUniform};
-  for (const auto& [tile, bulk] : {std::pair{16, -1}, std::pair{16, 1}, std::pair{16, 2}, std::pair{32, 0}, std::pair{32, 1}}) {
+  const MoeCase c{32, 320, 256, 4, 64, Routing::kHot};
+  for (const auto& [tile, bulk] : {std::pair{16, -1}, std::pair{16, 1}, std::pair{16, 2}, std::pair{16, 3},
+                                   std::pair{32, 0}, std::pair{32, 1}}) {
     CudaMoeOptions o{CudaMoePath::kGrouped, tile};
     o.wgmma_bulk = bulk;
     check_moe_graph_replay(cuda_, rng_, c, o,

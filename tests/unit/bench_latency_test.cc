@@ -66,7 +66,7 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_NE(combine.stderr_text.find("--moe-decode-combine must be auto or gemm"), std::string::npos);
   const auto loads = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads tma,auto");
   EXPECT_EQ(loads.exit_code, 1);
-  EXPECT_NE(loads.stderr_text.find("--moe-wgmma-loads must be auto, cp-async or copy-engine"), std::string::npos);
+  EXPECT_NE(loads.stderr_text.find("--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs"), std::string::npos);
   const auto two = test::run_mxserve(
       "bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto");
   EXPECT_EQ(two.exit_code, 1);

@@ -966,9 +966,9 @@ class CudaBackend final : public Backend {
                               stream());
   }
 
-  // CudaMoeOptions::wgmma_bulk with its default resolved: 1 or 2 (the copy engine's forms) or -1 (cp.async).
+  // CudaMoeOptions::wgmma_bulk with its default resolved: 1 to 3 (the copy engine's forms) or -1 (cp.async).
   int moe_wgmma_bulk_form() const {
-    return options_.moe.wgmma_bulk != 0 ? options_.moe.wgmma_bulk : kMoeWgmmaBulk ? 1 : -1;
+    return options_.moe.wgmma_bulk != 0 ? options_.moe.wgmma_bulk : kMoeWgmmaBulk ? (kMoeWgmmaBulkPairs ? 3 : 1) : -1;
   }
   MoeWgmmaConfig moe_wgmma_config(int64_t slots, int64_t experts) {
     return choose_moe_wgmma_config(dev_, slots, experts, options_.moe.grouped_tile_tokens, options_.moe.wgmma_persistent,
@@ -1041,7 +1041,7 @@ class CudaBackend final : public Backend {
     // 32-token tiles only when forced (not measured yet).
     const bool bulk = !c.warp_specialized && ((moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
                                               (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32));
-    const bool warp_release = moe_wgmma_bulk_form() == 2;
+    const bool warp_release = moe_wgmma_bulk_form() == 2, pairs = moe_wgmma_bulk_form() == 3 && c.tile_tokens == 16;
     // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
     const bool tiled = c.warp_specialized || bulk;
     const int64_t tiled_rows = tiled ? max_tiles * c.tile_tokens : 0;
@@ -1058,10 +1058,10 @@ class CudaBackend final : public Backend {
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
     g1.in = x_in;
     g1.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, stream()) : launch_moe_wgmma_gemm(g1, c, stream()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, pairs, stream()) : launch_moe_wgmma_gemm(g1, c, stream()));
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, stream()) : launch_moe_wgmma_gemm(g2, c, stream()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, stream()) : launch_moe_wgmma_gemm(g2, c, stream()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream());
   }

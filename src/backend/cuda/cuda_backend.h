@@ -33,7 +33,8 @@ struct CudaMoeOptions {
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
   int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents
   int wgmma_bulk = 0;  // the 16-token wgmma tiles' k tiles: 1 by the copy engine (launch_moe_wgmma_bulk_gemm), 2 so
-                       // with each warp freeing ring slots on mbarriers, -1 by cp.async; 0 = kMoeWgmmaBulk's choice
+                       // with each warp freeing ring slots on mbarriers, 3 so with an expert's tiles paired (one
+                       // decode for two tiles' rows), -1 by cp.async; 0 = kMoeWgmmaBulk's choice
   // moe_experts_add_rms_norm at <= 32 routed slots: the experts' rows summed in the norm's kernel (true), or the
   // second decode GEMM's own combine and then add_rms_norm (false: the two ops, the before of that join).
   bool decode_combine_in_norm = true;

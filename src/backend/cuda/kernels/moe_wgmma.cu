@@ -453,6 +453,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, 
 // a warp and k tile (docs/PERF.md, session 16's SASS).
 struct MoeWgmmaMaps {
   CUtensorMap weights, scales;
+  CUtensorMap half_weights;  // one strip group's 8 strips (the paired tiles' CTAs)
 };
 
 // The three copies of a stage are issued by lane 0 of warps 0 (fp4), 1 (scales) and 2 (rows), each arming the
@@ -479,7 +480,98 @@ struct BulkRing {
   static_assert(kCtas * (kSmemBytes + 1024 + 128) <= 233472, "the rings fit an SM (1 KB reserved a CTA, barriers)");
 };
 
-template <int kCols, bool kWarpRelease>
+// One CTA of a pair of 16-token tiles (moe_wgmma_bulk_kernel's kPairs): strip group `group` (0: strips strip0 to
+// strip0 + 7, 1: the next 8) of the expert against tile s0's rows (da) and tile s0 + 1's (db), s0 = w.tile - group.
+// Each stage: one 4 KB bulk copy of both tiles' rows (adjacent in the tiled input), the group's 8 strips of fp4
+// (half_weights' box) and the CTA's 16 strips of scales (the unpaired box, this group's half read).
+#if MX_SM90A
+__device__ __forceinline__ void moe_wgmma_bulk_pair(const MoeGemmParams& p, const MoeWgmmaMaps& maps, const WorkItem& w,
+                                                    int group, int n_k, uint32_t ring, uint32_t full0) {
+  using Ring = BulkRing<16>;
+  constexpr int kS = Ring::kStages, kStrips = Ring::kStrips;
+  constexpr uint32_t kRowBytes = 2 * Ring::kRowBytes, kWeightBytes = Ring::kWeightBytes / 2, kScaleBytes = Ring::kScaleBytes;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
+  const int s0 = w.tile - group, strip_g = w.strip0 + group * kStrips;
+  const bool copier = lane == 0 && warp < 3;
+  const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(s0) * Ring::kRowBytes;
+  const int64_t plane = p.max_tiles * Ring::kRowBytes;  // one k tile of every padded row
+  auto load = [&](int t, int s) {
+    const uint32_t stage = ring + static_cast<uint32_t>(s) * Ring::kStageBytes, bar = full0 + 8 * s;
+    if (warp == 0) {
+      mbarrier_arrive_expect_tx(bar, kWeightBytes);
+      tma_load_4d(stage + kRowBytes, &maps.half_weights, 0, t, strip_g, w.e, bar);
+    } else if (warp == 1) {
+      mbarrier_arrive_expect_tx(bar, kScaleBytes);
+      tma_load_4d(ring + Ring::kScalesAt + s * kScaleBytes, &maps.scales, 0, t, w.strip0, w.e, bar);
+    } else {
+      mbarrier_arrive_expect_tx(bar, kRowBytes);
+      bulk_copy(stage, rows + t * plane, kRowBytes, bar);
+    }
+  };
+  const int prologue = n_k < kS - 2 ? n_k : kS - 2;
+  if (copier && warp < 2)
+    for (int s = 0; s < prologue; ++s) load(s, s);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (copier && warp == 2)
+    for (int s = 0; s < prologue; ++s) load(s, s);
+
+  float da[8], db[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) da[i] = db[i] = 0.f;
+  int slot = 0, load_slot = kS - 2;
+  uint32_t parity = 0;
+  int t = 0;
+  // Tile t: strip decode into `at`, tile s0's group on it, then tile s0 + 1's on the same registers. The next
+  // tile decodes into the other set (the second group may still read these), as the unpaired loop's strips do.
+  auto step = [&](uint32_t(&at)[4][4]) {
+    mbarrier_wait(full0 + 8 * slot, parity);
+    __syncthreads();
+    if (copier && t + kS - 2 < n_k) load(t + kS - 2, load_slot);
+    if (++load_slot == kS) load_slot = 0;
+    const uint32_t stage = ring + static_cast<uint32_t>(slot) * Ring::kStageBytes;
+    const uint32_t weights = stage + kRowBytes + tid * 16;
+    const uint32_t scales = ring + Ring::kScalesAt + slot * kScaleBytes + group * kStrips * 32 + warp * 32 + (q >> 1) * 16;
+    moe_wgmma_k_tile<16, true>(da, at, stage, weights, scales, r);
+    const uint64_t desc = wgmma_desc_k128(stage + Ring::kRowBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_bf16_rs<16>(db, at[kk], desc + 2 * kk);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (++slot == kS) {
+      slot = 0;
+      parity ^= 1;
+    }
+    ++t;
+  };
+  uint32_t a[2][4][4];
+  wgmma_fence_regs(da);
+  wgmma_fence_regs(db);
+  while (t + 1 < n_k) {
+    step(a[0]);
+    step(a[1]);
+  }
+  if (t < n_k) step(a[0]);
+  wgmma_wait<0>();
+  wgmma_fence_regs(da);
+  wgmma_fence_regs(db);
+  const int64_t my_strip = strip_g + warp;
+  if (my_strip >= p.rows / 16) return;
+  const WorkItem w0{w.e, p.r.tile_start[s0], p.r.tile_rows[s0], w.strip0, s0};
+  const WorkItem w1{w.e, p.r.tile_start[s0 + 1], p.r.tile_rows[s0 + 1], w.strip0, s0 + 1};
+  moe_wgmma_store<16, true>(p, da, w0, my_strip, r, q, 16);
+  moe_wgmma_store<16, true>(p, db, w1, my_strip, r, q, 16);
+}
+#endif
+
+// kPairs (16-token tiles): an expert's routing tiles 2i and 2i + 1 (slots s0 and s0 + 1: 16 tokens and 1 to 16)
+// run as a pair of CTAs, each one strip group (8 strips: its warps' strip A of the unpaired form, or strip B) against
+// both tiles' rows: a k tile's fp4 is decoded once for up to 32 tokens (two m64n16k16 groups on the same A
+// registers), where two unpaired CTAs each decode both groups for 16. Same products in the same k order: the bits of
+// the unpaired form. At a skewed routing (a few experts with more than 16 tokens) the unpaired tiles decoded those
+// experts' weights twice.
+template <int kCols, bool kWarpRelease, bool kPairs = false>
 __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkRing<kCols>::kCtas))
     moe_wgmma_bulk_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
 #if MX_SM90A
@@ -487,6 +579,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
   constexpr int kS = Ring::kStages, kStrips = Ring::kStrips;
   constexpr uint32_t kRowBytes = Ring::kRowBytes, kWeightBytes = Ring::kWeightBytes, kScaleBytes = Ring::kScaleBytes;
   constexpr int kCopies = 3;
+  static_assert(!kPairs || (kCols == 16 && !kWarpRelease), "paired tiles: 16-token tiles, a CTA barrier per k tile");
+  // A pair's stage: both tiles' rows (2 x kRowBytes), then the CTA's strip group's fp4 (half of kWeightBytes).
+  static_assert(!kPairs || 2 * kRowBytes + kWeightBytes / 2 <= Ring::kStageBytes, "a pair's stage fits the ring's");
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t full_bar[kS], empty_bar[kWarpRelease ? kS : 1];
   const uint32_t ring = smem_addr(smem_raw) + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -499,16 +594,25 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
   const int item = blockIdx.y * n_cols + static_cast<int>(blockIdx.x) * 2;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
+  // kPairs: the tile's place among its expert's, j = 2i (with a tile j + 1) or 2i + 1 runs paired (strip group
+  // j & 1); -1 unpaired.
+  int pair_group = -1;
+  if constexpr (kPairs) {
+    const int first = p.r.offsets[w.e], count = p.r.offsets[w.e + 1] - first, j = (w.start - first) / kCols;
+    if ((j & 1) != 0 || (j + 1) * kCols < count) pair_group = j & 1;
+  }
   if (tid == 0) {
     for (int s = 0; s < kS; ++s) {
       mbarrier_init(full0 + 8 * s, kCopies);
       if constexpr (kWarpRelease) mbarrier_init(empty0 + 8 * s, kStrips);  // a warp per strip pair
     }
     mbarrier_init_fence();
-    tma_prefetch_map(&maps.weights);
+    tma_prefetch_map(kPairs && pair_group >= 0 ? &maps.half_weights : &maps.weights);
     tma_prefetch_map(&maps.scales);
   }
   __syncthreads();
+  if constexpr (kPairs)
+    if (pair_group >= 0) return moe_wgmma_bulk_pair(p, maps, w, pair_group, n_k, ring, full0);
   // This lane's copy of k tile t into slot s (lane 0 of warps 0 to 2): the constant fp4 or scales, or the rows,
   // which the previous kernel writes.
   const bool copier = lane == 0 && warp < kCopies;
@@ -617,13 +721,16 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
   return launch_status("moe_permute_k_kernel");
 }
 
-Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release,
+Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release, bool pairs,
                                   cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
   if (!c.enabled || c.warp_specialized || (c.tile_tokens != 16 && c.tile_tokens != 32) || !c.deep_ring ||
       c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
     return internal_error("MoE wgmma GEMM (copy engine): a 16- or 32-token tiles' config");
-  if (warp_release && c.tile_tokens != 16) return unimplemented("MoE wgmma GEMM (copy engine): warps' releases at 16 tokens");
+  if ((warp_release || pairs) && c.tile_tokens != 16)
+    return unimplemented("MoE wgmma GEMM (copy engine): warps' releases and paired tiles at 16 tokens");
+  if (warp_release && pairs)
+    return unimplemented("MoE wgmma GEMM (copy engine): paired tiles take a CTA barrier per k tile, not warps' releases");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
   // [experts][strips][k tiles][512 B of fp4 or 32 B of scales], as bf16 elements (bytes moved as they are). The
@@ -638,7 +745,11 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
                                        w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
   MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
                                        s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  const uint32_t half_box[4] = {256, 1, 8, 1};
+  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.half_weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims,
+                                       w_strides, half_box, CU_TENSOR_MAP_SWIZZLE_NONE));
   auto* kernel = c.tile_tokens == 32 ? moe_wgmma_bulk_kernel<32, false>
+                 : pairs              ? moe_wgmma_bulk_kernel<16, false, true>
                  : warp_release       ? moe_wgmma_bulk_kernel<16, true>
                                       : moe_wgmma_bulk_kernel<16, false>;
   const int64_t smem = c.tile_tokens == 32 ? BulkRing<32>::kSmemBytes : BulkRing<16>::kSmemBytes;

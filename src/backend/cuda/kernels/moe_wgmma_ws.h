@@ -20,11 +20,14 @@ namespace mx::cuda {
 // The 16-token tiles' GEMMs (moe_wgmma.cu) with every k tile by the copy engine: both read their input tiled (x
 // from launch_moe_gather_tiled at 16 tokens a tile; the first writes h so), as the warp-specialized kernel does.
 // Otherwise as launch_moe_wgmma_gemm with the same config. `warp_release`: each warp frees a ring slot on an
-// mbarrier instead of a CTA barrier per k tile.
+// mbarrier instead of a CTA barrier per k tile. `pairs`: an expert's 16-token tiles 2i and 2i + 1 run as a pair of
+// CTAs that each decode one strip group's fp4 once for both tiles' rows (moe_wgmma_bulk_kernel's kPairs).
 // Whether the 16-token tiles run on the copy engine by default (CudaMoeOptions::wgmma_bulk 0). On an H200 (session
 // 17, docs/PERF.md) gpt-oss-120b's MoE layer at 8 tokens per expert measured 560.6 us against 570.4 by cp.async.
 inline constexpr bool kMoeWgmmaBulk = true;
-Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release,
+// And with an expert's tiles paired by default (CudaMoeOptions::wgmma_bulk 0 = 3).
+inline constexpr bool kMoeWgmmaBulkPairs = true;
+Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release, bool pairs,
                                   cudaStream_t stream);
 
 Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t* out, int64_t max_tiles,
