@@ -401,6 +401,7 @@ void bench_moe_prefill() {
       int pdl = 0;                // wgmma, the deep ring's kernel: 1 programmatic dependent launches, -1 not
       int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine, 2 and warps' releases,
                                   // 3 and an expert's tiles paired, -1 cp.async
+      int bulk_rows = 0;          // the copy engine's row copies: 0 the routed tokens' 8-row blocks, -1 whole tiles
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -411,6 +412,7 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk release", 0, -1, 1, 2},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs", 0, -1, 1, 3},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk whole tiles", 0, -1, 1, 1, -1},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
@@ -435,6 +437,7 @@ void bench_moe_prefill() {
         o.wgmma_warp_specialized = v.warp_specialized;
         o.wgmma_pdl = v.pdl;
         o.wgmma_bulk = v.bulk;
+        o.wgmma_bulk_rows = v.bulk_rows;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {

@@ -867,7 +867,8 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
     if (persistent != 0) variant += persistent > 0 ? " (persistent)" : " (CTA per item)";
     if (pdl != 0) variant += pdl > 0 ? " (deep ring, PDL)" : " (deep ring, no PDL)";
     if (warp_specialized > 0) variant += " (warp-specialized if wgmma)";
-    if (bulk > 0) variant += bulk == 2 ? " (copy engine, warps' releases)" : " (copy engine)";
+    if (bulk > 0)
+      variant += bulk == 2 ? " (copy engine, warps' releases)" : bulk == 3 ? " (copy engine, tiles paired)" : " (copy engine)";
     check("moe_experts", shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
                              routing_name(c.routing) + ", " + path_name(path) + variant,
           cuda.download_f32(o_g), want, 1e-2);
@@ -1172,9 +1173,9 @@ TEST_F(KernelTest, MoeWgmmaDeepRingGraphReplay) {
 }
 
 // The 16-token tiles' four forms (cp.async, the copy engine with a CTA barrier, with warps' releases or with an
-// expert's tiles paired) and the 32-token tiles' two (cp.async, the copy engine) replayed from a graph give the eager
-// bits, at 8 tokens per expert on a small shape (the second GEMM's last CTA half past the matrix) with one hot expert
-// (paired tiles).
+// expert's tiles paired; the copy engine also moving whole tiles' rows) and the 32-token tiles' two (cp.async, the
+// copy engine) replayed from a graph give the eager bits, at 8 tokens per expert on a small shape (the second GEMM's
+// last CTA half past the matrix) with one hot expert (paired tiles).
 TEST_F(KernelTest, MoeWgmmaNarrowGraphReplay) {
   const MoeCase c{32, 320, 256, 4, 64, Routing::kHot};
   for (const auto& [tile, bulk] : {std::pair{16, -1}, std::pair{16, 1}, std::pair{16, 2}, std::pair{16, 3},
@@ -1184,6 +1185,11 @@ TEST_F(KernelTest, MoeWgmmaNarrowGraphReplay) {
     check_moe_graph_replay(cuda_, rng_, c, o,
                            "grouped, " + std::to_string(tile) + "-token tiles, PDL, bulk form " + std::to_string(bulk));
   }
+  // The copy engine moving whole padded tiles' rows (session 17's form) instead of the routed tokens' 8-row blocks.
+  CudaMoeOptions whole{CudaMoePath::kGrouped, 16};
+  whole.wgmma_bulk = 1;
+  whole.wgmma_bulk_rows = -1;
+  check_moe_graph_replay(cuda_, rng_, c, whole, "grouped, 16-token tiles, PDL, bulk form 1, whole tiles' rows");
 }
 
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for

@@ -1042,6 +1042,7 @@ class CudaBackend final : public Backend {
     const bool bulk = !c.warp_specialized && ((moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
                                               (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32));
     const bool warp_release = moe_wgmma_bulk_form() == 2, pairs = moe_wgmma_bulk_form() == 3 && c.tile_tokens == 16;
+    const bool trim_rows = options_.moe.wgmma_bulk_rows != -1;
     // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
     const bool tiled = c.warp_specialized || bulk;
     const int64_t tiled_rows = tiled ? max_tiles * c.tile_tokens : 0;
@@ -1058,10 +1059,10 @@ class CudaBackend final : public Backend {
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
     g1.in = x_in;
     g1.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, pairs, stream()) : launch_moe_wgmma_gemm(g1, c, stream()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, pairs, trim_rows, stream()) : launch_moe_wgmma_gemm(g1, c, stream()));
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, stream()) : launch_moe_wgmma_gemm(g2, c, stream()));
+    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, trim_rows, stream()) : launch_moe_wgmma_gemm(g2, c, stream()));
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream());
   }

@@ -35,6 +35,7 @@ struct CudaMoeOptions {
   int wgmma_bulk = 0;  // the 16-token wgmma tiles' k tiles: 1 by the copy engine (launch_moe_wgmma_bulk_gemm), 2 so
                        // with each warp freeing ring slots on mbarriers, 3 so with an expert's tiles paired (one
                        // decode for two tiles' rows), -1 by cp.async; 0 = kMoeWgmmaBulk's choice
+  int wgmma_bulk_rows = 0;  // the copy engine's row copies: 0 a tile's routed tokens' 8-row blocks, -1 the whole tile
   // moe_experts_add_rms_norm at <= 32 routed slots: the experts' rows summed in the norm's kernel (true), or the
   // second decode GEMM's own combine and then add_rms_norm (false: the two ops, the before of that join).
   bool decode_combine_in_norm = true;

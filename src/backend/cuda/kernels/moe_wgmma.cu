@@ -454,7 +454,16 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, 
 struct MoeWgmmaMaps {
   CUtensorMap weights, scales;
   CUtensorMap half_weights;  // one strip group's 8 strips (the paired tiles' CTAs)
+  // Whether a tile's rows copy stops after its routed tokens' 8-row blocks (1 KB each; the smem rows past them keep
+  // an older tile's bits, multiplied into token columns that are never stored) or moves the whole padded tile.
+  bool trim_rows;
 };
+
+// The bytes of a tile's rows that its stage copies: the n routed tokens' 8-row blocks, or all kCols rows.
+template <int kCols>
+__device__ __forceinline__ uint32_t moe_bulk_row_bytes(bool trim, int n) {
+  return trim && n < kCols ? static_cast<uint32_t>((n + 7) / 8) * 1024 : kCols * 128;
+}
 
 // The three copies of a stage are issued by lane 0 of warps 0 (fp4), 1 (scales) and 2 (rows), each arming the
 // stage's barrier with its own bytes: one thread issuing all three (with the uniform-register loops ptxas wraps
@@ -493,6 +502,8 @@ __device__ __forceinline__ void moe_wgmma_bulk_pair(const MoeGemmParams& p, cons
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const int s0 = w.tile - group, strip_g = w.strip0 + group * kStrips;
   const bool copier = lane == 0 && warp < 3;
+  // Tile s0 is full (16 tokens); tile s0 + 1's rows follow it.
+  const uint32_t row_bytes = Ring::kRowBytes + moe_bulk_row_bytes<16>(maps.trim_rows, p.r.tile_rows[s0 + 1]);
   const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(s0) * Ring::kRowBytes;
   const int64_t plane = p.max_tiles * Ring::kRowBytes;  // one k tile of every padded row
   auto load = [&](int t, int s) {
@@ -504,8 +515,8 @@ __device__ __forceinline__ void moe_wgmma_bulk_pair(const MoeGemmParams& p, cons
       mbarrier_arrive_expect_tx(bar, kScaleBytes);
       tma_load_4d(ring + Ring::kScalesAt + s * kScaleBytes, &maps.scales, 0, t, w.strip0, w.e, bar);
     } else {
-      mbarrier_arrive_expect_tx(bar, kRowBytes);
-      bulk_copy(stage, rows + t * plane, kRowBytes, bar);
+      mbarrier_arrive_expect_tx(bar, row_bytes);
+      bulk_copy(stage, rows + t * plane, row_bytes, bar);
     }
   };
   const int prologue = n_k < kS - 2 ? n_k : kS - 2;
@@ -618,6 +629,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
   const bool copier = lane == 0 && warp < kCopies;
   const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kRowBytes;
   const int64_t plane = p.max_tiles * kRowBytes;  // one k tile of every padded row
+  const uint32_t row_bytes = moe_bulk_row_bytes<kCols>(maps.trim_rows, w.n);
   auto load = [&](int t, int s) {
     const uint32_t stage = ring + static_cast<uint32_t>(s) * Ring::kStageBytes, bar = full0 + 8 * s;
     if (warp == 0) {
@@ -627,8 +639,8 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
       mbarrier_arrive_expect_tx(bar, kScaleBytes);
       tma_load_4d(ring + Ring::kScalesAt + s * kScaleBytes, &maps.scales, 0, t, w.strip0, w.e, bar);
     } else {
-      mbarrier_arrive_expect_tx(bar, kRowBytes);
-      bulk_copy(stage, rows + t * plane, kRowBytes, bar);
+      mbarrier_arrive_expect_tx(bar, row_bytes);
+      bulk_copy(stage, rows + t * plane, row_bytes, bar);
     }
   };
   // The first kS - 2 k tiles: weights and scales before the wait for the previous kernel (a programmatic
@@ -722,7 +734,7 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 }
 
 Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release, bool pairs,
-                                  cudaStream_t stream) {
+                                  bool trim_rows, cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
   if (!c.enabled || c.warp_specialized || (c.tile_tokens != 16 && c.tile_tokens != 32) || !c.deep_ring ||
       c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
@@ -738,6 +750,7 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
   constexpr uint64_t kExpertsBound = uint64_t{1} << 16;
   const uint64_t strips = static_cast<uint64_t>(p.rows / 16), n_k = static_cast<uint64_t>(p.k / 64);
   MoeWgmmaMaps maps;
+  maps.trim_rows = trim_rows;
   const uint64_t w_dims[4] = {256, n_k, strips, kExpertsBound}, w_strides[3] = {512, n_k * 512, strips * n_k * 512};
   const uint64_t s_dims[4] = {16, n_k, strips, kExpertsBound}, s_strides[3] = {32, n_k * 32, strips * n_k * 32};
   const uint32_t w_box[4] = {256, 1, 16, 1}, s_box[4] = {16, 1, 16, 1};

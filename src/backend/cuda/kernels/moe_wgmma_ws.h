@@ -22,13 +22,14 @@ namespace mx::cuda {
 // Otherwise as launch_moe_wgmma_gemm with the same config. `warp_release`: each warp frees a ring slot on an
 // mbarrier instead of a CTA barrier per k tile. `pairs`: an expert's 16-token tiles 2i and 2i + 1 run as a pair of
 // CTAs that each decode one strip group's fp4 once for both tiles' rows (moe_wgmma_bulk_kernel's kPairs).
+// `trim_rows`: a tile's rows copied up to its routed tokens' 8-row blocks instead of the whole padded tile.
 // Whether the 16-token tiles run on the copy engine by default (CudaMoeOptions::wgmma_bulk 0). On an H200 (session
 // 17, docs/PERF.md) gpt-oss-120b's MoE layer at 8 tokens per expert measured 560.6 us against 570.4 by cp.async.
 inline constexpr bool kMoeWgmmaBulk = true;
 // And with an expert's tiles paired by default (CudaMoeOptions::wgmma_bulk 0 = 3).
 inline constexpr bool kMoeWgmmaBulkPairs = true;
 Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release, bool pairs,
-                                  cudaStream_t stream);
+                                  bool trim_rows, cudaStream_t stream);
 
 Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t* out, int64_t max_tiles,
                                int tile_tokens, int64_t k, int64_t top_k, cudaStream_t stream);
