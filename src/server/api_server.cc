@@ -9,10 +9,16 @@
 
 #include "core/log.h"
 #include "core/version.h"
+#include "server/http_server.h"
 #include "server/openai_request.h"
 #include "server/response_store.h"
 
 namespace mx::server {
+
+// api_server.h's name for the request: the Beast message itself.
+struct ApiRequest : HttpRequest {
+  explicit ApiRequest(HttpRequest&& request) : HttpRequest(std::move(request)) {}
+};
 
 bool constant_time_equal(std::string_view given, std::string_view secret) {
   unsigned char diff = given.size() != secret.size() ? 1 : 0;
@@ -70,12 +76,14 @@ Result<std::unique_ptr<ApiServer>> ApiServer::start(const ApiServerOptions& opti
     };
   }
   MX_ASSIGN_OR_RETURN(server->http_, HttpServer::start(http, [self](HttpRequest&& r, std::shared_ptr<ResponseChannel> c) {
-                        self->handle(std::move(r), std::move(c));
+                        self->handle(ApiRequest(std::move(r)), std::move(c));
                       }));
   return server;
 }
 
 ApiServer::~ApiServer() { drain_and_stop(); }
+
+int ApiServer::port() const { return http_->port(); }
 
 void ApiServer::set_ready(CompletionService* service, int64_t context_length, int64_t max_running_requests) {
   if (service) service_.store(service);
@@ -88,7 +96,7 @@ void ApiServer::set_ready(CompletionService* service, int64_t context_length, in
 int64_t ApiServer::in_flight() const { return shared_->in_flight.load(); }
 MetricsRegistry& ApiServer::registry() { return shared_->registry; }
 
-bool ApiServer::authorized(const HttpRequest& request) const {
+bool ApiServer::authorized(const ApiRequest& request) const {
   if (options_.api_key.empty()) return true;
   const std::string_view header = to_std(request[http::field::authorization]);
   constexpr std::string_view kBearer = "bearer ";
@@ -120,7 +128,7 @@ std::string ApiServer::metrics_text() {
   return shared_->registry.render();
 }
 
-void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> channel) {
+void ApiServer::handle(ApiRequest&& request, std::shared_ptr<ResponseChannel> channel) {
   const unsigned version = request.version();
   const std::string_view target = to_std(request.target());
   const std::string path(target.substr(0, target.find('?')));
@@ -181,7 +189,7 @@ void ApiServer::handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> c
   reply(ApiError::not_found("Unknown route: " + method + " " + path, "unknown_route"));
 }
 
-void ApiServer::tokenize(bool detokenize, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel) {
+void ApiServer::tokenize(bool detokenize, const ApiRequest& request, const std::shared_ptr<ResponseChannel>& channel) {
   const unsigned version = request.version();
   auto reply = [&](const ApiError& error) { channel->respond(make_error_response(error, version)); };
   if (state_.load() == ServerState::kLoading) return reply(ApiError::unavailable("The model is still loading.", "loading"));
@@ -238,7 +246,7 @@ void ApiServer::tokenize(bool detokenize, const HttpRequest& request, const std:
   channel->respond(make_json_response(http::status::ok, json_text(out), version));
 }
 
-void ApiServer::generate(Endpoint endpoint, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel) {
+void ApiServer::generate(Endpoint endpoint, const ApiRequest& request, const std::shared_ptr<ResponseChannel>& channel) {
   const unsigned version = request.version();
   ServerMetrics& metrics = shared_->metrics;
   auto reply = [&](const ApiError& error) { channel->respond(make_error_response(error, version)); };

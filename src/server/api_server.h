@@ -16,10 +16,16 @@
 #include <unordered_map>
 
 #include "server/completion_service.h"
-#include "server/http_server.h"
+#include "server/http_server_config.h"
 #include "server/metrics.h"
 
 namespace mx::server {
+
+class HttpServer;
+class ResponseChannel;
+// The request being answered: http_server.h's HttpRequest (a Boost.Beast message), defined in api_server.cc so
+// that this header does not parse Beast.
+struct ApiRequest;
 
 struct ApiServerOptions {
   HttpServerOptions http;
@@ -44,7 +50,7 @@ class ApiServer {
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;
 
-  int port() const { return http_->port(); }
+  int port() const;
   // Health turns 200 and generation opens. A server started before the model was loaded gets its real
   // service, context length and running-request limit here (all optional).
   void set_ready(CompletionService* service = nullptr, int64_t context_length = 0, int64_t max_running_requests = 0);
@@ -63,11 +69,11 @@ class ApiServer {
   enum class Endpoint { kChat, kCompletions, kResponses };
 
   ApiServer(const ApiServerOptions& options, CompletionService* service);
-  void handle(HttpRequest&& request, std::shared_ptr<ResponseChannel> channel);
-  void generate(Endpoint endpoint, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel);
+  void handle(ApiRequest&& request, std::shared_ptr<ResponseChannel> channel);
+  void generate(Endpoint endpoint, const ApiRequest& request, const std::shared_ptr<ResponseChannel>& channel);
   // POST /tokenize and /detokenize, vLLM's request and response shapes.
-  void tokenize(bool detokenize, const HttpRequest& request, const std::shared_ptr<ResponseChannel>& channel);
-  bool authorized(const HttpRequest& request) const;
+  void tokenize(bool detokenize, const ApiRequest& request, const std::shared_ptr<ResponseChannel>& channel);
+  bool authorized(const ApiRequest& request) const;
   std::string metrics_text();
   void cancel_all();
 

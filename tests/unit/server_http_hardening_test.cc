@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "server/http_server.h"  // origin_form_target
 #include "server_test_util.h"
 
 namespace mx::test {
