@@ -1247,11 +1247,13 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       int prefill_tile_tokens = 0;
       int fused_ring_slots = 0;
       int bulk_up_stage_k = 0, bulk_down_stage_k = 0;  // bulk copies: k per ring stage (0: 256)
+      CudaBulkCopyForm bulk_copy_form = CudaBulkCopyForm::kRows;
     };
     auto options_of = [](const Variant& v) {
       CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
       o.bulk_up_stage_k = v.bulk_up_stage_k;
       o.bulk_down_stage_k = v.bulk_down_stage_k;
+      o.bulk_copy_form = v.bulk_copy_form;
       o.stream_tile_tokens = v.stream_tile_tokens;
       o.stream_ring_slots = v.stream_ring_slots;
       o.prefill = v.prefill;
@@ -1261,6 +1263,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
     };
     using D = CudaBf16ExpertsDecode;
     using P = CudaBf16ExpertsPrefill;
+    using B = CudaBulkCopyForm;
     const std::vector<Variant> variants{{D::kRegisterLoads, 0, false, " (register loads)"},
                                         {D::kBulkCopies, 1, false, " (bulk copies, 1 tile per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
                                         {D::kBulkCopies, 2, false, " (bulk copies, 2 tiles per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
@@ -1274,6 +1277,15 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
                                         {D::kBulkCopies, 0, true, " (bulk copies in stages of 256 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 768},
                                         {D::kBulkCopies, 0, true, " (bulk copies in stages of 256 and 512, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 512},
                                         {D::kBulkCopies, 0, false, " (bulk copies in stages of 512 and 768)", 0, 0, P::kAuto, 0, 0, 512, 768},
+                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 256 and 256, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 256, B::kBoxes},
+                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 512 and 256, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 256, B::kBoxes},
+                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 512 and 512, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 512, B::kBoxes},
+                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 512 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 768, B::kBoxes},
+                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 768 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 768, 768, B::kBoxes},
+                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 256 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 768, B::kBoxes},
+                                        {D::kBulkCopies, 0, false, " (tensor boxes in stages of 512 and 256)", 0, 0, P::kAuto, 0, 0, 512, 256, B::kBoxes},
+                                        {D::kBulkCopies, 2, true, " (tensor boxes in stages of 512 and 256, 2 tiles per CTA, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 256, B::kBoxes},
+                                        {D::kBulkCopies, 2, true, " (tensor boxes in stages of 512 and 768, 2 tiles per CTA, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 768, B::kBoxes},
                                         {D::kStreamed, 0, false, " (streamed 16-token tiles 4 slots)", 16, 4},
                                         {D::kStreamed, 0, false, " (streamed 8-token tiles 4 slots)", 8, 4},
                                         {D::kStreamed, 0, false, " (streamed 32-token tiles 4 slots)", 32, 4},
@@ -1306,7 +1318,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
         continue;
       }
       std::string same;
-      const bool wide = v.bulk_up_stage_k > 256 || v.bulk_down_stage_k > 256;
+      const bool wide = v.bulk_up_stage_k > 256 || v.bulk_down_stage_k > 256 || v.bulk_copy_form == B::kBoxes;
       if (v.path == D::kBulkCopies && v.tiles_per_cta == 0 && !v.routing_ready && !wide) {
         bulk_out.resize(got_out.size());
         CHECK_OK(g_b->copy_to_host(bulk_out.data(), out));
@@ -1448,13 +1460,13 @@ void bench_gemma_ffn_overlap() {
       case 0: MX_RETURN_IF_ERROR(mlp(*g_b, i)); return experts(i);
       case 1: MX_RETURN_IF_ERROR(experts(i)); return mlp(*g_b, i);
       case 4: return mlp(*g_b, i);
-      case 5: return experts(i);
+      case 5: case 7: return experts(i);
       default: break;
     }
     cudaEvent_t fork = events[static_cast<size_t>(2 * (i % kEvents))], join = events[static_cast<size_t>(2 * (i % kEvents) + 1)];
     MX_RETURN_IF_ERROR(cuda(cudaEventRecord(fork, main_stream), "fork record"));
     MX_RETURN_IF_ERROR(cuda(cudaStreamWaitEvent(side_stream, fork, 0), "fork wait"));
-    if (form == 2) {
+    if (form == 2 || form >= 6) {
       MX_RETURN_IF_ERROR(mlp(side, i));
       MX_RETURN_IF_ERROR(experts(i));
     } else {
@@ -1471,13 +1483,22 @@ void bench_gemma_ffn_overlap() {
   };
   const char* names[] = {"MLP then experts (serial, model order)", "experts then MLP (serial)",
                          "MLP on a side stream beside the experts", "experts on a side stream beside the MLP",
-                         "MLP alone (3 launches)", "experts alone"};
-  constexpr int kForms = 6, kRounds = 5, kSteps = 30;
+                         "MLP alone (3 launches)", "experts alone",
+                         "MLP on a side stream beside the experts (tensor boxes)", "experts alone (tensor boxes)"};
+  // The experts' copies: a bulk copy per weight row in forms 0-5 (the before), TMA tensor boxes (the default) in 6
+  // and 7. Options are read at capture, so each form's graph keeps its own.
+  auto form_options = [&](int f) {
+    CudaBf16ExpertsOptions o;
+    o.bulk_copy_form = f >= 6 ? CudaBulkCopyForm::kBoxes : CudaBulkCopyForm::kRows;
+    CHECK_OK(set_cuda_bf16_experts_options(*g_b, o));
+  };
+  constexpr int kForms = 8, kRounds = 5, kSteps = 30;
   // Outputs of each form against the serial one's (same kernels, same inputs: identical bits expected).
   std::vector<uint16_t> ref_proj(static_cast<size_t>(H)), ref_moe(static_cast<size_t>(H)), got(static_cast<size_t>(H));
   std::vector<std::string> notes(kForms);
   std::vector<std::unique_ptr<ReplayGraph>> graphs(kForms);
   for (int f = 0; f < kForms; ++f) {
+    form_options(f);
     if (const Status st = step(f, 0); !st.is_ok()) {  // eagerly first: lazy set-up outside the capture
       std::printf("gemma ffn overlap: %s: eager step failed: %s\n", names[f], st.to_string().c_str());
       continue;
@@ -1499,9 +1520,9 @@ void bench_gemma_ffn_overlap() {
     if (f == 0) {
       CHECK_OK(g_b->copy_to_host(ref_proj.data(), proj));
       CHECK_OK(g_b->copy_to_host(ref_moe.data(), moe_out));
-    } else if (f < 4) {
+    } else if (f < 4 || f >= 6) {
       CHECK_OK(g_b->copy_to_host(got.data(), proj));
-      const bool same_proj = got == ref_proj;
+      const bool same_proj = got == ref_proj || f == 7;  // the experts alone write no MLP output
       CHECK_OK(g_b->copy_to_host(got.data(), moe_out));
       notes[static_cast<size_t>(f)] = same_proj && got == ref_moe ? ", outputs = serial bit for bit" : ", outputs DIFFER from serial";
     }
@@ -1527,9 +1548,10 @@ void bench_gemma_ffn_overlap() {
     std::sort(u.begin(), u.end());
     char spread[64];
     std::snprintf(spread, sizeof spread, "rounds %.2f..%.2f us", u.front(), u.back());
-    const double b = f == 4 ? 2.0 * 3.0 * inter * H : f == 5 ? 8 * 3.0 * I * H * 2 : bytes;
+    const double b = f == 4 ? 2.0 * 3.0 * inter * H : f == 5 || f == 7 ? 8 * 3.0 * I * H * 2 : bytes;
     report(std::string("gemma ffn T=1 ") + names[f], u[u.size() / 2], b, 0, spread + notes[static_cast<size_t>(f)]);
   }
+  CHECK_OK(set_cuda_bf16_experts_options(*g_b, {}));
   for (auto& e : events) cudaEventDestroy(e);
 }
 

@@ -89,8 +89,9 @@ const std::vector<CliOption> kCommandOptions = {
      "(the same, a token's splits as one CTA cluster: head dims 256/512); several, comma-separated: compared as "
      "--bf16-experts-decode"},
     {"bf16-experts-decode", true,
-     "Gemma-4's bf16 experts at decode on CUDA: auto (default), register-loads, bulk-copies, streamed or fused (a "
-     "step of <= 32 routed slots as one persistent launch); several, comma-separated: every batch once per kernel, "
+     "Gemma-4's bf16 experts at decode on CUDA: auto (default), rows (auto with a bulk copy per weight row and stage "
+     "instead of one TMA tensor box), register-loads, bulk-copies, streamed or fused (a step of <= 32 routed slots as one persistent "
+     "launch); several, comma-separated: every batch once per kernel, "
      "each on an engine of its own over the one loaded model (the kernels' comparison end to end, in one process)"},
     {"skinny-strip-rows", true,
      "output channels per CTA of the dense linears' decode kernel on CUDA (skinny_linear.cu): auto (default) or 8 "
@@ -153,9 +154,12 @@ Status choose_bf16_experts_decode(Backend& backend, const std::string& name) {
   else if (name == "bulk-copies") decode = CudaBf16ExpertsDecode::kBulkCopies;
   else if (name == "streamed") decode = CudaBf16ExpertsDecode::kStreamed;
   else if (name == "fused") decode = CudaBf16ExpertsDecode::kFused;
-  else if (name != "auto")
-    return invalid_argument("--bf16-experts-decode must be auto, register-loads, bulk-copies, streamed or fused, got " + name);
-  return set_cuda_bf16_experts_options(backend, {decode});
+  else if (name != "auto" && name != "rows")
+    return invalid_argument("--bf16-experts-decode must be auto, rows, register-loads, bulk-copies, streamed or fused, got " +
+                            name);
+  CudaBf16ExpertsOptions o{decode};
+  if (name == "rows") o.bulk_copy_form = CudaBulkCopyForm::kRows;
+  return set_cuda_bf16_experts_options(backend, o);
 #else
   (void)backend;
   return invalid_argument("--bf16-experts-decode " + name + ": this build has no CUDA backend");

@@ -510,7 +510,8 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                              GegluCase{9, 264, 200, 3, 11, false}, GegluCase{8, 264, 200, 2, 300, true},
                              GegluCase{16, 512, 256, 4, 600, false}, GegluCase{4, 128, 72, 4, 130, false},
                              GegluCase{128, 128, 64, 8, 1000, false}, GegluCase{8, 136, 96, 2, 129, false, 3},
-                             GegluCase{4, 128, 64, 1, 200, false, 1}}) {
+                             GegluCase{4, 128, 64, 1, 200, false, 1}, GegluCase{5, 192, 136, 2, 3, false},
+                             GegluCase{6, 200, 128, 3, 5, false}, GegluCase{7, 320, 128, 2, 20, true}}) {
     const auto key = std::make_tuple(c.e, c.h, c.i);
     if (!tables.count(key)) tables.emplace(key, upload_geglu_experts(cpu_, cuda_, table_rng, c.e, c.h, c.i));
     const GegluExpertTables& w = tables.at(key);
@@ -597,27 +598,35 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
       const std::vector<float> got = cuda_.download_f32(o_g);
       check("moe_geglu_experts", what + name, got, want, 1e-2);
       // The bulk kernels' second GEMM with other tile counts per CTA (auto: 1 self-routed, else 3), and both GEMMs
-      // in ring stages of 512 or 768 k: the same sums in the same order, so bit for bit the same (also with the
-      // routing ready, where the experts route themselves).
-      for (const auto& [tiles_per_cta, up_stage_k, down_stage_k] :
-           {std::tuple{1, 256, 256}, std::tuple{3, 256, 256}, std::tuple{1, 512, 768}, std::tuple{3, 768, 512},
-            std::tuple{1, 256, 768}, std::tuple{2, 512, 256}}) {
-        if (decode != CudaBf16ExpertsDecode::kBulkCopies) break;
-        CudaBf16ExpertsOptions o{decode, tiles_per_cta};
-        o.bulk_up_stage_k = up_stage_k;
-        o.bulk_down_stage_k = down_stage_k;
-        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
-        for (int run = 0; run < (self_routed ? 2 : 1); ++run) {
-          TensorView o_t = cuda_.make(DType::kBF16, {c.t, c.h});
-          ASSERT_TRUE(cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_t, c.k, run == 1}).is_ok());
-          const bool same = cuda_.download_f32(o_t) == got;
-          const std::string how = what + name + ", " + std::to_string(tiles_per_cta) + " per CTA, stages of " +
-                                  std::to_string(up_stage_k) + " and " + std::to_string(down_stage_k) +
-                                  (run == 1 ? ", routing ready" : "");
-          record("moe_geglu_experts tiles per CTA", how + (same ? ": identical" : ": DIFFER"), same ? 0 : 1, 0, 0, same);
-          EXPECT_TRUE(same) << tiles_per_cta << " " << up_stage_k << " " << down_stage_k << " " << run;
+      // in ring stages of 512 or 768 k, by copies per row and as TMA tensor boxes (where k % 64 == 0; else the
+      // copies per row): the same sums in the same order, so bit for bit the same (also with the routing ready,
+      // where the experts route themselves). The boxes' first form also replayed from a graph.
+      for (const CudaBulkCopyForm form : {CudaBulkCopyForm::kRows, CudaBulkCopyForm::kBoxes}) {
+        for (const auto& [tiles_per_cta, up_stage_k, down_stage_k] :
+             {std::tuple{1, 256, 256}, std::tuple{3, 256, 256}, std::tuple{1, 512, 768}, std::tuple{3, 768, 512},
+              std::tuple{1, 256, 768}, std::tuple{2, 512, 256}}) {
+          if (decode != CudaBf16ExpertsDecode::kBulkCopies) break;
+          CudaBf16ExpertsOptions o{decode, tiles_per_cta};
+          o.bulk_up_stage_k = up_stage_k;
+          o.bulk_down_stage_k = down_stage_k;
+          o.bulk_copy_form = form;
+          ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
+          const std::string form_name = form == CudaBulkCopyForm::kBoxes ? ", tensor boxes" : "";
+          for (int run = 0; run < (self_routed ? 2 : 1); ++run) {
+            TensorView o_t = cuda_.make(DType::kBF16, {c.t, c.h});
+            const Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_t, c.k, run == 1});
+            ASSERT_TRUE(st.is_ok()) << st.to_string();
+            const bool same = cuda_.download_f32(o_t) == got;
+            const std::string how = what + name + form_name + ", " + std::to_string(tiles_per_cta) +
+                                    " per CTA, stages of " + std::to_string(up_stage_k) + " and " +
+                                    std::to_string(down_stage_k) + (run == 1 ? ", routing ready" : "");
+            record("moe_geglu_experts tiles per CTA", how + (same ? ": identical" : ": DIFFER"), same ? 0 : 1, 0, 0, same);
+            EXPECT_TRUE(same) << tiles_per_cta << " " << up_stage_k << " " << down_stage_k << " " << run << form_name;
+          }
+          if (form == CudaBulkCopyForm::kBoxes && tiles_per_cta == 1 && up_stage_k == 256 && down_stage_k == 256)
+            expect_graph_replay("moe_geglu_experts tensor boxes", what + name + form_name, got);
+          ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
         }
-        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
       }
       // The streamed kernel (routing metadata only) on tiles of 8, 16 and 32 tokens and rings of 2 and 5 slots:
       // the bulk kernel's fragments, k order and warp-order sums, so bit for bit its result.

@@ -876,6 +876,8 @@ class CudaBackend final : public Backend {
     g.streamed = streamed;
     g.wgmma = grouped && prefill_wgmma;
     g.ring_slots = opt.stream_ring_slots != 0 ? opt.stream_ring_slots : 4;
+    g.weight_experts = E;
+    const bool boxes = g.bulk_copies && opt.bulk_copy_form != CudaBulkCopyForm::kRows;
     // Decode (register loads): a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
     auto k_split = [&](int64_t kdim) {
       return tile_tokens == 8 ? static_cast<int>(std::clamp<int64_t>((kdim + 63) / 64 / 8, 1, 8)) : 1;
@@ -889,6 +891,7 @@ class CudaBackend final : public Backend {
     g.k_split = k_split(H);
     // Bulk copies where the experts route themselves (one CTA per tile and strip): wider ring stages, fewer copies.
     g.bulk_stage_k = opt.bulk_up_stage_k != 0 ? opt.bulk_up_stage_k : self_routed ? 512 : 256;
+    g.bulk_tensor_boxes = boxes && moe_bf16_bulk_boxes_fit(g);
     // A self-routed step's two GEMMs in one persistent launch (moe_bf16_fused.cu): kFused, and kAuto on Hopper
     // from two tokens (H200: 4 tokens 128.1 -> 113.2 us; one token 34.6 -> 35.7 keeps the two launches).
     const bool fused = self_routed && (decode == CudaBf16ExpertsDecode::kFused ||
@@ -904,6 +907,7 @@ class CudaBackend final : public Backend {
     g.k = I;
     g.k_split = k_split(I);
     g.bulk_stage_k = opt.bulk_down_stage_k != 0 ? opt.bulk_down_stage_k : 256;
+    g.bulk_tensor_boxes = boxes && moe_bf16_bulk_boxes_fit(g);
     if (g.bulk_copies) {
       const int forced = opt.second_gemm_tiles_per_cta;
       g.tiles_per_cta = forced > 0 ? forced : self_routed ? 1 : 3;

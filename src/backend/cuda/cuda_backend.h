@@ -88,6 +88,7 @@ struct CudaAttentionOptions {
 // below sm_90 are errors.
 enum class CudaBf16ExpertsDecode { kAuto, kRegisterLoads, kBulkCopies, kStreamed, kFused };
 enum class CudaBf16ExpertsPrefill { kAuto, kMmaSync, kWgmma };
+enum class CudaBulkCopyForm { kAuto, kRows, kBoxes };
 struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
   // The bulk-copy kernels' second GEMM: tiles one CTA runs in turn (1 to 4); 0 = 1 where the experts route
@@ -118,6 +119,11 @@ struct CudaBf16ExpertsOptions {
   // H200, session 17 W2b, one token, us per call at (up, down) 256/256, 512/768, 512/256: 34.91, 33.67, 32.48.
   int bulk_up_stage_k = 0;
   int bulk_down_stage_k = 0;
+  // The bulk-copy kernels' stages as one TMA tensor box each (moe_bf16_bulk.cu; where k % 64 == 0, else the copies
+  // per row) instead of a bulk copy per weight row and stage: kAuto = kBoxes. H200, session 18 W1, one token, us per
+  // call (stages 512/256, routing ready): rows 32.36, boxes 31.22 (ncu alone: first GEMM 23.26 -> 21.18, second
+  // 20.26 -> 19.10); W2, Gemma-4 batch-1 TPOT at 1K (bench latency, one process): 3.156 -> 3.053 ms.
+  CudaBulkCopyForm bulk_copy_form = CudaBulkCopyForm::kAuto;
 };
 
 // Which kernel runs Gemma-4's router: kAuto = up to kClusterMaxTokens tokens the cluster kernel on sm_90

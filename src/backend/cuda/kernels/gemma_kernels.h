@@ -166,6 +166,10 @@ struct MoeBf16GemmParams {
   int tiles_per_cta = 1;
   // Bulk copies: k per ring stage (a copy per row and stage), 256, 512 or 768; 0 = 256.
   int64_t bulk_stage_k = 0;
+  // Bulk copies: each ring stage as one TMA tensor box (the strip's rows of the stage's k, 128-byte swizzle)
+  // instead of a copy per row; needs k % 64 == 0 (moe_bf16_bulk_boxes_fit) and weight_experts, the experts in w.
+  bool bulk_tensor_boxes = false;
+  int64_t weight_experts = 0;
   // Routing metadata with tiles of 8, 16 or 32 tokens: persistent CTAs stream (tile, strip) items through one
   // ring of `ring_slots` stages (moe_bf16_stream.cu, sm_90+) instead of one CTA per item.
   bool streamed = false;
@@ -181,6 +185,7 @@ Status launch_moe_bf16_grouped_gemm(const MoeBf16GemmParams& p, cudaStream_t str
 Status launch_moe_bf16_wgmma_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // The 8-token-tile path with bulk_copies (moe_bf16_bulk.cu).
 Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+bool moe_bf16_bulk_boxes_fit(const MoeBf16GemmParams& p);
 // The streamed path (moe_bf16_stream.cu): as many persistent CTAs as the device holds at once.
 Status launch_moe_bf16_stream_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
 // Both GEMMs of a self-routed step (<= 32 slots, 8-token tiles, the combine fused) in one persistent launch

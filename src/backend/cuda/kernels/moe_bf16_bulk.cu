@@ -23,9 +23,19 @@
 // stage is zeroed in registers, since the slot holds an earlier stage's bytes there.
 // The second GEMM issues its first stages before waiting for h (PDL): weights do not depend on earlier
 // kernels, and the routing it reads precedes the first GEMM.
+//
+// Tensor boxes (MoeBf16GemmParams::bulk_tensor_boxes, k % 64 == 0): a stage is one TMA copy instead of a copy
+// per row. The weights are seen as a rank-5 tensor (64 k, rows of a half, gate|up half, expert, 64-wide k chunk),
+// so one box holds the strip's 16 rows (gated: 8 gate rows, then the same channels' 8 up rows) for each of the
+// stage's chunks: chunk-major lines of 128 bytes, line c * 16 + row, with the 128-byte swizzle (the 16-byte unit
+// u of line n at u ^ n % 8). A quarter warp's units (2q + h) ^ r then fall in 8 different bank groups, as the
+// padded rows do. Rows and chunks past the tensor read as zero; a CTA's copies per call drop from 16 a stage to
+// one. The default where k % 64 == 0 (CudaBf16ExpertsOptions::bulk_copy_form): H200, one token, stages 512/256,
+// 32.36 -> 31.22 us per call; Gemma-4 batch-1 TPOT 3.156 -> 3.053 ms (docs/PERF.md).
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/moe_bf16_decode.cuh"
+#include "backend/cuda/kernels/tma.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -56,11 +66,19 @@ __host__ __device__ constexpr int ring_slots(int64_t stages, int blocks = 1) {
   return stages < max_slots(blocks) ? static_cast<int>(stages) : max_slots(blocks);
 }
 
-template <bool kGated, int kBlocks>
-__device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p) {
-  constexpr int64_t kStageWidth = static_cast<int64_t>(kStageK) * kBlocks, kPitch = row_pitch(kBlocks);
-  constexpr int64_t kSlot = slot_bytes(kBlocks);
-  extern __shared__ __align__(128) uint8_t ring[];
+// Tensor boxes: a slot is the box, 16 unpadded rows of the stage's k (a multiple of 1024 bytes, the swizzle's
+// period); the ring takes as many slots as the padded rows' (the same bytes, less the padding).
+constexpr int64_t kLineBytes = 128;  // a box row: 64 k
+__host__ __device__ constexpr int64_t box_bytes(int blocks) { return kRows * 2 * kStageK * blocks; }
+constexpr int kTensorRank = 5;
+
+template <bool kGated, int kBlocks, bool kBoxes>
+__device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p, const CUtensorMap* map) {
+  constexpr int64_t kStageWidth = static_cast<int64_t>(kStageK) * kBlocks;
+  constexpr int64_t kPitch = row_pitch(kBlocks), kSlot = kBoxes ? box_bytes(kBlocks) : slot_bytes(kBlocks);
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // The swizzle repeats every 1024 bytes: boxes start on that boundary (the launch adds 1 KB).
+  uint8_t* const ring = kBoxes ? smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023) : smem_raw;
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ float red[kWarps - 1][4][32];
   const int tile0 = blockIdx.y * p.tiles_per_cta;
@@ -83,6 +101,7 @@ __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p) {
   const uint32_t ring0 = smem_addr(ring), full0 = smem_addr(full);
 
   if (threadIdx.x == 0) {
+    if constexpr (kBoxes) tma_prefetch_map(map);
     for (int i = 0; i < slots; ++i) {
       mbarrier_init(full0 + 8 * i, 1);
       mbarrier_init_fence();
@@ -90,8 +109,8 @@ __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p) {
   }
   __syncthreads();
 
-  // Warp 0 issues stage c: lane 0 announces the bytes, then lane i < 16 copies slot row i (gated: gate
-  // rows of channels 8 strip + i, then the same channels' up rows).
+  // Warp 0 issues stage c: lane 0 announces the bytes, then lane i < 16 copies slot row i (gated: gate rows of
+  // channels 8 strip + i, then the same channels' up rows); tensor boxes: lane 0 copies the stage's box.
   const int64_t rows_left = p.out_rows - (kGated ? 8 : 16) * strip;
   const int valid_rows = static_cast<int>(kGated ? 2 * (rows_left < 8 ? rows_left : 8) : (rows_left < 16 ? rows_left : 16));
   auto issue = [&](int64_t c) {
@@ -101,6 +120,14 @@ __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p) {
     for (int j = 1; j < kMaxTilesPerCta; ++j) e = c / n_stages == j ? expert[j] : e;
     const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageWidth ? p.k - k0 : kStageWidth));
     const uint32_t bar = full0 + 8 * static_cast<uint32_t>(c % slots);
+    if constexpr (kBoxes) {  // one box: (k 0, the strip's first row, gate half, expert e, the stage's first chunk)
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(kSlot));
+        const uint32_t dst = ring0 + static_cast<uint32_t>((c % slots) * kSlot);
+        tma_load_5d(dst, map, 0, static_cast<int>((kGated ? 8 : 16) * strip), 0, e, static_cast<int>(k0 / 64), bar);
+      }
+      return;
+    }
     if (lane == 0) mbarrier_arrive_expect_tx(bar, bytes * valid_rows);
     __syncwarp();
     const int i = lane;
@@ -149,13 +176,23 @@ __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p) {
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
         if (ks * kBlocks + b >= n_blocks) break;
-        const uint8_t* base = ring + slot * kSlot + (b * kStageK + 64 * warp + 16 * q) * 2;
         const uint4 zero = make_uint4(0, 0, 0, 0);
-        const uint4 a[4] = {in0[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch) : zero,
-                            in1[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch + 16) : zero,
-                            in0[b] ? *reinterpret_cast<const uint4*>(base + (r + 8) * kPitch) : zero,
-                            in1[b] ? *reinterpret_cast<const uint4*>(base + (r + 8) * kPitch + 16) : zero};
-        chunk_mma(acc, a, x0[b], x1[b]);
+        if constexpr (kBoxes) {  // chunk 4 b + w's lines r and r + 8; units 2q and 2q + 1, swizzled by r
+          const uint8_t* line = ring + slot * kSlot + ((b * kWarps + warp) * kRows + r) * kLineBytes;
+          const int u0 = (2 * q) ^ r, u1 = (2 * q + 1) ^ r;
+          const uint4 a[4] = {in0[b] ? *reinterpret_cast<const uint4*>(line + 16 * u0) : zero,
+                              in1[b] ? *reinterpret_cast<const uint4*>(line + 16 * u1) : zero,
+                              in0[b] ? *reinterpret_cast<const uint4*>(line + 8 * kLineBytes + 16 * u0) : zero,
+                              in1[b] ? *reinterpret_cast<const uint4*>(line + 8 * kLineBytes + 16 * u1) : zero};
+          chunk_mma(acc, a, x0[b], x1[b]);
+        } else {
+          const uint8_t* base = ring + slot * kSlot + (b * kStageK + 64 * warp + 16 * q) * 2;
+          const uint4 a[4] = {in0[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch) : zero,
+                              in1[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch + 16) : zero,
+                              in0[b] ? *reinterpret_cast<const uint4*>(base + (r + 8) * kPitch) : zero,
+                              in1[b] ? *reinterpret_cast<const uint4*>(base + (r + 8) * kPitch + 16) : zero};
+          chunk_mma(acc, a, x0[b], x1[b]);
+        }
       }
       __syncthreads();  // every warp is done with this slot
       if (warp == 0 && c + slots < total) issue(c + slots);
@@ -179,16 +216,39 @@ __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p) {
 
 template <bool kGated>
 __global__ void __launch_bounds__(kThreads) moe_bf16_bulk_kernel(MoeBf16GemmParams p) {
-  bulk_gemm<kGated, 1>(p);
+  bulk_gemm<kGated, 1, false>(p, nullptr);
 }
 // Wide stages: registers for as many CTAs per SM as one-block stages get (first GEMM 6, shared memory; second 7,
 // registers), where one wave holds the whole grid at one token.
 template <bool kGated, int kBlocks>
 __global__ void __launch_bounds__(kThreads, kGated ? 6 : 7) moe_bf16_bulk_wide_kernel(MoeBf16GemmParams p) {
-  bulk_gemm<kGated, kBlocks>(p);
+  bulk_gemm<kGated, kBlocks, false>(p, nullptr);
+}
+// Tensor boxes, every stage width (the same registers' bound as the wide stages).
+template <bool kGated, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kGated ? 6 : 7)
+    moe_bf16_bulk_box_kernel(MoeBf16GemmParams p, const __grid_constant__ CUtensorMap map) {
+  bulk_gemm<kGated, kBlocks, true>(p, &map);
+}
+
+// The weights as bulk_gemm's boxes read them: (k inner 64, rows of a half, 2 halves gated, experts, k / 64
+// chunks), a box of (64, 8 gated or 16, 2 or 1, 1, 4 blocks) with the 128-byte swizzle.
+Status encode_box_map(const MoeBf16GemmParams& p, int blocks, CUtensorMap* map) {
+  const int64_t half_rows = p.out_rows, halves = p.gated ? 2 : 1, row_bytes = 2 * p.k;
+  const uint64_t dims[kTensorRank] = {64, static_cast<uint64_t>(half_rows), static_cast<uint64_t>(halves),
+                                      static_cast<uint64_t>(p.weight_experts), static_cast<uint64_t>(p.k / 64)};
+  const uint64_t strides[kTensorRank - 1] = {static_cast<uint64_t>(row_bytes),
+                                             static_cast<uint64_t>(half_rows * row_bytes),
+                                             static_cast<uint64_t>(halves * half_rows * row_bytes), kLineBytes};
+  const uint32_t box[kTensorRank] = {64, static_cast<uint32_t>(p.gated ? 8 : 16), static_cast<uint32_t>(halves), 1,
+                                     static_cast<uint32_t>(4 * blocks)};
+  return encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kTensorRank, p.w, dims, strides, box,
+                           CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace
+
+bool moe_bf16_bulk_boxes_fit(const MoeBf16GemmParams& p) { return p.k % 64 == 0 && p.weight_experts > 0; }
 
 Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream) {
   if (p.tiles_per_cta < 1 || p.tiles_per_cta > kMaxTilesPerCta)
@@ -198,11 +258,22 @@ Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream
   const int blocks = p.bulk_stage_k == 0 ? 1 : static_cast<int>(p.bulk_stage_k / kStageK);
   if (blocks < 1 || blocks > 3 || (p.bulk_stage_k != 0 && p.bulk_stage_k % kStageK != 0))
     return invalid_argument("moe_bf16_bulk: stages of 256, 512 or 768 k");
+  // Ring slots for a CTA's stages: the most any CTA runs (tiles_per_cta full tiles).
+  const int64_t stages = p.tiles_per_cta * cdiv(p.k, kStageK * blocks);
+  if (p.bulk_tensor_boxes) {
+    if (!moe_bf16_bulk_boxes_fit(p))
+      return invalid_argument("moe_bf16_bulk: tensor boxes need k % 64 == 0 and the weights' expert count");
+    CUtensorMap map;
+    MX_RETURN_IF_ERROR(encode_box_map(p, blocks, &map));
+    auto kernel = blocks == 3   ? (p.gated ? moe_bf16_bulk_box_kernel<true, 3> : moe_bf16_bulk_box_kernel<false, 3>)
+                  : blocks == 2 ? (p.gated ? moe_bf16_bulk_box_kernel<true, 2> : moe_bf16_bulk_box_kernel<false, 2>)
+                                : (p.gated ? moe_bf16_bulk_box_kernel<true, 1> : moe_bf16_bulk_box_kernel<false, 1>);
+    const size_t smem = static_cast<size_t>(ring_slots(stages, blocks) * box_bytes(blocks) + 1024);  // <= 33 KB
+    return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), smem, stream, p, map), "moe_bf16_bulk_box_kernel");
+  }
   auto kernel = blocks == 3   ? (p.gated ? moe_bf16_bulk_wide_kernel<true, 3> : moe_bf16_bulk_wide_kernel<false, 3>)
                 : blocks == 2 ? (p.gated ? moe_bf16_bulk_wide_kernel<true, 2> : moe_bf16_bulk_wide_kernel<false, 2>)
                               : (p.gated ? moe_bf16_bulk_kernel<true> : moe_bf16_bulk_kernel<false>);
-  // Ring slots for a CTA's stages: the most any CTA runs (tiles_per_cta full tiles).
-  const int64_t stages = p.tiles_per_cta * cdiv(p.k, kStageK * blocks);
   const size_t smem = static_cast<size_t>(ring_slots(stages, blocks) * slot_bytes(blocks));
   return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), smem, stream, p), "moe_bf16_bulk_kernel");
 }

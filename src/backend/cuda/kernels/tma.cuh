@@ -102,10 +102,26 @@ __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk
 __device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+#endif
+
+// The rank-5 load and the descriptor prefetch are empty outside sm_90+ device code (as mbarrier.cuh's wrappers),
+// so that a portable kernel may name them in a path the host never launches there.
+// The box of a rank-5 map at (c0 .. c4) into shared memory at `dst` (aligned as the map's swizzle needs).
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            int c4, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+      "%6}], [%7];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+      : "memory");
+#endif
+}
 // Pulls the map's descriptor into the cache ahead of the first load.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
 #endif
+}
 
 }  // namespace mx::cuda
