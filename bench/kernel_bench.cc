@@ -8,7 +8,7 @@
 // Prints a table; writes JSON to the last
 // argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--moe-skew=S,S,...] [--variants=P,P,...] |
 // --sampling-only |
-// --moe-decode-variants[=T,T,...] [--variants=P,P,...] |
+// --moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
 // --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]] [out.json]`).
@@ -20,8 +20,8 @@
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time), without
 // the sweep's closing bf16 yardstick; after
 // --moe-decode-variants it picks decode variants (e.g. `v1,stream`). --moe-experts=128 times gpt-oss-120b's MoE
-// layer (128 experts, same expert shape) in the prefill sweep instead of 20b's 32; --moe-skew=S routes it unevenly
-// (make_routings).
+// layer (128 experts, same expert shape) in the prefill sweep or the decode variants instead of 20b's 32; --moe-skew=S
+// (after --moe-prefill-only) routes it unevenly (make_routings).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -292,7 +292,8 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 // ---- MoE decode: 20b layer (32 experts, H = I = 2880, top-4). The default path at 1/8/64 tokens, then
 // (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
 // moe.cu), the ring GEMMs (moe_decode.cu) at their default, at other k splits ("ktN": about N k tiles per warp;
-// 6, 12, 16, 23 are 8, 4, 3, 2 warps at k = 2880) and without PDL, and each GEMM alone.
+// 6, 12, 16, 23 are 8, 4, 3, 2 warps at k = 2880) and without PDL, and each GEMM alone (kAuto's and the ring's),
+// in interleaved rounds.
 void bench_moe(bool variants) {
   const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = expert_copies();
@@ -319,7 +320,9 @@ void bench_moe(bool variants) {
             {CudaMoePath::kDecode, 6, true, 1, " ring kt6 gemm1 only"},
             {CudaMoePath::kDecode, 6, true, 2, " ring kt6 gemm2 only"},
             {CudaMoePath::kDecode, 23, true, 1, " ring kt23 gemm1 only"},
-            {CudaMoePath::kDecode, 23, true, 2, " ring kt23 gemm2 only"}};
+            {CudaMoePath::kDecode, 23, true, 2, " ring kt23 gemm2 only"},
+            {CudaMoePath::kAuto, 0, true, 1, " auto gemm1 only"},
+            {CudaMoePath::kAuto, 0, true, 2, " auto gemm2 only"}};
   const std::vector<int64_t> sizes = !variants                         ? std::vector<int64_t>{1, 8, 64}
                                      : !bench_only_decode_sizes.empty() ? bench_only_decode_sizes
                                                                         : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
@@ -329,19 +332,32 @@ void bench_moe(bool variants) {
     std::vector<TensorView> ids, weights;
     const double touched = make_routings(T, routings, &ids, &weights);
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
-    for (const Variant& v : list) {
-      if (!variant_selected(v.label)) continue;
+    // The variants in interleaved rounds (3 with --moe-decode-variants), the median of each.
+    std::vector<const Variant*> timed;
+    for (const Variant& v : list)
+      if (variant_selected(v.label)) timed.push_back(&v);
+    const int rounds = variants ? 3 : 1;
+    std::vector<std::vector<double>> us(timed.size());
+    for (int round = 0; round < rounds; ++round)
+      for (size_t i = 0; i < timed.size(); ++i) {
+        const Variant& v = *timed[i];
+        CudaMoeOptions o{v.path, 0, v.k_tiles, v.pdl, v.only_gemm};
+        CHECK_OK(set_cuda_moe_options(*g_b, o));
+        us[i].push_back(time_graph(24, [&](int j) {
+          MoeParams p{x, ids[j % routings], weights[j % routings], &experts[j % copies], out, k, 7.0f, 1.702f};
+          return g_b->moe_experts(p);
+        }));
+      }
+    for (size_t i = 0; i < timed.size(); ++i) {
+      const Variant& v = *timed[i];
       const int only = v.only_gemm;
-      CudaMoeOptions o{v.path, 0, v.k_tiles, v.pdl, only};
-      CHECK_OK(set_cuda_moe_options(*g_b, o));
-      const double us = time_graph(24, [&](int i) {
-        MoeParams p{x, ids[i % routings], weights[i % routings], &experts[i % copies], out, k, 7.0f, 1.702f};
-        return g_b->moe_experts(p);
-      });
+      std::sort(us[i].begin(), us[i].end());
       const double bytes = touched * (only == 1 ? w1_bytes : only == 2 ? w2_bytes : expert_bytes);
-      report("moe decode T=" + std::to_string(T) + v.label, us, bytes, 0,
+      char spread[64];
+      std::snprintf(spread, sizeof spread, ", rounds %.2f..%.2f us", us[i].front(), us[i].back());
+      report("moe decode T=" + std::to_string(T) + v.label, us[i][rounds / 2], bytes, 0,
              std::to_string(static_cast<int>(touched + 0.5)) + " experts touched, " +
-                 std::to_string(static_cast<int>(bytes / 1e6)) + " MB");
+                 std::to_string(static_cast<int>(bytes / 1e6)) + " MB" + (rounds > 1 ? spread : ""));
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
     // " norm": the experts and the add_rms_norm after them (kAuto), as two ops and as moe_experts_add_rms_norm,
@@ -1604,12 +1620,27 @@ int main(int argc, char** argv) {
   // `--moe-prefill-only[=T,T,...]`: just the MoE prefill sweep (quick comparisons of the two paths).
   // `--sampling-only`: just the sampling rows.
   int arg = 1;
-  // `--moe-decode-variants[=T,T,...] [--variants=P,P,...]`: only the MoE decode variants (kernel comparisons
-  // in one device run), at those token counts, those whose labels start with one of the prefixes.
+  // `--moe-experts=E` (after --moe-prefill-only or --moe-decode-variants): the layer's experts, 32 (gpt-oss-20b,
+  // default) or 128 (gpt-oss-120b).
+  auto take_moe_experts = [&]() {
+    const std::string experts = "--moe-experts=";
+    if (argc > arg && std::string(argv[arg]).rfind(experts, 0) == 0) {
+      g_moe_experts = std::atoi(argv[arg] + experts.size());
+      if (g_moe_experts != 32 && g_moe_experts != 128) {
+        std::fprintf(stderr, "--moe-experts: 32 (gpt-oss-20b) or 128 (gpt-oss-120b), not %s\n", argv[arg] + experts.size());
+        return false;
+      }
+      ++arg;
+    }
+    return true;
+  };
+  // `--moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...]`: only the MoE decode variants (kernel
+  // comparisons in one device run), at those token counts, those whose labels start with one of the prefixes.
   const std::string decode_flag = "--moe-decode-variants";
   if (const auto sizes = argc > arg ? int_list_flag(argv[arg], decode_flag) : std::nullopt) {
     bench_only_decode_sizes = *sizes;
     ++arg;
+    if (!take_moe_experts()) return 1;
     take_variant_prefixes(argc, argv, arg);
     bench_moe(/*variants=*/true);
     if (argc > arg) write_json(argv[arg]);
@@ -1726,16 +1757,7 @@ int main(int argc, char** argv) {
     prefill_only = true;
     bench_only_prefill_sizes = *sizes;
     ++arg;
-    // `--moe-experts=E`: the layer's experts, 32 (gpt-oss-20b, default) or 128 (gpt-oss-120b).
-    const std::string experts = "--moe-experts=";
-    if (argc > arg && std::string(argv[arg]).rfind(experts, 0) == 0) {
-      g_moe_experts = std::atoi(argv[arg] + experts.size());
-      if (g_moe_experts != 32 && g_moe_experts != 128) {
-        std::fprintf(stderr, "--moe-experts: 32 (gpt-oss-20b) or 128 (gpt-oss-120b), not %s\n", argv[arg] + experts.size());
-        return 1;
-      }
-      ++arg;
-    }
+    if (!take_moe_experts()) return 1;
     const std::string skew = "--moe-skew=";
     if (argc > arg && std::string(argv[arg]).rfind(skew, 0) == 0) {
       g_moe_skews = parse_list<double>(std::string(argv[arg]).substr(skew.size() - 1),
