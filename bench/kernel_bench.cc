@@ -10,6 +10,7 @@
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
+// --qkv-rope-only[=T,T,...] |
 // --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
@@ -25,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
@@ -603,6 +605,46 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
     }
   }
   CHECK_OK(set_cuda_attention_options(*g_b, {}));
+}
+
+// qkv_rope (`--qkv-rope-only[=T,T,...]`): one prompt of T tokens of gpt-oss (64 q / 8 kv heads, head dim 64) into a
+// paged cache, the decode form (per-(token, head group) CTAs), the many-token form in CTA shapes (tokens per CTA x
+// 16-byte runs per thread) and the default; bytes = qkv read + q, k, v written. Each also with the window-128
+// attention behind it, its programmatic dependent, as the model runs them (the row: the pair less qkv_rope alone).
+// 3 interleaved rounds.
+void bench_qkv_rope(const std::vector<int64_t>& lengths) {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
+  struct Form {
+    CudaRopeOptions options;
+    const char* label;
+  };
+  const Form forms[] = {{{INT64_MAX}, "decode form"}, {{1, 1, 2}, "stream 1 tok x 2"}, {{1, 2, 4}, "stream 2 tok x 4"},
+                        {{}, "default"}};
+  const TensorView inv_freq = rope_inv_freq();
+  for (int64_t T : lengths) {
+    AttnSetup a = make_attention(1, T, T);
+    const QkvRopeParams rope{.qkv = random_bf16({T, 80 * 64}, 1.0f), .q_out = a.q, .kv = a.kv.layer(0),
+                             .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64, .q_norm = {},
+                             .k_norm = {}};
+    const int n = static_cast<int>(std::clamp<int64_t>(8 * 8192 / T, 8, 64));
+    for (int round = 0; round < 3; ++round)
+      for (const Form& f : forms) {
+        CHECK_OK(set_cuda_rope_options(*g_b, f.options));
+        const double us = time_graph(n, [&](int) { return g_b->qkv_rope(rope, a.batch); });
+        const std::string label = std::to_string(T) + " " + f.label + " r" + std::to_string(round);
+        report("qkv_rope " + label, us, 2.0 * T * 80 * 64 * 2, 0);
+        const double pair_us = time_graph(n, [&](int) -> Status {
+          MX_RETURN_IF_ERROR(g_b->qkv_rope(rope, a.batch));
+          AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, 128, 0.125f};
+          return g_b->attention(p, a.batch);
+        });
+        char note[64];
+        std::snprintf(note, sizeof note, "pair %.2f us, qkv_rope alone %.2f us", pair_us, us);
+        report("window 128 behind qkv_rope " + label, pair_us - us, 2.0 * T * 64 * 64 * 2 + 2.0 * T * 8 * 64 * 2, 0,
+               note);
+      }
+  }
+  CHECK_OK(set_cuda_rope_options(*g_b, {}));
 }
 
 // gpt-oss decode attention (64 q / 8 kv heads, head dim 64, sinks), each decode kernel (attention.cu's split-KV
@@ -1651,6 +1693,12 @@ int main(int argc, char** argv) {
   const std::string attn_flag = "--attention-prefill-only";
   if (const auto lengths = argc > arg ? int_list_flag(argv[arg], attn_flag) : std::nullopt) {
     bench_attention_prefill(lengths->empty() ? std::vector<int64_t>{1024, 4096, 8192} : *lengths);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  if (const auto lengths = argc > arg ? int_list_flag(argv[arg], "--qkv-rope-only") : std::nullopt) {
+    bench_qkv_rope(lengths->empty() ? std::vector<int64_t>{1024, 8192} : *lengths);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

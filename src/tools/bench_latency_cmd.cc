@@ -27,6 +27,7 @@
 // token beside plain decoding's.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -111,6 +112,10 @@ const std::vector<CliOption> kCommandOptions = {
      "auto (default: the copy engine), cp-async, copy-engine or copy-engine-pairs (an expert's tiles paired: one "
      "fp4 decode for two tiles' rows); several, comma-separated: compared as "
      "--bf16-experts-decode"},
+    {"qkv-rope-form", true,
+     "gpt-oss's qkv_rope on CUDA: auto (default: the many-token form from 1024 tokens), decode (the per-(token, head "
+     "group) CTAs at every size: the form before 2026-11-28) or stream (the many-token form at every size); "
+     "several, comma-separated: compared as --bf16-experts-decode"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -211,6 +216,20 @@ Status choose_moe_wgmma_loads(Backend& backend, const std::string& name) {
 #endif
 }
 
+// --qkv-rope-form: which qkv_rope kernel runs at which step size (CudaRopeOptions::stream_min_tokens).
+Status choose_qkv_rope_form(Backend& backend, const std::string& name) {
+  if (name != "auto" && name != "decode" && name != "stream")
+    return invalid_argument("--qkv-rope-form must be auto, decode or stream, got " + name);
+#ifdef MX_HAVE_CUDA
+  CudaRopeOptions rope;
+  if (name != "auto") rope.stream_min_tokens = name == "decode" ? INT64_MAX : 1;
+  return set_cuda_rope_options(backend, rope);
+#else
+  (void)backend;
+  return invalid_argument("--qkv-rope-form " + name + ": this build has no CUDA backend");
+#endif
+}
+
 // --decode-overlap: which of the side stream and the L2 prefetch a CUDA backend runs (the others' defaults).
 Status choose_decode_overlap(Backend& backend, const std::string& value) {
   if (value != "auto" && value != "off" && value != "side-stream" && value != "l2-prefetch" && value != "both")
@@ -230,7 +249,7 @@ Status choose_decode_overlap(Backend& backend, const std::string& value) {
 }
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
-// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --decode-overlap).
+// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --decode-overlap, --qkv-rope-form).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -239,6 +258,7 @@ struct KernelChoice {
     if (flag == "moe-decode-combine") return choose_moe_decode_combine(backend, value);
     if (flag == "moe-wgmma-loads") return choose_moe_wgmma_loads(backend, value);
     if (flag == "decode-overlap") return choose_decode_overlap(backend, value);
+    if (flag == "qkv-rope-form") return choose_qkv_rope_form(backend, value);
     return choose_skinny_strip_rows(backend, value);
   }
 };
@@ -748,13 +768,13 @@ Status run(const CliArgs& args) {
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads,
-  // --decode-overlap: one kernel choice each, or several values of one flag compared (an engine each, below): those
+  // --decode-overlap, --qkv-rope-form: one kernel choice each, or several values of one flag compared (an engine each, below): those
   // come first in kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-wgmma-loads",
-        "decode-overlap"}) {
+        "decode-overlap", "qkv-rope-form"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

@@ -520,6 +520,21 @@ TEST_F(KernelTest, QkvRope) {
     run_qkv_rope(n_q, n_kv, hd);
 }
 
+// The many-token form (prefill; forced from one token here) on the same odd shapes, gpt-oss-20b/120b's heads (64 q /
+// 8 kv) and a tensor-parallel rank's (32 / 4), in the two default CTA shapes and an odd one: 33 tokens over 4
+// sequences at cached prefixes (positions 0, 5, 4095, 100000) leave a partial last CTA at 2 and 5 tokens per CTA;
+// items 2, 4 and 8 per thread leave idle threads in the last warp; hd 12 (half not a multiple of 8) falls back to
+// the decode form.
+TEST_F(KernelTest, QkvRopeStream) {
+  for (const auto& [tokens_per_cta, items] : {std::pair{1, 2}, {2, 4}, {5, 8}}) {
+    ASSERT_TRUE(set_cuda_rope_options(cuda_backend(), {1, tokens_per_cta, items}).is_ok());
+    for (const auto& [n_q, n_kv, hd] :
+         {std::tuple<int64_t, int64_t, int64_t>{64, 8, 64}, {32, 4, 64}, {7, 3, 32}, {5, 1, 256}, {3, 1, 12}})
+      run_qkv_rope(n_q, n_kv, hd);
+  }
+  ASSERT_TRUE(set_cuda_rope_options(cuda_backend(), {}).is_ok());
+}
+
 // Gemma-4: the sliding layers' default RoPE at head dim 256 and the full layers' proportional RoPE at 512
 // (only the first 64 of 256 frequency pairs rotate; the rest must pass through unchanged).
 TEST_F(KernelTest, QkvRopeGemma) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 
+#include "backend/cuda/cuda_backend.h"
 #include "fixture_reference_util.h"
 #include "model/model_registry.h"
 #include "model/tensor_parallel_model.h"
@@ -153,6 +154,13 @@ class FixtureTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(FixtureTest, PrefillLogitsWithinBf16Tolerance) { expect_prefill_logits_within_bf16_tolerance(GetParam(), 1); }
+
+// The same with qkv_rope's many-token form at every step size (by default it runs from 1024 tokens).
+TEST_P(FixtureTest, PrefillLogitsRopeStreamForm) {
+  ASSERT_TRUE(set_cuda_rope_options(cuda_backend(), {1}).is_ok());
+  expect_prefill_logits_within_bf16_tolerance(GetParam(), 1);
+  ASSERT_TRUE(set_cuda_rope_options(cuda_backend(), {}).is_ok());
+}
 
 // The same gate with the model split over devices 0..tp-1 (test::kTensorParallelCases).
 class TensorParallelFixtureTest : public ::testing::TestWithParam<test::TensorParallelCase> {};

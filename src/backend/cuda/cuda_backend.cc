@@ -477,6 +477,8 @@ class CudaBackend final : public Backend {
     r.n_kv = p.n_kv;
     r.head_dim = p.head_dim;
     r.rope_scale = p.rope_scale;
+    const CudaRopeOptions& ro = options_.rope;
+    if (batch.num_tokens >= ro.stream_min_tokens) return launch_qkv_rope_stream(r, ro.tokens_per_cta, ro.items, stream());
     return launch_qkv_rope(r, stream());
   }
 
@@ -1379,6 +1381,10 @@ Status set_cuda_side_stream_options(Backend& backend, const CudaSideStreamOption
 
 Status set_cuda_l2_prefetch_options(Backend& backend, const CudaL2PrefetchOptions& l2_prefetch) {
   return set_option_group(backend, &CudaBackendOptions::l2_prefetch, l2_prefetch);
+}
+
+Status set_cuda_rope_options(Backend& backend, const CudaRopeOptions& rope) {
+  return set_option_group(backend, &CudaBackendOptions::rope, rope);
 }
 
 }  // namespace mx

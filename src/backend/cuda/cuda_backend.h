@@ -169,6 +169,22 @@ struct CudaL2PrefetchOptions {
   int64_t max_tokens = 16;
 };
 
+// qkv_rope on CUDA (the gpt-oss form, no per-head norms): steps of at least stream_min_tokens tokens run the
+// many-token kernel (launch_qkv_rope_stream: CTAs of tokens_per_cta whole tokens, `items` 16-byte runs of 8 pairs
+// per thread, every load issued before the cos/sin tables), smaller ones the per-(token, head group) CTAs tuned
+// for decode. H200, gpt-oss heads (64 q / 8 kv, head dim 64), session 18 W2 (mx_kernel_bench --qkv-rope-only, us
+// per call, decode form / 1 x 2 / 2 x 4): alone 256 tokens 4.01 / 3.06 / 3.53, 1K 8.28 / 6.75 / 7.73, 2K 15.41 /
+// 12.56 / 12.38, 4K 30.01 / 28.42 / 26.36, 8K 60.17 (66% of the bytes floor) / 54.78 / 49.13 (81%); with the
+// window attention behind (its programmatic dependent), the pair: 256 11.96 / 11.98 / 12.52, 1K 21.81 / 20.33 /
+// 18.88, 2K 37.40 / 36.33 / 35.82, 4K 68.41 / 65.99 / 63.82, 8K 130.15 / 124.44 / 118.65. A persistent grid
+// (the next token group's loads before the current one's stores) was slower at every size. Tests and benchmarks
+// force either form (stream_min_tokens 1 or INT64_MAX) and the shape.
+struct CudaRopeOptions {
+  int64_t stream_min_tokens = 1024;
+  int tokens_per_cta = 2;
+  int items = 4;
+};
+
 struct CudaBackendOptions {
   CudaMoeOptions moe;
   CudaSkinnyLinearOptions skinny_linear;
@@ -177,6 +193,7 @@ struct CudaBackendOptions {
   CudaGemmaRouterOptions gemma_router;
   CudaSideStreamOptions side_stream;
   CudaL2PrefetchOptions l2_prefetch;
+  CudaRopeOptions rope;
 };
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options = {});
@@ -190,6 +207,7 @@ Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOpti
 Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOptions& gemma_router);
 Status set_cuda_side_stream_options(Backend& backend, const CudaSideStreamOptions& side_stream);
 Status set_cuda_l2_prefetch_options(Backend& backend, const CudaL2PrefetchOptions& l2_prefetch);
+Status set_cuda_rope_options(Backend& backend, const CudaRopeOptions& rope);
 
 // A CUDA backend's device ordinal and stream (cudaStream_t), for the collectives that run on its stream.
 struct CudaPlacement {

@@ -91,6 +91,10 @@ struct RopeParams {
   float rope_scale = 1.0f;
 };
 Status launch_qkv_rope(const RopeParams& p, cudaStream_t stream);
+// The same op in its many-token form (prefill): CTAs of `tokens_per_cta` whole tokens, `items` (2, 4 or 8) runs of
+// 8 pairs per thread, their 16-byte loads issued before the tables. head_dim % 16 != 0 or buffers not 16-byte
+// aligned: launch_qkv_rope's form.
+Status launch_qkv_rope_stream(const RopeParams& p, int tokens_per_cta, int items, cudaStream_t stream);
 
 struct AttentionKernelParams {
   const uint16_t* q = nullptr;      // bf16 [tokens, n_q, head_dim]
