@@ -218,7 +218,7 @@ Status Eagle3Model::forward(const BatchView& batch, const KvLayerView& kv, Eagle
 
   MX_RETURN_IF_ERROR(b.linear(x, weights_.qkv_weight, TensorView(), ws.qkv.rows(0, T)));
   QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), kv, inv_freq_, rope_scale_, c.num_heads, c.num_kv_heads,
-                     c.head_dim, TensorView(), TensorView(), 0.0f};  // no per-head norms
+                     c.head_dim, TensorView(), TensorView(), 0.0f, TensorView()};  // no per-head norms, no prefetch
   MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
   AttentionParams attn{ws.q.rows(0, T), kv, TensorView(), ws.attn.rows(0, T), c.num_heads, c.num_kv_heads,
                        c.head_dim, 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};

@@ -145,7 +145,7 @@ Status Gemma4AssistantModel::step(const DraftBatch& batch, const KvCache& kv, Ge
     MX_RETURN_IF_ERROR(b.rms_norm(q.reshaped({S * nq, hd}), L.q_norm, eps, q_normed.reshaped({S * nq, hd})));
     // RoPE on the queries alone (no KV heads: nothing is written to the cache) at position p.
     const QkvRopeParams rope{q_normed, q_roped, cache, sliding ? sliding_inv_freq_ : full_inv_freq_, 1.0f, nq, 0, hd,
-                             TensorView(), TensorView(), 0.0f};
+                             TensorView(), TensorView(), 0.0f, TensorView()};
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch.queries));
     // Over the target's keys 0 .. p - 1: the context rows sit at p - 1. Sliding layers see the last
     // sliding_window + 1 of them (kSlidingKeysBeyondWindow).

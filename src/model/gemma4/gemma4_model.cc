@@ -248,9 +248,9 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     TensorView attn = ws.attn.rows(0, T * nq * hd).reshaped({T, nq * hd});
     MX_RETURN_IF_ERROR(b.linear(normed, qkv_weight_[li], TensorView(), qkv));
     // Per-head q/k/v norms, then RoPE and the KV write, in one op.
+    // o_proj's weight goes into the L2 while the attention runs (where the backend does so).
     QkvRopeParams rope{qkv, q, cache, sliding ? sliding_inv_freq_ : full_inv_freq_, 1.0f, nq, n_kv, hd, L.q_norm,
-                       L.k_norm, eps};
-    rope.prefetch = L.o_weight;  // into the L2 while the attention runs (where the backend does so)
+                       L.k_norm, eps, L.o_weight};
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
     AttentionParams ap{q, cache, TensorView(), attn, nq, n_kv, hd, kv_layout_.layers[li].window, 1.0f};
     MX_RETURN_IF_ERROR(b.attention(ap, batch));

@@ -316,7 +316,8 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
 
     MX_RETURN_IF_ERROR(dense(normed, L.qkv_weight, L.qkv_scale, L.qkv_bias, ws.qkv.rows(0, T)));
     QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), cache, inv_freq_, rope_scale_,
-                       plan_.heads, plan_.kv_heads, c.head_dim, TensorView(), TensorView()};  // no q/k norms
+                       plan_.heads, plan_.kv_heads, c.head_dim, TensorView(), TensorView(), 0.0f,
+                       TensorView()};  // no q/k norms, no prefetch
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
     AttentionParams attn{ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T), plan_.heads, plan_.kv_heads, c.head_dim,
                          kv_layout_.layers[static_cast<size_t>(l)].window,
