@@ -1322,28 +1322,29 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
     using D = CudaBf16ExpertsDecode;
     using P = CudaBf16ExpertsPrefill;
     using B = CudaBulkCopyForm;
+    // The bulk kernel's rows: weight rows by bulk copies or tensor boxes, tiles per CTA (0: the default), the
+    // routing ready early, k per ring stage of each GEMM (named for boxes always, for rows where not 256 and 256).
+    auto bulk = [](B form, int tiles, bool ready, int up_k, int down_k) {
+      std::string label = form == B::kBoxes ? " (tensor boxes" : " (bulk copies";
+      if (form == B::kBoxes || up_k != 256 || down_k != 256)
+        label += " in stages of " + std::to_string(up_k) + " and " + std::to_string(down_k);
+      if (tiles > 0) label += ", " + std::to_string(tiles) + (tiles == 1 ? " tile" : " tiles") + " per CTA";
+      label += ready ? ", routing ready)" : ")";
+      return Variant{D::kBulkCopies, tiles, ready, label, 0, 0, P::kAuto, 0, 0, up_k, down_k, form};
+    };
+    const B R = B::kRows, X = B::kBoxes;
     const std::vector<Variant> variants{{D::kRegisterLoads, 0, false, " (register loads)"},
-                                        {D::kBulkCopies, 1, false, " (bulk copies, 1 tile per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
-                                        {D::kBulkCopies, 2, false, " (bulk copies, 2 tiles per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
-                                        {D::kBulkCopies, 3, false, " (bulk copies, 3 tiles per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
-                                        {D::kBulkCopies, 4, false, " (bulk copies, 4 tiles per CTA)", 0, 0, P::kAuto, 0, 0, 256, 256},
-                                        {D::kBulkCopies, 0, false, " (bulk copies)", 0, 0, P::kAuto, 0, 0, 256, 256},
-                                        {D::kBulkCopies, 0, true, " (bulk copies, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 256},
-                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 512 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 768},
-                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 768 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 768, 768},
-                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 512 and 256, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 256},
-                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 256 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 768},
-                                        {D::kBulkCopies, 0, true, " (bulk copies in stages of 256 and 512, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 512},
-                                        {D::kBulkCopies, 0, false, " (bulk copies in stages of 512 and 768)", 0, 0, P::kAuto, 0, 0, 512, 768},
-                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 256 and 256, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 256, B::kBoxes},
-                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 512 and 256, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 256, B::kBoxes},
-                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 512 and 512, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 512, B::kBoxes},
-                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 512 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 768, B::kBoxes},
-                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 768 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 768, 768, B::kBoxes},
-                                        {D::kBulkCopies, 0, true, " (tensor boxes in stages of 256 and 768, routing ready)", 0, 0, P::kAuto, 0, 0, 256, 768, B::kBoxes},
-                                        {D::kBulkCopies, 0, false, " (tensor boxes in stages of 512 and 256)", 0, 0, P::kAuto, 0, 0, 512, 256, B::kBoxes},
-                                        {D::kBulkCopies, 2, true, " (tensor boxes in stages of 512 and 256, 2 tiles per CTA, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 256, B::kBoxes},
-                                        {D::kBulkCopies, 2, true, " (tensor boxes in stages of 512 and 768, 2 tiles per CTA, routing ready)", 0, 0, P::kAuto, 0, 0, 512, 768, B::kBoxes},
+                                        bulk(R, 1, false, 256, 256), bulk(R, 2, false, 256, 256),
+                                        bulk(R, 3, false, 256, 256), bulk(R, 4, false, 256, 256),
+                                        bulk(R, 0, false, 256, 256), bulk(R, 0, true, 256, 256),
+                                        bulk(R, 0, true, 512, 768), bulk(R, 0, true, 768, 768),
+                                        bulk(R, 0, true, 512, 256), bulk(R, 0, true, 256, 768),
+                                        bulk(R, 0, true, 256, 512), bulk(R, 0, false, 512, 768),
+                                        bulk(X, 0, true, 256, 256), bulk(X, 0, true, 512, 256),
+                                        bulk(X, 0, true, 512, 512), bulk(X, 0, true, 512, 768),
+                                        bulk(X, 0, true, 768, 768), bulk(X, 0, true, 256, 768),
+                                        bulk(X, 0, false, 512, 256), bulk(X, 2, true, 512, 256),
+                                        bulk(X, 2, true, 512, 768),
                                         {D::kStreamed, 0, false, " (streamed 16-token tiles 4 slots)", 16, 4},
                                         {D::kStreamed, 0, false, " (streamed 8-token tiles 4 slots)", 8, 4},
                                         {D::kStreamed, 0, false, " (streamed 32-token tiles 4 slots)", 32, 4},
