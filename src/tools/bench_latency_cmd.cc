@@ -133,133 +133,98 @@ std::vector<CliOption> options() {
   return all;
 }
 
-// --decode-attention: forces a CUDA backend's decode attention kernel before the engine captures its graphs.
-Status choose_decode_attention(Backend& backend, const std::string& name) {
-#ifdef MX_HAVE_CUDA
-  CudaAttentionDecode decode = CudaAttentionDecode::kAuto;
-  if (name == "mma-sync") decode = CudaAttentionDecode::kMmaSync;
-  else if (name == "mma-sync-merge") decode = CudaAttentionDecode::kMmaSyncMerge;
-  else if (name == "swap-ab") decode = CudaAttentionDecode::kSwapAb;
-  else if (name == "swap-ab-cluster") decode = CudaAttentionDecode::kSwapAbCluster;
-  else if (name != "auto")
-    return invalid_argument("--decode-attention must be auto, mma-sync, mma-sync-merge, swap-ab or swap-ab-cluster, got " +
-                            name);
-  return set_cuda_attention_options(backend, {CudaAttentionPath::kAuto, decode});
-#else
-  (void)backend;
-  return invalid_argument("--decode-attention " + name + ": this build has no CUDA backend");
-#endif
+// The values of the kernel flags that take names (--skinny-strip-rows takes a number: skinny_strip_rows).
+const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
+  static const std::map<std::string, std::vector<std::string>> names = {
+      {"decode-attention", {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster"}},
+      {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
+      {"moe-decode-combine", {"auto", "gemm"}},
+      {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
+      {"qkv-rope-form", {"auto", "decode", "stream"}},
+      {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
+  };
+  return names;
 }
 
-// --bf16-experts-decode: forces a CUDA backend's bf16 expert decode kernels before the engine captures its graphs.
-Status choose_bf16_experts_decode(Backend& backend, const std::string& name) {
-#ifdef MX_HAVE_CUDA
-  CudaBf16ExpertsDecode decode = CudaBf16ExpertsDecode::kAuto;
-  if (name == "register-loads") decode = CudaBf16ExpertsDecode::kRegisterLoads;
-  else if (name == "bulk-copies") decode = CudaBf16ExpertsDecode::kBulkCopies;
-  else if (name == "streamed") decode = CudaBf16ExpertsDecode::kStreamed;
-  else if (name == "fused") decode = CudaBf16ExpertsDecode::kFused;
-  else if (name != "auto" && name != "rows")
-    return invalid_argument("--bf16-experts-decode must be auto, rows, register-loads, bulk-copies, streamed or fused, got " +
-                            name);
-  CudaBf16ExpertsOptions o{decode};
-  if (name == "rows") o.bulk_copy_form = CudaBulkCopyForm::kRows;
-  return set_cuda_bf16_experts_options(backend, o);
-#else
-  (void)backend;
-  return invalid_argument("--bf16-experts-decode " + name + ": this build has no CUDA backend");
-#endif
+// --skinny-strip-rows: auto (0) or 8 to 16 output channels per CTA.
+Result<int> skinny_strip_rows(const std::string& value) {
+  if (value == "auto") return 0;
+  const auto parsed = parse_int_list(value);
+  if (!parsed.is_ok() || parsed->size() != 1 || (*parsed)[0] < 8 || (*parsed)[0] > 16)
+    return invalid_argument("--skinny-strip-rows must be auto or 8 to 16, got " + value);
+  return static_cast<int>((*parsed)[0]);
 }
 
-// --skinny-strip-rows: forces a CUDA backend's dense decode strips before the engine captures its graphs.
-Status choose_skinny_strip_rows(Backend& backend, const std::string& value) {
-  int rows = 0;
-  if (value != "auto") {
-    const auto parsed = parse_int_list(value);
-    if (!parsed.is_ok() || parsed->size() != 1 || (*parsed)[0] < 8 || (*parsed)[0] > 16)
-      return invalid_argument("--skinny-strip-rows must be auto or 8 to 16, got " + value);
-    rows = static_cast<int>((*parsed)[0]);
+// One flag's value checked, in every build (the message lists the values: "a, b or c").
+Status check_kernel_choice(const std::string& flag, const std::string& value) {
+  if (flag == "skinny-strip-rows") return skinny_strip_rows(value).status();
+  const std::vector<std::string>& names = kernel_flag_names().at(flag);
+  if (std::find(names.begin(), names.end(), value) != names.end()) return Status::ok();
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return invalid_argument("--" + flag + " must be " + list + ", got " + value);
+}
+
+#ifdef MX_HAVE_CUDA
+// A checked value applied to a CUDA backend, before the engine captures its graphs. Each MoE flag changes only its
+// own CudaMoeOptions field (the other MoE flag's choice stays); --decode-overlap sets the side stream and the L2
+// prefetch (the others' defaults).
+Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const std::string& value) {
+  if (flag == "decode-attention") {
+    const CudaAttentionDecode decode = value == "mma-sync"          ? CudaAttentionDecode::kMmaSync
+                                       : value == "mma-sync-merge"  ? CudaAttentionDecode::kMmaSyncMerge
+                                       : value == "swap-ab"         ? CudaAttentionDecode::kSwapAb
+                                       : value == "swap-ab-cluster" ? CudaAttentionDecode::kSwapAbCluster
+                                                                    : CudaAttentionDecode::kAuto;
+    return set_cuda_attention_options(backend, {CudaAttentionPath::kAuto, decode});
   }
-#ifdef MX_HAVE_CUDA
-  return set_cuda_skinny_linear_options(backend, {-1, 0, 0, rows});
-#else
-  (void)backend;
-  (void)rows;
-  return invalid_argument("--skinny-strip-rows " + value + ": this build has no CUDA backend");
-#endif
-}
-
-// --moe-decode-combine: where a CUDA backend's self-routed MoE decode sums the experts' rows (before the graphs).
-Status choose_moe_decode_combine(Backend& backend, const std::string& name) {
-  if (name != "auto" && name != "gemm") return invalid_argument("--moe-decode-combine must be auto or gemm, got " + name);
-#ifdef MX_HAVE_CUDA
-  MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));  // the other MoE flag's choice stays
-  moe.decode_combine_in_norm = name == "auto";
-  return set_cuda_moe_options(backend, moe);
-#else
-  (void)backend;
-  return invalid_argument("--moe-decode-combine " + name + ": this build has no CUDA backend");
-#endif
-}
-
-// --moe-wgmma-loads: the 16-token wgmma MoE tiles' k-tile loads (CudaMoeOptions::wgmma_bulk).
-Status choose_moe_wgmma_loads(Backend& backend, const std::string& name) {
-  if (name != "auto" && name != "cp-async" && name != "copy-engine" && name != "copy-engine-pairs")
-    return invalid_argument("--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs, got " + name);
-#ifdef MX_HAVE_CUDA
-  MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
-  moe.wgmma_bulk = name == "cp-async" ? -1 : name == "copy-engine" ? 1 : name == "copy-engine-pairs" ? 3 : 0;
-  return set_cuda_moe_options(backend, moe);
-#else
-  (void)backend;
-  return invalid_argument("--moe-wgmma-loads " + name + ": this build has no CUDA backend");
-#endif
-}
-
-// --qkv-rope-form: which qkv_rope kernel runs at which step size (CudaRopeOptions::stream_min_tokens).
-Status choose_qkv_rope_form(Backend& backend, const std::string& name) {
-  if (name != "auto" && name != "decode" && name != "stream")
-    return invalid_argument("--qkv-rope-form must be auto, decode or stream, got " + name);
-#ifdef MX_HAVE_CUDA
-  CudaRopeOptions rope;
-  if (name != "auto") rope.stream_min_tokens = name == "decode" ? INT64_MAX : 1;
-  return set_cuda_rope_options(backend, rope);
-#else
-  (void)backend;
-  return invalid_argument("--qkv-rope-form " + name + ": this build has no CUDA backend");
-#endif
-}
-
-// --decode-overlap: which of the side stream and the L2 prefetch a CUDA backend runs (the others' defaults).
-Status choose_decode_overlap(Backend& backend, const std::string& value) {
-  if (value != "auto" && value != "off" && value != "side-stream" && value != "l2-prefetch" && value != "both")
-    return invalid_argument("--decode-overlap must be auto, off, side-stream, l2-prefetch or both, got " + value);
-#ifdef MX_HAVE_CUDA
-  CudaSideStreamOptions side;
+  if (flag == "bf16-experts-decode") {
+    const CudaBf16ExpertsDecode decode = value == "register-loads" ? CudaBf16ExpertsDecode::kRegisterLoads
+                                         : value == "bulk-copies"  ? CudaBf16ExpertsDecode::kBulkCopies
+                                         : value == "streamed"     ? CudaBf16ExpertsDecode::kStreamed
+                                         : value == "fused"        ? CudaBf16ExpertsDecode::kFused
+                                                                   : CudaBf16ExpertsDecode::kAuto;
+    CudaBf16ExpertsOptions o{decode};
+    if (value == "rows") o.bulk_copy_form = CudaBulkCopyForm::kRows;
+    return set_cuda_bf16_experts_options(backend, o);
+  }
+  if (flag == "skinny-strip-rows") {
+    MX_ASSIGN_OR_RETURN(const int rows, skinny_strip_rows(value));
+    return set_cuda_skinny_linear_options(backend, {-1, 0, 0, rows});
+  }
+  if (flag == "moe-decode-combine" || flag == "moe-wgmma-loads") {
+    MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
+    if (flag == "moe-decode-combine") moe.decode_combine_in_norm = value == "auto";
+    else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
+    return set_cuda_moe_options(backend, moe);
+  }
+  if (flag == "qkv-rope-form") {
+    CudaRopeOptions rope;
+    if (value != "auto") rope.stream_min_tokens = value == "decode" ? INT64_MAX : 1;
+    return set_cuda_rope_options(backend, rope);
+  }
+  CudaSideStreamOptions side;  // --decode-overlap
   CudaL2PrefetchOptions prefetch;
   if (value == "off" || value == "l2-prefetch") side.max_tokens = 0;
   if (value == "off" || value == "side-stream") prefetch.max_bytes = 0;
   if (value == "l2-prefetch" || value == "both") prefetch.max_bytes = 24ll << 20;
   MX_RETURN_IF_ERROR(set_cuda_side_stream_options(backend, side));
   return set_cuda_l2_prefetch_options(backend, prefetch);
-#else
-  (void)backend;
-  return invalid_argument("--decode-overlap " + value + ": this build has no CUDA backend");
-#endif
 }
+#endif
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
 // --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --decode-overlap, --qkv-rope-form).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
-    if (flag == "decode-attention") return choose_decode_attention(backend, value);
-    if (flag == "bf16-experts-decode") return choose_bf16_experts_decode(backend, value);
-    if (flag == "moe-decode-combine") return choose_moe_decode_combine(backend, value);
-    if (flag == "moe-wgmma-loads") return choose_moe_wgmma_loads(backend, value);
-    if (flag == "decode-overlap") return choose_decode_overlap(backend, value);
-    if (flag == "qkv-rope-form") return choose_qkv_rope_form(backend, value);
-    return choose_skinny_strip_rows(backend, value);
+    MX_RETURN_IF_ERROR(check_kernel_choice(flag, value));
+#ifdef MX_HAVE_CUDA
+    return apply_cuda_kernel_choice(backend, flag, value);
+#else
+    (void)backend;
+    return invalid_argument("--" + flag + " " + value + ": this build has no CUDA backend");
+#endif
   }
 };
 

@@ -67,6 +67,14 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   const auto loads = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads tma,auto");
   EXPECT_EQ(loads.exit_code, 1);
   EXPECT_NE(loads.stderr_text.find("--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs"), std::string::npos);
+  const auto rope = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-form epilogue");
+  EXPECT_EQ(rope.exit_code, 1);
+  EXPECT_NE(rope.stderr_text.find("--qkv-rope-form must be auto, decode or stream, got epilogue"), std::string::npos);
+  // A known value is checked first, then refused by a build or backend without CUDA.
+  const auto pairs = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads copy-engine-pairs");
+  EXPECT_EQ(pairs.exit_code, 1);
+  EXPECT_EQ(pairs.stderr_text.find("must be"), std::string::npos) << pairs.stderr_text;
+  EXPECT_NE(pairs.stderr_text.find("CUDA"), std::string::npos) << pairs.stderr_text;
   const auto two = test::run_mxserve(
       "bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto");
   EXPECT_EQ(two.exit_code, 1);
