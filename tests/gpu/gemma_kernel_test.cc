@@ -486,12 +486,23 @@ struct GegluCase {
 struct GegluExpertTables {
   TensorView gu_c, gu_g, dn_c, dn_g;
 };
-GegluExpertTables upload_geglu_experts(Arena& cpu, Arena& cuda, std::mt19937_64& rng, int64_t e, int64_t h,
-                                       int64_t i) {
+// The tables of one shape, made and uploaded once per process and shared by every case of that shape in
+// MoeGegluExperts and SideStreamGroup (26B-A4B's are 1.5 GB, which each of the two tests made for itself); routings
+// and activations stay fresh per case. Seeded by the test seed and the shape, so MX_GPU_TEST_SEED replays them.
+// Never freed (the backends are function-local statics too; the process ends with them).
+const GegluExpertTables& shared_geglu_experts(int64_t e, int64_t h, int64_t i) {
+  static auto* cache = new std::map<std::tuple<int64_t, int64_t, int64_t>, GegluExpertTables>;
+  static auto* cpu = new Arena(cpu_backend());
+  static auto* cuda = new Arena(cuda_backend());
+  const auto key = std::make_tuple(e, h, i);
+  if (auto it = cache->find(key); it != cache->end()) return it->second;
+  std::mt19937_64 rng(test_seed() ^ static_cast<uint64_t>((e * 1000003 + h) * 1000003 + i));
   const std::vector<uint16_t> gu = quick_random_bf16_bits(rng, e * 2 * i * h, 0.05f),
                               dn = quick_random_bf16_bits(rng, e * h * i, 0.05f);
-  return {cpu.upload(DType::kBF16, {e, 2 * i, h}, gu.data()), cuda.upload(DType::kBF16, {e, 2 * i, h}, gu.data()),
-          cpu.upload(DType::kBF16, {e, h, i}, dn.data()), cuda.upload(DType::kBF16, {e, h, i}, dn.data())};
+  const GegluExpertTables w{cpu->upload(DType::kBF16, {e, 2 * i, h}, gu.data()),
+                            cuda->upload(DType::kBF16, {e, 2 * i, h}, gu.data()),
+                            cpu->upload(DType::kBF16, {e, h, i}, dn.data()), cuda->upload(DType::kBF16, {e, h, i}, dn.data())};
+  return cache->emplace(key, w).first->second;
 }
 
 TEST_F(GemmaKernelTest, MoeGegluExperts) {
@@ -499,10 +510,8 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
   // 100 tokens: routing metadata, 8-token tiles, k split; also streamed); the tiny fixture's; odd sizes (I
   // and H not multiples of 64, H % 16 != 0: partial strips and k chunks); prefill with 64-token tiles
   // (slots >= 32 per expert), a hot expert spanning many tiles, 128 experts top-8 at 1000 tokens, empty
-  // experts, every token on one expert. The 26B cases share one set of expert
-  // tables (1.5 GB; their routings and inputs are fresh per case).
-  std::mt19937_64 table_rng(rng_());
-  std::map<std::tuple<int64_t, int64_t, int64_t>, GegluExpertTables> tables;
+  // experts, every token on one expert. The cases of one shape share its expert tables (shared_geglu_experts;
+  // 26B's are 1.5 GB), their routings and inputs are fresh per case.
   for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 1, false}, GegluCase{128, 2816, 704, 8, 4, true},
                              GegluCase{128, 2816, 704, 8, 5, false},
                              GegluCase{128, 2816, 704, 8, 33, true}, GegluCase{128, 2816, 704, 8, 100, false},
@@ -512,9 +521,7 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                              GegluCase{128, 128, 64, 8, 1000, false}, GegluCase{8, 136, 96, 2, 129, false, 3},
                              GegluCase{4, 128, 64, 1, 200, false, 1}, GegluCase{5, 192, 136, 2, 3, false},
                              GegluCase{6, 200, 128, 3, 5, false}, GegluCase{7, 320, 128, 2, 20, true}}) {
-    const auto key = std::make_tuple(c.e, c.h, c.i);
-    if (!tables.count(key)) tables.emplace(key, upload_geglu_experts(cpu_, cuda_, table_rng, c.e, c.h, c.i));
-    const GegluExpertTables& w = tables.at(key);
+    const GegluExpertTables& w = shared_geglu_experts(c.e, c.h, c.i);
     const TensorView &gu_c = w.gu_c, &gu_g = w.gu_g, &dn_c = w.dn_c, &dn_g = w.dn_g;
     std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k));
     std::vector<float> weights(ids.size());
@@ -711,7 +718,7 @@ TEST_F(GemmaKernelTest, SideStreamGroup) {
   std::mt19937_64 table_rng(rng_());
   ASSERT_TRUE(set_cuda_side_stream_options(cuda_backend(), {4}).is_ok());
   for (const Case& c : {Case{1, 2816, 2112, 128, 704, 8}, Case{3, 264, 200, 9, 200, 3}, Case{5, 264, 200, 9, 200, 3}}) {
-    const GegluExpertTables w = upload_geglu_experts(cpu_, cuda_, table_rng, c.e, c.h, c.i);
+    const GegluExpertTables& w = shared_geglu_experts(c.e, c.h, c.i);
     const std::vector<uint16_t> gu_bits = quick_random_bf16_bits(table_rng, 2 * c.inter * c.h, 0.02f),
                                 dn_bits = quick_random_bf16_bits(table_rng, c.h * c.inter, 0.02f);
     const TensorView gu_c = cpu_.upload(DType::kBF16, {2 * c.inter, c.h}, gu_bits.data()),

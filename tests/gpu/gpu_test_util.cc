@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "backend/cpu/thread_pool.h"
 #include "core/dtype.h"
 
 namespace mx::gpu_test {
@@ -58,36 +59,65 @@ Bf16Data random_bf16(std::mt19937& rng, int64_t n, float stddev) {
   return d;
 }
 
+namespace {
+
+// The host's cores for the large tables' loops (a pool of their own: the CPU backend's runs the twins).
+cpu::ThreadPool& table_pool() {
+  static auto* pool = new cpu::ThreadPool();
+  return *pool;
+}
+
+}  // namespace
+
 std::vector<uint16_t> quick_random_bf16_bits(std::mt19937_64& rng, int64_t n, float stddev) {
   std::vector<uint16_t> bits(static_cast<size_t>(n));
   const float scale = stddev * 1.7320508075688772f;  // each uniform has variance 1/12: sum of 4 -> 1/3
-  for (auto& b : bits) {
-    const uint64_t r = rng();
-    const auto sum = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
-    b = f32_to_bf16(((sum + 2.0f) * 0x1.0p-16f - 2.0f) * scale);
-  }
+  // Blocks of 2^20 values, each from a generator of its own seeded by one draw of `rng` and the block's index: the
+  // values depend on the seed alone, not on how many threads fill the blocks.
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  const uint64_t seed = rng();
+  auto fill = [&](int64_t first, int64_t last) {
+    for (int64_t block = first; block < last; ++block) {
+      std::mt19937_64 r(seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(block + 1));
+      for (int64_t i = block * kBlock, end = std::min(n, i + kBlock); i < end; ++i) {
+        const uint64_t v = r();
+        const auto sum = static_cast<float>((v & 0xffff) + ((v >> 16) & 0xffff) + ((v >> 32) & 0xffff) + (v >> 48));
+        bits[static_cast<size_t>(i)] = f32_to_bf16(((sum + 2.0f) * 0x1.0p-16f - 2.0f) * scale);
+      }
+    }
+  };
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  if (blocks <= 1) fill(0, blocks);
+  else table_pool().parallel_for(blocks, 1, fill);
   return bits;
 }
 
 Bf16Data quick_random_bf16(std::mt19937& rng, int64_t n, float stddev) {
   std::mt19937_64 wide(rng());
   Bf16Data d{quick_random_bf16_bits(wide, n, stddev), std::vector<float>(static_cast<size_t>(n))};
-  for (size_t i = 0; i < d.bits.size(); ++i) d.values[i] = bf16_to_f32(d.bits[i]);
+  table_pool().parallel_for(n, int64_t{1} << 20, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) d.values[static_cast<size_t>(i)] = bf16_to_f32(d.bits[static_cast<size_t>(i)]);
+  });
   return d;
 }
 
-TensorView Arena::make(DType dtype, Shape shape) {
+TensorView Arena::allocate(DType dtype, Shape shape) {
   auto buf = b_.allocate(dtype_bytes(dtype, shape.numel()));
   MX_CHECK(buf.is_ok()) << buf.status().to_string();
   TensorView v = buf->view(dtype, shape);
-  std::vector<uint8_t> poison(static_cast<size_t>(v.bytes()), 0xff);
-  MX_CHECK_OK(b_.copy_from_host(v, poison.data()));
   buffers_.push_back(std::move(*buf));
   return v;
 }
 
+TensorView Arena::make(DType dtype, Shape shape) {
+  TensorView v = allocate(dtype, shape);
+  std::vector<uint8_t> poison(static_cast<size_t>(v.bytes()), 0xff);
+  MX_CHECK_OK(b_.copy_from_host(v, poison.data()));
+  return v;
+}
+
 TensorView Arena::upload(DType dtype, Shape shape, const void* host) {
-  TensorView v = make(dtype, shape);
+  TensorView v = allocate(dtype, shape);  // every byte written: no poison first (1.5 GB of expert tables took it twice)
   MX_CHECK_OK(b_.copy_from_host(v, host));
   return v;
 }

@@ -40,7 +40,8 @@ struct Bf16Data {
 Bf16Data random_bf16(std::mt19937& rng, int64_t n, float stddev);
 // ~N(0, stddev) as the sum of four 16-bit uniforms per 64-bit draw (tails cut at 3.46 stddev): for tables of
 // hundreds of millions of values (26B-A4B's experts, long KV caches), which normal_distribution on mt19937
-// takes seconds to draw. The bits alone, or both copies (`rng` seeds a 64-bit generator).
+// takes seconds to draw; blocks of 2^20 values drawn on all host cores, each from its own generator seeded by
+// one draw of `rng`. The bits alone, or both copies (`rng` seeds a 64-bit generator).
 std::vector<uint16_t> quick_random_bf16_bits(std::mt19937_64& rng, int64_t n, float stddev);
 Bf16Data quick_random_bf16(std::mt19937& rng, int64_t n, float stddev);
 
@@ -55,6 +56,8 @@ class Arena {
   Backend& backend() { return b_; }
 
  private:
+  TensorView allocate(DType dtype, Shape shape);  // not initialized
+
   Backend& b_;
   std::vector<Buffer> buffers_;
 };

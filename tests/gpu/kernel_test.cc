@@ -213,10 +213,12 @@ void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c
   auto batch_g = st_g->stage(s.seqs);
   ASSERT_TRUE(batch_c.is_ok() && batch_g.is_ok());
   const Shape cache_shape{s.num_pages, c.page_size, c.n_kv, c.hd};
-  // Long caches (Gemma's 40 x 3000 tokens at hd 512: 250M values) are drawn quickly.
-  Bf16Data k = quick_random_bf16(rng, cache_shape.numel(), 1.0f), v = quick_random_bf16(rng, cache_shape.numel(), 1.0f);
+  // Long caches (Gemma's 40 x 3000 tokens at hd 512: 250M values) are drawn quickly; V only where it is not K.
+  const Bf16Data k = quick_random_bf16(rng, cache_shape.numel(), 1.0f);
+  const Bf16Data v = c.kv_shared ? Bf16Data{} : quick_random_bf16(rng, cache_shape.numel(), 1.0f);
   Bf16Data q = random_bf16(rng, T * c.n_q * c.hd, 1.0f), sinks = random_bf16(rng, c.n_q, 1.0f);
-  Pair pk = upload_activation(cpu, cuda, k, cache_shape), pv = upload_activation(cpu, cuda, v, cache_shape);
+  const Pair pk = upload_activation(cpu, cuda, k, cache_shape);
+  const Pair pv = c.kv_shared ? pk : upload_activation(cpu, cuda, v, cache_shape);
   Pair pq = upload_activation(cpu, cuda, q, {T, c.n_q * c.hd});
   TensorView sk_c, sk_g;  // empty: no sinks
   if (c.sinks) {
@@ -225,9 +227,8 @@ void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c
   }
   TensorView o_c = cpu.make(DType::kF32, {T, c.n_q * c.hd}), o_g = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
   const float scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.hd));
-  const Pair& pv_used = c.kv_shared ? pk : pv;
-  AttentionParams a_c{pq.cpu, {pk.cpu, pv_used.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
-  AttentionParams a_g{pq.cuda, {pk.cuda, pv_used.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
+  AttentionParams a_c{pq.cpu, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
+  AttentionParams a_g{pq.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
   ASSERT_TRUE(cpu.backend().attention(a_c, *batch_c).is_ok());
   const Status st = cuda.backend().attention(a_g, *batch_g);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
