@@ -1,5 +1,6 @@
 // The CPU twin of the sample op (backend/sampling_math.h defines the algorithm). It finds the top-k and
-// top-p cuts by sorting, where the CUDA kernels use radix selects, and must land on the same cuts. The
+// top-p cuts by one radix pass (counts or masses per bucket of the order key's top 16 bits) and a sort of the one
+// bucket the cut falls in, where the CUDA kernels use full radix selects, and must land on the same cuts. The
 // runtime's host Sampler calls sample_row directly (after penalties) so that CPU and CUDA engines sample
 // alike.
 #pragma once
@@ -15,7 +16,10 @@ namespace mx::cpu {
 // Reused between calls so that sampling a row allocates nothing once warm.
 struct SampleScratch {
   std::vector<int32_t> ids;
-  std::vector<uint64_t> mass;  // by id
+  std::vector<uint64_t> mass;         // by id
+  std::vector<uint32_t> counts;       // top-k: tokens per bucket
+  std::vector<uint64_t> bucket_mass;  // top-p: mass per bucket
+  int64_t ranked = 0;  // the last row's cuts: tokens they sorted or selected among (their work beyond passes over the row)
 };
 
 struct SampledRow {
