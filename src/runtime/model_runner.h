@@ -35,7 +35,12 @@
 #include "model/model.h"
 #include "runtime/batch_staging.h"
 #include "runtime/engine_config.h"
+#include "runtime/sampler.h"
 #include "runtime/scheduler.h"
+
+namespace mx::cpu {
+class ThreadPool;
+}  // namespace mx::cpu
 
 namespace mx {
 
@@ -120,6 +125,8 @@ class ModelRunner {
   bool profile_capture() const { return profile_capture_; }
   int64_t max_logit_rows() const { return max_logit_rows_; }
   int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
+  // Threads the last host-sampled step's rows were spread over (sample_on_host; 0 before any).
+  int64_t host_sample_threads() const { return host_sample_threads_; }
   int64_t graph_sampled_steps() const { return graph_sampled_steps_; }  // ... of which inside a step graph
   int64_t num_graph_replays() const { return num_graph_replays_; }  // decode and verify graphs
   int64_t num_verify_replays() const { return num_verify_replays_; }
@@ -146,6 +153,17 @@ class ModelRunner {
   // Host path (logits_host_ holds the step's real rows): prompt logits into their requests, then sampling.
   void copy_prompt_logits(const ScheduledBatch& batch);
   void sample_on_host(const ScheduledBatch& batch, bool masked, std::vector<SampledToken>* sampled);
+  // One row sample_on_host draws: its logits (masked in place first where its entry is constrained), parameters,
+  // penalty context, stream (a copy: a decode row's is stored back after the draw) and output.
+  struct HostRow {
+    float* logits = nullptr;
+    const uint32_t* mask = nullptr;
+    Request* request = nullptr;
+    PenaltyContext penalties;
+    Rng rng;
+    bool decode = false;  // the entry's one row: its stream advances, its forced token applies
+    SampledToken* out = nullptr;
+  };
 
   // Steps whose sampled rows need nothing host-only (penalties, top logprobs, prompt logits, forced test
   // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs
@@ -184,11 +202,15 @@ class ModelRunner {
   std::vector<float> logits_host_;   // the same on the host
   int64_t max_logit_rows_ = 0;
   std::vector<BatchSequence> seqs_;
-  Sampler sampler_;
+  // Host sampling: a Sampler per thread of host_pool_ (made on the first step with rows for more than one thread).
+  std::vector<std::unique_ptr<Sampler>> samplers_;
+  std::unique_ptr<cpu::ThreadPool> host_pool_;
+  std::vector<HostRow> host_rows_;
+  std::vector<std::vector<int32_t>> verify_outputs_;  // per verify entry with penalties: generated + its drafts
+  int64_t host_sample_threads_ = 0;
   Buffer sample_params_device_;  // u8 [max_logit_rows, sizeof(SampleRowParams)]
   Buffer sample_out_device_;     // i32 tokens [max_logit_rows], then f32 logprobs [max_logit_rows]
   std::vector<SampleRowParams> sample_params_host_;
-  std::vector<int32_t> verify_output_;  // a verify row's output tokens for penalties: generated + drafts before it
   std::vector<int32_t> sample_out_host_;
   // Grammar masks of the sampled rows (SampleParams::token_mask / mask_rows), filled on the host while the
   // forward pass runs on the device.
