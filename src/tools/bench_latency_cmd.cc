@@ -7,11 +7,11 @@
 // TPOT = median time of the steps that decode all B requests and nothing else.
 // Floors: decode = bytes the step must read (dense weights, the distinct experts the batch activates,
 // KV at the mid-decode context) / measured copy bandwidth; prefill = FLOPs / measured GEMM rate.
-// --breakdown: one decode step per batch size captured as a graph with a timer mark around every backend
-// op (padded like the engine's own graph) and replayed, summed per category (mark overhead removed, see
-// breakdown_json); "idle" is the step time minus the engine's graph, logits copy and host sampling. The
-// routing is recorded in a second, eager step. Also one prefill step of one prompt, eager behind a device
-// hold, at the longest prompt length. With a draft model, also the third verify step's draft call timed op
+// --breakdown: one decode step per batch size (mid-output: decode_breakdown_due) captured as a graph with a timer
+// mark around every backend op (padded like the engine's own graph) and replayed, summed per category (mark
+// overhead removed, see breakdown_json); "idle" is the step time minus the engine's graph, logits copy and host
+// sampling. The routing is recorded in a second, eager step; a row without a breakdown says why. Also one prefill
+// step of one prompt, eager behind a device hold, at the longest prompt length. With a draft model, also the third verify step's draft call timed op
 // by op (DraftBreakdown; that step stays out of the stats). With --forced-acceptance, also one verify step
 // per (k, batch) timed the same way as the decode step (its "breakdown" has verify_drafts = k).
 // Pairs whose B x (prompt + output) tokens exceed the KV pool are skipped with a note: the scheduler would
@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -295,6 +296,9 @@ struct BatchResult {
   int64_t instrumented_tokens = 0;  // tokens (all requests) of the steps timed op by op
   int64_t steps = 0;
   std::optional<Breakdown> breakdown;
+  // --breakdown of a decode step not taken: the tokens left to the request closest to its end after the first full
+  // decode step (-1: no step decoded every request).
+  int64_t breakdown_fewest_left = -1;
   // Speculative decoding: this batch's share of the counters, and the steps where every request verified.
   SchedulerStats spec;
   std::vector<double> verify_step_s;
@@ -308,19 +312,37 @@ struct BatchResult {
   std::vector<ReferenceDrafter::Reference> outputs;  // prompt and generated tokens per request
 };
 
+// The steps run_breakdown_steps takes, each of them one token for every request (the first may be the overlapped
+// step in flight): a decode breakdown needs this many tokens left to the request closest to its end.
+constexpr int64_t kBreakdownSteps = 3;
+
+// Whether the decode breakdown is due before the next step, given the full decode steps timed so far and the tokens
+// left to the request closest to its end (the step in flight included). Due at the middle of the output (full decode
+// step output_len / 2) or, where a long prefill phase let the first requests run ahead so that the middle is past
+// before every request decodes, at the last step where its steps still fit, after one full decode step was timed.
+bool decode_breakdown_due(int64_t output_len, int64_t full_decodes, int64_t fewest_left) {
+  if (full_decodes < 1 || fewest_left < kBreakdownSteps) return false;
+  return full_decodes >= std::max<int64_t>(1, output_len / 2) || fewest_left == kBreakdownSteps;
+}
+
 // `rows_per_seq`: 1 for a decode step, k + 1 for a verify step of k drafts (the real rows the routing counts).
-// `overlap`: whether the batch's other steps are overlapped (restored after the profiled ones).
+// `overlap`: whether the batch's other steps are overlapped (restored after the profiled ones). `take` gets each
+// step's outputs (the tokens of the kBreakdownSteps steps count as generated).
+using TakeOutputs = std::function<Status(const std::vector<RequestOutput>&)>;
 Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t batch, int64_t rows_per_seq, int64_t top_k,
-                           bool overlap, Breakdown* out, std::vector<RequestOutput>* outputs) {
+                           bool overlap, Breakdown* out, const TakeOutputs& take) {
+  std::vector<RequestOutput> outputs;
   // The step in flight (overlapped steps) finishes first and launches none, so the profiled steps are
   // scheduled, captured and run by themselves.
   core.set_overlap_steps(false);
-  core.step(outputs);
+  core.step(&outputs);
+  MX_RETURN_IF_ERROR(take(outputs));
   core.runner().set_profile_capture(true);
   MX_RETURN_IF_ERROR(prof.start_timing(0));
-  core.step(outputs);
+  core.step(&outputs);
   auto ops = prof.finish_timing();
   core.runner().set_profile_capture(false);
+  MX_RETURN_IF_ERROR(take(outputs));
   MX_RETURN_IF_ERROR(core.runner().profile_status());
   if (!ops.is_ok()) return ops.status();
   out->ops = std::move(*ops);
@@ -329,10 +351,11 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   // Router outputs are copied to the host after each router call: an eager step (padded the same way).
   core.runner().set_graph_replay(false);
   prof.start_routing_record();
-  core.step(outputs);
+  core.step(&outputs);
   const auto routing = prof.finish_routing();
   core.runner().set_graph_replay(true);
   core.set_overlap_steps(overlap);
+  MX_RETURN_IF_ERROR(take(outputs));
   double distinct = 0, tiles16 = 0, tiles32 = 0;
   for (const auto& ids : routing) {
     const size_t real = std::min(ids.size(), static_cast<size_t>(batch * rows_per_seq * top_k));
@@ -382,15 +405,33 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
   const int64_t draft_calls_before = core.runner().num_draft_calls();
   double timed_draft_s = 0;
   double instrumented_s = 0;  // wall time of the steps timed op by op (out of the decode phase too)
+  int64_t most_generated = 0;   // tokens of the request furthest ahead
+  Status failed;                // a request that failed: the run stops
   const auto start = Clock::now();
+  // A step's outputs: tokens appended per request, first tokens timed.
+  auto take = [&](const std::vector<RequestOutput>& outs) -> Status {
+    for (const RequestOutput& o : outs) {
+      if (o.finish == FinishReason::kError) return failed = internal_error("request failed: " + o.error);
+      const auto i = static_cast<size_t>(index.at(o.id));
+      auto& generated = r.outputs[i].continuation;
+      generated.insert(generated.end(), o.token_ids.begin(), o.token_ids.end());
+      most_generated = std::max(most_generated, static_cast<int64_t>(generated.size()));
+      if (!o.token_ids.empty() && r.ttft_s[i] < 0) {
+        r.ttft_s[i] = since(start);
+        ++have_first;
+        if (have_first == batch) r.prefill_s = since(start);
+      }
+    }
+    return Status::ok();
+  };
   while (core.has_work()) {
     const SchedulerStats before = core.stats().scheduler;
-    // Mid-decode, once: the instrumented steps (kept out of the TPOT sample). Under forced acceptance
-    // (every step verifies k drafts, no draft model whose eager ops would land in the timing) the fourth
-    // verify step instead.
+    // Once: the instrumented steps (kept out of the TPOT sample), mid-decode (decode_breakdown_due). Under forced
+    // acceptance (every step verifies k drafts, no draft model whose eager ops would land in the timing) the
+    // fourth verify step instead.
     const SpeculativeConfig& spec = core.config().speculative;
     const int64_t k = spec.accept_all ? spec.num_draft_tokens : 0;
-    const bool at_decode = k == 0 && full_decodes == std::max<int64_t>(1, output_len / 2);
+    const bool at_decode = k == 0 && decode_breakdown_due(output_len, full_decodes, output_len - most_generated);
     const bool at_verify = k > 0 && r.verify_step_s.size() == 3;
     if (breakdown && !r.breakdown && have_first == batch && (at_decode || at_verify) &&
         core.stats().num_running == batch) {
@@ -398,17 +439,16 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
       const auto t = Clock::now();
       b.verify_drafts = at_verify ? k : 0;
       const Status st = run_breakdown_steps(core, prof, batch, 1 + b.verify_drafts, model.cost().experts_per_token(),
-                                            overlap, &b, &outputs);
+                                            overlap, &b, take);
+      MX_RETURN_IF_ERROR(failed);
       if (!st.is_ok()) {
         b.error = st.to_string();
         MX_LOG(Error) << "breakdown at batch " << batch << ": " << b.error;
       }
       r.breakdown = std::move(b);
-      r.steps += 3;
+      r.steps += kBreakdownSteps;
       instrumented_s += since(t);
       r.instrumented_tokens += core.stats().scheduler.generated_tokens - before.generated_tokens;
-      for (const RequestOutput& o : outputs)
-        if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
       continue;
     }
     const bool time_draft = breakdown && core.runner().has_draft_model() && !r.draft_breakdown &&
@@ -429,17 +469,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
       r.draft_breakdown = std::move(d);
     }
     const SchedulerStats after = core.stats().scheduler;
-    for (const RequestOutput& o : outputs) {
-      if (o.finish == FinishReason::kError) return internal_error("request failed: " + o.error);
-      const auto i = static_cast<size_t>(index.at(o.id));
-      auto& generated = r.outputs[i].continuation;
-      generated.insert(generated.end(), o.token_ids.begin(), o.token_ids.end());
-      if (!o.token_ids.empty() && r.ttft_s[i] < 0) {
-        r.ttft_s[i] = since(start);
-        ++have_first;
-        if (have_first == batch) r.prefill_s = since(start);
-      }
-    }
+    MX_RETURN_IF_ERROR(take(outputs));
     const int64_t computed = after.computed_tokens - before.computed_tokens;
     const int64_t generated = after.generated_tokens - before.generated_tokens;
     if (time_draft) {  // its marks slowed it: out of the stats
@@ -449,7 +479,7 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     }
     if (computed == batch && generated == batch) {
       r.decode_step_s.push_back(dt);
-      ++full_decodes;
+      if (++full_decodes == 1) r.breakdown_fewest_left = output_len - most_generated;
     }
     // A verify step of every request and nothing else: each computed 1 + its drafts.
     if (after.spec_drafts - before.spec_drafts == batch &&
@@ -541,6 +571,19 @@ json draft_breakdown_json(const DraftBreakdown& d) {
   json j = {{"call_ms", d.call_ms}, {"ops_ms", sum}, {"gaps_ms", gaps}, {"ops", ops}};
   if (!d.error.empty()) j["error"] = d.error;
   return j;
+}
+
+// Why a run with --breakdown has none: no step decoded every request (the first requests finished before the
+// last ones had their first token: a long prefill phase), or too few tokens were left after the first that did.
+std::string breakdown_missing(const BatchResult& r, int64_t output_len) {
+  const std::string b = std::to_string(r.batch);
+  if (r.breakdown_fewest_left < 0)
+    return "no step decoded all " + b + " requests (the first finished before the last had its first token; give a "
+           "longer --output-len)";
+  return "it takes " + std::to_string(kBreakdownSteps) + " steps of all " + b + " requests, and after the first timed " +
+         "decode step the first request to finish had " + std::to_string(r.breakdown_fewest_left) +
+         (r.breakdown_fewest_left == 1 ? " token left " : " tokens left ") +
+         "(give --output-len " + std::to_string(output_len + kBreakdownSteps - r.breakdown_fewest_left) + " or more)";
 }
 
 // One (prompt length, batch size) row: times beside their floors, and the breakdown when taken.
@@ -873,11 +916,9 @@ Status run(const CliArgs& args) {
           results.back()[key] = c.value;
         }
         if (s.breakdown && !r.breakdown) {
-          // The first requests finished before the last ones had their first token (a long prefill phase).
-          std::printf("       no breakdown at batch %lld: no step decoded all %lld requests at the middle of the output "
-                      "(give a longer --output-len)\n",
-                      static_cast<long long>(b), static_cast<long long>(b));
-          results.back()["breakdown_missing"] = "no step decoded every request at the middle of the output";
+          const std::string why = breakdown_missing(r, s.output_len);
+          std::printf("       no breakdown at batch %lld: %s\n", static_cast<long long>(b), why.c_str());
+          results.back()["breakdown_missing"] = why;
         }
         if (!s.forced_k.empty()) {
           plain_rows.push_back({input_len, b, results.back()["tpot_ms_median"].get<double>(),
