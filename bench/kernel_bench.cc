@@ -406,6 +406,9 @@ void bench_moe_prefill() {
     std::vector<TensorView> ids, weights;
     const double touched = make_routings(T, routings, &ids, &weights);
     TensorView x = random_bf16({T, H}, 1.0f), out = make(DType::kBF16, {T, H});
+    // " +norm" variants: the next add_rms_norm's residual (f32, as the models' residual stream), weight and output.
+    TensorView residual = make(DType::kF32, {T, H}), norm_w = random_bf16({H}, 1.0f), normed = make(DType::kBF16, {T, H});
+    CHECK_OK(g_b->copy_from_host(residual, std::vector<float>(static_cast<size_t>(T * H), 0.0f).data()));
     const double flops = 2.0 * T * k * 3.0 * H * I;
     // The experts' bytes (fp4, scales, biases) every path reads at least once: at batched-decode sizes (16-64
     // tokens per expert) this floor is above the FLOP floor.
@@ -420,6 +423,9 @@ void bench_moe_prefill() {
       int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine, 2 and warps' releases,
                                   // 3 and an expert's tiles paired, -1 cp.async
       int bulk_rows = 0;          // the copy engine's row copies: 0 the routed tokens' 8-row blocks, -1 whole tiles
+      int glue = 0;               // tiled wgmma: 0 routing + gather in one launch, -1 two (CudaMoeOptions::wgmma_glue)
+      bool norm = false;          // the layer and the next add_rms_norm: moe_experts_add_rms_norm (glue 0: the
+                                  // combine in the norm's kernel; -1: moe_experts, then add_rms_norm)
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -431,6 +437,10 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk release", 0, -1, 1, 2},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs", 0, -1, 1, 3},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk whole tiles", 0, -1, 1, 1, -1},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs two-kernel routing", 0, -1, 1, 3, 0, -1},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs +norm", 0, -1, 1, 3, 0, 0, true},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs two-kernel routing +norm", 0, -1, 1, 3, 0,
+                -1, true},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
@@ -456,10 +466,12 @@ void bench_moe_prefill() {
         o.wgmma_pdl = v.pdl;
         o.wgmma_bulk = v.bulk;
         o.wgmma_bulk_rows = v.bulk_rows;
+        o.wgmma_glue = v.glue;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {
           MoeParams p{x, ids[j % routings], weights[j % routings], &experts[j % expert_copies()], out, k, 7.0f, 1.702f};
+          if (v.norm) return g_b->moe_experts_add_rms_norm(p, residual, norm_w, 1e-5f, normed);
           return g_b->moe_experts(p);
         }));
       }

@@ -113,6 +113,11 @@ const std::vector<CliOption> kCommandOptions = {
      "auto (default: the copy engine), cp-async, copy-engine or copy-engine-pairs (an expert's tiles paired: one "
      "fp4 decode for two tiles' rows); several, comma-separated: compared as "
      "--bf16-experts-decode"},
+    {"moe-wgmma-glue", true,
+     "gpt-oss's 16-token wgmma MoE tiles' routing, gather and combine (batched decode, sm_90): auto (default: the "
+     "routing and the gather in one launch, the combine in the next norm's kernel) or separate (the routing kernel, "
+     "the gather, the combine kernel and the norm: the form before 2026-11-29); several, comma-separated: compared "
+     "as --bf16-experts-decode"},
     {"qkv-rope-form", true,
      "gpt-oss's qkv_rope on CUDA: auto (default: the many-token form from 1024 tokens), decode (the per-(token, head "
      "group) CTAs at every size: the form before 2026-11-28) or stream (the many-token form at every size); "
@@ -141,6 +146,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
       {"moe-decode-combine", {"auto", "gemm"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
+      {"moe-wgmma-glue", {"auto", "separate"}},
       {"qkv-rope-form", {"auto", "decode", "stream"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
   };
@@ -193,9 +199,10 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     MX_ASSIGN_OR_RETURN(const int rows, skinny_strip_rows(value));
     return set_cuda_skinny_linear_options(backend, {-1, 0, 0, rows});
   }
-  if (flag == "moe-decode-combine" || flag == "moe-wgmma-loads") {
+  if (flag == "moe-decode-combine" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
     if (flag == "moe-decode-combine") moe.decode_combine_in_norm = value == "auto";
+    else if (flag == "moe-wgmma-glue") moe.wgmma_glue = value == "separate" ? -1 : 0;
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
     return set_cuda_moe_options(backend, moe);
   }
@@ -215,7 +222,7 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 #endif
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
-// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --decode-overlap, --qkv-rope-form).
+// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -776,13 +783,13 @@ Status run(const CliArgs& args) {
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads,
-  // --decode-overlap, --qkv-rope-form: one kernel choice each, or several values of one flag compared (an engine each, below): those
+  // --moe-wgmma-glue, --decode-overlap, --qkv-rope-form: one kernel choice each, or several values of one flag compared (an engine each, below): those
   // come first in kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-wgmma-loads",
-        "decode-overlap", "qkv-rope-form"}) {
+        "moe-wgmma-glue", "decode-overlap", "qkv-rope-form"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

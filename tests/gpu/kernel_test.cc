@@ -997,13 +997,16 @@ TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
 // its out; at most 32 routed slots the second decode GEMM leaves its rows and the norm's kernel sums them), and the
 // CPU twin.
 // 20b's layer at one token; 32 experts at 8 tokens (32 slots) with a narrow intermediate (the CPU twin's time);
-// 9 tokens at top-4 (36 slots): past the self-routed decode, the two ops.
+// 9 tokens at top-4 (36 slots): past the self-routed decode, the two ops. 8 tokens per expert (120b's 128 experts at
+// 256 tokens, 20b's 32 at 64 and 67): the 16-token wgmma tiles, whose rows the norm's kernel sums by slot_pos.
 TEST_F(KernelTest, MoeExpertsAddRmsNorm) {
   for (const auto& [c, f32_residual] :
        {std::pair<MoeCase, bool>{MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, true},
         {MoeCase{32, 2880, 192, 4, 8, Routing::kHot}, true}, {MoeCase{32, 320, 256, 4, 3, Routing::kUniform}, false},
         {MoeCase{8, 256, 4160, 2, 3, Routing::kUniform}, true}, {MoeCase{8, 320, 192, 4, 8, Routing::kSame}, false},
-        {MoeCase{32, 320, 192, 4, 9, Routing::kUniform}, true}}) {
+        {MoeCase{32, 320, 192, 4, 9, Routing::kUniform}, true},
+        {MoeCase{128, 256, 192, 4, 256, Routing::kUniform}, true}, {MoeCase{32, 2880, 192, 4, 64, Routing::kHot}, true},
+        {MoeCase{32, 320, 192, 4, 67, Routing::kUniform}, false}}) {
     MoeInputs in;
     make_moe_inputs(cpu_, cuda_, rng_, c, &in);
     const int64_t T = c.T, H = c.H;
@@ -1206,6 +1209,60 @@ TEST_F(KernelTest, MoeWgmmaNarrowGraphReplay) {
   whole.wgmma_bulk = 1;
   whole.wgmma_bulk_rows = -1;
   check_moe_graph_replay(cuda_, rng_, c, whole, "grouped, 16-token tiles, PDL, bulk form 1, whole tiles' rows");
+}
+
+// The tiled wgmma path's routing and gather in one launch of many CTAs (CudaMoeOptions::wgmma_glue 0, the default)
+// give the bits of the routing kernel and the gather kernel (-1): 120b's 128 experts (a CTA's slots among four
+// experts a lane's scan) uniform, hot and all on the same experts, the 20b shape, odd token counts, 4,096 slots
+// (the most the one launch takes), top-1 and top-8, the 32-token tiles on the copy engine; eager and replayed.
+TEST_F(KernelTest, MoeWgmmaRouteGather) {
+  struct Case {
+    MoeCase c;
+    int tile, bulk;
+  };
+  for (const Case& t : {Case{MoeCase{128, 256, 192, 4, 256, Routing::kUniform}, 16, 0},
+                        Case{MoeCase{128, 256, 192, 4, 257, Routing::kHot}, 16, 0},
+                        Case{MoeCase{128, 256, 192, 4, 31, Routing::kSame}, 16, 3},
+                        Case{MoeCase{32, 2880, 2880, 4, 64, Routing::kUniform}, 16, 0},
+                        Case{MoeCase{32, 320, 256, 4, 1024, Routing::kHalf}, 16, 1},
+                        Case{MoeCase{8, 320, 192, 1, 77, Routing::kUniform}, 16, 2},
+                        Case{MoeCase{32, 320, 256, 8, 129, Routing::kUniform}, 16, 0},
+                        Case{MoeCase{32, 320, 256, 4, 301, Routing::kHot}, 32, 1}}) {
+    const MoeCase& c = t.c;
+    const ExpertWeights* up = &shared_experts(c.E, c.H, c.I).cuda;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    make_routing(rng_, c, &ids, &weights);
+    Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
+    TensorView xg = cuda_.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
+    TensorView id = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
+    TensorView two = cuda_.make(DType::kBF16, {c.T, c.H}), one = cuda_.make(DType::kBF16, {c.T, c.H}),
+               replayed = cuda_.make(DType::kBF16, {c.T, c.H});
+    CudaMoeOptions o{CudaMoePath::kGrouped, t.tile};
+    o.wgmma_bulk = t.bulk;
+    o.wgmma_glue = -1;
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
+    ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, up, two, c.k, 7.0f, 1.702f}).is_ok());
+    o.wgmma_glue = 0;
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
+    const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, up, one, c.k, 7.0f, 1.702f});
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    auto graph = cuda_backend().capture(
+        [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, up, replayed, c.k, 7.0f, 1.702f}); });
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
+    ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+    ASSERT_TRUE((*graph)->replay().is_ok());
+    const std::vector<uint8_t> a = cuda_.download_bytes(two);
+    const std::string what = shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                             " " + routing_name(c.routing) + ", " + std::to_string(t.tile) + "-token tiles, bulk form " +
+                             std::to_string(t.bulk);
+    for (const auto& [name, b] : {std::pair<const char*, TensorView>{"eager", one}, {"replayed", replayed}}) {
+      const bool same = a == cuda_.download_bytes(b);
+      record("moe_experts", what + ": routing and gather in one launch (" + name + ") vs two kernels, bitwise",
+             same ? 0 : 1, 0, 0, same);
+      EXPECT_TRUE(same) << what << " " << name;
+    }
+  }
 }
 
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for

@@ -1009,8 +1009,34 @@ class CudaBackend final : public Backend {
       m.top_k = static_cast<int>(p.top_k);
       return launch_moe_combine_add_rms_norm(add_rms_norm_params(residual, p.out, weight, eps, out), m, stream());
     }
+    if (w.layout == ExpertLayout::kMxfp4SwapAb && all_experts && slots > 0 && options_.moe.wgmma_glue == 0 &&
+        !moe_takes_decode_gemms(slots, w.num_experts)) {
+      const int64_t E = w.num_experts;
+      const MoeWgmmaConfig cw = moe_wgmma_config(slots, E);
+      const CudaMoePath path = options_.moe.path;
+      const bool wgmma = cw.enabled && path != CudaMoePath::kGroupedMmaSync &&
+                         (path == CudaMoePath::kGrouped || (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, true)));
+      if (wgmma && moe_wgmma_tiled(cw)) {
+        expect(p.x, DType::kBF16, "moe x");
+        MX_RETURN_IF_ERROR(moe_experts_wgmma(p, cw, /*leave_rows=*/true));
+        MoeCombineNormParams m;
+        m.y = ptr_of<const uint16_t>(scratch_.moe_y);
+        m.slot_pos = routing_scratch(E, slots, 0).slot_pos;
+        m.slots = static_cast<int>(slots);
+        m.experts = static_cast<int>(E);
+        m.top_k = static_cast<int>(p.top_k);
+        return launch_moe_combine_add_rms_norm(add_rms_norm_params(residual, p.out, weight, eps, out), m, stream());
+      }
+    }
     MX_RETURN_IF_ERROR(moe_experts(p));
     return add_rms_norm(residual, p.out, weight, eps, out);
+  }
+
+  // Whether moe_experts_wgmma reads its input tiled for config c: the warp-specialized kernel, or the copy engine's
+  // tiles (16 tokens, moe_wgmma_bulk_form; 32 only when forced).
+  bool moe_wgmma_tiled(const MoeWgmmaConfig& c) {
+    return c.warp_specialized || (moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
+           (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32);
   }
 
   // Many tokens per expert on Hopper (moe_wgmma.cu): routing, x permuted into the wgmma k order (in the y
@@ -1039,29 +1065,31 @@ class CudaBackend final : public Backend {
     return moe_experts(local);
   }
 
-  Status moe_experts_wgmma(const MoeParams& p, const MoeWgmmaConfig& c) {
+  // `leave_rows`: the experts' rows stay in moe_y (sorted order, slot_pos) for the caller's combine.
+  Status moe_experts_wgmma(const MoeParams& p, const MoeWgmmaConfig& c, bool leave_rows = false) {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
-    // The 16-token tiles on the copy engine (moe_wgmma_bulk_form).
-    // 32-token tiles only when forced (not measured yet).
-    const bool bulk = !c.warp_specialized && ((moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
-                                              (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32));
+    // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
+    // The copy engine's: the 16-token tiles (moe_wgmma_bulk_form), 32-token tiles only when forced.
+    const bool tiled = moe_wgmma_tiled(c), bulk = tiled && !c.warp_specialized;
     const bool warp_release = moe_wgmma_bulk_form() == 2, pairs = moe_wgmma_bulk_form() == 3 && c.tile_tokens == 16;
     const bool trim_rows = options_.moe.wgmma_bulk_rows != -1;
-    // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
-    const bool tiled = c.warp_specialized || bulk;
     const int64_t tiled_rows = tiled ? max_tiles * c.tile_tokens : 0;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, std::max(slots, tiled_rows) * I * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, std::max(slots, tiled_rows) * H * 2, "MoE y"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_meta, ((E + 1) + 2 * slots + 3 * max_tiles + 1) * 4, "MoE routing"));
     const MoeRouting r = routing_scratch(E, slots, max_tiles);
-    MX_RETURN_IF_ERROR(
-        launch_moe_routing({ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles}, stream()));
+    const MoeRoutingParams rp{ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles};
     uint16_t* x_in = ptr_of<uint16_t>(scratch_.moe_y);  // free until the second GEMM writes y
-    MX_RETURN_IF_ERROR(tiled ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles,
-                                                                    c.tile_tokens, H, k, stream())
-                                          : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream()));
+    if (tiled && options_.moe.wgmma_glue == 0 && moe_route_gather_fits(slots, E)) {
+      MX_RETURN_IF_ERROR(launch_moe_route_gather_tiled(rp, ptr<const uint16_t>(p.x), x_in, H, k, stream()));
+    } else {
+      MX_RETURN_IF_ERROR(launch_moe_routing(rp, stream()));
+      MX_RETURN_IF_ERROR(tiled ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles, c.tile_tokens, H,
+                                                         k, stream())
+                               : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream()));
+    }
     MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
     g1.in = x_in;
     g1.max_tiles = max_tiles;
@@ -1069,6 +1097,7 @@ class CudaBackend final : public Backend {
     MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
     g2.max_tiles = max_tiles;
     MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, trim_rows, stream()) : launch_moe_wgmma_gemm(g2, c, stream()));
+    if (leave_rows) return Status::ok();
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream());
   }

@@ -39,6 +39,11 @@ struct CudaMoeOptions {
   // moe_experts_add_rms_norm at <= 32 routed slots: the experts' rows summed in the norm's kernel (true), or the
   // second decode GEMM's own combine and then add_rms_norm (false: the two ops, the before of that join).
   bool decode_combine_in_norm = true;
+  // The tiled wgmma path (16- and 32-token tiles on the copy engine): 0 = the routing and the tiled gather in one
+  // launch (launch_moe_route_gather_tiled, where moe_route_gather_fits) and, in moe_experts_add_rms_norm, the
+  // experts' rows summed in the norm's kernel; -1 = the routing kernel, the gather, the combine kernel and
+  // add_rms_norm (the before of those joins, for benchmarks).
+  int wgmma_glue = 0;
 };
 
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to

@@ -444,10 +444,10 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, 
 
 // The narrow tiles with every k tile's loads by the copy engine (launch_moe_wgmma_bulk_gemm): the same CTA work,
 // ring geometry, decode, MMAs and epilogue as moe_wgmma_kernel's narrow form, bitwise, but each stage arrives as
-// three copies issued by one thread and counted on the stage's mbarrier: the CTA's 16 strips of fp4 and of
-// scales as one box each of a rank-4 tensor map ([experts][strips][k tiles][bytes]: strips past the matrix
-// read as zeros, as the cp.async form zero-fills them), and the tile's activation rows as one bulk copy from the
-// tiled input (moe_wgmma_ws.h: x gathered so by launch_moe_gather_tiled, h written so by the first GEMM). The
+// three copies, issued by lane 0 of warps 0 to 2 (one each) and counted on the stage's mbarrier: the CTA's 16 strips
+// of fp4 and of scales as one box each of a rank-4 tensor map ([experts][strips][k tiles][bytes]: strips past the
+// matrix read as zeros, as the cp.async form zero-fills them), and the tile's activation rows as one bulk copy from
+// the tiled input (moe_wgmma_ws.h: x gathered so by launch_moe_gather_tiled, h written so by the first GEMM). The
 // other warps issue no copy, no address arithmetic, no cp.async group bookkeeping and no generic-to-async proxy
 // fence per tile (the copy engine's writes are the async proxy's): ~30 of the cp.async loop's 193 instructions
 // a warp and k tile (docs/PERF.md, session 16's SASS).
@@ -464,6 +464,48 @@ template <int kCols>
 __device__ __forceinline__ uint32_t moe_bulk_row_bytes(bool trim, int n) {
   return trim && n < kCols ? static_cast<uint32_t>((n + 7) / 8) * 1024 : kCols * 128;
 }
+
+// One stage's copies for k tile t into ring slot s of a BulkRing<16 or 32> (lane 0 of warps 0 to 2, `warp`): warp 0
+// the fp4 box of `weights` (the CTA's 16 strips, or a pair's strip group of 8) from strip `strip`, weight_bytes of it
+// after the stage's rows (rows_bytes in); warp 1 the scales' box of the CTA's 16 strips from strip0; warp 2 the
+// tile's rows (row_bytes from rows + t * plane: one k tile of every padded row a plane).
+struct BulkStage {
+  const CUtensorMap* weights;
+  const CUtensorMap* scales;
+  int e, strip, strip0;
+  uint32_t weight_bytes, weights_at, scales_at, scale_bytes, stage_bytes, row_bytes;
+  const uint8_t* rows;
+  int64_t plane;
+};
+#if MX_SM90A
+__device__ __forceinline__ void moe_bulk_load(const BulkStage& b, uint32_t ring, uint32_t full0, int warp, int t, int s) {
+  const uint32_t stage = ring + static_cast<uint32_t>(s) * b.stage_bytes, bar = full0 + 8 * s;
+  if (warp == 0) {
+    mbarrier_arrive_expect_tx(bar, b.weight_bytes);
+    tma_load_4d(stage + b.weights_at, b.weights, 0, t, b.strip, b.e, bar);
+  } else if (warp == 1) {
+    mbarrier_arrive_expect_tx(bar, b.scale_bytes);
+    tma_load_4d(ring + b.scales_at + s * b.scale_bytes, b.scales, 0, t, b.strip0, b.e, bar);
+  } else {
+    mbarrier_arrive_expect_tx(bar, b.row_bytes);
+    bulk_copy(stage, b.rows + t * b.plane, b.row_bytes, bar);
+  }
+}
+
+// The first kS - 2 k tiles' copies (`copier`: lane 0 of warps 0 to 2): the constant fp4 and scales before the wait
+// for the previous kernel (a programmatic dependent launch; a no-op otherwise), the rows, which it writes, after.
+template <int kS>
+__device__ __forceinline__ void moe_bulk_prologue(const BulkStage& b, uint32_t ring, uint32_t full0, bool copier,
+                                                  int warp, int n_k) {
+  const int prologue = n_k < kS - 2 ? n_k : kS - 2;
+  if (copier && warp < 2)
+    for (int s = 0; s < prologue; ++s) moe_bulk_load(b, ring, full0, warp, s, s);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (copier && warp == 2)
+    for (int s = 0; s < prologue; ++s) moe_bulk_load(b, ring, full0, warp, s, s);
+}
+#endif
 
 // The three copies of a stage are issued by lane 0 of warps 0 (fp4), 1 (scales) and 2 (rows), each arming the
 // stage's barrier with its own bytes: one thread issuing all three (with the uniform-register loops ptxas wraps
@@ -503,29 +545,12 @@ __device__ __forceinline__ void moe_wgmma_bulk_pair(const MoeGemmParams& p, cons
   const int s0 = w.tile - group, strip_g = w.strip0 + group * kStrips;
   const bool copier = lane == 0 && warp < 3;
   // Tile s0 is full (16 tokens); tile s0 + 1's rows follow it.
-  const uint32_t row_bytes = Ring::kRowBytes + moe_bulk_row_bytes<16>(maps.trim_rows, p.r.tile_rows[s0 + 1]);
-  const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(s0) * Ring::kRowBytes;
-  const int64_t plane = p.max_tiles * Ring::kRowBytes;  // one k tile of every padded row
-  auto load = [&](int t, int s) {
-    const uint32_t stage = ring + static_cast<uint32_t>(s) * Ring::kStageBytes, bar = full0 + 8 * s;
-    if (warp == 0) {
-      mbarrier_arrive_expect_tx(bar, kWeightBytes);
-      tma_load_4d(stage + kRowBytes, &maps.half_weights, 0, t, strip_g, w.e, bar);
-    } else if (warp == 1) {
-      mbarrier_arrive_expect_tx(bar, kScaleBytes);
-      tma_load_4d(ring + Ring::kScalesAt + s * kScaleBytes, &maps.scales, 0, t, w.strip0, w.e, bar);
-    } else {
-      mbarrier_arrive_expect_tx(bar, row_bytes);
-      bulk_copy(stage, rows + t * plane, row_bytes, bar);
-    }
-  };
-  const int prologue = n_k < kS - 2 ? n_k : kS - 2;
-  if (copier && warp < 2)
-    for (int s = 0; s < prologue; ++s) load(s, s);
-  pdl_wait();
-  pdl_launch_dependents();
-  if (copier && warp == 2)
-    for (int s = 0; s < prologue; ++s) load(s, s);
+  const BulkStage b{&maps.half_weights, &maps.scales, w.e, strip_g, w.strip0, kWeightBytes, kRowBytes, Ring::kScalesAt,
+                    kScaleBytes, Ring::kStageBytes,
+                    Ring::kRowBytes + moe_bulk_row_bytes<16>(maps.trim_rows, p.r.tile_rows[s0 + 1]),
+                    reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(s0) * Ring::kRowBytes,
+                    p.max_tiles * Ring::kRowBytes};
+  moe_bulk_prologue<kS>(b, ring, full0, copier, warp, n_k);
 
   float da[8], db[8];
 #pragma unroll
@@ -538,7 +563,7 @@ __device__ __forceinline__ void moe_wgmma_bulk_pair(const MoeGemmParams& p, cons
   auto step = [&](uint32_t(&at)[4][4]) {
     mbarrier_wait(full0 + 8 * slot, parity);
     __syncthreads();
-    if (copier && t + kS - 2 < n_k) load(t + kS - 2, load_slot);
+    if (copier && t + kS - 2 < n_k) moe_bulk_load(b, ring, full0, warp, t + kS - 2, load_slot);
     if (++load_slot == kS) load_slot = 0;
     const uint32_t stage = ring + static_cast<uint32_t>(slot) * Ring::kStageBytes;
     const uint32_t weights = stage + kRowBytes + tid * 16;
@@ -624,34 +649,14 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
   __syncthreads();
   if constexpr (kPairs)
     if (pair_group >= 0) return moe_wgmma_bulk_pair(p, maps, w, pair_group, n_k, ring, full0);
-  // This lane's copy of k tile t into slot s (lane 0 of warps 0 to 2): the constant fp4 or scales, or the rows,
-  // which the previous kernel writes.
+  // This lane's copies (lane 0 of warps 0 to 2): the constant fp4 or scales, or the rows, which the previous kernel
+  // writes.
   const bool copier = lane == 0 && warp < kCopies;
-  const uint8_t* rows = reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kRowBytes;
-  const int64_t plane = p.max_tiles * kRowBytes;  // one k tile of every padded row
-  const uint32_t row_bytes = moe_bulk_row_bytes<kCols>(maps.trim_rows, w.n);
-  auto load = [&](int t, int s) {
-    const uint32_t stage = ring + static_cast<uint32_t>(s) * Ring::kStageBytes, bar = full0 + 8 * s;
-    if (warp == 0) {
-      mbarrier_arrive_expect_tx(bar, kWeightBytes);
-      tma_load_4d(stage + kRowBytes, &maps.weights, 0, t, w.strip0, w.e, bar);
-    } else if (warp == 1) {
-      mbarrier_arrive_expect_tx(bar, kScaleBytes);
-      tma_load_4d(ring + Ring::kScalesAt + s * kScaleBytes, &maps.scales, 0, t, w.strip0, w.e, bar);
-    } else {
-      mbarrier_arrive_expect_tx(bar, row_bytes);
-      bulk_copy(stage, rows + t * plane, row_bytes, bar);
-    }
-  };
-  // The first kS - 2 k tiles: weights and scales before the wait for the previous kernel (a programmatic
-  // dependent launch; a no-op otherwise), rows after it.
-  const int prologue = n_k < kS - 2 ? n_k : kS - 2;
-  if (copier && warp < 2)
-    for (int s = 0; s < prologue; ++s) load(s, s);
-  pdl_wait();
-  pdl_launch_dependents();
-  if (copier && warp == 2)
-    for (int s = 0; s < prologue; ++s) load(s, s);
+  const BulkStage b{&maps.weights, &maps.scales, w.e, w.strip0, w.strip0, kWeightBytes, kRowBytes, Ring::kScalesAt,
+                    kScaleBytes, Ring::kStageBytes, moe_bulk_row_bytes<kCols>(maps.trim_rows, w.n),
+                    reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kRowBytes,
+                    p.max_tiles * kRowBytes};
+  moe_bulk_prologue<kS>(b, ring, full0, copier, warp, n_k);
 
   // Two strips a warp as moe_wgmma_kernel's two_strip_loop: strip A's decode and MMAs into da, then strip B's
   // into db. The slot reloaded at step t is tile t - 2's, whose MMAs every warp has finished (wait<1> in step
@@ -670,7 +675,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
     if constexpr (!kWarpRelease) __syncthreads();
     if (copier && t + kS - 2 < n_k) {
       if constexpr (kWarpRelease) mbarrier_wait(empty0 + 8 * load_slot, load_parity);
-      load(t + kS - 2, load_slot);
+      moe_bulk_load(b, ring, full0, warp, t + kS - 2, load_slot);
     }
     if (++load_slot == kS) {
       load_slot = 0;

@@ -192,6 +192,15 @@ __global__ void __launch_bounds__(kMoeWgmmaWsThreads, 1) moe_wgmma_ws_kernel(Moe
 // plane (a thread per row and k tile, writing its row's 8 chunks, stored 16 bytes 400 KB apart from its neighbours'
 // at gpt-oss-120b's 16-token tiles: ncu measured 13 us for 256 tokens x 4, session 18). Padded rows past a tile's
 // tokens are left as they are.
+// Chunk c of padded row P's k tile t, from `token`'s row of x (the store described above).
+__device__ __forceinline__ void gather_tiled_chunk(const uint16_t* x, int64_t token, int64_t k, int64_t t, int64_t P,
+                                                   int c, uint16_t* out, int64_t tiled_rows) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(x + token * k + t * 64);
+  const int lc = c ^ static_cast<int>(P & 7);
+  reinterpret_cast<uint4*>(out + (t * tiled_rows + P) * 64)[c] =
+      make_uint4(__ldg(src + lc), __ldg(src + 8 + lc), __ldg(src + 16 + lc), __ldg(src + 24 + lc));
+}
+
 __global__ void moe_gather_tiled_kernel(const uint16_t* x, MoeRouting r, uint16_t* out, int64_t tiled_rows,
                                         int tile_tokens, int64_t k, int top_k) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
@@ -200,10 +209,108 @@ __global__ void moe_gather_tiled_kernel(const uint16_t* x, MoeRouting r, uint16_
   if (P >= tiled_rows) return;
   const int tile = static_cast<int>(P / tile_tokens), j = static_cast<int>(P % tile_tokens);
   if (tile >= *r.num_tiles || j >= r.tile_rows[tile]) return;
-  const int64_t token = r.sorted_slots[r.tile_start[tile] + j] / top_k;
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(x + token * k + t * 64);
-  const int lc = c ^ static_cast<int>(P & 7);
-  reinterpret_cast<uint4*>(out + (t * tiled_rows + P) * 64)[c] = make_uint4(src[lc], src[8 + lc], src[16 + lc], src[24 + lc]);
+  gather_tiled_chunk(x, r.sorted_slots[r.tile_start[tile] + j] / top_k, k, t, P, c, out, tiled_rows);
+}
+
+// The routing and the tiled gather in one launch of many CTAs (launch_moe_route_gather_tiled). CTA b owns slots
+// [b * kRouteGatherSlots, + kRouteGatherSlots): every CTA counts all the step's ids (per expert, and those before
+// its slots), scans them as moe_routing_kernel does, places its own slots (the same stable order: an expert's
+// slots by slot index) and copies their token rows into the tiled input. CTA 0 also writes the per-expert offsets
+// and the tiles. Replaces a one-CTA routing kernel (6 us for 1,024 slots, session 18's ncu) and the gather's
+// grid of a thread per padded row, k tile and chunk, whose every thread walked the metadata chain (num_tiles,
+// tile_rows, tile_start, sorted_slots) before its one copy. Launched as a programmatic dependent of the router;
+// it never triggers its dependents early: the GEMMs after it read the tiles before their own wait.
+constexpr int kRouteGatherThreads = 256, kRouteGatherSlots = 4, kRouteGatherMaxExperts = 256;
+constexpr int64_t kRouteGatherMaxSlots = 4096;
+
+__global__ void __launch_bounds__(kRouteGatherThreads)
+    moe_route_gather_kernel(MoeRoutingParams p, const uint16_t* x, uint16_t* out, int64_t k, int top_k) {
+  __shared__ int counts[kRouteGatherMaxExperts], before[kRouteGatherMaxExperts];
+  __shared__ int offset[kRouteGatherMaxExperts], tile_base[kRouteGatherMaxExperts];
+  __shared__ int row_token[kRouteGatherSlots];
+  __shared__ int64_t row_at[kRouteGatherSlots];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int experts = static_cast<int>(p.experts), bm = static_cast<int>(p.tile_tokens);
+  const int slots = static_cast<int>(p.slots), s0 = static_cast<int>(blockIdx.x) * kRouteGatherSlots;
+  const int mine = min(kRouteGatherSlots, slots - s0);
+  for (int e = tid; e < experts; e += kRouteGatherThreads) counts[e] = before[e] = 0;
+  __syncthreads();
+  pdl_wait();  // the ids and x come from the router and the norm before it
+  auto expert_of = [&](int i) {
+    const int e = p.topk_ids[i];
+    return e < 0 || e >= experts ? 0 : e;  // ids come from our router; never index out of bounds
+  };
+  for (int i = tid; i < slots; i += kRouteGatherThreads) {
+    const int e = expert_of(i);
+    atomicAdd(&counts[e], 1);
+    if (i < s0) atomicAdd(&before[e], 1);
+  }
+  __syncthreads();
+  const bool lead = blockIdx.x == 0;
+  if (warp == 0) {  // the exclusive scans of moe_routing_kernel
+    const int per = (experts + 31) / 32, e0 = min(experts, lane * per), e1 = min(experts, e0 + per);
+    int run_slots = 0, run_tiles = 0;
+    for (int e = e0; e < e1; ++e) {
+      run_slots += counts[e];
+      run_tiles += (counts[e] + bm - 1) / bm;
+    }
+    int slots_through = run_slots, tiles_through = run_tiles;
+    for (int d = 1; d < 32; d <<= 1) {
+      const int s = __shfl_up_sync(0xffffffffu, slots_through, d), t = __shfl_up_sync(0xffffffffu, tiles_through, d);
+      if (lane >= d) {
+        slots_through += s;
+        tiles_through += t;
+      }
+    }
+    int off = slots_through - run_slots, tiles = tiles_through - run_tiles;
+    for (int e = e0; e < e1; ++e) {
+      if (lead) p.r.offsets[e] = off;
+      offset[e] = off;
+      tile_base[e] = tiles;
+      off += counts[e];
+      tiles += (counts[e] + bm - 1) / bm;
+    }
+    if (lead && lane == 31) {
+      p.r.offsets[experts] = slots_through;
+      *p.r.num_tiles = tiles_through;
+    }
+  }
+  __syncthreads();
+  if (lead) {
+    for (int e = tid; e < experts; e += kRouteGatherThreads) {
+      const int n = counts[e], base = tile_base[e], off = offset[e];
+      for (int j = 0; j * bm < n; ++j) {
+        p.r.tile_expert[base + j] = e;
+        p.r.tile_start[base + j] = off + j * bm;
+        p.r.tile_rows[base + j] = min(bm, n - j * bm);
+      }
+    }
+  }
+  if (warp == 0) {  // this CTA's slots, a lane each, ranked among their expert's by slot index
+    const bool valid = lane < mine;
+    const int i = s0 + lane, e = valid ? expert_of(i) : -1 - lane;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (valid) {
+      const int local = before[e] + __popc(peers & ((1u << lane) - 1u)), dst = offset[e] + local;
+      p.r.sorted_slots[dst] = i;
+      p.r.slot_pos[i] = dst;
+      row_token[lane] = i / top_k;
+      row_at[lane] = static_cast<int64_t>(tile_base[e] + local / bm) * bm + local % bm;
+    }
+  }
+  __syncthreads();
+  // The rows: chunk c of k tile t of row l at item (l * n_k + t) * 8 + c, four items a thread in flight.
+  const int n_k = static_cast<int>(k / 64), items = mine * n_k * 8;
+  const int64_t tiled_rows = p.max_tiles * p.tile_tokens;
+  for (int base = tid; base < items; base += 4 * kRouteGatherThreads) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int item = base + u * kRouteGatherThreads;
+      if (item >= items) break;
+      const int l = item / (n_k * 8), t = item / 8 % n_k;
+      gather_tiled_chunk(x, row_token[l], k, t, row_at[l], item % 8, out, tiled_rows);
+    }
+  }
 }
 
 template <int kN>
@@ -231,6 +338,23 @@ Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t*
   const dim3 grid(static_cast<unsigned>(ceil_div64(tiled_rows * 8, 256)), static_cast<unsigned>(k / 64));
   moe_gather_tiled_kernel<<<grid, 256, 0, stream>>>(x, r, out, tiled_rows, tile_tokens, k, static_cast<int>(top_k));
   return launch_status("moe_gather_tiled_kernel");
+}
+
+bool moe_route_gather_fits(int64_t slots, int64_t experts) {
+  return slots <= kRouteGatherMaxSlots && experts <= kRouteGatherMaxExperts;
+}
+
+Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,
+                                     int64_t top_k, cudaStream_t stream) {
+  if (k % 64 != 0 || p.tile_tokens % 8 != 0 || p.tile_tokens <= 0 || top_k <= 0)
+    return internal_error("MoE routing and tiled gather: k % 64 and tile_tokens % 8 must be 0, top_k > 0");
+  if (!moe_route_gather_fits(p.slots, p.experts))
+    return unimplemented("MoE routing and tiled gather: at most 4096 slots and 256 experts");
+  if (p.slots == 0) return Status::ok();
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, kRouteGatherSlots)));
+  return cuda_status(launch_pdl(moe_route_gather_kernel, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out, k,
+                                static_cast<int>(top_k)),
+                     "moe_route_gather_kernel");
 }
 
 Status launch_moe_wgmma_ws_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {

@@ -36,4 +36,11 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
 Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t* out, int64_t max_tiles,
                                int tile_tokens, int64_t k, int64_t top_k, cudaStream_t stream);
 
+// launch_moe_routing and then launch_moe_gather_tiled (p.tile_tokens, p.max_tiles) in one launch of many CTAs, the
+// same routing metadata and tiled rows (x has k columns, a row per token), for steps where
+// moe_route_gather_fits (every CTA counts all the step's ids: at most 4,096 slots, 256 experts).
+bool moe_route_gather_fits(int64_t slots, int64_t experts);
+Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,
+                                     int64_t top_k, cudaStream_t stream);
+
 }  // namespace mx::cuda

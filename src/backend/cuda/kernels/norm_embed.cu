@@ -39,9 +39,11 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_rms_norm_kernel(RmsNo
   __shared__ float scratch[kRowThreads / 32];
   __shared__ int pos[kMoeFusedMaxSlots];  // the token's slots' rows of y
   const int64_t t = blockIdx.x;
-  // The ids before the wait: the router wrote them before the first GEMM passed its wait, and the second GEMM lets
-  // this kernel start only after its own.
-  if (threadIdx.x < 32) {  // the decode GEMMs' sorted order, as their CTAs computed it
+  // The ids (or slot_pos) before the wait: the router (the routing kernel) wrote them before the first GEMM passed
+  // its wait, and the second GEMM lets this kernel start only after its own.
+  if (m.slot_pos != nullptr) {
+    if (threadIdx.x < m.top_k) pos[threadIdx.x] = m.slot_pos[t * m.top_k + threadIdx.x];
+  } else if (threadIdx.x < 32) {  // the decode GEMMs' sorted order, as their CTAs computed it
     const TileRoute rt = route_tile(m.topk_ids, m.slots, m.experts, 0);
     const int lane = static_cast<int>(threadIdx.x);
     if (lane >= t * m.top_k && lane < (t + 1) * m.top_k) pos[lane - t * m.top_k] = rt.pos;
@@ -112,8 +114,10 @@ Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
 Status launch_moe_combine_add_rms_norm(const RmsNormParams& p, const MoeCombineNormParams& m, cudaStream_t stream) {
   if (p.hidden % 8 != 0 || p.hidden > 8 * kRowThreads * kMaxChunks || p.residual == nullptr)
     return unimplemented("moe_combine_add_rms_norm: a residual of hidden size a multiple of 8 and at most 8192");
-  if (m.slots > kMoeFusedMaxSlots || m.top_k < 1 || m.slots != p.rows * m.top_k)
-    return internal_error("moe_combine_add_rms_norm: the self-routed decode's slots (<= 32, rows * top_k)");
+  if (m.top_k < 1 || m.top_k > kMoeFusedMaxSlots || m.slots != p.rows * m.top_k)
+    return internal_error("moe_combine_add_rms_norm: rows * top_k slots, top_k <= 32");
+  if (m.slot_pos == nullptr && m.slots > kMoeFusedMaxSlots)
+    return internal_error("moe_combine_add_rms_norm: the self-routed decode's slots (<= 32) without slot_pos");
   if (p.rows == 0) return Status::ok();
   auto kernel = p.residual_f32 ? moe_combine_rms_norm_kernel<float> : moe_combine_rms_norm_kernel<uint16_t>;
   return cuda_status(launch_pdl(kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kRowThreads), 0, stream, p, m),

@@ -12,13 +12,15 @@ namespace mx::cuda {
 Result<bool> can_fuse_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelParams& route);
 Status launch_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelParams& route, cudaStream_t stream);
 
-// norm_embed.cu: the self-routed MoE decode's combine (<= kMoeFusedMaxSlots routed slots) as add_rms_norm's delta:
-// delta[t] = the sum over j in router order of y[pos(t, j)] (bf16 y rows in the decode GEMMs' sorted order, fp32 sum,
-// rounded to bf16: the second GEMM's fused combine's arithmetic), so residual, out are launch_rms_norm's bits after
-// that combine. norm.delta unused.
+// norm_embed.cu: an MoE layer's combine as add_rms_norm's delta: delta[t] = the sum over j in router order of
+// y[pos(t, j)] (bf16 y rows in the experts' sorted order, fp32 sum, rounded to bf16: launch_moe_combine's and the
+// decode GEMM's fused combine's arithmetic), so residual, out are launch_rms_norm's bits after that combine.
+// pos from slot_pos (a routing kernel's metadata, any slot count) or, without it, computed from topk_ids as the
+// self-routed decode GEMMs do (<= kMoeFusedMaxSlots routed slots). norm.delta unused.
 struct MoeCombineNormParams {
-  const uint16_t* y = nullptr;         // bf16 [slots, hidden], rows in the sorted order (route_tile's pos)
-  const int32_t* topk_ids = nullptr;   // [tokens, top_k]
+  const uint16_t* y = nullptr;         // bf16 [slots, hidden], rows in the sorted order
+  const int32_t* topk_ids = nullptr;   // [tokens, top_k] (without slot_pos)
+  const int32_t* slot_pos = nullptr;   // [tokens * top_k] y's row of slot t * top_k + j, or null
   int slots = 0, experts = 0, top_k = 0;
 };
 Status launch_moe_combine_add_rms_norm(const RmsNormParams& norm, const MoeCombineNormParams& moe, cudaStream_t stream);
