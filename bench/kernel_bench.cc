@@ -426,6 +426,7 @@ void bench_moe_prefill() {
       int glue = 0;               // tiled wgmma: 0 routing + gather in one launch, -1 two (CudaMoeOptions::wgmma_glue)
       bool norm = false;          // the layer and the next add_rms_norm: moe_experts_add_rms_norm (glue 0: the
                                   // combine in the norm's kernel; -1: moe_experts, then add_rms_norm)
+      int glue_only = 0;          // the glue alone, GEMMs skipped (CudaMoeOptions::wgmma_glue_only)
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -441,6 +442,13 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs +norm", 0, -1, 1, 3, 0, 0, true},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs two-kernel routing +norm", 0, -1, 1, 3, 0,
                 -1, true},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather", 0, -1, 1, 3, 0, 0, false, 1},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather two-kernel", 0, -1, 1, 3, 0, -1, false,
+                1},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather, combine, norm", 0, -1, 1, 3, 0, 0,
+                true, 2},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather, combine, norm two-kernel", 0, -1, 1,
+                3, 0, -1, true, 2},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
@@ -467,6 +475,7 @@ void bench_moe_prefill() {
         o.wgmma_bulk = v.bulk;
         o.wgmma_bulk_rows = v.bulk_rows;
         o.wgmma_glue = v.glue;
+        o.wgmma_glue_only = v.glue_only;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {

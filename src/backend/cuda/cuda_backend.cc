@@ -1090,13 +1090,19 @@ class CudaBackend final : public Backend {
                                                          k, stream())
                                : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream()));
     }
-    MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
-    g1.in = x_in;
-    g1.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, pairs, trim_rows, stream()) : launch_moe_wgmma_gemm(g1, c, stream()));
-    MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
-    g2.max_tiles = max_tiles;
-    MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, trim_rows, stream()) : launch_moe_wgmma_gemm(g2, c, stream()));
+    const int only = tiled ? options_.moe.wgmma_glue_only : 0;  // benchmarks only
+    if (only == 1) return Status::ok();
+    if (only != 2) {
+      MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
+      g1.in = x_in;
+      g1.max_tiles = max_tiles;
+      MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, pairs, trim_rows, stream())
+                              : launch_moe_wgmma_gemm(g1, c, stream()));
+      MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
+      g2.max_tiles = max_tiles;
+      MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, trim_rows, stream())
+                              : launch_moe_wgmma_gemm(g2, c, stream()));
+    }
     if (leave_rows) return Status::ok();
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream());

@@ -44,6 +44,9 @@ struct CudaMoeOptions {
   // experts' rows summed in the norm's kernel; -1 = the routing kernel, the gather, the combine kernel and
   // add_rms_norm (the before of those joins, for benchmarks).
   int wgmma_glue = 0;
+  // Benchmarks only (the tiled wgmma path; the output is then garbage): 1 = just the routing and the tiled gather,
+  // 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.
+  int wgmma_glue_only = 0;
 };
 
 // Which dense linears take the skinny kernel (skinny_linear.cu) instead of cuBLASLt: max_rows -1 = up to

@@ -271,7 +271,9 @@ MoeConfig choose_moe_config(const DeviceInfo& dev, int64_t num_slots, int64_t nu
 MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_tiles_per_warp) {
   MoeFusedConfig c;
   c.k_tiles_per_warp = k_tiles_per_warp > 0 ? k_tiles_per_warp : 12;
-  // Measured on H200 at one token (docs/PERF.md): 2 warps of 23 tiles or 8 of 6 were slower than 4 of 12.
+  // 12 (4 warps at gpt-oss's k = 2880): on an H200 with the lean loop, the 20b layer at one token 25.26 us against
+  // 26.13 for 2 warps of 23 (session 13 W1, docs/PERF.md); kAuto asks for 23 from two tokens on
+  // (moe_fused_auto_k_tiles_per_warp: 41.18 against 43.25 at two). 8 warps of 6 were slower still (session 12).
   const int64_t k_tiles = std::max<int64_t>(1, k / 64);
   c.k_split = static_cast<int>(std::clamp<int64_t>(ceil_div(k_tiles, c.k_tiles_per_warp), 1,
                                                    std::min<int64_t>(kMoeFusedMaxKSplit, k_tiles)));
