@@ -6,7 +6,8 @@
 // over N is the time per op. Each line gives the fraction of its floor: bytes / this card's measured copy rate
 // (measure_copy_rate, as `bench latency` divides its decode floor) or FLOPs / bf16 peak (an H200's, KINDS.md).
 // Prints a table; writes JSON to the last
-// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--moe-skew=S,S,...] [--variants=P,P,...] |
+// argument when given (`mx_kernel_bench [--moe-prefill-only[=T,T,...] [--moe-experts=E] [--moe-skew=S,S,...]
+// [--moe-rounds=N] [--variants=P,P,...] |
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
@@ -250,6 +251,8 @@ const std::vector<ExpertWeights>& bench_experts() {
 // uniformly. Each size is timed at each S; g_moe_skew is the one being timed.
 std::vector<double> g_moe_skews{0};
 double g_moe_skew = 0;
+// `--moe-rounds=N` (after --moe-skew): the MoE prefill sweep's interleaved rounds (3 by default; the median of each).
+int g_moe_rounds = 3;
 
 // Top-k routings of T tokens, k distinct experts each, uniformly at random (or skewed, g_moe_skew); returns the
 // mean number of distinct experts touched.
@@ -423,7 +426,8 @@ void bench_moe_prefill() {
       int bulk = 0;               // wgmma, 16-token tiles: 1 every k tile by the copy engine, 2 and warps' releases,
                                   // 3 and an expert's tiles paired, -1 cp.async
       int bulk_rows = 0;          // the copy engine's row copies: 0 the routed tokens' 8-row blocks, -1 whole tiles
-      int glue = 0;               // tiled wgmma: 0 routing + gather in one launch, -1 two (CudaMoeOptions::wgmma_glue)
+      int glue = 0;               // tiled wgmma: 1 routing + gather in one launch, 2 and the combine in the norm, -1
+                                  // neither (CudaMoeOptions::wgmma_glue; 0 its default)
       bool norm = false;          // the layer and the next add_rms_norm: moe_experts_add_rms_norm (glue 0: the
                                   // combine in the norm's kernel; -1: moe_experts, then add_rms_norm)
       int glue_only = 0;          // the glue alone, GEMMs skipped (CudaMoeOptions::wgmma_glue_only)
@@ -439,16 +443,21 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs", 0, -1, 1, 3},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk whole tiles", 0, -1, 1, 1, -1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs two-kernel routing", 0, -1, 1, 3, 0, -1},
-        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs +norm", 0, -1, 1, 3, 0, 0, true},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs +norm, combine in norm", 0, -1, 1, 3, 0, 2,
+                true},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs +norm, combine kernel", 0, -1, 1, 3, 0, 1,
+                true},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow pdl bulk pairs two-kernel routing +norm", 0, -1, 1, 3, 0,
                 -1, true},
-        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather", 0, -1, 1, 3, 0, 0, false, 1},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather", 0, -1, 1, 3, 0, 1, false, 1},
         Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather two-kernel", 0, -1, 1, 3, 0, -1, false,
                 1},
-        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather, combine, norm", 0, -1, 1, 3, 0, 0,
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather, combine in norm", 0, -1, 1, 3, 0, 2,
                 true, 2},
-        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather, combine, norm two-kernel", 0, -1, 1,
-                3, 0, -1, true, 2},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather, combine kernel, norm", 0, -1, 1, 3, 0,
+                1, true, 2},
+        Variant{CudaMoePath::kGrouped, 16, "wgmma/16x2wg narrow glue: routing, gather, combine kernel, norm two-kernel", 0,
+                -1, 1, 3, 0, -1, true, 2},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 32, "wgmma/32x2wg narrow pdl bulk", 0, -1, 1, 1},
         Variant{CudaMoePath::kGrouped, 128, "wgmma/128x2wg"}, Variant{CudaMoePath::kGrouped, 256, "wgmma/256x2wg", -1},
@@ -460,12 +469,12 @@ void bench_moe_prefill() {
       if (variant_selected(v.label)) timed.push_back(&v);
     // About 20 ms of work per graph.
     const int n = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(20e-3 * 300e12 / flops), 2, 24));
-    // Timed in interleaved rounds, the median of 3: in one H200 window (session 15 W1) single timings of the same
-    // kernel in one process spread over +-6% (218.7, 236.1 and 246.8 us for the 20b layer at T=256), more than
-    // the differences measured between variants.
-    constexpr int kRounds = 3;
+    // Timed in interleaved rounds (3, or --moe-rounds), the median: in one H200 window (session 15 W1) single
+    // timings of the same kernel in one process spread over +-6% (218.7, 236.1 and 246.8 us for the 20b layer at
+    // T=256), more than the differences measured between variants.
+    const int rounds = g_moe_rounds;
     std::vector<std::vector<double>> us(timed.size());
-    for (int round = 0; round < kRounds; ++round)
+    for (int round = 0; round < rounds; ++round)
       for (size_t i = 0; i < timed.size(); ++i) {
         const Variant& v = *timed[i];
         CudaMoeOptions o{v.path, v.tile};
@@ -486,7 +495,7 @@ void bench_moe_prefill() {
       }
     for (size_t i = 0; i < timed.size(); ++i) {
       std::sort(us[i].begin(), us[i].end());
-      const double median = us[i][kRounds / 2];
+      const double median = us[i][rounds / 2];
       char note[128];
       std::snprintf(note, sizeof note, "%.0f TFLOP/s, %.0f tokens/expert, rounds %.1f..%.1f us", flops / median / 1e6,
                     static_cast<double>(T * k) / E, us[i].front(), us[i].back());
@@ -1833,6 +1842,11 @@ int main(int argc, char** argv) {
       g_moe_skews = parse_list<double>(std::string(argv[arg]).substr(skew.size() - 1),
                                        [](const std::string& t) { return std::stod(t); });
       if (g_moe_skews.empty()) g_moe_skews = {0};
+      ++arg;
+    }
+    const std::string rounds = "--moe-rounds=";
+    if (argc > arg && std::string(argv[arg]).rfind(rounds, 0) == 0) {
+      g_moe_rounds = std::clamp(std::atoi(argv[arg] + rounds.size()), 1, 15);
       ++arg;
     }
     take_variant_prefixes(argc, argv, arg);

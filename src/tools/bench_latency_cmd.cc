@@ -114,10 +114,11 @@ const std::vector<CliOption> kCommandOptions = {
      "fp4 decode for two tiles' rows); several, comma-separated: compared as "
      "--bf16-experts-decode"},
     {"moe-wgmma-glue", true,
-     "gpt-oss's 16-token wgmma MoE tiles' routing, gather and combine (batched decode, sm_90): auto (default: the "
-     "routing and the gather in one launch, the combine in the next norm's kernel) or separate (the routing kernel, "
-     "the gather, the combine kernel and the norm: the form before 2026-11-29); several, comma-separated: compared "
-     "as --bf16-experts-decode"},
+     "gpt-oss's 16-token wgmma MoE tiles' routing, gather and combine (batched decode, sm_90): auto (default), "
+     "combine-kernel (the routing and the gather in one launch, then the combine kernel and the norm), "
+     "combine-in-norm (the same with the combine in the next norm's kernel) or separate (the routing kernel, the "
+     "gather, the combine kernel and the norm: the form before 2026-11-29); several, comma-separated: compared as "
+     "--bf16-experts-decode"},
     {"qkv-rope-form", true,
      "gpt-oss's qkv_rope on CUDA: auto (default: the many-token form from 1024 tokens), decode (the per-(token, head "
      "group) CTAs at every size: the form before 2026-11-28) or stream (the many-token form at every size); "
@@ -146,7 +147,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
       {"moe-decode-combine", {"auto", "gemm"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
-      {"moe-wgmma-glue", {"auto", "separate"}},
+      {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"qkv-rope-form", {"auto", "decode", "stream"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
   };
@@ -202,7 +203,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
   if (flag == "moe-decode-combine" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
     if (flag == "moe-decode-combine") moe.decode_combine_in_norm = value == "auto";
-    else if (flag == "moe-wgmma-glue") moe.wgmma_glue = value == "separate" ? -1 : 0;
+    else if (flag == "moe-wgmma-glue")
+      moe.wgmma_glue = value == "separate" ? -1 : value == "combine-kernel" ? 1 : value == "combine-in-norm" ? 2 : 0;
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
     return set_cuda_moe_options(backend, moe);
   }

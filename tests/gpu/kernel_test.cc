@@ -998,15 +998,23 @@ TEST_F(KernelTest, MoeDecodeIndependentOfBatch) {
 // CPU twin.
 // 20b's layer at one token; 32 experts at 8 tokens (32 slots) with a narrow intermediate (the CPU twin's time);
 // 9 tokens at top-4 (36 slots): past the self-routed decode, the two ops. 8 tokens per expert (120b's 128 experts at
-// 256 tokens, 20b's 32 at 64 and 67): the 16-token wgmma tiles, whose rows the norm's kernel sums by slot_pos.
+// 256 tokens, 20b's 32 at 64 and 67): the 16-token wgmma tiles, whose rows the norm's kernel sums by slot_pos
+// (CudaMoeOptions::wgmma_glue 2), or the combine kernel and the norm (1).
 TEST_F(KernelTest, MoeExpertsAddRmsNorm) {
-  for (const auto& [c, f32_residual] :
-       {std::pair<MoeCase, bool>{MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, true},
-        {MoeCase{32, 2880, 192, 4, 8, Routing::kHot}, true}, {MoeCase{32, 320, 256, 4, 3, Routing::kUniform}, false},
-        {MoeCase{8, 256, 4160, 2, 3, Routing::kUniform}, true}, {MoeCase{8, 320, 192, 4, 8, Routing::kSame}, false},
-        {MoeCase{32, 320, 192, 4, 9, Routing::kUniform}, true},
-        {MoeCase{128, 256, 192, 4, 256, Routing::kUniform}, true}, {MoeCase{32, 2880, 192, 4, 64, Routing::kHot}, true},
-        {MoeCase{32, 320, 192, 4, 67, Routing::kUniform}, false}}) {
+  for (const auto& [c, f32_residual, glue] :
+       {std::tuple<MoeCase, bool, int>{MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, true, 0},
+        {MoeCase{32, 2880, 192, 4, 8, Routing::kHot}, true, 0},
+        {MoeCase{32, 320, 256, 4, 3, Routing::kUniform}, false, 0},
+        {MoeCase{8, 256, 4160, 2, 3, Routing::kUniform}, true, 0}, {MoeCase{8, 320, 192, 4, 8, Routing::kSame}, false, 0},
+        {MoeCase{32, 320, 192, 4, 9, Routing::kUniform}, true, 0},
+        {MoeCase{128, 256, 192, 4, 256, Routing::kUniform}, true, 2},
+        {MoeCase{32, 2880, 192, 4, 64, Routing::kHot}, true, 2},
+        {MoeCase{32, 320, 192, 4, 67, Routing::kUniform}, false, 2},
+        {MoeCase{128, 256, 192, 4, 256, Routing::kUniform}, true, 1},
+        {MoeCase{32, 320, 192, 4, 67, Routing::kUniform}, false, 1}}) {
+    CudaMoeOptions o;
+    o.wgmma_glue = glue;
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
     MoeInputs in;
     make_moe_inputs(cpu_, cuda_, rng_, c, &in);
     const int64_t T = c.T, H = c.H;
@@ -1035,7 +1043,8 @@ TEST_F(KernelTest, MoeExpertsAddRmsNorm) {
     ASSERT_TRUE(cuda_backend().add_rms_norm(res_p, moe_p, nw_g, 1e-5f, out_p).is_ok());
     const std::string what = std::to_string(c.E) + " experts " + shape_str({H, c.I}) + " top-" + std::to_string(c.k) +
                              ", " + std::to_string(T) + " tokens, " + routing_name(c.routing) +
-                             (f32_residual ? ", f32 residual" : ", bf16 residual");
+                             (f32_residual ? ", f32 residual" : ", bf16 residual") +
+                             (glue != 0 ? ", wgmma glue " + std::to_string(glue) : "");
     for (const auto& [name, a, b] : {std::tuple<const char*, TensorView, TensorView>{"residual", res_f, res_p},
                                      {"normed", out_f, out_p}}) {
       const bool equal = cuda_.download_bytes(a) == cuda_.download_bytes(b);
@@ -1047,6 +1056,7 @@ TEST_F(KernelTest, MoeExpertsAddRmsNorm) {
           f32_residual ? 5e-3 : 1e-2);
     check("moe_experts_add_rms_norm normed", what, cuda_.download_f32(out_f), cpu_.download_f32(out_c), 2e-2);
   }
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
 }
 
 TEST_F(KernelTest, MoeExpertsPrefill) {
@@ -1211,8 +1221,8 @@ TEST_F(KernelTest, MoeWgmmaNarrowGraphReplay) {
   check_moe_graph_replay(cuda_, rng_, c, whole, "grouped, 16-token tiles, PDL, bulk form 1, whole tiles' rows");
 }
 
-// The tiled wgmma path's routing and gather in one launch of many CTAs (CudaMoeOptions::wgmma_glue 0, the default)
-// give the bits of the routing kernel and the gather kernel (-1): 120b's 128 experts (a CTA's slots among four
+// The tiled wgmma path's routing and gather in one launch of many CTAs (CudaMoeOptions::wgmma_glue 1 and 2) give the
+// bits of the routing kernel and the gather kernel (-1): 120b's 128 experts (a CTA's slots among four
 // experts a lane's scan) uniform, hot and all on the same experts, the 20b shape, odd token counts, 4,096 slots
 // (the most the one launch takes), top-1 and top-8, the 32-token tiles on the copy engine; eager and replayed.
 TEST_F(KernelTest, MoeWgmmaRouteGather) {
@@ -1243,7 +1253,7 @@ TEST_F(KernelTest, MoeWgmmaRouteGather) {
     o.wgmma_glue = -1;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
     ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, up, two, c.k, 7.0f, 1.702f}).is_ok());
-    o.wgmma_glue = 0;
+    o.wgmma_glue = 1;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
     const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, up, one, c.k, 7.0f, 1.702f});
     ASSERT_TRUE(st.is_ok()) << st.to_string();

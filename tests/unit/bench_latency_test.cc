@@ -77,7 +77,7 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_NE(pairs.stderr_text.find("CUDA"), std::string::npos) << pairs.stderr_text;
   const auto glue = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-glue auto,fused");
   EXPECT_EQ(glue.exit_code, 1);
-  EXPECT_NE(glue.stderr_text.find("--moe-wgmma-glue must be auto or separate"), std::string::npos);
+  EXPECT_NE(glue.stderr_text.find("--moe-wgmma-glue must be auto, separate, combine-kernel or combine-in-norm"), std::string::npos);
   const auto two = test::run_mxserve(
       "bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto");
   EXPECT_EQ(two.exit_code, 1);

@@ -972,6 +972,8 @@ class CudaBackend final : public Backend {
                               stream());
   }
 
+  // CudaMoeOptions::wgmma_glue with its default resolved: 1, 2 or -1.
+  int moe_wgmma_glue() const { return options_.moe.wgmma_glue != 0 ? options_.moe.wgmma_glue : kMoeWgmmaGlue; }
   // CudaMoeOptions::wgmma_bulk with its default resolved: 1 to 3 (the copy engine's forms) or -1 (cp.async).
   int moe_wgmma_bulk_form() const {
     return options_.moe.wgmma_bulk != 0 ? options_.moe.wgmma_bulk : kMoeWgmmaBulk ? (kMoeWgmmaBulkPairs ? 3 : 1) : -1;
@@ -1009,13 +1011,14 @@ class CudaBackend final : public Backend {
       m.top_k = static_cast<int>(p.top_k);
       return launch_moe_combine_add_rms_norm(add_rms_norm_params(residual, p.out, weight, eps, out), m, stream());
     }
-    if (w.layout == ExpertLayout::kMxfp4SwapAb && all_experts && slots > 0 && options_.moe.wgmma_glue == 0 &&
+    if (w.layout == ExpertLayout::kMxfp4SwapAb && all_experts && slots > 0 && moe_wgmma_glue() == 2 &&
         !moe_takes_decode_gemms(slots, w.num_experts)) {
       const int64_t E = w.num_experts;
       const MoeWgmmaConfig cw = moe_wgmma_config(slots, E);
       const CudaMoePath path = options_.moe.path;
-      const bool wgmma = cw.enabled && path != CudaMoePath::kGroupedMmaSync &&
-                         (path == CudaMoePath::kGrouped || (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, true)));
+      const bool wgmma =
+          cw.enabled && path != CudaMoePath::kGroupedMmaSync &&
+          (path == CudaMoePath::kGrouped || (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, true)));
       if (wgmma && moe_wgmma_tiled(cw)) {
         expect(p.x, DType::kBF16, "moe x");
         MX_RETURN_IF_ERROR(moe_experts_wgmma(p, cw, /*leave_rows=*/true));
@@ -1082,7 +1085,7 @@ class CudaBackend final : public Backend {
     const MoeRouting r = routing_scratch(E, slots, max_tiles);
     const MoeRoutingParams rp{ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles};
     uint16_t* x_in = ptr_of<uint16_t>(scratch_.moe_y);  // free until the second GEMM writes y
-    if (tiled && options_.moe.wgmma_glue == 0 && moe_route_gather_fits(slots, E)) {
+    if (tiled && moe_wgmma_glue() >= 1 && moe_route_gather_fits(slots, E)) {
       MX_RETURN_IF_ERROR(launch_moe_route_gather_tiled(rp, ptr<const uint16_t>(p.x), x_in, H, k, stream()));
     } else {
       MX_RETURN_IF_ERROR(launch_moe_routing(rp, stream()));

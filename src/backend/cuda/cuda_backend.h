@@ -39,10 +39,10 @@ struct CudaMoeOptions {
   // moe_experts_add_rms_norm at <= 32 routed slots: the experts' rows summed in the norm's kernel (true), or the
   // second decode GEMM's own combine and then add_rms_norm (false: the two ops, the before of that join).
   bool decode_combine_in_norm = true;
-  // The tiled wgmma path (16- and 32-token tiles on the copy engine): 0 = the routing and the tiled gather in one
-  // launch (launch_moe_route_gather_tiled, where moe_route_gather_fits) and, in moe_experts_add_rms_norm, the
-  // experts' rows summed in the norm's kernel; -1 = the routing kernel, the gather, the combine kernel and
-  // add_rms_norm (the before of those joins, for benchmarks).
+  // The tiled wgmma path (16- and 32-token tiles on the copy engine): 1 = the routing and the tiled gather in one
+  // launch (launch_moe_route_gather_tiled, where moe_route_gather_fits), then the combine kernel and add_rms_norm;
+  // 2 = the same with the combine in the next add_rms_norm's kernel (moe_experts_add_rms_norm); -1 = the routing
+  // kernel, the gather, the combine kernel and add_rms_norm (the before, for benchmarks); 0 = kMoeWgmmaGlue's choice.
   int wgmma_glue = 0;
   // Benchmarks only (the tiled wgmma path; the output is then garbage): 1 = just the routing and the tiled gather,
   // 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.

@@ -168,6 +168,8 @@ __global__ void moe_gemm_kernel(MoeGemmParams p) {
 // 7.4 us for 256 tokens x 4 on an H200, 1.9 warps per scheduler (ncu, session 14). Sums in router order.
 template <int kMaxTopK>
 __global__ void moe_combine_kernel(MoeCombineParams p) {
+  pdl_wait();  // launched as a programmatic dependent: y comes from the second GEMM
+  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const int64_t t = blockIdx.x;
   const int k = static_cast<int>(p.top_k);
   int64_t pos[kMaxTopK];
@@ -226,12 +228,10 @@ Status launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return Status::ok();
   // A thread per 16-byte chunk of a row, whole warps, at most 512 (wider rows loop).
   const unsigned threads = static_cast<unsigned>(std::clamp<int64_t>((p.hidden / 8 + 31) / 32 * 32, 32, 512));
-  if (p.top_k <= 4) {
-    moe_combine_kernel<4><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(p);
-  } else {
-    moe_combine_kernel<8><<<static_cast<unsigned>(p.tokens), threads, 0, stream>>>(p);
-  }
-  return launch_status("moe_combine_kernel");
+  // A programmatic dependent: its CTAs take the SMs as the GEMM's last ones leave, and wait there for its end.
+  return cuda_status(launch_pdl(p.top_k <= 4 ? moe_combine_kernel<4> : moe_combine_kernel<8>,
+                                dim3(static_cast<unsigned>(p.tokens)), dim3(threads), 0, stream, p),
+                     "moe_combine_kernel");
 }
 
 }  // namespace mx::cuda
