@@ -41,8 +41,9 @@ Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t*
 // moe_route_gather_fits (every CTA counts all the step's ids: at most 4,096 slots, 256 experts).
 // The tiled path's glue by default (CudaMoeOptions::wgmma_glue 0): 1 = the routing and the gather in one launch, the
 // combine kernel, add_rms_norm; 2 = the combine in the norm's kernel too. H200, session 19 (docs/PERF.md), 120b's
-// 256 tokens, the glue alone (GEMMs skipped): routing + gather 11.3 -> 5.0 us; with the combine and the norm 16.6 ->
-// 13.3 us (the combine in the norm) or TBD (the combine kernel).
+// 256 tokens, one process, 5 rounds: the glue alone (GEMMs skipped) routing + gather 11.7 -> 5.3 us, with the combine
+// and the norm 16.1 -> 14.7 (1) or 14.0 (2); the layer and the norm 558.6 -> 555.3 (1) or 550.1 (2) at a uniform
+// routing, 605.1 -> 597.2 or 592.8 at skew 1.
 inline constexpr int kMoeWgmmaGlue = 2;
 bool moe_route_gather_fits(int64_t slots, int64_t experts);
 Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,

@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) 
 
 // Row t: the token's k rows of y summed in router order (fp32, rounded to bf16) as the delta of rms_norm_row. Every
 // chunk's k rows are requested before any is summed (as moe_combine_kernel does), and the sums are handed to
-// rms_norm_row in its chunk order: a delta loaded inside its loop, k loads a chunk between the residual's load
-// and store, took 8.4 us for 256 tokens x 4 where the combine kernel and add_rms_norm took 4.8 (H200, session 19).
+// rms_norm_row in its chunk order (no longer k loads a chunk between the residual's load and store; on an H200 the
+// glue chain's time did not move, session 19: docs/PERF.md).
 template <typename Res, int kMaxTopK>
 __global__ void __launch_bounds__(kRowThreads) moe_combine_rms_norm_kernel(RmsNormParams p, MoeCombineNormParams m) {
   __shared__ float scratch[kRowThreads / 32];
