@@ -75,7 +75,7 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_EQ(pairs.exit_code, 1);
   EXPECT_EQ(pairs.stderr_text.find("must be"), std::string::npos) << pairs.stderr_text;
   EXPECT_NE(pairs.stderr_text.find("CUDA"), std::string::npos) << pairs.stderr_text;
-  const auto glue = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-glue auto,fused");
+  const auto glue = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-glue fused,auto");
   EXPECT_EQ(glue.exit_code, 1);
   EXPECT_NE(glue.stderr_text.find("--moe-wgmma-glue must be auto, separate, combine-kernel or combine-in-norm"), std::string::npos);
   const auto two = test::run_mxserve(
