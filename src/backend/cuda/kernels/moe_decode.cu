@@ -46,6 +46,15 @@ __device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) {
 // Weight tiles in flight per warp.
 constexpr int kDepth = 4;
 
+// a / b for 0 <= a < 2^20 and 1 <= b <= 64, without the ~25 instructions of a 32-bit integer division (three
+// of them sat between a warp's routing and its first weight loads): (a + 1/2) / b is at least 1/(2b) away from
+// an integer, and the approximate reciprocal's product is within a * 2^-21 / b of it.
+__device__ __forceinline__ int small_div(int a, int b) {
+  float rcp;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(rcp) : "f"(static_cast<float>(b)));
+  return __float2int_rz((static_cast<float>(a) + 0.5f) * rcp);
+}
+
 // One warp's k loop on the register ring: its n tiles (weights of tile j at wq + 512 j, the lane's two scale
 // bytes at sq + 32 j and + 8, activations at xq + 8 j), `stage()` called once the first weights are
 // requested (before the second GEMM's PDL wait).
@@ -136,13 +145,13 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
                                   : route_from_metadata(g.r, tile);
   if (tile >= rt.tiles) return;
 
-  // Warp and token indices divide in 32 bits (a 64-bit division is ~20 more instructions per warp).
+  // Warp and token indices divide by a reciprocal (small_div: k_split <= 16, top_k <= 32).
   const int64_t strip = blockIdx.x, strips = g.rows / 16;
   const int n_k = static_cast<int>(g.k / 64);
-  const int t_begin = warp * n_k / k_split, t_end = (warp + 1) * n_k / k_split;
+  const int t_begin = small_div(warp * n_k, k_split), t_end = small_div((warp + 1) * n_k, k_split);
   const int64_t first = (rt.expert * strips + strip) * n_k + t_begin;
   const bool has_token = r < rt.rows;
-  const int64_t in_row = !has_token ? 0 : kGated ? rt.row_slot / static_cast<int>(g.top_k) : rt.start + r;
+  const int64_t in_row = !has_token ? 0 : kGated ? small_div(rt.row_slot, static_cast<int>(g.top_k)) : rt.start + r;
   // Tile j of this warp's k range: weights at w0 + 512 j (this lane's 16 bytes), its 32 scale bytes at s0 +
   // 32 j, the lane's activations at xq + 8 j.
   const uint8_t* w0 = g.blocks + first * 512 + lane * 16;
@@ -191,6 +200,8 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, c
     return internal_error("MoE fused GEMM: self-routing takes at most 32 routed tokens");
   if (p.tickets != nullptr && (p.topk_ids == nullptr || g.gated || p.combined == nullptr))
     return internal_error("MoE fused GEMM: the combine is fused into the self-routed second GEMM only");
+  if (g.k / 64 * c.k_split >= (1 << 20) || g.top_k < 1 || g.top_k > 64 || p.slots >= (1 << 20))
+    return unimplemented("MoE fused GEMM: k, top_k or the routed slots past small_div's range");
   if (reinterpret_cast<uintptr_t>(g.bias) % 4 != 0)
     return invalid_argument("MoE fused GEMM: the biases must be 4-byte aligned (copied in bf16 pairs)");
   if (p.slots == 0) return Status::ok();
