@@ -602,6 +602,9 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
                              .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64, .q_norm = {},
                              .k_norm = {}, .prefetch = {}};
     const double rope_us = time_graph(16, [&](int) { return g_b->qkv_rope(rope, a.batch); });
+    QkvRopeParams kv_rope = rope;
+    kv_rope.q_out = {};  // K and V alone: the attention rotates Q
+    const double kv_rope_us = time_graph(16, [&](int) { return g_b->qkv_rope(kv_rope, a.batch); });
     for (int64_t window : {0, 128}) {
       double keys = 0;
       for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
@@ -631,6 +634,21 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
         report("prefill attention " + std::to_string(T / 1024) + "K " + (window ? "window 128 " : "causal ") +
                    "auto behind qkv_rope",
                pair_us - rope_us, bytes, flops, note);
+        // RoPE for Q in the attention (q the q|k|v projection; qkv_rope writes K and V alone): alone, and
+        // behind the K/V-only qkv_rope (its row: the pair less that qkv_rope alone).
+        AttentionParams pr{rope.qkv, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, window, 0.125f, inv_freq, 1.0f};
+        const double rq_us = time_graph(n, [&](int) { return g_b->attention(pr, a.batch); });
+        report("prefill attention " + std::to_string(T / 1024) + "K " + (window ? "window 128 " : "causal ") +
+                   "auto rope-q",
+               rq_us, bytes, flops);
+        const double kv_pair_us = time_graph(n, [&](int) -> Status {
+          MX_RETURN_IF_ERROR(g_b->qkv_rope(kv_rope, a.batch));
+          return g_b->attention(pr, a.batch);
+        });
+        std::snprintf(note, sizeof note, "pair %.2f us, kv-only qkv_rope alone %.2f us", kv_pair_us, kv_rope_us);
+        report("prefill attention " + std::to_string(T / 1024) + "K " + (window ? "window 128 " : "causal ") +
+                   "auto rope-q behind kv-only qkv_rope",
+               kv_pair_us - kv_rope_us, bytes, flops, note);
       }
     }
   }
@@ -668,10 +686,26 @@ void bench_qkv_rope(const std::vector<int64_t>& lengths) {
           AttentionParams p{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, 128, 0.125f};
           return g_b->attention(p, a.batch);
         });
-        char note[64];
+        char note[128];
         std::snprintf(note, sizeof note, "pair %.2f us, qkv_rope alone %.2f us", pair_us, us);
         report("window 128 behind qkv_rope " + label, pair_us - us, 2.0 * T * 64 * 64 * 2 + 2.0 * T * 8 * 64 * 2, 0,
                note);
+        if (&f != &forms[std::size(forms) - 1]) continue;
+        // The default form writing K and V alone, the window attention rotating Q in its Q load: the pair
+        // against the pair above (bytes: qkv's K and V read, K and V written).
+        QkvRopeParams kv_rope = rope;
+        kv_rope.q_out = {};
+        const double kv_us = time_graph(n, [&](int) { return g_b->qkv_rope(kv_rope, a.batch); });
+        report("qkv_rope " + std::to_string(T) + " kv-only r" + std::to_string(round), kv_us, 4.0 * T * 8 * 64 * 2, 0);
+        AttentionParams pr{rope.qkv, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, 128, 0.125f, inv_freq, 1.0f};
+        const double kv_pair_us = time_graph(n, [&](int) -> Status {
+          MX_RETURN_IF_ERROR(g_b->qkv_rope(kv_rope, a.batch));
+          return g_b->attention(pr, a.batch);
+        });
+        std::snprintf(note, sizeof note, "pair %.2f us (two-op pair %.2f), kv-only qkv_rope alone %.2f us", kv_pair_us,
+                      pair_us, kv_us);
+        report("window 128 rope-q behind kv-only qkv_rope " + std::to_string(T) + " r" + std::to_string(round),
+               kv_pair_us - kv_us, 2.0 * T * 64 * 64 * 2 + 2.0 * T * 8 * 64 * 2, 0, note);
       }
   }
   CHECK_OK(set_cuda_rope_options(*g_b, {}));

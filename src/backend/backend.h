@@ -60,7 +60,8 @@ struct KvLayerView {
 
 struct QkvRopeParams {
   TensorView qkv;        // [T, (n_q + 2 n_kv) * head_dim] output of the fused q|k|v projection
-  TensorView q_out;      // [T, n_q * head_dim] queries after RoPE
+  TensorView q_out;      // [T, n_q * head_dim] queries after RoPE; empty: RoPE for Q is left to the attention
+                         // (AttentionParams::q_inv_freq), only K and V are written
   KvLayerView kv;        // keys (after RoPE) and values are written at each token's position
   TensorView inv_freq;   // f32 [head_dim / 2] YaRN-adjusted inverse frequencies
   float rope_scale = 1;  // YaRN concentration: multiplies cos and sin (so q.k carries its square)
@@ -76,7 +77,7 @@ struct QkvRopeParams {
 };
 
 struct AttentionParams {
-  TensorView q;          // [T, n_q * head_dim] after RoPE
+  TensorView q;          // [T, n_q * head_dim] after RoPE (or, with q_inv_freq, the q|k|v projection)
   KvLayerView kv;
   TensorView sinks;      // bf16 [n_q]: one extra logit per head in the softmax denominator, no value; empty =
                          // no sinks (Gemma-4)
@@ -84,6 +85,12 @@ struct AttentionParams {
   int64_t n_q = 0, n_kv = 0, head_dim = 0;
   int64_t window = 0;    // keys visible to a query, itself included; 0 = all earlier keys
   float softmax_scale = 1;
+  // RoPE for Q in the attention (after a qkv_rope with q_out empty): q is the q|k|v projection
+  // [T, (n_q + 2 n_kv) head_dim] and its first n_q heads are rotated as qkv_rope would (q_inv_freq f32
+  // [head_dim / 2], q_rope_scale). CUDA's window kernel rotates Q as it loads it (no Q written and read back);
+  // other kernels get it rotated into scratch first. Empty: q holds the rotated queries.
+  TensorView q_inv_freq{};
+  float q_rope_scale = 1;
 };
 
 struct RouterParams {

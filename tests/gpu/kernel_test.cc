@@ -246,6 +246,82 @@ void run_attention(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c
   EXPECT_EQ(cuda.download_bytes(o_r), cuda.download_bytes(o_g)) << c.name << label << ": graph replay != eager";
 }
 
+// RoPE for Q in the attention (AttentionParams::q_inv_freq after a qkv_rope with q_out empty) against the CPU's
+// two ops (qkv_rope writing Q, then the attention) and against the GPU's own two ops: the attention reads the
+// q|k|v projection and rotates Q as it loads it (the window kernel) or into scratch first (every other kernel),
+// with the same bits as qkv_rope's Q, so the output and the K/V the K/V-only qkv_rope wrote are bit-equal to
+// the two-op path. `replay`: the pair captured in a graph and replayed equals eager.
+void run_attention_rope_q(Arena& cpu, Arena& cuda, std::mt19937& rng, const AttnCase& c, const std::string& label,
+                          bool replay = false) {
+  PagedSetup s = make_paged(rng, c.spans, c.page_size);
+  const int64_t T = s.total, S = static_cast<int64_t>(c.spans.size()), width = (c.n_q + 2 * c.n_kv) * c.hd;
+  const BatchLimits lim{T, S, s.max_pages, T};
+  auto st_c = BatchStaging::create(cpu.backend(), lim);
+  auto st_g = BatchStaging::create(cuda.backend(), lim);
+  ASSERT_TRUE(st_c.is_ok() && st_g.is_ok());
+  auto batch_c = st_c->stage(s.seqs);
+  auto batch_g = st_g->stage(s.seqs);
+  ASSERT_TRUE(batch_c.is_ok() && batch_g.is_ok());
+  const Shape cache_shape{s.num_pages, c.page_size, c.n_kv, c.hd};
+  Bf16Data k = quick_random_bf16(rng, cache_shape.numel(), 1.0f), v = quick_random_bf16(rng, cache_shape.numel(), 1.0f);
+  Bf16Data qkv = random_bf16(rng, T * width, 1.0f), sinks = random_bf16(rng, c.n_q, 1.0f);
+  // Two GPU caches (the fused path's and the two-op path's) from the same bits.
+  Pair pk = upload_activation(cpu, cuda, k, cache_shape), pv = upload_activation(cpu, cuda, v, cache_shape);
+  Pair pk2 = upload_activation(cpu, cuda, k, cache_shape), pv2 = upload_activation(cpu, cuda, v, cache_shape);
+  Pair pqkv = upload_activation(cpu, cuda, qkv, {T, width});
+  std::vector<float> freq(static_cast<size_t>(c.hd / 2));
+  for (size_t i = 0; i < freq.size(); ++i) freq[i] = std::pow(150000.0f, -2.0f * static_cast<float>(i) / c.hd);
+  TensorView f_c = cpu.upload(DType::kF32, {c.hd / 2}, freq.data()), f_g = cuda.upload(DType::kF32, {c.hd / 2}, freq.data());
+  const float rope_scale = 1.25f;
+  TensorView sk_c, sk_g;
+  if (c.sinks) {
+    sk_c = cpu.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+    sk_g = cuda.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+  }
+  const float scale = c.scale > 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.hd));
+  // CPU: the two ops.
+  TensorView q_c = cpu.make(DType::kF32, {T, c.n_q * c.hd}), o_c = cpu.make(DType::kF32, {T, c.n_q * c.hd});
+  QkvRopeParams r_c{pqkv.cpu, q_c, {pk.cpu, pv.cpu, c.page_size}, f_c, rope_scale, c.n_q, c.n_kv, c.hd, {}, {}, 0, {}};
+  ASSERT_TRUE(cpu.backend().qkv_rope(r_c, *batch_c).is_ok());
+  AttentionParams a_c{q_c, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
+  ASSERT_TRUE(cpu.backend().attention(a_c, *batch_c).is_ok());
+  // The CPU's own fused form (its twin) gives the same.
+  TensorView o_c2 = cpu.make(DType::kF32, {T, c.n_q * c.hd});
+  AttentionParams a_c2{pqkv.cpu, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c2, c.n_q, c.n_kv, c.hd, c.window, scale, f_c,
+                       rope_scale};
+  ASSERT_TRUE(cpu.backend().attention(a_c2, *batch_c).is_ok());
+  check("attention rope q (cpu twin)" + label, c.name, cpu.download_f32(o_c2), cpu.download_f32(o_c), 1e-6);
+  // GPU: qkv_rope for K and V alone, the attention rotating Q.
+  TensorView o_g = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
+  QkvRopeParams r_g{pqkv.cuda, {}, {pk.cuda, pv.cuda, c.page_size}, f_g, rope_scale, c.n_q, c.n_kv, c.hd, {}, {}, 0, {}};
+  AttentionParams a_g{pqkv.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale, f_g,
+                      rope_scale};
+  ASSERT_TRUE(cuda.backend().qkv_rope(r_g, *batch_g).is_ok());
+  const Status st = cuda.backend().attention(a_g, *batch_g);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  check("attention rope q" + label, c.name, cuda.download_f32(o_g), cpu.download_f32(o_c), 1e-2);
+  // GPU: the two ops.
+  TensorView q_g2 = cuda.make(DType::kBF16, {T, c.n_q * c.hd}), o_g2 = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
+  QkvRopeParams r_g2{pqkv.cuda, q_g2, {pk2.cuda, pv2.cuda, c.page_size}, f_g, rope_scale, c.n_q, c.n_kv, c.hd, {}, {}, 0, {}};
+  AttentionParams a_g2{q_g2, {pk2.cuda, pv2.cuda, c.page_size}, sk_g, o_g2, c.n_q, c.n_kv, c.hd, c.window, scale};
+  ASSERT_TRUE(cuda.backend().qkv_rope(r_g2, *batch_g).is_ok());
+  ASSERT_TRUE(cuda.backend().attention(a_g2, *batch_g).is_ok());
+  EXPECT_EQ(cuda.download_bytes(o_g), cuda.download_bytes(o_g2)) << c.name << label << ": rope in the Q load != two ops";
+  EXPECT_EQ(cuda.download_bytes(pk.cuda), cuda.download_bytes(pk2.cuda)) << c.name << label << ": K (K/V-only qkv_rope)";
+  EXPECT_EQ(cuda.download_bytes(pv.cuda), cuda.download_bytes(pv2.cuda)) << c.name << label << ": V (K/V-only qkv_rope)";
+  if (!replay) return;
+  TensorView o_r = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
+  AttentionParams a_r = a_g;
+  a_r.out = o_r;
+  auto graph = cuda.backend().capture([&]() -> Status {
+    MX_RETURN_IF_ERROR(cuda.backend().qkv_rope(r_g, *batch_g));
+    return cuda.backend().attention(a_r, *batch_g);
+  });
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE((*graph)->replay().is_ok());
+  EXPECT_EQ(cuda.download_bytes(o_r), cuda.download_bytes(o_g)) << c.name << label << ": graph replay != eager";
+}
+
 TEST_F(KernelTest, AttentionPrefill) {
   const std::vector<AttnCase> cases = {
       {"gpt-oss hd64 g8 full, 3 seqs, P16", 16, 2, 64, 0, 16, {{0, 37}, {0, 64}, {0, 5}}},
@@ -323,6 +399,42 @@ TEST_F(KernelTest, AttentionPrefillWgmma) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWindow}).is_ok());
   for (const auto& c : window_cases)
     run_attention(cpu_, cuda_, rng_, c, " (wgmma-window)", /*replay=*/&c == &window_cases[0]);
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
+// RoPE for Q in the attention's Q load (the window kernel; every other kernel through scratch): odd token counts
+// (1, 7, 129, 4097), chunks after cached prefixes across window and tile edges, several sequences in one CTA,
+// group sizes that pack differently (g3: a block's last rows hold no token), with and without sinks; the
+// kernels by kAuto (window layers: the window kernel; full layers and decode rows: scratch), the window kernel
+// forced, and mma.sync.
+TEST_F(KernelTest, AttentionPrefillWgmmaRopeQ) {
+  const std::vector<AttnCase> cases = {
+      {"gpt-oss g8 window 128, 129 tok", 64, 8, 64, 128, 16, {{0, 129}}},
+      {"gpt-oss g8 window 128, 1 tok", 64, 8, 64, 128, 16, {{0, 1}}},
+      {"g8 window 128, 7 tok", 16, 2, 64, 128, 16, {{0, 7}}},
+      {"g8 window 128, 4097 tok, P32", 16, 2, 64, 128, 32, {{0, 4097}}},
+      {"g8 window 128, chunk 300 after 1000 cached", 16, 2, 64, 128, 16, {{1000, 300}}},
+      {"g8 window 128, 3 chunks after 900 / 0 / 61 cached", 16, 2, 64, 128, 16, {{900, 333}, {0, 40}, {61, 200}}},
+      {"g8 window 128, 5 seqs in one CTA, odd page 5", 16, 2, 64, 128, 5, {{130, 3}, {0, 4}, {200, 2}, {1, 5}, {0, 2}}},
+      {"g4 window 100, 700 tok + 9 decode rows", 8, 2, 64, 100, 16, {{0, 700}, {40, 1}, {300, 8}}},
+      {"g16 window 128, no sinks", 32, 2, 64, 128, 16, {{0, 300}}, false},
+      {"g3 (odd group) window 128", 6, 2, 64, 128, 16, {{0, 150}, {20, 77}}},
+      {"g1 (MHA) window 128", 4, 4, 64, 128, 16, {{0, 333}}},
+      {"gpt-oss g8 full, 129 tok", 64, 8, 64, 0, 16, {{0, 129}}},
+      {"g8 full, chunk 77 after 700 cached + new seq of 50, P32", 16, 2, 64, 0, 32, {{700, 77}, {0, 50}}},
+  };
+  for (const auto& c : cases) run_attention_rope_q(cpu_, cuda_, rng_, c, " (auto)", /*replay=*/&c == &cases[0]);
+  auto placement = cuda_placement(cuda_backend());
+  ASSERT_TRUE(placement.is_ok());
+  auto dev = cuda::query_device_info(placement->device);
+  ASSERT_TRUE(dev.is_ok());
+  if (cuda::choose_attention_window_wgmma_config(*dev, 64).enabled) {
+    ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWindow}).is_ok());
+    for (const auto& c : cases)
+      if (c.window > 0 && c.spans.size() < 3) run_attention_rope_q(cpu_, cuda_, rng_, c, " (wgmma-window)");
+  }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kMmaSync}).is_ok());
+  for (size_t i : {0, 4, 12}) run_attention_rope_q(cpu_, cuda_, rng_, cases[i], " (mma.sync)");
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 

@@ -55,6 +55,20 @@ int64_t cache_offset(const KvLayerView& kv, const BatchView& batch, int64_t seq,
 
 float silu_alpha(float gate, float alpha) { return gate / (1.0f + std::exp(-alpha * gate)); }
 
+// One head of x rotated by RoPE at `pos` (NeoX halves): the fp32 angle pos * inv_freq[i], cos and sin rounded once
+// from double, times `scale` (the YaRN concentration): the attention's Q rotation, qkv_rope's expressions.
+void rope_rotate(const float* x, int32_t pos, const float* inv_freq, float scale, int64_t hd, float* y) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
+    const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
+    const float a = x[i], b = x[i + half];
+    y[i] = a * c - b * s;
+    y[i + half] = b * c + a * s;
+  }
+}
+
 }  // namespace
 
 float load_f32(const TensorView& t, int64_t i) {
@@ -203,7 +217,8 @@ void qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
       sin_t[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * p.rope_scale;
     }
     const float* row = p.qkv.ptr<const float>() + t * width;
-    for (int64_t h = 0; h < p.n_q; ++h) rotate(row + h * hd, p.q_out.ptr<float>() + (t * p.n_q + h) * hd);
+    if (!p.q_out.empty())  // else the attention rotates Q (AttentionParams::q_inv_freq)
+      for (int64_t h = 0; h < p.n_q; ++h) rotate(row + h * hd, p.q_out.ptr<float>() + (t * p.n_q + h) * hd);
     const int64_t off = cache_offset(p.kv, batch, seq, pos, p.n_kv, hd);
     for (int64_t h = 0; h < p.n_kv; ++h) {
       rotate(row + (p.n_q + h) * hd, p.kv.k.ptr<float>() + off + h * hd);
@@ -214,15 +229,22 @@ void qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
 
 void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batch) {
   const int64_t hd = p.head_dim, group = p.n_q / p.n_kv;
+  // With q_inv_freq, q is the q|k|v projection: each (token, head) row is rotated here as qkv_rope does.
+  const bool rope = !p.q_inv_freq.empty();
+  const int64_t q_stride = rope ? (p.n_q + 2 * p.n_kv) * hd : p.n_q * hd;
   pool.parallel_for(batch.num_tokens * p.n_q, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<float> acc(static_cast<size_t>(hd));
+    std::vector<float> acc(static_cast<size_t>(hd)), q_rot(rope ? static_cast<size_t>(hd) : 0);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / p.n_q, h = item % p.n_q, g = h / group;
       const int32_t pos = batch.positions.ptr<const int32_t>()[t];
       const int32_t seq = batch.token_seq.ptr<const int32_t>()[t];
       const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-      const float* q = p.q.ptr<const float>() + (t * p.n_q + h) * hd;
+      const float* q = p.q.ptr<const float>() + t * q_stride + h * hd;
+      if (rope) {
+        rope_rotate(q, pos, p.q_inv_freq.ptr<const float>(), p.q_rope_scale, hd, q_rot.data());
+        q = q_rot.data();
+      }
       const bool has_sink = !p.sinks.empty();
       const float sink = has_sink ? load_f32(p.sinks, h) : 0.0f;
       scores.resize(static_cast<size_t>(pos - first + 1));

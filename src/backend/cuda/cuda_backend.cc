@@ -107,6 +107,7 @@ struct Scratch {
   Buffer share_ids, share_weights;  // expert parallel: the slots' local expert ids and weights
   Buffer gemma_router_tickets;
   Buffer dense_fp8;                  // FP8 dense weights widened to bf16 for M > 16 (linear_fp8)
+  Buffer q_rope;                     // attention's Q rotated for kernels without RoPE in their Q load
   int64_t max_slots = 0, max_tiles = 0, experts = 0;
 };
 
@@ -469,7 +470,7 @@ class CudaBackend final : public Backend {
     }
     RopeParams r;
     r.qkv = ptr<const uint16_t>(p.qkv);
-    r.q_out = ptr<uint16_t>(p.q_out);
+    r.q_out = p.q_out.empty() ? nullptr : ptr<uint16_t>(p.q_out);  // null: K and V alone
     r.inv_freq = ptr<const float>(p.inv_freq);
     r.kv = paged(p.kv, batch);
     r.tokens = batch.num_tokens;
@@ -496,6 +497,13 @@ class CudaBackend final : public Backend {
     a.head_dim = p.head_dim;
     a.window = p.window;
     a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+    if (!p.q_inv_freq.empty()) {  // q is the q|k|v projection: RoPE in the Q load, or by plain_q
+      if (p.q.numel() != batch.num_tokens * (p.n_q + 2 * p.n_kv) * p.head_dim)
+        return invalid_argument("attention: with q_inv_freq, q must be the q|k|v projection");
+      a.q_stride = (p.n_q + 2 * p.n_kv) * p.head_dim;
+      a.q_inv_freq = ptr<const float>(p.q_inv_freq);
+      a.q_rope_scale = p.q_rope_scale;
+    }
     // One query per sequence (decode), or a few (verify rows of <= 7 drafts) unless a prefill kernel is
     // forced: the split-KV decode kernel, one CTA group per token, which keeps every SM busy at small
     // batches and long contexts where the prefill kernels' CTAs (a tile of tokens each, all keys) are few.
@@ -505,6 +513,7 @@ class CudaBackend final : public Backend {
                           (options_.attention.prefill == CudaAttentionPath::kAuto && batch.max_seq_tokens > 0 &&
                            batch.max_seq_tokens <= kDecodeAttentionMaxRows);
     if (few_rows) {
+      MX_RETURN_IF_ERROR(plain_q(a, p, batch));
       const int64_t capacity = a.kv.max_pages * a.kv.page_size;
       const int64_t max_keys = p.window > 0 ? std::min(p.window, capacity) : capacity;
       const int64_t group = p.n_q / p.n_kv, head_blocks = (group + 15) / 16;
@@ -546,7 +555,10 @@ class CudaBackend final : public Backend {
     CudaAttentionPath path = options_.attention.prefill;
     if (path == CudaAttentionPath::kWgmmaWide || (path == CudaAttentionPath::kAuto && p.head_dim >= 256)) {
       const AttentionWideWgmmaConfig cw = choose_attention_wide_wgmma_config(dev_, p.head_dim, a.kv.k == a.kv.v);
-      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) return launch_attention_prefill_wgmma_wide(a, cw, stream());
+      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) {
+        MX_RETURN_IF_ERROR(plain_q(a, p, batch));
+        return launch_attention_prefill_wgmma_wide(a, cw, stream());
+      }
       if (path == CudaAttentionPath::kWgmmaWide)
         return unimplemented("attention: the wide-head wgmma prefill kernel needs sm_90, head_dim 256 or 512 and at most " +
                              std::to_string(cw.rows_per_cta) + " q heads per kv head");
@@ -568,14 +580,42 @@ class CudaBackend final : public Backend {
                           (path == CudaAttentionPath::kAuto && p.window > 0 && p.window <= 128);
       const AttnWsShape& shape = narrow ? kAttnWsNarrow : kAttnWsWide;
       const AttentionPrefillWgmmaConfig cw = choose_attention_prefill_wgmma_ws_config(dev_, p.head_dim, shape);
-      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta)
+      if (cw.enabled && p.n_q / p.n_kv <= cw.rows_per_cta) {
+        if (narrow) MX_RETURN_IF_ERROR(plain_q(a, p, batch));  // the wide shape (persistent) rotates Q itself
         return launch_attention_prefill_wgmma_ws(a, cw, stream());
+      }
       if (path != CudaAttentionPath::kAuto)
         return unimplemented("attention: the warp-specialized wgmma prefill kernel needs sm_90 and head_dim 64");
     }
     const AttentionPrefillConfig c = choose_attention_prefill_config(dev_, p.head_dim);
     if (!fits(dev_, c.smem_bytes, c.stages)) return internal_error("attention prefill config does not fit");
+    MX_RETURN_IF_ERROR(plain_q(a, p, batch));
     return launch_attention_prefill(a, c, stream());
+  }
+
+  // For the kernels without RoPE in their Q load (all but the window kernel and the persistent wgmma one): with
+  // AttentionParams::q_inv_freq, Q rotated into scratch first by the qkv_rope kernels with no K or V to write. The
+  // scratch grows on first use, which is eager (the runner's step graphs are captured after an eager pass).
+  // gpt-oss asks for RoPE in the attention for prefill only, which on sm_90a takes the rotating kernels.
+  Status plain_q(AttentionKernelParams& a, const AttentionParams& p, const BatchView& batch) {
+    if (a.q_inv_freq == nullptr) return Status::ok();
+    MX_RETURN_IF_ERROR(ensure(scratch_.q_rope, batch.num_tokens * p.n_q * p.head_dim * 2, "attention Q"));
+    RopeParams r;
+    r.qkv = a.q;
+    r.q_out = ptr_of<uint16_t>(scratch_.q_rope);
+    r.inv_freq = a.q_inv_freq;
+    r.kv = a.kv;
+    r.kv.k = nullptr;  // Q alone
+    r.tokens = batch.num_tokens, r.n_q = p.n_q, r.n_kv = p.n_kv, r.head_dim = p.head_dim;
+    r.rope_scale = p.q_rope_scale;
+    const CudaRopeOptions& ro = options_.rope;
+    MX_RETURN_IF_ERROR(batch.num_tokens >= ro.stream_min_tokens
+                           ? launch_qkv_rope_stream(r, ro.tokens_per_cta, ro.items, stream())
+                           : launch_qkv_rope(r, stream()));
+    a.q = r.q_out;
+    a.q_stride = 0;
+    a.q_inv_freq = nullptr;
+    return Status::ok();
   }
 
   Status router_topk(const RouterParams& p) override {

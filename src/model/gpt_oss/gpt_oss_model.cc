@@ -315,13 +315,21 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
     const KvLayerView cache = kv.layer(shard_.kv_layer_offset + l);
 
     MX_RETURN_IF_ERROR(dense(normed, L.qkv_weight, L.qkv_scale, L.qkv_bias, ws.qkv.rows(0, T)));
-    QkvRopeParams rope{ws.qkv.rows(0, T), ws.q.rows(0, T), cache, inv_freq_, rope_scale_,
-                       plan_.heads, plan_.kv_heads, c.head_dim, TensorView(), TensorView(), 0.0f,
+    // Prefill (a sequence of more than 8 tokens: the prefill attention kernels): RoPE for Q in the attention,
+    // which reads the q|k|v projection (CUDA: the window and persistent kernels rotate Q as they load it), and
+    // qkv_rope writes K and V alone; Q is not written and read back (8K tokens: 67 MB each way a layer).
+    const bool q_in_attention = batch.max_seq_tokens > 8;
+    QkvRopeParams rope{ws.qkv.rows(0, T), q_in_attention ? TensorView() : ws.q.rows(0, T), cache, inv_freq_,
+                       rope_scale_, plan_.heads, plan_.kv_heads, c.head_dim, TensorView(), TensorView(), 0.0f,
                        TensorView()};  // no q/k norms, no prefetch
     MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
-    AttentionParams attn{ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T), plan_.heads, plan_.kv_heads, c.head_dim,
-                         kv_layout_.layers[static_cast<size_t>(l)].window,
+    AttentionParams attn{q_in_attention ? ws.qkv.rows(0, T) : ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T),
+                         plan_.heads, plan_.kv_heads, c.head_dim, kv_layout_.layers[static_cast<size_t>(l)].window,
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+    if (q_in_attention) {
+      attn.q_inv_freq = inv_freq_;
+      attn.q_rope_scale = rope_scale_;
+    }
     MX_RETURN_IF_ERROR(b.attention(attn, batch));
     MX_RETURN_IF_ERROR(dense(ws.attn.rows(0, T), L.o_weight, L.o_scale, L.o_bias, proj));
     RouterParams router{normed, L.router_weight, L.router_bias, ws.router_logits.rows(0, T),

@@ -43,6 +43,12 @@
 // Launched as a programmatic dependent (PDL) of qkv_rope, which writes Q and the new K/V: the CTAs start while
 // qkv_rope's last wave runs and build the token, pass and tile tables (the batch's token layout only, uploaded
 // before the step) before griddepcontrol.wait; only what reads Q, K or V waits. Alone, the wait returns at once.
+//
+// RoPE in the Q load (p.q_inv_freq; gpt-oss's prefill): Q is the q|k|v projection's unrotated rows (qkv_rope writes
+// K and V alone) and each consumer warpgroup rotates its rows of a landed Q box in shared memory before its first
+// QK, with qkv_rope's bits (rope_cos_sin, rope_rotate_pair). The projection was complete before qkv_rope let this
+// grid start, so Q's first boxes go out before griddepcontrol.wait and the first blocks' Q is rotated while
+// qkv_rope still runs; only the K/V copies wait. qkv_rope no longer writes Q nor this kernel reads it back.
 #include <algorithm>
 #include <climits>
 
@@ -50,6 +56,7 @@
 #include "backend/cuda/kernel_configs.h"
 #include "backend/cuda/kernels/attention_wgmma_parts.cuh"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/head_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/tma.cuh"
@@ -234,7 +241,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       mbarrier_init(qempty0 + 8 * b, 1);  // the O store's issuer, once the store has read the buffer
     }
     mbarrier_init_fence();
-    pdl_wait();  // Q comes from qkv_rope
+    // Q comes from qkv_rope, or with RoPE in the Q load (p.q_inv_freq) from the q|k|v projection before it,
+    // which qkv_rope's CTAs waited for before they let this grid start: no wait, Q's first boxes go out now.
+    if (p.q_inv_freq == nullptr) pdl_wait();
     // Q boxes 0 and 1 now, under the tables' global reads and scans (the Q loader takes the rest): the one
     // wave of CTAs starts with every CTA's first Q, tiles and tables in flight at once (8K and 4K: -0.8 us).
     for (int b = 0; b < min(2, n_blocks); ++b) {
@@ -345,6 +354,45 @@ __global__ void __launch_bounds__(kThreads, 2)
     return skv_addr + (j % kStages) * kStageBytes;
   };
 
+  // RoPE in the Q load (p.q_inv_freq): the warpgroup rotates its 64 rows of the landed box in place before
+  // its first QK reads them. Thread (rq, run) of the warpgroup takes dims 2 run, 2 run + 1 and their partners
+  // 32 on of rows 8 rq .. 8 rq + 7 (at g8 one token: two sincosf a block), 4-byte shared accesses; odd rq
+  // start 4 rows on, so a warp's two row groups hit the two halves of the banks.
+  const int rq = (ct & 127) >> 4, run = ct & 15;
+  const bool group_pow2 = (group & (group - 1)) == 0;
+  const int group_shift = __ffs(group) - 1;
+  auto rotate_q = [&](uint32_t buf_addr, int b0) {
+    const float f0 = p.q_inv_freq[2 * run], f1 = p.q_inv_freq[2 * run + 1];
+    int tok_prev = -1;
+    float c0 = 0.f, s0 = 0.f, c1 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const int k = (kk + 4 * (rq & 1)) & 7, row = wg * 64 + rq * 8 + k;
+      const int tl = group_pow2 ? row >> group_shift : row / group, tok = b0 + tl;
+      if (tl >= tpb || tok >= n_tok) continue;  // no (token, head) pair: zero-filled, never stored
+      if (tok != tok_prev) {
+        const int32_t pos = p.kv.positions[t0 + tok];
+        rope_cos_sin(pos, f0, p.q_rope_scale, c0, s0);
+        rope_cos_sin(pos, f1, p.q_rope_scale, c1, s1);
+        tok_prev = tok;
+      }
+      const uint32_t a0 = buf_addr + row * 128 + (((run >> 2) ^ (row & 7)) << 4) + (run & 3) * 4;
+      const uint32_t a1 = buf_addr + row * 128 + ((((run >> 2) + 4) ^ (row & 7)) << 4) + (run & 3) * 4;
+      uint32_t x0, x1;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x0) : "r"(a0));
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x1) : "r"(a1));
+      uint16_t y00, y01, y10, y11;
+      rope_rotate_pair(static_cast<uint16_t>(x0), static_cast<uint16_t>(x1), c0, s0, y00, y10);
+      rope_rotate_pair(static_cast<uint16_t>(x0 >> 16), static_cast<uint16_t>(x1 >> 16), c1, s1, y01, y11);
+      const uint32_t z0 = static_cast<uint32_t>(y00) | (static_cast<uint32_t>(y01) << 16);
+      const uint32_t z1 = static_cast<uint32_t>(y10) | (static_cast<uint32_t>(y11) << 16);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0), "r"(z0));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(z1));
+    }
+    fence_proxy_async_smem();  // the generic writes, seen by wgmma's reads
+    named_barrier_sync(2 + wg, 128);
+  };
+
   float sink_row[2];  // the sinks of this lane's two rows (log2 units): a row's head is the same in every block
 #pragma unroll
   for (int h = 0; h < 2; ++h) sink_row[h] = attention_sink_log2(p.sinks, g * group + (h == 0 ? r0 : r1) % group);
@@ -357,6 +405,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
     const int b0 = b * tpb;
+    if (p.q_inv_freq != nullptr) rotate_q(sq_addr + buf * kQBytes, b0);
     const int tl0 = r0 / group < tpb && b0 + r0 / group < n_tok ? b0 + r0 / group : -1;
     const int tl1 = r1 / group < tpb && b0 + r1 / group < n_tok ? b0 + r1 / group : -1;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -564,10 +613,14 @@ Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, con
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.tokens, tpb * bpc)), static_cast<unsigned>(p.n_kv));
   // Q as [tokens][n_q][64]; a block's box: tpb tokens x the kv head's `group` q heads x 64 dims, its rows in the
   // order the consumers' rows take them (token-major).
+  // With RoPE in the Q load, Q's rows are the q|k|v projection's (q_stride apart).
+  const int64_t q_stride = p.q_stride > 0 ? p.q_stride : p.n_q * kHd;
+  if (q_stride < p.n_q * kHd || q_stride % 8 != 0)
+    return invalid_argument("attention prefill wgmma (windows): q rows must hold n_q heads, 16-byte aligned");
   CUtensorMap q_map{};
   MX_RETURN_IF_ERROR(encode_bf16_tensor_map_3d(
         &q_map, p.q, {static_cast<uint64_t>(kHd), static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
-        {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(p.n_q) * kHd * 2},
+        {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(q_stride) * 2},
         {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(tpb)}));
   CUtensorMap o_map{};  // the output in the same boxes
   MX_RETURN_IF_ERROR(encode_bf16_tensor_map_3d(

@@ -30,6 +30,7 @@
 #include "backend/cuda/kernel_configs.h"
 #include "backend/cuda/kernels/attention_wgmma_parts.cuh"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/head_rows.cuh"
 #include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/tma.cuh"
 #include "backend/cuda/kernels/kernels.h"
@@ -259,6 +260,9 @@ __global__ void __launch_bounds__(WsShape<KT, CONSUMERS, STAGES, CTAS_PER_SM>::k
 // ring runs on across units: the next unit's Q and first tiles load under the current unit's last tiles.
 // As separate CTAs (one per SM at this shape's registers and shared memory) each unit paid its prologue (Q,
 // tables, the first tiles' latency) with nothing else on its SM: 8K causal on an H200 1298 -> 1203 us (W1b).
+// RoPE in the Q load (p.q_inv_freq): Q's box comes from the q|k|v projection's rows and each consumer rotates its
+// A fragments after ldmatrix (dims d and d + 32 sit in the same register of fragments kc and kc + 2), 16 sincosf a
+// lane per unit, with qkv_rope's bits; qkv_rope then writes K and V alone.
 template <int HD, int KT, int CONSUMERS, int STAGES>
 struct PersistShape {
   static constexpr int kRows = 64 * CONSUMERS, kThreads = kProducerThreads + 128 * CONSUMERS;
@@ -418,6 +422,25 @@ __global__ void __launch_bounds__(PersistShape<HD, KT, CONSUMERS, STAGES>::kThre
     mbarrier_wait(ufull0 + 8 * b, (n >> 1) & 1);
     uint32_t qf[HD / 16][4];
     attn_load_q<kRows, HD>(qf, sq + b * kQBytes, warp * 16, lane);
+    if (p.q_inv_freq != nullptr) {  // RoPE in the Q load: qf[kc] holds dims 16 kc.., qf[kc + 2] their partners
+      const int32_t pos0 = tl0 >= 0 ? p.kv.positions[t0 + tl0] : 0, pos1 = tl1 >= 0 ? p.kv.positions[t0 + tl1] : 0;
+#pragma unroll
+      for (int kc = 0; kc < HD / 32; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = 16 * kc + 8 * (e >> 1) + 2 * q4;  // register e: row r0 (even e) or r1, dims d, d + 1
+          const int32_t pos = (e & 1) ? pos1 : pos0;
+          float c0, s0, c1, s1;
+          rope_cos_sin(pos, p.q_inv_freq[d], p.q_rope_scale, c0, s0);
+          rope_cos_sin(pos, p.q_inv_freq[d + 1], p.q_rope_scale, c1, s1);
+          const uint32_t x = qf[kc][e], y = qf[kc + HD / 32][e];
+          uint16_t x0, x1, y0, y1;
+          rope_rotate_pair(static_cast<uint16_t>(x), static_cast<uint16_t>(y), c0, s0, x0, y0);
+          rope_rotate_pair(static_cast<uint16_t>(x >> 16), static_cast<uint16_t>(y >> 16), c1, s1, x1, y1);
+          qf[kc][e] = static_cast<uint32_t>(x0) | (static_cast<uint32_t>(x1) << 16);
+          qf[kc + HD / 32][e] = static_cast<uint32_t>(y0) | (static_cast<uint32_t>(y1) << 16);
+        }
+    }
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     float lsum[4] = {0.f, 0.f, 0.f, 0.f};
     float o[HD / 2];
@@ -471,10 +494,14 @@ Status launch_persist(const AttentionKernelParams& p, const AttentionPrefillWgmm
   const int64_t units = ceil_div64(p.tokens, tpc) * p.n_kv;
   // Q as [tokens][n_q][64]; a unit's box: tpc tokens x the kv head's `group` q heads, rows token-major as the
   // consumers take them (rows past the last token zero-filled).
+  // With RoPE in the Q load, Q's rows are the q|k|v projection's (q_stride apart).
+  const int64_t q_stride = p.q_stride > 0 ? p.q_stride : p.n_q * 64;
+  if (q_stride < p.n_q * 64 || q_stride % 8 != 0)
+    return invalid_argument("attention prefill wgmma (persistent): q rows must hold n_q heads, 16-byte aligned");
   CUtensorMap q_map{};
   MX_RETURN_IF_ERROR(encode_bf16_tensor_map_3d(
       &q_map, p.q, {64, static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
-      {64 * 2, static_cast<uint64_t>(p.n_q) * 64 * 2},
+      {64 * 2, static_cast<uint64_t>(q_stride) * 2},
       {64, static_cast<uint32_t>(group), static_cast<uint32_t>(tpc)}));
   int device = 0, sms = 0;
   MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));

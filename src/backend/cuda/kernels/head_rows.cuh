@@ -11,14 +11,23 @@ namespace mx::cuda {
 
 // cos / sin of pos * inv_freq[i] for i < half, times `scale`: the fp32 angle and the precise sincosf, as
 // the CPU twin computes them. The CTA's threads split i; the caller's barrier publishes the table.
+__device__ __forceinline__ void rope_cos_sin(int32_t pos, float inv_freq, float scale, float& c, float& s) {
+  sincosf(static_cast<float>(pos) * inv_freq, &s, &c);
+  c *= scale;
+  s *= scale;
+}
 __device__ __forceinline__ void rope_table(float* cos_t, float* sin_t, int half, int32_t pos, const float* inv_freq,
                                            float scale) {
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(static_cast<float>(pos) * inv_freq[i], &s, &c);
-    cos_t[i] = c * scale;
-    sin_t[i] = s * scale;
-  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cos_sin(pos, inv_freq[i], scale, cos_t[i], sin_t[i]);
+}
+
+// One rotated pair (x0, x1) = (x[i], x[i + half]) of a q or k head (NeoX halves), bf16 bits in and out: every
+// RoPE form (qkv_rope's two, the attention's Q load) rounds this one expression.
+__device__ __forceinline__ void rope_rotate_pair(uint16_t x0, uint16_t x1, float c, float s, uint16_t& y0,
+                                                 uint16_t& y1) {
+  const float a = bf16_bits_to_f32(x0), b = bf16_bits_to_f32(x1);
+  y0 = f32_to_bf16_bits(a * c - b * s);
+  y1 = f32_to_bf16_bits(b * c + a * s);
 }
 
 // Row of token t's first KV head in the paged cache (rows of head_dim; n_kv per token), or -1 where its

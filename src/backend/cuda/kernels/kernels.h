@@ -84,9 +84,10 @@ struct PagedKv {
 
 struct RopeParams {
   const uint16_t* qkv = nullptr;   // bf16 [tokens, (n_q + 2 n_kv) head_dim]
-  uint16_t* q_out = nullptr;       // bf16 [tokens, n_q head_dim]
+  uint16_t* q_out = nullptr;       // bf16 [tokens, n_q head_dim]; null: Q is left to the attention (its Q load
+                                   // rotates it: AttentionKernelParams::q_inv_freq), only K and V are written
   const float* inv_freq = nullptr; // [head_dim / 2]
-  PagedKv kv;
+  PagedKv kv;                      // k null: K and V are not written (Q alone)
   int64_t tokens = 0, n_q = 0, n_kv = 0, head_dim = 0;
   float rope_scale = 1.0f;
 };
@@ -97,7 +98,7 @@ Status launch_qkv_rope(const RopeParams& p, cudaStream_t stream);
 Status launch_qkv_rope_stream(const RopeParams& p, int tokens_per_cta, int items, cudaStream_t stream);
 
 struct AttentionKernelParams {
-  const uint16_t* q = nullptr;      // bf16 [tokens, n_q, head_dim]
+  const uint16_t* q = nullptr;      // bf16 [tokens, n_q, head_dim], rows q_stride apart
   const uint16_t* sinks = nullptr;  // bf16 [n_q], or null: no sinks
   uint16_t* out = nullptr;          // bf16 [tokens, n_q, head_dim]
   PagedKv kv;
@@ -105,6 +106,12 @@ struct AttentionKernelParams {
   int64_t window = 0;               // 0 = full causal
   float scale_log2 = 0;             // softmax_scale * log2(e)
   float* partials = nullptr;        // decode split-KV scratch: f32 [tokens, n_q, splits, head_dim + 2]
+  int64_t q_stride = 0;             // elements from one token's queries to the next; 0: n_q * head_dim
+  // RoPE in the Q load (the window kernel): non-null, q holds the unrotated queries (the q|k|v projection's
+  // rows) and the kernel rotates them as qkv_rope does (cos and sin of positions x q_inv_freq, times
+  // q_rope_scale; NeoX halves; bf16 results).
+  const float* q_inv_freq = nullptr;  // [head_dim / 2]
+  float q_rope_scale = 1.0f;
 };
 // Many queries per sequence: FlashAttention-2 on mma.sync. Tokens of a sequence must be contiguous.
 Status launch_attention_prefill(const AttentionKernelParams& p, const AttentionPrefillConfig& c, cudaStream_t stream);

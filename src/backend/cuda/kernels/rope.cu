@@ -36,13 +36,6 @@ struct Bf16Run {
   __device__ void store(uint16_t* p) const { *reinterpret_cast<Word*>(p) = word; }
 };
 
-// One rotated pair (x0, x1) = (x[i], x[i + half]) of a q or k head: both forms round the same expression.
-__device__ __forceinline__ void rotate_pair(uint16_t x0, uint16_t x1, float c, float s, uint16_t& y0, uint16_t& y1) {
-  const float a = bf16_bits_to_f32(x0), b = bf16_bits_to_f32(x1);
-  y0 = f32_to_bf16_bits(a * c - b * s);
-  y1 = f32_to_bf16_bits(b * c + a * s);
-}
-
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) qkv_rope_kernel(RopeParams p, int heads_per_cta) {
   __shared__ float cos_t[kMaxHalf], sin_t[kMaxHalf];
@@ -54,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_kernel(RopeParams p, int he
   const int32_t pos = p.kv.positions[t];
   rope_table(cos_t, sin_t, half, pos, p.inv_freq, p.rope_scale);
   __syncthreads();
-  const int64_t slot = kv_row(p.kv, t, pos, p.n_kv);
+  const int64_t slot = p.kv.k ? kv_row(p.kv, t, pos, p.n_kv) : -1;
   const bool cache_ok = slot >= 0;
   const uint16_t* row = p.qkv + t * (p.n_q + 2 * p.n_kv) * hd;
   // Heads in qkv order: n_q query heads, n_kv key heads (both rotated), n_kv value heads (copied).
@@ -63,6 +56,7 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_kernel(RopeParams p, int he
   using Run = Bf16Run<kVec>;
   for (int e = threadIdx.x; e < heads * runs; e += blockDim.x) {
     const int h = first + e / runs, i = (e % runs) * kVec;
+    if (h < n_q ? p.q_out == nullptr : p.kv.k == nullptr) continue;  // left to the attention / Q alone
     const Run x0 = Run::load(row + h * hd + i), x1 = Run::load(row + h * hd + i + half);
     if (h >= n_q + n_kv) {
       if (!cache_ok) continue;
@@ -73,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_kernel(RopeParams p, int he
     }
     Run y0, y1;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) rotate_pair(x0.v[j], x1.v[j], cos_t[i + j], sin_t[i + j], y0.v[j], y1.v[j]);
+    for (int j = 0; j < kVec; ++j) rope_rotate_pair(x0.v[j], x1.v[j], cos_t[i + j], sin_t[i + j], y0.v[j], y1.v[j]);
     uint16_t* out = nullptr;
     if (h < n_q) {
       out = p.q_out + (t * p.n_q + h) * hd;
@@ -102,13 +96,15 @@ Status launch_qkv_rope_runs(const RopeParams& p, cudaStream_t stream) {
 // session 18; this form 49 us, 81%). Here a CTA takes `tokens_per_cta` whole tokens, split into items (head, run of 8 pairs) of 16-byte
 // loads; each thread issues the loads of its kItems items first, then the CTA builds its tokens' cos/sin tables
 // and cache slots while they are in flight, and after one barrier rotates and stores. Same bits as the decode
-// form (rotate_pair, the same table expression). Needs half % 8 == 0 and 16-byte aligned buffers.
+// form (rope_rotate_pair, rope_cos_sin). Needs half % 8 == 0 and 16-byte aligned buffers.
 template <int kItems>
 __global__ void __launch_bounds__(512) qkv_rope_stream_kernel(RopeParams p, int tokens_per_cta) {
   extern __shared__ int64_t stream_smem[];  // slots[tokens_per_cta], then cos and sin [tokens_per_cta][half]
   const int hd = static_cast<int>(p.head_dim), half = hd / 2, runs = half / 8;
   const int n_q = static_cast<int>(p.n_q), n_kv = static_cast<int>(p.n_kv), heads = n_q + 2 * n_kv;
-  const int per_token = heads * runs;
+  // The heads written: [h_begin, h_end) of q, k, v (q_out null: K and V alone; kv.k null: Q alone).
+  const int h_begin = p.q_out ? 0 : n_q, h_end = p.kv.k ? heads : n_q;
+  const int per_token = (h_end - h_begin) * runs;
   int64_t* slots = stream_smem;
   float* cos_t = reinterpret_cast<float*>(slots + tokens_per_cta);
   float* sin_t = cos_t + tokens_per_cta * half;
@@ -122,26 +118,23 @@ __global__ void __launch_bounds__(512) qkv_rope_stream_kernel(RopeParams p, int 
   for (int k = 0; k < kItems; ++k) {
     const int f = threadIdx.x + k * blockDim.x;
     if (f >= items) break;
-    const int tok = f / per_token, e = f - tok * per_token, h = e / runs, i = (e - h * runs) * 8;
+    const int tok = f / per_token, e = f - tok * per_token, h = h_begin + e / runs, i = (e % runs) * 8;
     const uint16_t* src = p.qkv + (t0 + tok) * heads * hd + h * hd + i;
     x0[k] = __ldcs(reinterpret_cast<const uint4*>(src));  // read once: evict first
     x1[k] = __ldcs(reinterpret_cast<const uint4*>(src + half));
   }
   for (int j = threadIdx.x; j < n_tok * half; j += blockDim.x) {
     const int tok = j / half, i = j - tok * half;
-    float s, c;
-    sincosf(static_cast<float>(p.kv.positions[t0 + tok]) * p.inv_freq[i], &s, &c);
-    cos_t[j] = c * p.rope_scale;
-    sin_t[j] = s * p.rope_scale;
+    rope_cos_sin(p.kv.positions[t0 + tok], p.inv_freq[i], p.rope_scale, cos_t[j], sin_t[j]);
   }
   for (int tok = threadIdx.x; tok < n_tok; tok += blockDim.x)
-    slots[tok] = kv_row(p.kv, t0 + tok, p.kv.positions[t0 + tok], p.n_kv);
+    slots[tok] = p.kv.k ? kv_row(p.kv, t0 + tok, p.kv.positions[t0 + tok], p.n_kv) : -1;
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int f = threadIdx.x + k * blockDim.x;
     if (f >= items) break;
-    const int tok = f / per_token, e = f - tok * per_token, h = e / runs, i = (e - h * runs) * 8;
+    const int tok = f / per_token, e = f - tok * per_token, h = h_begin + e / runs, i = (e % runs) * 8;
     const int64_t slot = slots[tok];
     if (h >= n_q + n_kv) {  // a value head: copied
       if (slot < 0) continue;
@@ -165,7 +158,7 @@ __global__ void __launch_bounds__(512) qkv_rope_stream_kernel(RopeParams p, int 
     uint16_t* ya = reinterpret_cast<uint16_t*>(&y0);
     uint16_t* yb = reinterpret_cast<uint16_t*>(&y1);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) rotate_pair(a[j], b[j], c[j], s[j], ya[j], yb[j]);
+    for (int j = 0; j < 8; ++j) rope_rotate_pair(a[j], b[j], c[j], s[j], ya[j], yb[j]);
     *reinterpret_cast<uint4*>(out + i) = y0;
     *reinterpret_cast<uint4*>(out + i + half) = y1;
   }
@@ -187,7 +180,11 @@ Status launch_qkv_rope_stream(const RopeParams& p, int tokens_per_cta, int items
   if (tokens_per_cta < 1 || tokens_per_cta > 64) return invalid_argument("qkv_rope: tokens per CTA must be in [1, 64]");
   const bool aligned = (reinterpret_cast<uintptr_t>(p.qkv) | reinterpret_cast<uintptr_t>(p.q_out) |
                         reinterpret_cast<uintptr_t>(p.kv.k) | reinterpret_cast<uintptr_t>(p.kv.v)) % 16 == 0;
-  const int64_t per_token = (p.n_q + 2 * p.n_kv) * (p.head_dim / 16);
+  const int64_t heads = p.n_q + 2 * p.n_kv, written = (p.q_out ? p.n_q : 0) + (p.kv.k ? 2 * p.n_kv : 0);
+  if (written == 0) return Status::ok();
+  const int64_t per_token = written * (p.head_dim / 16);
+  // Part of the heads (K and V alone, or Q alone): as many more tokens a CTA, so that it keeps its threads.
+  if (written < heads) tokens_per_cta = static_cast<int>(std::min<int64_t>(64, tokens_per_cta * heads / written));
   // One CTA of at most 512 threads for the tokens' items and at most 48 KB of tables; fewer tokens where they
   // would not fit.
   tokens_per_cta = static_cast<int>(std::min<int64_t>({tokens_per_cta, 512 * items / std::max<int64_t>(per_token, 1),
