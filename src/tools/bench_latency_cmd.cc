@@ -121,8 +121,10 @@ const std::vector<CliOption> kCommandOptions = {
      "--bf16-experts-decode"},
     {"qkv-rope-form", true,
      "gpt-oss's qkv_rope on CUDA: auto (default: the many-token form from 1024 tokens), decode (the per-(token, head "
-     "group) CTAs at every size: the form before 2026-11-28) or stream (the many-token form at every size); "
-     "several, comma-separated: compared as --bf16-experts-decode"},
+     "group) CTAs at every size: the form before 2026-11-28), stream (the many-token form at every size) or "
+     "q-written (auto's kernels, but qkv_rope writes the rotated Q and the attention reads it back at prefill: the "
+     "form before 2026-11-29; auto rotates Q in the attention's Q load); several, comma-separated: compared as "
+     "--bf16-experts-decode"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -148,7 +150,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"moe-decode-combine", {"auto", "gemm"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
-      {"qkv-rope-form", {"auto", "decode", "stream"}},
+      {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
   };
   return names;
@@ -210,7 +212,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
   }
   if (flag == "qkv-rope-form") {
     CudaRopeOptions rope;
-    if (value != "auto") rope.stream_min_tokens = value == "decode" ? INT64_MAX : 1;
+    if (value == "decode" || value == "stream") rope.stream_min_tokens = value == "decode" ? INT64_MAX : 1;
+    rope.q_in_attention = value != "q-written";
     return set_cuda_rope_options(backend, rope);
   }
   CudaSideStreamOptions side;  // --decode-overlap

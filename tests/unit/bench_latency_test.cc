@@ -69,7 +69,7 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_NE(loads.stderr_text.find("--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs"), std::string::npos);
   const auto rope = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-form epilogue");
   EXPECT_EQ(rope.exit_code, 1);
-  EXPECT_NE(rope.stderr_text.find("--qkv-rope-form must be auto, decode or stream, got epilogue"), std::string::npos);
+  EXPECT_NE(rope.stderr_text.find("--qkv-rope-form must be auto, decode, stream or q-written, got epilogue"), std::string::npos);
   // A known value is checked first, then refused by a build or backend without CUDA.
   const auto pairs = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads copy-engine-pairs");
   EXPECT_EQ(pairs.exit_code, 1);

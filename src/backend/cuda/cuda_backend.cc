@@ -471,6 +471,11 @@ class CudaBackend final : public Backend {
     RopeParams r;
     r.qkv = ptr<const uint16_t>(p.qkv);
     r.q_out = p.q_out.empty() ? nullptr : ptr<uint16_t>(p.q_out);  // null: K and V alone
+    if (r.q_out == nullptr && !options_.rope.q_in_attention) {  // the comparison form: Q written to scratch
+      MX_RETURN_IF_ERROR(ensure(scratch_.q_rope, batch.num_tokens * p.n_q * p.head_dim * 2, "attention Q"));
+      r.q_out = ptr_of<uint16_t>(scratch_.q_rope);
+      q_rope_source_ = r.qkv;
+    }
     r.inv_freq = ptr<const float>(p.inv_freq);
     r.kv = paged(p.kv, batch);
     r.tokens = batch.num_tokens;
@@ -500,9 +505,14 @@ class CudaBackend final : public Backend {
     if (!p.q_inv_freq.empty()) {  // q is the q|k|v projection: RoPE in the Q load, or by plain_q
       if (p.q.numel() != batch.num_tokens * (p.n_q + 2 * p.n_kv) * p.head_dim)
         return invalid_argument("attention: with q_inv_freq, q must be the q|k|v projection");
-      a.q_stride = (p.n_q + 2 * p.n_kv) * p.head_dim;
-      a.q_inv_freq = ptr<const float>(p.q_inv_freq);
-      a.q_rope_scale = p.q_rope_scale;
+      if (!options_.rope.q_in_attention) {  // the comparison form: qkv_rope wrote the rotated Q to scratch
+        if (q_rope_source_ != a.q) return internal_error("attention: no qkv_rope wrote this Q (CudaRopeOptions)");
+        a.q = ptr_of<const uint16_t>(scratch_.q_rope);
+      } else {
+        a.q_stride = (p.n_q + 2 * p.n_kv) * p.head_dim;
+        a.q_inv_freq = ptr<const float>(p.q_inv_freq);
+        a.q_rope_scale = p.q_rope_scale;
+      }
     }
     // One query per sequence (decode), or a few (verify rows of <= 7 drafts) unless a prefill kernel is
     // forced: the split-KV decode kernel, one CTA group per token, which keeps every SM busy at small
@@ -1380,6 +1390,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int64_t fp8_slab_bytes_ = 0;  // the largest slab an uploaded FP8 weight needs
+  const uint16_t* q_rope_source_ = nullptr;  // CudaRopeOptions::q_in_attention false: the qkv whose Q is in scratch
   DeviceInfo dev_;
   CudaBackendOptions options_;
   int router_cluster_ctas_ = -1;  // gemma_router_cluster_ctas() on this device, asked at the first decode router

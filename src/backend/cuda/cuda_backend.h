@@ -187,10 +187,15 @@ struct CudaL2PrefetchOptions {
 // 18.88, 2K 37.40 / 36.33 / 35.82, 4K 68.41 / 65.99 / 63.82, 8K 130.15 / 124.44 / 118.65. A persistent grid
 // (the next token group's loads before the current one's stores) was slower at every size. Tests and benchmarks
 // force either form (stream_min_tokens 1 or INT64_MAX) and the shape.
+// q_in_attention: with QkvRopeParams::q_out empty (gpt-oss's prefill), RoPE for Q is the attention's
+// (AttentionParams::q_inv_freq: the window and persistent kernels rotate Q in their Q load) and qkv_rope writes K
+// and V alone. false, for comparison: qkv_rope still writes the rotated Q (into the backend's scratch) and the
+// attention reads it back, the form before session 19.
 struct CudaRopeOptions {
   int64_t stream_min_tokens = 1024;
   int tokens_per_cta = 2;
   int items = 4;
+  bool q_in_attention = true;
 };
 
 struct CudaBackendOptions {

@@ -356,41 +356,58 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // RoPE in the Q load (p.q_inv_freq): the warpgroup rotates its 64 rows of the landed box in place before
   // its first QK reads them. Thread (rq, run) of the warpgroup takes dims 2 run, 2 run + 1 and their partners
-  // 32 on of rows 8 rq .. 8 rq + 7 (at g8 one token: two sincosf a block), 4-byte shared accesses; odd rq
-  // start 4 rows on, so a warp's two row groups hit the two halves of the banks.
+  // 32 on of rows 8 rq .. 8 rq + 7, 4-byte shared accesses (all 16 loads first); odd rq start 4 rows on, so a
+  // warp's two row groups hit the two halves of the banks. At a group that is a multiple of 8 the 8 rows are one
+  // token's heads: its position is loaded a block ahead (under the previous block's GEMMs; W1's form, position,
+  // sincosf and 8 dependent row round trips in the block's path, cost ~1.8 us a block at 8K) and its two sincosf
+  // run beside the row loads; other groups compute them row by row.
   const int rq = (ct & 127) >> 4, run = ct & 15;
-  const bool group_pow2 = (group & (group - 1)) == 0;
-  const int group_shift = __ffs(group) - 1;
+  const bool one_token = group % 8 == 0;
+  // one_token: the position of the next block's token (-1: none), loaded a block ahead, off the QK's path.
+  auto rope_pos = [&](int b0) {
+    const int tl = (wg * 64 + rq * 8) / group;
+    return tl < tpb && b0 + tl < n_tok ? p.kv.positions[t0 + b0 + tl] : -1;
+  };
+  int32_t pos_next = p.q_inv_freq != nullptr && one_token ? rope_pos(0) : -1;
   auto rotate_q = [&](uint32_t buf_addr, int b0) {
-    const float f0 = p.q_inv_freq[2 * run], f1 = p.q_inv_freq[2 * run + 1];
-    int tok_prev = -1;
-    float c0 = 0.f, s0 = 0.f, c1 = 0.f, s1 = 0.f;
+    // Row kk's two words (32-bit shared addresses, recomputed: 16 64-bit pointers would hold 32 registers).
+    auto word = [&](int kk, int half) {
+      const int k = (kk + 4 * (rq & 1)) & 7, row = wg * 64 + rq * 8 + k;
+      return buf_addr + row * 128 + ((((run >> 2) + 4 * half) ^ (row & 7)) << 4) + (run & 3) * 4;
+    };
+    uint32_t x[8][2];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x[kk][h]) : "r"(word(kk, h)));
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    if (one_token && pos_next >= 0) {
+      rope_cos_sin(pos_next, p.q_inv_freq[2 * run], p.q_rope_scale, c[0], c[1]);
+      rope_cos_sin(pos_next, p.q_inv_freq[2 * run + 1], p.q_rope_scale, c[2], c[3]);
+    }
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      const int k = (kk + 4 * (rq & 1)) & 7, row = wg * 64 + rq * 8 + k;
-      const int tl = group_pow2 ? row >> group_shift : row / group, tok = b0 + tl;
-      if (tl >= tpb || tok >= n_tok) continue;  // no (token, head) pair: zero-filled, never stored
-      if (tok != tok_prev) {
-        const int32_t pos = p.kv.positions[t0 + tok];
-        rope_cos_sin(pos, f0, p.q_rope_scale, c0, s0);
-        rope_cos_sin(pos, f1, p.q_rope_scale, c1, s1);
-        tok_prev = tok;
+      const int k = (kk + 4 * (rq & 1)) & 7, row = wg * 64 + rq * 8 + k, tl = row / group;
+      if (tl >= tpb || b0 + tl >= n_tok) continue;  // no (token, head) pair: zero-filled, never stored
+      if (!one_token) {
+        const int32_t pos = p.kv.positions[t0 + b0 + tl];
+        rope_cos_sin(pos, p.q_inv_freq[2 * run], p.q_rope_scale, c[0], c[1]);
+        rope_cos_sin(pos, p.q_inv_freq[2 * run + 1], p.q_rope_scale, c[2], c[3]);
       }
-      const uint32_t a0 = buf_addr + row * 128 + (((run >> 2) ^ (row & 7)) << 4) + (run & 3) * 4;
-      const uint32_t a1 = buf_addr + row * 128 + ((((run >> 2) + 4) ^ (row & 7)) << 4) + (run & 3) * 4;
-      uint32_t x0, x1;
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x0) : "r"(a0));
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x1) : "r"(a1));
       uint16_t y00, y01, y10, y11;
-      rope_rotate_pair(static_cast<uint16_t>(x0), static_cast<uint16_t>(x1), c0, s0, y00, y10);
-      rope_rotate_pair(static_cast<uint16_t>(x0 >> 16), static_cast<uint16_t>(x1 >> 16), c1, s1, y01, y11);
+      rope_rotate_pair(static_cast<uint16_t>(x[kk][0]), static_cast<uint16_t>(x[kk][1]), c[0], c[1], y00, y10);
+      rope_rotate_pair(static_cast<uint16_t>(x[kk][0] >> 16), static_cast<uint16_t>(x[kk][1] >> 16), c[2], c[3], y01,
+                       y11);
       const uint32_t z0 = static_cast<uint32_t>(y00) | (static_cast<uint32_t>(y01) << 16);
       const uint32_t z1 = static_cast<uint32_t>(y10) | (static_cast<uint32_t>(y11) << 16);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0), "r"(z0));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(z1));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(word(kk, 0)), "r"(z0));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(word(kk, 1)), "r"(z1));
     }
     fence_proxy_async_smem();  // the generic writes, seen by wgmma's reads
-    named_barrier_sync(2 + wg, 128);
+    if (wg == 0)  // constant barrier ids (a computed one has ptxas reserve all 16)
+      named_barrier_sync(2, 128);
+    else
+      named_barrier_sync(3, 128);
   };
 
   float sink_row[2];  // the sinks of this lane's two rows (log2 units): a row's head is the same in every block
@@ -405,7 +422,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
     const int b0 = b * tpb;
-    if (p.q_inv_freq != nullptr) rotate_q(sq_addr + buf * kQBytes, b0);
+    if (p.q_inv_freq != nullptr) {
+      rotate_q(sq_addr + buf * kQBytes, b0);
+      if (one_token) pos_next = b + 1 < n_blocks ? rope_pos(b0 + tpb) : -1;  // lands under this block's GEMMs
+    }
     const int tl0 = r0 / group < tpb && b0 + r0 / group < n_tok ? b0 + r0 / group : -1;
     const int tl1 = r1 / group < tpb && b0 + r1 / group < n_tok ? b0 + r1 / group : -1;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};

@@ -423,16 +423,35 @@ __global__ void __launch_bounds__(PersistShape<HD, KT, CONSUMERS, STAGES>::kThre
     uint32_t qf[HD / 16][4];
     attn_load_q<kRows, HD>(qf, sq + b * kQBytes, warp * 16, lane);
     if (p.q_inv_freq != nullptr) {  // RoPE in the Q load: qf[kc] holds dims 16 kc.., qf[kc + 2] their partners
+      // At a group that is a multiple of 8 the warp's rows r0 are one token and its rows r1 another: lane L takes
+      // the sincosf of dims 2 (L % 16), + 1 of token L < 16 ? r0's : r1's, and every lane gathers its 8 dims of
+      // each by shuffles (2 sincosf a lane, not 16). Other groups compute their own.
+      const bool warp_tokens = group % 8 == 0;
+      float own[4] = {0.f, 0.f, 0.f, 0.f};
+      if (warp_tokens) {
+        const int tl = lane < 16 ? tl0 : tl1;
+        const int32_t pos = tl >= 0 ? p.kv.positions[t0 + tl] : 0;
+        rope_cos_sin(pos, p.q_inv_freq[2 * (lane % 16)], p.q_rope_scale, own[0], own[1]);
+        rope_cos_sin(pos, p.q_inv_freq[2 * (lane % 16) + 1], p.q_rope_scale, own[2], own[3]);
+      }
       const int32_t pos0 = tl0 >= 0 ? p.kv.positions[t0 + tl0] : 0, pos1 = tl1 >= 0 ? p.kv.positions[t0 + tl1] : 0;
 #pragma unroll
       for (int kc = 0; kc < HD / 32; ++kc)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int d = 16 * kc + 8 * (e >> 1) + 2 * q4;  // register e: row r0 (even e) or r1, dims d, d + 1
-          const int32_t pos = (e & 1) ? pos1 : pos0;
           float c0, s0, c1, s1;
-          rope_cos_sin(pos, p.q_inv_freq[d], p.q_rope_scale, c0, s0);
-          rope_cos_sin(pos, p.q_inv_freq[d + 1], p.q_rope_scale, c1, s1);
+          if (warp_tokens) {
+            const int src = 16 * (e & 1) + d / 2;
+            c0 = __shfl_sync(0xffffffffu, own[0], src);
+            s0 = __shfl_sync(0xffffffffu, own[1], src);
+            c1 = __shfl_sync(0xffffffffu, own[2], src);
+            s1 = __shfl_sync(0xffffffffu, own[3], src);
+          } else {
+            const int32_t pos = (e & 1) ? pos1 : pos0;
+            rope_cos_sin(pos, p.q_inv_freq[d], p.q_rope_scale, c0, s0);
+            rope_cos_sin(pos, p.q_inv_freq[d + 1], p.q_rope_scale, c1, s1);
+          }
           const uint32_t x = qf[kc][e], y = qf[kc + HD / 32][e];
           uint16_t x0, x1, y0, y1;
           rope_rotate_pair(static_cast<uint16_t>(x), static_cast<uint16_t>(y), c0, s0, x0, y0);
