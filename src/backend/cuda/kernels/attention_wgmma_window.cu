@@ -357,18 +357,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   // RoPE in the Q load (p.q_inv_freq): the warpgroup rotates its 64 rows of the landed box in place before
   // its first QK reads them. Thread (rq, run) of the warpgroup takes dims 2 run, 2 run + 1 and their partners
   // 32 on of rows 8 rq .. 8 rq + 7, 4-byte shared accesses (all 16 loads first); odd rq start 4 rows on, so a
-  // warp's two row groups hit the two halves of the banks. At a group that is a multiple of 8 the 8 rows are one
-  // token's heads: its position is loaded a block ahead (under the previous block's GEMMs; W1's form, position,
-  // sincosf and 8 dependent row round trips in the block's path, cost ~1.8 us a block at 8K) and its two sincosf
-  // run beside the row loads; other groups compute them row by row.
+  // warp's two row groups hit the two halves of the banks. A row's position is its token's last key (the tables,
+  // shared memory) and the thread's two frequencies stay in registers: no global load in the block's path (W1's
+  // form loaded both there after the Q wait, an L2 round trip a block: with sincosf and 8 dependent row round
+  // trips ~1.8 us a block at 8K). At a group that is a multiple of 8 the 8 rows are one token's heads: two
+  // sincosf a block, beside the row loads; other groups compute them row by row.
   const int rq = (ct & 127) >> 4, run = ct & 15;
   const bool one_token = group % 8 == 0;
-  // one_token: the position of the next block's token (-1: none), loaded a block ahead, off the QK's path.
-  auto rope_pos = [&](int b0) {
-    const int tl = (wg * 64 + rq * 8) / group;
-    return tl < tpb && b0 + tl < n_tok ? p.kv.positions[t0 + b0 + tl] : -1;
-  };
-  int32_t pos_next = p.q_inv_freq != nullptr && one_token ? rope_pos(0) : -1;
+  const float freq0 = p.q_inv_freq != nullptr ? p.q_inv_freq[2 * run] : 0.f;
+  const float freq1 = p.q_inv_freq != nullptr ? p.q_inv_freq[2 * run + 1] : 0.f;
   auto rotate_q = [&](uint32_t buf_addr, int b0) {
     // Row kk's two words (32-bit shared addresses, recomputed: 16 64-bit pointers would hold 32 registers).
     auto word = [&](int kk, int half) {
@@ -381,18 +378,20 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int h = 0; h < 2; ++h) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x[kk][h]) : "r"(word(kk, h)));
     float c[4] = {0.f, 0.f, 0.f, 0.f};
-    if (one_token && pos_next >= 0) {
-      rope_cos_sin(pos_next, p.q_inv_freq[2 * run], p.q_rope_scale, c[0], c[1]);
-      rope_cos_sin(pos_next, p.q_inv_freq[2 * run + 1], p.q_rope_scale, c[2], c[3]);
+    const int tl_first = (wg * 64 + rq * 8) / group;
+    if (one_token && tl_first < tpb && b0 + tl_first < n_tok) {
+      const int32_t pos = tab.tok_last[b0 + tl_first];
+      rope_cos_sin(pos, freq0, p.q_rope_scale, c[0], c[1]);
+      rope_cos_sin(pos, freq1, p.q_rope_scale, c[2], c[3]);
     }
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const int k = (kk + 4 * (rq & 1)) & 7, row = wg * 64 + rq * 8 + k, tl = row / group;
       if (tl >= tpb || b0 + tl >= n_tok) continue;  // no (token, head) pair: zero-filled, never stored
       if (!one_token) {
-        const int32_t pos = p.kv.positions[t0 + b0 + tl];
-        rope_cos_sin(pos, p.q_inv_freq[2 * run], p.q_rope_scale, c[0], c[1]);
-        rope_cos_sin(pos, p.q_inv_freq[2 * run + 1], p.q_rope_scale, c[2], c[3]);
+        const int32_t pos = tab.tok_last[b0 + tl];
+        rope_cos_sin(pos, freq0, p.q_rope_scale, c[0], c[1]);
+        rope_cos_sin(pos, freq1, p.q_rope_scale, c[2], c[3]);
       }
       uint16_t y00, y01, y10, y11;
       rope_rotate_pair(static_cast<uint16_t>(x[kk][0]), static_cast<uint16_t>(x[kk][1]), c[0], c[1], y00, y10);
@@ -422,10 +421,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
     const int b0 = b * tpb;
-    if (p.q_inv_freq != nullptr) {
-      rotate_q(sq_addr + buf * kQBytes, b0);
-      if (one_token) pos_next = b + 1 < n_blocks ? rope_pos(b0 + tpb) : -1;  // lands under this block's GEMMs
-    }
+    if (p.q_inv_freq != nullptr) rotate_q(sq_addr + buf * kQBytes, b0);
     const int tl0 = r0 / group < tpb && b0 + r0 / group < n_tok ? b0 + r0 / group : -1;
     const int tl1 = r1 / group < tpb && b0 + r1 / group < n_tok ? b0 + r1 / group : -1;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};

@@ -409,6 +409,9 @@ __global__ void __launch_bounds__(PersistShape<HD, KT, CONSUMERS, STAGES>::kThre
   };
   auto k_tile = [&](int got) { return skv_addr + got * kStageBytes; };
   auto v_tile = [&](int got) { return skv_addr + got * kStageBytes + kTileBytes; };
+  // RoPE in the Q load: this lane's frequencies, dims 2 (lane % 16) and + 1 (below).
+  const float freq0 = p.q_inv_freq != nullptr ? p.q_inv_freq[2 * (lane % 16)] : 0.f;
+  const float freq1 = p.q_inv_freq != nullptr ? p.q_inv_freq[2 * (lane % 16) + 1] : 0.f;
   for (int n = 0;; ++n) {
     const int j = persist_unit_index(n, n_units);
     if (j < 0) break;
@@ -426,15 +429,17 @@ __global__ void __launch_bounds__(PersistShape<HD, KT, CONSUMERS, STAGES>::kThre
       // At a group that is a multiple of 8 the warp's rows r0 are one token and its rows r1 another: lane L takes
       // the sincosf of dims 2 (L % 16), + 1 of token L < 16 ? r0's : r1's, and every lane gathers its 8 dims of
       // each by shuffles (2 sincosf a lane, not 16). Other groups compute their own.
+      // A token's position is its last key (the unit's tables, shared memory) and the lane's two frequencies
+      // stay in registers: no global load after the unit's Q wait (W1's form loaded both there: +40 us at 8K).
       const bool warp_tokens = group % 8 == 0;
       float own[4] = {0.f, 0.f, 0.f, 0.f};
       if (warp_tokens) {
         const int tl = lane < 16 ? tl0 : tl1;
-        const int32_t pos = tl >= 0 ? p.kv.positions[t0 + tl] : 0;
-        rope_cos_sin(pos, p.q_inv_freq[2 * (lane % 16)], p.q_rope_scale, own[0], own[1]);
-        rope_cos_sin(pos, p.q_inv_freq[2 * (lane % 16) + 1], p.q_rope_scale, own[2], own[3]);
+        const int32_t pos = tl >= 0 ? tab.tok_last[tl] : 0;
+        rope_cos_sin(pos, freq0, p.q_rope_scale, own[0], own[1]);
+        rope_cos_sin(pos, freq1, p.q_rope_scale, own[2], own[3]);
       }
-      const int32_t pos0 = tl0 >= 0 ? p.kv.positions[t0 + tl0] : 0, pos1 = tl1 >= 0 ? p.kv.positions[t0 + tl1] : 0;
+      const int32_t pos0 = tl0 >= 0 ? tab.tok_last[tl0] : 0, pos1 = tl1 >= 0 ? tab.tok_last[tl1] : 0;
 #pragma unroll
       for (int kc = 0; kc < HD / 32; ++kc)
 #pragma unroll
