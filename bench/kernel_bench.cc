@@ -1019,6 +1019,16 @@ void bench_decode_pairs(const std::vector<int64_t>& batches) {
   for (int c = 0; c < 8; ++c) qkv_w.push_back(repeated_random_bf16({5120, H}, 0.02f));
   const TensorView rbias = random_bf16({E}, 0.1f), qkv_bias = random_bf16({5120}, 0.1f);
   const TensorView norm_w = random_bf16({H}, 1.0f);
+  std::vector<TensorView> qkv_w8;
+  std::vector<uint32_t> codes(static_cast<size_t>(5120 * H / 4));
+  for (int c = 0; c < 8; ++c) {
+    for (auto& v : codes) v = static_cast<uint32_t>(g_rng()) & 0xfefefefeu;
+    qkv_w8.push_back(make(DType::kF8E4M3, {5120, H}));
+    CHECK_OK(g_b->copy_from_host(qkv_w8.back(), codes.data()));
+  }
+  const std::vector<float> host_scale(5120, 1.0f / 448);
+  const TensorView qkv_scale = make(DType::kF32, {5120});
+  CHECK_OK(g_b->copy_from_host(qkv_scale, host_scale.data()));
   for (const int64_t m : batches) {
     const TensorView residual = make(DType::kF32, {m, H}), delta = random_bf16({m, H}, 1.0f);
     const TensorView normed = make(DType::kBF16, {m, H}), qkv = make(DType::kBF16, {m, 5120});
@@ -1050,6 +1060,30 @@ void bench_decode_pairs(const std::vector<int64_t>& batches) {
       }
       CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
     }
+    // qkv, then RoPE and the KV write at ~1K context (64 q / 8 kv heads, head dim 64), after the input norm: the two
+    // ops (linear(), qkv_rope) against linear_qkv_rope's skinny epilogue; bf16 weights and FP8 (random e4m3 codes,
+    // lowest bit clear: no NaN).
+    AttnSetup a = make_attention(m, 1024, 1);
+    const QkvRopeParams rope{.qkv = qkv, .q_out = a.q, .kv = a.kv.layer(0), .inv_freq = rope_inv_freq(), .n_q = 64,
+                             .n_kv = 8, .head_dim = 64, .q_norm = {}, .k_norm = {}};
+    const double rope_bytes = 2.0 * m * 80 * 64 * 2;
+    for (int round = 0; round < 2; ++round) {
+      for (const bool fp8 : {false, true}) {
+        for (const bool epilogue : {false, true}) {
+          CudaSkinnyLinearOptions so;
+          so.rope_epilogue = epilogue;
+          CHECK_OK(set_cuda_skinny_linear_options(*g_b, so));
+          const TensorView scale = fp8 ? qkv_scale : TensorView();
+          const std::vector<TensorView>& w = fp8 ? qkv_w8 : qkv_w;
+          report(std::string("add_rms_norm, qkv") + (fp8 ? " fp8" : "") + (epilogue ? " + rope epilogue" : ", qkv_rope") + ms,
+                 time_graph(40, [&](int i) {
+                   MX_RETURN_IF_ERROR(g_b->add_rms_norm(residual, delta, norm_w, 1e-5f, normed));
+                   return g_b->linear_qkv_rope(normed, w[static_cast<size_t>(i) % w.size()], scale, qkv_bias, rope, a.batch);
+                 }), norm_bytes + (fp8 ? qkv_bytes / 2 : qkv_bytes) + rope_bytes, 2.0 * m * 5120 * H);
+        }
+      }
+    }
+    CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
   }
 }
 

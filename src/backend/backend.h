@@ -321,6 +321,14 @@ class Backend {
     return unimplemented(name() + " backend has no FP8 dense linear");
   }
   virtual Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) = 0;
+  // The q|k|v projection into rope.qkv (linear, or linear_fp8 when `scale` is given), then qkv_rope(rope, batch):
+  // one op so that a backend may rotate and write the cache in the GEMM's epilogue (CUDA's skinny kernel at
+  // decode, without q/k norms), rope.qkv then left unwritten.
+  virtual Status linear_qkv_rope(const TensorView& x, const TensorView& weight, const TensorView& scale,
+                                 const TensorView& bias, const QkvRopeParams& rope, const BatchView& batch) {
+    MX_RETURN_IF_ERROR(scale.empty() ? linear(x, weight, bias, rope.qkv) : linear_fp8(x, weight, scale, bias, rope.qkv));
+    return qkv_rope(rope, batch);
+  }
   virtual Status attention(const AttentionParams& p, const BatchView& batch) = 0;
   virtual Status router_topk(const RouterParams& p) = 0;
   // add_rms_norm(residual, delta, weight, eps, out), then router_topk(route) of its out (route.x is `out`): the

@@ -63,6 +63,10 @@ class ForwardingBackend : public Backend {
     return inner_.linear_fp8(x, weight, scale, bias, out);
   }
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override { return inner_.qkv_rope(p, batch); }
+  Status linear_qkv_rope(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                         const QkvRopeParams& rope, const BatchView& batch) override {
+    return inner_.linear_qkv_rope(x, weight, scale, bias, rope, batch);
+  }
   Status attention(const AttentionParams& p, const BatchView& batch) override { return inner_.attention(p, batch); }
   Status router_topk(const RouterParams& p) override { return inner_.router_topk(p); }
   Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,

@@ -74,6 +74,11 @@ Status ProfilingBackend::linear_fp8(const TensorView& x, const TensorView& weigh
 Status ProfilingBackend::qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
   return timed("qkv_rope", 0, [&] { return inner().qkv_rope(p, batch); });
 }
+// Filed with the dense GEMMs in the breakdown: the RoPE is a small part of it.
+Status ProfilingBackend::linear_qkv_rope(const TensorView& x, const TensorView& weight, const TensorView& scale,
+                                         const TensorView& bias, const QkvRopeParams& rope, const BatchView& batch) {
+  return timed("linear_qkv_rope", 0, [&] { return inner().linear_qkv_rope(x, weight, scale, bias, rope, batch); });
+}
 Status ProfilingBackend::attention(const AttentionParams& p, const BatchView& batch) {
   return timed("attention", 0, [&] { return inner().attention(p, batch); });
 }

@@ -45,6 +45,8 @@ class ProfilingBackend final : public ForwardingBackend {
   Status linear_fp8(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
                     TensorView out) override;
   Status qkv_rope(const QkvRopeParams& p, const BatchView& batch) override;
+  Status linear_qkv_rope(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                         const QkvRopeParams& rope, const BatchView& batch) override;
   Status attention(const AttentionParams& p, const BatchView& batch) override;
   Status router_topk(const RouterParams& p) override;
   Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,

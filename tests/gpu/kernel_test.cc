@@ -14,6 +14,7 @@
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
+#include "model/dense_fp8.h"
 #include "model/gemma4/gemma4_model.h"
 #include "model/rope.h"
 #include "runtime/batch_staging.h"
@@ -735,6 +736,102 @@ void KernelTest::run_qkv_rope(int64_t n_q, int64_t n_kv, int64_t hd, const Gemma
   check("qkv_rope k cache", "rotated keys at token slots" + shape, wk_g, wk_c, 5e-3);
   // Plain values are copied exactly; normed ones are rounded to bf16 once from fp32 (the twin keeps f32).
   check("qkv_rope v cache", "values at token slots" + shape, wv_g, wv_c, norms ? 5e-3 : 0.0);
+}
+
+// gpt-oss's q|k|v projection with RoPE and the KV write in the skinny kernel's epilogue (linear_qkv_rope at <= 16
+// tokens): q and the cache slots bit for bit the two ops on CUDA (the skinny linear, then qkv_rope), and the CPU
+// twin (linear then qkv_rope in f32). bf16 and FP8 weights; 20b's shape at 1, 8 and 16 tokens (320 strips: the
+// 3-CTA forms on an H200), a small one in one wave, head dim 32 (two strips a head), k % 16 == 8 (FP8's 8-byte
+// loads), two token tiles.
+TEST_F(KernelTest, LinearQkvRope) {
+  struct Case {
+    int64_t n_q, n_kv, hd, k;
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (start, tokens) per sequence
+  };
+  auto ones = [](std::initializer_list<int64_t> starts) {
+    std::vector<std::pair<int64_t, int64_t>> v;
+    for (int64_t s : starts) v.push_back({s, 1});
+    return v;
+  };
+  const std::vector<Case> cases = {{64, 8, 64, 2880, ones({999})},
+                                   {64, 8, 64, 2880, ones({0, 5, 17, 1000, 1023, 31, 64, 4095})},
+                                   {64, 8, 64, 2880, {{3, 9}, {2000, 7}}},
+                                   {16, 2, 64, 328, {{0, 2}, {40, 1}}},
+                                   {7, 3, 32, 1000, {{0, 5}, {100, 3}, {7, 1}}}};
+  YarnRope yarn;
+  yarn.factor = 32;
+  const int64_t page = 16;
+  for (const Case& c : cases) {
+    for (const bool fp8 : {false, true}) {
+      const int64_t n = (c.n_q + 2 * c.n_kv) * c.hd, half = c.hd / 2;
+      const RopeTables tables = compute_yarn_rope(yarn, c.hd);
+      PagedSetup s = make_paged(rng_, c.spans, page);
+      const int64_t T = s.total;
+      const std::string what = std::to_string(T) + " tokens, q " + std::to_string(c.n_q) + " kv " +
+                               std::to_string(c.n_kv) + " hd " + std::to_string(c.hd) + " k " + std::to_string(c.k) +
+                               (fp8 ? " fp8" : " bf16");
+      const BatchLimits lim{T, static_cast<int64_t>(c.spans.size()), s.max_pages, T};
+      auto st_c = BatchStaging::create(cpu_backend(), lim);
+      auto st_g = BatchStaging::create(cuda_backend(), lim);
+      auto b_c = st_c->stage(s.seqs);
+      auto b_g = st_g->stage(s.seqs);
+      ASSERT_TRUE(b_c.is_ok() && b_g.is_ok());
+      Bf16Data x = random_bf16(rng_, T * c.k, 1.0f), w = random_bf16(rng_, n * c.k, 0.05f), b = random_bf16(rng_, n, 1.0f);
+      Pair px = upload_activation(cpu_, cuda_, x, {T, c.k});
+      TensorView w_c, w_g, sc_c, sc_g;
+      if (fp8) {
+        const Fp8Rows q = quantize_rows_fp8(TensorView(w.bits.data(), DType::kBF16, {n, c.k}));
+        w_c = cpu_.upload(DType::kF8E4M3, {n, c.k}, q.values.data()), w_g = cuda_.upload(DType::kF8E4M3, {n, c.k}, q.values.data());
+        sc_c = cpu_.upload(DType::kF32, {n}, q.scales.data()), sc_g = cuda_.upload(DType::kF32, {n}, q.scales.data());
+      } else {
+        w_c = cpu_.upload(DType::kBF16, {n, c.k}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {n, c.k}, w.bits.data());
+      }
+      TensorView bias_c = cpu_.upload(DType::kBF16, {n}, b.bits.data()), bias_g = cuda_.upload(DType::kBF16, {n}, b.bits.data());
+      const Shape cache{s.num_pages, page, c.n_kv, c.hd};
+      TensorView f_c = cpu_.upload(DType::kF32, {half}, tables.inv_freq.data()),
+                 f_g = cuda_.upload(DType::kF32, {half}, tables.inv_freq.data());
+      // CPU twin; CUDA's two ops (skinny linear forced, qkv_rope); CUDA's epilogue.
+      TensorView k_c = cpu_.make(DType::kF32, cache), v_c = cpu_.make(DType::kF32, cache);
+      TensorView q_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), qkv_c = cpu_.make(DType::kF32, {T, n});
+      TensorView k_2 = cuda_.make(DType::kBF16, cache), v_2 = cuda_.make(DType::kBF16, cache);
+      TensorView q_2 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd}), qkv_g = cuda_.make(DType::kBF16, {T, n});
+      TensorView k_1 = cuda_.make(DType::kBF16, cache), v_1 = cuda_.make(DType::kBF16, cache);
+      TensorView q_1 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
+      const QkvRopeParams r_c{qkv_c, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
+      const QkvRopeParams r_2{qkv_g, q_2, {k_2, v_2, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
+      const QkvRopeParams r_1{qkv_g, q_1, {k_1, v_1, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
+      ASSERT_TRUE(cpu_backend().linear_qkv_rope(px.cpu, w_c, sc_c, bias_c, r_c, *b_c).is_ok());
+      CudaSkinnyLinearOptions two_ops;
+      two_ops.max_rows = 16;
+      two_ops.rope_epilogue = false;
+      ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), two_ops).is_ok());
+      Status st = cuda_backend().linear_qkv_rope(px.cuda, w_g, sc_g, bias_g, r_2, *b_g);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
+      st = cuda_backend().linear_qkv_rope(px.cuda, w_g, sc_g, bias_g, r_1, *b_g);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      // Only the token slots of the caches are defined: each read from its page alone.
+      std::vector<float> kc, vc, k2, v2, k1, v1;
+      auto append_slot = [&](Arena& a, const TensorView& t, int64_t pg, int64_t slot, std::vector<float>& out) {
+        const std::vector<float> rows = a.download_f32(t.rows(pg, pg + 1));
+        out.insert(out.end(), rows.begin() + slot * c.n_kv * c.hd, rows.begin() + (slot + 1) * c.n_kv * c.hd);
+      };
+      for (size_t i = 0; i < s.seqs.size(); ++i)
+        for (int64_t j = 0; j < static_cast<int64_t>(s.tokens[i].size()); ++j) {
+          const int64_t pos = s.seqs[i].start_position + j, pg = s.pages[i][pos / page], slot = pos % page;
+          append_slot(cpu_, k_c, pg, slot, kc), append_slot(cpu_, v_c, pg, slot, vc);
+          append_slot(cuda_, k_2, pg, slot, k2), append_slot(cuda_, v_2, pg, slot, v2);
+          append_slot(cuda_, k_1, pg, slot, k1), append_slot(cuda_, v_1, pg, slot, v1);
+        }
+      const std::vector<float> q1 = cuda_.download_f32(q_1);
+      check("linear_qkv_rope q vs two ops", what, q1, cuda_.download_f32(q_2), 0.0);
+      check("linear_qkv_rope k cache vs two ops", what, k1, k2, 0.0);
+      check("linear_qkv_rope v cache vs two ops", what, v1, v2, 0.0);
+      check("linear_qkv_rope q vs twin", what, q1, cpu_.download_f32(q_c), 5e-3);
+      check("linear_qkv_rope k cache vs twin", what, k1, kc, 5e-3);
+      check("linear_qkv_rope v cache vs twin", what, v1, vc, 5e-3);
+    }
+  }
 }
 
 TEST_F(KernelTest, RouterTopK) {

@@ -488,6 +488,39 @@ class CudaBackend final : public Backend {
     return launch_qkv_rope(r, stream());
   }
 
+  // At <= kSkinnyLinearMaxRows tokens (gpt-oss's decode: no q/k norms) the skinny kernel rotates q and k and
+  // writes q and the cache in its epilogue (skinny_linear.cu, SkinnyRope); rope.qkv is not written.
+  Status linear_qkv_rope(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
+                         const QkvRopeParams& rope, const BatchView& batch) override {
+    const CudaSkinnyLinearOptions& so = options_.skinny_linear;
+    const int64_t k = weight.dim(1), m = x.numel() / k;
+    const bool fp8 = !scale.empty();
+    const bool fits = so.rope_epilogue && rope.norm_eps <= 0 && use_skinny_linear(m, k, so.max_rows) &&
+                      m == batch.num_tokens && rope.head_dim % 16 == 0 &&
+                      weight.dim(0) == (rope.n_q + 2 * rope.n_kv) * rope.head_dim &&
+                      x.dtype() == DType::kBF16 && weight.dtype() == (fp8 ? DType::kF8E4M3 : DType::kBF16) &&
+                      rope.kv.k.dtype() == DType::kBF16 && reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(weight.data()) % 16 == 0;
+    if (!fits) return Backend::linear_qkv_rope(x, weight, scale, bias, rope, batch);
+    SkinnyLinearParams s;
+    if (fp8) {
+      s.w_fp8 = ptr<const uint8_t>(weight);
+      s.w_scale = ptr<const float>(scale);
+    } else {
+      s.w = ptr<const uint16_t>(weight);
+    }
+    s.x = ptr<const uint16_t>(x);
+    s.bias = bias.empty() ? nullptr : ptr<const uint16_t>(bias);
+    s.m = m, s.n = weight.dim(0), s.k = k;
+    s.rope.q_out = ptr<uint16_t>(rope.q_out);
+    s.rope.inv_freq = ptr<const float>(rope.inv_freq);
+    s.rope.kv = paged(rope.kv, batch);
+    s.rope.n_q = rope.n_q, s.rope.n_kv = rope.n_kv, s.rope.head_dim = rope.head_dim;
+    s.rope.scale = rope.rope_scale;
+    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, s.n, k, /*k_splits=*/1, 0, /*strip_rows=*/16);
+    return launch_skinny_linear(s, c, stream());
+  }
+
   Status attention(const AttentionParams& p, const BatchView& batch) override {
     expect(p.q, DType::kBF16, "attention q");
     expect(p.kv.k, DType::kBF16, "k cache");
@@ -1450,6 +1483,11 @@ Result<CudaPlacement> cuda_placement(Backend& backend) {
 
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny) {
   return set_option_group(backend, &CudaBackendOptions::skinny_linear, skinny);
+}
+
+Result<CudaSkinnyLinearOptions> cuda_skinny_linear_options(Backend& backend) {
+  MX_ASSIGN_OR_RETURN(CudaBackendOptions * options, cuda_options_of(backend));
+  return options->skinny_linear;
 }
 
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention) {

@@ -59,6 +59,9 @@ struct CudaSkinnyLinearOptions {
   int chunks_in_flight = 0;
   int strip_rows = 0;  // 8 to 16 forces SkinnyLinearConfig::strip_rows (benchmarks); 0 = skinny_linear_strip_rows,
                        // 16 on FP8 weights
+  // linear_qkv_rope at <= kSkinnyLinearMaxRows tokens without q/k norms: the RoPE and the KV write in the skinny
+  // kernel's epilogue (SkinnyRope, one launch); false: the linear, then qkv_rope (two launches).
+  bool rope_epilogue = true;
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel
@@ -215,6 +218,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackend
 Status set_cuda_moe_options(Backend& backend, const CudaMoeOptions& moe);
 Result<CudaMoeOptions> cuda_moe_options(Backend& backend);  // the current ones, to change one field
 Status set_cuda_skinny_linear_options(Backend& backend, const CudaSkinnyLinearOptions& skinny);
+Result<CudaSkinnyLinearOptions> cuda_skinny_linear_options(Backend& backend);
 Status set_cuda_attention_options(Backend& backend, const CudaAttentionOptions& attention);
 Status set_cuda_bf16_experts_options(Backend& backend, const CudaBf16ExpertsOptions& bf16_experts);
 Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOptions& gemma_router);

@@ -314,7 +314,6 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
     const GptOssLayerWeights& L = weights_.layers[static_cast<size_t>(l)];
     const KvLayerView cache = kv.layer(shard_.kv_layer_offset + l);
 
-    MX_RETURN_IF_ERROR(dense(normed, L.qkv_weight, L.qkv_scale, L.qkv_bias, ws.qkv.rows(0, T)));
     // Prefill (a sequence of more than 8 tokens: the prefill attention kernels): RoPE for Q in the attention,
     // which reads the q|k|v projection (CUDA: the window and persistent kernels rotate Q as they load it), and
     // qkv_rope writes K and V alone; Q is not written and read back (8K tokens: 67 MB each way a layer).
@@ -322,7 +321,8 @@ Result<ForwardOutput> GptOssModel::forward(const BatchView& batch, const KvCache
     QkvRopeParams rope{ws.qkv.rows(0, T), q_in_attention ? TensorView() : ws.q.rows(0, T), cache, inv_freq_,
                        rope_scale_, plan_.heads, plan_.kv_heads, c.head_dim, TensorView(), TensorView(), 0.0f,
                        TensorView()};  // no q/k norms, no prefetch
-    MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
+    // qkv (bf16 or FP8 weights, as dense()), then RoPE and the KV write: one launch at decode on CUDA.
+    MX_RETURN_IF_ERROR(b.linear_qkv_rope(normed, L.qkv_weight, L.qkv_scale, L.qkv_bias, rope, batch));
     AttentionParams attn{q_in_attention ? ws.qkv.rows(0, T) : ws.q.rows(0, T), cache, L.sinks, ws.attn.rows(0, T),
                          plan_.heads, plan_.kv_heads, c.head_dim, kv_layout_.layers[static_cast<size_t>(l)].window,
                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};

@@ -52,6 +52,28 @@ struct AddBiasParams {
 };
 Status launch_add_bias_f32(const AddBiasParams& p, cudaStream_t stream);
 
+// The paged KV cache and the batch, as the attention-side kernels see them.
+struct PagedKv {
+  uint16_t* k = nullptr;             // bf16 [num_pages, page_size, n_kv, head_dim]
+  uint16_t* v = nullptr;             // bf16 [num_pages, page_size, n_kv, head_dim]
+  const int32_t* positions = nullptr;   // [tokens]
+  const int32_t* token_seq = nullptr;   // [tokens]
+  const int32_t* page_table = nullptr;  // [seqs, max_pages]
+  int64_t page_size = 0, max_pages = 0, num_pages = 0;
+};
+
+// The qkv projection's RoPE and KV write in the skinny kernel's epilogue (SkinnyLinearParams::rope; gpt-oss
+// decode): with q_out set, the linear's rows are q | k | v heads of head_dim, strips pair rows i and i + half
+// of a head (8 each) so that a thread holds both halves of a RoPE pair, and the epilogue rounds qkv to bf16,
+// rotates q and k exactly as launch_qkv_rope and writes q to q_out and k, v to the paged cache (p.out unused).
+struct SkinnyRope {
+  uint16_t* q_out = nullptr;        // bf16 [m, n_q head_dim]; null: a plain linear
+  const float* inv_freq = nullptr;  // [head_dim / 2]
+  PagedKv kv;
+  int64_t n_q = 0, n_kv = 0, head_dim = 0;  // n = (n_q + 2 n_kv) head_dim; head_dim % 16 == 0
+  float scale = 1.0f;
+};
+
 // out[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) for a few rows m (kernel_configs.h, SkinnyLinearConfig):
 // fp32 accumulation, the bias added in fp32, bf16 or f32 output. k % 8 == 0.
 struct SkinnyLinearParams {
@@ -66,21 +88,13 @@ struct SkinnyLinearParams {
                                    // of a strip resets its ticket
   int64_t m = 0, n = 0, k = 0;
   bool out_f32 = false;
+  SkinnyRope rope;                 // q_out set: qkv + RoPE + KV write (16-row strips, bf16 out, no k split)
 };
 Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream);
 // out[r, k] = bf16(scale[r] * w[r, k]) for rows [0, rows): fp8 dense weights widened for cuBLASLt (M > 16).
 Status launch_dequant_fp8_rows(const uint8_t* w, const float* scale, uint16_t* out, int64_t rows, int64_t k,
                                cudaStream_t stream);
 
-// The paged KV cache and the batch, as the attention-side kernels see them.
-struct PagedKv {
-  uint16_t* k = nullptr;             // bf16 [num_pages, page_size, n_kv, head_dim]
-  uint16_t* v = nullptr;             // bf16 [num_pages, page_size, n_kv, head_dim]
-  const int32_t* positions = nullptr;   // [tokens]
-  const int32_t* token_seq = nullptr;   // [tokens]
-  const int32_t* page_table = nullptr;  // [seqs, max_pages]
-  int64_t page_size = 0, max_pages = 0, num_pages = 0;
-};
 
 struct RopeParams {
   const uint16_t* qkv = nullptr;   // bf16 [tokens, (n_q + 2 n_kv) head_dim]

@@ -18,10 +18,16 @@
 // 8 codes per lane (half the bytes per round trip) and ran at 47-56% of the copy rate on an H200 where bf16
 // ran at 78-88% (docs/PERF.md). Shapes whose strips do not fit one wave at 2 CTAs per SM run a 3-CTA form
 // with fewer chunks in flight (launch_skinny_linear).
+// kRope (qkv at decode, SkinnyRope): strip s of head h holds rows i0..i0+7 and half+i0..half+i0+7 of the head
+// (i0 = 8 (s mod half/8)), so the mma's rows g and g + 8 are a RoPE pair; after the warps' sum every value is
+// rounded to bf16 (what qkv would hold), its pair partner read back from shared memory, and q / k rotated with
+// qkv_rope's arithmetic (cos/sin of the fp32 angle by the precise sincosf, times the YaRN scale), q stored to
+// q_out and k, v to the paged cache: one launch instead of two and no qkv round trip.
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/head_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
 
 namespace mx::cuda {
@@ -81,20 +87,77 @@ struct Fp8Weights {
   }
 };
 
-template <int kTiles, int kChunks, typename Weights, int kCtasPerSm>
+// Row of the strip's in-strip row r: row0 + r, or with kRope the head's rows paired for RoPE (above).
+template <bool kRope>
+__device__ __forceinline__ int64_t strip_row(const SkinnyLinearParams& p, int64_t strip, int strip_rows, int r) {
+  if constexpr (kRope) {
+    const int64_t half = p.rope.head_dim / 2, per_head = half / 8;
+    return strip / per_head * p.rope.head_dim + (r < 8 ? 0 : half) + 8 * (strip % per_head) + r % 8;
+  } else {
+    return strip * strip_rows + r;
+  }
+}
+
+// kRope's epilogue (16-row strips, no k split): thread v < kValues holds the warps' sum `s` of fragment slot
+// v / 32 (tile j, element e) of lane v % 32; element e ^ 2 of the same lane is the other half of its RoPE pair.
+template <int kValues, bool kFp8>
+__device__ __forceinline__ void rope_epilogue(const SkinnyLinearParams& p, int64_t strip, float s, float* rounded) {
+  const int v = threadIdx.x;
+  const int slot = v / 32, l = v % 32, j = slot / 4, e = slot % 4;
+  const int in_strip = l / 4 + (e >= 2 ? 8 : 0);
+  const int64_t row = strip_row<true>(p, strip, 16, in_strip);
+  const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
+  const bool live = v < kValues && token < p.m;
+  if (live) {
+    if constexpr (kFp8) s *= p.w_scale[row];
+    if (p.bias) s += bf16_bits_to_f32(p.bias[row]);
+    rounded[v] = bf16_bits_to_f32(f32_to_bf16_bits(s));  // qkv's bf16 value
+  }
+  __syncthreads();
+  if (!live) return;
+  const SkinnyRope& r = p.rope;
+  const int64_t hd = r.head_dim, half = hd / 2, head = row / hd, d = row % hd, i = d % half;
+  const int32_t pos = r.kv.positions[token];
+  const int64_t cache = kv_row(r.kv, token, pos, r.n_kv);
+  const float own = rounded[v];
+  if (head >= r.n_q + r.n_kv) {  // v: copied
+    if (cache >= 0) r.kv.v[(cache + head - r.n_q - r.n_kv) * hd + d] = f32_to_bf16_bits(own);
+    return;
+  }
+  // qkv_rope's table entry and rotation (rope.cu): a = x[i], b = x[i + half].
+  float sn, cs;
+  sincosf(static_cast<float>(pos) * r.inv_freq[i], &sn, &cs);
+  const float cos_i = cs * r.scale, sin_i = sn * r.scale;
+  const float other = rounded[v ^ 64];  // slot e ^ 2: the pair's other row
+  const float a = d < half ? own : other, b = d < half ? other : own;
+  // Rounded as rope.cu's 4-wide form compiles (a cos - b sin not contracted; b cos + a sin as one fma).
+  const float y = d < half ? __fsub_rn(__fmul_rn(a, cos_i), __fmul_rn(b, sin_i)) : __fmaf_rn(b, cos_i, __fmul_rn(a, sin_i));
+  uint16_t* out = nullptr;
+  if (head < r.n_q) {
+    out = r.q_out + (token * r.n_q + head) * hd;
+  } else if (cache >= 0) {
+    out = r.kv.k + (cache + head - r.n_q) * hd;
+  }
+  if (out) out[d] = f32_to_bf16_bits(y);
+}
+
+template <int kTiles, int kChunks, typename Weights, int kCtasPerSm, bool kRope>
 __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
     skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split, int strip_rows) {
   constexpr int kLaneK = Weights::kLaneK, kGroups = kLaneK / 8, kChunk = 4 * kLaneK;  // k per chunk: 4 lanes
+  constexpr int kValues = kTiles * 4 * 32;
   __shared__ float red[kSkinnyLinearWarps][kTiles * 4][32];
+  __shared__ float rounded[kRope ? kValues : 1];  // kRope: the strip's values as bf16, for the pair partners
   __shared__ bool last_of_strip;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t strip = blockIdx.x, row0 = strip * strip_rows;
+  const int64_t strip = blockIdx.x;
   const int64_t first = blockIdx.y * chunks_per_split;
   const int64_t end = min((p.k + kChunk - 1) / kChunk, first + chunks_per_split);
   // Rows past the strip or n and tokens past m read row 0 / token 0 (always valid) and are masked to zero.
-  const bool lo_ok = g < strip_rows && row0 + g < p.n, hi_ok = g + 8 < strip_rows && row0 + g + 8 < p.n;
-  const int64_t w_lo = (lo_ok ? row0 + g : 0) * p.k + kLaneK * t;  // element offsets of this lane's weights
-  const int64_t w_hi = (hi_ok ? row0 + g + 8 : 0) * p.k + kLaneK * t;
+  const int64_t row_lo = strip_row<kRope>(p, strip, strip_rows, g), row_hi = strip_row<kRope>(p, strip, strip_rows, g + 8);
+  const bool lo_ok = g < strip_rows && row_lo < p.n, hi_ok = g + 8 < strip_rows && row_hi < p.n;
+  const int64_t w_lo = (lo_ok ? row_lo : 0) * p.k + kLaneK * t;  // element offsets of this lane's weights
+  const int64_t w_hi = (hi_ok ? row_hi : 0) * p.k + kLaneK * t;
   const uint16_t* x_row[kTiles];
   bool x_ok[kTiles];
 #pragma unroll
@@ -161,7 +224,6 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
     for (int e = 0; e < 4; ++e) red[warp][j * 4 + e][lane] = acc[j][e];
   __syncthreads();
   // One value per thread: fragment slot (tile j, element e) of lane l, summed over the warps in order.
-  constexpr int kValues = kTiles * 4 * 32;
   const int v = threadIdx.x;
   float s = 0;
   if (v < kValues) {
@@ -187,10 +249,14 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
       for (unsigned y = 0; y < gridDim.y; ++y) s += __ldcg(p.partials + (strip * gridDim.y + y) * kValues + v);
     }
   }
+  if constexpr (kRope) {
+    rope_epilogue<kValues, Weights::kFp8>(p, strip, s, rounded);
+    return;
+  }
   if (v >= kValues) return;
   const int slot = v / 32, l = v % 32, j = slot / 4, e = slot % 4;
   const int in_strip = l / 4 + (e >= 2 ? 8 : 0);
-  const int64_t row = row0 + in_strip;
+  const int64_t row = strip_row<kRope>(p, strip, strip_rows, in_strip);
   const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
   if (in_strip >= strip_rows || row >= p.n || token >= p.m) return;
   if constexpr (Weights::kFp8) s *= p.w_scale[row];
@@ -202,7 +268,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
   }
 }
 
-template <int kTiles, int kChunks, typename Weights, int kCtasPerSm = kSkinnyLinearCtasPerSm>
+template <int kTiles, int kChunks, typename Weights, int kCtasPerSm = kSkinnyLinearCtasPerSm, bool kRope = false>
 Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(ceil_div64(p.n, c.strip_rows)), static_cast<unsigned>(c.k_splits));
@@ -216,7 +282,7 @@ Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStre
   // The config counts 32-element chunks per split; an FP8 chunk is 64 elements (two of them, rounded up: an
   // empty last split adds zeros).
   const int64_t chunks_per_split = Weights::kFp8 ? (c.chunks_per_split + 1) / 2 : c.chunks_per_split;
-  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm>, p,
+  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm, kRope>, p,
                                         chunks_per_split, c.strip_rows),
                      "skinny_linear_kernel");
 }
@@ -263,15 +329,34 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
   // one wave. Measured on an H200 at one token (docs/PERF.md, session 14 W1): o_proj's 180 strips 6.42 us at 2
   // per SM vs 7.47 at 3, qkv's 320 strips 9.75 vs 6.56, the lm_head 230.4 vs 179.5. No 8-chunk FP8 variant
   // (bf16's benchmark knob at one token; it would spill).
-  if (p.w_fp8) {
-    if (c.chunks_in_flight != 4) return internal_error("skinny linear: no compiled FP8 variant for this config");
-    int device = 0, sms = 0;
+  // kRope (qkv at decode) takes the same two forms for bf16 weights as for FP8 (its 320 strips at gpt-oss's
+  // shape are 1.2 waves at 2 CTAs per SM; session 16 measured the 3-CTA form at one token 12.30 us against
+  // cuBLASLt's 12.16 and the register kernel's 13.27, before the qkv_rope launch it saves).
+  int device = 0, sms = 0;
+  auto one_wave = [&]() -> Result<bool> {
     MX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
     MX_RETURN_IF_ERROR(
         cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"));
-    const bool one_wave = ceil_div64(p.n, c.strip_rows) <= static_cast<int64_t>(sms) * kSkinnyLinearCtasPerSm;
-    if (c.n_tiles == 1) return one_wave ? launch<1, 4, Fp8Weights>(p, c, stream) : launch<1, 3, Fp8Weights, 3>(p, c, stream);
-    return one_wave ? launch<2, 3, Fp8Weights>(p, c, stream) : launch<2, 2, Fp8Weights, 3>(p, c, stream);
+    return ceil_div64(p.n, c.strip_rows) <= static_cast<int64_t>(sms) * kSkinnyLinearCtasPerSm;
+  };
+  if (p.rope.q_out) {
+    const SkinnyRope& r = p.rope;
+    if (c.strip_rows != 16 || c.k_splits != 1 || p.out_f32 || r.head_dim % 16 != 0 || r.n_q < 1 || r.n_kv < 1 ||
+        p.n != (r.n_q + 2 * r.n_kv) * r.head_dim || !r.inv_freq)
+      return internal_error("skinny linear: RoPE epilogue needs 16-row strips, no k split, bf16 out, head_dim % 16");
+    MX_ASSIGN_OR_RETURN(const bool one, one_wave());
+    if (p.w_fp8) {
+      if (c.n_tiles == 1) return one ? launch<1, 4, Fp8Weights, 2, true>(p, c, stream) : launch<1, 3, Fp8Weights, 3, true>(p, c, stream);
+      return one ? launch<2, 3, Fp8Weights, 2, true>(p, c, stream) : launch<2, 2, Fp8Weights, 3, true>(p, c, stream);
+    }
+    if (c.n_tiles == 1) return one ? launch<1, 4, Bf16Weights, 2, true>(p, c, stream) : launch<1, 3, Bf16Weights, 3, true>(p, c, stream);
+    return one ? launch<2, 4, Bf16Weights, 2, true>(p, c, stream) : launch<2, 2, Bf16Weights, 3, true>(p, c, stream);
+  }
+  if (p.w_fp8) {
+    if (c.chunks_in_flight != 4) return internal_error("skinny linear: no compiled FP8 variant for this config");
+    MX_ASSIGN_OR_RETURN(const bool one_wave_fp8, one_wave());
+    if (c.n_tiles == 1) return one_wave_fp8 ? launch<1, 4, Fp8Weights>(p, c, stream) : launch<1, 3, Fp8Weights, 3>(p, c, stream);
+    return one_wave_fp8 ? launch<2, 3, Fp8Weights>(p, c, stream) : launch<2, 2, Fp8Weights, 3>(p, c, stream);
   }
   if (c.n_tiles == 1 && c.chunks_in_flight == 8) return launch<1, 8, Bf16Weights>(p, c, stream);
   if (c.n_tiles == 1 && c.chunks_in_flight == 4) return launch<1, 4, Bf16Weights>(p, c, stream);
