@@ -11,7 +11,7 @@
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
-// --qkv-rope-only[=T,T,...] |
+// --qkv-rope-only[=T,T,...] | --qkv-rope-epilogue-only[=B,B,...] |
 // --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
@@ -921,16 +921,25 @@ void bench_linear_skinny(bool fp8_only) {
     std::vector<float> host_scale(static_cast<size_t>(s.n), 1.0f / 448);
     TensorView scale = make(DType::kF32, {s.n});
     CHECK_OK(g_b->copy_from_host(scale, host_scale.data()));
+    // The backend's strips (skinny_fp8_strip_rows) against 16-row ones, interleaved.
     for (int64_t m : {1, 8, 16}) {
       TensorView x = random_bf16({m, s.k}, 1.0f);
       TensorView out = make(head ? DType::kF32 : DType::kBF16, {m, s.n});
       auto op = [&](int i) { return g_b->linear_fp8(x, w8[i % s.copies], scale, bias, out); };
-      CHECK_OK(op(0));
-      const double us = time_graph(head ? 10 : 40, op);
-      const double bytes = 1.0 * s.n * s.k + 4.0 * s.n + 2.0 * m * s.k + (head ? 4.0 : 2.0) * m * s.n;
-      char note[64];
-      std::snprintf(note, sizeof note, "%.0f GB/s", bytes / us / 1e3);
-      report(std::string(s.name) + " M=" + std::to_string(m) + " fp8", us, bytes, 2.0 * m * s.n * s.k, note);
+      for (int round = 0; round < (head ? 1 : 2); ++round)
+        for (const int rows : {0, 16}) {
+          CudaSkinnyLinearOptions so;
+          so.strip_rows = rows;
+          CHECK_OK(set_cuda_skinny_linear_options(*g_b, so));
+          CHECK_OK(op(0));
+          const double us = time_graph(head ? 10 : 40, op);
+          const double bytes = 1.0 * s.n * s.k + 4.0 * s.n + 2.0 * m * s.k + (head ? 4.0 : 2.0) * m * s.n;
+          char note[64];
+          std::snprintf(note, sizeof note, "%.0f GB/s", bytes / us / 1e3);
+          report(std::string(s.name) + " M=" + std::to_string(m) + " fp8" + (rows ? " 16-row strips" : ""), us, bytes,
+                 2.0 * m * s.n * s.k, note);
+        }
+      CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
     }
   }
 }
@@ -1019,16 +1028,6 @@ void bench_decode_pairs(const std::vector<int64_t>& batches) {
   for (int c = 0; c < 8; ++c) qkv_w.push_back(repeated_random_bf16({5120, H}, 0.02f));
   const TensorView rbias = random_bf16({E}, 0.1f), qkv_bias = random_bf16({5120}, 0.1f);
   const TensorView norm_w = random_bf16({H}, 1.0f);
-  std::vector<TensorView> qkv_w8;
-  std::vector<uint32_t> codes(static_cast<size_t>(5120 * H / 4));
-  for (int c = 0; c < 8; ++c) {
-    for (auto& v : codes) v = static_cast<uint32_t>(g_rng()) & 0xfefefefeu;
-    qkv_w8.push_back(make(DType::kF8E4M3, {5120, H}));
-    CHECK_OK(g_b->copy_from_host(qkv_w8.back(), codes.data()));
-  }
-  const std::vector<float> host_scale(5120, 1.0f / 448);
-  const TensorView qkv_scale = make(DType::kF32, {5120});
-  CHECK_OK(g_b->copy_from_host(qkv_scale, host_scale.data()));
   for (const int64_t m : batches) {
     const TensorView residual = make(DType::kF32, {m, H}), delta = random_bf16({m, H}, 1.0f);
     const TensorView normed = make(DType::kBF16, {m, H}), qkv = make(DType::kBF16, {m, 5120});
@@ -1060,25 +1059,58 @@ void bench_decode_pairs(const std::vector<int64_t>& batches) {
       }
       CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
     }
-    // qkv, then RoPE and the KV write at ~1K context (64 q / 8 kv heads, head dim 64), after the input norm: the two
-    // ops (linear(), qkv_rope) against linear_qkv_rope's skinny epilogue; bf16 weights and FP8 (random e4m3 codes,
-    // lowest bit clear: no NaN).
+  }
+}
+
+// ---- gpt-oss's qkv, then RoPE and the KV write at ~1K context (64 q / 8 kv heads, head dim 64), after the input
+// norm (`--qkv-rope-epilogue-only[=B,...]`, default 1 and 8 tokens; also in --decode-step-only): the two ops (linear(), then
+// qkv_rope) against linear_qkv_rope's skinny epilogue on 16-row strips and on skinny_rope_strip_rows' strips; bf16
+// weights and FP8 (random e4m3 codes, lowest bit clear: no NaN). Interleaved twice.
+void bench_qkv_rope_pairs(const std::vector<int64_t>& batches) {
+  const int64_t H = 2880;
+  std::vector<TensorView> qkv_w, qkv_w8;
+  for (int c = 0; c < 8; ++c) qkv_w.push_back(repeated_random_bf16({5120, H}, 0.02f));
+  std::vector<uint32_t> codes(static_cast<size_t>(5120 * H / 4));
+  for (int c = 0; c < 8; ++c) {
+    for (auto& v : codes) v = static_cast<uint32_t>(g_rng()) & 0xfefefefeu;
+    qkv_w8.push_back(make(DType::kF8E4M3, {5120, H}));
+    CHECK_OK(g_b->copy_from_host(qkv_w8.back(), codes.data()));
+  }
+  const std::vector<float> host_scale(5120, 1.0f / 448);
+  const TensorView qkv_scale = make(DType::kF32, {5120});
+  CHECK_OK(g_b->copy_from_host(qkv_scale, host_scale.data()));
+  const TensorView qkv_bias = random_bf16({5120}, 0.1f), norm_w = random_bf16({H}, 1.0f);
+  const TensorView inv_freq = rope_inv_freq();
+  for (const int64_t m : batches) {
+    const TensorView residual = make(DType::kF32, {m, H}), delta = random_bf16({m, H}, 1.0f);
+    const TensorView normed = make(DType::kBF16, {m, H}), qkv = make(DType::kBF16, {m, 5120});
+    std::vector<float> zeros(static_cast<size_t>(m * H), 0.0f);
+    CHECK_OK(g_b->copy_from_host(residual, zeros.data()));
+    const std::string ms = " M=" + std::to_string(m);
+    const double norm_bytes = m * H * (4.0 * 2 + 2.0 * 2), qkv_bytes = 2.0 * 5120 * H + 2.0 * m * 5120;
     AttnSetup a = make_attention(m, 1024, 1);
-    const QkvRopeParams rope{.qkv = qkv, .q_out = a.q, .kv = a.kv.layer(0), .inv_freq = rope_inv_freq(), .n_q = 64,
+    const QkvRopeParams rope{.qkv = qkv, .q_out = a.q, .kv = a.kv.layer(0), .inv_freq = inv_freq, .n_q = 64,
                              .n_kv = 8, .head_dim = 64, .q_norm = {}, .k_norm = {}};
     const double rope_bytes = 2.0 * m * 80 * 64 * 2;
+    struct Form {
+      const char* name;
+      bool epilogue;
+      int rows;
+    };
     for (int round = 0; round < 2; ++round) {
       for (const bool fp8 : {false, true}) {
-        for (const bool epilogue : {false, true}) {
+        for (const Form& f : {Form{", qkv_rope", false, 0}, Form{" + rope epilogue 16-row strips", true, 16},
+                              Form{" + rope epilogue", true, 0}}) {
           CudaSkinnyLinearOptions so;
-          so.rope_epilogue = epilogue;
+          so.rope_epilogue = f.epilogue ? 1 : -1;
+          so.rope_strip_rows = f.rows;
           CHECK_OK(set_cuda_skinny_linear_options(*g_b, so));
           const TensorView scale = fp8 ? qkv_scale : TensorView();
           const std::vector<TensorView>& w = fp8 ? qkv_w8 : qkv_w;
-          report(std::string("add_rms_norm, qkv") + (fp8 ? " fp8" : "") + (epilogue ? " + rope epilogue" : ", qkv_rope") + ms,
-                 time_graph(40, [&](int i) {
+          report(std::string("add_rms_norm, qkv") + (fp8 ? " fp8" : "") + f.name + ms, time_graph(40, [&](int i) {
                    MX_RETURN_IF_ERROR(g_b->add_rms_norm(residual, delta, norm_w, 1e-5f, normed));
-                   return g_b->linear_qkv_rope(normed, w[static_cast<size_t>(i) % w.size()], scale, qkv_bias, rope, a.batch);
+                   return g_b->linear_qkv_rope(normed, w[static_cast<size_t>(i) % w.size()], scale, qkv_bias, rope,
+                                               a.batch);
                  }), norm_bytes + (fp8 ? qkv_bytes / 2 : qkv_bytes) + rope_bytes, 2.0 * m * 5120 * H);
         }
       }
@@ -1175,6 +1207,7 @@ void bench_decode_step(const std::vector<int64_t>& batches, int candidate_count)
     report("add_rms_norm M=" + std::to_string(m), norm_us, m * 2880 * (4.0 * 2 + 2.0 * 2), 0);
   }
   bench_decode_pairs(batches);
+  bench_qkv_rope_pairs(batches);
 }
 
 // ---- Sampling: rows of gpt-oss's 201,088-token vocabulary; floor = reading the f32 logits once.
@@ -1863,6 +1896,14 @@ int main(int argc, char** argv) {
     // `--variants=P,P,...`: only the variants whose labels start with one of the prefixes (one to profile).
     take_variant_prefixes(argc, argv, arg);
     bench_gemma_experts(sizes->empty() ? std::vector<int64_t>{1, 8, 64} : *sizes);
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--qkv-rope-epilogue-only[=B,B,...]`: gpt-oss's qkv and RoPE at decode, the two ops against the skinny epilogue.
+  if (const auto sizes = argc > arg ? int_list_flag(argv[arg], "--qkv-rope-epilogue-only") : std::nullopt) {
+    CHECK_OK(g_b->prepare(WorkspaceSpec{512, 2880, 2880, 128, 4, 64, 8, 64, 256, 201088}));
+    bench_qkv_rope_pairs(sizes->empty() ? std::vector<int64_t>{1, 8} : *sizes);
+    ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }

@@ -795,41 +795,49 @@ TEST_F(KernelTest, LinearQkvRope) {
       TensorView q_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), qkv_c = cpu_.make(DType::kF32, {T, n});
       TensorView k_2 = cuda_.make(DType::kBF16, cache), v_2 = cuda_.make(DType::kBF16, cache);
       TensorView q_2 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd}), qkv_g = cuda_.make(DType::kBF16, {T, n});
-      TensorView k_1 = cuda_.make(DType::kBF16, cache), v_1 = cuda_.make(DType::kBF16, cache);
-      TensorView q_1 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
       const QkvRopeParams r_c{qkv_c, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
       const QkvRopeParams r_2{qkv_g, q_2, {k_2, v_2, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
-      const QkvRopeParams r_1{qkv_g, q_1, {k_1, v_1, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
       ASSERT_TRUE(cpu_backend().linear_qkv_rope(px.cpu, w_c, sc_c, bias_c, r_c, *b_c).is_ok());
       CudaSkinnyLinearOptions two_ops;
       two_ops.max_rows = 16;
-      two_ops.rope_epilogue = false;
+      two_ops.rope_epilogue = -1;
       ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), two_ops).is_ok());
       Status st = cuda_backend().linear_qkv_rope(px.cuda, w_g, sc_g, bias_g, r_2, *b_g);
       ASSERT_TRUE(st.is_ok()) << st.to_string();
-      ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
-      st = cuda_backend().linear_qkv_rope(px.cuda, w_g, sc_g, bias_g, r_1, *b_g);
-      ASSERT_TRUE(st.is_ok()) << st.to_string();
       // Only the token slots of the caches are defined: each read from its page alone.
-      std::vector<float> kc, vc, k2, v2, k1, v1;
-      auto append_slot = [&](Arena& a, const TensorView& t, int64_t pg, int64_t slot, std::vector<float>& out) {
-        const std::vector<float> rows = a.download_f32(t.rows(pg, pg + 1));
-        out.insert(out.end(), rows.begin() + slot * c.n_kv * c.hd, rows.begin() + (slot + 1) * c.n_kv * c.hd);
+      auto slots = [&](Arena& a, const TensorView& t) {
+        std::vector<float> out;
+        for (size_t i = 0; i < s.seqs.size(); ++i)
+          for (int64_t j = 0; j < static_cast<int64_t>(s.tokens[i].size()); ++j) {
+            const int64_t pos = s.seqs[i].start_position + j, pg = s.pages[i][pos / page], slot = pos % page;
+            const std::vector<float> rows = a.download_f32(t.rows(pg, pg + 1));
+            out.insert(out.end(), rows.begin() + slot * c.n_kv * c.hd, rows.begin() + (slot + 1) * c.n_kv * c.hd);
+          }
+        return out;
       };
-      for (size_t i = 0; i < s.seqs.size(); ++i)
-        for (int64_t j = 0; j < static_cast<int64_t>(s.tokens[i].size()); ++j) {
-          const int64_t pos = s.seqs[i].start_position + j, pg = s.pages[i][pos / page], slot = pos % page;
-          append_slot(cpu_, k_c, pg, slot, kc), append_slot(cpu_, v_c, pg, slot, vc);
-          append_slot(cuda_, k_2, pg, slot, k2), append_slot(cuda_, v_2, pg, slot, v2);
-          append_slot(cuda_, k_1, pg, slot, k1), append_slot(cuda_, v_1, pg, slot, v1);
-        }
-      const std::vector<float> q1 = cuda_.download_f32(q_1);
-      check("linear_qkv_rope q vs two ops", what, q1, cuda_.download_f32(q_2), 0.0);
-      check("linear_qkv_rope k cache vs two ops", what, k1, k2, 0.0);
-      check("linear_qkv_rope v cache vs two ops", what, v1, v2, 0.0);
-      check("linear_qkv_rope q vs twin", what, q1, cpu_.download_f32(q_c), 5e-3);
-      check("linear_qkv_rope k cache vs twin", what, k1, kc, 5e-3);
-      check("linear_qkv_rope v cache vs twin", what, v1, vc, 5e-3);
+      const std::vector<float> q2 = cuda_.download_f32(q_2), k2 = slots(cuda_, k_2), v2 = slots(cuda_, v_2);
+      const std::vector<float> qc = cpu_.download_f32(q_c), kc = slots(cpu_, k_c), vc = slots(cpu_, v_c);
+      // The epilogue with the default strips, then 16 rows (8 pairs) and 10 (5 pairs: strips across heads).
+      for (const int rows : {0, 16, 10}) {
+        CudaSkinnyLinearOptions fused;
+        fused.rope_epilogue = 1;
+        fused.rope_strip_rows = rows;
+        ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), fused).is_ok());
+        TensorView k_1 = cuda_.make(DType::kBF16, cache), v_1 = cuda_.make(DType::kBF16, cache);
+        TensorView q_1 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
+        const QkvRopeParams r_1{qkv_g, q_1, {k_1, v_1, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
+        st = cuda_backend().linear_qkv_rope(px.cuda, w_g, sc_g, bias_g, r_1, *b_g);
+        ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        const std::string form = what + (rows ? ", " + std::to_string(rows) + "-row strips" : ", default strips");
+        const std::vector<float> q1 = cuda_.download_f32(q_1), k1 = slots(cuda_, k_1), v1 = slots(cuda_, v_1);
+        check("linear_qkv_rope q vs two ops", form, q1, q2, 0.0);
+        check("linear_qkv_rope k cache vs two ops", form, k1, k2, 0.0);
+        check("linear_qkv_rope v cache vs two ops", form, v1, v2, 0.0);
+        check("linear_qkv_rope q vs twin", form, q1, qc, 5e-3);
+        check("linear_qkv_rope k cache vs twin", form, k1, kc, 5e-3);
+        check("linear_qkv_rope v cache vs twin", form, v1, vc, 5e-3);
+      }
     }
   }
 }

@@ -489,14 +489,16 @@ class CudaBackend final : public Backend {
   }
 
   // At <= kSkinnyLinearMaxRows tokens (gpt-oss's decode: no q/k norms) the skinny kernel rotates q and k and
-  // writes q and the cache in its epilogue (skinny_linear.cu, SkinnyRope); rope.qkv is not written.
+  // writes q and the cache in its epilogue (skinny_linear.cu, SkinnyRope); rope.qkv is not written. Head dims
+  // that are multiples of 8 only: there qkv_rope runs its 4-wide form, whose rounding the epilogue repeats.
   Status linear_qkv_rope(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
                          const QkvRopeParams& rope, const BatchView& batch) override {
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     const int64_t k = weight.dim(1), m = x.numel() / k;
     const bool fp8 = !scale.empty();
-    const bool fits = so.rope_epilogue && rope.norm_eps <= 0 && use_skinny_linear(m, k, so.max_rows) &&
-                      m == batch.num_tokens && rope.head_dim % 16 == 0 &&
+    const bool fits = (so.rope_epilogue > 0 || (so.rope_epilogue == 0 && fp8)) && rope.norm_eps <= 0 &&
+                      use_skinny_linear(m, k, so.max_rows) &&
+                      m == batch.num_tokens && rope.head_dim % 8 == 0 &&
                       weight.dim(0) == (rope.n_q + 2 * rope.n_kv) * rope.head_dim &&
                       x.dtype() == DType::kBF16 && weight.dtype() == (fp8 ? DType::kF8E4M3 : DType::kBF16) &&
                       rope.kv.k.dtype() == DType::kBF16 && reinterpret_cast<uintptr_t>(x.data()) % 16 == 0 &&
@@ -517,7 +519,8 @@ class CudaBackend final : public Backend {
     s.rope.kv = paged(rope.kv, batch);
     s.rope.n_q = rope.n_q, s.rope.n_kv = rope.n_kv, s.rope.head_dim = rope.head_dim;
     s.rope.scale = rope.rope_scale;
-    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, s.n, k, /*k_splits=*/1, 0, /*strip_rows=*/16);
+    const int rows = so.rope_strip_rows > 0 ? so.rope_strip_rows : skinny_rope_strip_rows(dev_, s.n);
+    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, s.n, k, /*k_splits=*/1, 0, rows);
     return launch_skinny_linear(s, c, stream());
   }
 
@@ -1392,8 +1395,7 @@ class CudaBackend final : public Backend {
     s.out = out.data();
     s.m = x.numel() / k, s.n = n, s.k = k;
     s.out_f32 = out.dtype() == DType::kF32;
-    // FP8 weights keep 16-row strips unless forced: the narrower strips were measured on bf16 only.
-    const int strip_rows = so.strip_rows > 0 ? so.strip_rows : s.w_fp8 != nullptr ? 16 : 0;
+    const int strip_rows = so.strip_rows > 0 ? so.strip_rows : s.w_fp8 != nullptr ? skinny_fp8_strip_rows(dev_, n) : 0;
     const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, s.m, n, k, so.k_splits, so.chunks_in_flight, strip_rows);
     if (c.k_splits > 1) {
       MX_RETURN_IF_ERROR(ensure_linear_scratch());

@@ -58,10 +58,13 @@ struct CudaSkinnyLinearOptions {
   int k_splits = 0;
   int chunks_in_flight = 0;
   int strip_rows = 0;  // 8 to 16 forces SkinnyLinearConfig::strip_rows (benchmarks); 0 = skinny_linear_strip_rows,
-                       // 16 on FP8 weights
+                       // skinny_fp8_strip_rows on FP8 weights
   // linear_qkv_rope at <= kSkinnyLinearMaxRows tokens without q/k norms: the RoPE and the KV write in the skinny
-  // kernel's epilogue (SkinnyRope, one launch); false: the linear, then qkv_rope (two launches).
-  bool rope_epilogue = true;
+  // kernel's epilogue (SkinnyRope, one launch) on FP8 weights (0, the default: those run the skinny kernel anyway),
+  // on bf16 weights too (1: instead of cuBLASLt; slower end to end at 20b, docs/PERF.md), or never (-1: the linear,
+  // then qkv_rope).
+  int rope_epilogue = 0;
+  int rope_strip_rows = 0;  // 8 to 16, even, forces the epilogue's strip rows (benchmarks); 0 = skinny_rope_strip_rows
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel

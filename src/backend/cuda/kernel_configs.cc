@@ -293,6 +293,21 @@ int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n) {
   return 10 * busiest(best) <= 9 * busiest(16) ? best : 16;
 }
 
+int skinny_fp8_strip_rows(const DeviceInfo& dev, int64_t n) {
+  const int64_t slots = static_cast<int64_t>(std::max(1, dev.sm_count)) * kSkinnyLinearCtasPerSm;
+  return ceil_div(n, 16) <= slots ? skinny_linear_strip_rows(dev, n) : 16;
+}
+
+int skinny_rope_strip_rows(const DeviceInfo& dev, int64_t n) {
+  const int64_t sms = std::max(1, dev.sm_count);
+  if (n <= 0 || ceil_div(n, 16) <= sms * kSkinnyLinearCtasPerSm) return 16;
+  auto busiest = [&](int rows) { return ceil_div(ceil_div(n, rows), sms) * rows; };
+  int best = 16;
+  for (int rows = 14; rows >= 8; rows -= 2)
+    if (ceil_div(n, rows) <= sms * kSkinnyLinearNarrowCtasPerSm && busiest(rows) < busiest(best)) best = rows;
+  return 10 * busiest(best) <= 9 * busiest(16) ? best : 16;
+}
+
 SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k,
                                                int k_splits, int chunks_in_flight, int strip_rows) {
   SkinnyLinearConfig c;

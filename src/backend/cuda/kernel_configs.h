@@ -238,6 +238,7 @@ inline constexpr int64_t kSkinnyLinearMaxRows = 16;
 inline constexpr int kSkinnyLinearWarps = 8;
 inline constexpr int kSkinnyLinearMaxKSplits = 8;
 inline constexpr int kSkinnyLinearCtasPerSm = 2;  // 256 threads of <= 128 registers
+inline constexpr int kSkinnyLinearNarrowCtasPerSm = 3;  // the forms of <= 80 registers (FP8, the RoPE epilogue)
 // Strips up to this count may be k-split: bounds the partials and tickets scratch.
 inline constexpr int64_t kSkinnyLinearMaxSplitStrips = 2048;
 inline constexpr int64_t kSkinnyLinearPartialFloats = kSkinnyLinearMaxSplitStrips * kSkinnyLinearMaxKSplits * 16 * 16;
@@ -262,9 +263,17 @@ SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m,
 // on the busiest SM (2816 rows: 11, 256 strips, at most 22 rows per SM), if that is at least 10% fewer; else 16.
 // H200, one token, us (session 16 W1, mx_kernel_bench --gemma-dense-only, 16-row strips -> these): o_proj
 // sliding (2816 x 4096) 9.11 -> 7.99, o_proj full (2816 x 8192) 16.40 -> 13.82, down (2816 x 2112) 6.16 ->
-// 5.61, gpt-oss's o_proj (2880 x 4096) 9.20 -> 8.17; 12-row strips within 1% of 11. (bf16 weights; the
-// backend keeps FP8 weights on 16-row strips, not measured narrower.)
+// 5.61, gpt-oss's o_proj (2880 x 4096) 9.20 -> 8.17; 12-row strips within 1% of 11. (bf16 weights; FP8 weights:
+// skinny_fp8_strip_rows.)
 int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n);
+// FP8 weights' rows per strip: where 16-row strips fit one wave at 2 CTAs per SM (the FP8 kernel's 2-CTA form),
+// skinny_linear_strip_rows' choice (gpt-oss's o_proj, 2880 rows: 11); else 16 (the 3-CTA form, the lm_head).
+int skinny_fp8_strip_rows(const DeviceInfo& dev, int64_t n);
+// Rows per strip of the RoPE epilogue (linear_qkv_rope; even: whole pairs): 16 where those strips fit one wave at 2
+// CTAs per SM; else the even rows (8 to 16) that fit the 3-CTA forms' one wave with the fewest rows on the busiest
+// SM, if at least 10% fewer than 16's (gpt-oss 20b's 5120 rows on 132 SMs: 14, 366 strips, at most 42 rows an SM
+// against 48).
+int skinny_rope_strip_rows(const DeviceInfo& dev, int64_t n);
 // Whether linear() takes the skinny kernel for n output channels when not forced: the 16-row strips fit
 // one wave of resident CTAs, or fill at least kSkinnyLinearManyWaves waves (the last wave's tail is then
 // small); in between (a wave and a fraction) cuBLASLt. Measured on an H100 (docs/PERF.md,

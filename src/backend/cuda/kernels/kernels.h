@@ -63,14 +63,15 @@ struct PagedKv {
 };
 
 // The qkv projection's RoPE and KV write in the skinny kernel's epilogue (SkinnyLinearParams::rope; gpt-oss
-// decode): with q_out set, the linear's rows are q | k | v heads of head_dim, strips pair rows i and i + half
-// of a head (8 each) so that a thread holds both halves of a RoPE pair, and the epilogue rounds qkv to bf16,
-// rotates q and k exactly as launch_qkv_rope and writes q to q_out and k, v to the paged cache (p.out unused).
+// decode): with q_out set, the linear's rows are q | k | v heads of head_dim, and a strip of 2P rows holds P of
+// the heads' RoPE pairs (rows i and i + half of a head) so that a thread holds both halves of a pair; the
+// epilogue rounds qkv to bf16, rotates q and k exactly as launch_qkv_rope and writes q to q_out and k, v to the
+// paged cache (p.out unused).
 struct SkinnyRope {
   uint16_t* q_out = nullptr;        // bf16 [m, n_q head_dim]; null: a plain linear
   const float* inv_freq = nullptr;  // [head_dim / 2]
   PagedKv kv;
-  int64_t n_q = 0, n_kv = 0, head_dim = 0;  // n = (n_q + 2 n_kv) head_dim; head_dim % 16 == 0
+  int64_t n_q = 0, n_kv = 0, head_dim = 0;  // n = (n_q + 2 n_kv) head_dim; head_dim even
   float scale = 1.0f;
 };
 
@@ -88,7 +89,7 @@ struct SkinnyLinearParams {
                                    // of a strip resets its ticket
   int64_t m = 0, n = 0, k = 0;
   bool out_f32 = false;
-  SkinnyRope rope;                 // q_out set: qkv + RoPE + KV write (16-row strips, bf16 out, no k split)
+  SkinnyRope rope;                 // q_out set: qkv + RoPE + KV write (even strip rows, bf16 out, no k split)
 };
 Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream);
 // out[r, k] = bf16(scale[r] * w[r, k]) for rows [0, rows): fp8 dense weights widened for cuBLASLt (M > 16).

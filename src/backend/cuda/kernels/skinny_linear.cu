@@ -18,11 +18,12 @@
 // 8 codes per lane (half the bytes per round trip) and ran at 47-56% of the copy rate on an H200 where bf16
 // ran at 78-88% (docs/PERF.md). Shapes whose strips do not fit one wave at 2 CTAs per SM run a 3-CTA form
 // with fewer chunks in flight (launch_skinny_linear).
-// kRope (qkv at decode, SkinnyRope): strip s of head h holds rows i0..i0+7 and half+i0..half+i0+7 of the head
-// (i0 = 8 (s mod half/8)), so the mma's rows g and g + 8 are a RoPE pair; after the warps' sum every value is
-// rounded to bf16 (what qkv would hold), its pair partner read back from shared memory, and q / k rotated with
-// qkv_rope's arithmetic (cos/sin of the fp32 angle by the precise sincosf, times the YaRN scale), q stored to
-// q_out and k, v to the paged cache: one launch instead of two and no qkv round trip.
+// kRope (qkv at decode, SkinnyRope): a strip of 2P rows (P <= 8) holds P of the heads' RoPE pairs, pair i of a head
+// being its rows i and i + half: rows i in the mma's rows g < P and rows i + half in g + 8, so a thread's two rows
+// are a pair. After the warps' sum every value is rounded to bf16 (what qkv would hold), its partner read back
+// from shared memory, and q / k rotated with qkv_rope's arithmetic (cos/sin of the fp32 angle by the precise
+// sincosf, times the YaRN scale); q is stored to q_out and k, v to the paged cache: one launch instead of two and
+// no qkv round trip.
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -87,30 +88,44 @@ struct Fp8Weights {
   }
 };
 
-// Row of the strip's in-strip row r: row0 + r, or with kRope the head's rows paired for RoPE (above).
+// Row of the strip's in-strip row r: row0 + r, or with kRope, of pair strip * strip_rows / 2 + r % 8 of the heads'
+// RoPE pairs (row i of a head and i + half), its row i for r < 8 and i + half from 8 on (above).
 template <bool kRope>
 __device__ __forceinline__ int64_t strip_row(const SkinnyLinearParams& p, int64_t strip, int strip_rows, int r) {
   if constexpr (kRope) {
-    const int64_t half = p.rope.head_dim / 2, per_head = half / 8;
-    return strip / per_head * p.rope.head_dim + (r < 8 ? 0 : half) + 8 * (strip % per_head) + r % 8;
+    const int64_t half = p.rope.head_dim / 2, pair = strip * (strip_rows / 2) + r % 8;
+    return pair / half * p.rope.head_dim + (r < 8 ? 0 : half) + pair % half;
   } else {
     return strip * strip_rows + r;
   }
 }
+// Whether in-strip row r belongs to the strip (kRope: strip_rows / 2 pairs, rows 0.. and 8..).
+template <bool kRope>
+__device__ __forceinline__ bool strip_has(int strip_rows, int r) {
+  return kRope ? r % 8 < strip_rows / 2 : r < strip_rows;
+}
 
-// kRope's epilogue (16-row strips, no k split): thread v < kValues holds the warps' sum `s` of fragment slot
-// v / 32 (tile j, element e) of lane v % 32; element e ^ 2 of the same lane is the other half of its RoPE pair.
+// A row's sum times its FP8 scale, plus its bias: rounded step by step (never one fma), so that the plain and the
+// RoPE epilogues of every instantiation agree bit for bit.
+template <bool kFp8>
+__device__ __forceinline__ float scale_and_bias(const SkinnyLinearParams& p, int64_t row, float s) {
+  if constexpr (kFp8) s = __fmul_rn(s, p.w_scale[row]);
+  return p.bias ? __fadd_rn(s, bf16_bits_to_f32(p.bias[row])) : s;
+}
+
+// kRope's epilogue (no k split): thread v < kValues holds the warps' sum `s` of fragment slot v / 32 (tile j,
+// element e) of lane v % 32; element e ^ 2 of the same lane is the other half of its RoPE pair.
 template <int kValues, bool kFp8>
-__device__ __forceinline__ void rope_epilogue(const SkinnyLinearParams& p, int64_t strip, float s, float* rounded) {
+__device__ __forceinline__ void rope_epilogue(const SkinnyLinearParams& p, int64_t strip, int strip_rows, float s,
+                                              float* rounded) {
   const int v = threadIdx.x;
   const int slot = v / 32, l = v % 32, j = slot / 4, e = slot % 4;
   const int in_strip = l / 4 + (e >= 2 ? 8 : 0);
-  const int64_t row = strip_row<true>(p, strip, 16, in_strip);
+  const int64_t row = strip_row<true>(p, strip, strip_rows, in_strip);
   const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
-  const bool live = v < kValues && token < p.m;
+  const bool live = v < kValues && token < p.m && strip_has<true>(strip_rows, in_strip) && row < p.n;
   if (live) {
-    if constexpr (kFp8) s *= p.w_scale[row];
-    if (p.bias) s += bf16_bits_to_f32(p.bias[row]);
+    s = scale_and_bias<kFp8>(p, row, s);
     rounded[v] = bf16_bits_to_f32(f32_to_bf16_bits(s));  // qkv's bf16 value
   }
   __syncthreads();
@@ -155,7 +170,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
   const int64_t end = min((p.k + kChunk - 1) / kChunk, first + chunks_per_split);
   // Rows past the strip or n and tokens past m read row 0 / token 0 (always valid) and are masked to zero.
   const int64_t row_lo = strip_row<kRope>(p, strip, strip_rows, g), row_hi = strip_row<kRope>(p, strip, strip_rows, g + 8);
-  const bool lo_ok = g < strip_rows && row_lo < p.n, hi_ok = g + 8 < strip_rows && row_hi < p.n;
+  const bool lo_ok = strip_has<kRope>(strip_rows, g) && row_lo < p.n, hi_ok = strip_has<kRope>(strip_rows, g + 8) && row_hi < p.n;
   const int64_t w_lo = (lo_ok ? row_lo : 0) * p.k + kLaneK * t;  // element offsets of this lane's weights
   const int64_t w_hi = (hi_ok ? row_hi : 0) * p.k + kLaneK * t;
   const uint16_t* x_row[kTiles];
@@ -250,7 +265,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
     }
   }
   if constexpr (kRope) {
-    rope_epilogue<kValues, Weights::kFp8>(p, strip, s, rounded);
+    rope_epilogue<kValues, Weights::kFp8>(p, strip, strip_rows, s, rounded);
     return;
   }
   if (v >= kValues) return;
@@ -259,8 +274,7 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
   const int64_t row = strip_row<kRope>(p, strip, strip_rows, in_strip);
   const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
   if (in_strip >= strip_rows || row >= p.n || token >= p.m) return;
-  if constexpr (Weights::kFp8) s *= p.w_scale[row];
-  if (p.bias) s += bf16_bits_to_f32(p.bias[row]);
+  s = scale_and_bias<Weights::kFp8>(p, row, s);
   if (p.out_f32) {
     static_cast<float*>(p.out)[token * p.n + row] = s;
   } else {
@@ -341,22 +355,26 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
   };
   if (p.rope.q_out) {
     const SkinnyRope& r = p.rope;
-    if (c.strip_rows != 16 || c.k_splits != 1 || p.out_f32 || r.head_dim % 16 != 0 || r.n_q < 1 || r.n_kv < 1 ||
+    if (c.strip_rows % 2 != 0 || c.k_splits != 1 || p.out_f32 || r.head_dim % 2 != 0 || r.n_q < 1 || r.n_kv < 1 ||
         p.n != (r.n_q + 2 * r.n_kv) * r.head_dim || !r.inv_freq)
-      return internal_error("skinny linear: RoPE epilogue needs 16-row strips, no k split, bf16 out, head_dim % 16");
+      return internal_error("skinny linear: RoPE epilogue needs strips of whole pairs, no k split, bf16 out");
     MX_ASSIGN_OR_RETURN(const bool one, one_wave());
-    if (p.w_fp8) {
-      if (c.n_tiles == 1) return one ? launch<1, 4, Fp8Weights, 2, true>(p, c, stream) : launch<1, 3, Fp8Weights, 3, true>(p, c, stream);
-      return one ? launch<2, 3, Fp8Weights, 2, true>(p, c, stream) : launch<2, 2, Fp8Weights, 3, true>(p, c, stream);
-    }
-    if (c.n_tiles == 1) return one ? launch<1, 4, Bf16Weights, 2, true>(p, c, stream) : launch<1, 3, Bf16Weights, 3, true>(p, c, stream);
-    return one ? launch<2, 4, Bf16Weights, 2, true>(p, c, stream) : launch<2, 2, Bf16Weights, 3, true>(p, c, stream);
+    constexpr int kNarrow = kSkinnyLinearNarrowCtasPerSm;
+    if (p.w_fp8 && c.n_tiles == 1)
+      return one ? launch<1, 4, Fp8Weights, 2, true>(p, c, stream) : launch<1, 3, Fp8Weights, kNarrow, true>(p, c, stream);
+    if (p.w_fp8)
+      return one ? launch<2, 3, Fp8Weights, 2, true>(p, c, stream) : launch<2, 2, Fp8Weights, kNarrow, true>(p, c, stream);
+    if (c.n_tiles == 1)
+      return one ? launch<1, 4, Bf16Weights, 2, true>(p, c, stream) : launch<1, 3, Bf16Weights, kNarrow, true>(p, c, stream);
+    return one ? launch<2, 4, Bf16Weights, 2, true>(p, c, stream) : launch<2, 2, Bf16Weights, kNarrow, true>(p, c, stream);
   }
   if (p.w_fp8) {
     if (c.chunks_in_flight != 4) return internal_error("skinny linear: no compiled FP8 variant for this config");
     MX_ASSIGN_OR_RETURN(const bool one_wave_fp8, one_wave());
-    if (c.n_tiles == 1) return one_wave_fp8 ? launch<1, 4, Fp8Weights>(p, c, stream) : launch<1, 3, Fp8Weights, 3>(p, c, stream);
-    return one_wave_fp8 ? launch<2, 3, Fp8Weights>(p, c, stream) : launch<2, 2, Fp8Weights, 3>(p, c, stream);
+    constexpr int kNarrow = kSkinnyLinearNarrowCtasPerSm;
+    if (c.n_tiles == 1)
+      return one_wave_fp8 ? launch<1, 4, Fp8Weights>(p, c, stream) : launch<1, 3, Fp8Weights, kNarrow>(p, c, stream);
+    return one_wave_fp8 ? launch<2, 3, Fp8Weights>(p, c, stream) : launch<2, 2, Fp8Weights, kNarrow>(p, c, stream);
   }
   if (c.n_tiles == 1 && c.chunks_in_flight == 8) return launch<1, 8, Bf16Weights>(p, c, stream);
   if (c.n_tiles == 1 && c.chunks_in_flight == 4) return launch<1, 4, Bf16Weights>(p, c, stream);
