@@ -350,10 +350,6 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 2816, 4096).strip_rows, 11);
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 2816, 4096, 0, 0, 16).strip_rows, 16);
   EXPECT_EQ(choose_skinny_linear_config(sm90_h200(), 1, 2816, 4096, 4).strip_rows, 16);  // k splits: 16
-  // FP8: the same where 16-row strips fit the 2-CTA form's wave (o_proj), else 16 (qkv, the lm_head).
-  EXPECT_EQ(skinny_fp8_strip_rows(sm90_h200(), 2880), 11);
-  EXPECT_EQ(skinny_fp8_strip_rows(sm90_h200(), 5120), 16);
-  EXPECT_EQ(skinny_fp8_strip_rows(sm90_h200(), 201088), 16);
   // The RoPE epilogue's strips (whole pairs): gpt-oss's qkv (5120 rows, 320 16-row strips: the 3-CTA forms) in
   // 14-row strips (366, at most 42 rows an SM against 48); one wave at 2 CTAs per SM keeps 16 (a rank's half of it
   // at tensor parallelism 2, 2560 rows), as does a shape past the 3-CTA wave.

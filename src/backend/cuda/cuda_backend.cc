@@ -1395,7 +1395,8 @@ class CudaBackend final : public Backend {
     s.out = out.data();
     s.m = x.numel() / k, s.n = n, s.k = k;
     s.out_f32 = out.dtype() == DType::kF32;
-    const int strip_rows = so.strip_rows > 0 ? so.strip_rows : s.w_fp8 != nullptr ? skinny_fp8_strip_rows(dev_, n) : 0;
+    // FP8 weights keep 16-row strips unless forced (narrower ones were slower at o_proj: kernel_configs.h).
+    const int strip_rows = so.strip_rows > 0 ? so.strip_rows : s.w_fp8 != nullptr ? 16 : 0;
     const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, s.m, n, k, so.k_splits, so.chunks_in_flight, strip_rows);
     if (c.k_splits > 1) {
       MX_RETURN_IF_ERROR(ensure_linear_scratch());

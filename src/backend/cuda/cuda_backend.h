@@ -58,7 +58,7 @@ struct CudaSkinnyLinearOptions {
   int k_splits = 0;
   int chunks_in_flight = 0;
   int strip_rows = 0;  // 8 to 16 forces SkinnyLinearConfig::strip_rows (benchmarks); 0 = skinny_linear_strip_rows,
-                       // skinny_fp8_strip_rows on FP8 weights
+                       // 16 on FP8 weights
   // linear_qkv_rope at <= kSkinnyLinearMaxRows tokens without q/k norms: the RoPE and the KV write in the skinny
   // kernel's epilogue (SkinnyRope, one launch) on FP8 weights (0, the default: those run the skinny kernel anyway),
   // on bf16 weights too (1: instead of cuBLASLt; slower end to end at 20b, docs/PERF.md), or never (-1: the linear,

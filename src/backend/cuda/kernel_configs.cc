@@ -293,11 +293,6 @@ int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n) {
   return 10 * busiest(best) <= 9 * busiest(16) ? best : 16;
 }
 
-int skinny_fp8_strip_rows(const DeviceInfo& dev, int64_t n) {
-  const int64_t slots = static_cast<int64_t>(std::max(1, dev.sm_count)) * kSkinnyLinearCtasPerSm;
-  return ceil_div(n, 16) <= slots ? skinny_linear_strip_rows(dev, n) : 16;
-}
-
 int skinny_rope_strip_rows(const DeviceInfo& dev, int64_t n) {
   const int64_t sms = std::max(1, dev.sm_count);
   if (n <= 0 || ceil_div(n, 16) <= sms * kSkinnyLinearCtasPerSm) return 16;

@@ -263,16 +263,15 @@ SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m,
 // on the busiest SM (2816 rows: 11, 256 strips, at most 22 rows per SM), if that is at least 10% fewer; else 16.
 // H200, one token, us (session 16 W1, mx_kernel_bench --gemma-dense-only, 16-row strips -> these): o_proj
 // sliding (2816 x 4096) 9.11 -> 7.99, o_proj full (2816 x 8192) 16.40 -> 13.82, down (2816 x 2112) 6.16 ->
-// 5.61, gpt-oss's o_proj (2880 x 4096) 9.20 -> 8.17; 12-row strips within 1% of 11. (bf16 weights; FP8 weights:
-// skinny_fp8_strip_rows.)
+// 5.61, gpt-oss's o_proj (2880 x 4096) 9.20 -> 8.17; 12-row strips within 1% of 11. (bf16 weights; the backend
+// keeps FP8 weights on 16-row strips: on an H200, session 18 W2, FP8 o_proj took 6.40 / 6.63 / 9.86 us at 1 / 8 /
+// 16 tokens on 11-row strips against 6.31 / 6.52 / 9.27 on 16-row ones.)
 int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n);
-// FP8 weights' rows per strip: where 16-row strips fit one wave at 2 CTAs per SM (the FP8 kernel's 2-CTA form),
-// skinny_linear_strip_rows' choice (gpt-oss's o_proj, 2880 rows: 11); else 16 (the 3-CTA form, the lm_head).
-int skinny_fp8_strip_rows(const DeviceInfo& dev, int64_t n);
 // Rows per strip of the RoPE epilogue (linear_qkv_rope; even: whole pairs): 16 where those strips fit one wave at 2
 // CTAs per SM; else the even rows (8 to 16) that fit the 3-CTA forms' one wave with the fewest rows on the busiest
-// SM, if at least 10% fewer than 16's (gpt-oss 20b's 5120 rows on 132 SMs: 14, 366 strips, at most 42 rows an SM
-// against 48).
+// SM, if at least 10% fewer than 16's (gpt-oss's 5120 rows on 132 SMs: 14, 366 strips, at most 42 rows an SM
+// against 48; on an H200, session 18 W2, the input norm + FP8 qkv + RoPE chain 10.24 / 10.30 us at 1 / 8 tokens
+// against 10.42 / 10.43 on 16-row strips).
 int skinny_rope_strip_rows(const DeviceInfo& dev, int64_t n);
 // Whether linear() takes the skinny kernel for n output channels when not forced: the 16-row strips fit
 // one wave of resident CTAs, or fill at least kSkinnyLinearManyWaves waves (the last wave's tail is then

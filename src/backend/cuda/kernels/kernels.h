@@ -65,8 +65,8 @@ struct PagedKv {
 // The qkv projection's RoPE and KV write in the skinny kernel's epilogue (SkinnyLinearParams::rope; gpt-oss
 // decode): with q_out set, the linear's rows are q | k | v heads of head_dim, and a strip of 2P rows holds P of
 // the heads' RoPE pairs (rows i and i + half of a head) so that a thread holds both halves of a pair; the
-// epilogue rounds qkv to bf16, rotates q and k exactly as launch_qkv_rope and writes q to q_out and k, v to the
-// paged cache (p.out unused).
+// epilogue rounds qkv to bf16, rotates q and k with launch_qkv_rope's arithmetic (within a bf16 step near zero:
+// skinny_linear.cu) and writes q to q_out and k, v to the paged cache (p.out unused).
 struct SkinnyRope {
   uint16_t* q_out = nullptr;        // bf16 [m, n_q head_dim]; null: a plain linear
   const float* inv_freq = nullptr;  // [head_dim / 2]

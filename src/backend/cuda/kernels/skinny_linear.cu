@@ -145,7 +145,8 @@ __device__ __forceinline__ void rope_epilogue(const SkinnyLinearParams& p, int64
   const float cos_i = cs * r.scale, sin_i = sn * r.scale;
   const float other = rounded[v ^ 64];  // slot e ^ 2: the pair's other row
   const float a = d < half ? own : other, b = d < half ? other : own;
-  // Rounded as rope.cu's 4-wide form compiles (a cos - b sin not contracted; b cos + a sin as one fma).
+  // Rounded step by step as rope.cu's 4-wide form reads in PTX (a cos - b sin not contracted, b cos + a sin one fma);
+  // ptxas may still fuse a product of the former there, so a value near zero can differ by a bf16 step.
   const float y = d < half ? __fsub_rn(__fmul_rn(a, cos_i), __fmul_rn(b, sin_i)) : __fmaf_rn(b, cos_i, __fmul_rn(a, sin_i));
   uint16_t* out = nullptr;
   if (head < r.n_q) {
