@@ -1090,7 +1090,7 @@ void bench_qkv_rope_pairs(const std::vector<int64_t>& batches) {
     const double norm_bytes = m * H * (4.0 * 2 + 2.0 * 2), qkv_bytes = 2.0 * 5120 * H + 2.0 * m * 5120;
     AttnSetup a = make_attention(m, 1024, 1);
     const QkvRopeParams rope{.qkv = qkv, .q_out = a.q, .kv = a.kv.layer(0), .inv_freq = inv_freq, .n_q = 64,
-                             .n_kv = 8, .head_dim = 64, .q_norm = {}, .k_norm = {}};
+                             .n_kv = 8, .head_dim = 64, .q_norm = {}, .k_norm = {}, .prefetch = {}};
     const double rope_bytes = 2.0 * m * 80 * 64 * 2;
     struct Form {
       const char* name;

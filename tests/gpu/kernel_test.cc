@@ -797,8 +797,10 @@ TEST_F(KernelTest, LinearQkvRope) {
       TensorView q_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), qkv_c = cpu_.make(DType::kF32, {T, n});
       TensorView k_2 = cuda_.make(DType::kBF16, cache), v_2 = cuda_.make(DType::kBF16, cache);
       TensorView q_2 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd}), qkv_g = cuda_.make(DType::kBF16, {T, n});
-      const QkvRopeParams r_c{qkv_c, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
-      const QkvRopeParams r_2{qkv_g, q_2, {k_2, v_2, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
+      const QkvRopeParams r_c{qkv_c, q_c, {k_c, v_c, page}, f_c, tables.attention_scale, c.n_q, c.n_kv, c.hd,
+                                {}, {}, 0, {}};
+      const QkvRopeParams r_2{qkv_g, q_2, {k_2, v_2, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd,
+                                {}, {}, 0, {}};
       ASSERT_TRUE(cpu_backend().linear_qkv_rope(px.cpu, w_c, sc_c, bias_c, r_c, *b_c).is_ok());
       CudaSkinnyLinearOptions two_ops;
       two_ops.max_rows = 16;
@@ -827,7 +829,8 @@ TEST_F(KernelTest, LinearQkvRope) {
         ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), fused).is_ok());
         TensorView k_1 = cuda_.make(DType::kBF16, cache), v_1 = cuda_.make(DType::kBF16, cache);
         TensorView q_1 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
-        const QkvRopeParams r_1{qkv_g, q_1, {k_1, v_1, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd, {}, {}};
+        const QkvRopeParams r_1{qkv_g, q_1, {k_1, v_1, page}, f_g, tables.attention_scale, c.n_q, c.n_kv, c.hd,
+                                {}, {}, 0, {}};
         st = cuda_backend().linear_qkv_rope(px.cuda, w_g, sc_g, bias_g, r_1, *b_g);
         ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
         ASSERT_TRUE(st.is_ok()) << st.to_string();
