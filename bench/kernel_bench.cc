@@ -1063,9 +1063,10 @@ void bench_decode_pairs(const std::vector<int64_t>& batches) {
 }
 
 // ---- gpt-oss's qkv, then RoPE and the KV write at ~1K context (64 q / 8 kv heads, head dim 64), after the input
-// norm (`--qkv-rope-epilogue-only[=B,...]`, default 1 and 8 tokens; also in --decode-step-only): the two ops (linear(), then
-// qkv_rope) against linear_qkv_rope's skinny epilogue on 16-row strips and on skinny_rope_strip_rows' strips; bf16
-// weights and FP8 (random e4m3 codes, lowest bit clear: no NaN). Interleaved twice.
+// norm (`--qkv-rope-epilogue-only[=B,...]`, default 1 and 8 tokens; also in --decode-step-only): the two ops
+// (linear(), then qkv_rope) against linear_qkv_rope's skinny epilogue on 16-row strips and on
+// skinny_rope_strip_rows' strips; bf16 weights and FP8 (random e4m3 codes, lowest bit clear: no NaN). Interleaved
+// twice.
 void bench_qkv_rope_pairs(const std::vector<int64_t>& batches) {
   const int64_t H = 2880;
   std::vector<TensorView> qkv_w, qkv_w8;
