@@ -35,6 +35,8 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -119,6 +121,10 @@ const std::vector<CliOption> kCommandOptions = {
      "combine-in-norm (the same with the combine in the next norm's kernel) or separate (the routing kernel, the "
      "gather, the combine kernel and the norm: the form before 2026-11-29); several, comma-separated: compared as "
      "--bf16-experts-decode"},
+    {"qkv-rope-epilogue", true,
+     "gpt-oss's decode qkv on CUDA: auto (default: RoPE and the KV write in the skinny GEMM's epilogue, one launch, "
+     "on FP8 dense weights), on (on bf16 weights too), an even 8 to 16 (on, with strips of that many rows) or off "
+     "(the GEMM, then qkv_rope); several, comma-separated: compared as --bf16-experts-decode"},
     {"qkv-rope-form", true,
      "gpt-oss's qkv_rope on CUDA: auto (default: the many-token form from 1024 tokens), decode (the per-(token, head "
      "group) CTAs at every size: the form before 2026-11-28), stream (the many-token form at every size) or "
@@ -142,7 +148,8 @@ std::vector<CliOption> options() {
   return all;
 }
 
-// The values of the kernel flags that take names (--skinny-strip-rows takes a number: skinny_strip_rows).
+// The values of the kernel flags that take names (--skinny-strip-rows takes a number: skinny_strip_rows;
+// --qkv-rope-epilogue a name or a number: qkv_rope_epilogue).
 const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
   static const std::map<std::string, std::vector<std::string>> names = {
       {"decode-attention", {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster"}},
@@ -165,9 +172,20 @@ Result<int> skinny_strip_rows(const std::string& value) {
   return static_cast<int>((*parsed)[0]);
 }
 
+// --qkv-rope-epilogue: CudaSkinnyLinearOptions' (rope_epilogue, rope_strip_rows): auto (0, 0), on (1, 0), off (-1, 0)
+// or an even 8 to 16 rows (1, rows).
+Result<std::pair<int, int>> qkv_rope_epilogue(const std::string& value) {
+  if (value == "auto" || value == "on" || value == "off") return std::pair{value == "off" ? -1 : value == "on", 0};
+  const auto parsed = parse_int_list(value);
+  if (!parsed.is_ok() || parsed->size() != 1 || (*parsed)[0] < 8 || (*parsed)[0] > 16 || (*parsed)[0] % 2 != 0)
+    return invalid_argument("--qkv-rope-epilogue must be auto, on, off or an even 8 to 16, got " + value);
+  return std::pair{1, static_cast<int>((*parsed)[0])};
+}
+
 // One flag's value checked, in every build (the message lists the values: "a, b or c").
 Status check_kernel_choice(const std::string& flag, const std::string& value) {
   if (flag == "skinny-strip-rows") return skinny_strip_rows(value).status();
+  if (flag == "qkv-rope-epilogue") return qkv_rope_epilogue(value).status();
   const std::vector<std::string>& names = kernel_flag_names().at(flag);
   if (std::find(names.begin(), names.end(), value) != names.end()) return Status::ok();
   std::string list;
@@ -198,9 +216,15 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     if (value == "rows") o.bulk_copy_form = CudaBulkCopyForm::kRows;
     return set_cuda_bf16_experts_options(backend, o);
   }
-  if (flag == "skinny-strip-rows") {
-    MX_ASSIGN_OR_RETURN(const int rows, skinny_strip_rows(value));
-    return set_cuda_skinny_linear_options(backend, {-1, 0, 0, rows});
+  if (flag == "skinny-strip-rows" || flag == "qkv-rope-epilogue") {  // each keeps the other's fields
+    MX_ASSIGN_OR_RETURN(CudaSkinnyLinearOptions skinny, cuda_skinny_linear_options(backend));
+    if (flag == "skinny-strip-rows") {
+      MX_ASSIGN_OR_RETURN(skinny.strip_rows, skinny_strip_rows(value));
+    } else {
+      MX_ASSIGN_OR_RETURN(const auto epilogue, qkv_rope_epilogue(value));
+      std::tie(skinny.rope_epilogue, skinny.rope_strip_rows) = epilogue;
+    }
+    return set_cuda_skinny_linear_options(backend, skinny);
   }
   if (flag == "moe-decode-combine" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
@@ -227,7 +251,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 #endif
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
-// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form).
+// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form,
+// --qkv-rope-epilogue).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -788,13 +813,13 @@ Status run(const CliArgs& args) {
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads,
-  // --moe-wgmma-glue, --decode-overlap, --qkv-rope-form: one kernel choice each, or several values of one flag compared (an engine each, below): those
-  // come first in kernel_choices, `compared` of them.
+  // --moe-wgmma-glue, --decode-overlap, --qkv-rope-form, --qkv-rope-epilogue: one kernel choice each, or several
+  // values of one flag compared (an engine each, below): those come first in kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-wgmma-loads",
-        "moe-wgmma-glue", "decode-overlap", "qkv-rope-form"}) {
+        "moe-wgmma-glue", "decode-overlap", "qkv-rope-form", "qkv-rope-epilogue"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");
