@@ -64,9 +64,14 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   const auto combine = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm");
   EXPECT_EQ(combine.exit_code, 1);
   EXPECT_NE(combine.stderr_text.find("--moe-decode-combine must be auto or gemm"), std::string::npos);
-  const auto rope = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 15,auto");
-  EXPECT_EQ(rope.exit_code, 1);
-  EXPECT_NE(rope.stderr_text.find("--qkv-rope-epilogue must be auto, on, off or an even 8 to 16"), std::string::npos);
+  const auto epilogue = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 15,auto");
+  EXPECT_EQ(epilogue.exit_code, 1);
+  EXPECT_NE(epilogue.stderr_text.find("--qkv-rope-epilogue must be auto, on, off or an even 8 to 16, got 15"),
+            std::string::npos);
+  const auto fourteen = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 14");
+  EXPECT_EQ(fourteen.exit_code, 1);
+  EXPECT_EQ(fourteen.stderr_text.find("must be"), std::string::npos) << fourteen.stderr_text;
+  EXPECT_NE(fourteen.stderr_text.find("CUDA"), std::string::npos) << fourteen.stderr_text;
   const auto loads = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads tma,auto");
   EXPECT_EQ(loads.exit_code, 1);
   EXPECT_NE(loads.stderr_text.find("--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs"), std::string::npos);
