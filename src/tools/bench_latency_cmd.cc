@@ -286,6 +286,7 @@ const char* op_category(const OpTiming& op, int64_t vocab) {
       op.op == "moe_experts_add_rms_norm")
     return "moe";
   if (op.op == "linear") return op.out_features == vocab ? "logits" : "dense_gemm";
+  if (op.op == "linear_qkv_rope") return "dense_gemm";  // qkv with its RoPE and KV write, either form
   if (op.op == "gather_rows" || op.op == "sample") return "logits";
   if (op.op == "copy_to_host") return "logits_to_host";
   return "norms_rope_small";
