@@ -497,6 +497,7 @@ class CudaBackend final : public Backend {
     const int64_t k = weight.dim(1), m = x.numel() / k;
     const bool fp8 = !scale.empty();
     const bool fits = (so.rope_epilogue > 0 || (so.rope_epilogue == 0 && fp8)) && rope.norm_eps <= 0 &&
+                      !rope.q_out.empty() &&  // no Q out: the attention rotates Q from qkv, which this skips
                       use_skinny_linear(m, k, so.max_rows) &&
                       m == batch.num_tokens && rope.head_dim % 8 == 0 &&
                       weight.dim(0) == (rope.n_q + 2 * rope.n_kv) * rope.head_dim &&
