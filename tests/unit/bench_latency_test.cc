@@ -51,52 +51,42 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_EQ(jb["results"][1]["max_num_batched_tokens"], 24);
   EXPECT_GT(jb["results"][0]["engine_steps"].get<int64_t>(), jb["results"][1]["engine_steps"].get<int64_t>());
   EXPECT_NE(budgets.stdout_text.find("step budget 8 tokens"), std::string::npos);
-  const auto clash = test::run_mxserve("bench latency --preset tiny --backend cpu --compare-batched-tokens 8 --compare-overlap");
-  EXPECT_EQ(clash.exit_code, 1);
-  EXPECT_NE(clash.stderr_text.find("sets the step budgets itself"), std::string::npos);
+  // A refused command exits 1 and names the problem on stderr.
+  const auto refused = [](const std::string& args, const std::string& message) {
+    const auto r = test::run_mxserve(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_NE(r.stderr_text.find(message), std::string::npos) << args << "\n" << r.stderr_text;
+  };
+  // A known value passes the check and is then refused by a build or backend without CUDA.
+  const auto needs_cuda = [](const std::string& args) {
+    const auto r = test::run_mxserve(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_EQ(r.stderr_text.find("must be"), std::string::npos) << args << "\n" << r.stderr_text;
+    EXPECT_NE(r.stderr_text.find("CUDA"), std::string::npos) << args << "\n" << r.stderr_text;
+  };
+  refused("bench latency --preset tiny --backend cpu --compare-batched-tokens 8 --compare-overlap",
+          "sets the step budgets itself");
 
-  const auto experts = test::run_mxserve("bench latency --preset tiny --backend cpu --bf16-experts-decode nosuch");
-  EXPECT_EQ(experts.exit_code, 1);
-  EXPECT_NE(experts.stderr_text.find("--bf16-experts-decode"), std::string::npos);
-  const auto strips = test::run_mxserve("bench latency --preset tiny --backend cpu --skinny-strip-rows 7,16");
-  EXPECT_EQ(strips.exit_code, 1);
-  EXPECT_NE(strips.stderr_text.find("--skinny-strip-rows must be auto or 8 to 16"), std::string::npos);
-  const auto combine = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm");
-  EXPECT_EQ(combine.exit_code, 1);
-  EXPECT_NE(combine.stderr_text.find("--moe-decode-combine must be auto or gemm"), std::string::npos);
-  const auto epilogue = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 15,auto");
-  EXPECT_EQ(epilogue.exit_code, 1);
-  EXPECT_NE(epilogue.stderr_text.find("--qkv-rope-epilogue must be auto, on, off or an even 8 to 16, got 15"),
-            std::string::npos);
-  const auto fourteen = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 14");
-  EXPECT_EQ(fourteen.exit_code, 1);
-  EXPECT_EQ(fourteen.stderr_text.find("must be"), std::string::npos) << fourteen.stderr_text;
-  EXPECT_NE(fourteen.stderr_text.find("CUDA"), std::string::npos) << fourteen.stderr_text;
-  const auto loads = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads tma,auto");
-  EXPECT_EQ(loads.exit_code, 1);
-  EXPECT_NE(loads.stderr_text.find("--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs"), std::string::npos);
-  const auto rope = test::run_mxserve("bench latency --preset tiny --backend cpu --qkv-rope-form epilogue");
-  EXPECT_EQ(rope.exit_code, 1);
-  EXPECT_NE(rope.stderr_text.find("--qkv-rope-form must be auto, decode, stream or q-written, got epilogue"), std::string::npos);
-  // A known value is checked first, then refused by a build or backend without CUDA.
-  const auto pairs = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-loads copy-engine-pairs");
-  EXPECT_EQ(pairs.exit_code, 1);
-  EXPECT_EQ(pairs.stderr_text.find("must be"), std::string::npos) << pairs.stderr_text;
-  EXPECT_NE(pairs.stderr_text.find("CUDA"), std::string::npos) << pairs.stderr_text;
-  const auto glue = test::run_mxserve("bench latency --preset tiny --backend cpu --moe-wgmma-glue fused,auto");
-  EXPECT_EQ(glue.exit_code, 1);
-  EXPECT_NE(glue.stderr_text.find("--moe-wgmma-glue must be auto, separate, combine-kernel or combine-in-norm"), std::string::npos);
-  const auto two = test::run_mxserve(
-      "bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto");
-  EXPECT_EQ(two.exit_code, 1);
-  EXPECT_NE(two.stderr_text.find("another flag's several values"), std::string::npos);
+  refused("bench latency --preset tiny --backend cpu --bf16-experts-decode nosuch", "--bf16-experts-decode");
+  refused("bench latency --preset tiny --backend cpu --skinny-strip-rows 7,16",
+          "--skinny-strip-rows must be auto or 8 to 16");
+  refused("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm",
+          "--moe-decode-combine must be auto or gemm");
+  refused("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 15,auto",
+          "--qkv-rope-epilogue must be auto, on, off or an even 8 to 16, got 15");
+  needs_cuda("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 14");
+  refused("bench latency --preset tiny --backend cpu --moe-wgmma-loads tma,auto",
+          "--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs");
+  refused("bench latency --preset tiny --backend cpu --qkv-rope-form epilogue",
+          "--qkv-rope-form must be auto, decode, stream or q-written, got epilogue");
+  needs_cuda("bench latency --preset tiny --backend cpu --moe-wgmma-loads copy-engine-pairs");
+  refused("bench latency --preset tiny --backend cpu --moe-wgmma-glue fused,auto",
+          "--moe-wgmma-glue must be auto, separate, combine-kernel or combine-in-norm");
+  refused("bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto",
+          "another flag's several values");
 
-  const auto both = test::run_mxserve("bench latency --preset tiny --model x --backend cpu");
-  EXPECT_EQ(both.exit_code, 1);
-  EXPECT_NE(both.stderr_text.find("exactly one of --model or --preset"), std::string::npos);
-  const auto breakdown = test::run_mxserve("bench latency --preset tiny --backend cpu --breakdown");
-  EXPECT_EQ(breakdown.exit_code, 1);
-  EXPECT_NE(breakdown.stderr_text.find("device timer"), std::string::npos);
+  refused("bench latency --preset tiny --model x --backend cpu", "exactly one of --model or --preset");
+  refused("bench latency --preset tiny --backend cpu --breakdown", "device timer");
   const auto unknown = test::run_mxserve("bench nosuch");
   EXPECT_EQ(unknown.exit_code, 2);
 }
