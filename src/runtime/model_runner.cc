@@ -40,6 +40,12 @@ void force_token(const float* logits, int64_t vocab, int32_t id, bool logprobs, 
   out->logprob = static_cast<float>(static_cast<double>(logits[id] - max_logit) - std::log(sum));
 }
 
+// A sampled entry whose rows only the host sampler draws: penalties, top logprobs, a forced test output.
+bool needs_host_sampler(const Request& r) {
+  const SamplingParams& p = r.input.sampling;
+  return p.has_penalties() || p.top_logprobs > 0 || !r.input.forced_tokens.empty();
+}
+
 // Every entry computes `rows` tokens and samples from each (rows 1: decode; k + 1: verify k drafts), with
 // no prompt logits.
 bool is_uniform_step(const ScheduledBatch& batch, int64_t rows) {
@@ -305,13 +311,15 @@ const ModelRunner::StepGraph* ModelRunner::graph_for(const ScheduledBatch& batch
   return nullptr;
 }
 
-bool ModelRunner::can_use_sample_op(const ScheduledBatch& batch) {
+ModelRunner::SampleRows ModelRunner::sample_rows(const ScheduledBatch& batch) const {
+  bool op = false, host = false;
   for (const ScheduledEntry& e : batch.entries) {
-    const SamplingParams& p = e.request->input.sampling;
-    const bool host_only = p.has_penalties() || p.top_logprobs > 0 || !e.request->input.forced_tokens.empty();
-    if (e.all_logits || (e.sample && host_only)) return false;
+    if (e.all_logits) return SampleRows::kHost;  // its rows come to the host, and the logits rows are not the samples
+    if (!e.sample) continue;
+    (needs_host_sampler(*e.request) ? host : op) = true;
   }
-  return true;
+  if (!host) return SampleRows::kOp;
+  return op && !whole_batch_host_sampling_ ? SampleRows::kSplit : SampleRows::kHost;
 }
 
 // The sample op's buffers for `logits`' rows (without prompt logits the logits rows are the sampling entries
@@ -352,7 +360,7 @@ Status ModelRunner::upload_sample_inputs(const ScheduledBatch& batch, int64_t ro
   return Status::ok();
 }
 
-Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, std::vector<SampledToken>* sampled) {
+Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, bool split, std::vector<SampledToken>* sampled) {
   const auto wait_start = std::chrono::steady_clock::now();
   MX_RETURN_IF_ERROR(model_.backend().copy_to_host(sample_out_host_.data(), sample_out_device_.view(DType::kI32, {2 * rows})));
   results_read_ = std::chrono::steady_clock::now();
@@ -367,7 +375,8 @@ Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, std:
       std::memcpy(&t.logprob, &sample_out_host_[static_cast<size_t>(rows + k)], sizeof(float));
       t.top.clear();
     }
-    if (e.num_draft == 0) e.request->rng.advance();  // a verify entry's draws are taken by the tokens it keeps
+    // A verify entry's draws are taken by the tokens it keeps; a host-sampled entry's stream moves with its draw.
+    if (e.num_draft == 0 && !(split && needs_host_sampler(*e.request))) e.request->rng.advance();
   }
   ++sample_op_steps_;
   return Status::ok();
@@ -379,7 +388,7 @@ Status ModelRunner::execute(const ScheduledBatch& batch, std::vector<SampledToke
 }
 
 Status ModelRunner::complete(const ScheduledBatch& batch, std::vector<SampledToken>* sampled) {
-  if (launched_rows_ >= 0) return read_sampled(batch, launched_rows_, sampled);
+  if (launched_rows_ >= 0) return read_sampled(batch, launched_rows_, false, sampled);
   sampled->swap(launched_sampled_);  // both keep their capacity
   return Status::ok();
 }
@@ -412,7 +421,15 @@ Status ModelRunner::launch_prepared(const ScheduledBatch& batch) {
   const int64_t rows = step.view.num_logit_rows;
   const TensorView logits = logits_device_.view(DType::kF32, {rows, model_.dims().vocab_size});
   last_sample_seconds_ = 0;
-  const bool op = rows > 0 && can_use_sample_op(batch);
+  const SampleRows how = rows > 0 ? sample_rows(batch) : SampleRows::kHost;
+  const bool op = how != SampleRows::kHost;
+  // A split step reads the sample op's tokens, then draws the host's rows from their logits (the op masked them in
+  // place where their entries are constrained, as the host would), all before launch returns.
+  auto finish_split = [&](bool masked) {
+    ++split_sample_steps_;
+    MX_RETURN_IF_ERROR(read_sampled(batch, rows, true, sampled));
+    return sample_logits_on_host(batch, step, masked, true, sampled);
+  };
   // A replayed step graph samples too (padding rows last: sampled greedily and ignored): its params and
   // masks go up before the replay and the tokens come back after it, with nothing on the host in between.
   // Steps sampled on the host replay it as well and read the logits (the graph's samples go unread).
@@ -421,8 +438,9 @@ Status ModelRunner::launch_prepared(const ScheduledBatch& batch) {
     MX_RETURN_IF_ERROR(upload_sample_inputs(batch, rows, op, masked));
     count_idle_until_launch();
     MX_RETURN_IF_ERROR(run_forward(step, logits));
-    if (!op) return sample_logits_on_host(batch, step, fill_token_masks(batch), sampled);
+    if (!op) return sample_logits_on_host(batch, step, fill_token_masks(batch), false, sampled);
     ++graph_sampled_steps_;
+    if (how == SampleRows::kSplit) return finish_split(masked);
     launched_rows_ = rows;  // the device is still running it: complete() reads the tokens
     return Status::ok();
   }
@@ -430,7 +448,7 @@ Status ModelRunner::launch_prepared(const ScheduledBatch& batch) {
   MX_RETURN_IF_ERROR(run_forward(step, logits));
   // Grammar masks are computed here, while a device backend still runs the forward pass just launched.
   const bool masked = fill_token_masks(batch);
-  if (!op) return sample_logits_on_host(batch, step, masked, sampled);
+  if (!op) return sample_logits_on_host(batch, step, masked, false, sampled);
   MX_RETURN_IF_ERROR(upload_sample_inputs(batch, rows, true, masked));
   bool want_logprobs = false;
   for (const ScheduledEntry& e : batch.entries) want_logprobs |= e.sample && e.request->input.sampling.logprobs;
@@ -438,6 +456,7 @@ Status ModelRunner::launch_prepared(const ScheduledBatch& batch) {
   if (!want_logprobs) sp.logprobs = TensorView();
   if (!masked) sp.token_mask = sp.mask_rows = TensorView();
   MX_RETURN_IF_ERROR(model_.backend().sample(sp));
+  if (how == SampleRows::kSplit) return finish_split(masked);
   launched_rows_ = rows;  // as a graph's: complete() reads them, and the next step may take them on the device
   return Status::ok();
 }
@@ -473,19 +492,35 @@ void ModelRunner::count_idle_until_launch() {
 }
 
 // Host path: the real rows' logits to the host (padding rows come last and stay), prompt logits into their
-// requests, then each row sampled.
+// requests, then each row sampled. A split step's host rows come back in runs of consecutive entries, each to
+// its own place in logits_host_.
 Status ModelRunner::sample_logits_on_host(const ScheduledBatch& batch, const StagedStep& step, bool masked,
-                                          std::vector<SampledToken>* sampled) {
-  const int64_t real_rows = step.view.num_logit_rows - step.padding_rows;
+                                          bool host_only, std::vector<SampledToken>* sampled) {
+  const int64_t vocab = model_.dims().vocab_size;
+  const TensorView device = logits_device_.view(DType::kF32, {max_logit_rows_, vocab});
+  auto copy_rows = [&](int64_t first, int64_t last) {
+    return first < last ? model_.backend().copy_to_host(logits_host_.data() + first * vocab, device.rows(first, last))
+                        : Status::ok();
+  };
   const auto wait_start = std::chrono::steady_clock::now();
-  if (real_rows > 0)
-    MX_RETURN_IF_ERROR(model_.backend().copy_to_host(
-        logits_host_.data(), logits_device_.view(DType::kF32, {real_rows, model_.dims().vocab_size})));
+  if (!host_only) {
+    MX_RETURN_IF_ERROR(copy_rows(0, step.view.num_logit_rows - step.padding_rows));
+  } else {
+    int64_t row = 0, first = 0;  // the run [first, row) waits to be copied
+    for (const ScheduledEntry& e : batch.entries) {
+      if (!e.sample || !needs_host_sampler(*e.request)) {
+        MX_RETURN_IF_ERROR(copy_rows(first, row));
+        first = row + e.logit_rows();
+      }
+      row += e.logit_rows();
+    }
+    MX_RETURN_IF_ERROR(copy_rows(first, row));
+  }
   results_read_ = std::chrono::steady_clock::now();
   device_wait_seconds_ += std::chrono::duration<double>(*results_read_ - wait_start).count();
   const auto sample_start = std::chrono::steady_clock::now();
   copy_prompt_logits(batch);
-  sample_on_host(batch, masked, sampled);
+  sample_on_host(batch, masked, host_only, sampled);
   last_sample_seconds_ = seconds_since(sample_start);
   return Status::ok();
 }
@@ -671,9 +706,10 @@ bool ModelRunner::fill_token_masks(const ScheduledBatch& batch) {
 
 // Each row's token depends on its own logits, parameters and stream alone, so the rows are drawn on up to
 // kHostSampleThreads threads in contiguous runs, a Sampler each: ~2-10 ms a row of gpt-oss's 201,088 logits, and a
-// step whose rows all come to the host (one request's penalties or top logprobs take its whole batch there)
-// otherwise draws them one after another.
-void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, std::vector<SampledToken>* sampled) {
+// step whose rows all come to the host (prompt logits, or every sampled entry needs the host) otherwise draws them
+// one after another.
+void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, bool host_only,
+                                 std::vector<SampledToken>* sampled) {
   constexpr int kHostSampleThreads = 8;
   const int64_t vocab = model_.dims().vocab_size;
   sampled->resize(static_cast<size_t>(batch.num_samples));
@@ -685,6 +721,10 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, std::
     Request& r = *e.request;
     row += e.logit_rows();
     if (!e.sample) continue;
+    if (host_only && !needs_host_sampler(r)) {  // the sample op's rows
+      k += 1 + e.num_draft;
+      continue;
+    }
     const std::span<const int32_t> prompt = std::span<const int32_t>(r.tokens).first(static_cast<size_t>(r.prompt_len));
     if (e.num_draft == 0) {
       HostRow h;
@@ -723,7 +763,7 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, std::
   }
   const auto rows = static_cast<int64_t>(host_rows_.size());
   int64_t threads = 1;
-  if (rows > 1) {
+  if (rows > 0) {
     if (!host_pool_) {
       const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       host_pool_ = std::make_unique<cpu::ThreadPool>(std::min(kHostSampleThreads, hw));
@@ -740,7 +780,8 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, std::
         HostRow& h = host_rows_[static_cast<size_t>(i)];
         if (h.mask) cpu::apply_token_mask(h.logits, vocab, h.mask);
         const SamplingParams& params = h.request->input.sampling;
-        sampler.sample(h.logits, params, h.penalties, h.rng, h.out);
+        // A row alone spreads its logprobs' passes over the pool instead (fill_logprobs: the same values).
+        sampler.sample(h.logits, params, h.penalties, h.rng, h.out, threads == 1 ? host_pool_.get() : nullptr);
         const size_t g = static_cast<size_t>(h.request->num_generated());
         if (h.decode && g < h.request->input.forced_tokens.size())
           force_token(h.logits, vocab, h.request->input.forced_tokens[g], params.logprobs, h.out);

@@ -85,7 +85,7 @@ class ModelRunner {
   Status prepare(const ScheduledBatch& batch);
   Status launch_prepared(const ScheduledBatch& batch);
   // The launched step's samples are on the device until complete() reads them (the backend's sample op ran;
-  // host-sampled steps have theirs on the host): the next step can take its tokens from there.
+  // steps with host-sampled rows have theirs on the host): the next step can take its tokens from there.
   bool samples_on_device() const { return launched_rows_ >= 0; }
 
   bool has_draft_model() const { return draft_model_ != nullptr; }
@@ -125,6 +125,11 @@ class ModelRunner {
   bool profile_capture() const { return profile_capture_; }
   int64_t max_logit_rows() const { return max_logit_rows_; }
   int64_t sample_op_steps() const { return sample_op_steps_; }  // steps sampled by the backend's op
+  // ... of which some rows were drawn on the host (penalties, top logprobs: SampleRows::kSplit)
+  int64_t split_sample_steps() const { return split_sample_steps_; }
+  // The form before 2026-11-29 (bench latency's comparison): one row that needs the host sampler takes every row of
+  // its step to the host.
+  void set_whole_batch_host_sampling(bool on) { whole_batch_host_sampling_ = on; }
   // Threads the last host-sampled step's rows were spread over (sample_on_host; 0 before any).
   int64_t host_sample_threads() const { return host_sample_threads_; }
   int64_t graph_sampled_steps() const { return graph_sampled_steps_; }  // ... of which inside a step graph
@@ -152,7 +157,8 @@ class ModelRunner {
   Result<bool> run_profiled(const StepGraph& graph, const BatchView& view, const TensorView& logits);
   // Host path (logits_host_ holds the step's real rows): prompt logits into their requests, then sampling.
   void copy_prompt_logits(const ScheduledBatch& batch);
-  void sample_on_host(const ScheduledBatch& batch, bool masked, std::vector<SampledToken>* sampled);
+  // `host_only`: only the entries that need the host sampler (the rest came from the sample op).
+  void sample_on_host(const ScheduledBatch& batch, bool masked, bool host_only, std::vector<SampledToken>* sampled);
   // One row sample_on_host draws: its logits (masked in place first where its entry is constrained), parameters,
   // penalty context, stream (a copy: a decode row's is stored back after the draw) and output.
   struct HostRow {
@@ -165,20 +171,25 @@ class ModelRunner {
     SampledToken* out = nullptr;
   };
 
-  // Steps whose sampled rows need nothing host-only (penalties, top logprobs, prompt logits, forced test
-  // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs
-  // the same algorithm.
-  static bool can_use_sample_op(const ScheduledBatch& batch);
+  // How a step's rows are sampled. Rows that need nothing host-only (penalties, top logprobs, forced test
+  // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs the same
+  // algorithm on the others' logits, copied back row by row (kSplit), or on every row when prompt logits come to
+  // the host anyway (or whole_batch_host_sampling_).
+  enum class SampleRows { kOp, kSplit, kHost };
+  SampleRows sample_rows(const ScheduledBatch& batch) const;
   // Asks each sampled entry's constraint for its mask: row k of token_mask_host_ for the k-th sampled entry.
   // False when no entry is constrained this step.
   bool fill_token_masks(const ScheduledBatch& batch);
   // The sample op's device buffers for `logits`' rows (all of them set: what a step graph captures).
   SampleParams graph_sample_params(const TensorView& logits) const;
   Status upload_sample_inputs(const ScheduledBatch& batch, int64_t rows, bool op, bool masked);
-  // The sample op's tokens and logprobs of `rows` logits rows into `sampled`; advances the requests' streams.
-  Status read_sampled(const ScheduledBatch& batch, int64_t rows, std::vector<SampledToken>* sampled);
-  // Host path: the step's real logits rows to the host, prompt logits into their requests, then sampling.
-  Status sample_logits_on_host(const ScheduledBatch& batch, const StagedStep& step, bool masked,
+  // The sample op's tokens and logprobs of `rows` logits rows into `sampled`; advances the requests' streams (with
+  // `split`, only those of the entries the sample op drew for).
+  Status read_sampled(const ScheduledBatch& batch, int64_t rows, bool split, std::vector<SampledToken>* sampled);
+  // Host path: the step's real logits rows to the host, prompt logits into their requests, then sampling. With
+  // `host_only` (a split step, the sample op's tokens already in `sampled`): only the rows of the entries that need
+  // the host sampler come back and are drawn.
+  Status sample_logits_on_host(const ScheduledBatch& batch, const StagedStep& step, bool masked, bool host_only,
                                std::vector<SampledToken>* sampled);
 
   ModelRunner(const Model& model, int64_t vocab);
@@ -202,7 +213,7 @@ class ModelRunner {
   std::vector<float> logits_host_;   // the same on the host
   int64_t max_logit_rows_ = 0;
   std::vector<BatchSequence> seqs_;
-  // Host sampling: a Sampler per thread of host_pool_ (made on the first step with rows for more than one thread).
+  // Host sampling: a Sampler per thread of host_pool_ (made on the first host-sampled step).
   std::vector<std::unique_ptr<Sampler>> samplers_;
   std::unique_ptr<cpu::ThreadPool> host_pool_;
   std::vector<HostRow> host_rows_;
@@ -218,7 +229,8 @@ class ModelRunner {
   Buffer mask_rows_device_;                // i32 [max_logit_rows]
   std::vector<uint32_t> token_mask_host_;  // [max_logit_rows, ceil(vocab / 32)]
   std::vector<int32_t> mask_rows_host_;    // [max_logit_rows]
-  int64_t sample_op_steps_ = 0, graph_sampled_steps_ = 0;
+  int64_t sample_op_steps_ = 0, graph_sampled_steps_ = 0, split_sample_steps_ = 0;
+  bool whole_batch_host_sampling_ = false;
   int64_t device_mask_rows_ = 0;  // mask_rows_device_ rows that may hold a nonzero flag (from a masked step)
   std::vector<std::unique_ptr<StepGraph>> graphs_;         // decode, ascending batch size
   // verify_graphs_[k - 1]: steps verifying k drafts per entry, ascending batch size (k = 1 .. verify_drafts_)

@@ -4,7 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
+
+#include "backend/cpu/thread_pool.h"
 
 namespace mx {
 
@@ -24,7 +25,8 @@ SampleRowParams sample_row_params(const SamplingParams& params, const Rng& rng) 
 Sampler::Sampler(int64_t vocab)
     : vocab_(vocab),
       work_(static_cast<size_t>(vocab)),
-      ids_(static_cast<size_t>(vocab)),
+      slice_max_(static_cast<size_t>(kLogprobSlices)),
+      slice_sum_(static_cast<size_t>(kLogprobSlices)),
       counts_(static_cast<size_t>(vocab), 0),
       stamp_(static_cast<size_t>(vocab), 0) {}
 
@@ -58,23 +60,54 @@ void Sampler::apply_penalties(const SamplingParams& params, const PenaltyContext
   }
 }
 
-void Sampler::fill_logprobs(const float* logits, const SamplingParams& params, SampledToken* out) {
-  const float max = *std::max_element(logits, logits + vocab_);
+void Sampler::fill_logprobs(const float* logits, const SamplingParams& params, cpu::ThreadPool* pool,
+                            SampledToken* out) {
+  const int64_t n = std::clamp<int64_t>(params.top_logprobs, 0, vocab_);
+  const int64_t slice = (vocab_ + kLogprobSlices - 1) / kLogprobSlices;
+  ids_.resize(static_cast<size_t>(kLogprobSlices * n));
+  auto over_slices = [&](const auto& fn) {
+    auto run = [&](int64_t first, int64_t last) {
+      for (int64_t s = first; s < last; ++s) fn(s, s * slice, std::min(vocab_, (s + 1) * slice));
+    };
+    if (pool) pool->parallel_for(kLogprobSlices, 1, run);
+    else run(0, kLogprobSlices);
+  };
+  // Most likely first: the larger logit, then the smaller id.
+  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  over_slices([&](int64_t s, int64_t begin, int64_t end) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = begin; i < end; ++i) m = logits[i] > m ? logits[i] : m;  // vectorizes
+    slice_max_[static_cast<size_t>(s)] = m;
+    // The slice's n best, in order, by insertion: most logits fall below the n-th best so far at one comparison.
+    int32_t* best = ids_.data() + s * n;
+    int64_t have = 0;
+    for (int64_t i = begin; i < end && n > 0; ++i) {
+      if (have == n && !before(static_cast<int32_t>(i), best[n - 1])) continue;
+      int64_t at = have < n ? have++ : n - 1;
+      for (; at > 0 && before(static_cast<int32_t>(i), best[at - 1]); --at) best[at] = best[at - 1];
+      best[at] = static_cast<int32_t>(i);
+    }
+    for (int64_t k = have; k < n; ++k) best[k] = -1;  // a slice shorter than n
+  });
+  const float max = *std::max_element(slice_max_.begin(), slice_max_.end());
+  over_slices([&](int64_t s, int64_t begin, int64_t end) {
+    double sum = 0;
+    for (int64_t i = begin; i < end; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+    slice_sum_[static_cast<size_t>(s)] = sum;
+  });
   double sum = 0;
-  for (int64_t i = 0; i < vocab_; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  for (double s : slice_sum_) sum += s;
   const float log_z = max + static_cast<float>(std::log(sum));
   out->logprob = logits[out->token] - log_z;
   out->top.clear();
-  const int64_t n = std::min(params.top_logprobs, vocab_);
   if (n <= 0) return;
-  std::iota(ids_.begin(), ids_.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(ids_.begin(), ids_.begin() + n, ids_.end(), by_logit);
+  std::erase(ids_, -1);
+  std::partial_sort(ids_.begin(), ids_.begin() + n, ids_.end(), before);
   for (int64_t i = 0; i < n; ++i) out->top.push_back({ids_[static_cast<size_t>(i)], logits[ids_[static_cast<size_t>(i)]] - log_z});
 }
 
 void Sampler::sample(const float* logits, const SamplingParams& params, const PenaltyContext& penalties, Rng& rng,
-                     SampledToken* out) {
+                     SampledToken* out, cpu::ThreadPool* pool) {
   const float* scores = logits;
   if (params.has_penalties()) {
     std::copy(logits, logits + vocab_, work_.begin());
@@ -83,7 +116,7 @@ void Sampler::sample(const float* logits, const SamplingParams& params, const Pe
   }
   out->token = cpu::sample_row(scores, vocab_, sample_row_params(params, rng), &scratch_, false).token;
   rng.advance();
-  if (params.logprobs) fill_logprobs(logits, params, out);
+  if (params.logprobs) fill_logprobs(logits, params, pool, out);
 }
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng) {

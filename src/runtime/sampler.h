@@ -11,6 +11,10 @@
 
 #include "backend/cpu/sampling.h"
 
+namespace mx::cpu {
+class ThreadPool;
+}  // namespace mx::cpu
+
 namespace mx {
 
 struct SamplingParams {
@@ -80,17 +84,24 @@ class Sampler {
   explicit Sampler(int64_t vocab);
 
   int64_t vocab() const { return vocab_; }
-  // Greedy returns the first index of the maximum (as torch.argmax does). Takes one draw from `rng`.
+  // Greedy returns the first index of the maximum (as torch.argmax does). Takes one draw from `rng`. `pool` (may be
+  // null; not one whose parallel_for this call runs inside) spreads the logprobs' passes over its threads.
   void sample(const float* logits, const SamplingParams& params, const PenaltyContext& penalties, Rng& rng,
-              SampledToken* out);
+              SampledToken* out, cpu::ThreadPool* pool = nullptr);
 
  private:
   void apply_penalties(const SamplingParams& params, const PenaltyContext& penalties);
-  void fill_logprobs(const float* logits, const SamplingParams& params, SampledToken* out);
+  // The log-softmax of the raw logits at the sampled token and the top n, over kLogprobSlices fixed slices of the
+  // vocabulary (on `pool`'s threads where given): each slice's largest logit and n best ids, then its sum of
+  // exponentials, the sums added in slice order, so that a row's logprobs are the same on any number of threads.
+  void fill_logprobs(const float* logits, const SamplingParams& params, cpu::ThreadPool* pool, SampledToken* out);
 
+  static constexpr int64_t kLogprobSlices = 16;
   int64_t vocab_;
   std::vector<float> work_;       // [vocab] logits after penalties
-  std::vector<int32_t> ids_;      // [vocab] candidates of the top logprobs
+  std::vector<int32_t> ids_;      // [kLogprobSlices, top n] each slice's best ids, then the merged candidates
+  std::vector<float> slice_max_;  // [kLogprobSlices]
+  std::vector<double> slice_sum_; // [kLogprobSlices]
   cpu::SampleScratch scratch_;
   std::vector<int32_t> counts_;   // [vocab] occurrences in the output (zero between calls)
   std::vector<uint32_t> stamp_;   // [vocab] "seen in this call" marks for the repetition penalty

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -60,10 +61,12 @@ struct Arrival {
   size_t prompt = 0;
 };
 
-// Runs the arrivals to completion; outputs in arrival order. `constrain(i)` gives arrival i's constraint.
+// Runs the arrivals to completion; outputs in arrival order. `constrain(i)` gives arrival i's constraint;
+// `edit(i, &input)` changes arrival i's request before it is added.
 std::vector<RequestOutput> drive(EngineCore& core, const Loaded& f, const std::vector<Arrival>& arrivals,
                                  int64_t top_logprobs,
-                                 const std::function<std::shared_ptr<TokenConstraint>(size_t)>& constrain = nullptr) {
+                                 const std::function<std::shared_ptr<TokenConstraint>(size_t)>& constrain = nullptr,
+                                 const std::function<void(size_t, RequestInput*)>& edit = nullptr) {
   std::vector<RequestOutput> out(arrivals.size());
   std::vector<RequestOutput> deltas;
   size_t added = 0;
@@ -77,6 +80,7 @@ std::vector<RequestOutput> drive(EngineCore& core, const Loaded& f, const std::v
       in.sampling.logprobs = true;
       in.sampling.top_logprobs = top_logprobs;
       if (constrain) in.constraint = constrain(i);
+      if (edit) edit(i, &in);
       MX_CHECK_OK(core.add_request(static_cast<RequestId>(i), std::move(in)));
       ++added;
     }
@@ -341,6 +345,87 @@ TEST_P(EngineGraphTest, BatchingEquivalenceWithGraphs) {
     record("engine batching (cuda, graphs)", detail, static_cast<double>(alone[0].token_ids.size() - d.agree), 0, 0, pass);
   }
   EXPECT_EQ(failures, 0);
+}
+
+// Steps whose rows are split between the sample op (inside the decode graphs) and the host sampler (top logprobs,
+// penalties) draw what the same steps drew with every row on the host (the form before 2026-11-29): the same tokens,
+// the host rows' logprobs and top logprobs bit for bit, the sample op's logprobs within 1e-4 (the GPU's log-softmax
+// against the host's, as SampleOp's tests). Each request alone is recorded beside them: its tokens differ only where
+// the batch moved its bf16 logits (batch-variant kernels, as BatchingEquivalenceWithGraphs), the same in both forms.
+TEST_P(EngineGraphTest, SplitSamplingDrawsWhatWholeHostStepsDraw) {
+  const Loaded f = load_fixture(GetParam());
+  EngineConfig c;
+  c.num_kv_pages = 256;
+  c.page_size = 8;
+  c.max_running_requests = 8;
+  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  // Two requests a prompt, three arriving a step: seeded sampling (top-p on some) and greedy; every third request
+  // needs the host (3 top logprobs; a presence penalty besides on every sixth).
+  std::vector<Arrival> arrivals;
+  for (size_t i = 0; i < 2 * f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(i / 3), i % f.prompts.size()});
+  auto params = [](size_t i, RequestInput* in) {
+    in->sampling.temperature = i % 2 == 0 ? 0.8f : 0.0f;
+    in->sampling.top_p = i % 4 == 0 ? 0.9f : 1.0f;
+    in->sampling.seed = 40 + i;
+    if (i % 3 == 2) in->sampling.top_logprobs = 3;
+    if (i % 6 == 5) in->sampling.presence_penalty = 0.4f;
+  };
+  auto host = [](size_t i) { return i % 3 == 2; };
+  // `first`: the index in `arrivals` of a's first request (a's requests are consecutive there).
+  auto run = [&](const std::vector<Arrival>& a, size_t first, bool whole_host, int64_t* split_steps, int64_t* in_graph) {
+    auto core = make_core(f, c);
+    core->runner().set_whole_batch_host_sampling(whole_host);
+    std::vector<RequestOutput> out = drive(*core, f, a, 0, nullptr, [&](size_t i, RequestInput* in) { params(first + i, in); });
+    *split_steps = core->runner().split_sample_steps();
+    *in_graph = core->runner().graph_sampled_steps();
+    return out;
+  };
+  int64_t split_steps[2] = {0, 0}, in_graph[2] = {0, 0}, unused = 0;
+  const std::vector<RequestOutput> split = run(arrivals, 0, false, &split_steps[0], &in_graph[0]);
+  const std::vector<RequestOutput> whole = run(arrivals, 0, true, &split_steps[1], &in_graph[1]);
+  int64_t tokens = 0, differing = 0, op_logprobs_off = 0, agree_alone = 0;
+  double worst = 0;
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const RequestOutput& a = split[i];
+    const RequestOutput& b = whole[i];
+    ASSERT_EQ(a.token_ids.size(), b.token_ids.size()) << i;
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << i;
+    for (size_t t = 0; t < a.token_ids.size(); ++t) {
+      ++tokens;
+      const float x = a.logprobs[t].logprob, y = b.logprobs[t].logprob;
+      bool same = a.token_ids[t] == b.token_ids[t] && a.logprobs[t].top.size() == b.logprobs[t].top.size();
+      for (size_t k = 0; same && k < a.logprobs[t].top.size(); ++k)
+        same = a.logprobs[t].top[k].token == b.logprobs[t].top[k].token &&
+               same_bits(a.logprobs[t].top[k].logprob, b.logprobs[t].top[k].logprob);
+      if (host(i)) {
+        same = same && same_bits(x, y);
+      } else if (std::isfinite(x) && std::isfinite(y)) {
+        worst = std::max(worst, static_cast<double>(std::fabs(x - y)));
+        op_logprobs_off += std::fabs(x - y) <= 1e-4f * std::max(1.0f, std::fabs(y)) ? 0 : 1;
+      } else {
+        same = same && x == y;
+      }
+      differing += same ? 0 : 1;
+    }
+    const std::vector<RequestOutput> alone = run({{0, arrivals[i].prompt}}, i, false, &unused, &unused);
+    for (size_t t = 0; t < std::min(a.token_ids.size(), alone[0].token_ids.size()) && a.token_ids[t] == alone[0].token_ids[t]; ++t)
+      ++agree_alone;
+  }
+  const bool pass = differing == 0 && op_logprobs_off == 0 && split_steps[0] > 0 && split_steps[1] == 0;
+  char detail[512];
+  std::snprintf(detail, sizeof detail,
+                "%s: %lld tokens, %lld split steps (%lld steps sampled in graphs; whole-host: %lld): %lld differ from "
+                "the whole-host steps' draws, sample op logprobs within %.2g; alone = split up to the first difference "
+                "for %lld tokens",
+                GetParam().c_str(), static_cast<long long>(tokens), static_cast<long long>(split_steps[0]),
+                static_cast<long long>(in_graph[0]), static_cast<long long>(in_graph[1]), static_cast<long long>(differing),
+                worst, static_cast<long long>(agree_alone));
+  record("split sampling == whole-host steps", detail, static_cast<double>(differing + op_logprobs_off), 0, 0, pass);
+  EXPECT_EQ(differing, 0);
+  EXPECT_EQ(op_logprobs_off, 0);
+  EXPECT_GT(split_steps[0], 0);
+  EXPECT_GT(in_graph[0], 0);
+  EXPECT_EQ(split_steps[1], 0);
 }
 
 // The largest |difference| of the chosen tokens' logprobs over the first n tokens of two runs.

@@ -3,8 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
@@ -134,6 +138,50 @@ TEST(Sampler, LogprobsAreTheRawLogSoftmaxWithTopN) {
   EXPECT_EQ(out.top[0].token, 1);
   EXPECT_NEAR(out.top[0].logprob, std::log(0.6), 1e-5);
   EXPECT_EQ(out.top[1].token, 2);
+}
+
+// fill_logprobs over fixed slices of the vocabulary, with and without a pool: the same bits either way, and what
+// one pass and one sort over the whole vocabulary give (ties broken by the smaller id; vocabularies shorter than
+// the slices, slices shorter than n).
+TEST(Sampler, LogprobsOverSlicesMatchOneSortOnAnyThreads) {
+  cpu::ThreadPool pool(3);
+  std::mt19937 gen(11);
+  for (const int64_t vocab : {3, 17, 1000, 201088}) {
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    for (float& x : logits) x = std::round(d(gen) * 8) / 8;  // many ties
+    for (const int64_t n : {0, 1, 5, 20}) {
+      SamplingParams p;
+      p.logprobs = true;
+      p.top_logprobs = n;
+      SampledToken alone, pooled;
+      Sampler a(vocab), b(vocab);
+      Rng ra(3), rb(3);
+      a.sample(logits.data(), p, {}, ra, &alone);
+      b.sample(logits.data(), p, {}, rb, &pooled, &pool);
+      ASSERT_EQ(alone.token, pooled.token);
+      EXPECT_EQ(std::memcmp(&alone.logprob, &pooled.logprob, sizeof(float)), 0) << vocab << " " << n;
+      ASSERT_EQ(alone.top.size(), pooled.top.size());
+      for (size_t k = 0; k < alone.top.size(); ++k) {
+        EXPECT_EQ(alone.top[k].token, pooled.top[k].token);
+        EXPECT_EQ(std::memcmp(&alone.top[k].logprob, &pooled.top[k].logprob, sizeof(float)), 0);
+      }
+      // One pass and one sort.
+      const float max = *std::max_element(logits.begin(), logits.end());
+      double sum = 0;
+      for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
+      const double log_z = max + std::log(sum);
+      std::vector<int32_t> ids(static_cast<size_t>(vocab));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::stable_sort(ids.begin(), ids.end(), [&](int32_t x, int32_t y) { return logits[x] > logits[y]; });
+      EXPECT_NEAR(alone.logprob, logits[static_cast<size_t>(alone.token)] - log_z, 1e-5);
+      ASSERT_EQ(alone.top.size(), static_cast<size_t>(std::min(n, vocab)));
+      for (size_t k = 0; k < alone.top.size(); ++k) {
+        EXPECT_EQ(alone.top[k].token, ids[k]) << vocab << " " << n << " " << k;
+        EXPECT_NEAR(alone.top[k].logprob, logits[static_cast<size_t>(ids[k])] - log_z, 1e-5);
+      }
+    }
+  }
 }
 
 TEST(Sampler, MinPAndTopKTogether) {
