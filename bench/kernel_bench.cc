@@ -21,7 +21,8 @@
 // bf16 experts and small ops (bench_gemma). --variants after --moe-prefill-only runs only the prefill variants
 // whose labels start with one of the prefixes (e.g. `wgmma,auto`: the decode paths take most of the time), without
 // the sweep's closing bf16 yardstick; after
-// --moe-decode-variants it picks decode variants (e.g. `v1,stream`). --moe-experts=128 times gpt-oss-120b's MoE
+// --moe-decode-variants it picks decode variants (e.g. `v1,stream`); a prefix ending in '$' is a whole label, and a
+// comma inside a prefix is written `\,`. --moe-experts=128 times gpt-oss-120b's MoE
 // layer (128 experts, same expert shape) in the prefill sweep or the decode variants instead of 20b's 32; --moe-skew=S
 // (after --moe-prefill-only) routes it unevenly (make_routings).
 #include <algorithm>
@@ -90,11 +91,20 @@ std::optional<std::vector<int64_t>> int_list_flag(const char* arg, const std::st
 }
 
 // `--variants=P,P,...` at argv[arg], if there: its prefixes go to bench_variant_prefixes and arg moves past it.
+// A comma inside a prefix is written `\,` (labels such as " (bulk copies, 2 tiles per CTA)" have commas): quoted,
+// '--variants=(bulk copies\, 2 tiles per CTA)$' selects that label alone. Empty prefixes are dropped.
 void take_variant_prefixes(int argc, char** argv, int& arg) {
   const std::string flag = "--variants=";
   if (argc <= arg || std::string(argv[arg]).rfind(flag, 0) != 0) return;
-  bench_variant_prefixes =
-      parse_list<std::string>(std::string(argv[arg]).substr(flag.size() - 1), [](const std::string& t) { return t; });
+  const std::string value = std::string(argv[arg]).substr(flag.size());
+  std::vector<std::string> prefixes(1);
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] == '\\' && i + 1 < value.size() && value[i + 1] == ',') prefixes.back() += value[++i];
+    else if (value[i] == ',') prefixes.emplace_back();
+    else prefixes.back() += value[i];
+  }
+  std::erase_if(prefixes, [](const std::string& p) { return p.empty(); });
+  bench_variant_prefixes = std::move(prefixes);
   ++arg;
 }
 

@@ -11,7 +11,7 @@
 // mark around every backend op (padded like the engine's own graph) and replayed, summed per category (mark
 // overhead removed, see breakdown_json); "idle" is the step time minus the engine's graph, logits copy and host
 // sampling. The routing is recorded in a second, eager step; a row without a breakdown says why. Also one prefill
-// step of one prompt, eager behind a device hold, at the longest prompt length. With a draft model, also the third verify step's draft call timed op
+// step of one prompt, eager behind a device hold, at the longest prompt length (on each engine of a comparison). With a draft model, also the third verify step's draft call timed op
 // by op (DraftBreakdown; that step stays out of the stats). With --forced-acceptance, also one verify step
 // per (k, batch) timed the same way as the decode step (its "breakdown" has verify_drafts = k).
 // Pairs whose B x (prompt + output) tokens exceed the KV pool are skipped with a note: the scheduler would
@@ -81,8 +81,8 @@ const std::vector<CliOption> kCommandOptions = {
     {"output-len", true, "generated tokens per request (default 128)"},
     {"json", true, "also write the results as JSON to this file"},
     {"breakdown", false,
-     "GPU time of one decode step per op category (eager, instrumented); with a draft model also one draft call's "
-     "ops"},
+     "GPU time of one decode step per op category (eager, instrumented) and of one prefill step (with several "
+     "values of a kernel flag: one per value, JSON prefill_breakdowns); with a draft model also one draft call's ops"},
     {"forced-acceptance", true, "comma-separated draft counts K: verify cost with drafts that are the plain run's outputs"},
     {"whole-page-table-uploads", false,
      "upload every step's page tables at full width (max-model-len / page-size columns) as before 2026-11-28, not "
@@ -134,6 +134,12 @@ const std::vector<CliOption> kCommandOptions = {
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
+    {"host-sampled-requests", true,
+     "the first N requests of each batch ask for 5 top logprobs, which the host sampler draws from their copied "
+     "logits (the others stay greedy on the sample op; default 0)"},
+    {"compare-host-sampling", false,
+     "every batch twice, with --host-sampled-requests' rows taking every row of their steps to the host (the form "
+     "before 2026-11-29) and then alone (the others from the sample op), in one process"},
     {"compare-batched-tokens", true,
      "comma-separated step token budgets (--max-num-batched-tokens values): every batch once per budget, the engine "
      "sized for the largest: the prefill chunk size's before and after (TTFTmax: the prefill phase), in one process"},
@@ -266,6 +272,12 @@ struct KernelChoice {
   }
 };
 
+// A flag's name as a JSON key: decode-attention -> decode_attention.
+std::string json_key(std::string flag) {
+  std::replace(flag.begin(), flag.end(), '-', '_');
+  return flag;
+}
+
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 double median(std::vector<double> v) {
@@ -301,6 +313,7 @@ struct Setup {
   uint64_t seed = 0;
   bool breakdown = false;
   std::vector<int64_t> forced_k;  // --forced-acceptance
+  int64_t host_requests = 0;      // --host-sampled-requests
 };
 
 // One eager decode step timed op by op, and one that records the routing.
@@ -413,9 +426,10 @@ Status run_breakdown_steps(EngineCore& core, ProfilingBackend& prof, int64_t bat
   return Status::ok();
 }
 
+// `host_requests`: the first that many requests ask for top logprobs (rows the host sampler draws).
 Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Model& model, int64_t batch,
                               int64_t input_len, int64_t output_len, uint64_t seed, bool breakdown, bool overlap,
-                              RequestId* next_id) {
+                              RequestId* next_id, int64_t host_requests = 0) {
   core.set_overlap_steps(overlap);
   std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(batch));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.dims().vocab_size - 1));
@@ -430,6 +444,10 @@ Result<BatchResult> run_batch(EngineCore& core, ProfilingBackend& prof, const Mo
     in.max_tokens = output_len;
     in.ignore_eos = true;
     in.sampling.temperature = 0;  // greedy
+    if (i < host_requests) {
+      in.sampling.logprobs = true;
+      in.sampling.top_logprobs = 5;
+    }
     const RequestId id = (*next_id)++;
     index[id] = i;
     MX_RETURN_IF_ERROR(core.add_request(id, std::move(in)));
@@ -735,7 +753,7 @@ Status run_forced_acceptance(const Setup& s, const EngineConfig& base, const Mod
     for (const PlainRow& p : plain) {
       const int64_t replays_before = core->runner().num_verify_replays();
       MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, model, p.batch, p.input_len, s.output_len, s.seed,
-                                                   s.breakdown, config.overlap_steps, next_id));
+                                                   s.breakdown, config.overlap_steps, next_id, s.host_requests));
       json j = result_json(r, model, backend, probes, p.input_len, s.output_len);
       // Verify steps replayed from a verify graph (bucket, k) during this batch; the rest ran eagerly.
       j["verify_graph_replays"] = core->runner().num_verify_replays() - replays_before;
@@ -779,6 +797,13 @@ Status run(const CliArgs& args) {
   const bool compare_overlap = args.has("compare-overlap");
   if (compare_overlap && (args.has("forced-acceptance") || args.has("disable-overlap-schedule")))
     return invalid_argument("--compare-overlap runs both step kinds itself: drop --forced-acceptance and --disable-overlap-schedule");
+  MX_ASSIGN_OR_RETURN(s.host_requests, args.get_int("host-sampled-requests", 0));
+  if (s.host_requests < 0) return invalid_argument("--host-sampled-requests must be >= 0");
+  const bool compare_host = args.has("compare-host-sampling");
+  if (compare_host && (s.host_requests == 0 || compare_overlap || args.has("compare-batched-tokens") ||
+                       args.has("forced-acceptance")))
+    return invalid_argument("--compare-host-sampling needs --host-sampled-requests, and not --compare-overlap, "
+                            "--compare-batched-tokens or --forced-acceptance");
   std::vector<int64_t> budgets;  // --compare-batched-tokens
   if (args.has("compare-batched-tokens")) {
     if (compare_overlap || args.has("max-num-batched-tokens") || args.has("forced-acceptance"))
@@ -827,15 +852,19 @@ Status run(const CliArgs& args) {
     std::vector<KernelChoice> choices;
     std::stringstream list(args.get(flag));
     for (std::string value; std::getline(list, value, ',');) choices.push_back({flag, value});
-    if (choices.size() > 1 && (compare_overlap || !budgets.empty() || args.has("forced-acceptance") || compared > 0))
+    if (choices.size() > 1 &&
+        (compare_overlap || compare_host || !budgets.empty() || args.has("forced-acceptance") || compared > 0))
       return invalid_argument(std::string("--") + flag +
                               " with several values compares them itself: not with --compare-overlap, "
-                              "--compare-batched-tokens, --forced-acceptance or another flag's several values");
+                              "--compare-host-sampling, --compare-batched-tokens, --forced-acceptance or another "
+                              "flag's several values");
     if (choices.size() > 1) compared = choices.size();
     kernel_choices.insert(choices.size() > 1 ? kernel_choices.begin() : kernel_choices.end(), choices.begin(),
                           choices.end());
   }
-  for (const KernelChoice& c : kernel_choices) MX_RETURN_IF_ERROR(c.apply(*inner));  // checked before the model loads
+  // Every value checked before any is applied (a CPU backend refuses the first that is), all before the model loads.
+  for (const KernelChoice& c : kernel_choices) MX_RETURN_IF_ERROR(check_kernel_choice(c.flag, c.value));
+  for (const KernelChoice& c : kernel_choices) MX_RETURN_IF_ERROR(c.apply(*inner));
   if (compared > 0) MX_RETURN_IF_ERROR(kernel_choices[0].apply(*inner));  // the first engine's (flags set apart)
   Backend* const kernel_backend = inner.get();  // where a comparison switches the kernels
   ProfilingBackend backend(std::move(inner));
@@ -888,11 +917,15 @@ Status run(const CliArgs& args) {
     int64_t budget;
     std::string label;  // printed above the variant's row when comparing
     int choice = 0;     // index into kernel_choices when comparing (a fresh engine whenever it changes)
+    bool whole_host = false;  // ModelRunner::set_whole_batch_host_sampling
   };
   const int64_t full_budget = core->config().max_num_batched_tokens;
   std::vector<StepVariant> variants;
   if (compare_overlap) {
     variants = {{false, full_budget, "serial steps"}, {true, full_budget, "overlapped steps"}};
+  } else if (compare_host) {
+    variants = {{config.overlap_steps, full_budget, "every row of a step with host rows on the host", 0, true},
+                {config.overlap_steps, full_budget, "only the host rows on the host", 0, false}};
   } else if (compared > 1) {
     for (size_t i = 0; i < compared; ++i)
       variants.push_back({config.overlap_steps, full_budget, kernel_choices[i].flag + " " + kernel_choices[i].value,
@@ -908,6 +941,19 @@ Status run(const CliArgs& args) {
   json results = json::array();
   json skipped = json::array();
   int engine_choice = 0;  // the kernel choice the current engine's graphs were captured with
+  // Another kernel choice: a fresh engine captures its graphs with it (the old one's KV pool freed first), warmed
+  // on one prompt of `input_len`.
+  auto use_choice = [&](int choice, int64_t input_len) -> Status {
+    if (choice == engine_choice) return Status::ok();
+    core.reset();
+    MX_RETURN_IF_ERROR(kernel_choices[static_cast<size_t>(choice)].apply(*kernel_backend));
+    MX_ASSIGN_OR_RETURN(core, EngineCore::create(*model, config));
+    engine_choice = choice;
+    MX_ASSIGN_OR_RETURN(auto rewarm, run_batch(*core, backend, *model, 1, input_len, std::min<int64_t>(s.output_len, 4),
+                                               s.seed + 99, false, config.overlap_steps, &next_id));
+    (void)rewarm;
+    return Status::ok();
+  };
   for (int64_t input_len : s.input_lens) {
     // Warm-up per prompt length: library plans for its prefill shapes, first-touch costs.
     const int64_t warm_batch = std::min<int64_t>(max_batch, std::max<int64_t>(1, std::min<int64_t>(4, pool_tokens / (input_len + 4))));
@@ -930,28 +976,22 @@ Status run(const CliArgs& args) {
       // The same prompts (the same seed) under each step kind or budget compared.
       for (const StepVariant& v : variants) {
         if (!v.label.empty()) std::printf("       %s:\n", v.label.c_str());
-        if (v.choice != engine_choice) {
-          // Another kernel choice: a fresh engine captures its graphs with it (the old one's KV pool freed first).
-          core.reset();
-          MX_RETURN_IF_ERROR(kernel_choices[static_cast<size_t>(v.choice)].apply(*kernel_backend));
-          MX_ASSIGN_OR_RETURN(core, EngineCore::create(*model, config));
-          engine_choice = v.choice;
-          MX_ASSIGN_OR_RETURN(auto rewarm, run_batch(*core, backend, *model, 1, input_len, std::min<int64_t>(s.output_len, 4),
-                                                     s.seed + 99, false, config.overlap_steps, &next_id));
-          (void)rewarm;
-        }
+        MX_RETURN_IF_ERROR(use_choice(v.choice, input_len));
         MX_RETURN_IF_ERROR(core->set_step_token_budget(v.budget));
+        core->runner().set_whole_batch_host_sampling(v.whole_host);
         MX_ASSIGN_OR_RETURN(BatchResult r, run_batch(*core, backend, *model, b, input_len, s.output_len, s.seed, s.breakdown,
-                                                     v.overlap, &next_id));
+                                                     v.overlap, &next_id, s.host_requests));
         results.push_back(result_json(r, *model, backend, probes, input_len, s.output_len));
         results.back()["overlapped_steps"] = v.overlap;
         results.back()["max_num_batched_tokens"] = v.budget;
+        if (s.host_requests > 0) {
+          results.back()["host_sampled_requests"] = s.host_requests;
+          results.back()["whole_batch_host_sampling"] = v.whole_host;
+        }
         for (size_t i = 0; i < kernel_choices.size(); ++i) {  // the flags' values this row ran under
           const KernelChoice& c = kernel_choices[i];
           if (i < compared && static_cast<int>(i) != v.choice) continue;
-          std::string key = c.flag;
-          std::replace(key.begin(), key.end(), '-', '_');
-          results.back()[key] = c.value;
+          results.back()[json_key(c.flag)] = c.value;
         }
         if (s.breakdown && !r.breakdown) {
           const std::string why = breakdown_missing(r, s.output_len);
@@ -973,9 +1013,10 @@ Status run(const CliArgs& args) {
                                              std::move(core), &next_id, &verify_curve));
   }
 
+  // One prompt's prefill step, eager (no graphs for prefill) behind a device hold: on the engine, or on each
+  // engine of a comparison (labelled with its value, as the rows).
   json prefill_breakdown;
-  if (s.breakdown && core) {
-    // One prompt's prefill step, eager (no graphs for prefill) behind a device hold.
+  auto time_prefill_step = [&](const std::string& label) -> Result<json> {
     RequestInput in;
     std::mt19937_64 rng(s.seed + 7);
     for (int64_t i = 0; i < max_input; ++i) in.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
@@ -993,12 +1034,26 @@ Status run(const CliArgs& args) {
     else b.error = ops.status().to_string();
     b.host_sampling_ms = core->runner().last_sample_seconds() * 1e3;
     double unused = 0;
-    prefill_breakdown = breakdown_json(b, vocab, 0, &unused);
-    prefill_breakdown["prompt_tokens"] = max_input;
-    prefill_breakdown["step_wall_ms_including_hold"] = wall_ms;
-    std::printf("prefill step, one %lld-token prompt (ms):", static_cast<long long>(max_input));
-    for (const auto& [k, v] : prefill_breakdown["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
+    json j = breakdown_json(b, vocab, 0, &unused);
+    j["prompt_tokens"] = max_input;
+    j["step_wall_ms_including_hold"] = wall_ms;
+    std::printf("prefill step, one %lld-token prompt%s%s (ms):", static_cast<long long>(max_input),
+                label.empty() ? "" : ", ", label.c_str());
+    for (const auto& [k, v] : j["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
     std::printf("\n");
+    return j;
+  };
+  if (s.breakdown && core && compared > 1) {
+    prefill_breakdown = json::array();
+    for (size_t i = 0; i < compared; ++i) {
+      const KernelChoice& c = kernel_choices[i];
+      MX_RETURN_IF_ERROR(use_choice(static_cast<int>(i), max_input));
+      MX_ASSIGN_OR_RETURN(json j, time_prefill_step(c.flag + " " + c.value));
+      j[json_key(c.flag)] = c.value;
+      prefill_breakdown.push_back(std::move(j));
+    }
+  } else if (s.breakdown && core) {
+    MX_ASSIGN_OR_RETURN(prefill_breakdown, time_prefill_step(""));
   }
 
   json out;
@@ -1055,7 +1110,7 @@ Status run(const CliArgs& args) {
   out["startup"] = st;
   out["results"] = results;
   if (!skipped.empty()) out["skipped"] = skipped;
-  if (s.breakdown) out["prefill_breakdown"] = prefill_breakdown;
+  if (s.breakdown) out[prefill_breakdown.is_array() ? "prefill_breakdowns" : "prefill_breakdown"] = prefill_breakdown;
   if (!s.forced_k.empty()) out["verify_cost"] = verify_curve;
   std::fprintf(stderr, "ready in %.1f s (load %.1f s, engine %.1f s, graphs %.2f s)\n", ready_s, load_s, engine_s,
                startup.capture_seconds);

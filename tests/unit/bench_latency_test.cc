@@ -51,6 +51,17 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   EXPECT_EQ(jb["results"][1]["max_num_batched_tokens"], 24);
   EXPECT_GT(jb["results"][0]["engine_steps"].get<int64_t>(), jb["results"][1]["engine_steps"].get<int64_t>());
   EXPECT_NE(budgets.stdout_text.find("step budget 8 tokens"), std::string::npos);
+  // --compare-host-sampling: every batch twice, its host-sampled request taking the whole step to the host, then alone.
+  const auto host = test::run_mxserve("bench latency --preset tiny --backend cpu --threads 2 --batch-size 3 --input-len 12"
+                                      " --output-len 4 --num-kv-pages 8 --host-sampled-requests 1 --compare-host-sampling"
+                                      " --json " + dir.file("host.json"));
+  ASSERT_EQ(host.exit_code, 0) << host.stderr_text;
+  const auto jh = nlohmann::json::parse(test::read_file(dir.file("host.json")));
+  ASSERT_EQ(jh["results"].size(), 2u);
+  EXPECT_EQ(jh["results"][0]["whole_batch_host_sampling"], true);
+  EXPECT_EQ(jh["results"][1]["whole_batch_host_sampling"], false);
+  EXPECT_EQ(jh["results"][1]["host_sampled_requests"], 1);
+  EXPECT_NE(host.stdout_text.find("only the host rows on the host"), std::string::npos);
   // A refused command exits 1 and names the problem on stderr.
   const auto refused = [](const std::string& args, const std::string& message) {
     const auto r = test::run_mxserve(args);
@@ -66,6 +77,10 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   };
   refused("bench latency --preset tiny --backend cpu --compare-batched-tokens 8 --compare-overlap",
           "sets the step budgets itself");
+  refused("bench latency --preset tiny --backend cpu --compare-host-sampling", "needs --host-sampled-requests");
+  // Every value is checked before the first is applied (which a CPU backend would refuse).
+  refused("bench latency --preset tiny --backend cpu --bf16-experts-decode auto,nosuch",
+          "--bf16-experts-decode must be auto, rows, register-loads, bulk-copies, streamed or fused, got nosuch");
 
   refused("bench latency --preset tiny --backend cpu --bf16-experts-decode nosuch", "--bf16-experts-decode");
   refused("bench latency --preset tiny --backend cpu --skinny-strip-rows 7,16",
