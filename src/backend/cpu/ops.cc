@@ -55,19 +55,32 @@ int64_t cache_offset(const KvLayerView& kv, const BatchView& batch, int64_t seq,
 
 float silu_alpha(float gate, float alpha) { return gate / (1.0f + std::exp(-alpha * gate)); }
 
-// One head of x rotated by RoPE at `pos` (NeoX halves): the fp32 angle pos * inv_freq[i], cos and sin rounded once
-// from double, times `scale` (the YaRN concentration): the attention's Q rotation, qkv_rope's expressions.
-void rope_rotate(const float* x, int32_t pos, const float* inv_freq, float scale, int64_t hd, float* y) {
-  const int64_t half = hd / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const float angle = static_cast<float>(pos) * inv_freq[i];
-    const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
-    const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
-    const float a = x[i], b = x[i + half];
-    y[i] = a * c - b * s;
-    y[i + half] = b * c + a * s;
+// RoPE at one position (NeoX halves), for qkv_rope and the attention's Q rotation alike: the fp32 angle
+// pos * inv_freq[i] as in the reference, cos and sin rounded once from double, times `scale` (the YaRN concentration).
+class RopeRotation {
+ public:
+  explicit RopeRotation(int64_t head_dim) : half_(head_dim / 2), cos_(static_cast<size_t>(half_)), sin_(cos_.size()) {}
+  void set(int32_t pos, const float* inv_freq, float scale) {
+    for (int64_t i = 0; i < half_; ++i) {
+      const float angle = static_cast<float>(pos) * inv_freq[i];
+      cos_[static_cast<size_t>(i)] = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
+      sin_[static_cast<size_t>(i)] = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
+    }
   }
-}
+  // y = x rotated (one head).
+  void rotate(const float* x, float* y) const {
+    for (int64_t i = 0; i < half_; ++i) {
+      const float c = cos_[static_cast<size_t>(i)], s = sin_[static_cast<size_t>(i)];
+      const float a = x[i], b = x[i + half_];
+      y[i] = a * c - b * s;
+      y[i + half_] = b * c + a * s;
+    }
+  }
+
+ private:
+  int64_t half_;
+  std::vector<float> cos_, sin_;
+};
 
 }  // namespace
 
@@ -196,32 +209,19 @@ void linear_fp8(ThreadPool& pool, const TensorView& x, const TensorView& weight,
 }
 
 void qkv_rope(const QkvRopeParams& p, const BatchView& batch) {
-  const int64_t hd = p.head_dim, half = hd / 2, width = (p.n_q + 2 * p.n_kv) * hd;
+  const int64_t hd = p.head_dim, width = (p.n_q + 2 * p.n_kv) * hd;
   if (p.norm_eps > 0) qkv_norms(QkvNormParams{p.qkv, p.q_norm, p.k_norm, p.n_q, p.n_kv, hd, p.norm_eps});
-  const float* inv_freq = p.inv_freq.ptr<const float>();
-  std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
-  auto rotate = [&](const float* x, float* y) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = x[i], b = x[i + half];
-      y[i] = a * cos_t[i] - b * sin_t[i];
-      y[i + half] = b * cos_t[i] + a * sin_t[i];
-    }
-  };
+  RopeRotation rope(hd);
   for (int64_t t = 0; t < batch.num_tokens; ++t) {
     const int32_t pos = batch.positions.ptr<const int32_t>()[t];
     const int32_t seq = batch.token_seq.ptr<const int32_t>()[t];
-    for (int64_t i = 0; i < half; ++i) {
-      // The angle is an fp32 product as in the reference; cos/sin rounded once from double.
-      const float angle = static_cast<float>(pos) * inv_freq[i];
-      cos_t[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * p.rope_scale;
-      sin_t[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * p.rope_scale;
-    }
+    rope.set(pos, p.inv_freq.ptr<const float>(), p.rope_scale);
     const float* row = p.qkv.ptr<const float>() + t * width;
     if (!p.q_out.empty())  // else the attention rotates Q (AttentionParams::q_inv_freq)
-      for (int64_t h = 0; h < p.n_q; ++h) rotate(row + h * hd, p.q_out.ptr<float>() + (t * p.n_q + h) * hd);
+      for (int64_t h = 0; h < p.n_q; ++h) rope.rotate(row + h * hd, p.q_out.ptr<float>() + (t * p.n_q + h) * hd);
     const int64_t off = cache_offset(p.kv, batch, seq, pos, p.n_kv, hd);
     for (int64_t h = 0; h < p.n_kv; ++h) {
-      rotate(row + (p.n_q + h) * hd, p.kv.k.ptr<float>() + off + h * hd);
+      rope.rotate(row + (p.n_q + h) * hd, p.kv.k.ptr<float>() + off + h * hd);
       std::copy_n(row + (p.n_q + p.n_kv + h) * hd, hd, p.kv.v.ptr<float>() + off + h * hd);
     }
   }
@@ -235,6 +235,7 @@ void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batc
   pool.parallel_for(batch.num_tokens * p.n_q, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<float> acc(static_cast<size_t>(hd)), q_rot(rope ? static_cast<size_t>(hd) : 0);
+    RopeRotation rotation(rope ? hd : 0);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / p.n_q, h = item % p.n_q, g = h / group;
       const int32_t pos = batch.positions.ptr<const int32_t>()[t];
@@ -242,7 +243,8 @@ void attention(ThreadPool& pool, const AttentionParams& p, const BatchView& batc
       const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
       const float* q = p.q.ptr<const float>() + t * q_stride + h * hd;
       if (rope) {
-        rope_rotate(q, pos, p.q_inv_freq.ptr<const float>(), p.q_rope_scale, hd, q_rot.data());
+        rotation.set(pos, p.q_inv_freq.ptr<const float>(), p.q_rope_scale);
+        rotation.rotate(q, q_rot.data());
         q = q_rot.data();
       }
       const bool has_sink = !p.sinks.empty();
