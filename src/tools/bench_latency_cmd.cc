@@ -1041,11 +1041,13 @@ Status run(const CliArgs& args) {
                 label.empty() ? "" : ", ", label.c_str());
     for (const auto& [k, v] : j["categories_ms"].items()) std::printf(" %s %.3f", k.c_str(), v.get<double>());
     std::printf("\n");
+    std::fflush(stdout);
     return j;
   };
   if (s.breakdown && core && compared > 1) {
     prefill_breakdown = json::array();
-    for (size_t i = 0; i < compared; ++i) {
+    for (size_t k = 0; k < compared; ++k) {  // the engine there is first: one fresh engine fewer
+      const auto i = (static_cast<size_t>(engine_choice) + k) % compared;
       const KernelChoice& c = kernel_choices[i];
       MX_RETURN_IF_ERROR(use_choice(static_cast<int>(i), max_input));
       MX_ASSIGN_OR_RETURN(json j, time_prefill_step(c.flag + " " + c.value));
