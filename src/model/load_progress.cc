@@ -1,5 +1,6 @@
 #include "model/load_progress.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/log.h"
@@ -27,8 +28,22 @@ void LoadProgress::step(int64_t done, int64_t bytes) {
   std::snprintf(rate, sizeof(rate), "%.2f GiB/s", seconds > 0 ? static_cast<double>(bytes) / (1 << 30) / seconds : 0.0);
   char elapsed[32];
   std::snprintf(elapsed, sizeof(elapsed), "%.1f s", seconds);
+  std::string parts;
+  if (last) {
+    std::vector<std::pair<std::string, double>> sums;
+    for (const auto& [part, s] : parts_) {
+      auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& e) { return e.first == part; });
+      if (it == sums.end()) sums.emplace_back(part, s);
+      else it->second += s;
+    }
+    for (const auto& [part, s] : sums) {
+      char one[64];
+      std::snprintf(one, sizeof(one), "%s%s %.1f s", parts.empty() ? "; " : ", ", part.c_str(), s);
+      parts += one;
+    }
+  }
   MX_LOG(Info) << (last ? "loaded " : "loading ") << what_ << ": " << done << "/" << total_steps_ << " layers, "
-               << format_gib(bytes) << " in " << elapsed << " (" << rate << ")";
+               << format_gib(bytes) << " in " << elapsed << " (" << rate << ")" << parts;
 }
 
 }  // namespace mx

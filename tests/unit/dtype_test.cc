@@ -87,6 +87,34 @@ TEST(DType, Fp8E4M3MidpointsRoundToEven) {
   }
 }
 
+// f32_to_fp8e4m3 works on the bits; this is its arithmetic form (frexp, ldexp, nearest even), which it replaced
+// as the dense FP8 conversion's per-weight step. Every 4099th f32 pattern (NaNs, infinities, subnormals, both
+// signs) and every 7th f32 from 2^-10 to 2^-5 (around e4m3's subnormal/normal boundary) give the same code.
+TEST(DType, Fp8E4M3EqualsTheArithmeticForm) {
+  auto reference = [](float f) -> uint8_t {
+    if (std::isnan(f)) return 0x7f;
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+    const float a = std::fabs(f);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < std::ldexp(1.0f, -6)) return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
+    int e2;
+    std::frexp(a, &e2);
+    int exponent = e2 - 1, q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - exponent)));
+    if (q == 16) q = 8, ++exponent;
+    const int code = ((exponent + 7) << 3) | (q - 8);
+    return static_cast<uint8_t>(sign | (code > 0x7e ? 0x7e : code));
+  };
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
+    const float f = f32_from_bits(static_cast<uint32_t>(bits));
+    ASSERT_EQ(f32_to_fp8e4m3(f), reference(f)) << "pattern " << bits;
+  }
+  for (uint32_t bits = f32_bits(std::ldexp(1.0f, -10)); bits < f32_bits(std::ldexp(1.0f, -5)); bits += 7) {
+    const float f = f32_from_bits(bits);
+    ASSERT_EQ(f32_to_fp8e4m3(f), reference(f)) << f;
+    ASSERT_EQ(f32_to_fp8e4m3(-f), reference(-f)) << -f;
+  }
+}
+
 TEST(DType, E8M0EveryPattern) {
   for (uint32_t v = 0; v < 0xff; ++v) {
     const float f = e8m0_to_f32(static_cast<uint8_t>(v));

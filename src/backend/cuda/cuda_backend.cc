@@ -1,8 +1,10 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -266,36 +268,60 @@ class CudaBackend final : public Backend {
   Result<ExpertWeights> upload_experts(const ExpertWeights& host, std::vector<Buffer>* owner) override {
     if (host.layout != ExpertLayout::kMxfp4Checkpoint) return internal_error("upload_experts: checkpoint layout expected");
     const int64_t E = host.num_experts, H = host.hidden, I = host.intermediate;
-    MX_RETURN_IF_ERROR(check_swap_ab(2 * I, H, host.w1_scales.ptr<const uint8_t>()).with_context("gate_up_proj"));
-    MX_RETURN_IF_ERROR(check_swap_ab(H, I, host.w2_scales.ptr<const uint8_t>()).with_context("down_proj"));
     ExpertWeights out = host;
     out.layout = ExpertLayout::kMxfp4SwapAb;
+    // Most of a big model's load (gpt-oss-120b: 57 GB of experts): each expert is checked and repacked on its own
+    // core into pinned host memory (load_staging), then copied. load_seconds_ keeps the parts.
     auto repack = [&](const TensorView& blocks, const TensorView& scales, int64_t rows, int64_t k, bool pairs,
-                      TensorView* out_blocks, TensorView* out_scales) -> Status {
+                      const char* what, TensorView* out_blocks, TensorView* out_scales) -> Status {
+      using Clock = std::chrono::steady_clock;
+      const auto start = Clock::now();
       const int64_t block_bytes = rows * k / 2, scale_bytes = rows * k / 32;
-      std::vector<uint8_t> pb(static_cast<size_t>(E * block_bytes)), ps(static_cast<size_t>(E * scale_bytes));
-      // Experts are independent: repack them on all cores (this is most of the load time on big models).
+      MX_ASSIGN_OR_RETURN(uint8_t* const pb, load_staging(static_cast<size_t>(E * (block_bytes + scale_bytes))));
+      uint8_t* const ps = pb + E * block_bytes;
+      std::vector<Status> checked(static_cast<size_t>(E));
       const int64_t workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, E);
       std::vector<std::thread> threads;
       for (int64_t w = 0; w < workers; ++w)
         threads.emplace_back([&, w] {
-          for (int64_t e = w; e < E; e += workers)
-            repack_mxfp4_swap_ab(blocks.ptr<const uint8_t>() + e * block_bytes,
-                                 scales.ptr<const uint8_t>() + e * scale_bytes, rows, k, pairs,
-                                 pb.data() + e * block_bytes, ps.data() + e * scale_bytes);
+          for (int64_t e = w; e < E; e += workers) {
+            const uint8_t* expert_scales = scales.ptr<const uint8_t>() + e * scale_bytes;
+            checked[static_cast<size_t>(e)] = check_swap_ab(rows, k, expert_scales);
+            if (!checked[static_cast<size_t>(e)].is_ok()) continue;
+            repack_mxfp4_swap_ab(blocks.ptr<const uint8_t>() + e * block_bytes, expert_scales, rows, k, pairs,
+                                 pb + e * block_bytes, ps + e * scale_bytes);
+          }
         });
       for (auto& t : threads) t.join();
-      MX_ASSIGN_OR_RETURN(*out_blocks, upload_weight(TensorView(pb.data(), DType::kU8, {E, rows / 16, k / 64, 32, 16}),
-                                                     owner));
-      MX_ASSIGN_OR_RETURN(*out_scales,
-                          upload_weight(TensorView(ps.data(), DType::kU8, {E, rows / 16, k / 64, 2, 16}), owner));
+      for (const Status& st : checked) MX_RETURN_IF_ERROR(st.with_context(what));
+      const auto repacked = Clock::now();
+      MX_ASSIGN_OR_RETURN(*out_blocks, upload_weight(TensorView(pb, DType::kU8, {E, rows / 16, k / 64, 32, 16}), owner));
+      MX_ASSIGN_OR_RETURN(*out_scales, upload_weight(TensorView(ps, DType::kU8, {E, rows / 16, k / 64, 2, 16}), owner));
+      load_seconds_.repack += std::chrono::duration<double>(repacked - start).count();
+      load_seconds_.copies += std::chrono::duration<double>(Clock::now() - repacked).count();
       return Status::ok();
     };
-    MX_RETURN_IF_ERROR(repack(host.w1_blocks, host.w1_scales, 2 * I, H, true, &out.w1_blocks, &out.w1_scales));
-    MX_RETURN_IF_ERROR(repack(host.w2_blocks, host.w2_scales, H, I, false, &out.w2_blocks, &out.w2_scales));
+    MX_RETURN_IF_ERROR(repack(host.w1_blocks, host.w1_scales, 2 * I, H, true, "gate_up_proj", &out.w1_blocks, &out.w1_scales));
+    MX_RETURN_IF_ERROR(repack(host.w2_blocks, host.w2_scales, H, I, false, "down_proj", &out.w2_blocks, &out.w2_scales));
     MX_ASSIGN_OR_RETURN(out.w1_bias, upload_weight(host.w1_bias, owner));
     MX_ASSIGN_OR_RETURN(out.w2_bias, upload_weight(host.w2_bias, owner));
     return out;
+  }
+
+  Result<uint8_t*> load_staging(size_t bytes) {
+    if (bytes > staging_bytes_) {
+      pinned_staging_.reset();
+      pageable_staging_.reset();
+      void* p = nullptr;
+      if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) {
+        pinned_staging_.reset(p);
+      } else {
+        (void)cudaGetLastError();  // not sticky: fall back to pageable memory
+        pageable_staging_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+      }
+      staging_bytes_ = bytes;
+    }
+    return pinned_staging_ ? static_cast<uint8_t*>(pinned_staging_.get()) : pageable_staging_.get();
   }
 
   Status embedding(const TensorView& table, const TensorView& token_ids, TensorView out) override {
@@ -1333,6 +1359,14 @@ class CudaBackend final : public Backend {
   }
 
   Status prepare(const WorkspaceSpec& s) override {
+    if (load_seconds_.repack + load_seconds_.copies > 0) {  // the model's upload has ended: where its experts' went
+      MX_LOG(Info) << "MXFP4 experts uploaded: " << load_seconds_.repack << " s checking and repacking on the host, "
+                   << load_seconds_.copies << " s copying" << (pinned_staging_ ? " (pinned)" : " (pageable)");
+      load_seconds_ = {};
+    }
+    pinned_staging_.reset();
+    pageable_staging_.reset();
+    staging_bytes_ = 0;
     if (s.max_sample_rows > 0 && s.vocab > 0)
       MX_RETURN_IF_ERROR(ensure(scratch_.sampling, sample_scratch_bytes(s.max_sample_rows, s.vocab), "sampling"));
     const int64_t slots = s.max_tokens * s.top_k;
@@ -1427,6 +1461,18 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int64_t fp8_slab_bytes_ = 0;  // the largest slab an uploaded FP8 weight needs
+  // The experts' repack destination while a model loads: pinned, so that its copies run at the bus's rate (pageable
+  // ones went through the driver's staging at ~7 GB/s on an H200 host, W1 of session 20), grown to the largest matrix
+  // and reused layer after layer; prepare() frees it. Pageable where pinning fails.
+  struct FreeHost {
+    void operator()(void* p) const { cudaFreeHost(p); }
+  };
+  std::unique_ptr<void, FreeHost> pinned_staging_;
+  std::unique_ptr<uint8_t[]> pageable_staging_;
+  size_t staging_bytes_ = 0;
+  struct {
+    double repack = 0, copies = 0;  // upload_experts' seconds: checked and repacked on the host, then copied
+  } load_seconds_;
   const uint16_t* q_rope_source_ = nullptr;  // CudaRopeOptions::q_in_attention false: the qkv whose Q is in scratch
   DeviceInfo dev_;
   CudaBackendOptions options_;

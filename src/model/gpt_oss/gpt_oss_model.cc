@@ -118,10 +118,14 @@ const Fp8Rows* GptOssModel::checkpoint_fp8(const std::string& name) const {
 Status GptOssModel::upload() {
   const GptOssConfig& c = config_;
   auto put = [&](const TensorView& host) { return backend_.upload_weight(host, &device_weights_); };
+  LoadProgress progress("weights to " + backend_.device_name(), static_cast<int64_t>(weights_.layers.size()),
+                        backend_.device() != Device::kCpu);
   MX_ASSIGN_OR_RETURN(weights_.embed, put(weights_.embed));
   MX_ASSIGN_OR_RETURN(weights_.final_norm, put(weights_.final_norm));
-  MX_RETURN_IF_ERROR(put_dense(weights_.lm_head.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab),
-                               checkpoint_fp8("lm_head.weight"), &weights_.lm_head, &weights_.lm_head_scale));
+  MX_RETURN_IF_ERROR(progress.timed("dense", [&] {
+    return put_dense(weights_.lm_head.rows(plan_.first_vocab, plan_.first_vocab + plan_.vocab),
+                     checkpoint_fp8("lm_head.weight"), &weights_.lm_head, &weights_.lm_head_scale);
+  }));
   const RopeTables rope = compute_yarn_rope(c.rope, c.head_dim);
   rope_scale_ = rope.attention_scale;
   MX_ASSIGN_OR_RETURN(Buffer freq, backend_.allocate(static_cast<int64_t>(rope.inv_freq.size() * sizeof(float))));
@@ -130,8 +134,6 @@ Status GptOssModel::upload() {
   device_weights_.push_back(std::move(freq));
 
   const int64_t hd = c.head_dim, qkv_rows = (plan_.heads + 2 * plan_.kv_heads) * hd;
-  LoadProgress progress("weights to " + backend_.device_name(), static_cast<int64_t>(weights_.layers.size()),
-                        backend_.device() != Device::kCpu);
   int64_t layers_done = 0;
   for (GptOssLayerWeights& L : weights_.layers) {
     // q, k and v run as one projection: one weight read and one launch instead of three.
@@ -159,7 +161,8 @@ Status GptOssModel::upload() {
                                        item_rows(L.k_bias, p.first_kv_head, p.kv_heads, hd),
                                        item_rows(L.v_bias, p.first_kv_head, p.kv_heads, hd)}));
     L.qkv_bias = TensorView(host_fused_.back().data(), DType::kBF16, {qkv_rows});
-    MX_RETURN_IF_ERROR(put_dense(L.qkv_weight, q8 ? &qkv8 : nullptr, &L.qkv_weight, &L.qkv_scale));
+    MX_RETURN_IF_ERROR(
+        progress.timed("dense", [&] { return put_dense(L.qkv_weight, q8 ? &qkv8 : nullptr, &L.qkv_weight, &L.qkv_scale); }));
     MX_ASSIGN_OR_RETURN(L.qkv_bias, put(L.qkv_bias));
     if (shard_.size > 1) {
       // o_proj is row-parallel: this rank's heads' columns; its bias is added once, by rank 0.
@@ -177,13 +180,15 @@ Status GptOssModel::upload() {
                                                          plan_.adds_down_bias, &host_expert_slices_));
       }
     }
-    MX_RETURN_IF_ERROR(put_dense(L.o_weight, checkpoint_fp8(attn + "o_proj.weight"), &L.o_weight, &L.o_scale));
+    MX_RETURN_IF_ERROR(progress.timed(
+        "dense", [&] { return put_dense(L.o_weight, checkpoint_fp8(attn + "o_proj.weight"), &L.o_weight, &L.o_scale); }));
     for (TensorView* w : {&L.input_norm, &L.post_attention_norm, &L.o_bias, &L.sinks, &L.router_weight, &L.router_bias}) {
       if (!w->empty()) {
         MX_ASSIGN_OR_RETURN(*w, put(*w));
       }
     }
-    MX_ASSIGN_OR_RETURN(L.experts, backend_.upload_experts(L.experts, &device_weights_));
+    MX_ASSIGN_OR_RETURN(L.experts,
+                        progress.timed("experts", [&] { return backend_.upload_experts(L.experts, &device_weights_); }));
     if (backend_.device() != Device::kCpu) host_expert_slices_.clear();  // the device has its copy
     progress.step(++layers_done, device_weight_bytes());
   }
