@@ -11,7 +11,7 @@
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
-// --qkv-rope-only[=T,T,...] | --qkv-rope-epilogue-only[=B,B,...] |
+// --qkv-rope-only[=T,T,...] | --qkv-rope-epilogue-only[=B,B,...] | --attention-window-forms[=T,T,...] |
 // --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
@@ -671,6 +671,78 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
     }
   }
   CHECK_OK(set_cuda_attention_options(*g_b, {}));
+}
+
+// `--attention-window-forms[=T,T,...]` (8K if none): the RoPE-for-Q rows as the model runs them, one prompt of T
+// tokens, for each kernel form of MX_BENCH_WINDOW_FORMS (comma-separated forms, each environment settings
+// joined by '+', e.g. MX_ATTN_WINDOW_ROPE=consumer+MX_ATTN_WINDOW_STAGGER=2000; "-" sets none; every variable a
+// form names is unset before the next form's settings, which apply to the graphs captured after them) in
+// MX_BENCH_ROUNDS (3) interleaved rounds: the window-128 kernel rotating Q alone, its pair behind the K/V-only
+// qkv_rope, the causal pair likewise, and the window kernel reading a written Q (a control). For comparing kernel
+// forms within one binary and between two.
+void bench_attention_window_forms(const std::vector<int64_t>& lengths) {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
+  auto split = [](const std::string& text, char sep) {
+    std::vector<std::string> parts;
+    for (size_t at = 0; at <= text.size();) {
+      const size_t next = std::min(text.find(sep, at), text.size());
+      parts.push_back(text.substr(at, next - at));
+      at = next + 1;
+    }
+    return parts;
+  };
+  const char* forms_env = std::getenv("MX_BENCH_WINDOW_FORMS");
+  const std::vector<std::string> forms = split(forms_env != nullptr ? forms_env : "-", ',');
+  std::set<std::string> names;
+  for (const std::string& form : forms)
+    for (const std::string& set : split(form, '+'))
+      if (set.find('=') != std::string::npos) names.insert(set.substr(0, set.find('=')));
+  auto apply = [&](const std::string& form) {
+    for (const std::string& name : names) unsetenv(name.c_str());
+    for (const std::string& set : split(form, '+'))
+      if (set.find('=') != std::string::npos)
+        setenv(set.substr(0, set.find('=')).c_str(), set.substr(set.find('=') + 1).c_str(), 1);
+  };
+  const char* rounds_env = std::getenv("MX_BENCH_ROUNDS");
+  const int rounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 3;
+  const TensorView inv_freq = rope_inv_freq();
+  for (int64_t T : lengths) {
+    AttnSetup a = make_attention(1, T, T);
+    const double bytes = 2.0 * T * 64 * 64 * 2 + 2.0 * T * 8 * 64 * 2;
+    const QkvRopeParams rope{.qkv = random_bf16({T, 80 * 64}, 1.0f), .q_out = a.q, .kv = a.kv.layer(0),
+                             .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64, .q_norm = {},
+                             .k_norm = {}, .prefetch = {}};
+    QkvRopeParams kv_rope = rope;
+    kv_rope.q_out = {};
+    CHECK_OK(g_b->qkv_rope(rope, a.batch));  // Q, K and V written once (the control reads this Q)
+    const std::string len = std::to_string(T / 1024) + "K ";
+    for (int round = 0; round < rounds; ++round)
+      for (const std::string& form : forms) {
+        apply(form);
+        const std::string tag = " " + form + " r" + std::to_string(round);
+        for (int64_t window : {int64_t{128}, int64_t{0}}) {
+          double keys = 0;
+          for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
+          const double flops = 4.0 * 64 * 64 * keys;
+          const int n = static_cast<int>(std::clamp<double>(20e-3 * 200e12 / flops, 2, 64));
+          const std::string kind = window ? "window 128 " : "causal ";
+          AttentionParams pr{rope.qkv, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, window, 0.125f, inv_freq, 1.0f};
+          if (window) {
+            const double alone = time_graph(n, [&](int) { return g_b->attention(pr, a.batch); });
+            report("attention " + len + kind + "rope-q alone" + tag, alone, bytes, flops);
+            AttentionParams pw{a.q, a.kv.layer(0), a.sinks, a.out, 64, 8, 64, window, 0.125f};
+            const double written = time_graph(n, [&](int) { return g_b->attention(pw, a.batch); });
+            report("attention " + len + kind + "q written alone" + tag, written, bytes, flops);
+          }
+          const double pair = time_graph(n, [&](int) -> Status {
+            MX_RETURN_IF_ERROR(g_b->qkv_rope(kv_rope, a.batch));
+            return g_b->attention(pr, a.batch);
+          });
+          report("attention " + len + kind + "rope-q pair" + tag, pair, bytes, flops);
+        }
+      }
+    apply("-");
+  }
 }
 
 // qkv_rope (`--qkv-rope-only[=T,T,...]`): one prompt of T tokens of gpt-oss (64 q / 8 kv heads, head dim 64) into a
@@ -1844,6 +1916,12 @@ int main(int argc, char** argv) {
   const std::string attn_flag = "--attention-prefill-only";
   if (const auto lengths = argc > arg ? int_list_flag(argv[arg], attn_flag) : std::nullopt) {
     bench_attention_prefill(lengths->empty() ? std::vector<int64_t>{1024, 4096, 8192} : *lengths);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  if (const auto lengths = argc > arg ? int_list_flag(argv[arg], "--attention-window-forms") : std::nullopt) {
+    bench_attention_window_forms(lengths->empty() ? std::vector<int64_t>{8192} : *lengths);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
