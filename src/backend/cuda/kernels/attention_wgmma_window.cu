@@ -393,12 +393,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         rope_cos_sin(pos, freq0, p.q_rope_scale, c[0], c[1]);
         rope_cos_sin(pos, freq1, p.q_rope_scale, c[2], c[3]);
       }
-      uint16_t y00, y01, y10, y11;
-      rope_rotate_pair(static_cast<uint16_t>(x[kk][0]), static_cast<uint16_t>(x[kk][1]), c[0], c[1], y00, y10);
-      rope_rotate_pair(static_cast<uint16_t>(x[kk][0] >> 16), static_cast<uint16_t>(x[kk][1] >> 16), c[2], c[3], y01,
-                       y11);
-      const uint32_t z0 = static_cast<uint32_t>(y00) | (static_cast<uint32_t>(y01) << 16);
-      const uint32_t z1 = static_cast<uint32_t>(y10) | (static_cast<uint32_t>(y11) << 16);
+      uint32_t z0, z1;
+      rope_rotate_pair2(x[kk][0], x[kk][1], c[0], c[1], c[2], c[3], z0, z1);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(word(kk, 0)), "r"(z0));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(word(kk, 1)), "r"(z1));
     }

@@ -457,12 +457,7 @@ __global__ void __launch_bounds__(PersistShape<HD, KT, CONSUMERS, STAGES>::kThre
             rope_cos_sin(pos, p.q_inv_freq[d], p.q_rope_scale, c0, s0);
             rope_cos_sin(pos, p.q_inv_freq[d + 1], p.q_rope_scale, c1, s1);
           }
-          const uint32_t x = qf[kc][e], y = qf[kc + HD / 32][e];
-          uint16_t x0, x1, y0, y1;
-          rope_rotate_pair(static_cast<uint16_t>(x), static_cast<uint16_t>(y), c0, s0, x0, y0);
-          rope_rotate_pair(static_cast<uint16_t>(x >> 16), static_cast<uint16_t>(y >> 16), c1, s1, x1, y1);
-          qf[kc][e] = static_cast<uint32_t>(x0) | (static_cast<uint32_t>(x1) << 16);
-          qf[kc + HD / 32][e] = static_cast<uint32_t>(y0) | (static_cast<uint32_t>(y1) << 16);
+          rope_rotate_pair2(qf[kc][e], qf[kc + HD / 32][e], c0, s0, c1, s1, qf[kc][e], qf[kc + HD / 32][e]);
         }
     }
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};

@@ -21,13 +21,36 @@ __device__ __forceinline__ void rope_table(float* cos_t, float* sin_t, int half,
   for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cos_sin(pos, inv_freq[i], scale, cos_t[i], sin_t[i]);
 }
 
-// One rotated pair (x0, x1) = (x[i], x[i + half]) of a q or k head (NeoX halves), bf16 bits in and out: every
-// RoPE form (qkv_rope's two, the attention's Q load) rounds this one expression.
+// The rotation of one pair (a, b) = (x[i], x[i + half]) of a q or k head (NeoX halves) in fp32, its multiplies and
+// adds spelled out (no contraction left to the compiler): every RoPE form (qkv_rope's two, the attention's Q load)
+// computes these bits and rounds them once to bf16.
+__device__ __forceinline__ float rope_first(float a, float b, float c, float s) {
+  return __fmaf_rn(a, c, -__fmul_rn(b, s));
+}
+__device__ __forceinline__ float rope_second(float a, float b, float c, float s) {
+  return __fmaf_rn(b, c, __fmul_rn(a, s));
+}
+
+// One rotated pair (x0, x1) = (x[i], x[i + half]), bf16 bits in and out.
 __device__ __forceinline__ void rope_rotate_pair(uint16_t x0, uint16_t x1, float c, float s, uint16_t& y0,
                                                  uint16_t& y1) {
   const float a = bf16_bits_to_f32(x0), b = bf16_bits_to_f32(x1);
-  y0 = f32_to_bf16_bits(a * c - b * s);
-  y1 = f32_to_bf16_bits(b * c + a * s);
+  y0 = f32_to_bf16_bits(rope_first(a, b, c, s));
+  y1 = f32_to_bf16_bits(rope_second(a, b, c, s));
+}
+
+// Two neighbouring pairs at once, as bf16x2 words: x holds dims i, i + 1 of the first half, y their partners
+// i + half, i + half + 1 (cos/sin c0, s0 of dim i, c1, s1 of i + 1). rope_rotate_pair's bits, but two results to a
+// cvt.rn.bf16x2 (one conversion instruction instead of two: the attention's Q load rotates 32 pairs a thread a
+// block, and single conversions share the pipe of the softmax's exp2s).
+__device__ __forceinline__ void rope_rotate_pair2(uint32_t x, uint32_t y, float c0, float s0, float c1, float s1,
+                                                  uint32_t& x_out, uint32_t& y_out) {
+  const float a0 = __uint_as_float(x << 16), a1 = __uint_as_float(x & 0xffff0000u);
+  const float b0 = __uint_as_float(y << 16), b1 = __uint_as_float(y & 0xffff0000u);
+  const float x0 = rope_first(a0, b0, c0, s0), x1 = rope_first(a1, b1, c1, s1);
+  const float y0 = rope_second(a0, b0, c0, s0), y1 = rope_second(a1, b1, c1, s1);
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(x_out) : "f"(x1), "f"(x0));  // the first operand: the high half
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(y_out) : "f"(y1), "f"(y0));
 }
 
 // Row of token t's first KV head in the paged cache (rows of head_dim; n_kv per token), or -1 where its
