@@ -45,10 +45,13 @@
 // before the step) before griddepcontrol.wait; only what reads Q, K or V waits. Alone, the wait returns at once.
 //
 // RoPE in the Q load (p.q_inv_freq; gpt-oss's prefill): Q is the q|k|v projection's unrotated rows (qkv_rope writes
-// K and V alone) and each consumer warpgroup rotates its rows of a landed Q box in shared memory before its first
-// QK, with qkv_rope's bits (rope_cos_sin, rope_rotate_pair). The projection was complete before qkv_rope let this
-// grid start, so Q's first boxes go out before griddepcontrol.wait and the first blocks' Q is rotated while
-// qkv_rope still runs; only the K/V copies wait. qkv_rope no longer writes Q nor this kernel reads it back.
+// K and V alone), rotated in shared memory with qkv_rope's bits (rope_cos_sin, rope_rotate_pair2) once its box has
+// landed: the producer warpgroup's warps 2-3, idle otherwise, rotate a block's box while the consumers run the
+// block before, and release the consumers through named barrier 4 + (b & 1) (session 20, 8K: 104 us alone against
+// the consumers rotating their own rows at each block's start, 116, and 78 with Q written; the consumers and the
+// rotators splitting the words measured no better). The projection was complete before qkv_rope let this grid
+// start, so Q's first boxes go out before griddepcontrol.wait and neither the Q loader nor the rotators wait for
+// it; only the K/V copies do. qkv_rope no longer writes Q nor this kernel reads it back.
 #include <algorithm>
 #include <climits>
 
@@ -188,6 +191,12 @@ __device__ void build_passes(WinTables& tab, int n_tok, int tpb, int lane) {
 #endif  // MX_SM90A
 
 #if MX_SM90A
+// Arrival at named barrier `id` among `threads` threads (whole warps) without waiting: the Q rotators release the
+// consumers, who bar.sync on it.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Four 8 x 8 bf16 blocks from registers into shared memory (the mma fragment layout: lane t holds row t / 4,
 // columns 2 (t % 4) and the next, of each); lane t gives the address of row t % 8 of block t / 8.
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
@@ -295,7 +304,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if (tid < 128) {
     setmaxnreg_dec<kProducerRegisters>();
-    pdl_wait();  // K and V come from qkv_rope (kQEarly's wait, before the barrier above, has already returned)
+    // K and V come from qkv_rope, and so does Q unless the kernel rotates it (then the Q loader and the rotators
+    // read the projection and do not wait).
+    if (tid < kKvLoaders || p.q_inv_freq == nullptr) pdl_wait();
     if (tid < kKvLoaders) {
       const PagedKv& kv = p.kv;
       const int page_size = static_cast<int>(kv.page_size);
@@ -315,6 +326,57 @@ __global__ void __launch_bounds__(kThreads, 2)
                                                         page_shift, tid);
           cp_async_mbarrier_arrive(full0 + 8 * slot);
         }
+      }
+    } else if (p.q_inv_freq != nullptr) {
+      // RoPE for Q by warps 2-3: the Q loader issues box b (boxes 0 and 1 went out early), all 64 threads rotate
+      // it once landed, and named barrier 4 + (b & 1) releases the consumers (who wait there instead of on the
+      // box's mbarrier). Thread rt takes (token, word group) pairs: dims 2 w, 2 w + 1 of the words w0, w0 + 4,
+      // w0 + 8, w0 + 12 and their partners 32 on, of the token's `group` rows; token k starts at head k % group,
+      // so a warp's 8 tokens hit 8 different swizzled chunks. A word at a time: its two sincosf, then its rows
+      // (the producer holds 32 registers).
+      const int rt = tid - kKvLoaders;
+      if (tid == kQLoader) tma_prefetch_map(&q_map);
+      for (int b = 0; b < n_blocks; ++b) {
+        const int buf = b & 1, b0 = b * tpb;
+        if (tid == kQLoader && b >= 2) {
+          mbarrier_wait(qempty0 + 8 * buf, ((b >> 1) & 1) ^ 1);
+          mbarrier_arrive_expect_tx(qfull0 + 8 * buf, q_bytes);
+          tma_load_3d(sq_addr + buf * kQBytes, &q_map, 0, g * group, static_cast<int>(t0) + b0, qfull0 + 8 * buf);
+        }
+        __syncwarp();
+        mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
+        const uint32_t buf_addr = sq_addr + buf * kQBytes;
+        for (int combo = rt; combo < 4 * tpb; combo += 64) {
+          const int tok = combo >> 2, w0 = combo & 3, h0 = tok % group;
+          if (b0 + tok >= n_tok) continue;
+          const int32_t pos = tab.tok_last[b0 + tok];
+          for (int j = 0; j < 4; ++j) {  // word w0 + 4 j: its cos/sin, then the token's rows
+            const int w = w0 + 4 * j;
+            float c[4];
+            rope_cos_sin(pos, p.q_inv_freq[2 * w], p.q_rope_scale, c[0], c[1]);
+            rope_cos_sin(pos, p.q_inv_freq[2 * w + 1], p.q_rope_scale, c[2], c[3]);
+            // The partner's chunk (w >> 2) + 4 = (w >> 2) ^ 4: its swizzled address is a0's with bit 6 flipped (the
+            // buffer 1024-aligned, rows 128 bytes).
+            const int row0 = tok * group, c0 = w >> 2;
+            const uint32_t tok_addr = buf_addr + row0 * 128 + (w & 3) * 4;
+            for (int hh = 0; hh < group; ++hh) {
+              const int h = hh + h0 < group ? hh + h0 : hh + h0 - group;  // (hh + tok) % group
+              const uint32_t a0 = tok_addr + h * 128 + ((c0 ^ ((row0 + h) & 7)) << 4), a1 = a0 ^ 64u;
+              uint32_t x0, x1, z0, z1;
+              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x0) : "r"(a0));
+              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x1) : "r"(a1));
+              rope_rotate_pair2(x0, x1, c[0], c[1], c[2], c[3], z0, z1);
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0), "r"(z0));
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(z1));
+            }
+          }
+        }
+        fence_proxy_async_smem();  // the generic writes, seen by wgmma's reads
+        __syncwarp();
+        if (buf == 0)  // constant barrier ids
+          named_barrier_arrive(4, 64 + 128 * kConsumers);
+        else
+          named_barrier_arrive(5, 64 + 128 * kConsumers);
       }
     } else if (tid == kQLoader) {
       tma_prefetch_map(&q_map);
@@ -354,57 +416,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     return skv_addr + (j % kStages) * kStageBytes;
   };
 
-  // RoPE in the Q load (p.q_inv_freq): the warpgroup rotates its 64 rows of the landed box in place before
-  // its first QK reads them. Thread (rq, run) of the warpgroup takes dims 2 run, 2 run + 1 and their partners
-  // 32 on of rows 8 rq .. 8 rq + 7, 4-byte shared accesses (all 16 loads first); odd rq start 4 rows on, so a
-  // warp's two row groups hit the two halves of the banks. A row's position is its token's last key (the tables,
-  // shared memory) and the thread's two frequencies stay in registers: no global load in the block's path (W1's
-  // form loaded both there after the Q wait, an L2 round trip a block: with sincosf and 8 dependent row round
-  // trips ~1.8 us a block at 8K). At a group that is a multiple of 8 the 8 rows are one token's heads: two
-  // sincosf a block, beside the row loads; other groups compute them row by row.
-  const int rq = (ct & 127) >> 4, run = ct & 15;
-  const bool one_token = group % 8 == 0;
-  const float freq0 = p.q_inv_freq != nullptr ? p.q_inv_freq[2 * run] : 0.f;
-  const float freq1 = p.q_inv_freq != nullptr ? p.q_inv_freq[2 * run + 1] : 0.f;
-  auto rotate_q = [&](uint32_t buf_addr, int b0) {
-    // Row kk's two words (32-bit shared addresses, recomputed: 16 64-bit pointers would hold 32 registers).
-    auto word = [&](int kk, int half) {
-      const int k = (kk + 4 * (rq & 1)) & 7, row = wg * 64 + rq * 8 + k;
-      return buf_addr + row * 128 + ((((run >> 2) + 4 * half) ^ (row & 7)) << 4) + (run & 3) * 4;
-    };
-    uint32_t x[8][2];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x[kk][h]) : "r"(word(kk, h)));
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-    const int tl_first = (wg * 64 + rq * 8) / group;
-    if (one_token && tl_first < tpb && b0 + tl_first < n_tok) {
-      const int32_t pos = tab.tok_last[b0 + tl_first];
-      rope_cos_sin(pos, freq0, p.q_rope_scale, c[0], c[1]);
-      rope_cos_sin(pos, freq1, p.q_rope_scale, c[2], c[3]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const int k = (kk + 4 * (rq & 1)) & 7, row = wg * 64 + rq * 8 + k, tl = row / group;
-      if (tl >= tpb || b0 + tl >= n_tok) continue;  // no (token, head) pair: zero-filled, never stored
-      if (!one_token) {
-        const int32_t pos = tab.tok_last[b0 + tl];
-        rope_cos_sin(pos, freq0, p.q_rope_scale, c[0], c[1]);
-        rope_cos_sin(pos, freq1, p.q_rope_scale, c[2], c[3]);
-      }
-      uint32_t z0, z1;
-      rope_rotate_pair2(x[kk][0], x[kk][1], c[0], c[1], c[2], c[3], z0, z1);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(word(kk, 0)), "r"(z0));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(word(kk, 1)), "r"(z1));
-    }
-    fence_proxy_async_smem();  // the generic writes, seen by wgmma's reads
-    if (wg == 0)  // constant barrier ids (a computed one has ptxas reserve all 16)
-      named_barrier_sync(2, 128);
-    else
-      named_barrier_sync(3, 128);
-  };
-
   float sink_row[2];  // the sinks of this lane's two rows (log2 units): a row's head is the same in every block
 #pragma unroll
   for (int h = 0; h < 2; ++h) sink_row[h] = attention_sink_log2(p.sinks, g * group + (h == 0 ? r0 : r1) % group);
@@ -414,10 +425,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       tma_store_wait_read();
       mbarrier_arrive(qempty0 + 8 * (buf ^ 1));
     }
-    mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
     const int b0 = b * tpb;
-    if (p.q_inv_freq != nullptr) rotate_q(sq_addr + buf * kQBytes, b0);
+    if (p.q_inv_freq != nullptr) {  // rotated by warps 2-3
+      if (buf == 0)
+        named_barrier_sync(4, 64 + 128 * kConsumers);
+      else
+        named_barrier_sync(5, 64 + 128 * kConsumers);
+    } else {
+      mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
+    }
     const int tl0 = r0 / group < tpb && b0 + r0 / group < n_tok ? b0 + r0 / group : -1;
     const int tl1 = r1 / group < tpb && b0 + r1 / group < n_tok ? b0 + r1 / group : -1;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
