@@ -308,7 +308,7 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 // (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
 // moe.cu), the ring GEMMs (moe_decode.cu) at their default, at other k splits ("ktN": about N k tiles per warp;
 // 6, 12, 16, 23 are 8, 4, 3, 2 warps at k = 2880) and without PDL, and each GEMM alone (kAuto's and the ring's),
-// in interleaved rounds.
+// kAuto with the scales in the ring's registers (the form before session 20), in interleaved rounds.
 void bench_moe(bool variants) {
   const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = expert_copies();
@@ -321,10 +321,14 @@ void bench_moe(bool variants) {
     bool pdl;
     int only_gemm;
     std::string label;
+    bool registers = false;  // CudaMoeOptions::decode_scales_in_registers (the form before session 20)
   };
   std::vector<Variant> list{{CudaMoePath::kAuto, 0, true, 0, ""}};
   if (variants)
     list = {{CudaMoePath::kAuto, 0, true, 0, " auto"},
+            {CudaMoePath::kAuto, 0, true, 0, " auto registers", true},
+            {CudaMoePath::kAuto, 0, true, 1, " auto registers gemm1 only", true},
+            {CudaMoePath::kAuto, 0, true, 2, " auto registers gemm2 only", true},
             {CudaMoePath::kDecodeV1, 0, true, 0, " v1"},
             {CudaMoePath::kDecode, 12, true, 0, " ring kt12"},
             {CudaMoePath::kDecode, 16, true, 0, " ring kt16"},
@@ -357,6 +361,7 @@ void bench_moe(bool variants) {
       for (size_t i = 0; i < timed.size(); ++i) {
         const Variant& v = *timed[i];
         CudaMoeOptions o{v.path, 0, v.k_tiles, v.pdl, v.only_gemm};
+        o.decode_scales_in_registers = v.registers;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         us[i].push_back(time_graph(24, [&](int j) {
           MoeParams p{x, ids[j % routings], weights[j % routings], &experts[j % copies], out, k, 7.0f, 1.702f};

@@ -105,6 +105,10 @@ const std::vector<CliOption> kCommandOptions = {
      "where gpt-oss's experts are summed at decode on CUDA (<= 32 routed slots): auto (default: in the next norm's "
      "kernel) or gemm (in the second expert GEMM, then the norm: the two ops); several, comma-separated: compared "
      "as --bf16-experts-decode"},
+    {"moe-decode-form", true,
+     "gpt-oss's MXFP4 decode GEMMs on CUDA (<= 64 routed slots): auto (default: each warp's scale bytes staged in "
+     "shared memory; at one token 3 warps a CTA in the first GEMM, 6 in the second) or registers (the form before: "
+     "the scales in the ring's registers, 4 and 4 warps); several, comma-separated: compared as --bf16-experts-decode"},
     {"decode-overlap", true,
      "Gemma-4's decode overlaps on CUDA: auto (default: the side stream alone), off, side-stream (the dense MLP on a "
      "second stream beside the experts, CudaSideStreamOptions), l2-prefetch (24 MiB of o_proj's weight into the L2 "
@@ -161,6 +165,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"decode-attention", {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster"}},
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
       {"moe-decode-combine", {"auto", "gemm"}},
+      {"moe-decode-form", {"auto", "registers"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
@@ -232,9 +237,10 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     }
     return set_cuda_skinny_linear_options(backend, skinny);
   }
-  if (flag == "moe-decode-combine" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
+  if (flag == "moe-decode-combine" || flag == "moe-decode-form" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
     if (flag == "moe-decode-combine") moe.decode_combine_in_norm = value == "auto";
+    else if (flag == "moe-decode-form") moe.decode_scales_in_registers = value == "registers";
     else if (flag == "moe-wgmma-glue")
       moe.wgmma_glue = value == "separate" ? -1 : value == "combine-kernel" ? 1 : value == "combine-in-norm" ? 2 : 0;
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
@@ -257,8 +263,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 #endif
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
-// --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form,
-// --qkv-rope-epilogue).
+// --skinny-strip-rows, --moe-decode-combine, --moe-decode-form, --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap,
+// --qkv-rope-form, --qkv-rope-epilogue).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -838,14 +844,15 @@ Status run(const CliArgs& args) {
     return invalid_argument("--tensor-parallel-size needs --model: every rank loads its share from the directory "
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
-  // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-wgmma-loads,
-  // --moe-wgmma-glue, --decode-overlap, --qkv-rope-form, --qkv-rope-epilogue: one kernel choice each, or several
+  // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-decode-form,
+  // --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form, --qkv-rope-epilogue: one kernel choice
+  // each, or several
   // values of one flag compared (an engine each, below): those come first in kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
   for (const char* flag :
-       {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-wgmma-loads",
-        "moe-wgmma-glue", "decode-overlap", "qkv-rope-form", "qkv-rope-epilogue"}) {
+       {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-decode-form",
+        "moe-wgmma-loads", "moe-wgmma-glue", "decode-overlap", "qkv-rope-form", "qkv-rope-epilogue"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/moe_decode_config.h"
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
@@ -1244,6 +1245,54 @@ TEST_F(KernelTest, MoeExpertsDecode) {
                            MoeCase{8, 256, 4160, 2, 16, Routing::kHot}, MoeCase{8, 256, 192, 1, 20, Routing::kSame}})
     check_moe_case(cpu_, cuda_, rng_, c, {CudaMoePath::kDecode}, {12, 23, 6});
   check_moe_case(cpu_, cuda_, rng_, MoeCase{32, 2880, 2880, 4, 3, Routing::kUniform}, {CudaMoePath::kDecode}, {0}, false);
+}
+
+// The decode GEMMs' scale bytes staged in shared memory (the default) against the form before (in the ring's
+// registers): bitwise the same at each k split of either GEMM (12: 4 warps at k = 2880, 16: 3, 8: 6, 23: 2, 6: 8;
+// 0: kAuto's, which differs between the forms at <= 4 routed slots: there only against the CPU twin), on odd shapes (k of 3, 5 and 65 tiles: rings that wrap or do not fill; scale areas of 1-33 blocks
+// a warp) and 20b's layer at 1, 4 and 16 tokens; both against the CPU twin.
+TEST_F(KernelTest, MoeExpertsDecodeStagedScales) {
+  const std::pair<int, int> splits[] = {{0, 0}, {12, 12}, {16, 8}, {23, 23}, {6, 6}};
+  for (const MoeCase& c : {MoeCase{8, 320, 192, 4, 1, Routing::kUniform}, MoeCase{8, 256, 4160, 2, 2, Routing::kUniform},
+                           MoeCase{8, 256, 192, 1, 3, Routing::kSame}, MoeCase{128, 256, 192, 4, 1, Routing::kUniform},
+                           MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 4, Routing::kUniform},
+                           MoeCase{32, 2880, 2880, 4, 16, Routing::kUniform}}) {
+    MoeInputs in;
+    make_moe_inputs(cpu_, cuda_, rng_, c, &in);
+    TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H});
+    ASSERT_TRUE(cpu_backend().moe_experts(MoeParams{in.x.cpu, in.id_c, in.w_c, &in.experts->host, o_c, c.k, 7.0f, 1.702f}).is_ok());
+    const std::vector<float> want = cpu_.download_f32(o_c);
+    for (const auto& [kt1, kt2] : splits) {
+      std::vector<uint8_t> registers;
+      for (const bool in_registers : {true, false}) {
+        TensorView o = cuda_.make(DType::kBF16, {c.T, c.H});  // poisoned
+        CudaMoeOptions options{CudaMoePath::kAuto, 0, kt1};
+        options.decode_k_tiles_gemm2 = kt2;
+        options.decode_scales_in_registers = in_registers;
+        ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
+        const Status st = cuda_backend().moe_experts(MoeParams{in.x.cuda, in.id_g, in.w_g, &in.experts->cuda, o, c.k, 7.0f, 1.702f});
+        ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        const std::string name = shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                                 " " + routing_name(c.routing) + ", auto, k tiles/warp " + std::to_string(kt1) + " and " +
+                                 std::to_string(kt2) + (in_registers ? ", scales in registers" : ", scales staged");
+        check("moe_experts", name, cuda_.download_f32(o), want, 1e-2);
+        if (in_registers) {
+          registers = cuda_.download_bytes(o);
+          continue;
+        }
+        const int64_t slots = c.T * c.k;
+        const auto split = [&](bool first, bool in_registers) {
+          return cuda::moe_fused_auto_k_tiles_per_warp(slots, first, in_registers);
+        };
+        if (kt1 == 0 && (split(true, false) != split(true, true) || split(false, false) != split(false, true)))
+          continue;  // kAuto's splits differ by form there (one token: 3 and 6 warps against 4 and 4)
+        const bool same = cuda_.download_bytes(o) == registers;
+        record("moe_experts", name + " vs in registers, bitwise", same ? 0 : 1, 0, 0, same);
+        EXPECT_TRUE(same) << name;
+      }
+    }
+  }
 }
 
 // Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and

@@ -9,6 +9,7 @@
 #include "backend/cuda/attention_wide_config.h"
 #include "backend/cuda/cluster_configs.h"
 #include "backend/cuda/kernel_configs.h"
+#include "backend/cuda/moe_decode_config.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
 namespace mx::cuda {
@@ -384,7 +385,8 @@ TEST(CudaKernelConfigs, MoeFusedFitsEveryChipAndSplitsByKAlone) {
         EXPECT_LE(c.k_split, kMoeFusedMaxKSplit);
         EXPECT_LE(c.k_split, k / 64);  // every warp has at least one k tile
         EXPECT_EQ(c.threads, 32 * c.k_split);
-        EXPECT_EQ(c.smem_bytes, (c.k_split - 1) * 4 * 32 * 4);
+        EXPECT_EQ(c.smem_bytes, (c.k_split - 1) * 4 * 32 * 4 + c.k_split * ((k / 64 + c.k_split - 1) / c.k_split) * 32);
+        EXPECT_EQ(c.smem_bytes, moe_fused_smem_bytes(k, c.k_split));
         EXPECT_TRUE(c.pdl) << d.name;  // every chip we target is SM90+
         // Warps get about k_tiles_per_warp tiles each unless the split is capped.
         if (c.k_split < kMoeFusedMaxKSplit) {
@@ -401,14 +403,23 @@ TEST(CudaKernelConfigs, MoeFusedRoutingAndTileBound) {
   EXPECT_TRUE(use_fused_moe_routing(4));    // one token, top-4
   EXPECT_TRUE(use_fused_moe_routing(32));   // 8 tokens: one slot per lane
   EXPECT_FALSE(use_fused_moe_routing(33));
-  // kAuto: the ring kernels up to 16 tokens (top-4), the first decode kernels above (measured); 4 warps per
-  // CTA at one token, 2 from two tokens on (gpt-oss, k = 2880: 45 k tiles).
+  // kAuto: the ring kernels up to 16 tokens (top-4), the first decode kernels above (measured); at one token 3
+  // warps per CTA in the first GEMM and 6 in the second (4 and 4 with the scales in registers), 2 from two
+  // tokens on (gpt-oss, k = 2880: 45 k tiles).
   EXPECT_TRUE(use_fused_moe_decode(4));
   EXPECT_TRUE(use_fused_moe_decode(64));
   EXPECT_FALSE(use_fused_moe_decode(65));
-  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, moe_fused_auto_k_tiles_per_warp(4)).k_split, 4);
-  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, moe_fused_auto_k_tiles_per_warp(8)).k_split, 2);
-  EXPECT_EQ(choose_moe_fused_config(sm90_h200(), 2880, moe_fused_auto_k_tiles_per_warp(64)).k_split, 2);
+  const DeviceInfo h200 = sm90_h200();
+  EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(4, true, false)).k_split, 3);
+  EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(4, false, false)).k_split, 6);
+  EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(4, true, true)).k_split, 4);
+  EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(4, false, true)).k_split, 4);
+  for (bool first : {true, false}) {
+    for (bool in_registers : {true, false}) {
+      EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(8, first, in_registers)).k_split, 2);
+      EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(64, first, in_registers)).k_split, 2);
+    }
+  }
   // Worst routing by dynamic programming: the most tiles sum ceil(c_e / 8) over <= E experts with sum c_e = s.
   for (int64_t experts : {1, 4, 32, 128}) {
     const int64_t max_slots = 300;

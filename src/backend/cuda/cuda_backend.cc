@@ -18,6 +18,7 @@
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/llama_kernels.h"
+#include "backend/cuda/kernels/moe_decode_forms.h"
 #include "backend/cuda/kernels/attention_wgmma_wide.h"
 #include "backend/cuda/kernels/moe_wgmma_ws.h"
 
@@ -1231,12 +1232,16 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k;
-    // kDecode keeps the batch-independent default split; kAuto's follows the batch (kernel_configs.h).
-    const int k_tiles = options_.moe.decode_k_tiles_per_warp != 0   ? options_.moe.decode_k_tiles_per_warp
-                        : options_.moe.path == CudaMoePath::kAuto ? moe_fused_auto_k_tiles_per_warp(slots)
-                                                                   : 0;
-    MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, k_tiles);
-    MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, k_tiles);
+    // kDecode keeps the batch-independent default split; kAuto's follows the batch and the GEMM (moe_decode_config.h).
+    const bool in_registers = options_.moe.decode_scales_in_registers;
+    const auto k_tiles = [&](bool first) {
+      const int forced = first ? options_.moe.decode_k_tiles_per_warp : options_.moe.decode_k_tiles_gemm2;
+      if (forced != 0) return forced;
+      if (!first && options_.moe.decode_k_tiles_per_warp != 0) return options_.moe.decode_k_tiles_per_warp;
+      return options_.moe.path == CudaMoePath::kAuto ? moe_fused_auto_k_tiles_per_warp(slots, first, in_registers) : 0;
+    };
+    MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, k_tiles(true));
+    MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, k_tiles(false));
     c1.pdl = c1.pdl && options_.moe.decode_pdl;
     c2.pdl = c2.pdl && options_.moe.decode_pdl;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, slots * I * 2, "MoE h"));
@@ -1258,7 +1263,7 @@ class CudaBackend final : public Backend {
     f1.slots = slots;
     f1.experts = E;
     const int only = options_.moe.decode_only_gemm;  // benchmarks only
-    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, stream()));
+    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, in_registers, stream()));
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
     f2.g = expert_gemm(p, r, /*first=*/false);
@@ -1266,7 +1271,7 @@ class CudaBackend final : public Backend {
       f2.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       f2.combined = ptr<uint16_t>(p.out);
     }
-    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, stream()));
+    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, in_registers, stream()));
     if (self_routed) return Status::ok();
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream());

@@ -29,6 +29,10 @@ struct CudaMoeOptions {
   int decode_k_tiles_per_warp = 0;
   bool decode_pdl = true;
   int decode_only_gemm = 0;
+  // The second GEMM's own k tiles per warp (0: decode_k_tiles_per_warp, or kAuto's choice for that GEMM), and
+  // the form before session 20 (each ring slot's scale bytes in registers, 4 warps a CTA at one token).
+  int decode_k_tiles_gemm2 = 0;
+  bool decode_scales_in_registers = false;
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
   int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents

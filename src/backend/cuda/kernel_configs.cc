@@ -6,6 +6,7 @@
 #include "backend/cuda/attention_persist_config.h"
 #include "backend/cuda/attention_wide_config.h"
 #include "backend/cuda/cluster_configs.h"
+#include "backend/cuda/moe_decode_config.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
 namespace mx::cuda {
@@ -278,9 +279,13 @@ MoeFusedConfig choose_moe_fused_config(const DeviceInfo& dev, int64_t k, int k_t
   c.k_split = static_cast<int>(std::clamp<int64_t>(ceil_div(k_tiles, c.k_tiles_per_warp), 1,
                                                    std::min<int64_t>(kMoeFusedMaxKSplit, k_tiles)));
   c.threads = 32 * c.k_split;
-  c.smem_bytes = static_cast<int64_t>(c.k_split - 1) * 4 * 32 * 4;
+  c.smem_bytes = moe_fused_smem_bytes(k, c.k_split);
   c.pdl = dev.sm_major >= 9;
   return c;
+}
+
+int64_t moe_fused_smem_bytes(int64_t k, int k_split) {
+  return static_cast<int64_t>(k_split - 1) * 4 * 32 * 4 + k_split * ceil_div(std::max<int64_t>(1, k / 64), k_split) * 32;
 }
 
 int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n) {
@@ -339,17 +344,27 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows) {
 }
 
 // kAuto's ring kernels up to this many routed tokens (16 tokens at top-4, the most measured), v1 (moe.cu)
-// above; 4 warps of ~12 k tiles up to kMoeFusedAutoFourWarpSlots (one token at top-4), 2 of ~23 above (more
-// CTAs than SMs by far from two tokens on: longer runs per warp, fewer reductions). Measured on an H200 at
-// the 20b shape, one process (docs/PERF.md, session 13 W1), us per layer, ring kt12 / ring kt23 / v1: one
-// token 25.26 / 26.13 / 36.41, two 43.25 / 41.18 / 52.86, four 69.50 / 65.68 / 66.61, eight 116.03 / 99.99 /
-// 101.61, sixteen 129.13 / 117.57 / 120.31.
+// above (the split per GEMM and form: moe_decode_config.h); 2 warps of ~23 k tiles above kMoeFusedAutoFourWarpSlots
+// (more CTAs than SMs by far from two tokens on: longer runs per warp, fewer reductions). Measured on an H200 at the 20b shape, one process (docs/PERF.md,
+// session 13 W1), us per layer, ring kt12 / ring kt23 / v1: one token 25.26 / 26.13 / 36.41, two 43.25 / 41.18 /
+// 52.86, four 69.50 / 65.68 / 66.61, eight 116.03 / 99.99 / 101.61, sixteen 129.13 / 117.57 / 120.31.
+// Up to kMoeFusedAutoFourWarpSlots (one token at top-4), with the scales staged in shared memory (56 registers):
+// the first GEMM in 3 warps of 15 tiles (12 CTAs an SM: its 1,440 CTAs at gpt-oss's shape in one wave), the
+// second in 6 of ~8 (6 CTAs an SM: its 720 in one wave, shorter chains); with the scales in registers (64-70
+// registers) 4 warps of ~12 for both. Session 20 W1 (H200, one process, 20b layer at one token): 24.52 us
+// (registers, 4 and 4 warps) against 22.66 (staged, 3 and 6 warps), 24.49 (staged, 3 and 4), 25.36 (staged,
+// 4 and 4).
 constexpr int64_t kMoeFusedDecodeMaxSlots = 64;
 constexpr int64_t kMoeFusedAutoFourWarpSlots = 4;
 
 bool use_fused_moe_decode(int64_t num_slots) { return num_slots <= kMoeFusedDecodeMaxSlots; }
 
 int moe_fused_auto_k_tiles_per_warp(int64_t num_slots) { return num_slots <= kMoeFusedAutoFourWarpSlots ? 12 : 23; }
+
+int moe_fused_auto_k_tiles_per_warp(int64_t num_slots, bool first_gemm, bool scales_in_registers) {
+  if (scales_in_registers || num_slots > kMoeFusedAutoFourWarpSlots) return moe_fused_auto_k_tiles_per_warp(num_slots);
+  return first_gemm ? 16 : 8;
+}
 
 bool use_fused_moe_routing(int64_t num_slots) { return num_slots >= 1 && num_slots <= kMoeFusedMaxSlots; }
 

@@ -4,6 +4,10 @@
 //    slot as soon as its tile is multiplied: the first kernel had one 512-byte load per warp in flight
 //    (the loads could not pass the previous mma) and reached 31% of HBM at one token; rings of 6 and 8
 //    measured slower (45.1 vs 35.5 us at one token on an H100, docs/PERF.md) and were deleted;
+//  * the warp's scale bytes (32 a k tile) are copied into shared memory with its first weights (cp.async), so
+//    the ring holds no scale registers: 56 registers instead of 64-70, 12 CTAs of 3 warps an SM (the first
+//    GEMM's 1,440 CTAs at one token in one wave) and 6 of 6 warps (the second's 720 in one), docs/PERF.md
+//    session 20; `kScalesInRegisters` keeps the form before as a measured option;
 //  * the loop is counted in issued instructions (what bounds it at one token: docs/PERF.md): the three
 //    streams advance by one pointer add each per round of kDepth tiles and every load of a round takes a
 //    constant offset from them, rounds whose refills all exist run without a check per tile, scale bytes
@@ -21,6 +25,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/moe_decode_forms.h"
 #include "backend/cuda/kernels/moe_decode_parts.cuh"
 #include "backend/cuda/kernels/moe_route_tile.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
@@ -57,10 +62,13 @@ __device__ __forceinline__ int small_div(int a, int b) {
 
 // One warp's k loop on the register ring: its n tiles (weights of tile j at wq + 512 j, the lane's two scale
 // bytes at sq + 32 j and + 8, activations at xq + 8 j), `stage()` called once the first weights are
-// requested (before the second GEMM's PDL wait).
-template <bool kGated, typename Stage>
+// requested (before the second GEMM's PDL wait). Unless kScalesInRegisters, the warp's n blocks of 32 scale
+// bytes (from sw) are first copied to `ss` in shared memory, and the lane reads its two bytes of tile j at
+// ss + (sq - sw) + 32 j and + 8.
+template <bool kGated, bool kScalesInRegisters, typename Stage>
 __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint8_t* wq, const uint8_t* sq,
-                                                     const uint4* xq, bool has_token, int n, Stage stage) {
+                                                     const uint4* xq, bool has_token, int n, Stage stage,
+                                                     const uint8_t* sw, uint8_t* ss) {
   // Activations come from L2/L1 (shorter latency than the weights' HBM): a ring of two is enough and keeps
   // registers for weight slots. Lanes without a token keep zeroed activation slots. The pointers move on by
   // kDepth tiles per round.
@@ -71,17 +79,27 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
   // round trip at every refill, so each tile after the first round waited on memory in turn (ncu, session 14
   // W1: the scale conversions after the loads held 22% of the one-token GEMMs' stall samples).
   uint4 w[kDepth], xa[kActDepth], xb[kActDepth];
-  uint32_t sc0[kDepth], sc8[kDepth];
+  uint32_t sc0[kScalesInRegisters ? kDepth : 1], sc8[kScalesInRegisters ? kDepth : 1];
+  const uint8_t* sl = ss + (sq - sw);  // the lane's staged bytes of the tile at the pointers
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i) xa[i] = xb[i] = make_uint4(0, 0, 0, 0);
   auto load_weights = [&](int slot, int j) {
     w[slot] = ldg_stream(wq + j * 512);
-    sc0[slot] = ldg_u8(sq + j * 32);
-    sc8[slot] = ldg_u8(sq + j * 32 + 8);
+    if constexpr (kScalesInRegisters) {
+      sc0[slot] = ldg_u8(sq + j * 32);
+      sc8[slot] = ldg_u8(sq + j * 32 + 8);
+    }
   };
   auto multiply = [&](int slot) {
-    mxfp4_strip_mma(acc, w[slot], mxfp4_scale_x2(sc0[slot]), mxfp4_scale_x2(sc8[slot]), xa[slot % kActDepth],
-                    xb[slot % kActDepth]);
+    uint32_t s0, s8;
+    if constexpr (kScalesInRegisters) {
+      s0 = sc0[slot];
+      s8 = sc8[slot];
+    } else {
+      s0 = sl[slot * 32];
+      s8 = sl[slot * 32 + 8];
+    }
+    mxfp4_strip_mma(acc, w[slot], mxfp4_scale_x2(s0), mxfp4_scale_x2(s8), xa[slot % kActDepth], xb[slot % kActDepth]);
   };
   auto load_acts = [&](int slot, int j) {
     if (has_token) {
@@ -92,7 +110,11 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
 #pragma unroll
   for (int i = 0; i < kDepth; ++i)
     if (i < n) load_weights(i, i);
+  if constexpr (!kScalesInRegisters) {  // 16-byte halves of the n blocks, committed with stage()'s copies
+    for (int c = static_cast<int>(threadIdx.x % 32); c < 2 * n; c += 32) cp_async_16(ss + c * 16, sw + c * 16, true);
+  }
   stage();
+  if constexpr (!kScalesInRegisters) cp_async_commit();
   if constexpr (!kGated) {
     pdl_wait();  // h comes from the first GEMM
     // Only after the wait: the norm after the experts routes before its own wait (moe_combine_rms_norm_kernel).
@@ -102,6 +124,10 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
   for (int i = 0; i < kActDepth; ++i)
     if (i < n) load_acts(i, i);
 
+  if constexpr (!kScalesInRegisters) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the scales (and stage()'s copies) have landed
+    __syncwarp();
+  }
   int left = n;  // tiles not multiplied yet, the first of them at the pointers
   for (; left >= 2 * kDepth; left -= kDepth) {  // every slot multiplied and refilled
 #pragma unroll
@@ -112,6 +138,7 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
     }
     wq += kDepth * 512;
     sq += kDepth * 32;
+    sl += kDepth * 32;
     xq += kDepth * 8;
   }
   for (; left > 0; left -= kDepth) {  // the last one or two rounds: multiplies and refills checked
@@ -125,13 +152,14 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
     }
     wq += kDepth * 512;
     sq += kDepth * 32;
+    sl += kDepth * 32;
     xq += kDepth * 8;
   }
 }
 
-template <bool kGated>
+template <bool kGated, bool kScalesInRegisters>
 __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
-  extern __shared__ float red[];  // [k_split - 1][4][32]
+  extern __shared__ float red[];  // [k_split - 1][4][32], then each warp's staged scales (moe_fused_smem_bytes)
   const MoeGemmParams& g = p.g;
   const int tile = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k_split = blockDim.x / 32;
@@ -162,8 +190,10 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   auto stage = [&] {
     if (warp == 0) stage_epilogue_inputs(&staged, g, rt, strip, /*weights=*/!kGated);
   };
+  // The warp's staged scales: ceil(n_k / k_split) blocks of 32 bytes a warp after the reduction's floats.
+  uint8_t* ss = reinterpret_cast<uint8_t*>(red + (k_split - 1) * 128) + warp * small_div(n_k + k_split - 1, k_split) * 32;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  register_ring_k_loop<kGated>(acc, w0, s0 + (q >> 1) * 16 + r, xq, has_token, n, stage);
+  register_ring_k_loop<kGated, kScalesInRegisters>(acc, w0, s0 + (q >> 1) * 16 + r, xq, has_token, n, stage, s0, ss);
 
   if (!reduce_k_split(acc, red, warp, lane, k_split)) return;
   staged_epilogue_ready();
@@ -175,7 +205,7 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   }
 }
 
-template <bool kGated>
+template <bool kGated, bool kScalesInRegisters>
 Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid, bool pdl, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -187,15 +217,23 @@ Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid,
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated>, p), "moe_fused_gemm_kernel");
+  return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, kScalesInRegisters>, p),
+                     "moe_fused_gemm_kernel");
 }
 
 }  // namespace
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, cudaStream_t stream) {
+  return launch_moe_fused_gemm(p, c, /*scales_in_registers=*/false, stream);
+}
+
+Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool scales_in_registers,
+                             cudaStream_t stream) {
   const MoeGemmParams& g = p.g;
   if (g.rows % 16 != 0 || g.k % 64 != 0) return internal_error("MoE GEMM: rows % 16 and k % 64 must be 0");
-  if (c.k_split < 1 || c.k_split > kMoeFusedMaxKSplit || c.k_split > g.k / 64 || c.threads != 32 * c.k_split)
+  if (c.k_split < 1 || c.k_split > kMoeFusedMaxKSplit || c.k_split > g.k / 64 || c.threads != 32 * c.k_split ||
+      c.smem_bytes != moe_fused_smem_bytes(g.k, c.k_split))
     return internal_error("MoE fused GEMM: bad config");
+  if (c.smem_bytes > 48 * 1024) return unimplemented("MoE fused GEMM: k too long for the staged scales' shared memory");
   if (p.topk_ids != nullptr && !use_fused_moe_routing(p.slots))
     return internal_error("MoE fused GEMM: self-routing takes at most 32 routed tokens");
   if (p.tickets != nullptr && (p.topk_ids == nullptr || g.gated || p.combined == nullptr))
@@ -204,11 +242,15 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, c
     return unimplemented("MoE fused GEMM: k, top_k or the routed slots past small_div's range");
   if (reinterpret_cast<uintptr_t>(g.bias) % 4 != 0)
     return invalid_argument("MoE fused GEMM: the biases must be 4-byte aligned (copied in bf16 pairs)");
+  if (!scales_in_registers && reinterpret_cast<uintptr_t>(g.scales) % 16 != 0)
+    return invalid_argument("MoE fused GEMM: the scales must be 16-byte aligned (staged in 16-byte copies)");
   if (p.slots == 0) return Status::ok();
   const int64_t tiles = moe_fused_max_tiles(p.slots, p.experts);
   if (tiles > 65535) return unimplemented("MoE fused GEMM: too many tiles for one launch");
   const dim3 grid(static_cast<unsigned>(g.rows / 16), static_cast<unsigned>(tiles));
-  return g.gated ? launch_fused<true>(p, c, grid, c.pdl, stream) : launch_fused<false>(p, c, grid, c.pdl, stream);
+  if (scales_in_registers)
+    return g.gated ? launch_fused<true, true>(p, c, grid, c.pdl, stream) : launch_fused<false, true>(p, c, grid, c.pdl, stream);
+  return g.gated ? launch_fused<true, false>(p, c, grid, c.pdl, stream) : launch_fused<false, false>(p, c, grid, c.pdl, stream);
 }
 
 }  // namespace mx::cuda
