@@ -1579,7 +1579,16 @@ TEST_F(KernelTest, MoeWgmmaRouteGather) {
                         Case{MoeCase{32, 320, 256, 4, 1024, Routing::kHalf}, 16, 1},
                         Case{MoeCase{8, 320, 192, 1, 77, Routing::kUniform}, 16, 2},
                         Case{MoeCase{32, 320, 256, 8, 129, Routing::kUniform}, 16, 0},
-                        Case{MoeCase{32, 320, 256, 4, 301, Routing::kHot}, 32, 1}}) {
+                        Case{MoeCase{32, 320, 256, 4, 301, Routing::kHot}, 32, 1},
+                        // The untiled kernels' routing and k permutation in one launch (launch_moe_route_permute):
+                        // 20b's 512 tokens, odd shapes, top-8 and top-1, CTAs of 47 slots (two warps' placements)
+                        // and of 256 (at its 65,536-slot bound, every slot on one expert set).
+                        Case{MoeCase{32, 2880, 2880, 4, 512, Routing::kUniform}, 96, 0},
+                        Case{MoeCase{32, 320, 256, 4, 301, Routing::kHot}, 96, 0},
+                        Case{MoeCase{32, 320, 256, 8, 129, Routing::kUniform}, 96, 0},
+                        Case{MoeCase{8, 320, 192, 1, 77, Routing::kUniform}, 256, 0},
+                        Case{MoeCase{128, 256, 192, 4, 3001, Routing::kUniform}, 128, 0},
+                        Case{MoeCase{32, 320, 256, 4, 16384, Routing::kSame}, 96, 0}}) {
     const MoeCase& c = t.c;
     const ExpertWeights* up = &shared_experts(c.E, c.H, c.I).cuda;
     std::vector<int32_t> ids;
@@ -1610,7 +1619,7 @@ TEST_F(KernelTest, MoeWgmmaRouteGather) {
                              std::to_string(t.bulk);
     for (const auto& [name, b] : {std::pair<const char*, TensorView>{"eager", one}, {"replayed", replayed}}) {
       const bool same = a == cuda_.download_bytes(b);
-      record("moe_experts", what + ": routing and gather in one launch (" + name + ") vs two kernels, bitwise",
+      record("moe_experts", what + ": routing and gather or permute in one launch (" + name + ") vs two kernels, bitwise",
              same ? 0 : 1, 0, 0, same);
       EXPECT_TRUE(same) << what << " " << name;
     }

@@ -1201,13 +1201,15 @@ class CudaBackend final : public Backend {
     uint16_t* x_in = ptr_of<uint16_t>(scratch_.moe_y);  // free until the second GEMM writes y
     if (tiled && moe_wgmma_glue() >= 1 && moe_route_gather_fits(slots, E)) {
       MX_RETURN_IF_ERROR(launch_moe_route_gather_tiled(rp, ptr<const uint16_t>(p.x), x_in, H, k, stream()));
+    } else if (!tiled && moe_wgmma_glue() >= 1 && moe_route_permute_fits(slots, E)) {
+      MX_RETURN_IF_ERROR(launch_moe_route_permute(rp, ptr<const uint16_t>(p.x), x_in, T, H, k, stream()));
     } else {
       MX_RETURN_IF_ERROR(launch_moe_routing(rp, stream()));
       MX_RETURN_IF_ERROR(tiled ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles, c.tile_tokens, H,
                                                          k, stream())
                                : launch_moe_permute_k(ptr<const uint16_t>(p.x), x_in, T, H, stream()));
     }
-    const int only = tiled ? options_.moe.wgmma_glue_only : 0;  // benchmarks only
+    const int only = options_.moe.wgmma_glue_only;  // benchmarks only
     if (only == 1) return Status::ok();
     if (only != 2) {
       MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);

@@ -47,9 +47,11 @@ struct CudaMoeOptions {
   // launch (launch_moe_route_gather_tiled, where moe_route_gather_fits), then the combine kernel and add_rms_norm;
   // 2 = the same with the combine in the next add_rms_norm's kernel (moe_experts_add_rms_norm); -1 = the routing
   // kernel, the gather, the combine kernel and add_rms_norm (the before, for benchmarks); 0 = kMoeWgmmaGlue's choice.
+  // The 96-, 128- and 256-token tiles: >= 1 = the routing and x's k permutation in one launch
+  // (launch_moe_route_permute, where moe_route_permute_fits), -1 = the routing kernel and the permuting copy.
   int wgmma_glue = 0;
-  // Benchmarks only (the tiled wgmma path; the output is then garbage): 1 = just the routing and the tiled gather,
-  // 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.
+  // Benchmarks only (the wgmma path; the output is then garbage): 1 = just the routing and the tiled gather (or the
+  // k permutation), 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.
   int wgmma_glue_only = 0;
 };
 

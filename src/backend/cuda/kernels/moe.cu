@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/moe_route_tile.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
 
 namespace mx::cuda {
@@ -44,26 +45,11 @@ __global__ void __launch_bounds__(kRoutingThreads) moe_routing_kernel(MoeRouting
   };
   for (int64_t i = tid; i < p.slots; i += blockDim.x) atomicAdd(&counts[expert_of(i)], 1);
   __syncthreads();
-  // Exclusive scans of the counts and of the tiles over the experts, by warp 0: each lane a run of experts,
-  // the runs' sums scanned by shuffles (one thread walking all 128 of gpt-oss-120b's experts was a serial chain
-  // of shared loads and global stores).
+  // Exclusive scans of the counts and of the tiles over the experts, by warp 0 (expert_run_scan).
   if (warp == 0) {
-    const int per = (experts + 31) / 32, e0 = min(experts, lane * per), e1 = min(experts, e0 + per);
-    int run_slots = 0, run_tiles = 0;
-    for (int e = e0; e < e1; ++e) {
-      run_slots += counts[e];
-      run_tiles += (counts[e] + bm - 1) / bm;
-    }
-    int slots_through = run_slots, tiles_through = run_tiles;  // inclusive scans across the lanes
-    for (int d = 1; d < 32; d <<= 1) {
-      const int s = __shfl_up_sync(0xffffffffu, slots_through, d), t = __shfl_up_sync(0xffffffffu, tiles_through, d);
-      if (lane >= d) {
-        slots_through += s;
-        tiles_through += t;
-      }
-    }
-    int off = slots_through - run_slots, tiles = tiles_through - run_tiles;
-    for (int e = e0; e < e1; ++e) {
+    const ExpertRun run = expert_run_scan(counts, experts, bm);
+    int off = run.offset, tiles = run.tile;
+    for (int e = run.e0; e < run.e1; ++e) {
       p.r.offsets[e] = off;
       cursor[e] = off;
       tile_base[e] = tiles;
@@ -71,8 +57,8 @@ __global__ void __launch_bounds__(kRoutingThreads) moe_routing_kernel(MoeRouting
       tiles += (counts[e] + bm - 1) / bm;
     }
     if (lane == 31) {
-      p.r.offsets[experts] = slots_through;
-      *p.r.num_tiles = tiles_through;
+      p.r.offsets[experts] = run.slots_through;
+      *p.r.num_tiles = run.tiles_through;
     }
   }
   __syncthreads();

@@ -92,6 +92,35 @@ __device__ __forceinline__ void combine_strip(const uint16_t* y, uint16_t* combi
   }
 }
 
+// The routing kernels' exclusive scans of the per-expert slot counts and of their tiles of `bm` tokens, by one
+// warp (moe.cu's moe_routing_kernel, moe_wgmma_ws.cu's routing launches): lane l takes the run of experts
+// [e0, e1), ceil(experts / 32) of them, and the runs' sums are scanned across the lanes by shuffles (one thread
+// walking all 128 of gpt-oss-120b's experts was a serial chain of shared loads and global stores). The caller
+// walks its run from `offset` and `tile`; lane 31's inclusive sums are the step's slots and busy tiles.
+struct ExpertRun {
+  int e0, e1;                        // this lane's experts
+  int offset, tile;                  // slots and tiles of the experts before e0
+  int slots_through, tiles_through;  // the same through e1 - 1
+};
+__device__ __forceinline__ ExpertRun expert_run_scan(const int* counts, int experts, int bm) {
+  const int lane = threadIdx.x % 32;
+  const int per = (experts + 31) / 32, e0 = min(experts, lane * per), e1 = min(experts, e0 + per);
+  int run_slots = 0, run_tiles = 0;
+  for (int e = e0; e < e1; ++e) {
+    run_slots += counts[e];
+    run_tiles += (counts[e] + bm - 1) / bm;
+  }
+  int slots_through = run_slots, tiles_through = run_tiles;
+  for (int d = 1; d < 32; d <<= 1) {
+    const int s = __shfl_up_sync(0xffffffffu, slots_through, d), t = __shfl_up_sync(0xffffffffu, tiles_through, d);
+    if (lane >= d) {
+      slots_through += s;
+      tiles_through += t;
+    }
+  }
+  return ExpertRun{e0, e1, slots_through - run_slots, tiles_through - run_tiles, slots_through, tiles_through};
+}
+
 // A grouped GEMM's routing tile `tile` (launch_moe_routing's metadata): its expert, first sorted position and
 // routed tokens, and src_row[i] for its kRows rows, the input row of tile row i (-1 past its tokens): the
 // slot's token for the first GEMM (`gated`: x has a row per token), the sorted position for the second (h has

@@ -30,6 +30,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/moe_route_tile.cuh"
 #include "backend/cuda/kernels/moe_wgmma_parts.cuh"
 #include "backend/cuda/kernels/moe_wgmma_ws.h"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
@@ -212,58 +213,74 @@ __global__ void moe_gather_tiled_kernel(const uint16_t* x, MoeRouting r, uint16_
   gather_tiled_chunk(x, r.sorted_slots[r.tile_start[tile] + j] / top_k, k, t, P, c, out, tiled_rows);
 }
 
-// The routing and the tiled gather in one launch of many CTAs (launch_moe_route_gather_tiled). CTA b owns slots
-// [b * kRouteGatherSlots, + kRouteGatherSlots): every CTA counts all the step's ids (per expert, and those before
-// its slots), scans them as moe_routing_kernel does, places its own slots (the same stable order: an expert's
-// slots by slot index) and copies their token rows into the tiled input. CTA 0 also writes the per-expert offsets
-// and the tiles. Replaces a one-CTA routing kernel (6 us for 1,024 slots, session 18's ncu) and the gather's
-// grid of a thread per padded row, k tile and chunk, whose every thread walked the metadata chain (num_tiles,
-// tile_rows, tile_start, sorted_slots) before its one copy. Launched as a programmatic dependent of the router;
-// it never triggers its dependents early: the GEMMs after it read the tiles before their own wait.
+// The routing and the tiled gather in one launch of many CTAs (launch_moe_route_gather_tiled), or the routing and
+// the k permutation of x (launch_moe_route_permute, !kTiled). CTA b owns slots [b * per_cta, + per_cta): every CTA
+// counts all the step's ids (per expert, and those before its slots), scans them as moe_routing_kernel does
+// (expert_run_scan), places its own slots (the same stable order: an expert's slots by slot index) and, kTiled,
+// copies their token rows into the tiled input (kRouteGatherSlots slots a CTA); otherwise the grid permutes all of
+// x, a 16-byte chunk of logical k a thread at a time. CTA 0 also writes the per-expert offsets and the tiles.
+// Replaces a one-CTA routing kernel (6 us for 1,024 slots, session 18's ncu; it scatters 1,024 slots at a time
+// between CTA barriers) and the gather's grid of a thread per padded row, k tile and chunk, whose every thread
+// walked the metadata chain (num_tiles, tile_rows, tile_start, sorted_slots) before its one copy, or the permuting
+// copy. Launched as a programmatic dependent of the router; it never triggers its dependents early: the GEMMs after
+// it read the routing before their wait.
 constexpr int kRouteGatherThreads = 256, kRouteGatherSlots = 4, kRouteGatherMaxExperts = 256;
 constexpr int64_t kRouteGatherMaxSlots = 4096;
+// The permuting form: a grid of at most kRoutePermuteCtas CTAs (the slots per CTA grow with the step: each CTA's
+// count of all the ids is then what grows), up to kRoutePermuteMaxSlots (a 16,384-token chunk at top-4).
+constexpr int kRoutePermuteCtas = 256;
+constexpr int64_t kRoutePermuteMaxSlots = 65536;
 
+// out row `row`'s 16-byte chunk lc of k tile t: x's physical words lc, 8 + lc, 16 + lc, 24 + lc of that k tile
+// (the logical k order, gather_tiled_chunk's without the swizzle: launch_moe_permute_k's bits).
+__device__ __forceinline__ uint4 permute_chunk_load(const uint16_t* x, int64_t c) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(x) + (c / 8) * 32;  // c / 8: row * n_k + t
+  const int lc = static_cast<int>(c % 8);
+  return make_uint4(__ldg(src + lc), __ldg(src + 8 + lc), __ldg(src + 16 + lc), __ldg(src + 24 + lc));
+}
+
+template <bool kTiled>
 __global__ void __launch_bounds__(kRouteGatherThreads)
-    moe_route_gather_kernel(MoeRoutingParams p, const uint16_t* x, uint16_t* out, int64_t k, int top_k) {
+    moe_route_gather_kernel(MoeRoutingParams p, const uint16_t* x, uint16_t* out, int64_t rows, int64_t k, int top_k,
+                            int per_cta) {
   __shared__ int counts[kRouteGatherMaxExperts], before[kRouteGatherMaxExperts];
   __shared__ int offset[kRouteGatherMaxExperts], tile_base[kRouteGatherMaxExperts];
-  __shared__ int row_token[kRouteGatherSlots];
-  __shared__ int64_t row_at[kRouteGatherSlots];
+  __shared__ int row_token[kTiled ? kRouteGatherSlots : 1];
+  __shared__ int64_t row_at[kTiled ? kRouteGatherSlots : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int experts = static_cast<int>(p.experts), bm = static_cast<int>(p.tile_tokens);
-  const int slots = static_cast<int>(p.slots), s0 = static_cast<int>(blockIdx.x) * kRouteGatherSlots;
-  const int mine = min(kRouteGatherSlots, slots - s0);
+  const int slots = static_cast<int>(p.slots), s0 = static_cast<int>(blockIdx.x) * per_cta;
+  const int mine = max(0, min(per_cta, slots - s0));
   for (int e = tid; e < experts; e += kRouteGatherThreads) counts[e] = before[e] = 0;
   __syncthreads();
   pdl_wait();  // the ids and x come from the router and the norm before it
-  auto expert_of = [&](int i) {
-    const int e = p.topk_ids[i];
+  auto expert_of = [&](int e) {
     return e < 0 || e >= experts ? 0 : e;  // ids come from our router; never index out of bounds
   };
-  for (int i = tid; i < slots; i += kRouteGatherThreads) {
-    const int e = expert_of(i);
-    atomicAdd(&counts[e], 1);
-    if (i < s0) atomicAdd(&before[e], 1);
+  // Eight ids a thread in flight: a CTA of the permuting form counts up to 64K of them.
+  constexpr int kUnroll = 8;
+  for (int base = tid; base < slots; base += kUnroll * kRouteGatherThreads) {
+    int id[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kRouteGatherThreads;
+      id[u] = i < slots ? p.topk_ids[i] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kRouteGatherThreads;
+      if (i >= slots) break;
+      const int e = expert_of(id[u]);
+      atomicAdd(&counts[e], 1);
+      if (i < s0) atomicAdd(&before[e], 1);
+    }
   }
   __syncthreads();
   const bool lead = blockIdx.x == 0;
   if (warp == 0) {  // the exclusive scans of moe_routing_kernel
-    const int per = (experts + 31) / 32, e0 = min(experts, lane * per), e1 = min(experts, e0 + per);
-    int run_slots = 0, run_tiles = 0;
-    for (int e = e0; e < e1; ++e) {
-      run_slots += counts[e];
-      run_tiles += (counts[e] + bm - 1) / bm;
-    }
-    int slots_through = run_slots, tiles_through = run_tiles;
-    for (int d = 1; d < 32; d <<= 1) {
-      const int s = __shfl_up_sync(0xffffffffu, slots_through, d), t = __shfl_up_sync(0xffffffffu, tiles_through, d);
-      if (lane >= d) {
-        slots_through += s;
-        tiles_through += t;
-      }
-    }
-    int off = slots_through - run_slots, tiles = tiles_through - run_tiles;
-    for (int e = e0; e < e1; ++e) {
+    const ExpertRun run = expert_run_scan(counts, experts, bm);
+    int off = run.offset, tiles = run.tile;
+    for (int e = run.e0; e < run.e1; ++e) {
       if (lead) p.r.offsets[e] = off;
       offset[e] = off;
       tile_base[e] = tiles;
@@ -271,8 +288,8 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
       tiles += (counts[e] + bm - 1) / bm;
     }
     if (lead && lane == 31) {
-      p.r.offsets[experts] = slots_through;
-      *p.r.num_tiles = tiles_through;
+      p.r.offsets[experts] = run.slots_through;
+      *p.r.num_tiles = run.tiles_through;
     }
   }
   __syncthreads();
@@ -286,29 +303,52 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
       }
     }
   }
-  if (warp == 0) {  // this CTA's slots, a lane each, ranked among their expert's by slot index
-    const bool valid = lane < mine;
-    const int i = s0 + lane, e = valid ? expert_of(i) : -1 - lane;
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    if (valid) {
-      const int local = before[e] + __popc(peers & ((1u << lane) - 1u)), dst = offset[e] + local;
-      p.r.sorted_slots[dst] = i;
-      p.r.slot_pos[i] = dst;
-      row_token[lane] = i / top_k;
-      row_at[lane] = static_cast<int64_t>(tile_base[e] + local / bm) * bm + local % bm;
+  if (warp == 0) {  // this CTA's slots, 32 at a time, a lane each, ranked among their expert's by slot index
+    for (int c = 0; c < mine; c += 32) {
+      const bool valid = c + lane < mine;
+      const int i = s0 + c + lane, e = valid ? expert_of(p.topk_ids[i]) : -1 - lane;
+      const unsigned peers = __match_any_sync(0xffffffffu, e), lower = peers & ((1u << lane) - 1u);
+      if (valid) {
+        const int local = before[e] + __popc(lower), dst = offset[e] + local;
+        p.r.sorted_slots[dst] = i;
+        p.r.slot_pos[i] = dst;
+        if constexpr (kTiled) {
+          row_token[lane] = i / top_k;
+          row_at[lane] = static_cast<int64_t>(tile_base[e] + local / bm) * bm + local % bm;
+        }
+      }
+      __syncwarp();
+      if (valid && lower == 0) before[e] += __popc(peers);  // the next 32 slots' view
+      __syncwarp();
     }
   }
-  __syncthreads();
-  // The rows: chunk c of k tile t of row l at item (l * n_k + t) * 8 + c, four items a thread in flight.
-  const int n_k = static_cast<int>(k / 64), items = mine * n_k * 8;
-  const int64_t tiled_rows = p.max_tiles * p.tile_tokens;
-  for (int base = tid; base < items; base += 4 * kRouteGatherThreads) {
+  const int n_k = static_cast<int>(k / 64);
+  if constexpr (kTiled) {
+    __syncthreads();
+    // The rows: chunk c of k tile t of row l at item (l * n_k + t) * 8 + c, four items a thread in flight.
+    const int items = mine * n_k * 8;
+    const int64_t tiled_rows = p.max_tiles * p.tile_tokens;
+    for (int base = tid; base < items; base += 4 * kRouteGatherThreads) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int item = base + u * kRouteGatherThreads;
-      if (item >= items) break;
-      const int l = item / (n_k * 8), t = item / 8 % n_k;
-      gather_tiled_chunk(x, row_token[l], k, t, row_at[l], item % 8, out, tiled_rows);
+      for (int u = 0; u < 4; ++u) {
+        const int item = base + u * kRouteGatherThreads;
+        if (item >= items) break;
+        const int l = item / (n_k * 8), t = item / 8 % n_k;
+        gather_tiled_chunk(x, row_token[l], k, t, row_at[l], item % 8, out, tiled_rows);
+      }
+    }
+  } else {
+    // All of x permuted, chunk c (row * n_k + t) * 8 + lc of the grid's, four chunks a thread in flight.
+    const int64_t chunks = rows * n_k * 8, stride = static_cast<int64_t>(gridDim.x) * kRouteGatherThreads;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRouteGatherThreads + tid; base < chunks;
+         base += 4 * stride) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (base + u * stride < chunks) v[u] = permute_chunk_load(x, base + u * stride);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (base + u * stride < chunks) reinterpret_cast<uint4*>(out)[base + u * stride] = v[u];
     }
   }
 }
@@ -352,9 +392,27 @@ Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* 
     return unimplemented("MoE routing and tiled gather: at most 4096 slots and 256 experts");
   if (p.slots == 0) return Status::ok();
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, kRouteGatherSlots)));
-  return cuda_status(launch_pdl(moe_route_gather_kernel, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out, k,
-                                static_cast<int>(top_k)),
+  return cuda_status(launch_pdl(moe_route_gather_kernel<true>, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out,
+                                int64_t{0}, k, static_cast<int>(top_k), kRouteGatherSlots),
                      "moe_route_gather_kernel");
+}
+
+bool moe_route_permute_fits(int64_t slots, int64_t experts) {
+  return slots <= kRoutePermuteMaxSlots && experts <= kRouteGatherMaxExperts;
+}
+
+Status launch_moe_route_permute(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t rows, int64_t k,
+                                int64_t top_k, cudaStream_t stream) {
+  if (k % 64 != 0 || p.tile_tokens <= 0 || top_k <= 0 || rows * top_k != p.slots)
+    return internal_error("MoE routing and k permutation: k % 64 must be 0, tile_tokens > 0, slots = rows x top_k");
+  if (!moe_route_permute_fits(p.slots, p.experts))
+    return unimplemented("MoE routing and k permutation: at most 65536 slots and 256 experts");
+  if (p.slots == 0) return Status::ok();
+  const int64_t per_cta = std::max<int64_t>(kRouteGatherSlots, ceil_div64(p.slots, kRoutePermuteCtas));
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, per_cta)));
+  return cuda_status(launch_pdl(moe_route_gather_kernel<false>, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out,
+                                rows, k, static_cast<int>(top_k), static_cast<int>(per_cta)),
+                     "moe_route_gather_kernel (permute)");
 }
 
 Status launch_moe_wgmma_ws_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {

@@ -48,5 +48,12 @@ inline constexpr int kMoeWgmmaGlue = 2;
 bool moe_route_gather_fits(int64_t slots, int64_t experts);
 Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,
                                      int64_t top_k, cudaStream_t stream);
+// launch_moe_routing and then launch_moe_permute_k (x has `rows` rows of k columns, a row per token, rows x top_k =
+// p.slots) in one launch of many CTAs, the same routing metadata and permuted x: the 96-, 128- and 256-token
+// kernels' glue (CudaMoeOptions::wgmma_glue >= 1; -1 the two kernels), for steps where moe_route_permute_fits (every
+// CTA counts all the step's ids: at most 65,536 slots, 256 experts).
+bool moe_route_permute_fits(int64_t slots, int64_t experts);
+Status launch_moe_route_permute(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t rows, int64_t k,
+                                int64_t top_k, cudaStream_t stream);
 
 }  // namespace mx::cuda
