@@ -446,6 +446,7 @@ void bench_moe_prefill() {
       bool norm = false;          // the layer and the next add_rms_norm: moe_experts_add_rms_norm (glue 0: the
                                   // combine in the norm's kernel; -1: moe_experts, then add_rms_norm)
       int glue_only = 0;          // the glue alone, GEMMs skipped (CudaMoeOptions::wgmma_glue_only)
+      int mid_width = 0;          // 96-token tiles: -1 the kernel of 96 and 48 columns (CudaMoeOptions::wgmma_mid_width)
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -453,6 +454,7 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep", 0, -1, -1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl two-kernel routing", 0, -1, 1, 0, 0, -1},
+        Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl full width", 0, -1, 1, 0, 0, 0, false, 0, -1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg glue: routing, permute", 0, -1, 1, 0, 0, 1, false, 1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg glue: routing, permute two-kernel", 0, -1, 1, 0, 0, -1, false,
                 1},
@@ -504,6 +506,7 @@ void bench_moe_prefill() {
         o.wgmma_bulk_rows = v.bulk_rows;
         o.wgmma_glue = v.glue;
         o.wgmma_glue_only = v.glue_only;
+        o.wgmma_mid_width = v.mid_width;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {

@@ -1626,6 +1626,48 @@ TEST_F(KernelTest, MoeWgmmaRouteGather) {
   }
 }
 
+// The 96-token tiles' kernel whose tiles of at most 64 tokens multiply 64 columns (CudaMoeOptions::wgmma_mid_width)
+// gives the bits of the 96- and 48-column kernel (wgmma's columns are independent): ~64 tokens per expert (20b's 512
+// tokens), odd shapes, one hot expert (full tiles and a partial last one), half the experts idle (tiles of <= 48
+// tokens at 64 columns), top-1; eager and replayed.
+TEST_F(KernelTest, MoeWgmmaMidWidth) {
+  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 512, Routing::kUniform}, MoeCase{32, 320, 256, 4, 509, Routing::kHot},
+                           MoeCase{128, 256, 192, 4, 2000, Routing::kHalf}, MoeCase{8, 320, 192, 1, 500, Routing::kUniform},
+                           MoeCase{32, 320, 256, 8, 7, Routing::kUniform}}) {
+    const ExpertWeights* up = &shared_experts(c.E, c.H, c.I).cuda;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    make_routing(rng_, c, &ids, &weights);
+    Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
+    TensorView xg = cuda_.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
+    TensorView id = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
+    TensorView full = cuda_.make(DType::kBF16, {c.T, c.H}), mid = cuda_.make(DType::kBF16, {c.T, c.H}),
+               replayed = cuda_.make(DType::kBF16, {c.T, c.H});
+    CudaMoeOptions o{CudaMoePath::kGrouped, 96};
+    o.wgmma_mid_width = -1;
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
+    ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, up, full, c.k, 7.0f, 1.702f}).is_ok());
+    o.wgmma_mid_width = 1;
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
+    const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, up, mid, c.k, 7.0f, 1.702f});
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    auto graph = cuda_backend().capture(
+        [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, up, replayed, c.k, 7.0f, 1.702f}); });
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
+    ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+    ASSERT_TRUE((*graph)->replay().is_ok());
+    const std::vector<uint8_t> a = cuda_.download_bytes(full);
+    const std::string what = shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                             " " + routing_name(c.routing);
+    for (const auto& [name, b] : {std::pair<const char*, TensorView>{"eager", mid}, {"replayed", replayed}}) {
+      const bool same = a == cuda_.download_bytes(b);
+      record("moe_experts", what + ": 96-token tiles at 64 columns (" + name + ") vs 96 and 48, bitwise", same ? 0 : 1,
+             0, 0, same);
+      EXPECT_TRUE(same) << what << " " << name;
+    }
+  }
+}
+
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for
 // the next replay) and on the routing kernel's metadata.
 TEST_F(KernelTest, MoeDecodeGraphReplay) {

@@ -1212,13 +1212,19 @@ class CudaBackend final : public Backend {
     const int only = options_.moe.wgmma_glue_only;  // benchmarks only
     if (only == 1) return Status::ok();
     if (only != 2) {
+      const bool mid_width = options_.moe.wgmma_mid_width != 0
+                                 ? options_.moe.wgmma_mid_width == 1
+                                 : kMoeWgmmaMidWidth && slots > kMoeWgmmaMidWidthMinTokensPerExpert * E &&
+                                       slots <= kMoeWgmmaMidWidthMaxTokensPerExpert * E;
       MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
       g1.in = x_in;
       g1.max_tiles = max_tiles;
+      g1.mid_width = mid_width;
       MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, pairs, trim_rows, stream())
                               : launch_moe_wgmma_gemm(g1, c, stream()));
       MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
       g2.max_tiles = max_tiles;
+      g2.mid_width = mid_width;
       MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, trim_rows, stream())
                               : launch_moe_wgmma_gemm(g2, c, stream()));
     }

@@ -50,6 +50,10 @@ struct CudaMoeOptions {
   // The 96-, 128- and 256-token tiles: >= 1 = the routing and x's k permutation in one launch
   // (launch_moe_route_permute, where moe_route_permute_fits), -1 = the routing kernel and the permuting copy.
   int wgmma_glue = 0;
+  // 96-token tiles: 1 = the kernel whose tiles of at most 64 tokens multiply 64 token columns, one strip a warp
+  // (MoeGemmParams::mid_width), -1 = the kernel of 96 columns and of 48 (two strips a warp) for tiles of at most 48;
+  // 0 = kMoeWgmmaMidWidth's choice (the former between 48 and 96 tokens per expert on average).
+  int wgmma_mid_width = 0;
   // Benchmarks only (the wgmma path; the output is then garbage): 1 = just the routing and the tiled gather (or the
   // k permutation), 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.
   int wgmma_glue_only = 0;

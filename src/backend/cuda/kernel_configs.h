@@ -361,6 +361,13 @@ inline constexpr int kMoeWgmmaWarpgroups = 2;
 // 128 397; 128: 96 595, 128 673 (auto 611); 256: 96 977, 128 1115, 256 1011; 1024: 96 3529, 128 3546, 256 3313.
 // The warp-specialized kernel keeps 128-token tiles below kMoeWgmmaLargeTileTokensPerExpert, 256 above.
 inline constexpr int64_t kMoeWgmmaLargeTileTokensPerExpert = 128;
+// Whether 96-token tiles run the kernel whose tiles of at most 64 tokens multiply 64 token columns (one strip a
+// warp) instead of 96, by default (CudaMoeOptions::wgmma_mid_width 0), where the experts average more than 48 and
+// at most 96 tokens: at ~64 (20b's 512-token step) a third of the full-width MMAs' columns hold no token. Below,
+// most tiles hold at most 48 and run two strips a warp at 48 columns in the other kernel (one kernel with the
+// three widths made ptxas serialize every wgmma, C7511).
+inline constexpr bool kMoeWgmmaMidWidth = true;
+inline constexpr int64_t kMoeWgmmaMidWidthMinTokensPerExpert = 48, kMoeWgmmaMidWidthMaxTokensPerExpert = 96;
 // 256-token tiles from this many: the fp4 decode, the B-tile barrier and the weight loads of a k tile are
 // paid once per 256 tokens instead of 96 (one CTA per SM). An expert's last tile of <= 128 tokens runs
 // its MMAs and loads at half width, so the partly filled tile costs about what a 128-token tile does.

@@ -207,6 +207,8 @@ struct MoeGemmParams {
   int64_t rows = 0, k = 0, top_k = 0, max_tiles = 0;
   bool gated = false;
   float swiglu_limit = 7.0f, swiglu_alpha = 1.702f;
+  // moe_wgmma.cu's 96-token tiles only: the kernel whose tiles of at most 64 tokens multiply 64 token columns.
+  bool mid_width = false;
 };
 Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t stream);
 

@@ -62,11 +62,12 @@ __global__ void moe_permute_k_kernel(const uint16_t* in, uint16_t* out, int64_t 
 // The ring's geometry for a k loop of kCols token columns in a kernel of kN-token tiles whose ring is kRing
 // stages of full width: with kHalfStages (a CTA per item only), a half-width loop cuts the same bytes into
 // stages of its own size, for twice the weight rows (two strips a warp): 48 token rows and 256 weight rows of
-// a 96-token tile's CTA take 15 KB instead of 17 KB.
+// a 96-token tile's CTA take 15 KB instead of 17 KB; a loop of more than kN / 2 columns but fewer than kN (64 of a
+// 96-token tile) keeps one strip a warp on stages of its own size (13 KB).
 // The narrow kernels (kOwnStages) count kRing in stages of their own size.
 template <int kN, int kWG, int kCols, int kRing, bool kHalfStages, bool kOwnStages>
 struct RingShape {
-  static constexpr bool kTwoStrips = kHalfStages && kCols < kN;
+  static constexpr bool kTwoStrips = kHalfStages && kCols <= kN / 2;
   static constexpr int kRows = moe_wgmma_weight_rows(kWG) * (kTwoStrips ? 2 : 1);
   static constexpr int kFullBytes = static_cast<int>(moe_wgmma_stage_bytes(kN, kWG));
   static constexpr int kStageBytes =
@@ -98,7 +99,8 @@ struct Columns {
 // table for every 16-byte copy (a shared load, a 64-bit add and a scoreboard wait per copy).
 // kRing: ring stages (of full width; of the narrow loop's own size with kNarrowCols); kHalfStages (a CTA per
 // item, kN = 96): a tile of at most kN / 2 tokens runs two strips a warp on its own stages (RingShape), its CTA
-// taking the next column block's rows too.
+// taking the next column block's rows too. kMidCols (64, with kHalfStages at kN = 96; 0 otherwise): instead, a
+// tile of at most 64 tokens runs one strip a warp at 64 columns (MoeGemmParams::mid_width).
 // kNarrowCols (16 or 32, with kHalfStages; 0 otherwise): the routing's tiles hold at most that many tokens
 // and every one runs two strips a warp at that MMA width (the 96-token geometry otherwise: registers, row
 // registers, epilogue). One loop width per kernel: ptxas serialized every wgmma (C7511) of a kernel that had a
@@ -112,10 +114,12 @@ constexpr int ctas_per_sm() {
 }
 
 template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
-          bool kHalfStages = false, int kNarrowCols = 0>
+          bool kHalfStages = false, int kNarrowCols = 0, int kMidCols = 0>
 __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, kRing, kNarrowCols>()))
     moe_wgmma_kernel(MoeGemmParams p) {
 #if MX_SM90A
+  static_assert(kMidCols == 0 || (kN == 96 && kHalfStages && kNarrowCols == 0 && kMidCols == 64),
+                "the mid width: 64 columns of the deep ring's 96-token tiles");
   static_assert(!kHalfStages || (!kPersistent && kN == 96), "two strips a warp: half-width tiles, a CTA per item");
   static_assert(kNarrowCols == 0 || (kHalfStages && (kNarrowCols == 16 || kNarrowCols == 32)),
                 "narrow tiles: 16 or 32 tokens, two strips a warp on the deep ring");
@@ -162,7 +166,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, 
 
   WorkItem cur = item_at(item);  // the item being multiplied
   // Two strips a warp: the even column block's CTA takes the odd one's rows, which therefore has nothing to do.
-  const bool two_strips = kHalfStages && cur.n <= kN / 2;
+  const bool two_strips = kHalfStages && kMidCols == 0 && cur.n <= kN / 2;
   if (kNarrowCols == 0 && two_strips && (blockIdx.x & 1)) return;
 
   // Stage s of the ring: the B tile (kN rows of 128 bytes, swizzled), this CTA's packed fp4 (32 B per
@@ -411,7 +415,15 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kWG), (ctas_per_sm<kN, kWG, 
     for (;;) {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
-      if constexpr (kHalfWidth) {
+      if constexpr (kMidCols != 0) {
+        // MoeGemmParams::mid_width: a tile of at most 64 tokens at 64 columns, one strip a warp on stages of its
+        // own size (no 48-column two-strip loop beside it: three widths made ptxas serialize every wgmma, C7511).
+        if (cur.n <= kMidCols) {
+          k_loop(Columns<kMidCols>{});
+        } else {
+          k_loop(Columns<kN>{});
+        }
+      } else if constexpr (kHalfWidth) {
         if (cur.n <= kN / 2) {
           k_loop(Columns<kN / 2>{});
         } else {
@@ -707,9 +719,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
 }
 
 template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
-          bool kHalfStages = false, int kNarrowCols = 0>
+          bool kHalfStages = false, int kNarrowCols = 0, int kMidCols = 0>
 Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
-  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent, kRowRegs, kRing, kHalfStages, kNarrowCols>;
+  auto* kernel = moe_wgmma_kernel<kN, kWG, kPersistent, kRowRegs, kRing, kHalfStages, kNarrowCols, kMidCols>;
   if (c.stages != kRing) return internal_error("MoE wgmma GEMM: the config's ring is not the kernel's");
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(c.smem_bytes)),
@@ -797,7 +809,9 @@ Status launch_moe_wgmma_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, cu
   switch (c.tile_tokens * 100 + c.warpgroups * 10 + (c.persistent ? 1 : 0)) {
     case 1620: return launch<96, 2, false, true, moe_wgmma_narrow_stages(16), true, 16>(p, c, stream);
     case 3220: return launch<96, 2, false, true, moe_wgmma_narrow_stages(32), true, 32>(p, c, stream);
-    case 9620: return launch<96, 2, false, true, kMoeWgmmaDeepStages, true>(p, c, stream);
+    case 9620:
+      return p.mid_width ? launch<96, 2, false, true, kMoeWgmmaDeepStages, true, 0, 64>(p, c, stream)
+                         : launch<96, 2, false, true, kMoeWgmmaDeepStages, true>(p, c, stream);
     case 12820: return launch<128, 2, false>(p, c, stream);
     case 25620: return launch<256, 2, false>(p, c, stream);
     case 25621: return launch<256, 2, true>(p, c, stream);
