@@ -455,6 +455,8 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl", 0, -1, 1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl two-kernel routing", 0, -1, 1, 0, 0, -1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl full width", 0, -1, 1, 0, 0, 0, false, 0, -1},
+        Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl +norm, combine in norm", 0, -1, 1, 0, 0, 2, true},
+        Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg deep pdl +norm, combine kernel", 0, -1, 1, 0, 0, 1, true},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg glue: routing, permute", 0, -1, 1, 0, 0, 1, false, 1},
         Variant{CudaMoePath::kGrouped, 96, "wgmma/96x2wg glue: routing, permute two-kernel", 0, -1, 1, 0, 0, -1, false,
                 1},

@@ -1353,7 +1353,12 @@ TEST_F(KernelTest, MoeExpertsAddRmsNorm) {
         {MoeCase{32, 2880, 192, 4, 64, Routing::kHot}, true, 2},
         {MoeCase{32, 320, 192, 4, 67, Routing::kUniform}, false, 2},
         {MoeCase{128, 256, 192, 4, 256, Routing::kUniform}, true, 1},
-        {MoeCase{32, 320, 192, 4, 67, Routing::kUniform}, false, 1}}) {
+        {MoeCase{32, 320, 192, 4, 67, Routing::kUniform}, false, 1},
+        // Prefill's tiles (the combine in the norm since session 20): 96 tokens at ~64 per expert (the 64-column
+        // kernel), 96 with a hot expert, 256 at ~1,000 per expert.
+        {MoeCase{32, 320, 192, 4, 509, Routing::kUniform}, false, 0},
+        {MoeCase{32, 320, 192, 4, 1031, Routing::kHot}, true, 0},
+        {MoeCase{8, 256, 192, 2, 4100, Routing::kUniform}, true, 0}}) {
     CudaMoeOptions o;
     o.wgmma_glue = glue;
     ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());

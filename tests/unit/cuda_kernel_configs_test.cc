@@ -531,16 +531,16 @@ TEST(CudaKernelConfigs, MoeWgmmaOnlyOnSm90AndFits) {
     EXPECT_GE(moe_wgmma_narrow_stages(tile), 3);  // tile t - 1 in the MMAs, tile t decoded, one loading
   }
   // auto: 16-token tiles up to 10 tokens per expert, 32 up to 20 (both on the deep ring's kernel), 96-token
-  // tiles below 1024, 256 from there.
+  // tiles below 512, 256 from there.
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 8 * 32, 32).tile_tokens, 16);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 8 * 128, 128).tile_tokens, 16);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 11 * 32, 32).tile_tokens, 32);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 16 * 32, 32).tile_tokens, 32);
   EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 16 * 32, 32).deep_ring);
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 21 * 32, 32).tile_tokens, 96);
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1023 * 32, 32).tile_tokens, 96);
-  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 1024 * 32, 32).tile_tokens, 256);
-  // The deep ring: 96-token tiles (auto's below 1024 tokens per expert) and the narrow ones, and two CTAs of it
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 511 * 32, 32).tile_tokens, 96);
+  EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 512 * 32, 32).tile_tokens, 256);
+  // The deep ring: 96-token tiles (auto's below 512 tokens per expert) and the narrow ones, and two CTAs of it
   // fit an SM.
   EXPECT_TRUE(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32).deep_ring);  // auto: 96-token tiles
   EXPECT_EQ(choose_moe_wgmma_config(sm90_h100(), 32 * 32, 32, 96).stages, 6);

@@ -1133,7 +1133,9 @@ class CudaBackend final : public Backend {
       const bool wgmma =
           cw.enabled && path != CudaMoePath::kGroupedMmaSync &&
           (path == CudaMoePath::kGrouped || (path == CudaMoePath::kAuto && use_grouped_moe(slots, E, true)));
-      if (wgmma && moe_wgmma_tiled(cw)) {
+      // Every wgmma form leaves y in the sorted order with slot_pos (the tiled ones, and the 96-, 128- and 256-token
+      // tiles of prefill), written by a routing launch that ended before the first GEMM started.
+      if (wgmma) {
         expect(p.x, DType::kBF16, "moe x");
         MX_RETURN_IF_ERROR(moe_experts_wgmma(p, cw, /*leave_rows=*/true));
         MoeCombineNormParams m;

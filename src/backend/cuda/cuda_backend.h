@@ -48,7 +48,8 @@ struct CudaMoeOptions {
   // 2 = the same with the combine in the next add_rms_norm's kernel (moe_experts_add_rms_norm); -1 = the routing
   // kernel, the gather, the combine kernel and add_rms_norm (the before, for benchmarks); 0 = kMoeWgmmaGlue's choice.
   // The 96-, 128- and 256-token tiles: >= 1 = the routing and x's k permutation in one launch
-  // (launch_moe_route_permute, where moe_route_permute_fits), -1 = the routing kernel and the permuting copy.
+  // (launch_moe_route_permute, where moe_route_permute_fits), -1 = the routing kernel and the permuting copy; 2 also
+  // sums the experts' rows in the next add_rms_norm's kernel there.
   int wgmma_glue = 0;
   // 96-token tiles: 1 = the kernel whose tiles of at most 64 tokens multiply 64 token columns, one strip a warp
   // (MoeGemmParams::mid_width), -1 = the kernel of 96 columns and of 48 (two strips a warp) for tiles of at most 48;

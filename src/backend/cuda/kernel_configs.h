@@ -373,8 +373,10 @@ inline constexpr int64_t kMoeWgmmaMidWidthMinTokensPerExpert = 48, kMoeWgmmaMidW
 // its MMAs and loads at half width, so the partly filled tile costs about what a 128-token tile does.
 // Measured on an H100 (docs/PERF.md, 2026-11-24, 20b layer, 256 vs 128-token tiles): 1024 tokens per expert
 // 3860 vs 3881 us (a tie within the 2% run-to-run spread), 512 per expert 2046 vs 1978, 256 per expert
-// 1131 vs 1077: 256 only from 1024 on, where it is not slower (and 6% faster than 96 in session 11).
-inline constexpr int64_t kMoeWgmmaHugeTileTokensPerExpert = 1024;
+// 1131 vs 1077: 256 only from 1024 on, where it is not slower (and 6% faster than 96 in session 11). On an H200
+// (session 20, one process, 5 rounds) at 512 per expert 1712.9 us against 1760.2-1808.3 for the 96-token tiles
+// (whose rounds spread 1744-1823), at 80 per expert 471.5 against 335.3: from 512 on.
+inline constexpr int64_t kMoeWgmmaHugeTileTokensPerExpert = 512;
 // 256-token tiles on a persistent grid by default? Not yet: it measured 8-16% slower than a CTA per item on
 // an H100 (4220 vs 3860 us at 1024 tokens per expert, 1311 vs 1131 at 256; docs/PERF.md), likely the item
 // switches, where every warp waits on the next item's metadata and row table and the epilogue still stalls
