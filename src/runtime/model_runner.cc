@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -26,18 +25,6 @@ std::string mib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
   return buf;
-}
-
-// Test-only forced output: the id replaces the sampled one; its logprob is the model's (log-softmax of the
-// raw logits, as the sampler reports logprobs), the alternatives stay the model's top ones.
-void force_token(const float* logits, int64_t vocab, int32_t id, bool logprobs, SampledToken* out) {
-  out->token = id;
-  if (!logprobs) return;
-  float max_logit = logits[0];
-  for (int64_t i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
-  double sum = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - max_logit));
-  out->logprob = static_cast<float>(static_cast<double>(logits[id] - max_logit) - std::log(sum));
 }
 
 // A sampled entry whose rows only the host sampler draws: penalties, top logprobs, a forced test output.
@@ -781,10 +768,17 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, bool 
         if (h.mask) cpu::apply_token_mask(h.logits, vocab, h.mask);
         const SamplingParams& params = h.request->input.sampling;
         // A row alone spreads its logprobs' passes over the pool instead (fill_logprobs: the same values).
-        sampler.sample(h.logits, params, h.penalties, h.rng, h.out, threads == 1 ? host_pool_.get() : nullptr);
+        cpu::ThreadPool* pool = threads == 1 ? host_pool_.get() : nullptr;
         const size_t g = static_cast<size_t>(h.request->num_generated());
-        if (h.decode && g < h.request->input.forced_tokens.size())
-          force_token(h.logits, vocab, h.request->input.forced_tokens[g], params.logprobs, h.out);
+        if (h.decode && g < h.request->input.forced_tokens.size()) {
+          // A test-only forced output replaces the draw (its stream moves as a draw's would); its logprob and the
+          // alternatives are the model's, as the sampler reports them.
+          h.out->token = h.request->input.forced_tokens[g];
+          h.rng.advance();
+          if (params.logprobs) sampler.fill_logprobs(h.logits, params, pool, h.out);
+          continue;
+        }
+        sampler.sample(h.logits, params, h.penalties, h.rng, h.out, pool);
       }
     }
   };

@@ -88,13 +88,14 @@ class Sampler {
   // null; not one whose parallel_for this call runs inside) spreads the logprobs' passes over its threads.
   void sample(const float* logits, const SamplingParams& params, const PenaltyContext& penalties, Rng& rng,
               SampledToken* out, cpu::ThreadPool* pool = nullptr);
+  // What sample() reports beside out->token (chosen already: a forced test output): the log-softmax of the raw
+  // logits at it and the top n, over kLogprobSlices fixed slices of the vocabulary (on `pool`'s threads where
+  // given): each slice's largest logit and n best ids, then its sum of exponentials, the sums added in slice order,
+  // so that a row's logprobs are the same on any number of threads.
+  void fill_logprobs(const float* logits, const SamplingParams& params, cpu::ThreadPool* pool, SampledToken* out);
 
  private:
   void apply_penalties(const SamplingParams& params, const PenaltyContext& penalties);
-  // The log-softmax of the raw logits at the sampled token and the top n, over kLogprobSlices fixed slices of the
-  // vocabulary (on `pool`'s threads where given): each slice's largest logit and n best ids, then its sum of
-  // exponentials, the sums added in slice order, so that a row's logprobs are the same on any number of threads.
-  void fill_logprobs(const float* logits, const SamplingParams& params, cpu::ThreadPool* pool, SampledToken* out);
 
   static constexpr int64_t kLogprobSlices = 16;
   int64_t vocab_;
