@@ -87,6 +87,10 @@ const std::vector<CliOption> kCommandOptions = {
     {"whole-page-table-uploads", false,
      "upload every step's page tables at full width (max-model-len / page-size columns) as before 2026-11-28, not "
      "only the columns the step uses: the before of that change"},
+    {"skinny-staged", true,
+     "the dense linears' decode kernel on CUDA at 1 to 8 tokens: auto or off (default: skinny_linear.cu) or on (each "
+     "CTA's weight strip staged whole in shared memory before its PDL wait, skinny_linear_staged.cu, where every "
+     "strip's CTA fits at once); several, comma-separated: compared as --bf16-experts-decode"},
     {"decode-attention", true,
      "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), mma-sync-merge (the same with its "
      "splits through the merge kernel, never as CTA clusters), swap-ab (attention_decode_swap.cu) or swap-ab-cluster "
@@ -169,6 +173,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
+      {"skinny-staged", {"auto", "off", "on"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
   };
   return names;
@@ -246,6 +251,11 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
     return set_cuda_moe_options(backend, moe);
   }
+  if (flag == "skinny-staged") {
+    CudaSkinnyLinearOptions skinny;
+    skinny.staged = value == "on";
+    return set_cuda_skinny_linear_options(backend, skinny);
+  }
   if (flag == "qkv-rope-form") {
     CudaRopeOptions rope;
     if (value == "decode" || value == "stream") rope.stream_min_tokens = value == "decode" ? INT64_MAX : 1;
@@ -264,7 +274,7 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
 // --skinny-strip-rows, --moe-decode-combine, --moe-decode-form, --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap,
-// --qkv-rope-form, --qkv-rope-epilogue).
+// --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -845,14 +855,14 @@ Status run(const CliArgs& args) {
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-decode-form,
-  // --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form, --qkv-rope-epilogue: one kernel choice
-  // each, or several
-  // values of one flag compared (an engine each, below): those come first in kernel_choices, `compared` of them.
+  // --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged: one
+  // kernel choice each, or several values of one flag compared (an engine each, below): those come first in
+  // kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-decode-form",
-        "moe-wgmma-loads", "moe-wgmma-glue", "decode-overlap", "qkv-rope-form", "qkv-rope-epilogue"}) {
+        "moe-wgmma-loads", "moe-wgmma-glue", "decode-overlap", "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

@@ -165,6 +165,63 @@ TEST_F(KernelTest, SkinnyLinearRowsAreBatchIndependent) {
   ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
 }
 
+// The staged skinny linear (CudaSkinnyLinearOptions::staged: a CTA's strip in shared memory before its PDL wait)
+// gives the skinny kernel's bits, eagerly and replayed from a graph; both against the CPU twin. Gemma-4's o_proj
+// (sliding), gate|up and down at one token, gpt-oss's o_proj, odd shapes (partial strips, k % 32 != 0, k shorter
+// than the warps' chunks, 8 tokens, f32 out, no bias), and shapes that do not fit one wave (the skinny kernel).
+TEST_F(KernelTest, SkinnyLinearStaged) {
+  auto placement = cuda_placement(cuda_backend());
+  ASSERT_TRUE(placement.is_ok());
+  auto dev = cuda::query_device_info(placement->device);
+  ASSERT_TRUE(dev.is_ok());
+  struct Case {
+    int64_t m, n, k;
+    bool bias, f32;
+    int strip_rows;  // 0: skinny_linear_strip_rows
+  };
+  for (const Case& c : {Case{1, 2816, 4096, false, false, 0}, Case{1, 4224, 2816, false, false, 0},
+                        Case{1, 2816, 2112, false, false, 0}, Case{1, 2880, 4096, true, false, 0},
+                        Case{3, 77, 328, true, false, 11}, Case{8, 203, 1000, false, true, 9},
+                        Case{5, 133, 2888, true, true, 13}, Case{2, 35, 24, true, false, 16},
+                        Case{1, 2816, 8192, false, false, 0}, Case{9, 640, 320, true, false, 0}}) {
+    Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
+    Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
+    TensorView w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()),
+               w_g = cuda_.upload(DType::kBF16, {c.n, c.k}, w.bits.data());
+    TensorView b_c, b_g;
+    if (c.bias) {
+      b_c = cpu_.upload(DType::kBF16, {c.n}, b.bits.data());
+      b_g = cuda_.upload(DType::kBF16, {c.n}, b.bits.data());
+    }
+    const DType out_dtype = c.f32 ? DType::kF32 : DType::kBF16;
+    TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n});
+    ASSERT_TRUE(cpu_backend().linear(px.cpu, w_c, b_c, o_c).is_ok());
+    CudaSkinnyLinearOptions o{16, 0, 0, c.strip_rows};
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), o).is_ok());
+    TensorView want_g = cuda_.make(out_dtype, {c.m, c.n});
+    ASSERT_TRUE(cuda_backend().linear(px.cuda, w_g, b_g, want_g).is_ok());
+    const std::vector<float> want = cuda_.download_f32(want_g);
+    o.staged = true;
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), o).is_ok());
+    TensorView got_g = cuda_.make(out_dtype, {c.m, c.n}), replay_g = cuda_.make(out_dtype, {c.m, c.n});
+    const Status st = cuda_backend().linear(px.cuda, w_g, b_g, got_g);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    auto graph = cuda_backend().capture([&] { return cuda_backend().linear(px.cuda, w_g, b_g, replay_g); });
+    ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+    for (int replay = 0; replay < 2; ++replay) ASSERT_TRUE((*graph)->replay().is_ok());
+    ASSERT_TRUE(cuda_backend().synchronize().is_ok());
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
+    const int rows = c.strip_rows > 0 ? c.strip_rows : cuda::skinny_linear_strip_rows(*dev, c.n);
+    const bool staged = cuda::skinny_linear_staged_fits(*dev, c.m, c.n, c.k, rows);
+    const std::string what = shape_str({c.m, c.n, c.k}) + (c.bias ? " bias" : "") + (c.f32 ? " f32-out" : " bf16-out") +
+                             " strips of " + std::to_string(rows) + (staged ? " staged" : " (does not fit: skinny)");
+    check("skinny linear staged", what + " vs CPU", cuda_.download_f32(got_g), cpu_.download_f32(o_c),
+          c.f32 ? 1e-4 : 5e-3);
+    check("skinny linear staged", what + " vs skinny, bit for bit", cuda_.download_f32(got_g), want, 0.0);
+    check("skinny linear staged", what + ", graph replayed twice vs skinny", cuda_.download_f32(replay_g), want, 0.0);
+  }
+}
+
 // Builds the same batch and paged cache on both backends.
 struct PagedSetup {
   std::vector<std::vector<int32_t>> tokens, pages;

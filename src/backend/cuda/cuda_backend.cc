@@ -1453,6 +1453,8 @@ class CudaBackend final : public Backend {
       s.partials = ptr_of<float>(scratch_.linear_partials);
       s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
     }
+    if (so.staged && s.w && c.k_splits == 1 && c.n_tiles == 1 && skinny_linear_staged_fits(dev_, s.m, n, k, c.strip_rows))
+      return launch_skinny_linear_staged(s, c.strip_rows, stream());
     return launch_skinny_linear(s, c, stream());
   }
 

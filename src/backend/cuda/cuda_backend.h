@@ -76,6 +76,9 @@ struct CudaSkinnyLinearOptions {
   // then qkv_rope).
   int rope_epilogue = 0;
   int rope_strip_rows = 0;  // 8 to 16, even, forces the epilogue's strip rows (benchmarks); 0 = skinny_rope_strip_rows
+  // bf16 weights at 1 to 8 tokens without k splits: each CTA's strip staged whole in shared memory before the PDL
+  // wait (skinny_linear_staged.cu) where every strip's CTA fits at once; false: the skinny kernel.
+  bool staged = false;
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel

@@ -332,6 +332,20 @@ SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m,
   return c;
 }
 
+int64_t skinny_linear_staged_pitch(int64_t k) { return ceil_div(2 * k, 128) * 128 + 64; }
+
+int64_t skinny_linear_staged_smem_bytes(int64_t k, int strip_rows) { return strip_rows * skinny_linear_staged_pitch(k); }
+
+bool skinny_linear_staged_fits(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k, int strip_rows) {
+  if (dev.sm_major < 9 || m < 1 || m > 8 || k <= 0 || k % 8 != 0 || strip_rows < 8 || strip_rows > 16) return false;
+  constexpr int64_t kStaticBytes = kSkinnyLinearWarps * 4 * 32 * 4 + 16, kReservedBytes = 1024;
+  const int64_t cta = skinny_linear_staged_smem_bytes(k, strip_rows) + kStaticBytes;
+  if (cta > dev.max_smem_per_block_optin) return false;
+  const int64_t per_sm = std::min<int64_t>(kSkinnyLinearCtasPerSm, (dev.max_smem_per_block_optin + kReservedBytes) /
+                                                                        (cta + kReservedBytes));
+  return ceil_div(n, strip_rows) <= per_sm * dev.sm_count;
+}
+
 bool skinny_linear_by_default(const DeviceInfo& dev, int64_t n) {
   const int64_t strips = ceil_div(n, 16);
   const int64_t slots = static_cast<int64_t>(std::max(1, dev.sm_count)) * kSkinnyLinearCtasPerSm;

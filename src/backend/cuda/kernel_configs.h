@@ -273,6 +273,13 @@ int skinny_linear_strip_rows(const DeviceInfo& dev, int64_t n);
 // against 48; on an H200, session 18 W2, the input norm + FP8 qkv + RoPE chain 10.24 / 10.30 us at 1 / 8 tokens
 // against 10.42 / 10.43 on 16-row strips).
 int skinny_rope_strip_rows(const DeviceInfo& dev, int64_t n);
+// The staged form (skinny_linear_staged.cu: a CTA's whole strip in shared memory before its PDL wait): bytes per
+// staged row (64 past a multiple of 128: a quarter warp's two rows in different bank halves), a CTA's dynamic
+// shared memory, and whether it runs: sm_90+, bf16, 1 to 8 tokens, k % 8 == 0, and every strip's CTA resident
+// at once (one wave at up to 2 CTAs an SM, with the reduction's 4 KB beside the strip).
+int64_t skinny_linear_staged_pitch(int64_t k);
+int64_t skinny_linear_staged_smem_bytes(int64_t k, int strip_rows);
+bool skinny_linear_staged_fits(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k, int strip_rows);
 // Whether linear() takes the skinny kernel for n output channels when not forced: the 16-row strips fit
 // one wave of resident CTAs, or fill at least kSkinnyLinearManyWaves waves (the last wave's tail is then
 // small); in between (a wave and a fraction) cuBLASLt. Measured on an H100 (docs/PERF.md,

@@ -92,6 +92,10 @@ struct SkinnyLinearParams {
   SkinnyRope rope;                 // q_out set: qkv + RoPE + KV write (even strip rows, bf16 out, no k split)
 };
 Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream);
+// The one-tile, unsplit skinny linear with each CTA's strip staged whole in shared memory before its PDL wait
+// (skinny_linear_staged.cu, sm_90+; bf16 weights, 1 to 8 tokens; where skinny_linear_staged_fits): the skinny
+// kernel's bits.
+Status launch_skinny_linear_staged(const SkinnyLinearParams& p, int strip_rows, cudaStream_t stream);
 // out[r, k] = bf16(scale[r] * w[r, k]) for rows [0, rows): fp8 dense weights widened for cuBLASLt (M > 16).
 Status launch_dequant_fp8_rows(const uint8_t* w, const float* scale, uint16_t* out, int64_t rows, int64_t k,
                                cudaStream_t stream);
