@@ -88,9 +88,9 @@ const std::vector<CliOption> kCommandOptions = {
      "upload every step's page tables at full width (max-model-len / page-size columns) as before 2026-11-28, not "
      "only the columns the step uses: the before of that change"},
     {"skinny-staged", true,
-     "the dense linears' decode kernel on CUDA at 1 to 8 tokens: auto or off (default: skinny_linear.cu) or on (each "
-     "CTA's weight strip staged whole in shared memory before its PDL wait, skinny_linear_staged.cu, where every "
-     "strip's CTA fits at once); several, comma-separated: compared as --bf16-experts-decode"},
+     "the dense linears' decode kernel on CUDA at 1 to 8 tokens: auto or on (default: each CTA's weight strip staged "
+     "whole in shared memory before its PDL wait, skinny_linear_staged.cu, where every strip's CTA fits at once) or "
+     "off (skinny_linear.cu everywhere: the before); several, comma-separated: compared as --bf16-experts-decode"},
     {"decode-attention", true,
      "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), mma-sync-merge (the same with its "
      "splits through the merge kernel, never as CTA clusters), swap-ab (attention_decode_swap.cu) or swap-ab-cluster "
@@ -253,7 +253,7 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
   }
   if (flag == "skinny-staged") {
     CudaSkinnyLinearOptions skinny;
-    skinny.staged = value == "on";
+    skinny.staged = value != "off";
     return set_cuda_skinny_linear_options(backend, skinny);
   }
   if (flag == "qkv-rope-form") {

@@ -197,6 +197,7 @@ TEST_F(KernelTest, SkinnyLinearStaged) {
     TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n});
     ASSERT_TRUE(cpu_backend().linear(px.cpu, w_c, b_c, o_c).is_ok());
     CudaSkinnyLinearOptions o{16, 0, 0, c.strip_rows};
+    o.staged = false;
     ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), o).is_ok());
     TensorView want_g = cuda_.make(out_dtype, {c.m, c.n});
     ASSERT_TRUE(cuda_backend().linear(px.cuda, w_g, b_g, want_g).is_ok());

@@ -358,6 +358,24 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
   EXPECT_EQ(skinny_rope_strip_rows(sm90_h200(), 2560), 16);
   EXPECT_EQ(skinny_rope_strip_rows(sm90_h200(), 1280), 16);
   EXPECT_EQ(skinny_rope_strip_rows(sm90_h200(), 16 * 396 + 16), 16);
+  // The staged form: every strip's CTA resident at once (2 an SM at ~95 KB) on sm_90+ at 1 to 8 tokens: Gemma-4's
+  // sliding o_proj (256 strips of 11 x 4096), gate|up (264 of 16 x 2816), down, gpt-oss's o_proj (262 of 11); not
+  // the full layers' o_proj (181 KB: 1 an SM), more strips than the SMs hold, 9 tokens, Ampere, or a 99 KB SM.
+  EXPECT_EQ(skinny_linear_staged_pitch(4096), 8256);
+  EXPECT_EQ(skinny_linear_staged_pitch(328), 832);  // 656 bytes -> 768 + 64
+  EXPECT_EQ(skinny_linear_staged_smem_bytes(4096, 11), 11 * 8256);
+  EXPECT_TRUE(skinny_linear_staged_fits(sm90_h200(), 1, 2816, 4096, 11));
+  EXPECT_TRUE(skinny_linear_staged_fits(sm90_h200(), 8, 4224, 2816, 16));
+  EXPECT_TRUE(skinny_linear_staged_fits(sm90_h200(), 1, 2816, 2112, 11));
+  EXPECT_TRUE(skinny_linear_staged_fits(sm90_h200(), 1, 2880, 4096, 11));
+  EXPECT_FALSE(skinny_linear_staged_fits(sm90_h200(), 1, 2816, 8192, 11));
+  EXPECT_FALSE(skinny_linear_staged_fits(sm90_h200(), 1, 5120, 2880, 16));
+  EXPECT_FALSE(skinny_linear_staged_fits(sm90_h200(), 9, 2816, 4096, 11));
+  EXPECT_FALSE(skinny_linear_staged_fits(sm90_h200(), 1, 2816, 4100, 11));
+  EXPECT_FALSE(skinny_linear_staged_fits(sm120_rtx_pro_6000(), 1, 2816, 4096, 11));
+  DeviceInfo ampere = sm90_h200();
+  ampere.sm_major = 8;
+  EXPECT_FALSE(skinny_linear_staged_fits(ampere, 1, 2816, 4096, 11));
   // gpt-oss on an H100/H200 (132 SMs, 264 slots): o (180 strips, one wave) and the lm_head (12,568, 48
   // waves) take the skinny kernel; qkv (320 strips, 1.2 waves) stays on cuBLASLt.
   EXPECT_TRUE(skinny_linear_by_default(sm90_h200(), 2880));

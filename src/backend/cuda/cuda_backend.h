@@ -77,8 +77,10 @@ struct CudaSkinnyLinearOptions {
   int rope_epilogue = 0;
   int rope_strip_rows = 0;  // 8 to 16, even, forces the epilogue's strip rows (benchmarks); 0 = skinny_rope_strip_rows
   // bf16 weights at 1 to 8 tokens without k splits: each CTA's strip staged whole in shared memory before the PDL
-  // wait (skinny_linear_staged.cu) where every strip's CTA fits at once; false: the skinny kernel.
-  bool staged = false;
+  // wait (skinny_linear_staged.cu) where every strip's CTA fits at once (skinny_linear_staged_fits: Gemma-4's
+  // sliding o_proj, gate|up and down, gpt-oss's o_proj), on sm_90 (not measured elsewhere); false: the skinny kernel. H200, Gemma-4 batch-1 TPOT at 1K
+  // (bench latency --skinny-staged, one process, 3 engines each): 3.059 -> 2.925 ms (docs/PERF.md, session 19).
+  bool staged = true;
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel
