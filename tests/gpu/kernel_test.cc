@@ -98,6 +98,22 @@ TEST_F(KernelTest, RmsNormAndResidualAdd) {
   }
 }
 
+// A linear's operands on both backends: x [m, k] as an activation, bf16 w [n, k] and (with `bias`) b [n].
+struct LinearOperands {
+  Pair x;
+  TensorView w_c, w_g, b_c, b_g;
+};
+LinearOperands upload_linear(Arena& cpu, Arena& cuda, std::mt19937& rng, int64_t m, int64_t n, int64_t k, bool bias) {
+  const Bf16Data x = random_bf16(rng, m * k, 1.0f), w = random_bf16(rng, n * k, 0.05f), b = random_bf16(rng, n, 1.0f);
+  LinearOperands o{upload_activation(cpu, cuda, x, {m, k}), cpu.upload(DType::kBF16, {n, k}, w.bits.data()),
+                   cuda.upload(DType::kBF16, {n, k}, w.bits.data()), TensorView(), TensorView()};
+  if (bias) {
+    o.b_c = cpu.upload(DType::kBF16, {n}, b.bits.data());
+    o.b_g = cuda.upload(DType::kBF16, {n}, b.bits.data());
+  }
+  return o;
+}
+
 TEST_F(KernelTest, Linear) {
   struct Case {
     int64_t m, n, k;
@@ -121,15 +137,7 @@ TEST_F(KernelTest, Linear) {
                         Case{3, 77, 328, true, false, 16, 0, 8, 11}, Case{16, 1000, 64, false, true, 16, 0, 0, 8}}) {
     ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {c.skinny_max_rows, c.k_splits, c.chunks, c.strip_rows})
                     .is_ok());
-    Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
-    Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
-    TensorView w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()),
-               w_g = cuda_.upload(DType::kBF16, {c.n, c.k}, w.bits.data());
-    TensorView b_c, b_g;
-    if (c.bias) {
-      b_c = cpu_.upload(DType::kBF16, {c.n}, b.bits.data());
-      b_g = cuda_.upload(DType::kBF16, {c.n}, b.bits.data());
-    }
+    const auto [px, w_c, w_g, b_c, b_g] = upload_linear(cpu_, cuda_, rng_, c.m, c.n, c.k, c.bias);
     TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n}), o_g = cuda_.make(c.f32 ? DType::kF32 : DType::kBF16, {c.m, c.n});
     ASSERT_TRUE(cpu_backend().linear(px.cpu, w_c, b_c, o_c).is_ok());
     ASSERT_TRUE(cuda_backend().linear(px.cuda, w_g, b_g, o_g).is_ok());
@@ -184,15 +192,7 @@ TEST_F(KernelTest, SkinnyLinearStaged) {
                         Case{3, 77, 328, true, false, 11}, Case{8, 203, 1000, false, true, 9},
                         Case{5, 133, 2888, true, true, 13}, Case{2, 35, 24, true, false, 16},
                         Case{1, 2816, 8192, false, false, 0}, Case{9, 640, 320, true, false, 0}}) {
-    Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
-    Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
-    TensorView w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()),
-               w_g = cuda_.upload(DType::kBF16, {c.n, c.k}, w.bits.data());
-    TensorView b_c, b_g;
-    if (c.bias) {
-      b_c = cpu_.upload(DType::kBF16, {c.n}, b.bits.data());
-      b_g = cuda_.upload(DType::kBF16, {c.n}, b.bits.data());
-    }
+    const auto [px, w_c, w_g, b_c, b_g] = upload_linear(cpu_, cuda_, rng_, c.m, c.n, c.k, c.bias);
     const DType out_dtype = c.f32 ? DType::kF32 : DType::kBF16;
     TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n});
     ASSERT_TRUE(cpu_backend().linear(px.cpu, w_c, b_c, o_c).is_ok());
