@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -505,6 +506,37 @@ const GegluExpertTables& shared_geglu_experts(int64_t e, int64_t h, int64_t i) {
   return cache->emplace(key, w).first->second;
 }
 
+// A case's fresh routing (each token's top-k distinct experts; weights in [0.05, 1.05)) and input rows on both
+// backends, and the CPU twin's output on its expert tables.
+struct GegluInputs {
+  Pair x, weights;
+  TensorView ids_cuda;
+  std::vector<float> want;
+};
+GegluInputs geglu_inputs(Arena& cpu, Arena& cuda, std::mt19937& rng, const GegluCase& c, const GegluExpertTables& w) {
+  std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k));
+  std::vector<float> weights(ids.size());
+  std::vector<int32_t> order(static_cast<size_t>(c.e));
+  std::iota(order.begin(), order.end(), 0);
+  for (int64_t t = 0; t < c.t; ++t) {
+    std::shuffle(order.begin(), order.begin() + (c.used > 0 ? c.used : c.e), rng);
+    if (c.hot) std::swap(order[0], *std::find(order.begin(), order.end(), 0));
+    for (int64_t j = 0; j < c.k; ++j) {
+      ids[t * c.k + j] = order[j];
+      weights[t * c.k + j] = 0.05f + static_cast<float>(rng() % 1000) / 1000.0f;
+    }
+  }
+  Bf16Data x = random_bf16(rng, c.t * c.h, 1.0f);
+  GegluInputs in{upload_activation(cpu, cuda, x, {c.t, c.h}),
+                 {cpu.upload(DType::kF32, {c.t, c.k}, weights.data()), cuda.upload(DType::kF32, {c.t, c.k}, weights.data())},
+                 cuda.upload(DType::kI32, {c.t, c.k}, ids.data()),
+                 {}};
+  TensorView id_c = cpu.upload(DType::kI32, {c.t, c.k}, ids.data()), o_c = cpu.make(DType::kF32, {c.t, c.h});
+  EXPECT_TRUE(cpu_backend().moe_geglu_experts({in.x.cpu, id_c, in.weights.cpu, w.gu_c, w.dn_c, o_c, c.k}).is_ok());
+  in.want = cpu.download_f32(o_c);
+  return in;
+}
+
 TEST_F(GemmaKernelTest, MoeGegluExperts) {
   // 26B-A4B's shapes at decode (1 and 4 tokens: <= 32 slots, self-routed with the combine fused; 5, 33 and
   // 100 tokens: routing metadata, 8-token tiles, k split; also streamed); the tiny fixture's; odd sizes (I
@@ -522,26 +554,11 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
                              GegluCase{4, 128, 64, 1, 200, false, 1}, GegluCase{5, 192, 136, 2, 3, false},
                              GegluCase{6, 200, 128, 3, 5, false}, GegluCase{7, 320, 128, 2, 20, true}}) {
     const GegluExpertTables& w = shared_geglu_experts(c.e, c.h, c.i);
-    const TensorView &gu_c = w.gu_c, &gu_g = w.gu_g, &dn_c = w.dn_c, &dn_g = w.dn_g;
-    std::vector<int32_t> ids(static_cast<size_t>(c.t * c.k));
-    std::vector<float> weights(ids.size());
-    std::vector<int32_t> order(static_cast<size_t>(c.e));
-    std::iota(order.begin(), order.end(), 0);
-    for (int64_t t = 0; t < c.t; ++t) {
-      std::shuffle(order.begin(), order.begin() + (c.used > 0 ? c.used : c.e), rng_);
-      if (c.hot) std::swap(order[0], *std::find(order.begin(), order.end(), 0));
-      for (int64_t j = 0; j < c.k; ++j) {
-        ids[t * c.k + j] = order[j];
-        weights[t * c.k + j] = 0.05f + static_cast<float>(rng_() % 1000) / 1000.0f;
-      }
-    }
-    Bf16Data x = random_bf16(rng_, c.t * c.h, 1.0f);
-    Pair px = upload_activation(cpu_, cuda_, x, {c.t, c.h});
-    TensorView id_c = cpu_.upload(DType::kI32, {c.t, c.k}, ids.data()), id_g = cuda_.upload(DType::kI32, {c.t, c.k}, ids.data());
-    Pair pwt = f32_pair(weights, {c.t, c.k});
-    TensorView o_c = cpu_.make(DType::kF32, {c.t, c.h});
-    ASSERT_TRUE(cpu_backend().moe_geglu_experts({px.cpu, id_c, pwt.cpu, gu_c, dn_c, o_c, c.k}).is_ok());
-    const std::vector<float> want = cpu_.download_f32(o_c);
+    const TensorView &gu_g = w.gu_g, &dn_g = w.dn_g;
+    const GegluInputs in = geglu_inputs(cpu_, cuda_, rng_, c, w);
+    const Pair &px = in.x, &pwt = in.weights;
+    const TensorView& id_g = in.ids_cuda;
+    const std::vector<float>& want = in.want;
     const bool prefill = c.t * c.k >= 32 * c.e, self_routed = c.t * c.k <= 32;
     const std::string what = dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
                              (c.hot ? " hot expert" : "") +
@@ -705,6 +722,58 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
     }
     ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {}).is_ok());
   }
+}
+
+// The bulk kernels through routing metadata with several 8-token tiles per CTA reuse their ring slots across the
+// tiles (the second GEMM at 256-wide stages: 9 stages in 4 slots): one input run many times gives the first run's
+// bits every time, for each copy form at 1 and 3 tiles per CTA (session 19 saw one run of 3 differ), and the first
+// run is within the CPU twin's tolerance. 26B-A4B's shapes at 100 tokens and a small model at 60. MX_GPU_TEST_RUNS
+// sets the runs per form (default 24; fewer under compute-sanitizer).
+TEST_F(GemmaKernelTest, MoeGegluExpertsRepeatable) {
+  const char* runs_env = std::getenv("MX_GPU_TEST_RUNS");
+  const int runs = runs_env != nullptr && std::atoi(runs_env) > 1 ? std::atoi(runs_env) : 24;
+  for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 100, false}, GegluCase{16, 256, 704, 4, 60, false}}) {
+    const GegluExpertTables& w = shared_geglu_experts(c.e, c.h, c.i);
+    const GegluInputs in = geglu_inputs(cpu_, cuda_, rng_, c, w);
+    for (const CudaBulkCopyForm form : {CudaBulkCopyForm::kBoxes, CudaBulkCopyForm::kRows}) {
+      for (const int tiles_per_cta : {3, 1}) {
+        CudaBf16ExpertsOptions o{CudaBf16ExpertsDecode::kBulkCopies, tiles_per_cta};
+        o.bulk_up_stage_k = 256;
+        o.bulk_down_stage_k = 256;
+        o.bulk_copy_form = form;
+        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
+        const std::string what = dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
+                                 (form == CudaBulkCopyForm::kBoxes ? ", tensor boxes, " : ", copies per row, ") +
+                                 std::to_string(tiles_per_cta) + " per CTA, stages of 256";
+        std::vector<float> first;
+        int differ = 0;
+        int64_t values = 0;  // differing values over all runs, and the largest difference
+        double largest = 0;
+        for (int run = 0; run < runs; ++run) {
+          TensorView o_g = cuda_.make(DType::kBF16, {c.t, c.h});
+          ASSERT_TRUE(cuda_backend().moe_geglu_experts({in.x.cuda, in.ids_cuda, in.weights.cuda, w.gu_g, w.dn_g, o_g, c.k})
+                          .is_ok());
+          std::vector<float> got = cuda_.download_f32(o_g);
+          if (run == 0) {
+            check("moe_geglu_experts repeatable", what, got, in.want, 1e-2);
+            first = std::move(got);
+          } else if (got != first) {
+            ++differ;
+            for (size_t i = 0; i < got.size(); ++i) {
+              values += got[i] != first[i];
+              largest = std::max(largest, static_cast<double>(std::fabs(got[i] - first[i])));
+            }
+          }
+        }
+        record("moe_geglu_experts repeatable",
+               what + ": " + std::to_string(differ) + " of " + std::to_string(runs - 1) + " runs differ from the first (" +
+                   std::to_string(values) + " values)",
+               differ, largest, 0, differ == 0);
+        EXPECT_EQ(differ, 0) << what;
+      }
+    }
+  }
+  ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {}).is_ok());
 }
 
 // Backend::begin_side on CUDA: the model's dense MLP (gate|up on the skinny kernel, geglu, down) as the side group
