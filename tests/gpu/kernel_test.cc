@@ -176,7 +176,9 @@ TEST_F(KernelTest, SkinnyLinearRowsAreBatchIndependent) {
 // The staged skinny linear (CudaSkinnyLinearOptions::staged: a CTA's strip in shared memory before its PDL wait)
 // gives the skinny kernel's bits, eagerly and replayed from a graph; both against the CPU twin. Gemma-4's o_proj
 // (sliding), gate|up and down at one token, gpt-oss's o_proj, odd shapes (partial strips, k % 32 != 0, k shorter
-// than the warps' chunks, 8 tokens, f32 out, no bias), and shapes that do not fit one wave (the skinny kernel).
+// than the warps' chunks, 8 tokens, f32 out, no bias), shapes that do not fit one wave (the skinny kernel), and with
+// CudaSkinnyLinearOptions::staged_waves 2 or 3 the shapes of 2-3 waves (Gemma-4's q|k|v, sliding and full, and its
+// full layers' o_proj; gpt-oss's q|k|v at 8 tokens).
 TEST_F(KernelTest, SkinnyLinearStaged) {
   auto placement = cuda_placement(cuda_backend());
   ASSERT_TRUE(placement.is_ok());
@@ -186,12 +188,15 @@ TEST_F(KernelTest, SkinnyLinearStaged) {
     int64_t m, n, k;
     bool bias, f32;
     int strip_rows;  // 0: skinny_linear_strip_rows
+    int waves = 1;   // CudaSkinnyLinearOptions::staged_waves
   };
   for (const Case& c : {Case{1, 2816, 4096, false, false, 0}, Case{1, 4224, 2816, false, false, 0},
                         Case{1, 2816, 2112, false, false, 0}, Case{1, 2880, 4096, true, false, 0},
                         Case{3, 77, 328, true, false, 11}, Case{8, 203, 1000, false, true, 9},
                         Case{5, 133, 2888, true, true, 13}, Case{2, 35, 24, true, false, 16},
-                        Case{1, 2816, 8192, false, false, 0}, Case{9, 640, 320, true, false, 0}}) {
+                        Case{1, 2816, 8192, false, false, 0}, Case{9, 640, 320, true, false, 0},
+                        Case{1, 8192, 2816, false, false, 0, 2}, Case{1, 10240, 2816, false, false, 0, 3},
+                        Case{1, 2816, 8192, false, false, 0, 2}, Case{8, 5120, 2880, true, false, 0, 2}}) {
     const auto [px, w_c, w_g, b_c, b_g] = upload_linear(cpu_, cuda_, rng_, c.m, c.n, c.k, c.bias);
     const DType out_dtype = c.f32 ? DType::kF32 : DType::kBF16;
     TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n});
@@ -203,6 +208,7 @@ TEST_F(KernelTest, SkinnyLinearStaged) {
     ASSERT_TRUE(cuda_backend().linear(px.cuda, w_g, b_g, want_g).is_ok());
     const std::vector<float> want = cuda_.download_f32(want_g);
     o.staged = true;
+    o.staged_waves = c.waves;
     ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), o).is_ok());
     TensorView got_g = cuda_.make(out_dtype, {c.m, c.n}), replay_g = cuda_.make(out_dtype, {c.m, c.n});
     const Status st = cuda_backend().linear(px.cuda, w_g, b_g, got_g);
@@ -213,9 +219,12 @@ TEST_F(KernelTest, SkinnyLinearStaged) {
     ASSERT_TRUE(cuda_backend().synchronize().is_ok());
     ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
     const int rows = c.strip_rows > 0 ? c.strip_rows : cuda::skinny_linear_strip_rows(*dev, c.n);
-    const bool staged = cuda::skinny_linear_staged_fits(*dev, c.m, c.n, c.k, rows);
+    cuda::DeviceInfo waves = *dev;  // skinny_linear_staged_fits counts one wave of this many SMs
+    waves.sm_count *= c.waves;
+    const bool staged = cuda::skinny_linear_staged_fits(waves, c.m, c.n, c.k, rows);
     const std::string what = shape_str({c.m, c.n, c.k}) + (c.bias ? " bias" : "") + (c.f32 ? " f32-out" : " bf16-out") +
-                             " strips of " + std::to_string(rows) + (staged ? " staged" : " (does not fit: skinny)");
+                             " strips of " + std::to_string(rows) + (staged ? " staged" : " (does not fit: skinny)") +
+                             (c.waves > 1 ? " in up to " + std::to_string(c.waves) + " waves" : "");
     check("skinny linear staged", what + " vs CPU", cuda_.download_f32(got_g), cpu_.download_f32(o_c),
           c.f32 ? 1e-4 : 5e-3);
     check("skinny linear staged", what + " vs skinny, bit for bit", cuda_.download_f32(got_g), want, 0.0);

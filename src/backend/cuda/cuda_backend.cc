@@ -398,7 +398,8 @@ class CudaBackend final : public Backend {
                          reinterpret_cast<uintptr_t>(weight.data()) % 16 == 0;
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     const int max_rows = so.max_rows;  // > 0: forced, whatever the waves
-    if (aligned && use_skinny_linear(m, k, max_rows) && (max_rows > 0 || skinny_linear_by_default(dev_, n))) {
+    if (aligned && use_skinny_linear(m, k, max_rows) &&
+        (max_rows > 0 || skinny_linear_by_default(dev_, n) || (so.staged_waves > 1 && takes_staged(m, n, k)))) {
       SkinnyLinearParams s;
       s.w = ptr<const uint16_t>(weight);
       return run_skinny_linear(s, x, bias, out, n, k);
@@ -1453,11 +1454,19 @@ class CudaBackend final : public Backend {
       s.partials = ptr_of<float>(scratch_.linear_partials);
       s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
     }
-    // The staged form where it fits, on Hopper (measured there only; sm_100 would fit the same shapes).
-    if (so.staged && dev_.sm_major == 9 && s.w && c.k_splits == 1 && c.n_tiles == 1 &&
-        skinny_linear_staged_fits(dev_, s.m, n, k, c.strip_rows))
-      return launch_skinny_linear_staged(s, c.strip_rows, stream());
+    if (s.w && takes_staged(s.m, n, k)) return launch_skinny_linear_staged(s, c.strip_rows, stream());
     return launch_skinny_linear(s, c, stream());
+  }
+
+  // Whether run_skinny_linear takes the staged form for m x k times bf16 weights k x n: where it fits in
+  // CudaSkinnyLinearOptions::staged_waves waves, on Hopper (measured there only; sm_100 would fit the same shapes).
+  bool takes_staged(int64_t m, int64_t n, int64_t k) const {
+    const CudaSkinnyLinearOptions& so = options_.skinny_linear;
+    if (!so.staged || dev_.sm_major != 9) return false;
+    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight, so.strip_rows);
+    DeviceInfo waves = dev_;  // skinny_linear_staged_fits counts one wave of this many SMs
+    waves.sm_count *= std::max(1, so.staged_waves);
+    return c.k_splits == 1 && c.n_tiles == 1 && skinny_linear_staged_fits(waves, m, n, k, c.strip_rows);
   }
 
   // The skinny linear's k-split partials and per-strip tickets (fixed size, kernel_configs.h).

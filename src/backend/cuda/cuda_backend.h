@@ -81,6 +81,10 @@ struct CudaSkinnyLinearOptions {
   // sliding o_proj, gate|up and down, gpt-oss's o_proj), on sm_90 (not measured elsewhere); false: the skinny kernel. H200, Gemma-4 batch-1 TPOT at 1K
   // (bench latency --skinny-staged, one process, 3 engines each): 3.059 -> 2.925 ms (docs/PERF.md, session 19).
   bool staged = true;
+  // The staged form also where its strips take up to this many waves of resident CTAs (those of the first wave
+  // copy before the PDL wait, the others as CTAs leave), there also in place of cuBLASLt (Gemma-4's q|k|v and the
+  // full layers' o_proj, gpt-oss's q|k|v): 1 = one wave only.
+  int staged_waves = 1;
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel
