@@ -89,10 +89,10 @@ const std::vector<CliOption> kCommandOptions = {
      "only the columns the step uses: the before of that change"},
     {"skinny-staged", true,
      "the dense linears' decode kernel on CUDA at 1 to 8 tokens: auto or on (default: each CTA's weight strip staged "
-     "whole in shared memory before its PDL wait, skinny_linear_staged.cu, where every strip's CTA fits at once), "
-     "off (skinny_linear.cu everywhere: the before), 2-waves or 3-waves (staged also where its strips take up to "
-     "that many waves of resident CTAs, there in place of cuBLASLt too); several, comma-separated: compared as "
-     "--bf16-experts-decode"},
+     "whole in shared memory before its PDL wait, skinny_linear_staged.cu, where its strips take up to 3 waves of "
+     "resident CTAs, the last at least a third full, there in place of cuBLASLt too), one-wave or 2-waves (staged "
+     "where one or two waves hold the strips: the befores), 3-waves (the default) or off (skinny_linear.cu "
+     "everywhere); several, comma-separated: compared as --bf16-experts-decode"},
     {"decode-attention", true,
      "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), mma-sync-merge (the same with its "
      "splits through the merge kernel, never as CTA clusters), swap-ab (attention_decode_swap.cu) or swap-ab-cluster "
@@ -175,7 +175,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
-      {"skinny-staged", {"auto", "off", "on", "2-waves", "3-waves"}},
+      {"skinny-staged", {"auto", "off", "on", "one-wave", "2-waves", "3-waves"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
   };
   return names;
@@ -256,7 +256,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
   if (flag == "skinny-staged") {
     CudaSkinnyLinearOptions skinny;
     skinny.staged = value != "off";
-    skinny.staged_waves = value == "2-waves" ? 2 : value == "3-waves" ? 3 : 1;
+    if (value == "one-wave") skinny.staged_waves = 1;
+    if (value == "2-waves" || value == "3-waves") skinny.staged_waves = value[0] - '0';
     return set_cuda_skinny_linear_options(backend, skinny);
   }
   if (flag == "qkv-rope-form") {

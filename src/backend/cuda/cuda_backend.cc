@@ -1458,15 +1458,24 @@ class CudaBackend final : public Backend {
     return launch_skinny_linear(s, c, stream());
   }
 
-  // Whether run_skinny_linear takes the staged form for m x k times bf16 weights k x n: where it fits in
-  // CudaSkinnyLinearOptions::staged_waves waves, on Hopper (measured there only; sm_100 would fit the same shapes).
+  // Whether run_skinny_linear takes the staged form for m x k times bf16 weights k x n: where it fits in one wave,
+  // or in up to CudaSkinnyLinearOptions::staged_waves waves the last of which is at least a third full, on Hopper
+  // (measured there only; sm_100 would fit the same shapes).
   bool takes_staged(int64_t m, int64_t n, int64_t k) const {
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     if (!so.staged || dev_.sm_major != 9) return false;
     const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight, so.strip_rows);
-    DeviceInfo waves = dev_;  // skinny_linear_staged_fits counts one wave of this many SMs
-    waves.sm_count *= std::max(1, so.staged_waves);
-    return c.k_splits == 1 && c.n_tiles == 1 && skinny_linear_staged_fits(waves, m, n, k, c.strip_rows);
+    if (c.k_splits != 1 || c.n_tiles != 1) return false;
+    // skinny_linear_staged_fits counts one wave of resident CTAs on dev.sm_count SMs: `waves` waves, scaled.
+    auto fits = [&](int64_t sms) {
+      DeviceInfo d = dev_;
+      d.sm_count = static_cast<int>(sms);
+      return skinny_linear_staged_fits(d, m, n, k, c.strip_rows);
+    };
+    for (int64_t waves = 1; waves <= std::max(1, so.staged_waves); ++waves) {
+      if (fits(waves * dev_.sm_count)) return waves == 1 || !fits((waves - 1) * dev_.sm_count + dev_.sm_count / 3);
+    }
+    return false;
   }
 
   // The skinny linear's k-split partials and per-strip tickets (fixed size, kernel_configs.h).

@@ -78,13 +78,16 @@ struct CudaSkinnyLinearOptions {
   int rope_strip_rows = 0;  // 8 to 16, even, forces the epilogue's strip rows (benchmarks); 0 = skinny_rope_strip_rows
   // bf16 weights at 1 to 8 tokens without k splits: each CTA's strip staged whole in shared memory before the PDL
   // wait (skinny_linear_staged.cu) where every strip's CTA fits at once (skinny_linear_staged_fits: Gemma-4's
-  // sliding o_proj, gate|up and down, gpt-oss's o_proj), on sm_90 (not measured elsewhere); false: the skinny kernel. H200, Gemma-4 batch-1 TPOT at 1K
-  // (bench latency --skinny-staged, one process, 3 engines each): 3.059 -> 2.925 ms (docs/PERF.md, session 19).
+  // sliding o_proj, gate|up and down, gpt-oss's o_proj), on sm_90 (not measured elsewhere); false: the skinny
+  // kernel. H200, Gemma-4 batch-1 TPOT at 1K (bench latency --skinny-staged, one process): 3.059 -> 2.925 ms
+  // (session 19), 3.065 / 3.088 -> 2.912 / 2.934 (session 20; gpt-oss-20b unchanged at batch 1 and 8).
   bool staged = true;
-  // The staged form also where its strips take up to this many waves of resident CTAs (those of the first wave
-  // copy before the PDL wait, the others as CTAs leave), there also in place of cuBLASLt (Gemma-4's q|k|v and the
-  // full layers' o_proj, gpt-oss's q|k|v): 1 = one wave only.
-  int staged_waves = 1;
+  // The staged form also where its strips take up to this many waves of resident CTAs, the last at least a third
+  // full (the first wave's CTAs copy before the PDL wait, the others as CTAs leave), there in place of cuBLASLt too:
+  // Gemma-4's q|k|v (1.94 and 2.42 waves) and full layers' o_proj (1.94); not gpt-oss's q|k|v (1.21: slower
+  // staged). 1 = one wave only. H200, Gemma-4 batch-1 TPOT at 1K, one process: 2.932 / 2.927 / 2.958 -> 2.874 /
+  // 2.873 / 2.911 ms at 3 (docs/PERF.md, session 20).
+  int staged_waves = 3;
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel
