@@ -492,6 +492,12 @@ TEST_F(KernelTest, AttentionPrefillWgmma) {
   window_cases.push_back({"g8 window 128, 3 chunks after 900 / 0 / 61 cached", 16, 2, 64, 128, 16, {{900, 333}, {0, 40}, {61, 200}}});
   window_cases.push_back({"g8 window 128, 4096 tok (8-block CTAs on 132 SMs)", 64, 8, 64, 128, 16, {{0, 4096}}});
   window_cases.push_back({"g4 window 100, 700 tok + 9 decode rows", 8, 2, 64, 100, 16, {{0, 700}, {40, 1}, {300, 8}}});
+  // Blocks of two passes whose first spans 4 tiles (a sequence's last 12 tokens) and whose second needs the
+  // ring's next slot (the next sequence's first tokens): the fast case once left that slot unreleased and hung.
+  window_cases.push_back({"g8 window 128, a 4-tile pass then a new sequence in one block", 16, 2, 64, 128, 16,
+                          {{0, 8}, {0, 196}, {0, 8}}});
+  window_cases.push_back({"gpt-oss g8 window 128, 8 x 1028 tok (the memory plan's warm-up)", 64, 8, 64, 128, 16,
+                          std::vector<std::pair<int64_t, int64_t>>(8, {0, 1028})});
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWindow}).is_ok());
   for (const auto& c : window_cases)
     run_attention(cpu_, cuda_, rng_, c, " (wgmma-window)", /*replay=*/&c == &window_cases[0]);
@@ -512,6 +518,7 @@ TEST_F(KernelTest, AttentionPrefillWgmmaRopeQ) {
       {"g8 window 128, chunk 300 after 1000 cached", 16, 2, 64, 128, 16, {{1000, 300}}},
       {"g8 window 128, 3 chunks after 900 / 0 / 61 cached", 16, 2, 64, 128, 16, {{900, 333}, {0, 40}, {61, 200}}},
       {"g8 window 128, 5 seqs in one CTA, odd page 5", 16, 2, 64, 128, 5, {{130, 3}, {0, 4}, {200, 2}, {1, 5}, {0, 2}}},
+      {"g8 window 128, a 4-tile pass then a new sequence in one block", 16, 2, 64, 128, 16, {{0, 8}, {0, 196}, {0, 8}}},
       {"g4 window 100, 700 tok + 9 decode rows", 8, 2, 64, 100, 16, {{0, 700}, {40, 1}, {300, 8}}},
       {"g16 window 128, no sinks", 32, 2, 64, 128, 16, {{0, 300}}, false},
       {"g3 (odd group) window 128", 6, 2, 64, 128, 16, {{0, 150}, {20, 77}}},

@@ -481,9 +481,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     // The fast case: all of this warpgroup's rows in one pass whose keys make exactly 9 16-key groups over 3
     // tiles of the pass, and every row sees the 7 inner groups whole (every steady-state block of a 128-key
-    // window at g8).
+    // window at g8). Only in a block of one pass: the fast case releases the ring's tiles up to its own pass
+    // alone, so in a block of two passes (a sequence's last tokens, then the next one's first) the other
+    // warpgroup's later pass could wait for a slot this warpgroup never frees while it waits at the block's
+    // barrier (8 sequences of 1,028 tokens hung so), and a fast pass after the block's first would free tiles
+    // it never waited for.
     bool done = false;
-    if (wg_rows_full) {
+    if (wg_rows_full && tab.block_pass[b + 1] == tab.block_pass[b] + 1) {
       for (int ps = tab.block_pass[b]; ps < tab.block_pass[b + 1]; ++ps) {
         const int start = tab.pass_start[ps], end = tab.pass_start[ps + 1];
         const int a = b0 + wg_tok_lo, z = b0 + wg_tok_hi;
