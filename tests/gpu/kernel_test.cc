@@ -1551,20 +1551,32 @@ TEST_F(KernelTest, MoeGroupedIndependentOfBatch) {
                                "grouped 20b shape, warp-specialized", {1, 129, 700});
 }
 
-void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,
-                            const std::string& label) {
-  const ExpertWeights* up = &shared_experts(c.E, c.H, c.I).cuda;
+// One routing and x of a case on the device only, beside the shared experts (MoeInputs holds both backends').
+struct MoeCudaInputs {
+  const ExpertWeights* up = nullptr;
+  TensorView x, ids, weights;
+  MoeParams params(const MoeCase& c, TensorView out) const { return MoeParams{x, ids, weights, up, out, c.k, 7.0f, 1.702f}; }
+};
+MoeCudaInputs upload_moe_cuda_inputs(Arena& cuda, std::mt19937& rng, const MoeCase& c) {
+  MoeCudaInputs in;
+  in.up = &shared_experts(c.E, c.H, c.I).cuda;
   std::vector<int32_t> ids;
   std::vector<float> weights;
   make_routing(rng, c, &ids, &weights);
   Bf16Data x = random_bf16(rng, c.T * c.H, 1.0f);
-  TensorView xg = cuda.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
-  TensorView id = cuda.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
+  in.x = cuda.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
+  in.ids = cuda.upload(DType::kI32, {c.T, c.k}, ids.data());
+  in.weights = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
+  return in;
+}
+
+void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,
+                            const std::string& label) {
+  const MoeCudaInputs in = upload_moe_cuda_inputs(cuda, rng, c);
   TensorView eager = cuda.make(DType::kBF16, {c.T, c.H}), replayed = cuda.make(DType::kBF16, {c.T, c.H});
   ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
-  ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, up, eager, c.k, 7.0f, 1.702f}).is_ok());
-  auto graph = cuda_backend().capture(
-      [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, up, replayed, c.k, 7.0f, 1.702f}); });
+  ASSERT_TRUE(cuda_backend().moe_experts(in.params(c, eager)).is_ok());
+  auto graph = cuda_backend().capture([&] { return cuda_backend().moe_experts(in.params(c, replayed)); });
   ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
   ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
   ASSERT_TRUE((*graph)->replay().is_ok());
@@ -1573,6 +1585,32 @@ void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, const MoeCase& c, co
   record("moe_experts", label + " " + shape_str({c.E, c.H, c.I}) + " T=" + std::to_string(c.T) + ", graph replay vs eager, bitwise", same ? 0 : 1,
          0, 0, same);
   EXPECT_TRUE(same);
+}
+
+// Two forms of the grouped path give the same bits on one input: `form` eager and replayed from a graph against
+// `reference` eager. The report names `what` (the case), `form_name` and `reference_name`.
+void check_moe_forms_bitwise(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& reference,
+                             const CudaMoeOptions& form, const std::string& what, const std::string& form_name,
+                             const std::string& reference_name) {
+  const MoeCudaInputs in = upload_moe_cuda_inputs(cuda, rng, c);
+  TensorView expected = cuda.make(DType::kBF16, {c.T, c.H}), eager = cuda.make(DType::kBF16, {c.T, c.H}),
+             replayed = cuda.make(DType::kBF16, {c.T, c.H});
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), reference).is_ok());
+  ASSERT_TRUE(cuda_backend().moe_experts(in.params(c, expected)).is_ok());
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), form).is_ok());
+  const Status st = cuda_backend().moe_experts(in.params(c, eager));
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  auto graph = cuda_backend().capture([&] { return cuda_backend().moe_experts(in.params(c, replayed)); });
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE((*graph)->replay().is_ok());
+  const std::vector<uint8_t> a = cuda.download_bytes(expected);
+  for (const auto& [name, b] : {std::pair<const char*, TensorView>{"eager", eager}, {"replayed", replayed}}) {
+    const bool same = a == cuda.download_bytes(b);
+    record("moe_experts", what + ": " + form_name + " (" + name + ") vs " + reference_name + ", bitwise", same ? 0 : 1,
+           0, 0, same);
+    EXPECT_TRUE(same) << what << " " << name;
+  }
 }
 
 // The grouped path replayed from a CUDA graph gives the eager bits (fixed grid, metadata read on the device),
@@ -1669,39 +1707,16 @@ TEST_F(KernelTest, MoeWgmmaRouteGather) {
                         Case{MoeCase{128, 256, 192, 4, 3001, Routing::kUniform}, 128, 0},
                         Case{MoeCase{32, 320, 256, 4, 16384, Routing::kSame}, 96, 0}}) {
     const MoeCase& c = t.c;
-    const ExpertWeights* up = &shared_experts(c.E, c.H, c.I).cuda;
-    std::vector<int32_t> ids;
-    std::vector<float> weights;
-    make_routing(rng_, c, &ids, &weights);
-    Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
-    TensorView xg = cuda_.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
-    TensorView id = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
-    TensorView two = cuda_.make(DType::kBF16, {c.T, c.H}), one = cuda_.make(DType::kBF16, {c.T, c.H}),
-               replayed = cuda_.make(DType::kBF16, {c.T, c.H});
     CudaMoeOptions o{CudaMoePath::kGrouped, t.tile};
     o.wgmma_bulk = t.bulk;
-    o.wgmma_glue = -1;
-    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
-    ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, up, two, c.k, 7.0f, 1.702f}).is_ok());
-    o.wgmma_glue = 1;
-    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
-    const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, up, one, c.k, 7.0f, 1.702f});
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    auto graph = cuda_backend().capture(
-        [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, up, replayed, c.k, 7.0f, 1.702f}); });
-    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
-    ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
-    ASSERT_TRUE((*graph)->replay().is_ok());
-    const std::vector<uint8_t> a = cuda_.download_bytes(two);
-    const std::string what = shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
-                             " " + routing_name(c.routing) + ", " + std::to_string(t.tile) + "-token tiles, bulk form " +
-                             std::to_string(t.bulk);
-    for (const auto& [name, b] : {std::pair<const char*, TensorView>{"eager", one}, {"replayed", replayed}}) {
-      const bool same = a == cuda_.download_bytes(b);
-      record("moe_experts", what + ": routing and gather or permute in one launch (" + name + ") vs two kernels, bitwise",
-             same ? 0 : 1, 0, 0, same);
-      EXPECT_TRUE(same) << what << " " << name;
-    }
+    CudaMoeOptions two = o, one = o;
+    two.wgmma_glue = -1;
+    one.wgmma_glue = 1;
+    check_moe_forms_bitwise(cuda_, rng_, c, two, one,
+                            shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                                " " + routing_name(c.routing) + ", " + std::to_string(t.tile) +
+                                "-token tiles, bulk form " + std::to_string(t.bulk),
+                            "routing and gather or permute in one launch", "two kernels");
   }
 }
 
@@ -1713,37 +1728,13 @@ TEST_F(KernelTest, MoeWgmmaMidWidth) {
   for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 512, Routing::kUniform}, MoeCase{32, 320, 256, 4, 509, Routing::kHot},
                            MoeCase{128, 256, 192, 4, 2000, Routing::kHalf}, MoeCase{8, 320, 192, 1, 500, Routing::kUniform},
                            MoeCase{32, 320, 256, 8, 7, Routing::kUniform}}) {
-    const ExpertWeights* up = &shared_experts(c.E, c.H, c.I).cuda;
-    std::vector<int32_t> ids;
-    std::vector<float> weights;
-    make_routing(rng_, c, &ids, &weights);
-    Bf16Data x = random_bf16(rng_, c.T * c.H, 1.0f);
-    TensorView xg = cuda_.upload(DType::kBF16, {c.T, c.H}, x.bits.data());
-    TensorView id = cuda_.upload(DType::kI32, {c.T, c.k}, ids.data()), w = cuda_.upload(DType::kF32, {c.T, c.k}, weights.data());
-    TensorView full = cuda_.make(DType::kBF16, {c.T, c.H}), mid = cuda_.make(DType::kBF16, {c.T, c.H}),
-               replayed = cuda_.make(DType::kBF16, {c.T, c.H});
-    CudaMoeOptions o{CudaMoePath::kGrouped, 96};
-    o.wgmma_mid_width = -1;
-    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
-    ASSERT_TRUE(cuda_backend().moe_experts(MoeParams{xg, id, w, up, full, c.k, 7.0f, 1.702f}).is_ok());
-    o.wgmma_mid_width = 1;
-    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), o).is_ok());
-    const Status st = cuda_backend().moe_experts(MoeParams{xg, id, w, up, mid, c.k, 7.0f, 1.702f});
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    auto graph = cuda_backend().capture(
-        [&] { return cuda_backend().moe_experts(MoeParams{xg, id, w, up, replayed, c.k, 7.0f, 1.702f}); });
-    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
-    ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
-    ASSERT_TRUE((*graph)->replay().is_ok());
-    const std::vector<uint8_t> a = cuda_.download_bytes(full);
-    const std::string what = shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
-                             " " + routing_name(c.routing);
-    for (const auto& [name, b] : {std::pair<const char*, TensorView>{"eager", mid}, {"replayed", replayed}}) {
-      const bool same = a == cuda_.download_bytes(b);
-      record("moe_experts", what + ": 96-token tiles at 64 columns (" + name + ") vs 96 and 48, bitwise", same ? 0 : 1,
-             0, 0, same);
-      EXPECT_TRUE(same) << what << " " << name;
-    }
+    CudaMoeOptions full{CudaMoePath::kGrouped, 96}, mid = full;
+    full.wgmma_mid_width = -1;
+    mid.wgmma_mid_width = 1;
+    check_moe_forms_bitwise(cuda_, rng_, c, full, mid,
+                            shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                                " " + routing_name(c.routing),
+                            "96-token tiles at 64 columns", "96 and 48");
   }
 }
 
