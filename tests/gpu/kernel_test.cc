@@ -1,6 +1,9 @@
 // Every CUDA op against its CPU twin on fresh random inputs: outputs poisoned with NaN first, odd sizes,
 // page-boundary shapes, long contexts past the sliding window, decode (split-KV) and prefill paths.
+#include <cuda_runtime.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +11,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <thread>
 #include <tuple>
 
 #include "backend/cuda/attention_wide_config.h"
@@ -539,6 +543,98 @@ TEST_F(KernelTest, AttentionPrefillWgmmaRopeQ) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kMmaSync}).is_ok());
   for (size_t i : {0, 4, 12}) run_attention_rope_q(cpu_, cuda_, rng_, cases[i], " (mma.sync)");
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
+// The window kernel's K/V ring on random mixed batches (a hang fails the test): 1-8 sequences, each a prefill chunk
+// (1-400 tokens, odd counts) after 0 or up to 3,000 cached tokens, or a decode row, so that sequences start and
+// end inside blocks and tiles; gpt-oss's heads (64 q / 8 kv: many blocks a CTA from ~600 tokens) and 16 / 2,
+// with g4, g3, g16 and g1 (window 64) among them; odd pages. Mostly with RoPE in the Q load (gpt-oss's
+// prefill), a quarter with Q written. A block that holds a sequence's last tokens and the next one's first
+// hung the kernel's fast case until 98f8cc3 (a model of the ring hangs 670 of 3,000 batches drawn so). Each call
+// is waited for at most 10 s (a working one takes well under a millisecond): a kernel still running then is taken
+// for a hang, the batch printed and the process aborted, since a hung GPU cannot be left to the next test.
+TEST_F(KernelTest, AttentionWgmmaWindowRandomBatches) {
+  auto placement = cuda_placement(cuda_backend());
+  ASSERT_TRUE(placement.is_ok());
+  auto dev = cuda::query_device_info(placement->device);
+  ASSERT_TRUE(dev.is_ok());
+  if (!cuda::choose_attention_window_wgmma_config(*dev, 64).enabled) GTEST_SKIP() << "no window kernel (sm_90a)";
+  const auto stream = static_cast<cudaStream_t>(placement->stream);
+  struct Geometry {
+    const char* name;
+    int64_t n_q, n_kv, window;
+  };
+  const Geometry geometries[] = {{"gpt-oss g8", 64, 8, 128}, {"g8", 16, 2, 128}, {"g8", 16, 2, 128},
+                                 {"g4", 8, 2, 128},          {"g3", 6, 2, 128},  {"g16", 32, 2, 128},
+                                 {"g1 window 64", 2, 2, 64}};
+  const int64_t pages[] = {5, 7, 16, 32};
+  std::uniform_int_distribution<int> pick(0, 99);
+  auto below = [&](int64_t n) { return static_cast<int64_t>(rng_() % static_cast<uint32_t>(n)); };
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWindow}).is_ok());
+  constexpr int kBatches = 48;
+  double worst = 0;
+  int64_t tokens = 0;
+  for (int i = 0; i < kBatches; ++i) {
+    const Geometry& geo = geometries[below(std::size(geometries))];
+    AttnCase c{geo.name, geo.n_q, geo.n_kv, 64, geo.window, pages[below(std::size(pages))], {}};
+    const int64_t seqs = 1 + below(8);
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int roll = pick(rng_);
+      const int64_t cached = roll < 50 ? 0 : below(3001);
+      const int64_t fresh = roll % 4 == 0 ? 1 : 1 + below(400);  // a quarter decode rows
+      c.spans.push_back({cached, fresh});
+    }
+    std::string spans;
+    for (auto [cached, fresh] : c.spans) spans += " (" + std::to_string(cached) + ", " + std::to_string(fresh) + ")";
+    const bool rope = pick(rng_) >= 25;
+    c.name = std::string(geo.name) + (rope ? " rope-q" : " q written") + ", page " + std::to_string(c.page_size) +
+             ", spans" + spans;
+    const StagedPair sp(cpu_, cuda_, rng_, c.spans, c.page_size);
+    ASSERT_TRUE(sp.ok());
+    const int64_t T = sp.tokens, width = (c.n_q + 2 * c.n_kv) * c.hd;
+    tokens += T;
+    const Shape cache_shape{sp.paged.num_pages, c.page_size, c.n_kv, c.hd};
+    const Bf16Data k = quick_random_bf16(rng_, cache_shape.numel(), 1.0f);
+    const Bf16Data v = quick_random_bf16(rng_, cache_shape.numel(), 1.0f);
+    const Bf16Data q = random_bf16(rng_, T * (rope ? width : c.n_q * c.hd), 1.0f), sinks = random_bf16(rng_, c.n_q, 1.0f);
+    const Pair pk = upload_activation(cpu_, cuda_, k, cache_shape), pv = upload_activation(cpu_, cuda_, v, cache_shape);
+    const Pair pq = upload_activation(cpu_, cuda_, q, {T, rope ? width : c.n_q * c.hd});
+    std::vector<float> freq(static_cast<size_t>(c.hd / 2));
+    for (size_t f = 0; f < freq.size(); ++f) freq[f] = std::pow(150000.0f, -2.0f * static_cast<float>(f) / c.hd);
+    TensorView f_c, f_g;
+    if (rope) {
+      f_c = cpu_.upload(DType::kF32, {c.hd / 2}, freq.data());
+      f_g = cuda_.upload(DType::kF32, {c.hd / 2}, freq.data());
+    }
+    const TensorView sk_c = cpu_.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+    const TensorView sk_g = cuda_.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+    TensorView o_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), o_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
+    const float scale = 0.125f;
+    const AttentionParams a_c{pq.cpu, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale,
+                              f_c, 1.25f};
+    const AttentionParams a_g{pq.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window,
+                              scale, f_g, 1.25f};
+    const Status st = cuda_.backend().attention(a_g, *sp.cuda_batch);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "AttentionWgmmaWindowRandomBatches: batch %d (%s) still runs after 10 s: a hang\n", i,
+                     c.name.c_str());
+        std::abort();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    ASSERT_TRUE(cpu_.backend().attention(a_c, *sp.cpu_batch).is_ok());
+    const Errors e = compare(cuda_.download_f32(o_g), cpu_.download_f32(o_c));
+    worst = std::max(worst, e.rel_l2);
+    EXPECT_TRUE(e.rel_l2 <= 1e-2 && e.non_finite == 0)
+        << c.name << ": rel-L2 " << e.rel_l2 << ", " << e.non_finite << " not finite";
+  }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+  record("attention wgmma-window random batches",
+         std::to_string(kBatches) + " batches, " + std::to_string(tokens) + " tokens (worst rel-L2 of any)", worst, 0,
+         1e-2, !HasFailure());
 }
 
 // Gemma-4 geometry (issue 15): sliding layers hd 256, 16 q / 8 kv heads, window 1024; full layers hd 512,

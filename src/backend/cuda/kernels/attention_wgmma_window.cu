@@ -10,7 +10,8 @@
 //
 // Roles as in attention_wgmma_ws.cu (tile layout, GEMMs, softmax, store: attention_wgmma_parts.cuh):
 // - producer warpgroup (setmaxnreg 32): warps 0-1 load K/V tiles into the ring (attn_copy_kv_tile: one
-//   page lookup per key row; cp.async arrivals on mbarriers); one thread of warp 2 loads each block's Q into
+//   page lookup per key row; cp.async arrivals on mbarriers; with RoPE in the Q load, between rotations of Q
+//   boxes, see below); one thread of warp 2 loads each block's Q into
 //   one of two buffers as one TMA box (tma.cuh: a tensor map over Q, its bytes counted on the buffer's
 //   mbarrier; no consumer fence, and two warps' address arithmetic gone). The first two boxes go out from
 //   thread kQEarly right after the barriers' init and the PDL wait, while the other threads build the tables.
@@ -46,10 +47,14 @@
 //
 // RoPE in the Q load (p.q_inv_freq; gpt-oss's prefill): Q is the q|k|v projection's unrotated rows (qkv_rope writes
 // K and V alone), rotated in shared memory with qkv_rope's bits (rope_cos_sin, rope_rotate_pair2) once its box has
-// landed: the producer warpgroup's warps 2-3, idle otherwise, rotate a block's box while the consumers run the
-// block before, and release the consumers through named barrier 4 + (b & 1) (session 20, 8K: 104 us alone against
-// the consumers rotating their own rows at each block's start, 116, and 78 with Q written; the consumers and the
-// rotators splitting the words measured no better). The projection was complete before qkv_rope let this grid
+// landed: the whole producer warpgroup rotates a block's box while the consumers run the block before, and
+// releases the consumers through named barrier 4 + (b & 1). Warps 0-1 load the K/V tiles whose ring slots are free
+// before each box and while they wait for it (mbarrier test_wait, never blocking: a slot frees only when the
+// consumers start a later block, which needs the box); a steady-state tile's slot frees about 5 blocks before
+// its first use, so the copies keep their lead. (Session 20, 8K: warps 2-3 alone 104 us, the consumers rotating
+// their own rows at each block's start 116, 78 with Q written; the consumers and the rotators splitting the
+// words measured no better. Session 21: all four warps 93.9 against 103.9 us; Q boxes prefetched into L2 two
+// blocks ahead gave nothing, 95.2.) The projection was complete before qkv_rope let this grid
 // start, so Q's first boxes go out before griddepcontrol.wait and neither the Q loader nor the rotators wait for
 // it; only the K/V copies do. qkv_rope no longer writes Q nor this kernel reads it back.
 #include <algorithm>
@@ -197,6 +202,17 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// One test of the phase of `parity` that never suspends the thread: true once it completed.
+__device__ __forceinline__ bool mbarrier_test_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // Four 8 x 8 bf16 blocks from registers into shared memory (the mma fragment layout: lane t holds row t / 4,
 // columns 2 (t % 4) and the next, of each); lane t gives the address of row t % 8 of block t / 8.
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
@@ -307,34 +323,50 @@ __global__ void __launch_bounds__(kThreads, 2)
     // K and V come from qkv_rope, and so does Q unless the kernel rotates it (then the Q loader and the rotators
     // read the projection and do not wait).
     if (tid < kKvLoaders || p.q_inv_freq == nullptr) pdl_wait();
-    if (tid < kKvLoaders) {
+    // The K/V loaders' walk over the tile list (passes in order, each pass's new tiles): `block` waits for each
+    // tile's slot; otherwise the walk stops at the first slot still in use (warp-uniform: lane 0's test), so
+    // that warps 0-1 can rotate Q between tiles and never hold a box while a slot frees.
+    int kv_ps = 0, kv_i = 0;  // the next tile: tile kv_i of pass kv_ps
+    auto load_tiles = [&](bool block) {
       const PagedKv& kv = p.kv;
       const int page_size = static_cast<int>(kv.page_size);
       const bool pow2 = (page_size & (page_size - 1)) == 0;
       const int page_shift = __ffs(page_size) - 1;
-      for (int ps = 0; ps < n_passes; ++ps) {
-        const int fresh = tab.pass_new[ps];
-        if (fresh == 0) continue;
-        const int start = tab.pass_start[ps], tiles = tab.pass_tiles[ps];
-        const int lo = tab.tok_first[start], hi = tab.chain_hi[tab.pass_head[ps]];  // keys worth loading
-        const int32_t* table = kv.page_table + static_cast<int64_t>(tab.tok_seq[start]) * kv.max_pages;
-        for (int i = tiles - fresh; i < tiles; ++i) {
-          const int j = tab.pass_jlo[ps] + i, slot = j % kStages;
-          mbarrier_wait(empty0 + 8 * slot, ((j / kStages) & 1) ^ 1);  // a fresh ring is empty
-          attn_copy_kv_tile<kKt, kHd, kKvLoaders / 32>(skv + slot * kStageBytes, kTileBytes, kv, table,
-                                                        (tab.pass_tlo[ps] + i) * kKt, lo, hi, g, p.n_kv, pow2,
-                                                        page_shift, tid);
-          cp_async_mbarrier_arrive(full0 + 8 * slot);
+      while (kv_ps < n_passes) {
+        const int tiles = tab.pass_tiles[kv_ps];
+        kv_i = max(kv_i, tiles - tab.pass_new[kv_ps]);
+        if (kv_i >= tiles) {
+          ++kv_ps;
+          kv_i = 0;
+          continue;
         }
+        const int j = tab.pass_jlo[kv_ps] + kv_i, slot = j % kStages;
+        const uint32_t parity = ((j / kStages) & 1) ^ 1;  // a fresh ring is empty
+        if (!block && __shfl_sync(0xffffffffu, mbarrier_test_wait(empty0 + 8 * slot, parity) ? 1 : 0, 0) == 0) return;
+        mbarrier_wait(empty0 + 8 * slot, parity);
+        const int start = tab.pass_start[kv_ps];
+        const int lo = tab.tok_first[start], hi = tab.chain_hi[tab.pass_head[kv_ps]];  // keys worth loading
+        const int32_t* table = kv.page_table + static_cast<int64_t>(tab.tok_seq[start]) * kv.max_pages;
+        attn_copy_kv_tile<kKt, kHd, kKvLoaders / 32>(skv + slot * kStageBytes, kTileBytes, kv, table,
+                                                      (tab.pass_tlo[kv_ps] + kv_i) * kKt, lo, hi, g, p.n_kv, pow2,
+                                                      page_shift, tid);
+        cp_async_mbarrier_arrive(full0 + 8 * slot);
+        ++kv_i;
       }
-    } else if (p.q_inv_freq != nullptr) {
-      // RoPE for Q by warps 2-3: the Q loader issues box b (boxes 0 and 1 went out early), all 64 threads rotate
-      // it once landed, and named barrier 4 + (b & 1) releases the consumers (who wait there instead of on the
-      // box's mbarrier). Thread rt takes (token, word group) pairs: dims 2 w, 2 w + 1 of the words w0, w0 + 4,
-      // w0 + 8, w0 + 12 and their partners 32 on, of the token's `group` rows; token k starts at head k % group,
-      // so a warp's 8 tokens hit 8 different swizzled chunks. A word at a time: its two sincosf, then its rows
-      // (the producer holds 32 registers).
-      const int rt = tid - kKvLoaders;
+    };
+    if (p.q_inv_freq != nullptr) {
+      // RoPE for Q by the whole producer warpgroup: the Q loader issues box b (boxes 0 and 1 went out early),
+      // all 128 threads rotate box b once landed, and named barrier 4 + (b & 1)
+      // releases the consumers (who wait there instead of on the box's mbarrier); warps 0-1 load the K/V tiles
+      // whose slots are free before each box and while they wait for it. A (token, word group) combo: dims
+      // 2 w, 2 w + 1 of the words w0 + 4 j and their partners 32 on, of the token's `group` rows; token k starts
+      // at head k % group, so a warp's 8 tokens hit 8 different swizzled chunks. With at least twice as many
+      // threads as combos (g8: 64), a thread takes one combo's words j = jg0, jg0 + jg, ...; else all 4 words of
+      // combos rt, rt + 128, ... A word at a time: its two sincosf, then its rows, two at once (the producer
+      // holds 32 registers).
+      const int combos = 4 * tpb, jg = 128 >= 4 * combos ? 4 : 128 >= 2 * combos ? 2 : 1;
+      const int c_first = jg == 1 ? tid : tid % combos, j_first = jg == 1 ? 0 : tid / combos;
+      const bool rotates = tid < jg * combos || jg == 1;
       if (tid == kQLoader) tma_prefetch_map(&q_map);
       for (int b = 0; b < n_blocks; ++b) {
         const int buf = b & 1, b0 = b * tpb;
@@ -344,24 +376,48 @@ __global__ void __launch_bounds__(kThreads, 2)
           tma_load_3d(sq_addr + buf * kQBytes, &q_map, 0, g * group, static_cast<int>(t0) + b0, qfull0 + 8 * buf);
         }
         __syncwarp();
+        if (tid < kKvLoaders) {
+          load_tiles(false);
+          while (__shfl_sync(0xffffffffu, mbarrier_test_wait(qfull0 + 8 * buf, (b >> 1) & 1) ? 1 : 0, 0) == 0)
+            load_tiles(false);
+        }
         mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
         const uint32_t buf_addr = sq_addr + buf * kQBytes;
-        for (int combo = rt; combo < 4 * tpb; combo += 64) {
-          const int tok = combo >> 2, w0 = combo & 3, h0 = tok % group;
+        for (int combo = c_first; rotates && combo < combos; combo += jg == 1 ? 128 : combos) {
+          const int tok = combo >> 2, h0 = tok % group;
           if (b0 + tok >= n_tok) continue;
           const int32_t pos = tab.tok_last[b0 + tok];
-          for (int j = 0; j < 4; ++j) {  // word w0 + 4 j: its cos/sin, then the token's rows
-            const int w = w0 + 4 * j;
+          const int row0 = tok * group;
+          for (int j = j_first; j < 4; j += jg) {  // word w0 + 4 j: its cos/sin, then the token's rows
+            const int w = (combo & 3) + 4 * j;
             float c[4];
             rope_cos_sin(pos, p.q_inv_freq[2 * w], p.q_rope_scale, c[0], c[1]);
             rope_cos_sin(pos, p.q_inv_freq[2 * w + 1], p.q_rope_scale, c[2], c[3]);
-            // The partner's chunk (w >> 2) + 4 = (w >> 2) ^ 4: its swizzled address is a0's with bit 6 flipped (the
-            // buffer 1024-aligned, rows 128 bytes).
-            const int row0 = tok * group, c0 = w >> 2;
+            // The partner's chunk (w >> 2) + 4 = (w >> 2) ^ 4: its swizzled address is the word's with bit 6
+            // flipped (the buffer 1024-aligned, rows 128 bytes).
+            const int c0 = w >> 2;
             const uint32_t tok_addr = buf_addr + row0 * 128 + (w & 3) * 4;
-            for (int hh = 0; hh < group; ++hh) {
+            auto word_addr = [&](int hh) {
               const int h = hh + h0 < group ? hh + h0 : hh + h0 - group;  // (hh + tok) % group
-              const uint32_t a0 = tok_addr + h * 128 + ((c0 ^ ((row0 + h) & 7)) << 4), a1 = a0 ^ 64u;
+              return tok_addr + h * 128 + ((c0 ^ ((row0 + h) & 7)) << 4);
+            };
+            int hh = 0;
+            for (; hh + 1 < group; hh += 2) {  // two rows' loads in flight at once
+              const uint32_t a0 = word_addr(hh), a1 = a0 ^ 64u, e0 = word_addr(hh + 1), e1 = e0 ^ 64u;
+              uint32_t x0, x1, y0, y1, z0, z1, v0, v1;
+              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x0) : "r"(a0));
+              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x1) : "r"(a1));
+              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(y0) : "r"(e0));
+              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(y1) : "r"(e1));
+              rope_rotate_pair2(x0, x1, c[0], c[1], c[2], c[3], z0, z1);
+              rope_rotate_pair2(y0, y1, c[0], c[1], c[2], c[3], v0, v1);
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0), "r"(z0));
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(z1));
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(e0), "r"(v0));
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(e1), "r"(v1));
+            }
+            if (hh < group) {
+              const uint32_t a0 = word_addr(hh), a1 = a0 ^ 64u;
               uint32_t x0, x1, z0, z1;
               asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x0) : "r"(a0));
               asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x1) : "r"(a1));
@@ -374,10 +430,13 @@ __global__ void __launch_bounds__(kThreads, 2)
         fence_proxy_async_smem();  // the generic writes, seen by wgmma's reads
         __syncwarp();
         if (buf == 0)  // constant barrier ids
-          named_barrier_arrive(4, 64 + 128 * kConsumers);
+          named_barrier_arrive(4, 128 * (1 + kConsumers));
         else
-          named_barrier_arrive(5, 64 + 128 * kConsumers);
+          named_barrier_arrive(5, 128 * (1 + kConsumers));
       }
+      if (tid < kKvLoaders) load_tiles(true);
+    } else if (tid < kKvLoaders) {
+      load_tiles(true);
     } else if (tid == kQLoader) {
       tma_prefetch_map(&q_map);
       for (int b = 2; b < n_blocks; ++b) {  // boxes 0 and 1 went out with the barriers' init (kQEarly)
@@ -427,11 +486,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
     const int b0 = b * tpb;
-    if (p.q_inv_freq != nullptr) {  // rotated by warps 2-3
+    if (p.q_inv_freq != nullptr) {  // rotated by the producer warpgroup
       if (buf == 0)
-        named_barrier_sync(4, 64 + 128 * kConsumers);
+        named_barrier_sync(4, 128 * (1 + kConsumers));
       else
-        named_barrier_sync(5, 64 + 128 * kConsumers);
+        named_barrier_sync(5, 128 * (1 + kConsumers));
     } else {
       mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
     }
