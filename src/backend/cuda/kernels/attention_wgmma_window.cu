@@ -53,10 +53,11 @@
 // consumers start a later block, which needs the box); a steady-state tile's slot frees about 5 blocks before
 // its first use, so the copies keep their lead. (Session 20, 8K: warps 2-3 alone 104 us, the consumers rotating
 // their own rows at each block's start 116, 78 with Q written; the consumers and the rotators splitting the
-// words measured no better. Session 21: all four warps 93.9 against 103.9 us; Q boxes prefetched into L2 two
-// blocks ahead gave nothing, 95.2.) The projection was complete before qkv_rope let this grid
-// start, so Q's first boxes go out before griddepcontrol.wait and neither the Q loader nor the rotators wait for
-// it; only the K/V copies do. qkv_rope no longer writes Q nor this kernel reads it back.
+// words measured no better. Session 21, one run each: all four warps 92.1 against 104.7 us, the pair behind the
+// K/V-only qkv_rope 101.0 against 113.2; Q boxes prefetched into L2 two blocks ahead gave nothing.) The
+// projection was complete before qkv_rope let this grid start, so Q's first boxes go out before
+// griddepcontrol.wait and neither the Q loader nor the rotators wait for it; only the K/V copies do. qkv_rope no
+// longer writes Q nor this kernel reads it back.
 #include <algorithm>
 #include <climits>
 
@@ -356,17 +357,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     if (p.q_inv_freq != nullptr) {
       // RoPE for Q by the whole producer warpgroup: the Q loader issues box b (boxes 0 and 1 went out early),
-      // all 128 threads rotate box b once landed, and named barrier 4 + (b & 1)
-      // releases the consumers (who wait there instead of on the box's mbarrier); warps 0-1 load the K/V tiles
-      // whose slots are free before each box and while they wait for it. A (token, word group) combo: dims
-      // 2 w, 2 w + 1 of the words w0 + 4 j and their partners 32 on, of the token's `group` rows; token k starts
-      // at head k % group, so a warp's 8 tokens hit 8 different swizzled chunks. With at least twice as many
-      // threads as combos (g8: 64), a thread takes one combo's words j = jg0, jg0 + jg, ...; else all 4 words of
-      // combos rt, rt + 128, ... A word at a time: its two sincosf, then its rows, two at once (the producer
-      // holds 32 registers).
-      const int combos = 4 * tpb, jg = 128 >= 4 * combos ? 4 : 128 >= 2 * combos ? 2 : 1;
-      const int c_first = jg == 1 ? tid : tid % combos, j_first = jg == 1 ? 0 : tid / combos;
-      const bool rotates = tid < jg * combos || jg == 1;
+      // all 128 threads rotate box b once landed, and named barrier 4 + (b & 1) releases the consumers (who wait
+      // there instead of on the box's mbarrier); warps 0-1 load the K/V tiles whose slots are free before each
+      // box and while they wait for it. A thread takes (chunk j, token) pairs and one half of the chunk (`half`):
+      // dims f .. f + 3 (f = 8 j + 4 half, two words, 8 bytes) and their partners 32 on, of the token's `group`
+      // rows, four sincosf, then a row at a time: 2 loads, 2 rotate_pair2, 2 stores (W2: 92.1 us alone against
+      // 94.7 with a word a thread and two rows in flight). At g8 warp j holds chunk j of 16 tokens; token k
+      // starts at head k % group, so a half-warp's 8 tokens and 2 halves hit 16 different 8-byte slots of the
+      // swizzled rows.
+      const int half = tid & 1;  // which word pair of a chunk's four words
       if (tid == kQLoader) tma_prefetch_map(&q_map);
       for (int b = 0; b < n_blocks; ++b) {
         const int buf = b & 1, b0 = b * tpb;
@@ -383,48 +382,26 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
         const uint32_t buf_addr = sq_addr + buf * kQBytes;
-        for (int combo = c_first; rotates && combo < combos; combo += jg == 1 ? 128 : combos) {
-          const int tok = combo >> 2, h0 = tok % group;
+        for (int v = tid >> 1; v < 4 * tpb; v += 64) {  // v = chunk j x tpb + token
+          const int j = v / tpb, tok = v - j * tpb;
           if (b0 + tok >= n_tok) continue;
           const int32_t pos = tab.tok_last[b0 + tok];
-          const int row0 = tok * group;
-          for (int j = j_first; j < 4; j += jg) {  // word w0 + 4 j: its cos/sin, then the token's rows
-            const int w = (combo & 3) + 4 * j;
-            float c[4];
-            rope_cos_sin(pos, p.q_inv_freq[2 * w], p.q_rope_scale, c[0], c[1]);
-            rope_cos_sin(pos, p.q_inv_freq[2 * w + 1], p.q_rope_scale, c[2], c[3]);
-            // The partner's chunk (w >> 2) + 4 = (w >> 2) ^ 4: its swizzled address is the word's with bit 6
-            // flipped (the buffer 1024-aligned, rows 128 bytes).
-            const int c0 = w >> 2;
-            const uint32_t tok_addr = buf_addr + row0 * 128 + (w & 3) * 4;
-            auto word_addr = [&](int hh) {
-              const int h = hh + h0 < group ? hh + h0 : hh + h0 - group;  // (hh + tok) % group
-              return tok_addr + h * 128 + ((c0 ^ ((row0 + h) & 7)) << 4);
-            };
-            int hh = 0;
-            for (; hh + 1 < group; hh += 2) {  // two rows' loads in flight at once
-              const uint32_t a0 = word_addr(hh), a1 = a0 ^ 64u, e0 = word_addr(hh + 1), e1 = e0 ^ 64u;
-              uint32_t x0, x1, y0, y1, z0, z1, v0, v1;
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x0) : "r"(a0));
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x1) : "r"(a1));
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(y0) : "r"(e0));
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(y1) : "r"(e1));
-              rope_rotate_pair2(x0, x1, c[0], c[1], c[2], c[3], z0, z1);
-              rope_rotate_pair2(y0, y1, c[0], c[1], c[2], c[3], v0, v1);
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0), "r"(z0));
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(z1));
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(e0), "r"(v0));
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(e1), "r"(v1));
-            }
-            if (hh < group) {
-              const uint32_t a0 = word_addr(hh), a1 = a0 ^ 64u;
-              uint32_t x0, x1, z0, z1;
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x0) : "r"(a0));
-              asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x1) : "r"(a1));
-              rope_rotate_pair2(x0, x1, c[0], c[1], c[2], c[3], z0, z1);
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0), "r"(z0));
-              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(z1));
-            }
+          const int f = 8 * j + 4 * half;  // dims f .. f + 3: words f / 2 and f / 2 + 1 of chunk j
+          float c[8];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) rope_cos_sin(pos, p.q_inv_freq[f + k], p.q_rope_scale, c[2 * k], c[2 * k + 1]);
+          const int h0 = tok % group, row0 = tok * group;
+          const uint32_t tok_addr = buf_addr + row0 * 128 + half * 8;
+          for (int hh = 0; hh < group; ++hh) {
+            const int h = hh + h0 < group ? hh + h0 : hh + h0 - group;  // (hh + tok) % group
+            const uint32_t a0 = tok_addr + h * 128 + ((j ^ ((row0 + h) & 7)) << 4), a1 = a0 ^ 64u;
+            uint32_t x0, x1, y0, y1, z0, z1, u0, u1;
+            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(x0), "=r"(x1) : "r"(a0));
+            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(y0), "=r"(y1) : "r"(a1));
+            rope_rotate_pair2(x0, y0, c[0], c[1], c[2], c[3], z0, u0);
+            rope_rotate_pair2(x1, y1, c[4], c[5], c[6], c[7], z1, u1);
+            asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(a0), "r"(z0), "r"(z1));
+            asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(a1), "r"(u0), "r"(u1));
           }
         }
         fence_proxy_async_smem();  // the generic writes, seen by wgmma's reads
