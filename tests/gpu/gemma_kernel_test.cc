@@ -724,14 +724,48 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
   }
 }
 
+// Runs the experts MX_GPU_TEST_RUNS times (default 24) on one input under options `o`, the first run against the
+// CPU twin, and records how many later runs' bits differ from the first's (a ring slot refilled while its reads
+// were still pending gives a wrong block of rows in an odd run, not a rounding: docs/PERF.md, session 20).
+void check_experts_repeatable(Arena& cuda, const GegluCase& c, const GegluExpertTables& w, const GegluInputs& in,
+                              const CudaBf16ExpertsOptions& o, const std::string& what) {
+  const char* runs_env = std::getenv("MX_GPU_TEST_RUNS");
+  const int runs = runs_env != nullptr && std::atoi(runs_env) > 1 ? std::atoi(runs_env) : 24;
+  ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
+  std::vector<float> first;
+  int differ = 0;
+  int64_t values = 0;  // differing values over all runs, and the largest difference
+  double largest = 0;
+  for (int run = 0; run < runs; ++run) {
+    TensorView o_g = cuda.make(DType::kBF16, {c.t, c.h});
+    ASSERT_TRUE(cuda_backend().moe_geglu_experts({in.x.cuda, in.ids_cuda, in.weights.cuda, w.gu_g, w.dn_g, o_g, c.k})
+                    .is_ok());
+    std::vector<float> got = cuda.download_f32(o_g);
+    if (run == 0) {
+      check("moe_geglu_experts repeatable", what, got, in.want, 1e-2);
+      first = std::move(got);
+    } else if (got != first) {
+      ++differ;
+      for (size_t i = 0; i < got.size(); ++i) {
+        values += got[i] != first[i];
+        largest = std::max(largest, static_cast<double>(std::fabs(got[i] - first[i])));
+      }
+    }
+  }
+  record("moe_geglu_experts repeatable",
+         what + ": " + std::to_string(differ) + " of " + std::to_string(runs - 1) + " runs differ from the first (" +
+             std::to_string(values) + " values)",
+         differ, largest, 0, differ == 0);
+  EXPECT_EQ(differ, 0) << what;
+  ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {}).is_ok());
+}
+
 // The bulk kernels through routing metadata with several 8-token tiles per CTA reuse their ring slots across the
 // tiles (the second GEMM at 256-wide stages: 9 stages in 4 slots): one input run many times gives the first run's
 // bits every time, for each copy form at 1 and 3 tiles per CTA (session 19 saw one run of 3 differ), and the first
 // run is within the CPU twin's tolerance. 26B-A4B's shapes at 100 tokens and a small model at 60. MX_GPU_TEST_RUNS
 // sets the runs per form (default 24; fewer under compute-sanitizer).
 TEST_F(GemmaKernelTest, MoeGegluExpertsRepeatable) {
-  const char* runs_env = std::getenv("MX_GPU_TEST_RUNS");
-  const int runs = runs_env != nullptr && std::atoi(runs_env) > 1 ? std::atoi(runs_env) : 24;
   for (const GegluCase& c : {GegluCase{128, 2816, 704, 8, 100, false}, GegluCase{16, 256, 704, 4, 60, false}}) {
     const GegluExpertTables& w = shared_geglu_experts(c.e, c.h, c.i);
     const GegluInputs in = geglu_inputs(cpu_, cuda_, rng_, c, w);
@@ -741,39 +775,45 @@ TEST_F(GemmaKernelTest, MoeGegluExpertsRepeatable) {
         o.bulk_up_stage_k = 256;
         o.bulk_down_stage_k = 256;
         o.bulk_copy_form = form;
-        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
-        const std::string what = dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
-                                 (form == CudaBulkCopyForm::kBoxes ? ", tensor boxes, " : ", copies per row, ") +
-                                 std::to_string(tiles_per_cta) + " per CTA, stages of 256";
-        std::vector<float> first;
-        int differ = 0;
-        int64_t values = 0;  // differing values over all runs, and the largest difference
-        double largest = 0;
-        for (int run = 0; run < runs; ++run) {
-          TensorView o_g = cuda_.make(DType::kBF16, {c.t, c.h});
-          ASSERT_TRUE(cuda_backend().moe_geglu_experts({in.x.cuda, in.ids_cuda, in.weights.cuda, w.gu_g, w.dn_g, o_g, c.k})
-                          .is_ok());
-          std::vector<float> got = cuda_.download_f32(o_g);
-          if (run == 0) {
-            check("moe_geglu_experts repeatable", what, got, in.want, 1e-2);
-            first = std::move(got);
-          } else if (got != first) {
-            ++differ;
-            for (size_t i = 0; i < got.size(); ++i) {
-              values += got[i] != first[i];
-              largest = std::max(largest, static_cast<double>(std::fabs(got[i] - first[i])));
-            }
-          }
-        }
-        record("moe_geglu_experts repeatable",
-               what + ": " + std::to_string(differ) + " of " + std::to_string(runs - 1) + " runs differ from the first (" +
-                   std::to_string(values) + " values)",
-               differ, largest, 0, differ == 0);
-        EXPECT_EQ(differ, 0) << what;
+        check_experts_repeatable(cuda_, c, w, in, o,
+                                 dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) +
+                                     (form == CudaBulkCopyForm::kBoxes ? ", tensor boxes, " : ", copies per row, ") +
+                                     std::to_string(tiles_per_cta) + " per CTA, stages of 256");
       }
     }
   }
-  ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {}).is_ok());
+}
+
+// The same repeat test for the kernels whose producer warp refills ring slots after the consumers release them
+// through `empty` mbarriers (and a proxy fence, fence_ring_refill): the streamed kernel (routing metadata: batched
+// decode from 5 tokens of 26B-A4B) at each tile size and at 2 and 4 ring slots (2: a slot refilled every other
+// stage), and the fused one (both GEMMs in one persistent launch: 2 to 4 tokens) at 2 and 6 slots. H200, session 21
+// W1, 80 runs a form beside a Gemma-4 load: none differed, with the fence or without it.
+TEST_F(GemmaKernelTest, MoeGegluStreamedFusedRepeatable) {
+  struct Case {
+    GegluCase c;
+    CudaBf16ExpertsDecode decode;
+    int tile_tokens, slots;
+  };
+  using D = CudaBf16ExpertsDecode;
+  const GegluCase big100{128, 2816, 704, 8, 100, false}, big4{128, 2816, 704, 8, 4, false},
+      small60{16, 256, 704, 4, 60, false}, small8{16, 256, 704, 4, 8, false};
+  for (const Case& k : {Case{big100, D::kStreamed, 16, 4}, Case{big100, D::kStreamed, 16, 2},
+                        Case{big100, D::kStreamed, 32, 2}, Case{small60, D::kStreamed, 8, 2},
+                        Case{big4, D::kFused, 0, 6}, Case{big4, D::kFused, 0, 2}, Case{small8, D::kFused, 0, 2}}) {
+    const GegluCase& c = k.c;
+    const GegluExpertTables& w = shared_geglu_experts(c.e, c.h, c.i);
+    const GegluInputs in = geglu_inputs(cpu_, cuda_, rng_, c, w);
+    CudaBf16ExpertsOptions o{k.decode, 0};
+    o.stream_tile_tokens = k.tile_tokens;
+    o.stream_ring_slots = k.decode == D::kStreamed ? k.slots : 0;
+    o.fused_ring_slots = k.decode == D::kFused ? k.slots : 0;
+    const std::string form =
+        k.decode == D::kStreamed ? ", streamed " + std::to_string(k.tile_tokens) + "-token tiles, " : std::string(", fused, ");
+    check_experts_repeatable(cuda_, c, w, in, o,
+                             dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) + form +
+                                 std::to_string(k.slots) + " slots");
+  }
 }
 
 // Backend::begin_side on CUDA: the model's dense MLP (gate|up on the skinny kernel, geglu, down) as the side group

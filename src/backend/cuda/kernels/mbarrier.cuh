@@ -74,6 +74,16 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
 #endif
 }
 
+// Before the copy engine (async proxy) refills a ring slot that threads read with ordinary loads (generic
+// proxy): the barrier that ordered those reads before the refilling thread (a CTA barrier, or an `empty`
+// mbarrier's arrivals and wait) orders them for the threads only, not across the proxies. Without it the bulk
+// experts' refills gave wrong values in about one run in 50-100 on an H200 (docs/PERF.md, session 20).
+__device__ __forceinline__ void fence_ring_refill() {
+#if MX_MBARRIER_PTX
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // Global -> shared copy by the copy engine of `bytes` (a multiple of 16; both ends 16-byte aligned), counted
 // on `bar`.
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

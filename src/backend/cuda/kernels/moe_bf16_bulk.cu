@@ -11,7 +11,7 @@
 // the first GEMM where the experts route themselves, <= 32 slots, else 256, and 256 in the second:
 // CudaBf16ExpertsOptions). The ring holds the same bytes at every width (4 slots of one block, 2 of two, 1 of
 // three; ring_slots), the tiles' stages one after the other; stage c sits in slot c % slots, and thread 0
-// refills a slot after the CTA barrier that ends its use and a proxy fence (fence_refill). The second GEMM (k
+// refills a slot after the CTA barrier that ends its use and a proxy fence (fence_ring_refill). The second GEMM (k
 // 704: 3 stages of 256 per tile) runs several tiles per CTA where there are many (fewer, longer CTAs; a ring no
 // longer than the stages leaves more of them resident): from 8 tokens 1-2% faster on an H200 with 3; at one
 // token (8 tiles) one tile per CTA, as fast as two (CudaBf16ExpertsOptions).
@@ -39,12 +39,6 @@
 
 namespace mx::cuda {
 namespace {
-
-// A ring slot's refill (the copy engine: async proxy) after the warps' reads of it (generic proxy), which the CTA
-// barrier orders for the threads but not across the proxies: without it about one run in 50-100 at 3 tiles per
-// CTA (slots reused across tiles) gave wrong values (H200, beside another process's load; docs/PERF.md, session
-// 20).
-__device__ __forceinline__ void fence_refill() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 using namespace moe_bf16;
 
@@ -126,7 +120,7 @@ __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p, const CUte
     for (int j = 1; j < kMaxTilesPerCta; ++j) e = c / n_stages == j ? expert[j] : e;
     const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageWidth ? p.k - k0 : kStageWidth));
     const uint32_t bar = full0 + 8 * static_cast<uint32_t>(c % slots);
-    if (c >= slots) fence_refill();
+    if (c >= slots) fence_ring_refill();
     if constexpr (kBoxes) {  // one box: (k 0, the strip's first row, gate half, expert e, the stage's first chunk)
       if (lane == 0) {
         mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(kSlot));

@@ -18,11 +18,11 @@
 // exit resets the queue and the counters for the next launch or graph replay.
 //
 // A CTA: 4 consumer warps and a producer warp, one ring of `ring_slots` stages through all its items (as in
-// moe_bf16_stream.cu): the producer's lanes 0-15 copy a stage's 16 weight rows (cp.async.bulk, counted on
-// the slot's `full` barrier) once the 4 consumers released the slot (`empty`), and tag an item's first stage
-// with the item. The consumers run the bulk kernel's fragments, k order, warp-order sums and epilogues
-// (moe_bf16_decode.cuh: h = gelu_tanh(gate) * up; y times the routing weight, and the strip's last tile sums
-// each token's k rows), so the result is bit for bit moe_bf16_bulk.cu's.
+// moe_bf16_stream.cu): the producer's lanes 0-15 copy a stage's 16 weight rows (cp.async.bulk, counted on the slot's
+// `full` barrier) once the 4 consumers released the slot (`empty`) and a proxy fence (fence_ring_refill) ordered their
+// reads before the copies, and tag an item's first stage with the item. The consumers run the bulk kernel's fragments,
+// k order, warp-order sums and epilogues (moe_bf16_decode.cuh: h = gelu_tanh(gate) * up; y times the routing weight,
+// and the strip's last tile sums each token's k rows), so the result is bit for bit moe_bf16_bulk.cu's.
 //
 // PDL: the producer copies its first item's weights before the wait (weights and, with routing_ready, the
 // ids precede the previous kernel); the queue, the counters, x, h and the outputs are touched after it.
@@ -111,6 +111,7 @@ __device__ __forceinline__ void produce(const MoeBf16GemmParams& g, const Item& 
   const int64_t n_stages = cdiv(g.k, kStageK);
   for (int64_t ks = 0; ks < n_stages; ++ks, pos.advance(ring.slots)) {
     mbarrier_wait(ring.empty + 8 * pos.slot, pos.parity ^ 1u);
+    fence_ring_refill();  // the consumers' reads of the slot, before the copies refill it
     const int64_t k0 = ks * kStageK;
     const uint32_t bytes = static_cast<uint32_t>(2 * (g.k - k0 < kStageK ? g.k - k0 : kStageK));
     const uint32_t bar = ring.full + 8 * pos.slot;

@@ -8,13 +8,14 @@
 // weights are in flight while item n is summed and stored, and no CTA is launched for an empty tile.
 //
 // A CTA: 4 consumer warps and a producer warp. The producer's lanes 0-15 copy the stage's 16 weight rows
-// (cp.async.bulk, one per row, counted on the slot's `full` barrier) once the slot's `empty` barrier says the
-// 4 consumer warps are done with it. A stage is 256 k; consumer warp w multiplies its 64-wide chunk w with
-// the same fragments and k order as the bulk kernel (moe_bf16_decode.cuh), for each 8-token group of the
-// tile (a tile of 32 tokens is 4 mma B operands against one A fragment: an expert's weights are read once
-// for up to 32 of its tokens, where 8-token tiles read them once per 8). At an item's end the warps' partials
-// go through shared memory and warp g sums group g's in warp order 0-3, as the bulk kernel does: a token's
-// result is bitwise the bulk kernel's, whatever the tile size and the batch.
+// (cp.async.bulk, one per row, counted on the slot's `full` barrier) once the slot's `empty` barrier says the 4
+// consumer warps are done with it, after a proxy fence (fence_ring_refill: the consumers read the slot through the
+// generic proxy, the copies write it through the async one). A stage is 256 k; consumer warp w multiplies its 64-wide
+// chunk w with the same fragments and k order as the bulk kernel (moe_bf16_decode.cuh), for each 8-token group of the
+// tile (a tile of 32 tokens is 4 mma B operands against one A fragment: an expert's weights are read once for up to 32
+// of its tokens, where 8-token tiles read them once per 8). At an item's end the warps' partials go through shared
+// memory and warp g sums group g's in warp order 0-3, as the bulk kernel does: a token's result is bitwise the bulk
+// kernel's, whatever the tile size and the batch.
 // The producer loads the next item's expert an item ahead, the consumers the next item's routing at the start
 // of an item and its token rows before the epilogue, so those dependent loads do not stall the ring. The
 // second GEMM's producer copies weights before the PDL wait (weights and routing precede the first GEMM);
@@ -142,6 +143,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
         const uint16_t* w_hi = w_lo + (kGated ? p.out_rows : 8) * p.k;
         for (int64_t ks = 0; ks < n_stages; ++ks, ring_pos.advance(slots)) {
           mbarrier_wait(empty0 + 8 * ring_pos.slot, ring_pos.parity ^ 1u);
+          fence_ring_refill();  // the consumers' reads of the slot, before the copies refill it
           const int64_t k0 = ks * kStageK;
           const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
           if (lane == 0) {
@@ -161,6 +163,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
         for (int64_t ks = 0; ks < n_stages; ++ks, ++c) {
           const uint32_t slot = static_cast<uint32_t>(c % slots);
           mbarrier_wait(empty0 + 8 * slot, (static_cast<uint32_t>(c / slots) & 1u) ^ 1u);
+          fence_ring_refill();
           const int64_t k0 = ks * kStageK;
           const uint32_t bytes = static_cast<uint32_t>(2 * (p.k - k0 < kStageK ? p.k - k0 : kStageK));
           if (lane == 0) mbarrier_arrive_expect_tx(full0 + 8 * slot, bytes * valid_rows);
