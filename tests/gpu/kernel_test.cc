@@ -1834,6 +1834,34 @@ TEST_F(KernelTest, MoeWgmmaMidWidth) {
   }
 }
 
+// The 96- and 256-token tiles numbered wide first (CudaMoeOptions::wgmma_wide_first: the tiles whose k loop runs at
+// the full width, then an expert's shorter last tiles) give the bits of the expert order: 20b's 512 tokens (64 and 96
+// columns), odd shapes with a hot expert (full tiles and a partial last one of either width), half the experts idle,
+// top-8, and 256-token tiles with partial tiles of more and of fewer than 128 tokens; eager and replayed.
+TEST_F(KernelTest, MoeWgmmaWideFirst) {
+  struct Case {
+    MoeCase c;
+    int tile, mid_width;
+  };
+  for (const Case& t : {Case{MoeCase{32, 2880, 2880, 4, 512, Routing::kUniform}, 96, 1},
+                        Case{MoeCase{32, 320, 256, 4, 509, Routing::kHot}, 96, 1},
+                        Case{MoeCase{128, 256, 192, 4, 2000, Routing::kHalf}, 96, 1},
+                        Case{MoeCase{32, 320, 256, 8, 301, Routing::kUniform}, 96, 1},
+                        Case{MoeCase{8, 320, 192, 2, 1500, Routing::kHot}, 256, 0},
+                        Case{MoeCase{8, 320, 192, 4, 1077, Routing::kUniform}, 256, 0}}) {
+    const MoeCase& c = t.c;
+    CudaMoeOptions order{CudaMoePath::kGrouped, t.tile}, wide;
+    order.wgmma_mid_width = t.mid_width;
+    wide = order;
+    order.wgmma_wide_first = -1;
+    wide.wgmma_wide_first = 1;
+    check_moe_forms_bitwise(cuda_, rng_, c, order, wide,
+                            shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                                " " + routing_name(c.routing) + ", " + std::to_string(t.tile) + "-token tiles",
+                            "wide tiles first", "expert order");
+  }
+}
+
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for
 // the next replay) and on the routing kernel's metadata.
 TEST_F(KernelTest, MoeDecodeGraphReplay) {

@@ -19,6 +19,7 @@
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/llama_kernels.h"
 #include "backend/cuda/kernels/moe_decode_forms.h"
+#include "backend/cuda/kernels/moe_tile_order.h"
 #include "backend/cuda/kernels/attention_wgmma_wide.h"
 #include "backend/cuda/kernels/moe_wgmma_ws.h"
 
@@ -1159,6 +1160,13 @@ class CudaBackend final : public Backend {
            (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32);
   }
 
+  // Whether the 96-token tiles' GEMMs run the kernel of 64 and 96 columns (MoeGemmParams::mid_width) at this step.
+  bool moe_wgmma_mid_width(int64_t slots, int64_t experts) const {
+    if (options_.moe.wgmma_mid_width != 0) return options_.moe.wgmma_mid_width == 1;
+    return kMoeWgmmaMidWidth && slots > kMoeWgmmaMidWidthMinTokensPerExpert * experts &&
+           slots <= kMoeWgmmaMidWidthMaxTokensPerExpert * experts;
+  }
+
   // Many tokens per expert on Hopper (moe_wgmma.cu): routing, x permuted into the wgmma k order (in the y
   // scratch, free until the second GEMM), the two GEMMs (h in the permuted order between them), combine.
   // Expert parallel: this backend holds experts [first, first + E) of the router's. Slots routed elsewhere go
@@ -1205,7 +1213,12 @@ class CudaBackend final : public Backend {
     if (tiled && moe_wgmma_glue() >= 1 && moe_route_gather_fits(slots, E)) {
       MX_RETURN_IF_ERROR(launch_moe_route_gather_tiled(rp, ptr<const uint16_t>(p.x), x_in, H, k, stream()));
     } else if (!tiled && moe_wgmma_glue() >= 1 && moe_route_permute_fits(slots, E)) {
-      MX_RETURN_IF_ERROR(launch_moe_route_permute(rp, ptr<const uint16_t>(p.x), x_in, T, H, k, stream()));
+      const int wide_first = options_.moe.wgmma_wide_first;
+      const int wide_over = wide_first == 1 || (wide_first == 0 && kMoeWgmmaWideTilesFirst)
+                                ? moe_wide_tile_tokens(c.tile_tokens, moe_wgmma_mid_width(slots, E))
+                                : 0;
+      MX_RETURN_IF_ERROR(
+          launch_moe_route_permute_wide_first(rp, ptr<const uint16_t>(p.x), x_in, T, H, k, wide_over, stream()));
     } else {
       MX_RETURN_IF_ERROR(launch_moe_routing(rp, stream()));
       MX_RETURN_IF_ERROR(tiled ? launch_moe_gather_tiled(ptr<const uint16_t>(p.x), r, x_in, max_tiles, c.tile_tokens, H,
@@ -1215,10 +1228,7 @@ class CudaBackend final : public Backend {
     const int only = options_.moe.wgmma_glue_only;  // benchmarks only
     if (only == 1) return Status::ok();
     if (only != 2) {
-      const bool mid_width = options_.moe.wgmma_mid_width != 0
-                                 ? options_.moe.wgmma_mid_width == 1
-                                 : kMoeWgmmaMidWidth && slots > kMoeWgmmaMidWidthMinTokensPerExpert * E &&
-                                       slots <= kMoeWgmmaMidWidthMaxTokensPerExpert * E;
+      const bool mid_width = moe_wgmma_mid_width(slots, E);
       MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
       g1.in = x_in;
       g1.max_tiles = max_tiles;

@@ -31,6 +31,7 @@
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/moe_route_tile.cuh"
+#include "backend/cuda/kernels/moe_tile_order.h"
 #include "backend/cuda/kernels/moe_wgmma_parts.cuh"
 #include "backend/cuda/kernels/moe_wgmma_ws.h"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
@@ -239,12 +240,16 @@ __device__ __forceinline__ uint4 permute_chunk_load(const uint16_t* x, int64_t c
   return make_uint4(__ldg(src + lc), __ldg(src + 8 + lc), __ldg(src + 16 + lc), __ldg(src + 24 + lc));
 }
 
+// wide_over > 0 (the permuting form only): CTA 0 numbers the tiles of more than wide_over tokens first, then the
+// others, each class in expert order (launch_moe_route_permute_wide_first).
 template <bool kTiled>
 __global__ void __launch_bounds__(kRouteGatherThreads)
     moe_route_gather_kernel(MoeRoutingParams p, const uint16_t* x, uint16_t* out, int64_t rows, int64_t k, int top_k,
-                            int per_cta) {
+                            int per_cta, int wide_over) {
   __shared__ int counts[kRouteGatherMaxExperts], before[kRouteGatherMaxExperts];
   __shared__ int offset[kRouteGatherMaxExperts], tile_base[kRouteGatherMaxExperts];
+  __shared__ int wide_base[kTiled ? 1 : kRouteGatherMaxExperts];
+  __shared__ int wide_total;
   __shared__ int row_token[kTiled ? kRouteGatherSlots : 1];
   __shared__ int64_t row_at[kTiled ? kRouteGatherSlots : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -291,15 +296,43 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
       p.r.offsets[experts] = run.slots_through;
       *p.r.num_tiles = run.tiles_through;
     }
+    // Wide tiles first: an expert's wide tiles (every full one, and a last one of more than wide_over tokens) are
+    // scanned over the experts as its tiles are; its narrow last tile goes after every wide one, at the narrow tiles
+    // before it (its tiles before it minus the wide ones).
+    if constexpr (!kTiled) {
+      if (lead && wide_over > 0) {
+        auto wide_tiles = [&](int n) { return n / bm + (n % bm > wide_over ? 1 : 0); };
+        int run_wide = 0;
+        for (int e = run.e0; e < run.e1; ++e) run_wide += wide_tiles(counts[e]);
+        int through = run_wide;
+        for (int d = 1; d < 32; d <<= 1) {
+          const int w = __shfl_up_sync(0xffffffffu, through, d);
+          if (lane >= d) through += w;
+        }
+        int wide = through - run_wide;
+        for (int e = run.e0; e < run.e1; ++e) {
+          wide_base[e] = wide;
+          wide += wide_tiles(counts[e]);
+        }
+        if (lane == 31) wide_total = through;
+      }
+    }
   }
   __syncthreads();
   if (lead) {
     for (int e = tid; e < experts; e += kRouteGatherThreads) {
       const int n = counts[e], base = tile_base[e], off = offset[e];
       for (int j = 0; j * bm < n; ++j) {
-        p.r.tile_expert[base + j] = e;
-        p.r.tile_start[base + j] = off + j * bm;
-        p.r.tile_rows[base + j] = min(bm, n - j * bm);
+        int at = base + j;
+        if constexpr (!kTiled) {
+          if (wide_over > 0) {
+            const bool narrow = (j + 1) * bm > n && n - j * bm <= wide_over;
+            at = narrow ? wide_total + base - wide_base[e] : wide_base[e] + j;
+          }
+        }
+        p.r.tile_expert[at] = e;
+        p.r.tile_start[at] = off + j * bm;
+        p.r.tile_rows[at] = min(bm, n - j * bm);
       }
     }
   }
@@ -393,7 +426,7 @@ Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* 
   if (p.slots == 0) return Status::ok();
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, kRouteGatherSlots)));
   return cuda_status(launch_pdl(moe_route_gather_kernel<true>, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out,
-                                int64_t{0}, k, static_cast<int>(top_k), kRouteGatherSlots),
+                                int64_t{0}, k, static_cast<int>(top_k), kRouteGatherSlots, 0),
                      "moe_route_gather_kernel");
 }
 
@@ -403,15 +436,22 @@ bool moe_route_permute_fits(int64_t slots, int64_t experts) {
 
 Status launch_moe_route_permute(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t rows, int64_t k,
                                 int64_t top_k, cudaStream_t stream) {
+  return launch_moe_route_permute_wide_first(p, x, out, rows, k, top_k, 0, stream);
+}
+
+Status launch_moe_route_permute_wide_first(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t rows,
+                                           int64_t k, int64_t top_k, int wide_over, cudaStream_t stream) {
   if (k % 64 != 0 || p.tile_tokens <= 0 || top_k <= 0 || rows * top_k != p.slots)
     return internal_error("MoE routing and k permutation: k % 64 must be 0, tile_tokens > 0, slots = rows x top_k");
+  if (wide_over < 0 || wide_over >= p.tile_tokens)
+    return internal_error("MoE routing and k permutation: wide tiles hold more than 0 to tile_tokens - 1 tokens");
   if (!moe_route_permute_fits(p.slots, p.experts))
     return unimplemented("MoE routing and k permutation: at most 65536 slots and 256 experts");
   if (p.slots == 0) return Status::ok();
   const int64_t per_cta = std::max<int64_t>(kRouteGatherSlots, ceil_div64(p.slots, kRoutePermuteCtas));
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, per_cta)));
   return cuda_status(launch_pdl(moe_route_gather_kernel<false>, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out,
-                                rows, k, static_cast<int>(top_k), static_cast<int>(per_cta)),
+                                rows, k, static_cast<int>(top_k), static_cast<int>(per_cta), wide_over),
                      "moe_route_gather_kernel (permute)");
 }
 

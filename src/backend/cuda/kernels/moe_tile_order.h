@@ -1,0 +1,34 @@
+// The order of the 96-, 128- and 256-token wgmma kernels' routing tiles (moe_wgmma.cu reads each CTA's tile by its
+// index): a grid of several waves ends as its last CTAs end, so the tiles whose k loops are the shorter ones (an
+// expert's last tile at the kernel's half or 64-column width) go last. Its own header: kernel_configs.h includes
+// moe_wgmma_ws.h, so a declaration there rebuilds every kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels/kernels.h"
+#include "core/status.h"
+
+namespace mx::cuda {
+
+// Whether the GEMMs' tiles go wide first by default (CudaMoeOptions::wgmma_wide_first 0).
+inline constexpr bool kMoeWgmmaWideTilesFirst = false;
+
+// launch_moe_route_permute with the tiles of more than wide_over tokens numbered first, then the others, each class
+// in expert order (0: every tile in expert order, launch_moe_route_permute's metadata). The tiles, their rows and
+// every output bit are the same; only which CTA row of the GEMMs' grids multiplies which tile changes.
+Status launch_moe_route_permute_wide_first(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t rows,
+                                           int64_t k, int64_t top_k, int wide_over, cudaStream_t stream);
+
+// The wide tiles' threshold for a kernel of tile_tokens-token tiles: the tokens above which its k loop runs at the
+// full width (64 with mid_width, else half the tile at 96 and 256 tokens), or 0 where every tile runs at one width
+// (128-token tiles) or a narrow tile is not the shorter one (96-token tiles without mid_width: a tile of <= 48 tokens
+// runs two strips a warp, twice the decode of a full one's CTA).
+inline int moe_wide_tile_tokens(int64_t tile_tokens, bool mid_width) {
+  if (tile_tokens == 96) return mid_width ? 64 : 0;
+  return tile_tokens == 256 ? 128 : 0;
+}
+
+}  // namespace mx::cuda
