@@ -57,7 +57,7 @@ struct CudaMoeOptions {
   int wgmma_mid_width = 0;
   // The 96- and 256-token tiles behind the one-launch routing (wgmma_glue >= 1): 1 = the tiles whose k loop runs at
   // the full width numbered first, the shorter ones last (launch_moe_route_permute_wide_first), -1 = every tile in
-  // expert order; 0 = kMoeWgmmaWideTilesFirst's choice.
+  // expert order (the before, for benchmarks); 0 = kMoeWgmmaWideTilesFirst's choice (wide first).
   int wgmma_wide_first = 0;
   // Benchmarks only (the wgmma path; the output is then garbage): 1 = just the routing and the tiled gather (or the
   // k permutation), 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.

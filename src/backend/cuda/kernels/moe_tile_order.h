@@ -13,8 +13,10 @@
 
 namespace mx::cuda {
 
-// Whether the GEMMs' tiles go wide first by default (CudaMoeOptions::wgmma_wide_first 0).
-inline constexpr bool kMoeWgmmaWideTilesFirst = false;
+// Whether the GEMMs' tiles go wide first by default (CudaMoeOptions::wgmma_wide_first 0). H200, session 21
+// (docs/PERF.md), gpt-oss-20b's layer, one process each, 7 rounds: T = 512 (64/96 columns) 301.7 -> 295.2 and
+// 306.1 -> 299.3 us, T = 4096 (256-token tiles) 1710.4 -> 1700.5 and 1755.2 -> 1744.7.
+inline constexpr bool kMoeWgmmaWideTilesFirst = true;
 
 // launch_moe_route_permute with the tiles of more than wide_over tokens numbered first, then the others, each class
 // in expert order (0: every tile in expert order, launch_moe_route_permute's metadata). The tiles, their rows and
