@@ -308,7 +308,8 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 // (`--moe-decode-variants`) the decode kernels' variants side by side: v1 (routing + 2 GEMMs + combine,
 // moe.cu), the ring GEMMs (moe_decode.cu) at their default, at other k splits ("ktN": about N k tiles per warp;
 // 6, 12, 16, 23 are 8, 4, 3, 2 warps at k = 2880) and without PDL, and each GEMM alone (kAuto's and the ring's),
-// kAuto with the scales in the ring's registers (the form before session 20), in interleaved rounds.
+// kAuto with the scales in the ring's registers (the form before session 20), session 20's kAuto (main20: 2 warps
+// from 5 routed slots on) and kAuto with other k tiles per warp in each GEMM ("auto ktA ktB"), in interleaved rounds.
 void bench_moe(bool variants) {
   const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = expert_copies();
@@ -322,6 +323,8 @@ void bench_moe(bool variants) {
     int only_gemm;
     std::string label;
     bool registers = false;  // CudaMoeOptions::decode_scales_in_registers (the form before session 20)
+    int k_tiles2 = 0;         // CudaMoeOptions::decode_k_tiles_gemm2
+    bool main20 = false;      // session 20's kAuto: 2 warps from 5 routed slots on (decode_three_warp_slots 4)
   };
   std::vector<Variant> list{{CudaMoePath::kAuto, 0, true, 0, ""}};
   if (variants)
@@ -341,7 +344,10 @@ void bench_moe(bool variants) {
             {CudaMoePath::kDecode, 23, true, 1, " ring kt23 gemm1 only"},
             {CudaMoePath::kDecode, 23, true, 2, " ring kt23 gemm2 only"},
             {CudaMoePath::kAuto, 0, true, 1, " auto gemm1 only"},
-            {CudaMoePath::kAuto, 0, true, 2, " auto gemm2 only"}};
+            {CudaMoePath::kAuto, 0, true, 2, " auto gemm2 only"},
+            {CudaMoePath::kAuto, 0, true, 0, " main20", false, 0, true},
+            {CudaMoePath::kAuto, 23, true, 0, " auto kt23 kt16", false, 16},
+            {CudaMoePath::kAuto, 16, true, 0, " auto kt16 kt23", false, 23}};
   const std::vector<int64_t> sizes = !variants                         ? std::vector<int64_t>{1, 8, 64}
                                      : !bench_only_decode_sizes.empty() ? bench_only_decode_sizes
                                                                         : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
@@ -362,6 +368,8 @@ void bench_moe(bool variants) {
         const Variant& v = *timed[i];
         CudaMoeOptions o{v.path, 0, v.k_tiles, v.pdl, v.only_gemm};
         o.decode_scales_in_registers = v.registers;
+        o.decode_k_tiles_gemm2 = v.k_tiles2;
+        if (v.main20) o.decode_three_warp_slots = 4;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         us[i].push_back(time_graph(24, [&](int j) {
           MoeParams p{x, ids[j % routings], weights[j % routings], &experts[j % copies], out, k, 7.0f, 1.702f};

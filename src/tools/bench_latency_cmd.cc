@@ -113,8 +113,9 @@ const std::vector<CliOption> kCommandOptions = {
      "as --bf16-experts-decode"},
     {"moe-decode-form", true,
      "gpt-oss's MXFP4 decode GEMMs on CUDA (<= 64 routed slots): auto (default: each warp's scale bytes staged in "
-     "shared memory; at one token 3 warps a CTA in the first GEMM, 6 in the second) or registers (the form before: "
-     "the scales in the ring's registers, 4 and 4 warps); several, comma-separated: compared as --bf16-experts-decode"},
+     "shared memory; at one token 3 warps a CTA in the first GEMM, 6 in the second; at two 3 and 3), session20 (2 "
+     "warps from two tokens on) or registers (the form before session 20: the scales in the ring's registers, 4 and 4 "
+     "warps); several, comma-separated: compared as --bf16-experts-decode"},
     {"decode-overlap", true,
      "Gemma-4's decode overlaps on CUDA: auto (default: the side stream alone), off, side-stream (the dense MLP on a "
      "second stream beside the experts, CudaSideStreamOptions), l2-prefetch (24 MiB of o_proj's weight into the L2 "
@@ -171,7 +172,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"decode-attention", {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster"}},
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
       {"moe-decode-combine", {"auto", "gemm"}},
-      {"moe-decode-form", {"auto", "registers"}},
+      {"moe-decode-form", {"auto", "registers", "session20"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
@@ -247,7 +248,10 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
   if (flag == "moe-decode-combine" || flag == "moe-decode-form" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
     if (flag == "moe-decode-combine") moe.decode_combine_in_norm = value == "auto";
-    else if (flag == "moe-decode-form") moe.decode_scales_in_registers = value == "registers";
+    else if (flag == "moe-decode-form") {
+      moe.decode_scales_in_registers = value == "registers";
+      moe.decode_three_warp_slots = value == "session20" ? 4 : 0;
+    }
     else if (flag == "moe-wgmma-glue")
       moe.wgmma_glue = value == "separate" ? -1 : value == "combine-kernel" ? 1 : value == "combine-in-norm" ? 2 : 0;
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;

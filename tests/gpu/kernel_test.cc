@@ -1419,14 +1419,14 @@ TEST_F(KernelTest, MoeExpertsDecode) {
 
 // The decode GEMMs' scale bytes staged in shared memory (the default) against the form before (in the ring's
 // registers): bitwise the same at each k split of either GEMM (12: 4 warps at k = 2880, 16: 3, 8: 6, 23: 2, 6: 8;
-// 0: kAuto's, which differs between the forms at <= 4 routed slots: there only against the CPU twin), on odd shapes (k of 3, 5 and 65 tiles: rings that wrap or do not fill; scale areas of 1-33 blocks
-// a warp) and 20b's layer at 1, 4 and 16 tokens; both against the CPU twin.
+// 0: kAuto's, which differs between the forms at <= 8 routed slots: there only against the CPU twin), on odd shapes (k of 3, 5 and 65 tiles: rings that wrap or do not fill; scale areas of 1-33 blocks
+// a warp) and 20b's layer at 1, 2 (kAuto staged: 3 warps in both GEMMs), 4 and 16 tokens; both against the CPU twin.
 TEST_F(KernelTest, MoeExpertsDecodeStagedScales) {
   const std::pair<int, int> splits[] = {{0, 0}, {12, 12}, {16, 8}, {23, 23}, {6, 6}};
   for (const MoeCase& c : {MoeCase{8, 320, 192, 4, 1, Routing::kUniform}, MoeCase{8, 256, 4160, 2, 2, Routing::kUniform},
                            MoeCase{8, 256, 192, 1, 3, Routing::kSame}, MoeCase{128, 256, 192, 4, 1, Routing::kUniform},
-                           MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 4, Routing::kUniform},
-                           MoeCase{32, 2880, 2880, 4, 16, Routing::kUniform}}) {
+                           MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 2, Routing::kUniform},
+                           MoeCase{32, 2880, 2880, 4, 4, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 16, Routing::kUniform}}) {
     MoeInputs in;
     make_moe_inputs(cpu_, cuda_, rng_, c, &in);
     TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H});
@@ -1456,7 +1456,7 @@ TEST_F(KernelTest, MoeExpertsDecodeStagedScales) {
           return cuda::moe_fused_auto_k_tiles_per_warp(slots, first, in_registers);
         };
         if (kt1 == 0 && (split(true, false) != split(true, true) || split(false, false) != split(false, true)))
-          continue;  // kAuto's splits differ by form there (one token: 3 and 6 warps against 4 and 4)
+          continue;  // kAuto's splits differ by form there (one token: 3 and 6 warps against 4 and 4; two: 3 and 3 against 2)
         const bool same = cuda_.download_bytes(o) == registers;
         record("moe_experts", name + " vs in registers, bitwise", same ? 0 : 1, 0, 0, same);
         EXPECT_TRUE(same) << name;

@@ -87,8 +87,10 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
           "--skinny-strip-rows must be auto or 8 to 16");
   refused("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm",
           "--moe-decode-combine must be auto or gemm");
-  refused("bench latency --preset tiny --backend cpu --moe-decode-form staged", "--moe-decode-form must be auto or registers");
+  refused("bench latency --preset tiny --backend cpu --moe-decode-form staged",
+          "--moe-decode-form must be auto, registers or session20");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form registers");
+  needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form session20");
   refused("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 15,auto",
           "--qkv-rope-epilogue must be auto, on, off or an even 8 to 16, got 15");
   needs_cuda("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 14");

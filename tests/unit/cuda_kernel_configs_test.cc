@@ -422,8 +422,8 @@ TEST(CudaKernelConfigs, MoeFusedRoutingAndTileBound) {
   EXPECT_TRUE(use_fused_moe_routing(32));   // 8 tokens: one slot per lane
   EXPECT_FALSE(use_fused_moe_routing(33));
   // kAuto: the ring kernels up to 16 tokens (top-4), the first decode kernels above (measured); at one token 3
-  // warps per CTA in the first GEMM and 6 in the second (4 and 4 with the scales in registers), 2 from two
-  // tokens on (gpt-oss, k = 2880: 45 k tiles).
+  // warps per CTA in the first GEMM and 6 in the second (4 and 4 with the scales in registers), 3 in both at two
+  // tokens (2 with the scales in registers), 2 from three tokens on (gpt-oss, k = 2880: 45 k tiles).
   EXPECT_TRUE(use_fused_moe_decode(4));
   EXPECT_TRUE(use_fused_moe_decode(64));
   EXPECT_FALSE(use_fused_moe_decode(65));
@@ -433,8 +433,12 @@ TEST(CudaKernelConfigs, MoeFusedRoutingAndTileBound) {
   EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(4, true, true)).k_split, 4);
   EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(4, false, true)).k_split, 4);
   for (bool first : {true, false}) {
+    for (int64_t slots : {5, 8}) {
+      EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(slots, first, false)).k_split, 3);
+      EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(slots, first, true)).k_split, 2);
+    }
     for (bool in_registers : {true, false}) {
-      EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(8, first, in_registers)).k_split, 2);
+      EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(9, first, in_registers)).k_split, 2);
       EXPECT_EQ(choose_moe_fused_config(h200, 2880, moe_fused_auto_k_tiles_per_warp(64, first, in_registers)).k_split, 2);
     }
   }

@@ -1259,7 +1259,10 @@ class CudaBackend final : public Backend {
       const int forced = first ? options_.moe.decode_k_tiles_per_warp : options_.moe.decode_k_tiles_gemm2;
       if (forced != 0) return forced;
       if (!first && options_.moe.decode_k_tiles_per_warp != 0) return options_.moe.decode_k_tiles_per_warp;
-      return options_.moe.path == CudaMoePath::kAuto ? moe_fused_auto_k_tiles_per_warp(slots, first, in_registers) : 0;
+      const int three = options_.moe.decode_three_warp_slots;
+      return options_.moe.path == CudaMoePath::kAuto
+                 ? moe_fused_auto_k_tiles_per_warp(slots, first, in_registers, three > 0 ? three : kMoeFusedAutoThreeWarpSlots)
+                 : 0;
     };
     MoeFusedConfig c1 = choose_moe_fused_config(dev_, H, k_tiles(true));
     MoeFusedConfig c2 = choose_moe_fused_config(dev_, I, k_tiles(false));

@@ -33,6 +33,9 @@ struct CudaMoeOptions {
   // the form before session 20 (each ring slot's scale bytes in registers, 4 warps a CTA at one token).
   int decode_k_tiles_gemm2 = 0;
   bool decode_scales_in_registers = false;
+  // kAuto's staged form runs 3 warps a CTA in both GEMMs from 5 routed slots up to this many (0: kAuto's,
+  // kMoeFusedAutoThreeWarpSlots; 4: session 20's, 2 warps from 5 slots on).
+  int decode_three_warp_slots = 0;
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
   int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents

@@ -358,8 +358,9 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows) {
 }
 
 // kAuto's ring kernels up to this many routed tokens (16 tokens at top-4, the most measured), v1 (moe.cu)
-// above (the split per GEMM and form: moe_decode_config.h); 2 warps of ~23 k tiles above kMoeFusedAutoFourWarpSlots
-// (more CTAs than SMs by far from two tokens on: longer runs per warp, fewer reductions). Measured on an H200 at the 20b shape, one process (docs/PERF.md,
+// above (the split per GEMM and form: moe_decode_config.h); 2 warps of ~23 k tiles above kMoeFusedAutoThreeWarpSlots
+// (above kMoeFusedAutoFourWarpSlots with the scales in registers: more CTAs than SMs by far from two tokens on:
+// longer runs per warp, fewer reductions). Measured on an H200 at the 20b shape, one process (docs/PERF.md,
 // session 13 W1), us per layer, ring kt12 / ring kt23 / v1: one token 25.26 / 26.13 / 36.41, two 43.25 / 41.18 /
 // 52.86, four 69.50 / 65.68 / 66.61, eight 116.03 / 99.99 / 101.61, sixteen 129.13 / 117.57 / 120.31.
 // Up to kMoeFusedAutoFourWarpSlots (one token at top-4), with the scales staged in shared memory (56 registers):
@@ -368,6 +369,9 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows) {
 // registers) 4 warps of ~12 for both. Session 20 W1 (H200, one process, 20b layer at one token): 24.52 us
 // (registers, 4 and 4 warps) against 22.66 (staged, 3 and 6 warps), 24.49 (staged, 3 and 4), 25.36 (staged,
 // 4 and 4).
+// From 5 to kMoeFusedAutoThreeWarpSlots (two tokens at top-4), staged: 3 warps of 15 tiles in both GEMMs (the
+// second's 1,440 CTAs at gpt-oss's shape in one wave at 12 an SM; session 21 W1, H200, one process, 20b layer at two
+// tokens: 37.60 us against 40.52 for 2 warps of 23; at four tokens 2 warps stay: 56.92 against 59.86).
 constexpr int64_t kMoeFusedDecodeMaxSlots = 64;
 constexpr int64_t kMoeFusedAutoFourWarpSlots = 4;
 
@@ -375,8 +379,11 @@ bool use_fused_moe_decode(int64_t num_slots) { return num_slots <= kMoeFusedDeco
 
 int moe_fused_auto_k_tiles_per_warp(int64_t num_slots) { return num_slots <= kMoeFusedAutoFourWarpSlots ? 12 : 23; }
 
-int moe_fused_auto_k_tiles_per_warp(int64_t num_slots, bool first_gemm, bool scales_in_registers) {
-  if (scales_in_registers || num_slots > kMoeFusedAutoFourWarpSlots) return moe_fused_auto_k_tiles_per_warp(num_slots);
+int moe_fused_auto_k_tiles_per_warp(int64_t num_slots, bool first_gemm, bool scales_in_registers,
+                                    int64_t three_warp_slots) {
+  if (scales_in_registers || num_slots > std::max(three_warp_slots, kMoeFusedAutoFourWarpSlots))
+    return moe_fused_auto_k_tiles_per_warp(num_slots);
+  if (num_slots > kMoeFusedAutoFourWarpSlots) return 16;
   return first_gemm ? 16 : 8;
 }
 

@@ -16,8 +16,12 @@ namespace mx::cuda {
 // k split's reduction, then each warp's staged scales, ceil(k tiles / k_split) blocks of 32.
 int64_t moe_fused_smem_bytes(int64_t k, int k_split);
 
-// kAuto's k tiles per warp for this many routed slots in the first GEMM or the second; with the scales in
-// registers the form before's choice, moe_fused_auto_k_tiles_per_warp(num_slots) (kernel_configs.h).
-int moe_fused_auto_k_tiles_per_warp(int64_t num_slots, bool first_gemm, bool scales_in_registers);
+// kAuto's k tiles per warp for this many routed slots in the first GEMM or the second (staged: 16 and 8 up to 4
+// slots, 16 in both up to `three_warp_slots`: 3 warps at gpt-oss's k); with the scales in registers the form
+// before's choice, moe_fused_auto_k_tiles_per_warp(num_slots) (kernel_configs.h). Session 20's kAuto: 4 three-warp
+// slots (2 warps from 5 slots on).
+inline constexpr int64_t kMoeFusedAutoThreeWarpSlots = 8;
+int moe_fused_auto_k_tiles_per_warp(int64_t num_slots, bool first_gemm, bool scales_in_registers,
+                                    int64_t three_warp_slots = kMoeFusedAutoThreeWarpSlots);
 
 }  // namespace mx::cuda
