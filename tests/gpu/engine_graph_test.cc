@@ -97,6 +97,16 @@ std::unique_ptr<EngineCore> make_core(const Loaded& f, EngineConfig c) {
   return std::move(*core);
 }
 
+// The graph tests' engine: 256 pages of `page_size` tokens, up to 8 requests, graphs for batches of 1, 2, 4 and 8.
+EngineConfig graph_config(int64_t page_size) {
+  EngineConfig c;
+  c.num_kv_pages = 256;
+  c.page_size = page_size;
+  c.max_running_requests = 8;
+  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  return c;
+}
+
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 // Tokens whose id, logprob or top logprobs differ in any bit between two runs of the same arrivals.
@@ -126,11 +136,7 @@ class EngineGraphTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
   const Loaded f = load_fixture(GetParam());
-  EngineConfig c;
-  c.num_kv_pages = 256;
-  c.page_size = 8;
-  c.max_running_requests = 8;
-  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  const EngineConfig c = graph_config(8);
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(2 * i), i});
   // top_logprobs 3 samples on the host from copied logits; 0 (logprobs on) uses the backend's sample op.
@@ -172,11 +178,7 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
 // give the same tokens and logprobs, bit for bit, as the same padded steps run eagerly.
 TEST_P(EngineGraphTest, ReplayedVerifyEqualsEagerPaddedBitForBit) {
   const Loaded f = load_fixture(GetParam());
-  EngineConfig c;
-  c.num_kv_pages = 256;
-  c.page_size = 4;  // 4 verify rows cross pages
-  c.max_running_requests = 8;
-  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  EngineConfig c = graph_config(4);  // 4 verify rows cross pages
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(i), i});
   auto plain_core = make_core(f, c);
@@ -227,11 +229,7 @@ using test::StripedConstraint;
 
 TEST_P(EngineGraphTest, MaskedDecodeReplaysTheSameGraphsAsEager) {
   const Loaded f = load_fixture(GetParam());
-  EngineConfig c;
-  c.num_kv_pages = 256;
-  c.page_size = 8;
-  c.max_running_requests = 8;
-  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  const EngineConfig c = graph_config(8);
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(i), i});
   for (const int64_t top_logprobs : {3, 0}) {  // host sampling, the backend's sample op
@@ -354,11 +352,7 @@ TEST_P(EngineGraphTest, BatchingEquivalenceWithGraphs) {
 // the batch moved its bf16 logits (batch-variant kernels, as BatchingEquivalenceWithGraphs), the same in both forms.
 TEST_P(EngineGraphTest, SplitSamplingDrawsWhatWholeHostStepsDraw) {
   const Loaded f = load_fixture(GetParam());
-  EngineConfig c;
-  c.num_kv_pages = 256;
-  c.page_size = 8;
-  c.max_running_requests = 8;
-  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  const EngineConfig c = graph_config(8);
   // Two requests a prompt, three arriving a step: seeded sampling (top-p on some) and greedy; every third request
   // needs the host (3 top logprobs; a presence penalty besides on every sixth).
   std::vector<Arrival> arrivals;
@@ -573,11 +567,7 @@ TEST_P(TensorParallelGraphTest, ReplayedDecodeEqualsEagerBitForBit) {
   const std::string& name = param.fixture;
   const int tp = param.tp;
   const Loaded f = load_fixture(name, cuda_backend(), tp, tensor_parallel_load_options(param)), one = load_fixture(name);
-  EngineConfig c;
-  c.num_kv_pages = 256;
-  c.page_size = 8;
-  c.max_running_requests = 8;
-  c.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  const EngineConfig c = graph_config(8);
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(2 * i), i});
   const std::string what =
