@@ -27,10 +27,13 @@ std::string mib(int64_t bytes) {
   return buf;
 }
 
-// A sampled entry whose rows only the host sampler draws: penalties, top logprobs, a forced test output.
-bool needs_host_sampler(const Request& r) {
+// What a sampled entry's rows need from the host: their draws (penalties, a forced test output: the sample op makes
+// neither), their top logprobs alone (the sample op's draws stand; the host ranks the logits), or nothing.
+enum class HostNeed { kNone, kTopLogprobs, kDraw };
+HostNeed host_need(const Request& r) {
   const SamplingParams& p = r.input.sampling;
-  return p.has_penalties() || p.top_logprobs > 0 || !r.input.forced_tokens.empty();
+  if (p.has_penalties() || !r.input.forced_tokens.empty()) return HostNeed::kDraw;
+  return p.top_logprobs > 0 ? HostNeed::kTopLogprobs : HostNeed::kNone;
 }
 
 // Every entry computes `rows` tokens and samples from each (rows 1: decode; k + 1: verify k drafts), with
@@ -299,11 +302,13 @@ const ModelRunner::StepGraph* ModelRunner::graph_for(const ScheduledBatch& batch
 }
 
 ModelRunner::SampleRows ModelRunner::sample_rows(const ScheduledBatch& batch) const {
-  bool op = false, host = false;
+  bool op = false, host = false;  // rows the sample op can draw; rows that need the host
   for (const ScheduledEntry& e : batch.entries) {
     if (e.all_logits) return SampleRows::kHost;  // its rows come to the host, and the logits rows are not the samples
     if (!e.sample) continue;
-    (needs_host_sampler(*e.request) ? host : op) = true;
+    const HostNeed need = host_need(*e.request);
+    op |= need != HostNeed::kDraw;
+    host |= need != HostNeed::kNone;
   }
   if (!host) return SampleRows::kOp;
   return op && !whole_batch_host_sampling_ ? SampleRows::kSplit : SampleRows::kHost;
@@ -362,8 +367,8 @@ Status ModelRunner::read_sampled(const ScheduledBatch& batch, int64_t rows, bool
       std::memcpy(&t.logprob, &sample_out_host_[static_cast<size_t>(rows + k)], sizeof(float));
       t.top.clear();
     }
-    // A verify entry's draws are taken by the tokens it keeps; a host-sampled entry's stream moves with its draw.
-    if (e.num_draft == 0 && !(split && needs_host_sampler(*e.request))) e.request->rng.advance();
+    // A verify entry's draws are taken by the tokens it keeps; one the host draws for moves its stream there.
+    if (e.num_draft == 0 && !(split && host_need(*e.request) == HostNeed::kDraw)) e.request->rng.advance();
   }
   ++sample_op_steps_;
   return Status::ok();
@@ -495,7 +500,7 @@ Status ModelRunner::sample_logits_on_host(const ScheduledBatch& batch, const Sta
   } else {
     int64_t row = 0, first = 0;  // the run [first, row) waits to be copied
     for (const ScheduledEntry& e : batch.entries) {
-      if (!e.sample || !needs_host_sampler(*e.request)) {
+      if (!e.sample || host_need(*e.request) == HostNeed::kNone) {
         MX_RETURN_IF_ERROR(copy_rows(first, row));
         first = row + e.logit_rows();
       }
@@ -708,7 +713,8 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, bool 
     Request& r = *e.request;
     row += e.logit_rows();
     if (!e.sample) continue;
-    if (host_only && !needs_host_sampler(r)) {  // the sample op's rows
+    const HostNeed need = host_only ? host_need(r) : HostNeed::kDraw;
+    if (need == HostNeed::kNone) {  // the sample op's rows
       k += 1 + e.num_draft;
       continue;
     }
@@ -722,6 +728,7 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, bool 
       h.penalties = PenaltyContext{prompt, r.generated()};
       h.rng = r.rng;
       h.decode = true;
+      h.drawn = need == HostNeed::kTopLogprobs;
       h.out = &(*sampled)[static_cast<size_t>(k++)];
       host_rows_.push_back(h);
       continue;
@@ -744,6 +751,7 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, bool 
                     : r.generated();
       h.penalties = PenaltyContext{prompt, output};
       h.rng = r.rng.ahead(static_cast<uint64_t>(i));
+      h.drawn = need == HostNeed::kTopLogprobs;
       h.out = &(*sampled)[static_cast<size_t>(k++)];
       host_rows_.push_back(h);
     }
@@ -769,6 +777,10 @@ void ModelRunner::sample_on_host(const ScheduledBatch& batch, bool masked, bool 
         const SamplingParams& params = h.request->input.sampling;
         // A row alone spreads its logprobs' passes over the pool instead (fill_logprobs: the same values).
         cpu::ThreadPool* pool = threads == 1 ? host_pool_.get() : nullptr;
+        if (h.drawn) {  // the sample op's token (and stream) stand
+          if (params.logprobs) sampler.fill_logprobs(h.logits, params, pool, h.out);
+          continue;
+        }
         const size_t g = static_cast<size_t>(h.request->num_generated());
         if (h.decode && g < h.request->input.forced_tokens.size()) {
           // A test-only forced output replaces the draw (its stream moves as a draw's would); its logprob and the

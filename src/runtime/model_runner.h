@@ -168,13 +168,15 @@ class ModelRunner {
     PenaltyContext penalties;
     Rng rng;
     bool decode = false;  // the entry's one row: its stream advances, its forced token applies
+    bool drawn = false;   // the sample op drew it (top logprobs alone): only its logprobs here
     SampledToken* out = nullptr;
   };
 
-  // How a step's rows are sampled. Rows that need nothing host-only (penalties, top logprobs, forced test
-  // outputs) are sampled by Backend::sample and bring back only ids and logprobs; the host Sampler runs the same
-  // algorithm on the others' logits, copied back row by row (kSplit), or on every row when prompt logits come to
-  // the host anyway (or whole_batch_host_sampling_).
+  // How a step's rows are sampled. Backend::sample draws every row it can and brings back only ids and logprobs;
+  // the logits of rows that need more come back (kSplit: those rows alone): the host Sampler draws the rows with
+  // penalties or forced test outputs (the same algorithm), and ranks the top logprobs of rows that ask for them
+  // (the op's draws stand). Every row goes to the host when prompt logits come back anyway, when every row needs
+  // the host's draw, or with whole_batch_host_sampling_ (the form before 2026-11-29).
   enum class SampleRows { kOp, kSplit, kHost };
   SampleRows sample_rows(const ScheduledBatch& batch) const;
   // Asks each sampled entry's constraint for its mask: row k of token_mask_host_ for the k-th sampled entry.

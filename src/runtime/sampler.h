@@ -88,10 +88,10 @@ class Sampler {
   // null; not one whose parallel_for this call runs inside) spreads the logprobs' passes over its threads.
   void sample(const float* logits, const SamplingParams& params, const PenaltyContext& penalties, Rng& rng,
               SampledToken* out, cpu::ThreadPool* pool = nullptr);
-  // What sample() reports beside out->token (chosen already: a forced test output): the log-softmax of the raw
-  // logits at it and the top n, over kLogprobSlices fixed slices of the vocabulary (on `pool`'s threads where
-  // given): each slice's largest logit and n best ids, then its sum of exponentials, the sums added in slice order,
-  // so that a row's logprobs are the same on any number of threads.
+  // What sample() reports beside out->token (drawn already by the sample op from the same logits, or a forced test output): the
+  // log-softmax of the raw logits at it and the top n, over kLogprobSlices fixed slices of the vocabulary (on
+  // `pool`'s threads where given): each slice's largest logit and n best ids, then its sum of exponentials, the
+  // sums added in slice order, so that a row's logprobs are the same on any number of threads.
   void fill_logprobs(const float* logits, const SamplingParams& params, cpu::ThreadPool* pool, SampledToken* out);
 
  private:

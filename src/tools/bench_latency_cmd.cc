@@ -146,8 +146,8 @@ const std::vector<CliOption> kCommandOptions = {
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
     {"host-sampled-requests", true,
-     "the first N requests of each batch ask for 5 top logprobs, which the host sampler draws from their copied "
-     "logits (the others stay greedy on the sample op; default 0)"},
+     "the first N requests of each batch ask for 5 top logprobs, which the host ranks from their copied logits "
+     "(the sample op draws every token, greedy; default 0)"},
     {"compare-host-sampling", false,
      "every batch twice, with --host-sampled-requests' rows taking every row of their steps to the host (the form "
      "before 2026-11-29) and then alone (the others from the sample op), in one process"},

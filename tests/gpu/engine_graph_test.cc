@@ -134,20 +134,31 @@ int64_t count_differing(const std::vector<RequestOutput>& runs_a, const std::vec
 
 class EngineGraphTest : public ::testing::TestWithParam<std::string> {};
 
+// How a graph test's runs sample: every row on the host (whole steps: top 3 logprobs drawn and ranked there, the
+// path of steps whose every row has penalties), the sample op drawing and the host ranking the top 3 logprobs from
+// the copied rows, or the sample op alone (logprobs on).
+struct SampleMode {
+  const char* name;
+  int64_t top_logprobs;
+  bool whole_host;
+};
+constexpr SampleMode kSampleModes[] = {
+    {"host sampling", 3, true}, {"sample op + host top-3", 3, false}, {"sample op", 0, false}};
+
 TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
   const Loaded f = load_fixture(GetParam());
   const EngineConfig c = graph_config(8);
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(2 * i), i});
-  // top_logprobs 3 samples on the host from copied logits; 0 (logprobs on) uses the backend's sample op.
-  for (const int64_t top_logprobs : {3, 0}) {
+  for (const SampleMode& mode : kSampleModes) {
     std::vector<RequestOutput> runs[2];
     int64_t replays[2] = {0, 0}, padded[2] = {0, 0}, in_graph[2] = {0, 0}, op_steps = 0;
     for (int replay = 0; replay < 2; ++replay) {
       auto core = make_core(f, c);
       ASSERT_EQ(core->runner().startup().graph_batch_sizes, (std::vector<int64_t>{1, 2, 4, 8}));
       core->runner().set_graph_replay(replay == 1);
-      runs[replay] = drive(*core, f, arrivals, top_logprobs);
+      core->runner().set_whole_batch_host_sampling(mode.whole_host);
+      runs[replay] = drive(*core, f, arrivals, mode.top_logprobs);
       replays[replay] = core->runner().num_graph_replays();
       padded[replay] = core->runner().num_padded_steps();
       in_graph[replay] = core->runner().graph_sampled_steps();
@@ -157,15 +168,15 @@ TEST_P(EngineGraphTest, ReplayedDecodeEqualsEagerPaddedBitForBit) {
     const int64_t differing = count_differing(runs[0], runs[1], &tokens);
     record("runner graphs == eager padded",
            GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed / " +
-               std::to_string(padded[1]) + " padded steps (token, logprob" + (top_logprobs ? ", top-3 bits; host" : " bits; sample op") +
-               " sampling, " + std::to_string(op_steps) + " op steps, " + std::to_string(in_graph[1]) + " sampled in the graph)",
+               std::to_string(padded[1]) + " padded steps (token, logprob" + (mode.top_logprobs ? ", top-3" : "") + " bits; " +
+               mode.name + ", " + std::to_string(op_steps) + " op steps, " + std::to_string(in_graph[1]) + " sampled in the graph)",
            static_cast<double>(differing), 0, 0, differing == 0 && replays[1] > 0);
     EXPECT_EQ(replays[0], 0);
     EXPECT_GT(replays[1], 0);
     EXPECT_EQ(padded[0], padded[1]);
     EXPECT_EQ(differing, 0);
     EXPECT_EQ(in_graph[0], 0);
-    if (top_logprobs == 0) {
+    if (!mode.whole_host) {
       EXPECT_GT(op_steps, 0);
       EXPECT_EQ(in_graph[1], replays[1]);  // every replayed step sampled inside its graph
     } else {
@@ -188,14 +199,15 @@ TEST_P(EngineGraphTest, ReplayedVerifyEqualsEagerPaddedBitForBit) {
   c.speculative.algorithm = SpeculativeAlgorithm::kExternal;
   c.speculative.num_draft_tokens = 3;
   c.speculative.external = std::make_shared<const ReferenceDrafter>(std::move(refs));
-  for (const int64_t top_logprobs : {3, 0}) {  // host sampling, the backend's sample op
+  for (const SampleMode& mode : kSampleModes) {
     std::vector<RequestOutput> runs[2];
     int64_t verify_replays[2] = {0, 0}, padded[2] = {0, 0};
     for (int replay = 0; replay < 2; ++replay) {
       auto core = make_core(f, c);
       ASSERT_EQ(core->runner().startup().verify_graph_batch_sizes, (std::vector<int64_t>{1, 2, 4, 8}));
       core->runner().set_graph_replay(replay == 1);
-      runs[replay] = drive(*core, f, arrivals, top_logprobs);
+      core->runner().set_whole_batch_host_sampling(mode.whole_host);
+      runs[replay] = drive(*core, f, arrivals, mode.top_logprobs);
       verify_replays[replay] = core->runner().num_verify_replays();
       padded[replay] = core->runner().num_padded_steps();
     }
@@ -213,8 +225,7 @@ TEST_P(EngineGraphTest, ReplayedVerifyEqualsEagerPaddedBitForBit) {
     }
     record("verify graphs == eager padded",
            GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(verify_replays[1]) +
-               " verify steps replayed, " + std::to_string(padded[1]) + " padded steps (" +
-               (top_logprobs ? "host sampling" : "sample op") + ")",
+               " verify steps replayed, " + std::to_string(padded[1]) + " padded steps (" + mode.name + ")",
            static_cast<double>(differing), 0, 0, differing == 0 && verify_replays[1] > 0);
     EXPECT_EQ(verify_replays[0], 0);
     EXPECT_GT(verify_replays[1], 0);
@@ -232,14 +243,15 @@ TEST_P(EngineGraphTest, MaskedDecodeReplaysTheSameGraphsAsEager) {
   const EngineConfig c = graph_config(8);
   std::vector<Arrival> arrivals;
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(i), i});
-  for (const int64_t top_logprobs : {3, 0}) {  // host sampling, the backend's sample op
+  for (const SampleMode& mode : kSampleModes) {
     std::vector<RequestOutput> runs[2];
     int64_t replays[2] = {0, 0}, violations = 0, op_steps = 0;
     for (int replay = 0; replay < 2; ++replay) {
       auto core = make_core(f, c);
       core->runner().set_graph_replay(replay == 1);
+      core->runner().set_whole_batch_host_sampling(mode.whole_host);
       std::vector<std::shared_ptr<StripedConstraint>> constraints(arrivals.size());
-      runs[replay] = drive(*core, f, arrivals, top_logprobs, [&](size_t i) -> std::shared_ptr<TokenConstraint> {
+      runs[replay] = drive(*core, f, arrivals, mode.top_logprobs, [&](size_t i) -> std::shared_ptr<TokenConstraint> {
         if (i % 3 == 2) return nullptr;
         constraints[i] = std::make_shared<StripedConstraint>(static_cast<uint32_t>(i));
         return constraints[i];
@@ -263,13 +275,13 @@ TEST_P(EngineGraphTest, MaskedDecodeReplaysTheSameGraphsAsEager) {
     record("masked decode: graphs == eager",
            GetParam() + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed steps, " +
                std::to_string(violations) + " tokens outside their masks (" +
-               (top_logprobs ? "host sampling" : std::to_string(op_steps) + " sample op steps") + ")",
+               mode.name + ", " + std::to_string(op_steps) + " sample op steps)",
            static_cast<double>(differing + violations), 0, 0, pass);
     EXPECT_EQ(differing, 0);
     EXPECT_EQ(violations, 0);
     EXPECT_GT(replays[1], 0);
     EXPECT_EQ(replays[0], 0);
-    if (top_logprobs == 0) {
+    if (!mode.whole_host) {
       EXPECT_GT(op_steps, 0);
     }
   }
@@ -345,8 +357,9 @@ TEST_P(EngineGraphTest, BatchingEquivalenceWithGraphs) {
   EXPECT_EQ(failures, 0);
 }
 
-// Steps whose rows are split between the sample op (inside the decode graphs) and the host sampler (top logprobs,
-// penalties) draw what the same steps drew with every row on the host (the form before 2026-11-29): the same tokens,
+// Steps whose rows are split between the sample op (inside the decode graphs) and the host sampler (penalties: the
+// host draws; top logprobs alone: the op draws, the host ranks) draw what the same steps drew with every row on the
+// host (the form before 2026-11-29): the same tokens,
 // the host rows' logprobs and top logprobs bit for bit, the sample op's logprobs within 1e-4 (the GPU's log-softmax
 // against the host's, as SampleOp's tests). Each request alone is recorded beside them: its tokens differ only where
 // the batch moved its bf16 logits (batch-variant kernels, as BatchingEquivalenceWithGraphs), the same in both forms.
@@ -572,20 +585,22 @@ TEST_P(TensorParallelGraphTest, ReplayedDecodeEqualsEagerBitForBit) {
   for (size_t i = 0; i < f.prompts.size(); ++i) arrivals.push_back({static_cast<int64_t>(2 * i), i});
   const std::string what =
       "TP " + std::to_string(tp) + " MoE split " + moe_split_name(param.moe_split) + " graphs == eager padded";
-  for (const int64_t top_logprobs : {3, 0}) {
+  for (const SampleMode& mode : kSampleModes) {
     std::vector<RequestOutput> runs[2];
     int64_t replays[2] = {0, 0};
     for (int replay = 0; replay < 2; ++replay) {
       auto core = make_core(f, c);
       ASSERT_EQ(core->runner().startup().graph_batch_sizes, (std::vector<int64_t>{1, 2, 4, 8}));
       core->runner().set_graph_replay(replay == 1);
-      runs[replay] = drive(*core, f, arrivals, top_logprobs);
+      core->runner().set_whole_batch_host_sampling(mode.whole_host);
+      runs[replay] = drive(*core, f, arrivals, mode.top_logprobs);
       replays[replay] = core->runner().num_graph_replays();
     }
     int64_t tokens = 0;
     const int64_t differing = count_differing(runs[0], runs[1], &tokens);
     auto single = make_core(one, c);
-    const std::vector<RequestOutput> tp1 = drive(*single, one, arrivals, top_logprobs);
+    single->runner().set_whole_batch_host_sampling(mode.whole_host);
+    const std::vector<RequestOutput> tp1 = drive(*single, one, arrivals, mode.top_logprobs);
     int64_t agree = 0, total = 0;
     for (size_t i = 0; i < arrivals.size(); ++i) {
       size_t t = 0;
@@ -595,7 +610,7 @@ TEST_P(TensorParallelGraphTest, ReplayedDecodeEqualsEagerBitForBit) {
     }
     record(what,
            name + ": " + std::to_string(tokens) + " tokens, " + std::to_string(replays[1]) + " replayed steps (" +
-               (top_logprobs ? "host" : "sample op") + " sampling); greedy prefix = TP 1 for " + std::to_string(agree) +
+               mode.name + "); greedy prefix = TP 1 for " + std::to_string(agree) +
                "/" + std::to_string(total) + " tokens",
            static_cast<double>(differing), 0, 0, differing == 0 && replays[1] > 0);
     EXPECT_EQ(replays[0], 0);
