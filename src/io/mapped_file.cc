@@ -40,6 +40,10 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   return std::unique_ptr<MappedFile>(new MappedFile(path, data, size));
 }
 
+std::unique_ptr<MappedFile> MappedFile::adopt(std::string name, const uint8_t* data, int64_t size) {
+  return std::unique_ptr<MappedFile>(new MappedFile(std::move(name), data, size));
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
 }

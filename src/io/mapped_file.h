@@ -13,6 +13,8 @@ namespace mx {
 class MappedFile {
  public:
   static Result<std::unique_ptr<MappedFile>> open(const std::string& path);
+  // A mapping made elsewhere (mmap of `size` bytes at `data`; `name` for messages), unmapped by this object.
+  static std::unique_ptr<MappedFile> adopt(std::string name, const uint8_t* data, int64_t size);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -71,9 +71,15 @@ Status parse_tensor_entry(const std::string& name, const json& entry, int64_t da
 }  // namespace
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+  MX_ASSIGN_OR_RETURN(auto file, MappedFile::open(path));
+  return open(std::move(file));
+}
+
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(std::unique_ptr<MappedFile> mapped) {
   auto result = std::make_unique<SafetensorsFile>();
-  MX_ASSIGN_OR_RETURN(result->file_, MappedFile::open(path));
+  result->file_ = std::move(mapped);
   const MappedFile& file = *result->file_;
+  const std::string& path = file.path();
   auto fail = [&](const Status& s) { return s.with_context(path); };
   if (file.size() < 8) return fail(invalid_argument("file is truncated: " + std::to_string(file.size()) + " bytes, no header"));
   const uint64_t header_len = read_u64_le(file.data());
@@ -124,6 +130,11 @@ TensorView SafetensorsFile::view(const std::string& name) const {
 
 Status Checkpoint::add_file(const std::string& path, const std::vector<std::string>* expected_names) {
   MX_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
+  return add(std::move(file), expected_names);
+}
+
+Status Checkpoint::add(std::unique_ptr<SafetensorsFile> file, const std::vector<std::string>* expected_names) {
+  const std::string& path = file->path();
   const int index = static_cast<int>(files_.size());
   for (const auto& [name, info] : file->tensors()) {
     (void)info;
@@ -143,6 +154,13 @@ Status Checkpoint::add_file(const std::string& path, const std::vector<std::stri
 Result<Checkpoint> Checkpoint::open_file(const std::string& path) {
   Checkpoint ckpt;
   MX_RETURN_IF_ERROR(ckpt.add_file(path, nullptr));
+  return ckpt;
+}
+
+Result<Checkpoint> Checkpoint::from_mapping(std::unique_ptr<MappedFile> mapped) {
+  MX_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(std::move(mapped)));
+  Checkpoint ckpt;
+  MX_RETURN_IF_ERROR(ckpt.add(std::move(file), nullptr));
   return ckpt;
 }
 
@@ -211,12 +229,10 @@ int64_t Checkpoint::total_bytes() const {
   return total;
 }
 
-Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::open(const std::string& path,
-                                                                   const std::vector<TensorSpec>& specs,
-                                                                   const std::map<std::string, std::string>& metadata) {
+Result<std::string> safetensors_header(const std::vector<TensorSpec>& specs,
+                                       const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
   int64_t offset = 0;
   std::set<std::string> seen;
   for (const auto& t : specs) {
@@ -228,18 +244,24 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::open(const std::st
     const int64_t bytes = dtype_bytes(t.dtype, t.shape.numel());
     header[t.name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    writer->sizes_.push_back(bytes);
   }
   std::string header_text = header.dump();
   header_text.resize((header_text.size() + 7) / 8 * 8, ' ');  // keep tensor data 8-byte aligned
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
+  return out + header_text;
+}
+
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::open(const std::string& path,
+                                                                   const std::vector<TensorSpec>& specs,
+                                                                   const std::map<std::string, std::string>& metadata) {
+  MX_ASSIGN_OR_RETURN(const std::string header, safetensors_header(specs, metadata));
+  std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
+  for (const auto& t : specs) writer->sizes_.push_back(dtype_bytes(t.dtype, t.shape.numel()));
   writer->path_ = path;
   writer->file_ = std::fopen(path.c_str(), "wb");
   if (!writer->file_) return io_error("cannot create " + path + ": " + std::strerror(errno));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
-  if (std::fwrite(len, 1, 8, writer->file_) != 8 ||
-      std::fwrite(header_text.data(), 1, header_text.size(), writer->file_) != header_text.size())
-    return io_error("cannot write " + path);
+  if (std::fwrite(header.data(), 1, header.size(), writer->file_) != header.size()) return io_error("cannot write " + path);
   return writer;
 }
 

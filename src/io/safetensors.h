@@ -27,6 +27,8 @@ struct TensorInfo {
 class SafetensorsFile {
  public:
   static Result<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
+  // The same over a file's bytes already mapped (a synthetic checkpoint made in memory).
+  static Result<std::unique_ptr<SafetensorsFile>> open(std::unique_ptr<MappedFile> file);
 
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -47,6 +49,8 @@ class Checkpoint {
   static Result<Checkpoint> open_dir(const std::string& dir);
   // One file; used by tests and tools.
   static Result<Checkpoint> open_file(const std::string& path);
+  // One safetensors file's bytes in memory (model/synthetic_writer.h's in-memory checkpoints).
+  static Result<Checkpoint> from_mapping(std::unique_ptr<MappedFile> file);
 
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   Result<TensorView> get(const std::string& name) const;
@@ -55,6 +59,7 @@ class Checkpoint {
 
  private:
   Status add_file(const std::string& path, const std::vector<std::string>* expected_names);
+  Status add(std::unique_ptr<SafetensorsFile> file, const std::vector<std::string>* expected_names);
 
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, int> where_;  // tensor name -> index into files_
@@ -70,6 +75,11 @@ struct TensorSpec {
   DType dtype;
   Shape shape;
 };
+
+// A safetensors file's first bytes for `specs` in order: the 8-byte length, then the JSON header padded with
+// spaces to a multiple of 8 (tensor data stays 8-byte aligned). Fails on duplicate names.
+Result<std::string> safetensors_header(const std::vector<TensorSpec>& specs,
+                                       const std::map<std::string, std::string>& metadata = {});
 
 // Streams a safetensors file whose tensor list is known up front: the header is written at open, then
 // each tensor's bytes in order. Lets multi-gigabyte checkpoints be written without holding them in memory.

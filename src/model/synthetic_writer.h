@@ -1,6 +1,6 @@
 // The family-independent half of synthetic checkpoints (model/synthetic_model.h): seeded random tensors from
 // a model's weight table, written as Hugging Face sharded safetensors (model-0000i-of-0000n.safetensors +
-// model.safetensors.index.json) or into one anonymous in-memory file. A family supplies its tensor list,
+// model.safetensors.index.json) or into anonymous memory as one file's bytes. A family supplies its tensor list,
 // how each tensor is filled, and its config files.
 #pragma once
 
@@ -36,7 +36,7 @@ Status write_synthetic_checkpoint(const std::vector<WeightSpec>& specs, const Sy
                                   const SyntheticConfigFiles& files, const std::string& dir,
                                   const SyntheticOptions& options);
 
-// The same tensors (same seed, same bytes) as one shard in an anonymous in-memory file.
+// The same tensors (same seed, same bytes) as one shard's bytes in anonymous memory (huge pages where given).
 Result<Checkpoint> synthetic_tensors_in_memory(const std::vector<WeightSpec>& specs, const SyntheticFillRule& rule,
                                                const SyntheticOptions& options);
 

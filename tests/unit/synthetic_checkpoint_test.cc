@@ -117,6 +117,27 @@ TEST(SyntheticCheckpoint, InMemoryTensorsMatchTheWrittenOnes) {
   }
 }
 
+// The synthesis's bytes pinned: FNV-1a over every tensor of two presets (bf16 normals, random bytes, constant
+// bytes), as the one-hash-an-element loops made them (session 20). A faster synthesis must keep these bits:
+// benchmarks and fixtures made from presets compare across versions.
+TEST(SyntheticCheckpoint, BytesArePinned) {
+  const std::pair<const char*, uint64_t> pinned[] = {{"tiny", 0xb840efe8eec076cdull}, {"gemma-demo", 0x5746b9fe5884fe67ull}};
+  for (const auto& [preset, digest] : pinned) {
+    SyntheticOptions options;
+    options.seed = 11;
+    options.threads = 3;
+    auto memory = synthetic_checkpoint_in_memory(preset, options);
+    ASSERT_TRUE(memory.is_ok()) << memory.status().to_string();
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const std::string& name : memory->checkpoint.names()) {
+      const TensorView t = *memory->checkpoint.get(name);
+      const auto* bytes = static_cast<const uint8_t*>(t.data());
+      for (int64_t i = 0; i < t.bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+    }
+    EXPECT_EQ(h, digest) << preset << ": 0x" << std::hex << h;
+  }
+}
+
 TEST(SyntheticCheckpoint, CliErrors) {
   const auto r = test::run_mxserve("make-model --preset gpt-oss-7b --out /tmp/never");
   EXPECT_EQ(r.exit_code, 1);
