@@ -434,6 +434,10 @@ class Backend {
   // Device facts. Backends without a memory of their own (the CPU) answer unimplemented.
   virtual std::string device_name() const { return name(); }
   virtual Result<DeviceMemory> memory_info() { return unimplemented(name() + " backend has no device memory to query"); }
+  // Device memory that allocate() holds now on this backend's device, over every backend of this process
+  // (what the process owns, whatever other processes on the device do; not the driver's context, library
+  // workspaces, loaded kernels or graphs), or -1 where nothing is counted.
+  virtual int64_t allocated_bytes() const { return -1; }
   virtual Result<std::unique_ptr<DeviceTimer>> make_timer(int64_t slots) {
     (void)slots;
     return unimplemented(name() + " backend has no device timer");

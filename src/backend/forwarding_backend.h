@@ -107,6 +107,7 @@ class ForwardingBackend : public Backend {
 
   std::string device_name() const override { return inner_.device_name(); }
   Result<DeviceMemory> memory_info() override { return inner_.memory_info(); }
+  int64_t allocated_bytes() const override { return inner_.allocated_bytes(); }
   Result<std::unique_ptr<DeviceTimer>> make_timer(int64_t slots) override { return inner_.make_timer(slots); }
 
   Status prepare(const WorkspaceSpec& spec) override { return inner_.prepare(spec); }

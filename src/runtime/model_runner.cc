@@ -69,6 +69,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   // What was in use before the runner allocated anything: the baseline of the memory plan.
   const bool plan = config->num_kv_pages == 0;
   DeviceMemory before;
+  const int64_t owned_before = backend.allocated_bytes();
   if (plan) {
     auto mem = backend.memory_info();
     if (!mem.is_ok())
@@ -114,7 +115,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   }
 
   const bool graphs = config->enable_cuda_graphs && backend.can_capture();
-  if (plan) MX_RETURN_IF_ERROR(r->plan_kv_pool(before, graphs, config));
+  if (plan) MX_RETURN_IF_ERROR(r->plan_kv_pool(before, owned_before, graphs, config));
   // After the plan: an auto max-running-requests is only known from it.
   const std::vector<int64_t> sizes = graphs ? cuda_graph_batch_sizes(*config) : std::vector<int64_t>{};
   r->config_ = *config;
@@ -144,7 +145,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const Model& model, Eng
   return r;
 }
 
-Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, EngineConfig* config) {
+Status ModelRunner::plan_kv_pool(const DeviceMemory& before, int64_t owned_before, bool graphs, EngineConfig* config) {
   Backend& b = model_.backend();
   const int64_t P = config->page_size;
   // Worst case: the whole token budget in one step, as few sequences as the context length allows, on a
@@ -167,7 +168,7 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
                      0, page_ids[i], false, false});
     start += lengths[i];
   }
-  int64_t temp_kv_bytes = 0;
+  int64_t temp_kv_bytes = 0, owned_after = -1;
   DeviceMemory after;
   {
     const KvCacheShape shape = KvCacheShape::uniform(model_.kv_layout(), next_page, P);
@@ -178,13 +179,20 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, bool graphs, Engine
     MX_RETURN_IF_ERROR(forward(view, temp, logits).with_context("memory-plan warm-up pass"));
     MX_RETURN_IF_ERROR(b.synchronize());
     MX_ASSIGN_OR_RETURN(after, b.memory_info());
+    owned_after = b.allocated_bytes();
   }
+  // The activations: what the device lost over the runner's buffers and the warm-up, and never less than
+  // what this process itself allocated in that time (where the backend counts it): another process freeing
+  // memory meanwhile must not shrink them. (One allocating meanwhile still inflates them: a smaller pool.)
+  int64_t activation_bytes = before.free_bytes - after.free_bytes - temp_kv_bytes;
+  if (owned_before >= 0 && owned_after >= 0)
+    activation_bytes = std::max(activation_bytes, owned_after - owned_before - temp_kv_bytes);
   auto inputs = [&] {
     KvMemoryInputs in = kv_memory_inputs(*config, model_.kv_layout(), b.kv_dtype(), model_.kv_devices());
     in.scratch_pages = graphs ? 1 : 0;
     in.device_bytes = before.total_bytes;
     in.weights_bytes = model_.device_weight_bytes();
-    in.activation_bytes = std::max<int64_t>(0, before.free_bytes - after.free_bytes - temp_kv_bytes);
+    in.activation_bytes = std::max<int64_t>(0, activation_bytes);
     in.other_bytes = std::max<int64_t>(0, before.total_bytes - before.free_bytes - in.weights_bytes);
     return in;
   };

@@ -197,7 +197,7 @@ class ModelRunner {
   ModelRunner(const Model& model, int64_t vocab);
   // The model on the runner's workspace: logits for the batch's logit rows.
   Status forward(const BatchView& view, const KvCache& kv, const TensorView& logits);
-  Status plan_kv_pool(const DeviceMemory& before, bool graphs, EngineConfig* config);
+  Status plan_kv_pool(const DeviceMemory& before, int64_t owned_before, bool graphs, EngineConfig* config);
   Status capture_graphs(const std::vector<int64_t>& sizes);
   // One graph per bucket of sequences with `rows` tokens each (1: decode; k + 1: verify k drafts).
   Result<std::vector<std::unique_ptr<StepGraph>>> capture_step_graphs(const std::vector<int64_t>& sizes, int64_t rows);

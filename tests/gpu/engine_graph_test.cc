@@ -541,26 +541,34 @@ TEST_P(EngineGraphTest, SpeculationEqualsPlainDecodingOnCuda) {
 }
 
 // --mem-fraction on CUDA: the pool is planned from measured memory and the process stays inside the
-// fraction (graphs excepted, which come out of the rest).
+// fraction (graphs excepted, which come out of the rest). Other processes on the device (the suite's parallel
+// test processes) may allocate or free at any time: the fraction leaves 6 GiB over what the device holds now,
+// so their growth during the plan still leaves a pool, and the checks count only what this process owns
+// (Backend::allocated_bytes) on top of what the device held when the plan measured it.
 TEST_P(EngineGraphTest, PlannedKvPoolStaysInsideTheFraction) {
   const Loaded f = load_fixture(GetParam());
   auto mem = cuda_backend().memory_info();
   ASSERT_TRUE(mem.is_ok());
   const int64_t used = mem->total_bytes - mem->free_bytes;
   EngineConfig c;
-  c.mem_fraction = std::min(1.0, static_cast<double>(used + (2ll << 30)) / static_cast<double>(mem->total_bytes));
+  c.mem_fraction = std::min(1.0, static_cast<double>(used + (6ll << 30)) / static_cast<double>(mem->total_bytes));
   c.max_running_requests = 8;
+  const int64_t owned_before = cuda_backend().allocated_bytes();
+  ASSERT_GE(owned_before, 0);
   auto core = make_core(f, c);
   const RunnerStartup& s = core->runner().startup();
-  auto after = cuda_backend().memory_info();
-  ASSERT_TRUE(after.is_ok());
-  const int64_t used_after = after->total_bytes - after->free_bytes;
+  const int64_t owned = cuda_backend().allocated_bytes() - owned_before;  // the engine's buffers and pool
+  const KvMemoryInputs& in = s.memory;
   const auto limit = static_cast<int64_t>(c.mem_fraction * static_cast<double>(mem->total_bytes));
-  std::printf("[plan] %s; graphs %lld bytes; used %lld of limit %lld\n",
-              describe_kv_memory_plan(s.memory, s.plan).c_str(), static_cast<long long>(s.graph_bytes),
-              static_cast<long long>(used_after), static_cast<long long>(limit));
-  const bool pass = s.planned && s.kv_bytes > (1ll << 30) && s.kv_bytes <= (2ll << 30) &&
-                    used_after <= limit + s.graph_bytes + (64ll << 20);
+  const int64_t held = in.weights_bytes + in.other_bytes;  // the device's use (every process) as the plan began
+  const int64_t pool_budget = limit - held - in.activation_bytes;
+  std::printf("[plan] %s; graphs %lld bytes; owned by the engine %lld; held at the plan %lld; limit %lld\n",
+              describe_kv_memory_plan(in, s.plan).c_str(), static_cast<long long>(s.graph_bytes),
+              static_cast<long long>(owned), static_cast<long long>(held), static_cast<long long>(limit));
+  // The pool fills what the plan left it (within a page a group) and is most of the 6 GiB; the engine's own
+  // buffers besides the pool fit the activations the plan measured; the process stays inside the fraction.
+  const bool pass = s.planned && s.kv_bytes <= pool_budget && s.kv_bytes > (3ll << 30) &&
+                    owned - s.kv_bytes <= in.activation_bytes + (64ll << 20) && held + owned <= limit + (64ll << 20);
   record("KV pool from --mem-fraction", GetParam() + ": " + std::to_string(s.kv_pages) + " pages planned", 0, 0, 0, pass);
   EXPECT_TRUE(pass);
   const auto out = drive(*core, f, {{0, 0}}, 0);

@@ -4,8 +4,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cublaslt_linear.h"
@@ -35,7 +39,33 @@ constexpr int64_t kFp8SlabBytes = 64ll << 20;
 // Router batches up to this size run the fused GEMV + top-k kernel; larger ones use cuBLASLt for logits.
 constexpr int64_t kFusedRouterMaxTokens = 32;
 
-void free_device(void* p) { cudaFree(p); }
+// What allocate() holds, per device (Backend::allocated_bytes): every allocation's size by its address.
+struct DeviceAllocations {
+  std::mutex mutex;
+  std::unordered_map<void*, std::pair<int, int64_t>> sizes;  // address -> device, bytes
+  std::map<int, int64_t> total;                               // device -> bytes
+};
+DeviceAllocations& device_allocations() {
+  static DeviceAllocations* a = new DeviceAllocations();  // never destroyed: buffers may outlive static destructors
+  return *a;
+}
+void count_allocation(void* p, int device, int64_t bytes) {
+  DeviceAllocations& a = device_allocations();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.sizes[p] = {device, bytes};
+  a.total[device] += bytes;
+}
+void free_device(void* p) {
+  {
+    DeviceAllocations& a = device_allocations();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    if (auto it = a.sizes.find(p); it != a.sizes.end()) {
+      a.total[it->second.first] -= it->second.second;
+      a.sizes.erase(it);
+    }
+  }
+  cudaFree(p);
+}
 
 
 template <typename T>
@@ -163,6 +193,7 @@ class CudaBackend final : public Backend {
       return resource_exhausted("cannot allocate " + std::to_string(bytes) + " bytes of GPU memory: " +
                                 cudaGetErrorString(err));
     }
+    count_allocation(p, device_, std::max<int64_t>(bytes, 256));
     return Buffer(p, bytes, Device::kCuda, free_device);
   }
   Status copy_from_host(TensorView dst, const void* src) override {
@@ -245,6 +276,12 @@ class CudaBackend final : public Backend {
     size_t free = 0, total = 0;
     MX_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
     return DeviceMemory{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+  }
+  int64_t allocated_bytes() const override {
+    DeviceAllocations& a = device_allocations();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    const auto it = a.total.find(device_);
+    return it == a.total.end() ? 0 : it->second;
   }
   Result<std::unique_ptr<DeviceTimer>> make_timer(int64_t slots) override {
     if (capturing_) return internal_error("make_timer during graph capture");
