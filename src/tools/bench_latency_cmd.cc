@@ -109,8 +109,9 @@ const std::vector<CliOption> kCommandOptions = {
      "loaded model (as --bf16-experts-decode)"},
     {"moe-decode-combine", true,
      "where gpt-oss's experts are summed at decode on CUDA (<= 32 routed slots): auto (default: in the next norm's "
-     "kernel) or gemm (in the second expert GEMM, then the norm: the two ops); several, comma-separated: compared "
-     "as --bf16-experts-decode"},
+     "kernel, which lets the next qkv launch before its wait), norm-wait-first (the same, the next qkv launched only "
+     "after the norm's wait: the form before 2026-11-29) or gemm (in the second expert GEMM, then the norm: the two "
+     "ops); several, comma-separated: compared as --bf16-experts-decode"},
     {"moe-decode-form", true,
      "gpt-oss's MXFP4 decode GEMMs on CUDA (<= 64 routed slots): auto (default: each warp's scale bytes staged in "
      "shared memory; at one token 3 warps a CTA in the first GEMM, 6 in the second; at two 3 and 3), session20 (2 "
@@ -171,7 +172,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
   static const std::map<std::string, std::vector<std::string>> names = {
       {"decode-attention", {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster"}},
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
-      {"moe-decode-combine", {"auto", "gemm"}},
+      {"moe-decode-combine", {"auto", "norm-wait-first", "gemm"}},
       {"moe-decode-form", {"auto", "registers", "session20"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
@@ -247,8 +248,10 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
   }
   if (flag == "moe-decode-combine" || flag == "moe-decode-form" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
-    if (flag == "moe-decode-combine") moe.decode_combine_in_norm = value == "auto";
-    else if (flag == "moe-decode-form") {
+    if (flag == "moe-decode-combine") {
+      moe.decode_combine_in_norm = value != "gemm";
+      moe.decode_norm_dependents_first = value == "auto";
+    } else if (flag == "moe-decode-form") {
       moe.decode_scales_in_registers = value == "registers";
       moe.decode_three_warp_slots = value == "session20" ? 4 : 0;
     }

@@ -1162,6 +1162,7 @@ class CudaBackend final : public Backend {
       m.slots = static_cast<int>(slots);
       m.experts = static_cast<int>(w.num_experts);
       m.top_k = static_cast<int>(p.top_k);
+      m.dependents_first = options_.moe.decode_norm_dependents_first;
       return launch_moe_combine_add_rms_norm(add_rms_norm_params(residual, p.out, weight, eps, out), m, stream());
     }
     if (w.layout == ExpertLayout::kMxfp4SwapAb && all_experts && slots > 0 && moe_wgmma_glue() == 2 &&

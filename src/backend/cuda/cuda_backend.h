@@ -46,6 +46,10 @@ struct CudaMoeOptions {
   // moe_experts_add_rms_norm at <= 32 routed slots: the experts' rows summed in the norm's kernel (true), or the
   // second decode GEMM's own combine and then add_rms_norm (false: the two ops, the before of that join).
   bool decode_combine_in_norm = true;
+  // That norm's kernel lets its programmatic dependent (gpt-oss: the next layer's qkv, or after the last layer the
+  // lm_head's gather) launch before its own wait, so the next qkv's CTAs load their weights beside the experts' second
+  // GEMM (true), or only after the wait (false: the form before).
+  bool decode_norm_dependents_first = true;
   // The tiled wgmma path (16- and 32-token tiles on the copy engine): 1 = the routing and the tiled gather in one
   // launch (launch_moe_route_gather_tiled, where moe_route_gather_fits), then the combine kernel and add_rms_norm;
   // 2 = the same with the combine in the next add_rms_norm's kernel (moe_experts_add_rms_norm); -1 = the routing

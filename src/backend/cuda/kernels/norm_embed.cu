@@ -51,8 +51,9 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_rms_norm_kernel(RmsNo
     const int lane = static_cast<int>(threadIdx.x);
     if (lane >= t * m.top_k && lane < (t + 1) * m.top_k) pos[lane - t * m.top_k] = rt.pos;
   }
+  if (m.dependents_first) pdl_launch_dependents();  // the dependent's pre-wait part reads only weights
   pdl_wait();  // launched as a programmatic dependent: y and the residual come from earlier kernels
-  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+  if (!m.dependents_first) pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   __syncthreads();
   const int64_t h = p.hidden, chunks = h / 8;
   const int k = m.top_k;

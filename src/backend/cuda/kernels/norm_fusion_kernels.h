@@ -22,6 +22,9 @@ struct MoeCombineNormParams {
   const int32_t* topk_ids = nullptr;   // [tokens, top_k] (without slot_pos)
   const int32_t* slot_pos = nullptr;   // [tokens * top_k] y's row of slot t * top_k + j, or null
   int slots = 0, experts = 0, top_k = 0;
+  // Let the programmatic dependent launch before this kernel's wait (a dependent's pre-wait part may then run beside
+  // this kernel's predecessors, so it must read only what the step did not write: the skinny linears' weights).
+  bool dependents_first = false;
 };
 Status launch_moe_combine_add_rms_norm(const RmsNormParams& norm, const MoeCombineNormParams& moe, cudaStream_t stream);
 
