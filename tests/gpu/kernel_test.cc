@@ -1683,6 +1683,12 @@ void check_moe_graph_replay(Arena& cuda, std::mt19937& rng, const MoeCase& c, co
   EXPECT_TRUE(same);
 }
 
+// A case as check_moe_forms_bitwise's reports name it: "E x H x I top-k T=T routing".
+std::string moe_case_label(const MoeCase& c) {
+  return shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) + " " +
+         routing_name(c.routing);
+}
+
 // Two forms of the grouped path give the same bits on one input: `form` eager and replayed from a graph against
 // `reference` eager. The report names `what` (the case), `form_name` and `reference_name`.
 void check_moe_forms_bitwise(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& reference,
@@ -1809,9 +1815,8 @@ TEST_F(KernelTest, MoeWgmmaRouteGather) {
     two.wgmma_glue = -1;
     one.wgmma_glue = 1;
     check_moe_forms_bitwise(cuda_, rng_, c, two, one,
-                            shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
-                                " " + routing_name(c.routing) + ", " + std::to_string(t.tile) +
-                                "-token tiles, bulk form " + std::to_string(t.bulk),
+                            moe_case_label(c) + ", " + std::to_string(t.tile) + "-token tiles, bulk form " +
+                                std::to_string(t.bulk),
                             "routing and gather or permute in one launch", "two kernels");
   }
 }
@@ -1827,10 +1832,7 @@ TEST_F(KernelTest, MoeWgmmaMidWidth) {
     CudaMoeOptions full{CudaMoePath::kGrouped, 96}, mid = full;
     full.wgmma_mid_width = -1;
     mid.wgmma_mid_width = 1;
-    check_moe_forms_bitwise(cuda_, rng_, c, full, mid,
-                            shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
-                                " " + routing_name(c.routing),
-                            "96-token tiles at 64 columns", "96 and 48");
+    check_moe_forms_bitwise(cuda_, rng_, c, full, mid, moe_case_label(c), "96-token tiles at 64 columns", "96 and 48");
   }
 }
 
@@ -1856,8 +1858,7 @@ TEST_F(KernelTest, MoeWgmmaWideFirst) {
     order.wgmma_wide_first = -1;
     wide.wgmma_wide_first = 1;
     check_moe_forms_bitwise(cuda_, rng_, c, order, wide,
-                            shape_str({c.E, c.H, c.I}) + " top-" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
-                                " " + routing_name(c.routing) + ", " + std::to_string(t.tile) + "-token tiles",
+                            moe_case_label(c) + ", " + std::to_string(t.tile) + "-token tiles",
                             "wide tiles first", "expert order");
   }
 }
