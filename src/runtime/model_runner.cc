@@ -44,6 +44,9 @@ bool is_uniform_step(const ScheduledBatch& batch, int64_t rows) {
   return !batch.entries.empty();
 }
 
+// The most the memory plan's warm-up may take beyond what the backend's allocate() counts (see plan_kv_pool).
+constexpr int64_t kUncountedWarmupBytes = 1ll << 30;
+
 }  // namespace
 
 // One captured forward pass: replays read the staging buffers, which stage() fills at the same addresses
@@ -181,12 +184,19 @@ Status ModelRunner::plan_kv_pool(const DeviceMemory& before, int64_t owned_befor
     MX_ASSIGN_OR_RETURN(after, b.memory_info());
     owned_after = b.allocated_bytes();
   }
-  // The activations: what the device lost over the runner's buffers and the warm-up, and never less than
-  // what this process itself allocated in that time (where the backend counts it): another process freeing
-  // memory meanwhile must not shrink them. (One allocating meanwhile still inflates them: a smaller pool.)
+  // The activations: what the device lost over the runner's buffers and the warm-up. Where the backend counts
+  // its allocations, that loss is held between what this process allocated in that time and that plus
+  // kUncountedWarmupBytes (kernels loaded on first launch, their local memory, library workspaces): another
+  // process freeing or allocating memory meanwhile moves neither the pool nor the plan's failure.
   int64_t activation_bytes = before.free_bytes - after.free_bytes - temp_kv_bytes;
-  if (owned_before >= 0 && owned_after >= 0)
-    activation_bytes = std::max(activation_bytes, owned_after - owned_before - temp_kv_bytes);
+  if (owned_before >= 0 && owned_after >= 0) {
+    const int64_t owned = owned_after - owned_before - temp_kv_bytes;
+    const int64_t held = std::clamp(activation_bytes, owned, owned + kUncountedWarmupBytes);
+    if (held != activation_bytes)
+      MX_LOG(Info) << "memory plan: the device lost " << activation_bytes << " bytes in the warm-up and this process "
+                   << "allocated " << owned << ": activations " << held << " (another process moved memory meanwhile)";
+    activation_bytes = held;
+  }
   auto inputs = [&] {
     KvMemoryInputs in = kv_memory_inputs(*config, model_.kv_layout(), b.kv_dtype(), model_.kv_devices());
     in.scratch_pages = graphs ? 1 : 0;
