@@ -1172,6 +1172,13 @@ Status run(const CliArgs& args) {
     f << out.dump(2) << "\n";
     if (!f) return io_error("cannot write " + args.get("json"));
   }
+  // The teardown, timed (session 21: runs of several engines went on for seconds after their last result).
+  const auto teardown = Clock::now();
+  core.reset();
+  const double engine_free_s = since(teardown);
+  model.reset();
+  MX_LOG(Info) << "teardown: engine " << engine_free_s << " s, model " << since(teardown) - engine_free_s
+               << " s (the backend and the process after this line)";
   return Status::ok();
 }
 
