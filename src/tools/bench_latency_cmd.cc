@@ -27,6 +27,7 @@
 // token beside plain decoding's.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -702,6 +703,9 @@ json result_json(const BatchResult& r, const Model& model, const Backend& backen
   j["tpot_ms_median"] = tpot * 1e3;
   j["tpot_ms_mean"] = mean(r.decode_step_s) * 1e3;
   j["decode_steps_measured"] = r.decode_step_s.size();
+  json steps = json::array();  // each timed step in order, to the microsecond (a trend shows warming or clocks)
+  for (double t : r.decode_step_s) steps.push_back(std::round(t * 1e6) / 1e3);
+  j["decode_step_ms"] = std::move(steps);
   j["decode_tokens_per_s"] = tpot > 0 ? static_cast<double>(b) / tpot : 0;
   j["decode_floor_ms"] = decode_floor * 1e3;
   j["decode_of_floor"] = tpot > 0 ? decode_floor / tpot : 0;
