@@ -456,6 +456,7 @@ void bench_moe_prefill() {
       int glue_only = 0;          // the glue alone, GEMMs skipped (CudaMoeOptions::wgmma_glue_only)
       int mid_width = 0;          // 96-token tiles: -1 the kernel of 96 and 48 columns (CudaMoeOptions::wgmma_mid_width)
       int wide_first = 0;         // 1 the full-width tiles numbered first, -1 expert order (CudaMoeOptions::wgmma_wide_first)
+      int bulk_mid = 0;           // 96-token tiles at 64/96 columns: 1 by the copy engine, -1 cp.async (wgmma_bulk_mid)
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -497,7 +498,10 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kGrouped, 128, "wgmma-ws/128", 0, 1}, Variant{CudaMoePath::kGrouped, 256, "wgmma-ws/256", 0, 1},
         Variant{CudaMoePath::kAuto, 0, "auto", 0, 0},
         Variant{CudaMoePath::kAuto, 0, "auto wide first", 0, 0, 0, 0, 0, 0, false, 0, 0, 1},
-        Variant{CudaMoePath::kAuto, 0, "auto expert order", 0, 0, 0, 0, 0, 0, false, 0, 0, -1}};
+        Variant{CudaMoePath::kAuto, 0, "auto expert order", 0, 0, 0, 0, 0, 0, false, 0, 0, -1},
+        Variant{CudaMoePath::kAuto, 0, "auto bulk mid", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 1},
+        Variant{CudaMoePath::kAuto, 0, "auto cp.async mid", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, -1},
+        Variant{CudaMoePath::kAuto, 0, "auto bulk mid expert order", 0, 0, 0, 0, 0, 0, false, 0, 0, -1, 1}};
     std::vector<const Variant*> timed;
     for (const Variant& v : all)
       if (variant_selected(v.label)) timed.push_back(&v);
@@ -521,6 +525,7 @@ void bench_moe_prefill() {
         o.wgmma_glue_only = v.glue_only;
         o.wgmma_mid_width = v.mid_width;
         o.wgmma_wide_first = v.wide_first;
+        o.wgmma_bulk_mid = v.bulk_mid;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {

@@ -134,6 +134,16 @@ const std::vector<CliOption> kCommandOptions = {
      "combine-in-norm (the same with the combine in the next norm's kernel) or separate (the routing kernel, the "
      "gather, the combine kernel and the norm: the form before 2026-11-29); several, comma-separated: compared as "
      "--bf16-experts-decode"},
+    {"moe-wgmma-order", true,
+     "the order of gpt-oss's 96- and 256-token wgmma MoE tiles (prefill, sm_90): auto (default: wide first), "
+     "wide-first (the tiles whose k loop runs at the full width get the GEMMs' first CTA rows, an expert's shorter "
+     "last tile the last) or expert-order (the form before 2026-11-29); several, comma-separated: compared as "
+     "--bf16-experts-decode"},
+    {"moe-wgmma-prefill-loads", true,
+     "how gpt-oss's 96-token wgmma MoE tiles at 64/96 columns (prefill at ~48-96 tokens per expert, sm_90) load their "
+     "k tiles: auto (default: the copy engine), cp-async (the form before 2026-11-29) or copy-engine (rows, fp4 and "
+     "scales as bulk copies on the stage's mbarrier, x gathered tiled by the routing launch); several, "
+     "comma-separated: compared as --bf16-experts-decode"},
     {"qkv-rope-epilogue", true,
      "gpt-oss's decode qkv on CUDA: auto (default: RoPE and the KV write in the skinny GEMM's epilogue, one launch, "
      "on FP8 dense weights), on (on bf16 weights too), an even 8 to 16 (on, with strips of that many rows) or off "
@@ -177,6 +187,8 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"moe-decode-form", {"auto", "registers", "session20"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
+      {"moe-wgmma-order", {"auto", "wide-first", "expert-order"}},
+      {"moe-wgmma-prefill-loads", {"auto", "cp-async", "copy-engine"}},
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
       {"skinny-staged", {"auto", "off", "on", "one-wave", "2-waves", "3-waves"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
@@ -247,7 +259,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     }
     return set_cuda_skinny_linear_options(backend, skinny);
   }
-  if (flag == "moe-decode-combine" || flag == "moe-decode-form" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue") {
+  if (flag == "moe-decode-combine" || flag == "moe-decode-form" || flag == "moe-wgmma-loads" || flag == "moe-wgmma-glue" ||
+      flag == "moe-wgmma-order" || flag == "moe-wgmma-prefill-loads") {
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
     if (flag == "moe-decode-combine") {
       moe.decode_combine_in_norm = value != "gemm";
@@ -258,6 +271,10 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     }
     else if (flag == "moe-wgmma-glue")
       moe.wgmma_glue = value == "separate" ? -1 : value == "combine-kernel" ? 1 : value == "combine-in-norm" ? 2 : 0;
+    else if (flag == "moe-wgmma-order")
+      moe.wgmma_wide_first = value == "wide-first" ? 1 : value == "expert-order" ? -1 : 0;
+    else if (flag == "moe-wgmma-prefill-loads")
+      moe.wgmma_bulk_mid = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : 0;
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
     return set_cuda_moe_options(backend, moe);
   }
@@ -285,7 +302,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 #endif
 
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
-// --skinny-strip-rows, --moe-decode-combine, --moe-decode-form, --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap,
+// --skinny-strip-rows, --moe-decode-combine, --moe-decode-form, --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order,
+// --moe-wgmma-prefill-loads, --decode-overlap,
 // --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged).
 struct KernelChoice {
   std::string flag, value;
@@ -893,14 +911,16 @@ Status run(const CliArgs& args) {
                             "(make one with mxserve make-model)");
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-decode-form,
-  // --moe-wgmma-loads, --moe-wgmma-glue, --decode-overlap, --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged: one
+  // --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order, --moe-wgmma-prefill-loads, --decode-overlap, --qkv-rope-form,
+  // --qkv-rope-epilogue, --skinny-staged: one
   // kernel choice each, or several values of one flag compared (an engine each, below): those come first in
   // kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
   size_t compared = 0;
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-decode-form",
-        "moe-wgmma-loads", "moe-wgmma-glue", "decode-overlap", "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged"}) {
+        "moe-wgmma-loads", "moe-wgmma-glue", "moe-wgmma-order", "moe-wgmma-prefill-loads", "decode-overlap",
+        "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

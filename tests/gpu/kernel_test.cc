@@ -1863,6 +1863,36 @@ TEST_F(KernelTest, MoeWgmmaWideFirst) {
   }
 }
 
+// The 96-token tiles' 64/96-column kernel on the copy engine (CudaMoeOptions::wgmma_bulk_mid: rows, fp4 and scales
+// by bulk copies from x gathered tiled and h written tiled) gives the bits of its cp.async form: 20b's 512 tokens (64
+// and 96 columns), odd shapes with a hot expert (full tiles and a partial last one; the second GEMM's last column
+// block half past the matrix; k loops shorter than the ring), half the experts idle, top-1 and top-8; wide first (the
+// routing launch's tiled gather numbering the tiles so) and in expert order; eager and replayed.
+TEST_F(KernelTest, MoeWgmmaMidBulk) {
+  struct Case {
+    MoeCase c;
+    int wide_first;
+  };
+  for (const Case& t : {Case{MoeCase{32, 2880, 2880, 4, 512, Routing::kUniform}, 0},
+                        Case{MoeCase{32, 2880, 2880, 4, 512, Routing::kUniform}, -1},
+                        Case{MoeCase{32, 320, 256, 4, 509, Routing::kHot}, 0},
+                        Case{MoeCase{128, 256, 192, 4, 2000, Routing::kHalf}, 0},
+                        Case{MoeCase{8, 320, 192, 1, 500, Routing::kUniform}, 0},
+                        Case{MoeCase{32, 320, 256, 8, 301, Routing::kUniform}, -1},
+                        Case{MoeCase{32, 320, 256, 8, 7, Routing::kUniform}, 0}}) {
+    const MoeCase& c = t.c;
+    CudaMoeOptions cp_async{CudaMoePath::kGrouped, 96}, bulk;
+    cp_async.wgmma_mid_width = 1;
+    cp_async.wgmma_wide_first = t.wide_first;
+    bulk = cp_async;
+    cp_async.wgmma_bulk_mid = -1;
+    bulk.wgmma_bulk_mid = 1;
+    check_moe_forms_bitwise(cuda_, rng_, c, cp_async, bulk,
+                            moe_case_label(c) + (t.wide_first == -1 ? ", expert order" : ", wide first"),
+                            "96-token tiles at 64/96 columns, copy engine", "cp.async");
+  }
+}
+
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for
 // the next replay) and on the routing kernel's metadata.
 TEST_F(KernelTest, MoeDecodeGraphReplay) {

@@ -101,6 +101,12 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   needs_cuda("bench latency --preset tiny --backend cpu --moe-wgmma-loads copy-engine-pairs");
   refused("bench latency --preset tiny --backend cpu --moe-wgmma-glue fused,auto",
           "--moe-wgmma-glue must be auto, separate, combine-kernel or combine-in-norm");
+  refused("bench latency --preset tiny --backend cpu --moe-wgmma-order widest,auto",
+          "--moe-wgmma-order must be auto, wide-first or expert-order");
+  needs_cuda("bench latency --preset tiny --backend cpu --moe-wgmma-order expert-order");
+  refused("bench latency --preset tiny --backend cpu --moe-wgmma-prefill-loads tma",
+          "--moe-wgmma-prefill-loads must be auto, cp-async or copy-engine");
+  needs_cuda("bench latency --preset tiny --backend cpu --moe-wgmma-prefill-loads copy-engine");
   refused("bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto",
           "another flag's several values");
 

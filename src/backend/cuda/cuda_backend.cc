@@ -1191,11 +1191,19 @@ class CudaBackend final : public Backend {
     return add_rms_norm(residual, p.out, weight, eps, out);
   }
 
-  // Whether moe_experts_wgmma reads its input tiled for config c: the warp-specialized kernel, or the copy engine's
-  // tiles (16 tokens, moe_wgmma_bulk_form; 32 only when forced).
-  bool moe_wgmma_tiled(const MoeWgmmaConfig& c) {
+  // Whether the 96-token tiles' 64/96-column kernel runs on the copy engine (CudaMoeOptions::wgmma_bulk_mid).
+  bool moe_wgmma_bulk_mid() const {
+    return options_.moe.wgmma_bulk_mid != 0 ? options_.moe.wgmma_bulk_mid == 1 : kMoeWgmmaBulkMid;
+  }
+  // Whether moe_experts_wgmma reads its input tiled for config c at this step (`mid_width`: moe_wgmma_mid_width):
+  // the warp-specialized kernel, or the copy engine's tiles (16 tokens, moe_wgmma_bulk_form; 32 only when forced; 96
+  // at 64/96 columns, moe_wgmma_bulk_mid, where the routing and the tiled gather fit one launch: the two-kernel
+  // routing's one CTA would cost more than the copy engine saves).
+  bool moe_wgmma_tiled(const MoeWgmmaConfig& c, bool mid_width, int64_t slots, int64_t experts) {
     return c.warp_specialized || (moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
-           (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32);
+           (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32) ||
+           (c.tile_tokens == 96 && mid_width && moe_wgmma_bulk_mid() && moe_wgmma_glue() >= 1 &&
+            moe_route_gather_fits(slots, experts));
   }
 
   // Whether the 96-token tiles' GEMMs run the kernel of 64 and 96 columns (MoeGemmParams::mid_width) at this step.
@@ -1237,9 +1245,12 @@ class CudaBackend final : public Backend {
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k, max_tiles = moe_max_tiles(slots, E, c.tile_tokens);
     // The warp-specialized and copy-engine kernels read x and h tiled: every routing tile padded to tile_tokens rows.
-    // The copy engine's: the 16-token tiles (moe_wgmma_bulk_form), 32-token tiles only when forced.
-    const bool tiled = moe_wgmma_tiled(c), bulk = tiled && !c.warp_specialized;
-    const bool warp_release = moe_wgmma_bulk_form() == 2, pairs = moe_wgmma_bulk_form() == 3 && c.tile_tokens == 16;
+    // The copy engine's: the 16-token tiles (moe_wgmma_bulk_form), 32-token tiles only when forced, the 96-token tiles
+    // at 64/96 columns (moe_wgmma_bulk_mid).
+    const bool mid_width = moe_wgmma_mid_width(slots, E);
+    const bool tiled = moe_wgmma_tiled(c, mid_width, slots, E), bulk = tiled && !c.warp_specialized;
+    const bool warp_release = moe_wgmma_bulk_form() == 2 && c.tile_tokens != 96;
+    const bool pairs = moe_wgmma_bulk_form() == 3 && c.tile_tokens == 16;
     const bool trim_rows = options_.moe.wgmma_bulk_rows != -1;
     const int64_t tiled_rows = tiled ? max_tiles * c.tile_tokens : 0;
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, std::max(slots, tiled_rows) * I * 2, "MoE h"));
@@ -1248,13 +1259,14 @@ class CudaBackend final : public Backend {
     const MoeRouting r = routing_scratch(E, slots, max_tiles);
     const MoeRoutingParams rp{ptr<const int32_t>(p.topk_ids), r, slots, E, c.tile_tokens, max_tiles};
     uint16_t* x_in = ptr_of<uint16_t>(scratch_.moe_y);  // free until the second GEMM writes y
+    const int wide_first = options_.moe.wgmma_wide_first;
+    const int wide_over = wide_first == 1 || (wide_first == 0 && kMoeWgmmaWideTilesFirst)
+                              ? moe_wide_tile_tokens(c.tile_tokens, mid_width)
+                              : 0;
     if (tiled && moe_wgmma_glue() >= 1 && moe_route_gather_fits(slots, E)) {
-      MX_RETURN_IF_ERROR(launch_moe_route_gather_tiled(rp, ptr<const uint16_t>(p.x), x_in, H, k, stream()));
+      MX_RETURN_IF_ERROR(launch_moe_route_gather_tiled_wide_first(rp, ptr<const uint16_t>(p.x), x_in, H, k,
+                                                                  c.warp_specialized ? 0 : wide_over, stream()));
     } else if (!tiled && moe_wgmma_glue() >= 1 && moe_route_permute_fits(slots, E)) {
-      const int wide_first = options_.moe.wgmma_wide_first;
-      const int wide_over = wide_first == 1 || (wide_first == 0 && kMoeWgmmaWideTilesFirst)
-                                ? moe_wide_tile_tokens(c.tile_tokens, moe_wgmma_mid_width(slots, E))
-                                : 0;
       MX_RETURN_IF_ERROR(
           launch_moe_route_permute_wide_first(rp, ptr<const uint16_t>(p.x), x_in, T, H, k, wide_over, stream()));
     } else {
@@ -1266,7 +1278,6 @@ class CudaBackend final : public Backend {
     const int only = options_.moe.wgmma_glue_only;  // benchmarks only
     if (only == 1) return Status::ok();
     if (only != 2) {
-      const bool mid_width = moe_wgmma_mid_width(slots, E);
       MoeGemmParams g1 = expert_gemm(p, r, /*first=*/true);
       g1.in = x_in;
       g1.max_tiles = max_tiles;
@@ -1446,6 +1457,12 @@ class CudaBackend final : public Backend {
     int64_t moe_rows = tiled ? std::max(slots, moe_max_tiles(slots, s.num_experts, 256) * 256) : slots;
     if (bulk) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 16) * 16);
     if (options_.moe.wgmma_bulk == 1) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 32) * 32);
+    // The 96-token tiles on the copy engine pad theirs to 96, at most at the mid width's tokens per expert (where
+    // forced at more, the call sizes its scratch itself, before any capture).
+    if (cw.enabled && moe_wgmma_bulk_mid()) {
+      const int64_t mid_slots = std::min(slots, kMoeWgmmaMidWidthMaxTokensPerExpert * s.num_experts);
+      moe_rows = std::max(moe_rows, moe_max_tiles(mid_slots, s.num_experts, 96) * 96);
+    }
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, moe_rows * s.hidden * 2, "MoE y"));
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);

@@ -66,6 +66,10 @@ struct CudaMoeOptions {
   // the full width numbered first, the shorter ones last (launch_moe_route_permute_wide_first), -1 = every tile in
   // expert order (the before, for benchmarks); 0 = kMoeWgmmaWideTilesFirst's choice (wide first).
   int wgmma_wide_first = 0;
+  // The 96-token tiles' 64/96-column kernel (wgmma_mid_width): 1 = every k tile's loads by the copy engine from x
+  // gathered tiled and h written tiled (launch_moe_wgmma_bulk_gemm, where the routing and that gather fit one
+  // launch), -1 = by cp.async; 0 = kMoeWgmmaBulkMid's choice.
+  int wgmma_bulk_mid = 0;
   // Benchmarks only (the wgmma path; the output is then garbage): 1 = just the routing and the tiled gather (or the
   // k permutation), 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.
   int wgmma_glue_only = 0;

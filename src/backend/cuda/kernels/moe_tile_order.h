@@ -24,6 +24,18 @@ inline constexpr bool kMoeWgmmaWideTilesFirst = true;
 Status launch_moe_route_permute_wide_first(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t rows,
                                            int64_t k, int64_t top_k, int wide_over, cudaStream_t stream);
 
+// launch_moe_route_gather_tiled (moe_wgmma_ws.h) with the tiles numbered as launch_moe_route_permute_wide_first's,
+// each slot's row gathered into its tile's numbered place (the copy engine's 96-token tiles).
+Status launch_moe_route_gather_tiled_wide_first(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,
+                                                int64_t top_k, int wide_over, cudaStream_t stream);
+
+// Whether the 96-token tiles' 64/96-column kernel (MoeGemmParams::mid_width) runs on the copy engine by default
+// (CudaMoeOptions::wgmma_bulk_mid 0): its k tiles' rows, fp4 and scales as bulk copies on the stages' mbarriers, from
+// x gathered tiled by the routing launch and h written tiled by the first GEMM (launch_moe_wgmma_bulk_gemm). H200,
+// session 22 W1 (docs/PERF.md), gpt-oss-20b's layer, one process, 7 rounds: T = 512 298.5 -> 287.0 us, T = 640
+// 346.1 -> 332.1.
+inline constexpr bool kMoeWgmmaBulkMid = true;
+
 // The wide tiles' threshold for a kernel of tile_tokens-token tiles: the tokens above which its k loop runs at the
 // full width (64 with mid_width, else half the tile at 96 and 256 tokens), or 0 where every tile runs at one width
 // (128-token tiles) or a narrow tile is not the shorter one (96-token tiles without mid_width: a tile of <= 48 tokens

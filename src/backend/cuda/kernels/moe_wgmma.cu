@@ -718,6 +718,113 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
 #endif
 }
 
+// The 96-token tiles' 64/96-column kernel (moe_wgmma_kernel's kMidCols) with every k tile's loads by the copy
+// engine (launch_moe_wgmma_bulk_gemm at 96-token tiles with MoeGemmParams::mid_width): the same CTA work (one strip a
+// warp, 8 strips a CTA), decode, MMAs and epilogue, bitwise, but each stage arrives as three copies counted on its
+// mbarrier (moe_bulk_load: the CTA's 8 strips of fp4 and of scales as one box each, the tile's rows as one bulk copy
+// from the tiled input: x gathered so by the routing launch, h written so by the first GEMM). No cp.async group wait,
+// no generic-to-async proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, ~1.4-2.2% of the 20b layer at T=512 in
+// session 21) and no per-thread copy arithmetic per k tile; a CTA barrier per k tile still frees the slot reloaded.
+// The ring holds what the cp.async kernel's does (six of its 17 KB stages): 64-column stages of 12 KB (eight) or
+// 96-column ones of 16 KB (six), every stage's scales after them.
+inline constexpr uint32_t kMidBulkRingBytes =
+    static_cast<uint32_t>(kMoeWgmmaDeepStages * moe_wgmma_stage_bytes(96, kMoeWgmmaWarpgroups));
+template <int kCols>
+struct MidBulkRing {
+  static constexpr int kStrips = moe_wgmma_weight_rows(kMoeWgmmaWarpgroups) / 16;
+  static constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = kStrips * 512, kScaleBytes = kStrips * 32;
+  static constexpr uint32_t kStageBytes = kRowBytes + kWeightBytes;  // the fp4 at kRowBytes
+  static constexpr int kStages = static_cast<int>(kMidBulkRingBytes / (kStageBytes + kScaleBytes));
+  static constexpr uint32_t kScalesAt = kStages * kStageBytes;
+  static_assert(kStageBytes % 1024 == 0, "stages 1024-byte aligned (the swizzle)");
+  static_assert(kStages >= 4, "tile t - 1 in the MMAs, tile t decoded, tiles loading ahead");
+};
+inline constexpr int kMidBulkMaxStages = MidBulkRing<64>::kStages;
+inline constexpr int64_t kMidBulkSmemBytes = kMidBulkRingBytes + 1024;  // + 1 KB to align the ring
+static_assert(MidBulkRing<96>::kStages <= kMidBulkMaxStages, "the 64-column ring is the deeper one");
+
+#if MX_SM90A
+// One item's k loop at kCols columns (64: a tile of at most 64 tokens; else 96) into acc's first kCols / 2. (Each
+// warp releasing slots on mbarriers instead of the CTA barrier, as moe_wgmma_bulk_kernel's kWarpRelease, measured
+// no faster: session 22, docs/PERF.md.)
+template <int kCols>
+__device__ __forceinline__ void moe_bulk_mid_k_loop(const MoeGemmParams& p, const MoeWgmmaMaps& maps, const WorkItem& w,
+                                                    float (&acc)[48], int n_k, uint32_t ring, uint32_t full0) {
+  using Ring = MidBulkRing<kCols>;
+  constexpr int kS = Ring::kStages;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
+  const bool copier = lane == 0 && warp < 3;
+  constexpr int64_t kTileBytes = 96 * 128;  // a tile's rows in each k tile's plane of the tiled input
+  const BulkStage b{&maps.weights, &maps.scales, w.e, w.strip0, w.strip0, Ring::kWeightBytes, Ring::kRowBytes,
+                    Ring::kScalesAt, Ring::kScaleBytes, Ring::kStageBytes, moe_bulk_row_bytes<kCols>(maps.trim_rows, w.n),
+                    reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kTileBytes,
+                    p.max_tiles * kTileBytes};
+  moe_bulk_prologue<kS>(b, ring, full0, copier, warp, n_k);
+  float(&d)[kCols / 2] = *reinterpret_cast<float(*)[kCols / 2]>(&acc[0]);
+  int slot = 0, load_slot = kS - 2, t = 0;
+  uint32_t parity = 0;
+  // The slot reloaded at step t is tile t - 2's, whose MMAs every warp has finished (wait<1> in step t - 1) before
+  // the barrier, and whose phase every thread has seen.
+  auto step = [&](uint32_t(&at)[4][4]) {
+    mbarrier_wait(full0 + 8 * slot, parity);  // the copies landed, visible to these loads and to wgmma
+    __syncthreads();
+    if (copier && t + kS - 2 < n_k) moe_bulk_load(b, ring, full0, warp, t + kS - 2, load_slot);
+    if (++load_slot == kS) load_slot = 0;
+    const uint32_t stage = ring + static_cast<uint32_t>(slot) * Ring::kStageBytes;
+    moe_wgmma_k_tile<kCols>(d, at, stage, stage + Ring::kRowBytes + tid * 16,
+                            ring + Ring::kScalesAt + slot * Ring::kScaleBytes + warp * 32 + (q >> 1) * 16, r);
+    if (++slot == kS) {
+      slot = 0;
+      parity ^= 1;
+    }
+    ++t;
+  };
+  moe_wgmma_k_loop(acc, n_k, step);
+}
+#endif
+
+__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), 2)
+    moe_wgmma_bulk_mid_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
+#if MX_SM90A
+  static_assert(moe_wgmma_ctas_per_sm(96, kMoeWgmmaWarpgroups) == 2, "two CTAs an SM, as the cp.async kernel");
+  constexpr int kStrips = MidBulkRing<96>::kStrips, kCopies = 3;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ uint64_t full_bar[kMidBulkMaxStages];
+  const uint32_t ring = smem_addr(smem_raw) + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t full0 = smem_addr(full_bar);
+  const int64_t strips = p.rows / 16;
+  const int n_k = static_cast<int>(p.k / 64);
+  const int n_cols = static_cast<int>((strips + kStrips - 1) / kStrips);
+  if (static_cast<int>(blockIdx.y) >= *p.r.num_tiles) return;
+  const int item = blockIdx.y * n_cols + static_cast<int>(blockIdx.x);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
+  const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
+  if (tid == 0) {
+    for (int s = 0; s < kMidBulkMaxStages; ++s) mbarrier_init(full0 + 8 * s, kCopies);
+    mbarrier_init_fence();
+    tma_prefetch_map(&maps.weights);
+    tma_prefetch_map(&maps.scales);
+  }
+  __syncthreads();
+  // The epilogue's bias loaded now: its wait hides behind the k loop (ncu, session 21: the cp.async kernel's bias
+  // load after the loop held 1.5% of T=512's first-GEMM samples).
+  const int64_t my_strip = w.strip0 + warp;
+  const StripBias bias = my_strip < strips ? moe_wgmma_strip_bias(p, w.e, my_strip, r) : StripBias{0.f, 0.f};
+  float acc[48];
+#pragma unroll
+  for (int i = 0; i < 48; ++i) acc[i] = 0.f;
+  if (w.n <= 64) {
+    moe_bulk_mid_k_loop<64>(p, maps, w, acc, n_k, ring, full0);
+  } else {
+    moe_bulk_mid_k_loop<96>(p, maps, w, acc, n_k, ring, full0);
+  }
+  // The item's metadata read again (cached) rather than kept live through the k loop. The first GEMM writes h
+  // tiled for the second one's bulk copies.
+  const WorkItem cur = moe_work_item(p, item, n_cols, kStrips);
+  if (my_strip < strips) moe_wgmma_store<96, true, true>(p, acc, cur, my_strip, r, q, 96, bias);
+#endif
+}
+
 template <int kN, int kWG, bool kPersistent, bool kRowRegs = false, int kRing = kMoeWgmmaStages,
           bool kHalfStages = false, int kNarrowCols = 0, int kMidCols = 0>
 Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stream) {
@@ -740,6 +847,41 @@ Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stre
   return launch_status("moe_wgmma_kernel");
 }
 
+// The copy engine's 96-token tiles at 64/96 columns (moe_wgmma_bulk_mid_kernel): a CTA per (column block of 8
+// strips, tile), as the cp.async kernel's grid.
+Status launch_bulk_mid(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool trim_rows, cudaStream_t stream) {
+  if (!c.enabled || c.warp_specialized || !c.deep_ring || !p.mid_width || c.threads != moe_wgmma_threads(c.warpgroups) ||
+      c.warpgroups != kMoeWgmmaWarpgroups)
+    return internal_error("MoE wgmma GEMM (copy engine): 96-token tiles only at 64/96 columns (mid_width)");
+  if (p.max_tiles == 0) return Status::ok();
+  if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
+  constexpr int kStrips = MidBulkRing<96>::kStrips;
+  // [experts][strips][k tiles][512 B of fp4 or 32 B of scales] as launch_moe_wgmma_bulk_gemm's maps, boxes of the
+  // CTA's 8 strips (strips past the matrix read as zeros).
+  constexpr uint64_t kExpertsBound = uint64_t{1} << 16;
+  const uint64_t strips = static_cast<uint64_t>(p.rows / 16), n_k = static_cast<uint64_t>(p.k / 64);
+  MoeWgmmaMaps maps;
+  maps.trim_rows = trim_rows;
+  const uint64_t w_dims[4] = {256, n_k, strips, kExpertsBound}, w_strides[3] = {512, n_k * 512, strips * n_k * 512};
+  const uint64_t s_dims[4] = {16, n_k, strips, kExpertsBound}, s_strides[3] = {32, n_k * 32, strips * n_k * 32};
+  const uint32_t w_box[4] = {256, 1, kStrips, 1}, s_box[4] = {16, 1, kStrips, 1};
+  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims, w_strides,
+                                       w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
+                                       s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  maps.half_weights = maps.weights;  // unused
+  auto* kernel = moe_wgmma_bulk_mid_kernel;
+  MX_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMidBulkSmemBytes)),
+      "cudaFuncSetAttribute(moe wgmma bulk mid smem)"));
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.rows / 16, kStrips)), static_cast<unsigned>(p.max_tiles));
+  if (c.pdl)
+    return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), kMidBulkSmemBytes, stream, p, maps),
+                       "moe_wgmma_bulk_mid_kernel");
+  kernel<<<grid, c.threads, kMidBulkSmemBytes, stream>>>(p, maps);
+  return launch_status("moe_wgmma_bulk_mid_kernel");
+}
+
 }  // namespace
 
 Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int64_t k, cudaStream_t stream) {
@@ -753,6 +895,11 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release, bool pairs,
                                   bool trim_rows, cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
+  if (c.tile_tokens == 96) {
+    if (warp_release || pairs)
+      return unimplemented("MoE wgmma GEMM (copy engine): 96-token tiles take a CTA barrier per k tile, unpaired");
+    return launch_bulk_mid(p, c, trim_rows, stream);
+  }
   if (!c.enabled || c.warp_specialized || (c.tile_tokens != 16 && c.tile_tokens != 32) || !c.deep_ring ||
       c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
     return internal_error("MoE wgmma GEMM (copy engine): a 16- or 32-token tiles' config");

@@ -125,14 +125,24 @@ __device__ __forceinline__ float swiglu_clamped_fast(float gate_sum, float up_su
   return __fdividef(gate, 1.0f + __expf(-alpha * gate)) * (up + 1.0f);
 }
 
+// The two bias values a lane's epilogue adds for strip `strip` (inside the matrix): the first GEMM's gate and up of
+// channel strip * 8 + r, the second's rows r and r + 8 (load_strip_bias). Loaded before a k loop, their wait is
+// hidden behind it (moe_wgmma_store's kBiasGiven).
+__device__ __forceinline__ StripBias moe_wgmma_strip_bias(const MoeGemmParams& p, int e, int64_t strip, int r) {
+  if (!p.gated) return load_strip_bias(p, e, strip, r);
+  const int64_t channel = strip * 8 + r;
+  return {bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]), bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1])};
+}
+
 // Epilogue of one warp's 16-row strip `strip` (inside the matrix) for the item's n tokens: acc[4j + c] is strip
 // row r (c 0, 1) or r + 8 (c 2, 3) for tile tokens 8j + 2q + (c & 1), as wgmma leaves it. First GEMM: bias +
 // clamped SwiGLU into h, in the second GEMM's logical k order (kTiledOut: h tiled as moe_wgmma_ws.cu reads it,
 // padded row w.tile x tile_tokens + token, else h by sorted position); second GEMM: (acc + bias) x routing weight
-// into the tile's sorted rows of y.
-template <int kN, bool kTiledOut = false>
+// into the tile's sorted rows of y. kBiasGiven: the bias is `given` (moe_wgmma_strip_bias), else loaded here.
+template <int kN, bool kTiledOut = false, bool kBiasGiven = false>
 __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const float (&acc)[kN / 2], const WorkItem& w,
-                                                int64_t strip, int r, int q, int tile_tokens = 0) {
+                                                int64_t strip, int r, int q, int tile_tokens = 0,
+                                                StripBias given = {}) {
   const int e = w.e, start = w.start, n = w.n;
   if (p.gated) {
     // Gate and up of channel strip * 8 + r.
@@ -141,8 +151,8 @@ __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const fl
     // chunk ((col % 64) / 8) ^ (P % 8).
     const int64_t tiled_plane = (col >> 6) * p.max_tiles * tile_tokens, tiled_row0 = static_cast<int64_t>(w.tile) * tile_tokens;
     const int tiled_chunk = static_cast<int>((col & 63) >> 3), tiled_elem = static_cast<int>(col & 7);
-    const float gate_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
-    const float up_b = bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
+    const float gate_b = kBiasGiven ? given.b0 : bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel]);
+    const float up_b = kBiasGiven ? given.b8 : bf16_bits_to_f32(p.bias[e * p.rows + 2 * channel + 1]);
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
@@ -158,7 +168,7 @@ __device__ __forceinline__ void moe_wgmma_store(const MoeGemmParams& p, const fl
         }
       }
   } else {
-    const StripBias bias = load_strip_bias(p, e, strip, r);
+    const StripBias bias = kBiasGiven ? given : load_strip_bias(p, e, strip, r);
     // The routing weights of this lane's tokens, kBatch token groups at a time, every load of a batch issued
     // before its stores: the compiler may not move a load above a store to y (they could alias for all it
     // knows), so weights looked up inside the store loop cost two dependent global round trips per group,

@@ -240,15 +240,16 @@ __device__ __forceinline__ uint4 permute_chunk_load(const uint16_t* x, int64_t c
   return make_uint4(__ldg(src + lc), __ldg(src + 8 + lc), __ldg(src + 16 + lc), __ldg(src + 24 + lc));
 }
 
-// wide_over > 0 (the permuting form only): CTA 0 numbers the tiles of more than wide_over tokens first, then the
-// others, each class in expert order (launch_moe_route_permute_wide_first).
+// wide_over > 0: the tiles of more than wide_over tokens are numbered first, then the others, each class in expert
+// order (launch_moe_route_permute_wide_first, launch_moe_route_gather_tiled_wide_first): CTA 0 writes them so, and
+// the tiled form places each slot's row in its tile's numbered place.
 template <bool kTiled>
 __global__ void __launch_bounds__(kRouteGatherThreads)
     moe_route_gather_kernel(MoeRoutingParams p, const uint16_t* x, uint16_t* out, int64_t rows, int64_t k, int top_k,
                             int per_cta, int wide_over) {
   __shared__ int counts[kRouteGatherMaxExperts], before[kRouteGatherMaxExperts];
   __shared__ int offset[kRouteGatherMaxExperts], tile_base[kRouteGatherMaxExperts];
-  __shared__ int wide_base[kTiled ? 1 : kRouteGatherMaxExperts];
+  __shared__ int wide_base[kRouteGatherMaxExperts];
   __shared__ int wide_total;
   __shared__ int row_token[kTiled ? kRouteGatherSlots : 1];
   __shared__ int64_t row_at[kTiled ? kRouteGatherSlots : 1];
@@ -298,38 +299,37 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
     }
     // Wide tiles first: an expert's wide tiles (every full one, and a last one of more than wide_over tokens) are
     // scanned over the experts as its tiles are; its narrow last tile goes after every wide one, at the narrow tiles
-    // before it (its tiles before it minus the wide ones).
-    if constexpr (!kTiled) {
-      if (lead && wide_over > 0) {
-        auto wide_tiles = [&](int n) { return n / bm + (n % bm > wide_over ? 1 : 0); };
-        int run_wide = 0;
-        for (int e = run.e0; e < run.e1; ++e) run_wide += wide_tiles(counts[e]);
-        int through = run_wide;
-        for (int d = 1; d < 32; d <<= 1) {
-          const int w = __shfl_up_sync(0xffffffffu, through, d);
-          if (lane >= d) through += w;
-        }
-        int wide = through - run_wide;
-        for (int e = run.e0; e < run.e1; ++e) {
-          wide_base[e] = wide;
-          wide += wide_tiles(counts[e]);
-        }
-        if (lane == 31) wide_total = through;
+    // before it (its tiles before it minus the wide ones). Every CTA of the tiled form places rows by it.
+    if ((kTiled || lead) && wide_over > 0) {
+      auto wide_tiles = [&](int n) { return n / bm + (n % bm > wide_over ? 1 : 0); };
+      int run_wide = 0;
+      for (int e = run.e0; e < run.e1; ++e) run_wide += wide_tiles(counts[e]);
+      int through = run_wide;
+      for (int d = 1; d < 32; d <<= 1) {
+        const int w = __shfl_up_sync(0xffffffffu, through, d);
+        if (lane >= d) through += w;
       }
+      int wide = through - run_wide;
+      for (int e = run.e0; e < run.e1; ++e) {
+        wide_base[e] = wide;
+        wide += wide_tiles(counts[e]);
+      }
+      if (lane == 31) wide_total = through;
     }
   }
   __syncthreads();
+  // Expert e's tile j's number.
+  auto tile_at = [&](int e, int j) {
+    const int n = counts[e], base = tile_base[e];
+    if (wide_over <= 0) return base + j;
+    const bool narrow = (j + 1) * bm > n && n - j * bm <= wide_over;
+    return narrow ? wide_total + base - wide_base[e] : wide_base[e] + j;
+  };
   if (lead) {
     for (int e = tid; e < experts; e += kRouteGatherThreads) {
-      const int n = counts[e], base = tile_base[e], off = offset[e];
+      const int n = counts[e], off = offset[e];
       for (int j = 0; j * bm < n; ++j) {
-        int at = base + j;
-        if constexpr (!kTiled) {
-          if (wide_over > 0) {
-            const bool narrow = (j + 1) * bm > n && n - j * bm <= wide_over;
-            at = narrow ? wide_total + base - wide_base[e] : wide_base[e] + j;
-          }
-        }
+        const int at = tile_at(e, j);
         p.r.tile_expert[at] = e;
         p.r.tile_start[at] = off + j * bm;
         p.r.tile_rows[at] = min(bm, n - j * bm);
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
         p.r.slot_pos[i] = dst;
         if constexpr (kTiled) {
           row_token[lane] = i / top_k;
-          row_at[lane] = static_cast<int64_t>(tile_base[e] + local / bm) * bm + local % bm;
+          row_at[lane] = static_cast<int64_t>(tile_at(e, local / bm)) * bm + local % bm;
         }
       }
       __syncwarp();
@@ -419,14 +419,21 @@ bool moe_route_gather_fits(int64_t slots, int64_t experts) {
 
 Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,
                                      int64_t top_k, cudaStream_t stream) {
+  return launch_moe_route_gather_tiled_wide_first(p, x, out, k, top_k, 0, stream);
+}
+
+Status launch_moe_route_gather_tiled_wide_first(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,
+                                                int64_t top_k, int wide_over, cudaStream_t stream) {
   if (k % 64 != 0 || p.tile_tokens % 8 != 0 || p.tile_tokens <= 0 || top_k <= 0)
     return internal_error("MoE routing and tiled gather: k % 64 and tile_tokens % 8 must be 0, top_k > 0");
+  if (wide_over < 0 || wide_over >= p.tile_tokens)
+    return internal_error("MoE routing and tiled gather: wide tiles hold more than 0 to tile_tokens - 1 tokens");
   if (!moe_route_gather_fits(p.slots, p.experts))
     return unimplemented("MoE routing and tiled gather: at most 4096 slots and 256 experts");
   if (p.slots == 0) return Status::ok();
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, kRouteGatherSlots)));
   return cuda_status(launch_pdl(moe_route_gather_kernel<true>, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out,
-                                int64_t{0}, k, static_cast<int>(top_k), kRouteGatherSlots, 0),
+                                int64_t{0}, k, static_cast<int>(top_k), kRouteGatherSlots, wide_over),
                      "moe_route_gather_kernel");
 }
 
