@@ -27,6 +27,7 @@
 // recorded drafts); each row gets the verify step beside the plain decode step and the time per output
 // token beside plain decoding's.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +36,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -106,6 +108,13 @@ const std::vector<CliOption> kCommandOptions = {
      "instead of one TMA tensor box), register-loads, bulk-copies, streamed or fused (a step of <= 32 routed slots as one persistent "
      "launch); several, comma-separated: every batch once per kernel, "
      "each on an engine of its own over the one loaded model (the kernels' comparison end to end, in one process)"},
+    {"skinny-decode-form", true,
+     "the dense linears' skinny kernel at decode on CUDA (qkv with its RoPE epilogue, FP8 o_proj, the lm_head): auto "
+     "(default: even-strips+inputs-first), session21 (none: the form before 2026-11-29) or features joined by '+': "
+     "even-strips (FP8 weights on skinny_linear_strip_rows' strips where 16 rows fit one wave: 20b's o_proj on 11 "
+     "rows), inputs-first (the epilogue's scale, bias and RoPE inputs read before the PDL wait), persistent (strips "
+     "past one wave, the lm_head, on one wave of CTAs looping over them); several, comma-separated: compared as "
+     "--bf16-experts-decode"},
     {"skinny-strip-rows", true,
      "output channels per CTA of the dense linears' decode kernel on CUDA (skinny_linear.cu): auto (default) or 8 "
      "to 16; several, comma-separated: every batch once per value, each on an engine of its own over the one "
@@ -147,9 +156,10 @@ const std::vector<CliOption> kCommandOptions = {
      "scales as bulk copies on the stage's mbarrier, x gathered tiled by the routing launch); several, "
      "comma-separated: compared as --bf16-experts-decode"},
     {"qkv-rope-epilogue", true,
-     "gpt-oss's decode qkv on CUDA: auto (default: RoPE and the KV write in the skinny GEMM's epilogue, one launch, "
-     "on FP8 dense weights), on (on bf16 weights too), an even 8 to 16 (on, with strips of that many rows) or off "
-     "(the GEMM, then qkv_rope); several, comma-separated: compared as --bf16-experts-decode"},
+     "gpt-oss's decode qkv on CUDA: auto (default) or on (RoPE and the KV write in the skinny GEMM's epilogue, one "
+     "launch, on bf16 and FP8 dense weights), fp8 (the same on FP8 weights only, bf16's on cuBLASLt: the default "
+     "before 2026-11-29), an even 8 to 16 (on, with strips of that many rows) or off (the GEMM, then qkv_rope); "
+     "several, comma-separated: compared as --bf16-experts-decode"},
     {"qkv-rope-form", true,
      "gpt-oss's qkv_rope on CUDA: auto (default: the many-token form from 1024 tokens), decode (the per-(token, head "
      "group) CTAs at every size: the form before 2026-11-28), stream (the many-token form at every size) or "
@@ -198,6 +208,23 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
   return names;
 }
 
+// --skinny-decode-form: auto (nullopt: the defaults), session21 or '+'-joined features, as CudaSkinnyLinearOptions'
+// (fp8_even_strips, inputs_first, persistent).
+Result<std::optional<std::array<bool, 3>>> skinny_decode_form(const std::string& value) {
+  if (value == "auto") return std::optional<std::array<bool, 3>>();
+  std::array<bool, 3> form = {false, false, false};
+  if (value == "session21") return std::optional(form);
+  std::stringstream parts(value);
+  for (std::string part; std::getline(parts, part, '+');) {
+    const size_t i = part == "even-strips" ? 0 : part == "inputs-first" ? 1 : part == "persistent" ? 2 : 3;
+    if (i == 3 || form[i])
+      return invalid_argument("--skinny-decode-form must be auto, session21 or even-strips, inputs-first, persistent "
+                              "joined by '+', got " + value);
+    form[i] = true;
+  }
+  return std::optional(form);
+}
+
 // --skinny-strip-rows: auto (0) or 8 to 16 output channels per CTA.
 Result<int> skinny_strip_rows(const std::string& value) {
   if (value == "auto") return 0;
@@ -207,19 +234,21 @@ Result<int> skinny_strip_rows(const std::string& value) {
   return static_cast<int>((*parsed)[0]);
 }
 
-// --qkv-rope-epilogue: CudaSkinnyLinearOptions' (rope_epilogue, rope_strip_rows): auto (0, 0), on (1, 0), off (-1, 0)
-// or an even 8 to 16 rows (1, rows).
+// --qkv-rope-epilogue: CudaSkinnyLinearOptions' (rope_epilogue, rope_strip_rows): auto (0, 0), on (1, 0), fp8 (2, 0),
+// off (-1, 0) or an even 8 to 16 rows (1, rows).
 Result<std::pair<int, int>> qkv_rope_epilogue(const std::string& value) {
-  if (value == "auto" || value == "on" || value == "off") return std::pair{value == "off" ? -1 : value == "on", 0};
+  if (value == "auto" || value == "on" || value == "off" || value == "fp8")
+    return std::pair{value == "off" ? -1 : value == "on" ? 1 : value == "fp8" ? 2 : 0, 0};
   const auto parsed = parse_int_list(value);
   if (!parsed.is_ok() || parsed->size() != 1 || (*parsed)[0] < 8 || (*parsed)[0] > 16 || (*parsed)[0] % 2 != 0)
-    return invalid_argument("--qkv-rope-epilogue must be auto, on, off or an even 8 to 16, got " + value);
+    return invalid_argument("--qkv-rope-epilogue must be auto, on, fp8, off or an even 8 to 16, got " + value);
   return std::pair{1, static_cast<int>((*parsed)[0])};
 }
 
 // One flag's value checked, in every build (the message lists the values: "a, b or c").
 Status check_kernel_choice(const std::string& flag, const std::string& value) {
   if (flag == "skinny-strip-rows") return skinny_strip_rows(value).status();
+  if (flag == "skinny-decode-form") return skinny_decode_form(value).status();
   if (flag == "qkv-rope-epilogue") return qkv_rope_epilogue(value).status();
   const std::vector<std::string>& names = kernel_flag_names().at(flag);
   if (std::find(names.begin(), names.end(), value) != names.end()) return Status::ok();
@@ -280,6 +309,15 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
     return set_cuda_moe_options(backend, moe);
   }
+  if (flag == "skinny-decode-form") {  // keeps the other fields
+    MX_ASSIGN_OR_RETURN(CudaSkinnyLinearOptions skinny, cuda_skinny_linear_options(backend));
+    MX_ASSIGN_OR_RETURN(const auto form, skinny_decode_form(value));
+    const CudaSkinnyLinearOptions defaults;
+    const std::array<bool, 3> f =
+        form ? *form : std::array{defaults.fp8_even_strips, defaults.inputs_first, defaults.persistent};
+    std::tie(skinny.fp8_even_strips, skinny.inputs_first, skinny.persistent) = std::tuple{f[0], f[1], f[2]};
+    return set_cuda_skinny_linear_options(backend, skinny);
+  }
   if (flag == "skinny-staged") {
     CudaSkinnyLinearOptions skinny;
     skinny.staged = value != "off";
@@ -306,7 +344,7 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
 // --skinny-strip-rows, --moe-decode-combine, --moe-decode-form, --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order,
 // --moe-wgmma-prefill-loads, --decode-overlap,
-// --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged).
+// --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -914,7 +952,7 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-decode-form,
   // --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order, --moe-wgmma-prefill-loads, --decode-overlap, --qkv-rope-form,
-  // --qkv-rope-epilogue, --skinny-staged: one
+  // --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form: one
   // kernel choice each, or several values of one flag compared (an engine each, below): those come first in
   // kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
@@ -922,7 +960,7 @@ Status run(const CliArgs& args) {
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-decode-form",
         "moe-wgmma-loads", "moe-wgmma-glue", "moe-wgmma-order", "moe-wgmma-prefill-loads", "decode-overlap",
-        "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged"}) {
+        "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged", "skinny-decode-form"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

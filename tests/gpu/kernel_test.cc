@@ -236,6 +236,77 @@ TEST_F(KernelTest, SkinnyLinearStaged) {
   }
 }
 
+// The skinny kernel's decode forms (CudaSkinnyLinearOptions::inputs_first: the epilogue's scale and bias read before
+// the PDL wait; with persistent too: strips past one wave on one wave of CTAs looping over them) give the plain
+// kernel's bits, eagerly and replayed from a graph; both against the CPU twin. bf16 and FP8 weights:
+// gpt-oss's o_proj at one token (FP8 on 16-row and on skinny_linear_strip_rows' strips: fp8_even_strips), a strip
+// count of many waves (the lm_head's form; persistent: 2-4 strips a CTA), k % 16 == 8 (FP8's 8-byte loads), two
+// token tiles, a k split (each split's own chunks; never persistent), f32 out.
+TEST_F(KernelTest, SkinnyLinearDecodeForms) {
+  struct Case {
+    int64_t m, n, k;
+    bool fp8, bias, f32;
+    int k_splits = 0;
+    bool even = false;  // fp8_even_strips
+  };
+  for (const Case& c : {Case{1, 2880, 4096, true, true, false}, Case{1, 2880, 4096, true, true, false, 0, true},
+                        Case{1, 20000, 2880, true, false, true}, Case{3, 77, 328, true, true, true},
+                        Case{9, 133, 2888, true, true, false}, Case{1, 5120, 2880, false, true, false},
+                        Case{12, 2880, 4096, false, true, false}, Case{5, 300, 2888, false, true, true, 3},
+                        Case{2, 1000, 2888, true, false, false, 4}, Case{1, 9000, 2888, false, true, true},
+                        Case{12, 9000, 1000, false, false, true}, Case{9, 7000, 2888, true, true, false},
+                        Case{3, 5000, 328, true, true, true}}) {
+    Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
+    Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
+    TensorView w_c, w_g, s_c, s_g, b_c, b_g;
+    if (c.fp8) {
+      const Fp8Rows q = quantize_rows_fp8(TensorView(w.bits.data(), DType::kBF16, {c.n, c.k}));
+      w_c = cpu_.upload(DType::kF8E4M3, {c.n, c.k}, q.values.data()), w_g = cuda_.upload(DType::kF8E4M3, {c.n, c.k}, q.values.data());
+      s_c = cpu_.upload(DType::kF32, {c.n}, q.scales.data()), s_g = cuda_.upload(DType::kF32, {c.n}, q.scales.data());
+    } else {
+      w_c = cpu_.upload(DType::kBF16, {c.n, c.k}, w.bits.data()), w_g = cuda_.upload(DType::kBF16, {c.n, c.k}, w.bits.data());
+    }
+    if (c.bias) {
+      b_c = cpu_.upload(DType::kBF16, {c.n}, b.bits.data());
+      b_g = cuda_.upload(DType::kBF16, {c.n}, b.bits.data());
+    }
+    const DType out_dtype = c.f32 ? DType::kF32 : DType::kBF16;
+    auto run = [&](Backend& be, const TensorView& xv, const TensorView& wv, const TensorView& sv, const TensorView& bv,
+                   TensorView out) { return c.fp8 ? be.linear_fp8(xv, wv, sv, bv, out) : be.linear(xv, wv, bv, out); };
+    TensorView o_c = cpu_.make(DType::kF32, {c.m, c.n});
+    ASSERT_TRUE(run(cpu_backend(), px.cpu, w_c, s_c, b_c, o_c).is_ok());
+    CudaSkinnyLinearOptions o;
+    o.max_rows = 16, o.k_splits = c.k_splits, o.staged = false, o.fp8_even_strips = c.even, o.inputs_first = false;
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), o).is_ok());
+    TensorView want_g = cuda_.make(out_dtype, {c.m, c.n});
+    Status st = run(cuda_backend(), px.cuda, w_g, s_g, b_g, want_g);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const std::vector<float> want = cuda_.download_f32(want_g);
+    for (const bool persistent : {false, true}) {
+      o.inputs_first = true, o.persistent = persistent;
+      ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), o).is_ok());
+      TensorView got_g = cuda_.make(out_dtype, {c.m, c.n}), replay_g = cuda_.make(out_dtype, {c.m, c.n});
+      st = run(cuda_backend(), px.cuda, w_g, s_g, b_g, got_g);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      auto graph = cuda_backend().capture([&] { return run(cuda_backend(), px.cuda, w_g, s_g, b_g, replay_g); });
+      ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+      for (int replay = 0; replay < 2; ++replay) ASSERT_TRUE((*graph)->replay().is_ok());
+      ASSERT_TRUE(cuda_backend().synchronize().is_ok());
+      const std::string what = shape_str({c.m, c.n, c.k}) + (c.fp8 ? " fp8" : " bf16") + (c.bias ? " bias" : "") +
+                               (c.f32 ? " f32-out" : " bf16-out") +
+                               (c.k_splits ? " k-splits " + std::to_string(c.k_splits) : std::string()) +
+                               (c.even ? " even strips" : "") +
+                               (persistent ? ", inputs first + persistent" : ", inputs first");
+      check("skinny linear decode forms", what + " vs CPU", cuda_.download_f32(got_g), cpu_.download_f32(o_c),
+            c.f32 ? 1e-4 : 5e-3);
+      check("skinny linear decode forms", what + " vs the plain kernel, bit for bit", cuda_.download_f32(got_g), want, 0.0);
+      check("skinny linear decode forms", what + ", graph replayed twice vs the plain kernel", cuda_.download_f32(replay_g),
+            want, 0.0);
+    }
+    ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
+  }
+}
+
 // Builds the same batch and paged cache on both backends.
 struct PagedSetup {
   std::vector<std::vector<int32_t>> tokens, pages;
@@ -1063,11 +1134,16 @@ TEST_F(KernelTest, LinearQkvRope) {
         const int64_t per = c.n_kv * c.hd, token = static_cast<int64_t>(e) / per, col = static_cast<int64_t>(e) % per;
         return pair_at(token, c.n_q * c.hd + col / c.hd * c.hd, col % c.hd);
       };
-      // The epilogue with the default strips, then 16 rows (8 pairs) and 10 (5 pairs: strips across heads).
-      for (const int rows : {0, 16, 10}) {
+      // The epilogue with the default strips, then 16 rows (8 pairs) and 10 (5 pairs: strips across heads); each
+      // then with its inputs read before the PDL wait (CudaSkinnyLinearOptions::inputs_first, the default), bit for
+      // bit against the plain epilogue.
+      std::vector<float> plain_q, plain_k, plain_v;
+      for (const auto& [rows, first] : std::initializer_list<std::pair<int, bool>>{
+               {0, false}, {0, true}, {16, false}, {16, true}, {10, false}, {10, true}}) {
         CudaSkinnyLinearOptions fused;
         fused.rope_epilogue = 1;
         fused.rope_strip_rows = rows;
+        fused.inputs_first = first;
         ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), fused).is_ok());
         TensorView k_1 = cuda_.make(DType::kBF16, cache), v_1 = cuda_.make(DType::kBF16, cache);
         TensorView q_1 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
@@ -1076,14 +1152,22 @@ TEST_F(KernelTest, LinearQkvRope) {
         st = cuda_backend().linear_qkv_rope(px.cuda, w_g, sc_g, bias_g, r_1, b_g);
         ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), {}).is_ok());
         ASSERT_TRUE(st.is_ok()) << st.to_string();
-        const std::string form = what + (rows ? ", " + std::to_string(rows) + "-row strips" : ", default strips");
+        const std::string shape = what + (rows ? ", " + std::to_string(rows) + "-row strips" : ", default strips");
         const std::vector<float> q1 = cuda_.download_f32(q_1), k1 = slots(cuda_, k_1), v1 = slots(cuda_, v_1);
-        check_rotated("linear_qkv_rope q vs two ops", form, q1, q2, tables.attention_scale, q_pair);
-        check_rotated("linear_qkv_rope k cache vs two ops", form, k1, k2, tables.attention_scale, k_pair);
-        check("linear_qkv_rope v cache vs two ops", form, v1, v2, 0.0);
-        check("linear_qkv_rope q vs twin", form, q1, qc, 5e-3);
-        check("linear_qkv_rope k cache vs twin", form, k1, kc, 5e-3);
-        check("linear_qkv_rope v cache vs twin", form, v1, vc, 5e-3);
+        if (first) {
+          const std::string named = shape + ", inputs first";
+          check("linear_qkv_rope q vs the plain epilogue", named, q1, plain_q, 0.0);
+          check("linear_qkv_rope k cache vs the plain epilogue", named, k1, plain_k, 0.0);
+          check("linear_qkv_rope v cache vs the plain epilogue", named, v1, plain_v, 0.0);
+          continue;
+        }
+        plain_q = q1, plain_k = k1, plain_v = v1;
+        check_rotated("linear_qkv_rope q vs two ops", shape, q1, q2, tables.attention_scale, q_pair);
+        check_rotated("linear_qkv_rope k cache vs two ops", shape, k1, k2, tables.attention_scale, k_pair);
+        check("linear_qkv_rope v cache vs two ops", shape, v1, v2, 0.0);
+        check("linear_qkv_rope q vs twin", shape, q1, qc, 5e-3);
+        check("linear_qkv_rope k cache vs twin", shape, k1, kc, 5e-3);
+        check("linear_qkv_rope v cache vs twin", shape, v1, vc, 5e-3);
       }
     }
   }

@@ -92,8 +92,14 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form registers");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form session20");
   refused("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 15,auto",
-          "--qkv-rope-epilogue must be auto, on, off or an even 8 to 16, got 15");
+          "--qkv-rope-epilogue must be auto, on, fp8, off or an even 8 to 16, got 15");
+  needs_cuda("bench latency --preset tiny --backend cpu --qkv-rope-epilogue fp8");
   needs_cuda("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 14");
+  refused("bench latency --preset tiny --backend cpu --skinny-decode-form session21,inputs-first+prefetch",
+          "--skinny-decode-form must be auto, session21 or even-strips, inputs-first, persistent joined by '+', got "
+          "inputs-first+prefetch");
+  refused("bench latency --preset tiny --backend cpu --skinny-decode-form even-strips+even-strips", "joined by '+'");
+  needs_cuda("bench latency --preset tiny --backend cpu --skinny-decode-form even-strips+inputs-first");
   refused("bench latency --preset tiny --backend cpu --moe-wgmma-loads tma,auto",
           "--moe-wgmma-loads must be auto, cp-async, copy-engine or copy-engine-pairs");
   refused("bench latency --preset tiny --backend cpu --qkv-rope-form epilogue",

@@ -562,7 +562,7 @@ class CudaBackend final : public Backend {
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     const int64_t k = weight.dim(1), m = x.numel() / k;
     const bool fp8 = !scale.empty();
-    const bool fits = (so.rope_epilogue > 0 || (so.rope_epilogue == 0 && fp8)) && rope.norm_eps <= 0 &&
+    const bool fits = (so.rope_epilogue >= 0 && (fp8 || so.rope_epilogue != 2)) && rope.norm_eps <= 0 &&
                       !rope.q_out.empty() &&  // no Q out: the attention rotates Q from qkv, which this skips
                       use_skinny_linear(m, k, so.max_rows) &&
                       m == batch.num_tokens && rope.head_dim % 8 == 0 &&
@@ -586,6 +586,7 @@ class CudaBackend final : public Backend {
     s.rope.kv = paged(rope.kv, batch);
     s.rope.n_q = rope.n_q, s.rope.n_kv = rope.n_kv, s.rope.head_dim = rope.head_dim;
     s.rope.scale = rope.rope_scale;
+    s.inputs_first = so.inputs_first;
     const int rows = so.rope_strip_rows > 0 ? so.rope_strip_rows : skinny_rope_strip_rows(dev_, s.n);
     const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, s.n, k, /*k_splits=*/1, 0, rows);
     return launch_skinny_linear(s, c, stream());
@@ -1514,9 +1515,11 @@ class CudaBackend final : public Backend {
     s.out = out.data();
     s.m = x.numel() / k, s.n = n, s.k = k;
     s.out_f32 = out.dtype() == DType::kF32;
-    // FP8 weights keep 16-row strips unless forced (narrower ones were slower at o_proj: kernel_configs.h).
-    const int strip_rows = so.strip_rows > 0 ? so.strip_rows : s.w_fp8 != nullptr ? 16 : 0;
-    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, s.m, n, k, so.k_splits, so.chunks_in_flight, strip_rows);
+    s.inputs_first = so.inputs_first;
+    // FP8 weights keep 16-row strips unless forced or fp8_even_strips (narrower ones were slower at o_proj alone).
+    const int strip_rows = so.strip_rows > 0 ? so.strip_rows : s.w_fp8 != nullptr && !so.fp8_even_strips ? 16 : 0;
+    SkinnyLinearConfig c = choose_skinny_linear_config(dev_, s.m, n, k, so.k_splits, so.chunks_in_flight, strip_rows);
+    c.persistent = so.persistent;
     if (c.k_splits > 1) {
       MX_RETURN_IF_ERROR(ensure_linear_scratch());
       s.partials = ptr_of<float>(scratch_.linear_partials);

@@ -83,12 +83,14 @@ struct CudaSkinnyLinearOptions {
   int max_rows = -1;
   int k_splits = 0;
   int chunks_in_flight = 0;
-  int strip_rows = 0;  // 8 to 16 forces SkinnyLinearConfig::strip_rows (benchmarks); 0 = skinny_linear_strip_rows,
-                       // 16 on FP8 weights
+  int strip_rows = 0;  // 8 to 16 forces SkinnyLinearConfig::strip_rows (benchmarks); 0 = skinny_linear_strip_rows
+                       // (on FP8 weights only with fp8_even_strips, else 16)
   // linear_qkv_rope at <= kSkinnyLinearMaxRows tokens without q/k norms: the RoPE and the KV write in the skinny
-  // kernel's epilogue (SkinnyRope, one launch) on FP8 weights (0, the default: those run the skinny kernel anyway),
-  // on bf16 weights too (1: instead of cuBLASLt; slower end to end at 20b, docs/PERF.md), or never (-1: the linear,
-  // then qkv_rope).
+  // kernel's epilogue (SkinnyRope, one launch) on bf16 and FP8 weights (0, the default; 1 the same), on FP8 weights
+  // only (2: bf16's qkv on cuBLASLt, then qkv_rope: the default before 2026-11-29), or never (-1: the linear, then
+  // qkv_rope). bf16 20b on an H200 since the combine norm lets qkv launch early, with inputs_first, one process
+  // (docs/PERF.md, session 22 W2): batch 1 TPOT 1.793 / 1.755 ms on cuBLASLt -> 1.690 / 1.689, batch 8 3.434 / 3.399
+  // -> 3.377 / 3.398.
   int rope_epilogue = 0;
   int rope_strip_rows = 0;  // 8 to 16, even, forces the epilogue's strip rows (benchmarks); 0 = skinny_rope_strip_rows
   // bf16 weights at 1 to 8 tokens without k splits: each CTA's strip staged whole in shared memory before the PDL
@@ -103,6 +105,18 @@ struct CudaSkinnyLinearOptions {
   // staged). 1 = one wave only. H200, Gemma-4 batch-1 TPOT at 1K, one process: 2.932 / 2.927 / 2.958 -> 2.874 /
   // 2.873 / 2.911 ms at 3 (docs/PERF.md, session 20).
   int staged_waves = 3;
+  // FP8 weights take skinny_linear_strip_rows too (where 16-row strips fit one wave: gpt-oss's o_proj on 11-row
+  // strips, 262 CTAs on 132 SMs instead of 180); false: 16-row strips on FP8 weights.
+  bool fp8_even_strips = true;
+  // Each output value's epilogue inputs (scale, bias; qkv's cos / sin and destination) read before the PDL wait
+  // (SkinnyLinearParams::inputs_first). H200, 20b FP8 TPOT, both off -> both on, one process (docs/PERF.md,
+  // session 22 W2): batch 1 1.589 / 1.606 -> 1.542 / 1.536 ms, batch 8 3.271 / 3.245 -> 3.215 / 3.190 (even strips
+  // alone within the spread, W1b).
+  bool inputs_first = true;
+  // Strips past one wave (the lm_head) on one wave of persistent CTAs (SkinnyLinearConfig::persistent): a
+  // benchmark form; 20b FP8 not faster end to end (session 22 W2: batch 1 +0.010 / +0.023 ms, batch 8 -0.018 /
+  // +0.008).
+  bool persistent = false;
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel

@@ -251,6 +251,9 @@ struct SkinnyLinearConfig {
   int threads = 0;
   int64_t smem_bytes = 0;   // static: the cross-warp reduction (per warp: 4 floats per tile per lane)
   bool pdl = false;         // launched as a programmatic dependent: weights load before the wait (SM90+)
+  // Strips past one wave of resident CTAs (no k split, no RoPE epilogue): one wave of CTAs, each looping over its
+  // strips with the next strip's first chunks in flight during a strip's sums (the lm_head); false: a CTA a strip.
+  bool persistent = false;
 };
 // `k_splits` > 0 forces a k split (benchmarks; default none), capped so that no split is empty;
 // `chunks_in_flight` 8 picks the 8-chunk variant for one token tile (benchmarks; 0 = default, 4);

@@ -89,6 +89,9 @@ struct SkinnyLinearParams {
                                    // of a strip resets its ticket
   int64_t m = 0, n = 0, k = 0;
   bool out_f32 = false;
+  // Each output value's epilogue inputs (its row's scale and bias; with `rope` its cos / sin and destination, through
+  // the token's position and page table) read before the PDL wait, not after the sums. Same bits.
+  bool inputs_first = false;
   SkinnyRope rope;                 // q_out set: qkv + RoPE + KV write (even strip rows, bf16 out, no k split)
 };
 Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream);

@@ -105,75 +105,120 @@ __device__ __forceinline__ bool strip_has(int strip_rows, int r) {
   return kRope ? r % 8 < strip_rows / 2 : r < strip_rows;
 }
 
-// A row's sum times its FP8 scale, plus its bias: rounded step by step (never one fma), so that the plain and the
-// RoPE epilogues of every instantiation agree bit for bit.
-template <bool kFp8>
-__device__ __forceinline__ float scale_and_bias(const SkinnyLinearParams& p, int64_t row, float s) {
-  if constexpr (kFp8) s = __fmul_rn(s, p.w_scale[row]);
-  return p.bias ? __fadd_rn(s, bf16_bits_to_f32(p.bias[row])) : s;
-}
-
-// kRope's epilogue (no k split): thread v < kValues holds the warps' sum `s` of fragment slot v / 32 (tile j,
-// element e) of lane v % 32; element e ^ 2 of the same lane is the other half of its RoPE pair.
-template <int kValues, bool kFp8>
-__device__ __forceinline__ void rope_epilogue(const SkinnyLinearParams& p, int64_t strip, int strip_rows, float s,
-                                              float* rounded) {
-  const int v = threadIdx.x;
+// Thread v's output value: fragment slot v / 32 (tile j, element e) of lane v % 32, its row and token, and whether
+// it is one (v < kValues, in the strip, row < n, token < m).
+struct ValueAt {
+  int64_t row, token;
+  bool live;
+};
+template <bool kRope, int kValues>
+__device__ __forceinline__ ValueAt value_at(const SkinnyLinearParams& p, int64_t strip, int strip_rows, int v) {
   const int slot = v / 32, l = v % 32, j = slot / 4, e = slot % 4;
   const int in_strip = l / 4 + (e >= 2 ? 8 : 0);
-  const int64_t row = strip_row<true>(p, strip, strip_rows, in_strip);
+  const int64_t row = strip_row<kRope>(p, strip, strip_rows, in_strip);
   const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
-  const bool live = v < kValues && token < p.m && strip_has<true>(strip_rows, in_strip) && row < p.n;
-  if (live) {
-    s = scale_and_bias<kFp8>(p, row, s);
-    rounded[v] = bf16_bits_to_f32(f32_to_bf16_bits(s));  // qkv's bf16 value
+  return {row, token, v < kValues && token < p.m && strip_has<kRope>(strip_rows, in_strip) && row < p.n};
+}
+
+// What a live value's epilogue reads besides its sum, none of it written by the kernels before this one: its row's
+// FP8 scale and bias, and with kRope cos / sin of its pair (q and k heads) and where its bf16 result goes (q_out or
+// the paged cache; null: nowhere). With SkinnyLinearParams::inputs_first read before the PDL wait and kept in shared
+// memory over the k loop, so the epilogue has no global loads left (the RoPE one had position -> page table -> store
+// after the sums, on the kernel's tail); otherwise read there, as before.
+template <bool kRope>
+struct EpilogueIn {
+  float scale, bias;
+};
+template <>
+struct EpilogueIn<true> {
+  float scale, bias, cos_i, sin_i;
+  uint16_t* out;
+};
+template <bool kFp8, bool kRope>
+__device__ __forceinline__ EpilogueIn<kRope> epilogue_in(const SkinnyLinearParams& p, const ValueAt& at) {
+  EpilogueIn<kRope> in{};
+  if constexpr (kFp8) in.scale = p.w_scale[at.row];
+  if (p.bias) in.bias = bf16_bits_to_f32(p.bias[at.row]);
+  if constexpr (kRope) {
+    const SkinnyRope& r = p.rope;
+    const int64_t hd = r.head_dim, half = hd / 2, head = at.row / hd, d = at.row % hd;
+    const int32_t pos = r.kv.positions[at.token];
+    const int64_t cache = head < r.n_q ? 0 : kv_row(r.kv, at.token, pos, r.n_kv);
+    if (head < r.n_q + r.n_kv) {  // qkv_rope's table entry (rope.cu)
+      float sn, cs;
+      sincosf(static_cast<float>(pos) * r.inv_freq[d % half], &sn, &cs);
+      in.cos_i = cs * r.scale, in.sin_i = sn * r.scale;
+    }
+    if (head < r.n_q) {
+      in.out = r.q_out + (at.token * r.n_q + head) * hd + d;
+    } else if (cache >= 0) {
+      in.out = head < r.n_q + r.n_kv ? r.kv.k + (cache + head - r.n_q) * hd + d
+                                     : r.kv.v + (cache + head - r.n_q - r.n_kv) * hd + d;
+    }
   }
+  return in;
+}
+
+// A row's sum times its FP8 scale, plus its bias: rounded step by step (never one fma), so that the plain and the
+// RoPE epilogues of every instantiation agree bit for bit.
+template <bool kFp8, bool kRope>
+__device__ __forceinline__ float scale_and_bias(const SkinnyLinearParams& p, const EpilogueIn<kRope>& in, float s) {
+  if constexpr (kFp8) s = __fmul_rn(s, in.scale);
+  return p.bias ? __fadd_rn(s, in.bias) : s;
+}
+
+// kRope's epilogue (no k split): thread v < kValues holds the warps' sum `s` of its value (value_at); element e ^ 2
+// of the same lane is the other half of its RoPE pair.
+template <int kValues, bool kFp8>
+__device__ __forceinline__ void rope_epilogue(const SkinnyLinearParams& p, const ValueAt& at, const EpilogueIn<true>& in,
+                                              float s, float* rounded) {
+  const int v = threadIdx.x;
+  if (at.live) rounded[v] = bf16_bits_to_f32(f32_to_bf16_bits(scale_and_bias<kFp8, true>(p, in, s)));  // qkv's bf16 value
   __syncthreads();
-  if (!live) return;
+  if (!at.live || !in.out) return;
   const SkinnyRope& r = p.rope;
-  const int64_t hd = r.head_dim, half = hd / 2, head = row / hd, d = row % hd, i = d % half;
-  const int32_t pos = r.kv.positions[token];
-  const int64_t cache = kv_row(r.kv, token, pos, r.n_kv);
+  const int64_t hd = r.head_dim, half = hd / 2, head = at.row / hd, d = at.row % hd;
   const float own = rounded[v];
   if (head >= r.n_q + r.n_kv) {  // v: copied
-    if (cache >= 0) r.kv.v[(cache + head - r.n_q - r.n_kv) * hd + d] = f32_to_bf16_bits(own);
+    *in.out = f32_to_bf16_bits(own);
     return;
   }
-  // qkv_rope's table entry and rotation (rope.cu): a = x[i], b = x[i + half].
-  float sn, cs;
-  sincosf(static_cast<float>(pos) * r.inv_freq[i], &sn, &cs);
-  const float cos_i = cs * r.scale, sin_i = sn * r.scale;
+  // qkv_rope's rotation (rope.cu): a = x[i], b = x[i + half].
   const float other = rounded[v ^ 64];  // slot e ^ 2: the pair's other row
   const float a = d < half ? own : other, b = d < half ? other : own;
   // Rounded step by step as rope.cu's 4-wide form reads in PTX (a cos - b sin not contracted, b cos + a sin one fma);
   // ptxas may still fuse a product of the former there, so a value near zero can differ by a bf16 step.
-  const float y = d < half ? __fsub_rn(__fmul_rn(a, cos_i), __fmul_rn(b, sin_i)) : __fmaf_rn(b, cos_i, __fmul_rn(a, sin_i));
-  uint16_t* out = nullptr;
-  if (head < r.n_q) {
-    out = r.q_out + (token * r.n_q + head) * hd;
-  } else if (cache >= 0) {
-    out = r.kv.k + (cache + head - r.n_q) * hd;
-  }
-  if (out) out[d] = f32_to_bf16_bits(y);
+  const float y = d < half ? __fsub_rn(__fmul_rn(a, in.cos_i), __fmul_rn(b, in.sin_i))
+                           : __fmaf_rn(b, in.cos_i, __fmul_rn(a, in.sin_i));
+  *in.out = f32_to_bf16_bits(y);
 }
 
-template <int kTiles, int kChunks, typename Weights, int kCtasPerSm, bool kRope>
+// kPersistent (SkinnyLinearConfig::persistent, the plain linear without k splits): a CTA takes strips blockIdx.x,
+// + gridDim.x, ... below `strips`, issuing the next strip's first chunks in its last k step, so they are in flight
+// during the strip's sums; else one strip a CTA (gridDim.x = strips).
+template <int kTiles, int kChunks, typename Weights, int kCtasPerSm, bool kRope, bool kPersistent>
 __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
-    skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split, int strip_rows) {
+    skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split, int strip_rows, int64_t strips) {
   constexpr int kLaneK = Weights::kLaneK, kGroups = kLaneK / 8, kChunk = 4 * kLaneK;  // k per chunk: 4 lanes
   constexpr int kValues = kTiles * 4 * 32;
   __shared__ float red[kSkinnyLinearWarps][kTiles * 4][32];
   __shared__ float rounded[kRope ? kValues : 1];  // kRope: the strip's values as bf16, for the pair partners
+  __shared__ EpilogueIn<kRope> inputs[kValues];   // inputs_first: each value's, read before the wait
   __shared__ bool last_of_strip;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t strip = blockIdx.x;
+  int64_t strip = blockIdx.x;
   const int64_t first = blockIdx.y * chunks_per_split;
   const int64_t end = min((p.k + kChunk - 1) / kChunk, first + chunks_per_split);
   // Rows past the strip or n and tokens past m read row 0 / token 0 (always valid) and are masked to zero.
-  const int64_t row_lo = strip_row<kRope>(p, strip, strip_rows, g), row_hi = strip_row<kRope>(p, strip, strip_rows, g + 8);
-  const bool lo_ok = strip_has<kRope>(strip_rows, g) && row_lo < p.n, hi_ok = strip_has<kRope>(strip_rows, g + 8) && row_hi < p.n;
-  const int64_t w_lo = (lo_ok ? row_lo : 0) * p.k + kLaneK * t;  // element offsets of this lane's weights
-  const int64_t w_hi = (hi_ok ? row_hi : 0) * p.k + kLaneK * t;
+  bool lo_ok, hi_ok;
+  int64_t w_lo, w_hi;  // element offsets of this lane's weights
+  auto strip_rows_at = [&](int64_t s) {
+    const int64_t row_lo = strip_row<kRope>(p, s, strip_rows, g), row_hi = strip_row<kRope>(p, s, strip_rows, g + 8);
+    lo_ok = strip_has<kRope>(strip_rows, g) && row_lo < p.n, hi_ok = strip_has<kRope>(strip_rows, g + 8) && row_hi < p.n;
+    w_lo = (lo_ok ? row_lo : 0) * p.k + kLaneK * t;
+    w_hi = (hi_ok ? row_hi : 0) * p.k + kLaneK * t;
+  };
+  strip_rows_at(strip);
   const uint16_t* x_row[kTiles];
   bool x_ok[kTiles];
 #pragma unroll
@@ -210,11 +255,17 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
 
   // The weights are constant: the first loads go out before waiting on the kernel that writes x.
   load_weights(first + warp);
+  if (p.inputs_first) {  // into shared memory at once (no registers held over the wait); the same thread reads it back
+    const ValueAt early = value_at<kRope, kValues>(p, strip, strip_rows, threadIdx.x);
+    if (early.live) inputs[threadIdx.x] = epilogue_in<Weights::kFp8, kRope>(p, early);
+  }
   pdl_wait();
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   load_activations(first + warp);
-  float acc[kTiles][4] = {};
   const int64_t step = static_cast<int64_t>(kChunks) * kSkinnyLinearWarps;
+  for (;;) {  // this CTA's strips
+  const int64_t next_strip = strip + gridDim.x;
+  float acc[kTiles][4] = {};
   for (int64_t c0 = first + warp; c0 < end; c0 += step) {
 #pragma unroll
     for (int u = 0; u < kChunks; ++u) {
@@ -230,8 +281,15 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
         }
       }
     }
-    load_weights(c0 + step);  // past the end these are all masked: no memory traffic
-    load_activations(c0 + step);
+    // Past the end these are all masked (no memory traffic), unless the CTA has a next strip: then its first chunks,
+    // in flight during this strip's sums.
+    int64_t next = c0 + step;
+    if (kPersistent && next >= end && next_strip < strips) {
+      strip_rows_at(next_strip);
+      next = first + warp;
+    }
+    load_weights(next);
+    load_activations(next);
   }
 
 #pragma unroll
@@ -239,8 +297,11 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[warp][j * 4 + e][lane] = acc[j][e];
   __syncthreads();
-  // One value per thread: fragment slot (tile j, element e) of lane l, summed over the warps in order.
-  const int v = threadIdx.x;
+  // One value per thread: fragment slot (tile j, element e) of lane l, summed over the warps in order. The thread
+  // index read again (a volatile read): its value's row and token are not kept over the k loop, where the 80-register
+  // forms would spill them.
+  int v;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
   float s = 0;
   if (v < kValues) {
 #pragma unroll
@@ -265,28 +326,35 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
       for (unsigned y = 0; y < gridDim.y; ++y) s += __ldcg(p.partials + (strip * gridDim.y + y) * kValues + v);
     }
   }
+  const ValueAt at = value_at<kRope, kValues>(p, strip, strip_rows, v);
+  EpilogueIn<kRope> in{};
+  if (at.live) in = p.inputs_first && strip == blockIdx.x ? inputs[v] : epilogue_in<Weights::kFp8, kRope>(p, at);
   if constexpr (kRope) {
-    rope_epilogue<kValues, Weights::kFp8>(p, strip, strip_rows, s, rounded);
+    rope_epilogue<kValues, Weights::kFp8>(p, at, in, s, rounded);
     return;
   }
-  if (v >= kValues) return;
-  const int slot = v / 32, l = v % 32, j = slot / 4, e = slot % 4;
-  const int in_strip = l / 4 + (e >= 2 ? 8 : 0);
-  const int64_t row = strip_row<kRope>(p, strip, strip_rows, in_strip);
-  const int64_t token = 8 * j + 2 * (l % 4) + (e & 1);
-  if (in_strip >= strip_rows || row >= p.n || token >= p.m) return;
-  s = scale_and_bias<Weights::kFp8>(p, row, s);
-  if (p.out_f32) {
-    static_cast<float*>(p.out)[token * p.n + row] = s;
-  } else {
-    static_cast<uint16_t*>(p.out)[token * p.n + row] = f32_to_bf16_bits(s);
+  if (at.live) {
+    s = scale_and_bias<Weights::kFp8, kRope>(p, in, s);
+    if (p.out_f32) {
+      static_cast<float*>(p.out)[at.token * p.n + at.row] = s;
+    } else {
+      static_cast<uint16_t*>(p.out)[at.token * p.n + at.row] = f32_to_bf16_bits(s);
+    }
+  }
+  if (!kPersistent || next_strip >= strips) return;
+  strip = next_strip;
+  __syncthreads();  // every warp has read red: the next strip's sums may overwrite it
   }
 }
 
-template <int kTiles, int kChunks, typename Weights, int kCtasPerSm = kSkinnyLinearCtasPerSm, bool kRope = false>
-Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream) {
+// `sms`: the device's, for SkinnyLinearConfig::persistent (that many CTAs a form's kCtasPerSm times, at most).
+template <int kTiles, int kChunks, typename Weights, int kCtasPerSm = kSkinnyLinearCtasPerSm, bool kRope = false,
+          bool kPersistent = false>
+Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream, int sms = 0) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div64(p.n, c.strip_rows)), static_cast<unsigned>(c.k_splits));
+  const int64_t strips = ceil_div64(p.n, c.strip_rows);
+  const int64_t ctas = kPersistent ? std::min<int64_t>(strips, static_cast<int64_t>(sms) * kCtasPerSm) : strips;
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(c.k_splits));
   cfg.blockDim = dim3(static_cast<unsigned>(c.threads));
   cfg.stream = stream;
   cudaLaunchAttribute attr = {};
@@ -297,8 +365,8 @@ Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStre
   // The config counts 32-element chunks per split; an FP8 chunk is 64 elements (two of them, rounded up: an
   // empty last split adds zeros).
   const int64_t chunks_per_split = Weights::kFp8 ? (c.chunks_per_split + 1) / 2 : c.chunks_per_split;
-  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm, kRope>, p,
-                                        chunks_per_split, c.strip_rows),
+  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm, kRope, kPersistent>, p,
+                                        chunks_per_split, c.strip_rows, strips),
                      "skinny_linear_kernel");
 }
 
@@ -373,9 +441,18 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
     if (c.chunks_in_flight != 4) return internal_error("skinny linear: no compiled FP8 variant for this config");
     MX_ASSIGN_OR_RETURN(const bool one_wave_fp8, one_wave());
     constexpr int kNarrow = kSkinnyLinearNarrowCtasPerSm;
+    // Persistent CTAs only past one wave (the lm_head), without k splits: the 3-CTA forms.
+    const bool persist = c.persistent && c.k_splits == 1 && !one_wave_fp8;
+    if (c.n_tiles == 1 && persist) return launch<1, 3, Fp8Weights, kNarrow, false, true>(p, c, stream, sms);
+    if (persist) return launch<2, 2, Fp8Weights, kNarrow, false, true>(p, c, stream, sms);
     if (c.n_tiles == 1)
       return one_wave_fp8 ? launch<1, 4, Fp8Weights>(p, c, stream) : launch<1, 3, Fp8Weights, kNarrow>(p, c, stream);
     return one_wave_fp8 ? launch<2, 3, Fp8Weights>(p, c, stream) : launch<2, 2, Fp8Weights, kNarrow>(p, c, stream);
+  }
+  if (c.persistent && c.k_splits == 1 && c.chunks_in_flight == 4) {  // bf16 past one wave: the 4-chunk forms
+    MX_ASSIGN_OR_RETURN(const bool one, one_wave());
+    if (!one && c.n_tiles == 1) return launch<1, 4, Bf16Weights, kSkinnyLinearCtasPerSm, false, true>(p, c, stream, sms);
+    if (!one) return launch<2, 4, Bf16Weights, kSkinnyLinearCtasPerSm, false, true>(p, c, stream, sms);
   }
   if (c.n_tiles == 1 && c.chunks_in_flight == 8) return launch<1, 8, Bf16Weights>(p, c, stream);
   if (c.n_tiles == 1 && c.chunks_in_flight == 4) return launch<1, 4, Bf16Weights>(p, c, stream);
