@@ -309,7 +309,8 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 // moe.cu), the ring GEMMs (moe_decode.cu) at their default, at other k splits ("ktN": about N k tiles per warp;
 // 6, 12, 16, 23 are 8, 4, 3, 2 warps at k = 2880) and without PDL, and each GEMM alone (kAuto's and the ring's),
 // kAuto with the scales in the ring's registers (the form before session 20), session 20's kAuto (main20: 2 warps
-// from 5 routed slots on) and kAuto with other k tiles per warp in each GEMM ("auto ktA ktB"), in interleaved rounds.
+// from 5 routed slots on), session 21's kAuto (main21: the first GEMM routed by a pass over the slots at <= 8 slots
+// too) and kAuto with other k tiles per warp in each GEMM ("auto ktA ktB"), in interleaved rounds.
 void bench_moe(bool variants) {
   const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = expert_copies();
@@ -325,6 +326,7 @@ void bench_moe(bool variants) {
     bool registers = false;  // CudaMoeOptions::decode_scales_in_registers (the form before session 20)
     int k_tiles2 = 0;         // CudaMoeOptions::decode_k_tiles_gemm2
     bool main20 = false;      // session 20's kAuto: 2 warps from 5 routed slots on (decode_three_warp_slots 4)
+    bool slots_route = false; // the first GEMM routed by a pass over the slots (decode_mask_route false: before s22)
   };
   std::vector<Variant> list{{CudaMoePath::kAuto, 0, true, 0, ""}};
   if (variants)
@@ -347,7 +349,9 @@ void bench_moe(bool variants) {
             {CudaMoePath::kAuto, 0, true, 2, " auto gemm2 only"},
             {CudaMoePath::kAuto, 0, true, 0, " main20", false, 0, true},
             {CudaMoePath::kAuto, 23, true, 0, " auto kt23 kt16", false, 16},
-            {CudaMoePath::kAuto, 16, true, 0, " auto kt16 kt23", false, 23}};
+            {CudaMoePath::kAuto, 16, true, 0, " auto kt16 kt23", false, 23},
+            {CudaMoePath::kAuto, 0, true, 0, " main21", false, 0, false, true},
+            {CudaMoePath::kAuto, 0, true, 1, " main21 gemm1 only", false, 0, false, true}};
   const std::vector<int64_t> sizes = !variants                         ? std::vector<int64_t>{1, 8, 64}
                                      : !bench_only_decode_sizes.empty() ? bench_only_decode_sizes
                                                                         : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
@@ -370,6 +374,7 @@ void bench_moe(bool variants) {
         o.decode_scales_in_registers = v.registers;
         o.decode_k_tiles_gemm2 = v.k_tiles2;
         if (v.main20) o.decode_three_warp_slots = 4;
+        o.decode_mask_route = !v.slots_route;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         us[i].push_back(time_graph(24, [&](int j) {
           MoeParams p{x, ids[j % routings], weights[j % routings], &experts[j % copies], out, k, 7.0f, 1.702f};

@@ -1549,6 +1549,54 @@ TEST_F(KernelTest, MoeExpertsDecodeStagedScales) {
   }
 }
 
+// The first decode GEMM's tile from a mask of the busy experts (CudaMoeOptions::decode_mask_route, <= 8 routed slots,
+// <= 128 experts) against route_tile's pass over the slots: bitwise the same through moe_experts and
+// moe_experts_add_rms_norm, and against the CPU twin. 20b at one and two tokens, 128 experts (120b's count) at two,
+// tokens on the same experts (tiles of 2 rows), top-1 at 8 tokens (repeated experts: tiles of several rows, idle
+// experts between busy ones), top-2 at 3 tokens with a hot expert.
+TEST_F(KernelTest, MoeExpertsDecodeMaskRoute) {
+  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 2, Routing::kUniform},
+                           MoeCase{128, 256, 192, 4, 2, Routing::kUniform}, MoeCase{8, 320, 192, 4, 2, Routing::kSame},
+                           MoeCase{8, 256, 4160, 1, 8, Routing::kUniform}, MoeCase{16, 320, 256, 2, 3, Routing::kHot}}) {
+    MoeInputs in;
+    make_moe_inputs(cpu_, cuda_, rng_, c, &in);
+    TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H});
+    ASSERT_TRUE(cpu_backend().moe_experts(MoeParams{in.x.cpu, in.id_c, in.w_c, &in.experts->host, o_c, c.k, 7.0f, 1.702f}).is_ok());
+    const std::vector<float> want = cpu_.download_f32(o_c);
+    const std::string name = shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                             " " + routing_name(c.routing);
+    Bf16Data res = random_bf16(rng_, c.T * c.H, 2.0f), nw = random_bf16(rng_, c.H, 1.0f);
+    const TensorView nw_g = cuda_.upload(DType::kBF16, {c.H}, nw.bits.data());
+    std::vector<uint8_t> slots_out, slots_normed;
+    for (const bool mask : {false, true}) {
+      CudaMoeOptions options{CudaMoePath::kAuto};
+      options.decode_mask_route = mask;
+      ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
+      const std::string form = name + (mask ? ", mask route" : ", slots route");
+      TensorView o = cuda_.make(DType::kBF16, {c.T, c.H});  // poisoned
+      Status st = cuda_backend().moe_experts(MoeParams{in.x.cuda, in.id_g, in.w_g, &in.experts->cuda, o, c.k, 7.0f, 1.702f});
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      check("moe_experts", form, cuda_.download_f32(o), want, 1e-2);
+      TensorView res_g = cuda_.upload(DType::kBF16, {c.T, c.H}, res.bits.data()), normed = cuda_.make(DType::kBF16, {c.T, c.H});
+      TensorView o2 = cuda_.make(DType::kBF16, {c.T, c.H});
+      st = cuda_backend().moe_experts_add_rms_norm(MoeParams{in.x.cuda, in.id_g, in.w_g, &in.experts->cuda, o2, c.k, 7.0f, 1.702f},
+                                                   res_g, nw_g, 1e-5f, normed);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      if (!mask) {
+        slots_out = cuda_.download_bytes(o);
+        slots_normed = cuda_.download_bytes(normed);
+        continue;
+      }
+      const bool same = cuda_.download_bytes(o) == slots_out, same_normed = cuda_.download_bytes(normed) == slots_normed;
+      record("moe_experts", form + " vs slots route, bitwise", same ? 0 : 1, 0, 0, same);
+      record("moe_experts_add_rms_norm", form + " vs slots route, bitwise", same_normed ? 0 : 1, 0, 0, same_normed);
+      EXPECT_TRUE(same) << form;
+      EXPECT_TRUE(same_normed) << form;
+    }
+  }
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
+}
+
 // Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and
 // requires those tokens' output bits to equal their bits inside the full batch.
 void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,

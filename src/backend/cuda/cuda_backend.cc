@@ -1337,7 +1337,8 @@ class CudaBackend final : public Backend {
     f1.slots = slots;
     f1.experts = E;
     const int only = options_.moe.decode_only_gemm;  // benchmarks only
-    if (only != 2) MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, in_registers, stream()));
+    if (only != 2)
+      MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, in_registers, stream(), options_.moe.decode_mask_route));
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
     f2.g = expert_gemm(p, r, /*first=*/false);

@@ -36,6 +36,9 @@ struct CudaMoeOptions {
   // kAuto's staged form runs 3 warps a CTA in both GEMMs from 5 routed slots up to this many (0: kAuto's,
   // kMoeFusedAutoThreeWarpSlots; 4: session 20's, 2 warps from 5 slots on).
   int decode_three_warp_slots = 0;
+  // The staged first GEMM at <= 8 self-routed slots finds its tile's expert in a mask of the busy experts (true) or
+  // by route_tile's pass over the slots (false: the form before session 22); the same tiles and bits.
+  bool decode_mask_route = true;
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
   int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents

@@ -157,7 +157,44 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
   }
 }
 
-template <bool kGated, bool kScalesInRegisters>
+// route_tile where every busy expert holds one tile (at most kMoeFusedTileTokens = 8 routed slots) and there are at
+// most 128 experts: the tile's expert is the tile-th busy one, found in a mask of the busy experts (one OR reduction a
+// 32 experts) instead of route_tile's pass over the slots; the same tiles, expert, start, rows and row slots. `pos`
+// is left 0: the first GEMM only (the second's combine takes route_tile's; session 21 measured the mask in the
+// second GEMM too: slower there, docs/PERF.md).
+constexpr int kMaskRouteExperts = 128;
+__device__ __forceinline__ TileRoute route_tile_mask(const int32_t* ids, int slots, int experts, int tile) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const bool valid = lane < slots;
+  int e = INT_MAX;
+  if (valid) {
+    e = ids[lane];
+    if (e < 0 || e >= experts) e = 0;  // as route_tile
+  }
+  const unsigned lanes_below = (1u << lane) - 1u;
+  int busy = 0, expert = 0;
+#pragma unroll
+  for (int w = 0; w < kMaskRouteExperts / 32; ++w) {
+    if (32 * w >= experts) break;
+    const unsigned m = __reduce_or_sync(0xffffffffu, valid && (e >> 5) == w ? 1u << (e & 31) : 0u);
+    const unsigned hit = __ballot_sync(0xffffffffu, ((m >> lane) & 1u) && busy + __popc(m & lanes_below) == tile);
+    if (hit) expert = 32 * w + __ffs(hit) - 1;
+    busy += __popc(m);
+  }
+  TileRoute t;
+  t.tiles = busy;
+  t.expert = expert;
+  t.start = __popc(__ballot_sync(0xffffffffu, valid && e < expert));
+  const unsigned members = __ballot_sync(0xffffffffu, valid && e == expert);
+  t.rows = __popc(members);
+  unsigned m = members;  // tile row i is the i-th member
+  for (int i = 0; i < lane / 4 && m; ++i) m &= m - 1u;
+  t.row_slot = m ? __ffs(m) - 1 : 0;
+  return t;
+}
+
+// kMaskRoute (the first GEMM, self-routed at <= 8 slots and <= kMaskRouteExperts experts): route_tile_mask.
+template <bool kGated, bool kScalesInRegisters, bool kMaskRoute = false>
 __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   extern __shared__ float red[];  // [k_split - 1][4][32], then each warp's staged scales (moe_fused_smem_bytes)
   const MoeGemmParams& g = p.g;
@@ -169,8 +206,10 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
     // Only after the wait: the second GEMM reads the top-k ids before its own wait.
     pdl_launch_dependents();  // the second GEMM may start routing and loading weights
   }
-  const TileRoute rt = p.topk_ids ? route_tile(p.topk_ids, static_cast<int>(p.slots), static_cast<int>(p.experts), tile)
-                                  : route_from_metadata(g.r, tile);
+  const int slots = static_cast<int>(p.slots), experts = static_cast<int>(p.experts);
+  const TileRoute rt = !p.topk_ids  ? route_from_metadata(g.r, tile)
+                       : kMaskRoute ? route_tile_mask(p.topk_ids, slots, experts, tile)
+                                    : route_tile(p.topk_ids, slots, experts, tile);
   if (tile >= rt.tiles) return;
 
   // Warp and token indices divide by a reciprocal (small_div: k_split <= 16, top_k <= 32).
@@ -205,7 +244,7 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   }
 }
 
-template <bool kGated, bool kScalesInRegisters>
+template <bool kGated, bool kScalesInRegisters, bool kMaskRoute = false>
 Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid, bool pdl, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -217,7 +256,7 @@ Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid,
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, kScalesInRegisters>, p),
+  return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, kScalesInRegisters, kMaskRoute>, p),
                      "moe_fused_gemm_kernel");
 }
 
@@ -227,7 +266,7 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, c
 }
 
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool scales_in_registers,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool mask_route) {
   const MoeGemmParams& g = p.g;
   if (g.rows % 16 != 0 || g.k % 64 != 0) return internal_error("MoE GEMM: rows % 16 and k % 64 must be 0");
   if (c.k_split < 1 || c.k_split > kMoeFusedMaxKSplit || c.k_split > g.k / 64 || c.threads != 32 * c.k_split ||
@@ -250,6 +289,8 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, b
   const dim3 grid(static_cast<unsigned>(g.rows / 16), static_cast<unsigned>(tiles));
   if (scales_in_registers)
     return g.gated ? launch_fused<true, true>(p, c, grid, c.pdl, stream) : launch_fused<false, true>(p, c, grid, c.pdl, stream);
+  if (mask_route && g.gated && p.topk_ids != nullptr && p.slots <= kMoeFusedTileTokens && p.experts <= kMaskRouteExperts)
+    return launch_fused<true, false, true>(p, c, grid, c.pdl, stream);
   return g.gated ? launch_fused<true, false>(p, c, grid, c.pdl, stream) : launch_fused<false, false>(p, c, grid, c.pdl, stream);
 }
 
