@@ -101,8 +101,9 @@ const std::vector<CliOption> kCommandOptions = {
     {"decode-attention", true,
      "decode attention kernel on CUDA: auto (default), mma-sync (attention.cu), mma-sync-merge (the same with its "
      "splits through the merge kernel, never as CTA clusters), swap-ab (attention_decode_swap.cu) or swap-ab-cluster "
-     "(the same, a token's splits as one CTA cluster: head dims 256/512); several, comma-separated: compared as "
-     "--bf16-experts-decode"},
+     "(the same, a token's splits as one CTA cluster: head dims 256/512), or ring-config / ring-3 (auto with the "
+     "clustered kernel's ring at one token and short splits, Gemma-4's sliding layers, as its config has it, 4 "
+     "stages, or of 3 instead of 2); several, comma-separated: compared as --bf16-experts-decode"},
     {"bf16-experts-decode", true,
      "Gemma-4's bf16 experts at decode on CUDA: auto (default), rows (auto with a bulk copy per weight row and stage "
      "instead of one TMA tensor box), register-loads, bulk-copies, streamed or fused (a step of <= 32 routed slots as one persistent "
@@ -193,7 +194,8 @@ std::vector<CliOption> options() {
 // --qkv-rope-epilogue a name or a number: qkv_rope_epilogue).
 const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
   static const std::map<std::string, std::vector<std::string>> names = {
-      {"decode-attention", {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster"}},
+      {"decode-attention",
+       {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster", "ring-config", "ring-3"}},
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
       {"moe-decode-combine", {"auto", "norm-wait-first", "gemm"}},
       {"moe-decode-form", {"auto", "registers", "session20", "session21"}},
@@ -268,7 +270,12 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
                                        : value == "swap-ab"         ? CudaAttentionDecode::kSwapAb
                                        : value == "swap-ab-cluster" ? CudaAttentionDecode::kSwapAbCluster
                                                                     : CudaAttentionDecode::kAuto;
-    return set_cuda_attention_options(backend, {CudaAttentionPath::kAuto, decode});
+    // ring-config / ring-3: kAuto with the clustered kernel's ring at one token and short splits as its config has
+    // it (4 stages: the before) or of 3 (CudaAttentionOptions::cluster_stages_one_token).
+    CudaAttentionOptions attention{CudaAttentionPath::kAuto, decode};
+    if (value == "ring-config") attention.cluster_stages_one_token = 0;
+    if (value == "ring-3") attention.cluster_stages_one_token = 3;
+    return set_cuda_attention_options(backend, attention);
   }
   if (flag == "bf16-experts-decode") {
     const CudaBf16ExpertsDecode decode = value == "register-loads" ? CudaBf16ExpertsDecode::kRegisterLoads

@@ -862,6 +862,15 @@ TEST_F(KernelTest, AttentionDecodeSwapCluster) {
   for (const auto& c : cases)
     if (c.hd != 64 && c.name.find("b80") == std::string::npos)
       run_attention(cpu_, cuda_, rng_, c, " (swap AB, clusters)", /*replay=*/&c == &cases[2] || &c == &cases[6]);
+  // One token with short splits (the sliding case) runs a ring of 2 above (CudaAttentionOptions::
+  // cluster_stages_one_token); again with the config's ring (4 stages) and with 3.
+  for (int stages : {0, 3}) {
+    CudaAttentionOptions o{CudaAttentionPath::kAuto, CudaAttentionDecode::kSwapAbCluster};
+    o.cluster_stages_one_token = stages;
+    ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), o).is_ok());
+    const char* label = stages == 0 ? " (swap AB, clusters, the config's ring)" : " (swap AB, clusters, ring of 3)";
+    run_attention(cpu_, cuda_, rng_, cases[0], label, /*replay=*/stages == 0);
+  }
   PagedSetup s = make_paged(rng_, {{9, 1}}, 16);
   auto st = BatchStaging::create(cuda_backend(), {1, 1, s.max_pages, 1});
   ASSERT_TRUE(st.is_ok());

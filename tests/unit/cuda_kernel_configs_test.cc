@@ -233,6 +233,23 @@ TEST(CudaKernelConfigs, AttentionDecodeSwapClusterConfig) {
             EXPECT_EQ(cc.stages, hd == 512 && !shared ? c.stages : 4);
           }
         }
+  // At one token with short splits (at most 64 keys each: Gemma-4's sliding layers) the ring is cut to the stages
+  // asked for, never deepened; longer splits (full layers) keep it.
+  for (const DeviceInfo& d : {sm90_h100(), sm90_h200()}) {
+    const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(d, 256, 2, false, 1, 8, 1024);
+    const AttentionDecodeSwapConfig cc = attention_decode_swap_cluster_config(d, c, 256, false);
+    ASSERT_EQ(cc.stages, 4);
+    const AttentionDecodeSwapConfig two = attention_decode_swap_one_token_ring(cc, 256, false, 1024, 2);
+    EXPECT_EQ(two.stages, 2);
+    EXPECT_EQ(two.smem_bytes, 8 * 256 * 2 + 4096 + 2 * 2 * 16 * 256 * 2);
+    EXPECT_EQ(two.num_splits, cc.num_splits);
+    EXPECT_EQ(attention_decode_swap_one_token_ring(cc, 256, false, 1024, 3).stages, 3);
+    EXPECT_EQ(attention_decode_swap_one_token_ring(cc, 256, false, 1024, 0).stages, 4);
+    EXPECT_EQ(attention_decode_swap_one_token_ring(cc, 256, false, 1024, 5).stages, 4);
+    EXPECT_EQ(attention_decode_swap_one_token_ring(cc, 256, false, 1025, 2).stages, 4);
+    EXPECT_EQ(attention_decode_swap_one_token_ring(cc, 256, false, 262144, 2).smem_bytes, cc.smem_bytes);
+    EXPECT_FALSE(attention_decode_swap_one_token_ring(AttentionDecodeSwapConfig{}, 256, false, 1024, 2).enabled);
+  }
   // kAuto takes it where measured (an H200) while its CTAs are at most ~4 per SM: Gemma's sliding layers (8 kv
   // heads) up to 4 tokens, head dim 512 with V aliasing K (2 kv heads) up to 16; with V beside K (Gemma's full
   // layers as stored; 2 CTAs per SM) while they fit the SMs once: up to 4 tokens; nowhere off sm_90 yet.

@@ -636,7 +636,10 @@ class CudaBackend final : public Backend {
           dev_, p.head_dim, group, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv, max_keys);
       // The clustered form (a token's splits merged in distributed shared memory): forced, or kAuto's where
       // attention_decode_swap_cluster_by_default has it measured faster.
-      const AttentionDecodeSwapConfig cc = attention_decode_swap_cluster_config(dev_, c, p.head_dim, a.kv.k == a.kv.v);
+      AttentionDecodeSwapConfig cc = attention_decode_swap_cluster_config(dev_, c, p.head_dim, a.kv.k == a.kv.v);
+      if (batch.num_tokens == 1)  // short splits: a shallower ring, room for the next linear's staged CTAs
+        cc = attention_decode_swap_one_token_ring(cc, p.head_dim, a.kv.k == a.kv.v, max_keys,
+                                                  options_.attention.cluster_stages_one_token);
       if (decode == CudaAttentionDecode::kSwapAbCluster && !cc.enabled)
         return unimplemented("attention decode (swap AB, clusters): head dim 256 or 512, up to 8 q heads per kv head, "
                              "sm_90+");

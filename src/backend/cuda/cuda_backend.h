@@ -143,6 +143,11 @@ enum class CudaAttentionDecode { kAuto, kMmaSync, kSwapAb, kSwapAbCluster, kMmaS
 struct CudaAttentionOptions {
   CudaAttentionPath prefill = CudaAttentionPath::kAuto;
   CudaAttentionDecode decode = CudaAttentionDecode::kAuto;
+  // The clustered swap-AB decode kernel's ring at one token where its splits are short
+  // (attention_decode_swap_one_token_ring, cluster_configs.h: Gemma-4's sliding layers): 2 stages by default, so that
+  // the staged o_proj's CTAs copy its whole weight beside the attention (H200, Gemma-4 batch 1: docs/PERF.md); 0 =
+  // the cluster config's ring (4 stages), 3 for comparisons.
+  int cluster_stages_one_token = 2;
 };
 
 // Which decode GEMMs Gemma-4's bf16 GeGLU experts run below 32 routed tokens per expert: kBulkCopies = one CTA

@@ -213,6 +213,14 @@ AttentionDecodeSwapConfig attention_decode_swap_cluster_config(const DeviceInfo&
   return c;
 }
 
+AttentionDecodeSwapConfig attention_decode_swap_one_token_ring(AttentionDecodeSwapConfig cc, int64_t head_dim,
+                                                               bool kv_shared, int64_t max_keys, int stages) {
+  if (!cc.enabled || stages < 2 || stages >= cc.stages || max_keys > kAttnSwapShortRingKeys * cc.num_splits) return cc;
+  cc.stages = stages;
+  cc.smem_bytes = attention_decode_swap_cta_smem_bytes(head_dim, kv_shared, stages);
+  return cc;
+}
+
 // Measured on an H200 (session 14 W1b, one process, 1K context, us per call; bench/results/
 // 2026-11-28-h200-gemma15-s14-w1-attention-cluster.txt): the clustered form against the unclustered swap-AB kernel
 // and attention.cu's at 1 / 2 / 4 / 8 / 16 / 64 tokens, Gemma's sliding layers (8 kv heads): 7.39 / 9.29 / 17.64 /
