@@ -49,11 +49,13 @@
 // K and V alone), rotated with qkv_rope's bits (rope_cos_sin, rope_rotate_pair2) once its box has landed.
 // At 8 q heads a kv head (gpt-oss; the kernel's kGroup = 8 instance) each consumer warp rotates its own 16 rows in
 // registers at the block's start: a warp's rows r0 are one token and its rows r1 the next, so lane L computes the
-// sincosf of dims 2 (L % 16), + 1 of one of them before the box's wait and every lane gathers its 8 dims of each
-// by shuffles; ldmatrix, the rotation, stmatrix back, the warpgroup's barrier, then the QK wgmmas read the rows as
-// before, and the producers load K, V and Q as when Q is written. (Session 22, 8K, one process, three rounds each
-// in two runs: 92.4-92.9 -> 86.8-87.3 us, the pair behind the K/V-only qkv_rope 101.3-101.4 -> 96.1-96.3; a cos /
-// sin table written by producer warp 3 instead of the consumers' sincosf: 99.4, the consumers waiting for it.)
+// sincosf of dims 2 (L % 16), + 1 of one of them and every lane gathers its 8 dims of each by shuffles; ldmatrix,
+// the rotation, stmatrix back, the warpgroup's barrier, then the QK wgmmas read the rows as before, and the
+// producers load K, V and Q as when Q is written. The sincosf of block b + 1 run while block b's P V wgmmas do (the
+// fast case; else before its epilogue's barrier). (Session 22, 8K, one process, three rounds: 92.5 -> 87.0 us with
+// the sincosf at the block's start, 83.2 under the P V wait, 86.5 before the epilogue's barrier; the pair behind
+// the K/V-only qkv_rope 101.3 -> 96.3 / 94.0 / 95.1; a cos / sin table written by producer warp 3 instead of the
+// consumers' sincosf: 99.4, the consumers waiting for it.)
 // Other groups: the whole producer warpgroup rotates a block's box while the consumers run the block before, and
 // releases the consumers through named barrier 4 + (b & 1). Warps 0-1 load the K/V tiles whose ring slots are free
 // before each box and while they wait for it (mbarrier test_wait, never blocking: a slot frees only when the
@@ -468,7 +470,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   float sink_row[2];  // the sinks of this lane's two rows (log2 units): a row's head is the same in every block
 #pragma unroll
   for (int h = 0; h < 2; ++h) sink_row[h] = attention_sink_log2(p.sinks, g * group + (h == 0 ? r0 : r1) % group);
+  // Lane L's cos and sin for block bb: dims 2 (L % 16), + 1 of the warp's first token (L < 16) or its second.
+  const bool consumer_rope = kConsumerRope && p.q_inv_freq != nullptr;
+  auto cos_sin_of = [&](int bb, float (&cs)[4]) {
+    const int tl = bb * tpb + (lane < 16 ? r0 : r1) / 8;
+    const int32_t pos = tl < n_tok ? tab.tok_last[tl] : 0;
+    rope_cos_sin(pos, freq0, p.q_rope_scale, cs[0], cs[1]);
+    rope_cos_sin(pos, freq1, p.q_rope_scale, cs[2], cs[3]);
+  };
+  float own_next[4] = {0.f, 0.f, 0.f, 0.f};  // the next block's
+  if (consumer_rope) cos_sin_of(0, own_next);
   for (int b = 0; b < n_blocks; ++b) {
+    bool next_done = b + 1 >= n_blocks || !consumer_rope;  // own_next holds block b + 1's
     const int buf = b & 1;
     if (ct == 0 && b > 0) {  // the previous block's O store has read its buffer: back to the Q loader
       tma_store_wait_read();
@@ -477,15 +490,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t q_addr = sq_addr + buf * kQBytes + q_row_off;
     const int b0 = b * tpb;
     if (kConsumerRope && p.q_inv_freq != nullptr) {
-      // This warp's 16 rows: rows r0 are token r0 / 8 of the block, rows r1 the next. Lane L: the cos and sin of
-      // dims 2 (L % 16), + 1 of the first token (L < 16) or the second, before the box's wait.
+      // This warp's 16 rows: rows r0 are token r0 / 8 of the block, rows r1 the next.
       float own[4];
-      {
-        const int tl = b0 + (lane < 16 ? r0 : r1) / 8;
-        const int32_t pos = tl < n_tok ? tab.tok_last[tl] : 0;
-        rope_cos_sin(pos, freq0, p.q_rope_scale, own[0], own[1]);
-        rope_cos_sin(pos, freq1, p.q_rope_scale, own[2], own[3]);
-      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) own[i] = own_next[i];
       mbarrier_wait(qfull0 + 8 * buf, (b >> 1) & 1);
       uint32_t qf[kHd / 16][4];
       const int m = lane / 8, row = warp * 16 + (m % 2) * 8 + lane % 8;  // ldmatrix's and stmatrix's row
@@ -563,6 +571,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int kk = 0; kk < NC / 16; ++kk)
         wgmma_bf16_rs_mn64(o, pa[NA / 16 + 4 + kk], attn_desc_advance(dvc, 16 * kk * 128));
       wgmma_commit();
+      if (!next_done) {  // the next block's cos / sin while the P V wgmmas run
+        cos_sin_of(b + 1, own_next);
+        next_done = true;
+      }
       wgmma_wait<0>();
       wgmma_fence_regs(o);
     };
@@ -685,6 +697,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                     pack_bf16x2(o[8 * i + 4] * factor[0], o[8 * i + 5] * factor[0]),
                     pack_bf16x2(o[8 * i + 6] * factor[1], o[8 * i + 7] * factor[1]));
       fence_proxy_async_smem();  // the generic writes, seen by the TMA engine's reads
+      if (!next_done) cos_sin_of(b + 1, own_next);  // a block not in the fast case: here, before the barrier
       named_barrier_sync(1, 128 * kConsumers);
       if (ct == 0) {
         tma_store_3d(&o_map, smem_addr(so), 0, g * group, static_cast<int>(t0) + b * tpb);
