@@ -261,8 +261,8 @@ Status check_kernel_choice(const std::string& flag, const std::string& value) {
 
 #ifdef MX_HAVE_CUDA
 // A checked value applied to a CUDA backend, before the engine captures its graphs. Each MoE flag changes only its
-// own CudaMoeOptions field (the other MoE flag's choice stays); --decode-overlap sets the side stream and the L2
-// prefetch (the others' defaults).
+// own CudaMoeOptions fields (the other MoE flags' choices stay), each skinny flag only its CudaSkinnyLinearOptions
+// fields; --decode-overlap sets the side stream and the L2 prefetch (the others' defaults).
 Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const std::string& value) {
   if (flag == "decode-attention") {
     const CudaAttentionDecode decode = value == "mma-sync"          ? CudaAttentionDecode::kMmaSync
@@ -326,11 +326,15 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     std::tie(skinny.fp8_even_strips, skinny.inputs_first, skinny.persistent) = std::tuple{f[0], f[1], f[2]};
     return set_cuda_skinny_linear_options(backend, skinny);
   }
+  // --skinny-staged keeps the other skinny flags' fields and sets both of its own for every value: a comparison's next
+  // value must not inherit the waves of the one before.
   if (flag == "skinny-staged") {
-    CudaSkinnyLinearOptions skinny;
+    MX_ASSIGN_OR_RETURN(CudaSkinnyLinearOptions skinny, cuda_skinny_linear_options(backend));
+    const CudaSkinnyLinearOptions defaults;
     skinny.staged = value != "off";
-    if (value == "one-wave") skinny.staged_waves = 1;
-    if (value == "2-waves" || value == "3-waves") skinny.staged_waves = value[0] - '0';
+    skinny.staged_waves = value == "one-wave"                         ? 1
+                          : value == "2-waves" || value == "3-waves" ? value[0] - '0'
+                                                                      : defaults.staged_waves;
     return set_cuda_skinny_linear_options(backend, skinny);
   }
   if (flag == "qkv-rope-form") {
