@@ -18,7 +18,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/kernel_configs.h"
-#include "backend/cuda/moe_decode_config.h"
 #include "backend/kv_cache.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"

@@ -9,7 +9,6 @@
 #include "backend/cuda/attention_wide_config.h"
 #include "backend/cuda/cluster_configs.h"
 #include "backend/cuda/kernel_configs.h"
-#include "backend/cuda/moe_decode_config.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
 namespace mx::cuda {

@@ -22,7 +22,6 @@
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/kernels/llama_kernels.h"
-#include "backend/cuda/kernels/moe_decode_forms.h"
 #include "backend/cuda/kernels/moe_tile_order.h"
 #include "backend/cuda/kernels/attention_wgmma_wide.h"
 #include "backend/cuda/kernels/moe_wgmma_ws.h"
@@ -1306,7 +1305,7 @@ class CudaBackend final : public Backend {
     const ExpertWeights& w = *p.experts;
     const int64_t H = w.hidden, I = w.intermediate, E = w.num_experts, k = p.top_k, T = p.x.numel() / H;
     const int64_t slots = T * k;
-    // kDecode keeps the batch-independent default split; kAuto's follows the batch and the GEMM (moe_decode_config.h).
+    // kDecode keeps the batch-independent default split; kAuto's follows the batch and the GEMM (kernel_configs.h).
     const bool in_registers = options_.moe.decode_scales_in_registers;
     const auto k_tiles = [&](bool first) {
       const int forced = first ? options_.moe.decode_k_tiles_per_warp : options_.moe.decode_k_tiles_gemm2;

@@ -6,7 +6,6 @@
 #include "backend/cuda/attention_persist_config.h"
 #include "backend/cuda/attention_wide_config.h"
 #include "backend/cuda/cluster_configs.h"
-#include "backend/cuda/moe_decode_config.h"
 #include "backend/cuda/moe_wgmma_narrow.h"
 
 namespace mx::cuda {
@@ -366,7 +365,7 @@ bool use_skinny_linear(int64_t m, int64_t k, int64_t max_rows) {
 }
 
 // kAuto's ring kernels up to this many routed tokens (16 tokens at top-4, the most measured), v1 (moe.cu)
-// above (the split per GEMM and form: moe_decode_config.h); 2 warps of ~23 k tiles above kMoeFusedAutoThreeWarpSlots
+// above (the split per GEMM and form: kernel_configs.h); 2 warps of ~23 k tiles above kMoeFusedAutoThreeWarpSlots
 // (above kMoeFusedAutoFourWarpSlots with the scales in registers: more CTAs than SMs by far from two tokens on:
 // longer runs per warp, fewer reductions). Measured on an H200 at the 20b shape, one process (docs/PERF.md,
 // session 13 W1), us per layer, ring kt12 / ring kt23 / v1: one token 25.26 / 26.13 / 36.41, two 43.25 / 41.18 /

@@ -233,6 +233,12 @@ struct MoeFusedParams {
   uint16_t* combined = nullptr;       // bf16 [slots / top_k, rows]
 };
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, cudaStream_t stream);
+// The same in either form of the MXFP4 decode GEMMs (kernel_configs.h, moe_fused_smem_bytes): the scales staged
+// in shared memory (what the launcher above runs) or in the ring's registers (the form before). `mask_route`: the
+// staged first GEMM, self-routed at <= 8 slots (one tile an expert) and <= 128 experts, finds its tile's expert in a
+// mask of the busy experts instead of route_tile's pass over the slots (the same tiles and bits).
+Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool scales_in_registers,
+                             cudaStream_t stream, bool mask_route = true);
 
 // The same two GEMMs for many tokens per expert: tokens as the mma M side in tiles of c.tile_tokens (the
 // routing must have been built with that tile size), same inputs, outputs and epilogues.

@@ -25,7 +25,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
-#include "backend/cuda/kernels/moe_decode_forms.h"
 #include "backend/cuda/kernels/moe_decode_parts.cuh"
 #include "backend/cuda/kernels/moe_route_tile.cuh"
 #include "backend/cuda/kernels/mxfp4_swap_ab.cuh"
