@@ -847,6 +847,31 @@ Status launch(const MoeGemmParams& p, const MoeWgmmaConfig& c, cudaStream_t stre
   return launch_status("moe_wgmma_kernel");
 }
 
+// The copy engine's views of one call's experts: [experts][strips][k tiles][512 B of fp4 or 32 B of scales], as bf16
+// elements (bytes moved as they are), in boxes of box_strips strips; half_weights in boxes of half_box_strips (0: a
+// copy of weights, for kernels that take no half boxes). The experts' count is not a parameter: any bound above it
+// reads the same boxes (every expert index is < it).
+Status encode_moe_fp4_maps(const MoeGemmParams& p, bool trim_rows, uint32_t box_strips, uint32_t half_box_strips,
+                           MoeWgmmaMaps& maps) {
+  constexpr uint64_t kExpertsBound = uint64_t{1} << 16;
+  const uint64_t strips = static_cast<uint64_t>(p.rows / 16), n_k = static_cast<uint64_t>(p.k / 64);
+  maps.trim_rows = trim_rows;
+  const uint64_t w_dims[4] = {256, n_k, strips, kExpertsBound}, w_strides[3] = {512, n_k * 512, strips * n_k * 512};
+  const uint64_t s_dims[4] = {16, n_k, strips, kExpertsBound}, s_strides[3] = {32, n_k * 32, strips * n_k * 32};
+  const uint32_t w_box[4] = {256, 1, box_strips, 1}, s_box[4] = {16, 1, box_strips, 1};
+  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims, w_strides,
+                                       w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
+                                       s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  if (half_box_strips == 0) {
+    maps.half_weights = maps.weights;
+    return Status::ok();
+  }
+  const uint32_t half_box[4] = {256, 1, half_box_strips, 1};
+  return encode_tensor_map(&maps.half_weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims, w_strides,
+                           half_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
 // The copy engine's 96-token tiles at 64/96 columns (moe_wgmma_bulk_mid_kernel): a CTA per (column block of 8
 // strips, tile), as the cp.async kernel's grid.
 Status launch_bulk_mid(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool trim_rows, cudaStream_t stream) {
@@ -856,20 +881,9 @@ Status launch_bulk_mid(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool tri
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
   constexpr int kStrips = MidBulkRing<96>::kStrips;
-  // [experts][strips][k tiles][512 B of fp4 or 32 B of scales] as launch_moe_wgmma_bulk_gemm's maps, boxes of the
-  // CTA's 8 strips (strips past the matrix read as zeros).
-  constexpr uint64_t kExpertsBound = uint64_t{1} << 16;
-  const uint64_t strips = static_cast<uint64_t>(p.rows / 16), n_k = static_cast<uint64_t>(p.k / 64);
+  // Boxes of the CTA's 8 strips (strips past the matrix read as zeros); no half boxes.
   MoeWgmmaMaps maps;
-  maps.trim_rows = trim_rows;
-  const uint64_t w_dims[4] = {256, n_k, strips, kExpertsBound}, w_strides[3] = {512, n_k * 512, strips * n_k * 512};
-  const uint64_t s_dims[4] = {16, n_k, strips, kExpertsBound}, s_strides[3] = {32, n_k * 32, strips * n_k * 32};
-  const uint32_t w_box[4] = {256, 1, kStrips, 1}, s_box[4] = {16, 1, kStrips, 1};
-  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims, w_strides,
-                                       w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
-  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
-                                       s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
-  maps.half_weights = maps.weights;  // unused
+  MX_RETURN_IF_ERROR(encode_moe_fp4_maps(p, trim_rows, kStrips, 0, maps));
   auto* kernel = moe_wgmma_bulk_mid_kernel;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMidBulkSmemBytes)),
@@ -909,22 +923,9 @@ Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& 
     return unimplemented("MoE wgmma GEMM (copy engine): paired tiles take a CTA barrier per k tile, not warps' releases");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
-  // [experts][strips][k tiles][512 B of fp4 or 32 B of scales], as bf16 elements (bytes moved as they are). The
-  // experts' count is not a parameter: any bound above it reads the same boxes (every expert index is < it).
-  constexpr uint64_t kExpertsBound = uint64_t{1} << 16;
-  const uint64_t strips = static_cast<uint64_t>(p.rows / 16), n_k = static_cast<uint64_t>(p.k / 64);
+  // Boxes of 16 strips, half boxes of 8.
   MoeWgmmaMaps maps;
-  maps.trim_rows = trim_rows;
-  const uint64_t w_dims[4] = {256, n_k, strips, kExpertsBound}, w_strides[3] = {512, n_k * 512, strips * n_k * 512};
-  const uint64_t s_dims[4] = {16, n_k, strips, kExpertsBound}, s_strides[3] = {32, n_k * 32, strips * n_k * 32};
-  const uint32_t w_box[4] = {256, 1, 16, 1}, s_box[4] = {16, 1, 16, 1};
-  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims, w_strides,
-                                       w_box, CU_TENSOR_MAP_SWIZZLE_NONE));
-  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.scales, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.scales, s_dims, s_strides,
-                                       s_box, CU_TENSOR_MAP_SWIZZLE_NONE));
-  const uint32_t half_box[4] = {256, 1, 8, 1};
-  MX_RETURN_IF_ERROR(encode_tensor_map(&maps.half_weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.blocks, w_dims,
-                                       w_strides, half_box, CU_TENSOR_MAP_SWIZZLE_NONE));
+  MX_RETURN_IF_ERROR(encode_moe_fp4_maps(p, trim_rows, 16, 8, maps));
   auto* kernel = c.tile_tokens == 32 ? moe_wgmma_bulk_kernel<32, false>
                  : pairs              ? moe_wgmma_bulk_kernel<16, false, true>
                  : warp_release       ? moe_wgmma_bulk_kernel<16, true>
