@@ -235,14 +235,7 @@ class CudaBackend final : public Backend {
     if (tokens <= 0 || tokens > options_.side_stream.max_tokens) return false;
     if (!side_stream_) {
       if (capturing_) return internal_error("begin_side: the side stream is made outside graph capture first");
-      cudaStream_t s = nullptr;
-      MX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      side_stream_ = CudaStream(s);
-      for (CudaEvent* e : {&fork_event_, &join_event_}) {
-        cudaEvent_t ev = nullptr;
-        MX_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        *e = CudaEvent(ev);
-      }
+      MX_RETURN_IF_ERROR(make_side_stream());
     }
     MX_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_event_.get(), stream_.get()));
     MX_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_stream_.get(), fork_event_.get(), 0));
@@ -1441,6 +1434,9 @@ class CudaBackend final : public Backend {
   }
 
   Status prepare(const WorkspaceSpec& s) override {
+    // The side stream (begin_side) before any capture: a workspace's first few-token step may be a graph capture
+    // (a process whose eager steps so far were all longer than CudaSideStreamOptions::max_tokens).
+    if (!side_stream_ && !capturing_ && options_.side_stream.max_tokens > 0) MX_RETURN_IF_ERROR(make_side_stream());
     if (load_seconds_.repack + load_seconds_.copies > 0) {  // the model's upload has ended: where its experts' went
       MX_LOG(Info) << "MXFP4 experts uploaded: " << load_seconds_.repack << " s checking and repacking on the host, "
                    << load_seconds_.copies << " s copying" << (pinned_staging_ ? " (pinned)" : " (pageable)");
@@ -1530,6 +1526,19 @@ class CudaBackend final : public Backend {
     }
     if (s.w && takes_staged(s.m, n, k)) return launch_skinny_linear_staged(s, c.strip_rows, stream());
     return launch_skinny_linear(s, c, stream());
+  }
+
+  // Backend::begin_side's second stream and its fork and join events.
+  Status make_side_stream() {
+    cudaStream_t s = nullptr;
+    MX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    side_stream_ = CudaStream(s);
+    for (CudaEvent* e : {&fork_event_, &join_event_}) {
+      cudaEvent_t ev = nullptr;
+      MX_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      *e = CudaEvent(ev);
+    }
+    return Status::ok();
   }
 
   // Whether run_skinny_linear takes the staged form for m x k times bf16 weights k x n: where it fits in one wave,
