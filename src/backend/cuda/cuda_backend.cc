@@ -1471,6 +1471,10 @@ class CudaBackend final : public Backend {
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, (s.hidden + 15) / 16 * 4, "MoE tickets", true));
     MX_RETURN_IF_ERROR(
         ensure(scratch_.gemma_router_tickets, gemma_router_tickets(s.max_tokens) * 4, "router tickets", true));
+    // The fused bf16 experts' counters (Gemma-4 at a few tokens): a workspace's first fused step may be a capture.
+    if (s.num_experts > 0)
+      MX_RETURN_IF_ERROR(
+          ensure(scratch_.moe_fused_counters, moe_bf16_fused_counters() * 4, "MoE fused counters", /*zero=*/true));
     if (router_cluster_ctas_ < 0) router_cluster_ctas_ = gemma_router_cluster_ctas();  // host queries: not in a capture
     if (router_split_ctas_ < 0) router_split_ctas_ = gemma_router_split_ctas();
     MX_RETURN_IF_ERROR(ensure_linear_scratch());
