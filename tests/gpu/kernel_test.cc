@@ -1925,7 +1925,8 @@ TEST_F(KernelTest, MoeWgmmaNarrowGraphReplay) {
 // The tiled wgmma path's routing and gather in one launch of many CTAs (CudaMoeOptions::wgmma_glue 1 and 2) give the
 // bits of the routing kernel and the gather kernel (-1): 120b's 128 experts (a CTA's slots among four
 // experts a lane's scan) uniform, hot and all on the same experts, the 20b shape, odd token counts, 4,096 slots
-// (the most the one launch takes), top-1 and top-8, the 32-token tiles on the copy engine; eager and replayed.
+// (the most at 4 slots a CTA) and past them (more slots a CTA, 32 rows a pass), top-1 and top-8, the 32-token tiles on
+// the copy engine, the 96-token tiles at 64/96 columns (copy engine: tiled, numbered wide first); eager and replayed.
 TEST_F(KernelTest, MoeWgmmaRouteGather) {
   struct Case {
     MoeCase c;
@@ -1939,6 +1940,9 @@ TEST_F(KernelTest, MoeWgmmaRouteGather) {
                         Case{MoeCase{8, 320, 192, 1, 77, Routing::kUniform}, 16, 2},
                         Case{MoeCase{32, 320, 256, 8, 129, Routing::kUniform}, 16, 0},
                         Case{MoeCase{32, 320, 256, 4, 301, Routing::kHot}, 32, 1},
+                        Case{MoeCase{32, 320, 256, 4, 1500, Routing::kHot}, 16, 1},
+                        Case{MoeCase{128, 320, 256, 4, 2500, Routing::kUniform}, 96, 0},
+                        Case{MoeCase{32, 2880, 2880, 4, 513, Routing::kUniform}, 96, 0},
                         // The untiled kernels' routing and k permutation in one launch (launch_moe_route_permute):
                         // 20b's 512 tokens, odd shapes, top-8 and top-1, CTAs of 47 slots (two warps' placements)
                         // and of 256 (at its 65,536-slot bound, every slot on one expert set).

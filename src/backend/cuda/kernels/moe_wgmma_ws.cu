@@ -218,17 +218,18 @@ __global__ void moe_gather_tiled_kernel(const uint16_t* x, MoeRouting r, uint16_
 // the k permutation of x (launch_moe_route_permute, !kTiled). CTA b owns slots [b * per_cta, + per_cta): every CTA
 // counts all the step's ids (per expert, and those before its slots), scans them as moe_routing_kernel does
 // (expert_run_scan), places its own slots (the same stable order: an expert's slots by slot index) and, kTiled,
-// copies their token rows into the tiled input (kRouteGatherSlots slots a CTA); otherwise the grid permutes all of
-// x, a 16-byte chunk of logical k a thread at a time. CTA 0 also writes the per-expert offsets and the tiles.
+// copies their token rows into the tiled input, 32 slots' rows at a time; otherwise the grid permutes all of x, a
+// 16-byte chunk of logical k a thread at a time. CTA 0 also writes the per-expert offsets and the tiles.
 // Replaces a one-CTA routing kernel (6 us for 1,024 slots, session 18's ncu; it scatters 1,024 slots at a time
 // between CTA barriers) and the gather's grid of a thread per padded row, k tile and chunk, whose every thread
 // walked the metadata chain (num_tiles, tile_rows, tile_start, sorted_slots) before its one copy, or the permuting
 // copy. Launched as a programmatic dependent of the router; it never triggers its dependents early: the GEMMs after
 // it read the routing before their wait.
-constexpr int kRouteGatherThreads = 256, kRouteGatherSlots = 4, kRouteGatherMaxExperts = 256;
-constexpr int64_t kRouteGatherMaxSlots = 4096;
-// The permuting form: a grid of at most kRoutePermuteCtas CTAs (the slots per CTA grow with the step: each CTA's
+// The tiled form: kRouteGatherSlots slots a CTA up to kRouteGatherSmallSlots (the narrow tiles' batched decode), then
+// as the permuting form: a grid of at most kRoutePermuteCtas CTAs (the slots per CTA grow with the step: each CTA's
 // count of all the ids is then what grows), up to kRoutePermuteMaxSlots (a 16,384-token chunk at top-4).
+constexpr int kRouteGatherThreads = 256, kRouteGatherSlots = 4, kRouteGatherMaxExperts = 256;
+constexpr int64_t kRouteGatherSmallSlots = 4096;
 constexpr int kRoutePermuteCtas = 256;
 constexpr int64_t kRoutePermuteMaxSlots = 65536;
 
@@ -251,8 +252,8 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
   __shared__ int offset[kRouteGatherMaxExperts], tile_base[kRouteGatherMaxExperts];
   __shared__ int wide_base[kRouteGatherMaxExperts];
   __shared__ int wide_total;
-  __shared__ int row_token[kTiled ? kRouteGatherSlots : 1];
-  __shared__ int64_t row_at[kTiled ? kRouteGatherSlots : 1];
+  __shared__ int row_token[kTiled ? 32 : 1];
+  __shared__ int64_t row_at[kTiled ? 32 : 1];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int experts = static_cast<int>(p.experts), bm = static_cast<int>(p.tile_tokens);
   const int slots = static_cast<int>(p.slots), s0 = static_cast<int>(blockIdx.x) * per_cta;
@@ -336,8 +337,11 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
       }
     }
   }
-  if (warp == 0) {  // this CTA's slots, 32 at a time, a lane each, ranked among their expert's by slot index
-    for (int c = 0; c < mine; c += 32) {
+  const int n_k = static_cast<int>(k / 64);
+  // This CTA's slots, 32 at a time: warp 0 places them (a lane each, ranked among their expert's by slot index);
+  // the tiled form's whole CTA then copies those 32 slots' rows before the next 32 reuse row_token and row_at.
+  for (int c = 0; c < mine; c += 32) {
+    if (warp == 0) {
       const bool valid = c + lane < mine;
       const int i = s0 + c + lane, e = valid ? expert_of(p.topk_ids[i]) : -1 - lane;
       const unsigned peers = __match_any_sync(0xffffffffu, e), lower = peers & ((1u << lane) - 1u);
@@ -354,23 +358,24 @@ __global__ void __launch_bounds__(kRouteGatherThreads)
       if (valid && lower == 0) before[e] += __popc(peers);  // the next 32 slots' view
       __syncwarp();
     }
-  }
-  const int n_k = static_cast<int>(k / 64);
-  if constexpr (kTiled) {
-    __syncthreads();
-    // The rows: chunk c of k tile t of row l at item (l * n_k + t) * 8 + c, four items a thread in flight.
-    const int items = mine * n_k * 8;
-    const int64_t tiled_rows = p.max_tiles * p.tile_tokens;
-    for (int base = tid; base < items; base += 4 * kRouteGatherThreads) {
+    if constexpr (kTiled) {
+      __syncthreads();
+      // The rows: chunk c of k tile t of row l at item (l * n_k + t) * 8 + c, four items a thread in flight.
+      const int items = min(32, mine - c) * n_k * 8;
+      const int64_t tiled_rows = p.max_tiles * p.tile_tokens;
+      for (int base = tid; base < items; base += 4 * kRouteGatherThreads) {
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int item = base + u * kRouteGatherThreads;
-        if (item >= items) break;
-        const int l = item / (n_k * 8), t = item / 8 % n_k;
-        gather_tiled_chunk(x, row_token[l], k, t, row_at[l], item % 8, out, tiled_rows);
+        for (int u = 0; u < 4; ++u) {
+          const int item = base + u * kRouteGatherThreads;
+          if (item >= items) break;
+          const int l = item / (n_k * 8), t = item / 8 % n_k;
+          gather_tiled_chunk(x, row_token[l], k, t, row_at[l], item % 8, out, tiled_rows);
+        }
       }
+      __syncthreads();  // row_token and row_at free for the next 32
     }
-  } else {
+  }
+  if constexpr (!kTiled) {
     // All of x permuted, chunk c (row * n_k + t) * 8 + lc of the grid's, four chunks a thread in flight.
     const int64_t chunks = rows * n_k * 8, stride = static_cast<int64_t>(gridDim.x) * kRouteGatherThreads;
     for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRouteGatherThreads + tid; base < chunks;
@@ -414,7 +419,7 @@ Status launch_moe_gather_tiled(const uint16_t* x, const MoeRouting& r, uint16_t*
 }
 
 bool moe_route_gather_fits(int64_t slots, int64_t experts) {
-  return slots <= kRouteGatherMaxSlots && experts <= kRouteGatherMaxExperts;
+  return slots <= kRoutePermuteMaxSlots && experts <= kRouteGatherMaxExperts;
 }
 
 Status launch_moe_route_gather_tiled(const MoeRoutingParams& p, const uint16_t* x, uint16_t* out, int64_t k,
@@ -429,11 +434,13 @@ Status launch_moe_route_gather_tiled_wide_first(const MoeRoutingParams& p, const
   if (wide_over < 0 || wide_over >= p.tile_tokens)
     return internal_error("MoE routing and tiled gather: wide tiles hold more than 0 to tile_tokens - 1 tokens");
   if (!moe_route_gather_fits(p.slots, p.experts))
-    return unimplemented("MoE routing and tiled gather: at most 4096 slots and 256 experts");
+    return unimplemented("MoE routing and tiled gather: at most 65536 slots and 256 experts");
   if (p.slots == 0) return Status::ok();
-  const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, kRouteGatherSlots)));
+  const int64_t per_cta =
+      p.slots <= kRouteGatherSmallSlots ? kRouteGatherSlots : ceil_div64(p.slots, kRoutePermuteCtas);
+  const dim3 grid(static_cast<unsigned>(ceil_div64(p.slots, per_cta)));
   return cuda_status(launch_pdl(moe_route_gather_kernel<true>, grid, dim3(kRouteGatherThreads), 0, stream, p, x, out,
-                                int64_t{0}, k, static_cast<int>(top_k), kRouteGatherSlots, wide_over),
+                                int64_t{0}, k, static_cast<int>(top_k), static_cast<int>(per_cta), wide_over),
                      "moe_route_gather_kernel");
 }
 
