@@ -2037,6 +2037,32 @@ TEST_F(KernelTest, MoeWgmmaMidBulk) {
   }
 }
 
+// The 256-token tiles on the copy engine (CudaMoeOptions::wgmma_bulk_wide) give the bits of their cp.async form: 20b's
+// 2048 tokens (256 per expert: full tiles and half-width ones), odd shapes with a hot expert (partial last tiles of
+// more and of fewer than 128 tokens), top-2 and top-8, the second GEMM's last column block half past the matrix;
+// wide first and expert order; eager and replayed.
+TEST_F(KernelTest, MoeWgmmaWideBulk) {
+  struct Case {
+    MoeCase c;
+    int wide_first;
+  };
+  for (const Case& t : {Case{MoeCase{32, 2880, 2880, 4, 2048, Routing::kUniform}, 0},
+                        Case{MoeCase{8, 320, 192, 2, 1500, Routing::kHot}, 0},
+                        Case{MoeCase{8, 320, 192, 4, 1077, Routing::kUniform}, -1},
+                        Case{MoeCase{32, 320, 256, 8, 1001, Routing::kHalf}, 0}}) {
+    const MoeCase& c = t.c;
+    CudaMoeOptions cp_async{CudaMoePath::kGrouped, 256}, bulk;
+    cp_async.wgmma_persistent = -1;
+    cp_async.wgmma_wide_first = t.wide_first;
+    bulk = cp_async;
+    cp_async.wgmma_bulk_wide = -1;
+    bulk.wgmma_bulk_wide = 1;
+    check_moe_forms_bitwise(cuda_, rng_, c, cp_async, bulk,
+                            moe_case_label(c) + (t.wide_first == -1 ? ", expert order" : ", wide first"),
+                            "256-token tiles, copy engine", "cp.async");
+  }
+}
+
 // The decode GEMMs replayed from a graph give the eager bits, self-routed (fused combine, tickets reset for
 // the next replay) and on the routing kernel's metadata.
 TEST_F(KernelTest, MoeDecodeGraphReplay) {

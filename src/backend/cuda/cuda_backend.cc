@@ -1191,6 +1191,10 @@ class CudaBackend final : public Backend {
   bool moe_wgmma_bulk_mid() const {
     return options_.moe.wgmma_bulk_mid != 0 ? options_.moe.wgmma_bulk_mid == 1 : kMoeWgmmaBulkMid;
   }
+  // And the 256-token tiles (CudaMoeOptions::wgmma_bulk_wide).
+  bool moe_wgmma_bulk_wide() const {
+    return options_.moe.wgmma_bulk_wide != 0 ? options_.moe.wgmma_bulk_wide == 1 : kMoeWgmmaBulkWide;
+  }
   // Whether moe_experts_wgmma reads its input tiled for config c at this step (`mid_width`: moe_wgmma_mid_width):
   // the warp-specialized kernel, or the copy engine's tiles (16 tokens, moe_wgmma_bulk_form; 32 only when forced; 96
   // at 64/96 columns, moe_wgmma_bulk_mid, where the routing and the tiled gather fit one launch: the two-kernel
@@ -1198,8 +1202,9 @@ class CudaBackend final : public Backend {
   bool moe_wgmma_tiled(const MoeWgmmaConfig& c, bool mid_width, int64_t slots, int64_t experts) {
     return c.warp_specialized || (moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
            (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32) ||
-           (c.tile_tokens == 96 && mid_width && moe_wgmma_bulk_mid() && moe_wgmma_glue() >= 1 &&
-            moe_route_gather_fits(slots, experts));
+           (((c.tile_tokens == 96 && mid_width && moe_wgmma_bulk_mid()) ||
+             (c.tile_tokens == 256 && !c.persistent && moe_wgmma_bulk_wide())) &&
+            moe_wgmma_glue() >= 1 && moe_route_gather_fits(slots, experts));
   }
 
   // Whether the 96-token tiles' GEMMs run the kernel of 64 and 96 columns (MoeGemmParams::mid_width) at this step.
@@ -1463,6 +1468,7 @@ class CudaBackend final : public Backend {
       const int64_t mid_slots = std::min(slots, kMoeWgmmaMidWidthMaxTokensPerExpert * s.num_experts);
       moe_rows = std::max(moe_rows, moe_max_tiles(mid_slots, s.num_experts, 96) * 96);
     }
+    if (cw.enabled && moe_wgmma_bulk_wide()) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 256) * 256);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, moe_rows * s.hidden * 2, "MoE y"));
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);

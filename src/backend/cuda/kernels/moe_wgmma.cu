@@ -718,43 +718,51 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
 #endif
 }
 
-// The 96-token tiles' 64/96-column kernel (moe_wgmma_kernel's kMidCols) with every k tile's loads by the copy
-// engine (launch_moe_wgmma_bulk_gemm at 96-token tiles with MoeGemmParams::mid_width): the same CTA work (one strip a
-// warp, 8 strips a CTA), decode, MMAs and epilogue, bitwise, but each stage arrives as three copies counted on its
-// mbarrier (moe_bulk_load: the CTA's 8 strips of fp4 and of scales as one box each, the tile's rows as one bulk copy
-// from the tiled input: x gathered so by the routing launch, h written so by the first GEMM). No cp.async group wait,
-// no generic-to-async proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, ~1.4-2.2% of the 20b layer at T=512 in
-// session 21) and no per-thread copy arithmetic per k tile; a CTA barrier per k tile still frees the slot reloaded.
-// The ring holds what the cp.async kernel's does (six of its 17 KB stages): 64-column stages of 12 KB (eight) or
-// 96-column ones of 16 KB (six), every stage's scales after them.
-inline constexpr uint32_t kMidBulkRingBytes =
-    static_cast<uint32_t>(kMoeWgmmaDeepStages * moe_wgmma_stage_bytes(96, kMoeWgmmaWarpgroups));
-template <int kCols>
-struct MidBulkRing {
+// The 96-token tiles' 64/96-column kernel (moe_wgmma_kernel's kMidCols) and the 256-token tiles' (128 or 256 columns,
+// a CTA per item) with every k tile's loads by the copy engine (launch_moe_wgmma_bulk_gemm at 96-token tiles with
+// MoeGemmParams::mid_width, or at 256): the same CTA work (one strip a warp, 8 strips a CTA), decode, MMAs and
+// epilogue, bitwise, but each stage arrives as three copies counted on its mbarrier (moe_bulk_load: the CTA's 8
+// strips of fp4 and of scales as one box each, the tile's rows as one bulk copy from the tiled input: x gathered so
+// by the routing launch, h written so by the first GEMM). No cp.async group wait, no generic-to-async proxy fence
+// (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, ~1.4-2.2% of the 20b layer at T=512 in session 21) and no per-thread copy
+// arithmetic per k tile; a CTA barrier per k tile still frees the slot reloaded. The ring holds what the cp.async
+// kernel's does (96: six of its 17 KB stages, for 64-column stages of 12 KB (eight) or 96-column ones of 16 KB (six);
+// 256: five of its 37 KB, for 128-column stages of 20 KB (nine) or 256-column ones of 36 KB (five)), every stage's
+// scales after them.
+template <int kN>
+inline constexpr uint32_t kTileBulkRingBytes = static_cast<uint32_t>(
+    (kN == 96 ? kMoeWgmmaDeepStages : kMoeWgmmaStages) * moe_wgmma_stage_bytes(kN, kMoeWgmmaWarpgroups));
+// The narrower loop's width: 64 columns of a 96-token tile, 128 of a 256-token one.
+template <int kN>
+inline constexpr int kTileBulkHalfCols = kN == 96 ? 64 : kN / 2;
+template <int kN, int kCols>
+struct TileBulkRing {
+  static_assert(kN == 96 || kN == 256, "96- or 256-token tiles");
   static constexpr int kStrips = moe_wgmma_weight_rows(kMoeWgmmaWarpgroups) / 16;
   static constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = kStrips * 512, kScaleBytes = kStrips * 32;
   static constexpr uint32_t kStageBytes = kRowBytes + kWeightBytes;  // the fp4 at kRowBytes
-  static constexpr int kStages = static_cast<int>(kMidBulkRingBytes / (kStageBytes + kScaleBytes));
+  static constexpr int kStages = static_cast<int>(kTileBulkRingBytes<kN> / (kStageBytes + kScaleBytes));
   static constexpr uint32_t kScalesAt = kStages * kStageBytes;
   static_assert(kStageBytes % 1024 == 0, "stages 1024-byte aligned (the swizzle)");
   static_assert(kStages >= 4, "tile t - 1 in the MMAs, tile t decoded, tiles loading ahead");
 };
-inline constexpr int kMidBulkMaxStages = MidBulkRing<64>::kStages;
-inline constexpr int64_t kMidBulkSmemBytes = kMidBulkRingBytes + 1024;  // + 1 KB to align the ring
-static_assert(MidBulkRing<96>::kStages <= kMidBulkMaxStages, "the 64-column ring is the deeper one");
+template <int kN>
+inline constexpr int kTileBulkMaxStages = TileBulkRing<kN, kTileBulkHalfCols<kN>>::kStages;  // the narrower loop's
+template <int kN>
+inline constexpr int64_t kTileBulkSmemBytes = kTileBulkRingBytes<kN> + 1024;  // + 1 KB to align the ring
 
 #if MX_SM90A
-// One item's k loop at kCols columns (64: a tile of at most 64 tokens; else 96) into acc's first kCols / 2. (Each
-// warp releasing slots on mbarriers instead of the CTA barrier, as moe_wgmma_bulk_kernel's kWarpRelease, measured
-// no faster: session 22, docs/PERF.md.)
-template <int kCols>
-__device__ __forceinline__ void moe_bulk_mid_k_loop(const MoeGemmParams& p, const MoeWgmmaMaps& maps, const WorkItem& w,
-                                                    float (&acc)[48], int n_k, uint32_t ring, uint32_t full0) {
-  using Ring = MidBulkRing<kCols>;
+// One item's k loop at kCols columns (kTileBulkHalfCols: a tile of at most that many tokens; else kN) into acc's
+// first kCols / 2. (Each warp releasing slots on mbarriers instead of the CTA barrier, as moe_wgmma_bulk_kernel's
+// kWarpRelease, measured no faster at 96: session 22, docs/PERF.md.)
+template <int kN, int kCols>
+__device__ __forceinline__ void moe_bulk_tile_k_loop(const MoeGemmParams& p, const MoeWgmmaMaps& maps, const WorkItem& w,
+                                                     float (&acc)[kN / 2], int n_k, uint32_t ring, uint32_t full0) {
+  using Ring = TileBulkRing<kN, kCols>;
   constexpr int kS = Ring::kStages;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const bool copier = lane == 0 && warp < 3;
-  constexpr int64_t kTileBytes = 96 * 128;  // a tile's rows in each k tile's plane of the tiled input
+  constexpr int64_t kTileBytes = kN * 128;  // a tile's rows in each k tile's plane of the tiled input
   const BulkStage b{&maps.weights, &maps.scales, w.e, w.strip0, w.strip0, Ring::kWeightBytes, Ring::kRowBytes,
                     Ring::kScalesAt, Ring::kScaleBytes, Ring::kStageBytes, moe_bulk_row_bytes<kCols>(maps.trim_rows, w.n),
                     reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kTileBytes,
@@ -783,13 +791,14 @@ __device__ __forceinline__ void moe_bulk_mid_k_loop(const MoeGemmParams& p, cons
 }
 #endif
 
-__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), 2)
-    moe_wgmma_bulk_mid_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
+template <int kN>
+__global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (moe_wgmma_ctas_per_sm(kN, kMoeWgmmaWarpgroups)))
+    moe_wgmma_bulk_tile_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
 #if MX_SM90A
-  static_assert(moe_wgmma_ctas_per_sm(96, kMoeWgmmaWarpgroups) == 2, "two CTAs an SM, as the cp.async kernel");
-  constexpr int kStrips = MidBulkRing<96>::kStrips, kCopies = 3;
+  constexpr int kHalf = kTileBulkHalfCols<kN>, kMaxStages = kTileBulkMaxStages<kN>;
+  constexpr int kStrips = TileBulkRing<kN, kN>::kStrips, kCopies = 3;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t full_bar[kMidBulkMaxStages];
+  __shared__ uint64_t full_bar[kMaxStages];
   const uint32_t ring = smem_addr(smem_raw) + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const uint32_t full0 = smem_addr(full_bar);
   const int64_t strips = p.rows / 16;
@@ -800,7 +809,7 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), 2)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
   if (tid == 0) {
-    for (int s = 0; s < kMidBulkMaxStages; ++s) mbarrier_init(full0 + 8 * s, kCopies);
+    for (int s = 0; s < kMaxStages; ++s) mbarrier_init(full0 + 8 * s, kCopies);
     mbarrier_init_fence();
     tma_prefetch_map(&maps.weights);
     tma_prefetch_map(&maps.scales);
@@ -810,18 +819,18 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), 2)
   // load after the loop held 1.5% of T=512's first-GEMM samples).
   const int64_t my_strip = w.strip0 + warp;
   const StripBias bias = my_strip < strips ? moe_wgmma_strip_bias(p, w.e, my_strip, r) : StripBias{0.f, 0.f};
-  float acc[48];
+  float acc[kN / 2];
 #pragma unroll
-  for (int i = 0; i < 48; ++i) acc[i] = 0.f;
-  if (w.n <= 64) {
-    moe_bulk_mid_k_loop<64>(p, maps, w, acc, n_k, ring, full0);
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
+  if (w.n <= kHalf) {
+    moe_bulk_tile_k_loop<kN, kHalf>(p, maps, w, acc, n_k, ring, full0);
   } else {
-    moe_bulk_mid_k_loop<96>(p, maps, w, acc, n_k, ring, full0);
+    moe_bulk_tile_k_loop<kN, kN>(p, maps, w, acc, n_k, ring, full0);
   }
   // The item's metadata read again (cached) rather than kept live through the k loop. The first GEMM writes h
   // tiled for the second one's bulk copies.
   const WorkItem cur = moe_work_item(p, item, n_cols, kStrips);
-  if (my_strip < strips) moe_wgmma_store<96, true, true>(p, acc, cur, my_strip, r, q, 96, bias);
+  if (my_strip < strips) moe_wgmma_store<kN, true, true>(p, acc, cur, my_strip, r, q, kN, bias);
 #endif
 }
 
@@ -872,28 +881,30 @@ Status encode_moe_fp4_maps(const MoeGemmParams& p, bool trim_rows, uint32_t box_
                            half_box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-// The copy engine's 96-token tiles at 64/96 columns (moe_wgmma_bulk_mid_kernel): a CTA per (column block of 8
-// strips, tile), as the cp.async kernel's grid.
-Status launch_bulk_mid(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool trim_rows, cudaStream_t stream) {
-  if (!c.enabled || c.warp_specialized || !c.deep_ring || !p.mid_width || c.threads != moe_wgmma_threads(c.warpgroups) ||
-      c.warpgroups != kMoeWgmmaWarpgroups)
-    return internal_error("MoE wgmma GEMM (copy engine): 96-token tiles only at 64/96 columns (mid_width)");
+// The copy engine's 96-token tiles at 64/96 columns or 256-token tiles (moe_wgmma_bulk_tile_kernel): a CTA per
+// (column block of 8 strips, tile), as the cp.async kernel's grid.
+template <int kN>
+Status launch_bulk_tiles(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool trim_rows, cudaStream_t stream) {
+  if (!c.enabled || c.warp_specialized || c.persistent || c.deep_ring != (kN == 96) || (kN == 96 && !p.mid_width) ||
+      c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
+    return internal_error("MoE wgmma GEMM (copy engine): 96-token tiles at 64/96 columns or 256-token tiles, a CTA "
+                          "per item");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
-  constexpr int kStrips = MidBulkRing<96>::kStrips;
+  constexpr int kStrips = TileBulkRing<kN, kN>::kStrips;
   // Boxes of the CTA's 8 strips (strips past the matrix read as zeros); no half boxes.
   MoeWgmmaMaps maps;
   MX_RETURN_IF_ERROR(encode_moe_fp4_maps(p, trim_rows, kStrips, 0, maps));
-  auto* kernel = moe_wgmma_bulk_mid_kernel;
+  auto* kernel = moe_wgmma_bulk_tile_kernel<kN>;
+  constexpr int64_t kSmem = kTileBulkSmemBytes<kN>;
   MX_RETURN_IF_ERROR(cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMidBulkSmemBytes)),
-      "cudaFuncSetAttribute(moe wgmma bulk mid smem)"));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)),
+      "cudaFuncSetAttribute(moe wgmma bulk tile smem)"));
   const dim3 grid(static_cast<unsigned>(ceil_div64(p.rows / 16, kStrips)), static_cast<unsigned>(p.max_tiles));
   if (c.pdl)
-    return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), kMidBulkSmemBytes, stream, p, maps),
-                       "moe_wgmma_bulk_mid_kernel");
-  kernel<<<grid, c.threads, kMidBulkSmemBytes, stream>>>(p, maps);
-  return launch_status("moe_wgmma_bulk_mid_kernel");
+    return cuda_status(launch_pdl(kernel, grid, dim3(c.threads), kSmem, stream, p, maps), "moe_wgmma_bulk_tile_kernel");
+  kernel<<<grid, c.threads, kSmem, stream>>>(p, maps);
+  return launch_status("moe_wgmma_bulk_tile_kernel");
 }
 
 }  // namespace
@@ -909,10 +920,12 @@ Status launch_moe_permute_k(const uint16_t* in, uint16_t* out, int64_t rows, int
 Status launch_moe_wgmma_bulk_gemm(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool warp_release, bool pairs,
                                   bool trim_rows, cudaStream_t stream) {
   if (p.rows % 16 != 0 || p.k % 64 != 0) return internal_error("MoE wgmma GEMM: rows % 16 and k % 64 must be 0");
-  if (c.tile_tokens == 96) {
+  if (c.tile_tokens == 96 || c.tile_tokens == 256) {
     if (warp_release || pairs)
-      return unimplemented("MoE wgmma GEMM (copy engine): 96-token tiles take a CTA barrier per k tile, unpaired");
-    return launch_bulk_mid(p, c, trim_rows, stream);
+      return unimplemented("MoE wgmma GEMM (copy engine): 96- and 256-token tiles take a CTA barrier per k tile, "
+                           "unpaired");
+    return c.tile_tokens == 96 ? launch_bulk_tiles<96>(p, c, trim_rows, stream)
+                               : launch_bulk_tiles<256>(p, c, trim_rows, stream);
   }
   if (!c.enabled || c.warp_specialized || (c.tile_tokens != 16 && c.tile_tokens != 32) || !c.deep_ring ||
       c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
