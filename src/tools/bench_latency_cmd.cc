@@ -152,10 +152,11 @@ const std::vector<CliOption> kCommandOptions = {
      "last tile the last) or expert-order (the form before 2026-11-29); several, comma-separated: compared as "
      "--bf16-experts-decode"},
     {"moe-wgmma-prefill-loads", true,
-     "how gpt-oss's 96-token wgmma MoE tiles at 64/96 columns (prefill at ~48-96 tokens per expert, sm_90) load their "
-     "k tiles: auto (default: the copy engine), cp-async (the form before 2026-11-29) or copy-engine (rows, fp4 and "
-     "scales as bulk copies on the stage's mbarrier, x gathered tiled by the routing launch); several, "
-     "comma-separated: compared as --bf16-experts-decode"},
+     "how gpt-oss's 96-token wgmma MoE tiles at 64/96 columns (prefill at ~48-96 tokens per expert) and its 256-token "
+     "tiles (>= 512 tokens per expert) load their k tiles (sm_90): auto (the defaults), cp-async (both by cp.async: "
+     "the form before 2026-11-29), copy-engine (both as bulk copies of rows, fp4 and scales on the stage's mbarrier, "
+     "x gathered tiled by the routing launch) or copy-engine-mid (the 96-token tiles only: session 22's defaults); "
+     "several, comma-separated: compared as --bf16-experts-decode"},
     {"qkv-rope-epilogue", true,
      "gpt-oss's decode qkv on CUDA: auto (default) or on (RoPE and the KV write in the skinny GEMM's epilogue, one "
      "launch, on bf16 and FP8 dense weights), fp8 (the same on FP8 weights only, bf16's on cuBLASLt: the default "
@@ -202,7 +203,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"moe-wgmma-order", {"auto", "wide-first", "expert-order"}},
-      {"moe-wgmma-prefill-loads", {"auto", "cp-async", "copy-engine"}},
+      {"moe-wgmma-prefill-loads", {"auto", "cp-async", "copy-engine", "copy-engine-mid"}},
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
       {"skinny-staged", {"auto", "off", "on", "one-wave", "2-waves", "3-waves"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
@@ -312,8 +313,10 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
       moe.wgmma_glue = value == "separate" ? -1 : value == "combine-kernel" ? 1 : value == "combine-in-norm" ? 2 : 0;
     else if (flag == "moe-wgmma-order")
       moe.wgmma_wide_first = value == "wide-first" ? 1 : value == "expert-order" ? -1 : 0;
-    else if (flag == "moe-wgmma-prefill-loads")
-      moe.wgmma_bulk_mid = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : 0;
+    else if (flag == "moe-wgmma-prefill-loads") {
+      moe.wgmma_bulk_mid = value == "auto" ? 0 : value == "cp-async" ? -1 : 1;
+      moe.wgmma_bulk_wide = value == "auto" ? 0 : value == "copy-engine" ? 1 : -1;
+    }
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
     return set_cuda_moe_options(backend, moe);
   }

@@ -2039,8 +2039,9 @@ TEST_F(KernelTest, MoeWgmmaMidBulk) {
 
 // The 256-token tiles on the copy engine (CudaMoeOptions::wgmma_bulk_wide) give the bits of their cp.async form: 20b's
 // 2048 tokens (256 per expert: full tiles and half-width ones), odd shapes with a hot expert (partial last tiles of
-// more and of fewer than 128 tokens), top-2 and top-8, the second GEMM's last column block half past the matrix;
-// wide first and expert order; eager and replayed.
+// more and of fewer than 128 tokens), top-2 and top-8, the second GEMM's last column block half past the matrix,
+// 120b's 128 experts with half of them idle, every token on the same four experts at 65,532 slots (the routing
+// launch's tiled gather at its bound); wide first and expert order; eager and replayed.
 TEST_F(KernelTest, MoeWgmmaWideBulk) {
   struct Case {
     MoeCase c;
@@ -2049,7 +2050,9 @@ TEST_F(KernelTest, MoeWgmmaWideBulk) {
   for (const Case& t : {Case{MoeCase{32, 2880, 2880, 4, 2048, Routing::kUniform}, 0},
                         Case{MoeCase{8, 320, 192, 2, 1500, Routing::kHot}, 0},
                         Case{MoeCase{8, 320, 192, 4, 1077, Routing::kUniform}, -1},
-                        Case{MoeCase{32, 320, 256, 8, 1001, Routing::kHalf}, 0}}) {
+                        Case{MoeCase{32, 320, 256, 8, 1001, Routing::kHalf}, 0},
+                        Case{MoeCase{128, 256, 192, 4, 4097, Routing::kHalf}, 1},
+                        Case{MoeCase{8, 320, 192, 4, 16383, Routing::kSame}, 0}}) {
     const MoeCase& c = t.c;
     CudaMoeOptions cp_async{CudaMoePath::kGrouped, 256}, bulk;
     cp_async.wgmma_persistent = -1;
