@@ -1468,7 +1468,10 @@ class CudaBackend final : public Backend {
       const int64_t mid_slots = std::min(slots, kMoeWgmmaMidWidthMaxTokensPerExpert * s.num_experts);
       moe_rows = std::max(moe_rows, moe_max_tiles(mid_slots, s.num_experts, 96) * 96);
     }
-    if (cw.enabled && moe_wgmma_bulk_wide()) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 256) * 256);
+    // The 256-token tiles on the copy engine pad theirs to 256, where the workspace's largest step has them (>= 512
+    // tokens per expert: no fewer tokens have them unless forced).
+    if (cw.enabled && cw.tile_tokens == 256 && !cw.persistent && moe_wgmma_bulk_wide())
+      moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 256) * 256);
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_h, moe_rows * s.intermediate * 2, "MoE h"));
     MX_RETURN_IF_ERROR(ensure(scratch_.moe_y, moe_rows * s.hidden * 2, "MoE y"));
     const int64_t max_tiles = moe_max_tiles(slots, s.num_experts, 8);

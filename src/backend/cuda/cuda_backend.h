@@ -74,7 +74,8 @@ struct CudaMoeOptions {
   // launch), -1 = by cp.async; 0 = kMoeWgmmaBulkMid's choice.
   int wgmma_bulk_mid = 0;
   // The 256-token tiles (a CTA per item): 1 = every k tile's loads by the copy engine, as wgmma_bulk_mid's (x gathered
-  // tiled, h written tiled), -1 = by cp.async; 0 = kMoeWgmmaBulkWide's choice.
+  // tiled, h written tiled), -1 = by cp.async (the form before 2026-11-29's session 23); 0 = kMoeWgmmaBulkWide's choice
+  // (the copy engine).
   int wgmma_bulk_wide = 0;
   // Benchmarks only (the wgmma path; the output is then garbage): 1 = just the routing and the tiled gather (or the
   // k permutation), 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.

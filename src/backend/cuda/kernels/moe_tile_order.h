@@ -35,8 +35,10 @@ Status launch_moe_route_gather_tiled_wide_first(const MoeRoutingParams& p, const
 // session 22 W1 (docs/PERF.md), gpt-oss-20b's layer, one process, 7 rounds: T = 512 298.5 -> 287.0 us, T = 640
 // 346.1 -> 332.1.
 inline constexpr bool kMoeWgmmaBulkMid = true;
-// And the 256-token tiles (CudaMoeOptions::wgmma_bulk_wide 0): not measured yet.
-inline constexpr bool kMoeWgmmaBulkWide = false;
+// And the 256-token tiles (CudaMoeOptions::wgmma_bulk_wide 0): session 23 W1 (docs/PERF.md), gpt-oss-20b's layer, one
+// process, 5 rounds: T = 4096 1711.6 -> 1543.0 us, T = 8192 3161.8 -> 2865.5; bench latency 20b 8K 73.5-74.1k ->
+// 79.1k tok/s, 8 x 1K 83.1-85.3k -> 94.3-94.6k.
+inline constexpr bool kMoeWgmmaBulkWide = true;
 
 // The wide tiles' threshold for a kernel of tile_tokens-token tiles: the tokens above which its k loop runs at the
 // full width (64 with mid_width, else half the tile at 96 and 256 tokens), or 0 where every tile runs at one width
