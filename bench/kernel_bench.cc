@@ -463,6 +463,7 @@ void bench_moe_prefill() {
       int wide_first = 0;         // 1 the full-width tiles numbered first, -1 expert order (CudaMoeOptions::wgmma_wide_first)
       int bulk_mid = 0;           // 96-token tiles at 64/96 columns: 1 by the copy engine, -1 cp.async (wgmma_bulk_mid)
       int bulk_wide = 0;          // 256-token tiles: 1 by the copy engine, -1 cp.async (wgmma_bulk_wide)
+      int bulk_full = 0;          // 96-token tiles at 96/48 columns: 1 by the copy engine, -1 cp.async (wgmma_bulk_full)
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -513,7 +514,9 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kAuto, 0, "auto cp.async mid", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, -1},
         Variant{CudaMoePath::kAuto, 0, "auto bulk mid expert order", 0, 0, 0, 0, 0, 0, false, 0, 0, -1, 1},
         Variant{CudaMoePath::kAuto, 0, "auto bulk wide", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 1},
-        Variant{CudaMoePath::kAuto, 0, "auto cp.async wide", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, -1}};
+        Variant{CudaMoePath::kAuto, 0, "auto cp.async wide", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, -1},
+        Variant{CudaMoePath::kAuto, 0, "auto bulk full", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 0, 1},
+        Variant{CudaMoePath::kAuto, 0, "auto cp.async full", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 0, -1}};
     std::vector<const Variant*> timed;
     for (const Variant& v : all)
       if (variant_selected(v.label)) timed.push_back(&v);
@@ -539,6 +542,7 @@ void bench_moe_prefill() {
         o.wgmma_wide_first = v.wide_first;
         o.wgmma_bulk_mid = v.bulk_mid;
         o.wgmma_bulk_wide = v.bulk_wide;
+        o.wgmma_bulk_full = v.bulk_full;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {

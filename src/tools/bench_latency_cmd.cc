@@ -152,10 +152,11 @@ const std::vector<CliOption> kCommandOptions = {
      "last tile the last) or expert-order (the form before 2026-11-29); several, comma-separated: compared as "
      "--bf16-experts-decode"},
     {"moe-wgmma-prefill-loads", true,
-     "how gpt-oss's 96-token wgmma MoE tiles at 64/96 columns (prefill at ~48-96 tokens per expert) and its 256-token "
-     "tiles (>= 512 tokens per expert) load their k tiles (sm_90): auto (the defaults), cp-async (both by cp.async: "
-     "the form before 2026-11-29), copy-engine (both as bulk copies of rows, fp4 and scales on the stage's mbarrier, "
-     "x gathered tiled by the routing launch) or copy-engine-mid (the 96-token tiles only: session 22's defaults); "
+     "how gpt-oss's wgmma MoE prefill tiles load their k tiles (sm_90): the 96-token tiles at 64/96 columns (~48-96 "
+     "tokens per expert) and at 96/48 (~96-512), the 256-token tiles (>= 512): auto (the defaults), cp-async (all by "
+     "cp.async: the form before 2026-11-29), copy-engine (all as bulk copies of rows, fp4 and scales on the stage's "
+     "mbarrier, x gathered tiled by the routing launch), copy-engine-mid (the 64/96-column tiles only: session 22's "
+     "defaults), copy-engine-96 (the 96-token tiles only) or copy-engine-256 (the 64/96-column and 256-token tiles); "
      "several, comma-separated: compared as --bf16-experts-decode"},
     {"qkv-rope-epilogue", true,
      "gpt-oss's decode qkv on CUDA: auto (default) or on (RoPE and the KV write in the skinny GEMM's epilogue, one "
@@ -203,7 +204,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"moe-wgmma-order", {"auto", "wide-first", "expert-order"}},
-      {"moe-wgmma-prefill-loads", {"auto", "cp-async", "copy-engine", "copy-engine-mid"}},
+      {"moe-wgmma-prefill-loads", {"auto", "cp-async", "copy-engine", "copy-engine-mid", "copy-engine-96", "copy-engine-256"}},
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
       {"skinny-staged", {"auto", "off", "on", "one-wave", "2-waves", "3-waves"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
@@ -315,7 +316,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
       moe.wgmma_wide_first = value == "wide-first" ? 1 : value == "expert-order" ? -1 : 0;
     else if (flag == "moe-wgmma-prefill-loads") {
       moe.wgmma_bulk_mid = value == "auto" ? 0 : value == "cp-async" ? -1 : 1;
-      moe.wgmma_bulk_wide = value == "auto" ? 0 : value == "copy-engine" ? 1 : -1;
+      moe.wgmma_bulk_full = value == "auto" ? 0 : value == "copy-engine" || value == "copy-engine-96" ? 1 : -1;
+      moe.wgmma_bulk_wide = value == "auto" ? 0 : value == "copy-engine" || value == "copy-engine-256" ? 1 : -1;
     }
     else moe.wgmma_bulk = value == "cp-async" ? -1 : value == "copy-engine" ? 1 : value == "copy-engine-pairs" ? 3 : 0;
     return set_cuda_moe_options(backend, moe);

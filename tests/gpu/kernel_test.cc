@@ -2042,6 +2042,26 @@ TEST_F(KernelTest, MoeWgmmaMidBulk) {
 // more and of fewer than 128 tokens), top-2 and top-8, the second GEMM's last column block half past the matrix,
 // 120b's 128 experts with half of them idle, every token on the same four experts at 65,532 slots (the routing
 // launch's tiled gather at its bound); wide first and expert order; eager and replayed.
+// The 96-token tiles at 96/48 columns on the copy engine (CudaMoeOptions::wgmma_bulk_full) give the bits of their
+// cp.async form: 20b's 1024 tokens (128 per expert: full tiles and 32-token ones at 48 columns), odd shapes with a hot
+// expert (partial last tiles of more and of fewer than 48 tokens; the second GEMM's last column block half past the
+// matrix), 120b's 128 experts with half of them idle, top-1 and top-8, every token on the same four experts at 65,532
+// slots; eager and replayed.
+TEST_F(KernelTest, MoeWgmmaFullBulk) {
+  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1024, Routing::kUniform}, MoeCase{8, 320, 192, 2, 1501, Routing::kHot},
+                           MoeCase{128, 256, 192, 4, 4097, Routing::kHalf}, MoeCase{8, 320, 192, 1, 777, Routing::kUniform},
+                           MoeCase{32, 320, 256, 8, 1001, Routing::kUniform},
+                           MoeCase{8, 320, 192, 4, 16383, Routing::kSame}}) {
+    CudaMoeOptions cp_async{CudaMoePath::kGrouped, 96}, bulk;
+    cp_async.wgmma_mid_width = -1;
+    bulk = cp_async;
+    cp_async.wgmma_bulk_full = -1;
+    bulk.wgmma_bulk_full = 1;
+    check_moe_forms_bitwise(cuda_, rng_, c, cp_async, bulk, moe_case_label(c), "96/48-column tiles, copy engine",
+                            "cp.async");
+  }
+}
+
 TEST_F(KernelTest, MoeWgmmaWideBulk) {
   struct Case {
     MoeCase c;

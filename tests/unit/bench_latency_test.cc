@@ -112,7 +112,8 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
           "--moe-wgmma-order must be auto, wide-first or expert-order");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-wgmma-order expert-order");
   refused("bench latency --preset tiny --backend cpu --moe-wgmma-prefill-loads tma",
-          "--moe-wgmma-prefill-loads must be auto, cp-async, copy-engine or copy-engine-mid");
+          "--moe-wgmma-prefill-loads must be auto, cp-async, copy-engine, copy-engine-mid, copy-engine-96 or "
+          "copy-engine-256");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-wgmma-prefill-loads copy-engine");
   refused("bench latency --preset tiny --backend cpu --bf16-experts-decode auto,fused --skinny-strip-rows 16,auto",
           "another flag's several values");

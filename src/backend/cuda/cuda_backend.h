@@ -77,6 +77,9 @@ struct CudaMoeOptions {
   // tiled, h written tiled), -1 = by cp.async (the form before 2026-11-29's session 23); 0 = kMoeWgmmaBulkWide's choice
   // (the copy engine).
   int wgmma_bulk_wide = 0;
+  // The 96-token tiles at 96/48 columns (~96-512 tokens per expert): 1 = by the copy engine, as wgmma_bulk_mid's,
+  // -1 = by cp.async; 0 = kMoeWgmmaBulkFull's choice.
+  int wgmma_bulk_full = 0;
   // Benchmarks only (the wgmma path; the output is then garbage): 1 = just the routing and the tiled gather (or the
   // k permutation), 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.
   int wgmma_glue_only = 0;

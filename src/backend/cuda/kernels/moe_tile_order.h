@@ -39,6 +39,8 @@ inline constexpr bool kMoeWgmmaBulkMid = true;
 // process, 5 rounds: T = 4096 1711.6 -> 1543.0 us, T = 8192 3161.8 -> 2865.5; bench latency 20b 8K 73.5-74.1k ->
 // 79.1k tok/s, 8 x 1K 83.1-85.3k -> 94.3-94.6k.
 inline constexpr bool kMoeWgmmaBulkWide = true;
+// And the 96-token tiles at 96/48 columns (CudaMoeOptions::wgmma_bulk_full 0): not measured yet.
+inline constexpr bool kMoeWgmmaBulkFull = false;
 
 // The wide tiles' threshold for a kernel of tile_tokens-token tiles: the tokens above which its k loop runs at the
 // full width (64 with mid_width, else half the tile at 96 and 256 tokens), or 0 where every tile runs at one width

@@ -718,21 +718,23 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
 #endif
 }
 
-// The 96-token tiles' 64/96-column kernel (moe_wgmma_kernel's kMidCols) and the 256-token tiles' (128 or 256 columns,
-// a CTA per item) with every k tile's loads by the copy engine (launch_moe_wgmma_bulk_gemm at 96-token tiles with
-// MoeGemmParams::mid_width, or at 256): the same CTA work (one strip a warp, 8 strips a CTA), decode, MMAs and
+// The 96-token tiles' kernels (64/96 columns: moe_wgmma_kernel's kMidCols; 48/96) and the 256-token tiles' (128 or 256
+// columns, a CTA per item) with every k tile's loads by the copy engine (launch_moe_wgmma_bulk_gemm at 96- or 256-token
+// tiles): the same CTA work (one strip a warp, 8 strips a CTA), decode, MMAs and
 // epilogue, bitwise, but each stage arrives as three copies counted on its mbarrier (moe_bulk_load: the CTA's 8
 // strips of fp4 and of scales as one box each, the tile's rows as one bulk copy from the tiled input: x gathered so
 // by the routing launch, h written so by the first GEMM). No cp.async group wait, no generic-to-async proxy fence
 // (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, ~1.4-2.2% of the 20b layer at T=512 in session 21) and no per-thread copy
 // arithmetic per k tile; a CTA barrier per k tile still frees the slot reloaded. The ring holds what the cp.async
-// kernel's does (96: six of its 17 KB stages, for 64-column stages of 12 KB (eight) or 96-column ones of 16 KB (six);
+// kernel's does (96: six of its 17 KB stages, for 48-column stages of 10 KB (nine), 64-column ones of 12 KB (eight) or
+// 96-column ones of 16 KB (six);
 // 256: five of its 37 KB, for 128-column stages of 20 KB (nine) or 256-column ones of 36 KB (five)), every stage's
 // scales after them.
 template <int kN>
 inline constexpr uint32_t kTileBulkRingBytes = static_cast<uint32_t>(
     (kN == 96 ? kMoeWgmmaDeepStages : kMoeWgmmaStages) * moe_wgmma_stage_bytes(kN, kMoeWgmmaWarpgroups));
-// The narrower loop's width: 64 columns of a 96-token tile, 128 of a 256-token one.
+// The narrower loop's width: 64 columns of a 96-token tile at MoeGemmParams::mid_width, 128 of a 256-token one; a
+// 96-token tile's 48 columns otherwise (moe_wgmma_bulk_tile_kernel<96, 48>).
 template <int kN>
 inline constexpr int kTileBulkHalfCols = kN == 96 ? 64 : kN / 2;
 template <int kN, int kCols>
@@ -746,8 +748,6 @@ struct TileBulkRing {
   static_assert(kStageBytes % 1024 == 0, "stages 1024-byte aligned (the swizzle)");
   static_assert(kStages >= 4, "tile t - 1 in the MMAs, tile t decoded, tiles loading ahead");
 };
-template <int kN>
-inline constexpr int kTileBulkMaxStages = TileBulkRing<kN, kTileBulkHalfCols<kN>>::kStages;  // the narrower loop's
 template <int kN>
 inline constexpr int64_t kTileBulkSmemBytes = kTileBulkRingBytes<kN> + 1024;  // + 1 KB to align the ring
 
@@ -791,11 +791,13 @@ __device__ __forceinline__ void moe_bulk_tile_k_loop(const MoeGemmParams& p, con
 }
 #endif
 
-template <int kN>
+// kHalf: the narrower loop's columns (a tile of at most that many tokens runs it).
+template <int kN, int kHalf = kTileBulkHalfCols<kN>>
 __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (moe_wgmma_ctas_per_sm(kN, kMoeWgmmaWarpgroups)))
     moe_wgmma_bulk_tile_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
 #if MX_SM90A
-  constexpr int kHalf = kTileBulkHalfCols<kN>, kMaxStages = kTileBulkMaxStages<kN>;
+  static_assert(kHalf == kTileBulkHalfCols<kN> || (kN == 96 && kHalf == 48), "64 or 48 columns of 96, 128 of 256");
+  constexpr int kMaxStages = TileBulkRing<kN, kHalf>::kStages;  // the narrower loop's
   constexpr int kStrips = TileBulkRing<kN, kN>::kStrips, kCopies = 3;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t full_bar[kMaxStages];
@@ -881,21 +883,20 @@ Status encode_moe_fp4_maps(const MoeGemmParams& p, bool trim_rows, uint32_t box_
                            half_box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-// The copy engine's 96-token tiles at 64/96 columns or 256-token tiles (moe_wgmma_bulk_tile_kernel): a CTA per
-// (column block of 8 strips, tile), as the cp.async kernel's grid.
+// The copy engine's 96-token tiles (at 64/96 columns with MoeGemmParams::mid_width, else 48/96) or 256-token tiles
+// (moe_wgmma_bulk_tile_kernel): a CTA per (column block of 8 strips, tile), as the cp.async kernel's grid.
 template <int kN>
 Status launch_bulk_tiles(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool trim_rows, cudaStream_t stream) {
-  if (!c.enabled || c.warp_specialized || c.persistent || c.deep_ring != (kN == 96) || (kN == 96 && !p.mid_width) ||
+  if (!c.enabled || c.warp_specialized || c.persistent || c.deep_ring != (kN == 96) ||
       c.threads != moe_wgmma_threads(c.warpgroups) || c.warpgroups != kMoeWgmmaWarpgroups)
-    return internal_error("MoE wgmma GEMM (copy engine): 96-token tiles at 64/96 columns or 256-token tiles, a CTA "
-                          "per item");
+    return internal_error("MoE wgmma GEMM (copy engine): 96- or 256-token tiles, a CTA per item");
   if (p.max_tiles == 0) return Status::ok();
   if (p.max_tiles > 65535) return unimplemented("MoE wgmma GEMM: too many token tiles in one call");
   constexpr int kStrips = TileBulkRing<kN, kN>::kStrips;
   // Boxes of the CTA's 8 strips (strips past the matrix read as zeros); no half boxes.
   MoeWgmmaMaps maps;
   MX_RETURN_IF_ERROR(encode_moe_fp4_maps(p, trim_rows, kStrips, 0, maps));
-  auto* kernel = moe_wgmma_bulk_tile_kernel<kN>;
+  auto* kernel = kN == 96 && !p.mid_width ? moe_wgmma_bulk_tile_kernel<96, 48> : moe_wgmma_bulk_tile_kernel<kN>;
   constexpr int64_t kSmem = kTileBulkSmemBytes<kN>;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)),
