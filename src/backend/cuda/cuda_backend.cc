@@ -1195,8 +1195,10 @@ class CudaBackend final : public Backend {
   bool moe_wgmma_bulk_wide() const {
     return options_.moe.wgmma_bulk_wide != 0 ? options_.moe.wgmma_bulk_wide == 1 : kMoeWgmmaBulkWide;
   }
-  bool moe_wgmma_bulk_full() const {
-    return options_.moe.wgmma_bulk_full != 0 ? options_.moe.wgmma_bulk_full == 1 : kMoeWgmmaBulkFull;
+  // By default only above the mid width's tokens per expert (kMoeWgmmaBulkFullMinTokensPerExpert).
+  bool moe_wgmma_bulk_full(int64_t slots, int64_t experts) const {
+    if (options_.moe.wgmma_bulk_full != 0) return options_.moe.wgmma_bulk_full == 1;
+    return kMoeWgmmaBulkFull && slots > kMoeWgmmaBulkFullMinTokensPerExpert * experts;
   }
   // Whether moe_experts_wgmma reads its input tiled for config c at this step (`mid_width`: moe_wgmma_mid_width):
   // the warp-specialized kernel, or the copy engine's tiles (16 tokens, moe_wgmma_bulk_form; 32 only when forced; 96
@@ -1206,7 +1208,7 @@ class CudaBackend final : public Backend {
   bool moe_wgmma_tiled(const MoeWgmmaConfig& c, bool mid_width, int64_t slots, int64_t experts) {
     return c.warp_specialized || (moe_wgmma_bulk_form() >= 1 && c.tile_tokens == 16) ||
            (options_.moe.wgmma_bulk == 1 && c.tile_tokens == 32) ||
-           (((c.tile_tokens == 96 && (mid_width ? moe_wgmma_bulk_mid() : moe_wgmma_bulk_full())) ||
+           (((c.tile_tokens == 96 && (mid_width ? moe_wgmma_bulk_mid() : moe_wgmma_bulk_full(slots, experts))) ||
              (c.tile_tokens == 256 && !c.persistent && moe_wgmma_bulk_wide())) &&
             moe_wgmma_glue() >= 1 && moe_route_gather_fits(slots, experts));
   }
@@ -1473,7 +1475,7 @@ class CudaBackend final : public Backend {
       moe_rows = std::max(moe_rows, moe_max_tiles(mid_slots, s.num_experts, 96) * 96);
     }
     // The 96-token tiles at 96/48 columns on the copy engine pad theirs to 96 (at any tokens).
-    if (cw.enabled && moe_wgmma_bulk_full()) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 96) * 96);
+    if (cw.enabled && moe_wgmma_bulk_full(slots, s.num_experts)) moe_rows = std::max(moe_rows, moe_max_tiles(slots, s.num_experts, 96) * 96);
     // The 256-token tiles on the copy engine pad theirs to 256, where the workspace's largest step has them (>= 512
     // tokens per expert: no fewer tokens have them unless forced).
     if (cw.enabled && cw.tile_tokens == 256 && !cw.persistent && moe_wgmma_bulk_wide())

@@ -39,8 +39,11 @@ inline constexpr bool kMoeWgmmaBulkMid = true;
 // process, 5 rounds: T = 4096 1711.6 -> 1543.0 us, T = 8192 3161.8 -> 2865.5; bench latency 20b 8K 73.5-74.1k ->
 // 79.1k tok/s, 8 x 1K 83.1-85.3k -> 94.3-94.6k.
 inline constexpr bool kMoeWgmmaBulkWide = true;
-// And the 96-token tiles at 96/48 columns (CudaMoeOptions::wgmma_bulk_full 0): not measured yet.
-inline constexpr bool kMoeWgmmaBulkFull = false;
+// And the 96-token tiles at 96/48 columns (CudaMoeOptions::wgmma_bulk_full 0) above kMoeWgmmaBulkFullMinTokensPerExpert
+// tokens per expert: session 23 W2, gpt-oss-20b's layer, one process, 5 rounds: T = 1024 556.3 -> 534.7 us, T = 2048
+// 950.7 -> 899.2; below (120b's T = 1024, 32 tokens per expert: tiles of ~32 tokens padded to 96) 847.2 -> 900.3.
+inline constexpr bool kMoeWgmmaBulkFull = true;
+inline constexpr int64_t kMoeWgmmaBulkFullMinTokensPerExpert = 96;
 
 // The wide tiles' threshold for a kernel of tile_tokens-token tiles: the tokens above which its k loop runs at the
 // full width (64 with mid_width, else half the tile at 96 and 256 tokens), or 0 where every tile runs at one width
