@@ -726,8 +726,8 @@ void bench_attention_prefill(const std::vector<int64_t>& lengths) {
 // joined by '+', e.g. MX_ATTN_WINDOW_ROPE=consumer+MX_ATTN_WINDOW_STAGGER=2000; "-" sets none; every variable a
 // form names is unset before the next form's settings, which apply to the graphs captured after them) in
 // MX_BENCH_ROUNDS (3) interleaved rounds: the window-128 kernel rotating Q alone, its pair behind the K/V-only
-// qkv_rope, the causal pair likewise, and the window kernel reading a written Q (a control). For comparing kernel
-// forms within one binary and between two.
+// qkv_rope, the causal pair likewise (not with MX_BENCH_NO_CAUSAL set), and the window kernel reading a written Q
+// (a control). For comparing kernel forms within one binary and between two.
 void bench_attention_window_forms(const std::vector<int64_t>& lengths) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
   auto split = [](const std::string& text, char sep) {
@@ -769,6 +769,7 @@ void bench_attention_window_forms(const std::vector<int64_t>& lengths) {
         apply(form);
         const std::string tag = " " + form + " r" + std::to_string(round);
         for (int64_t window : {int64_t{128}, int64_t{0}}) {
+          if (window == 0 && std::getenv("MX_BENCH_NO_CAUSAL") != nullptr) continue;
           double keys = 0;
           for (int64_t t = 0; t < T; ++t) keys += static_cast<double>(window ? std::min(t + 1, window) : t + 1);
           const double flops = 4.0 * 64 * 64 * keys;

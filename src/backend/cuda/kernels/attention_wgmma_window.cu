@@ -26,10 +26,13 @@
 //   normalised, is written over its Q buffer and stored as one TMA box by one thread (the output's tensor
 //   map), which hands the buffer back to the Q loader once the store has read it: no per-row global stores
 //   with 64-bit addresses, sink loads or IEEE divisions in the loop (ncu: the old epilogue issued ~15% of
-//   the kernel's instructions). The ws kernel's
-//   overlapped loop (QK(i) issued with P V(i - 1)) spilled P and had its wgmmas serialized at this budget
-//   (ptxas C7512) and ran 7% slower; four consumer warpgroups at one CTA per SM (112 registers, not
-//   serialized) and one pipeline across blocks were slower still (session 12, docs/PERF.md).
+//   the kernel's instructions). At g8 each warpgroup stores its own 8 tokens as a half box after a barrier
+//   of its own 4 warps, not of both warpgroups (session 23, 8K: rope-q -0.2 to -0.3 us, the pair -0.4 to
+//   -0.5). The ws kernel's overlapped loop (QK(i) issued with P V(i - 1)) spilled P and had its wgmmas
+//   serialized at this budget (ptxas C7512) and ran 7% slower; four consumer warpgroups at one CTA per SM
+//   (112 registers, not serialized) and one pipeline across blocks were slower still (session 12,
+//   docs/PERF.md). A softmax without the row max (weights relative to each row's log-sum-exp of the block
+//   before) spilled at this budget and ran slower (session 23).
 //
 // The tile list: a CTA's tokens split into passes (a pass: tokens of one block and one sequence at
 // consecutive positions). A pass sees keys [kmin, kmax], tiles [tlo, thi]; it reuses the previous pass's
@@ -249,6 +252,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint64_t* bars = reinterpret_cast<uint64_t*>(skv + kStages * kStageBytes);
   WinTables& tab = *reinterpret_cast<WinTables*>(bars + 2 * kStages + 4);
   constexpr bool kConsumerRope = kGroup == 8;  // with p.q_inv_freq
+  // At g8 each consumer warpgroup stores its own 64 rows (8 tokens) of O as a half-block box after a barrier of its
+  // own warps; other groups' warpgroups may share a token, so both store one box after a barrier of both.
+  constexpr bool kWgStore = kGroup == 8;
+  constexpr int kStorers = kWgStore ? kConsumers : 1;
   const uint32_t full0 = smem_addr(bars), empty0 = full0 + 8 * kStages;  // K/V ring
   const uint32_t qfull0 = empty0 + 8 * kStages, qempty0 = qfull0 + 16;   // the two Q buffers
 
@@ -276,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     for (int b = 0; b < 2; ++b) {
       mbarrier_init(qfull0 + 8 * b, 1);  // the Q loader's arrival, with the box's bytes
-      mbarrier_init(qempty0 + 8 * b, 1);  // the O store's issuer, once the store has read the buffer
+      mbarrier_init(qempty0 + 8 * b, kStorers);  // the O stores' issuers, once their stores have read the buffer
     }
     mbarrier_init_fence();
     // Q comes from qkv_rope, or with RoPE in the Q load (p.q_inv_freq) from the q|k|v projection before it,
@@ -483,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int b = 0; b < n_blocks; ++b) {
     bool next_done = b + 1 >= n_blocks || !consumer_rope;  // own_next holds block b + 1's
     const int buf = b & 1;
-    if (ct == 0 && b > 0) {  // the previous block's O store has read its buffer: back to the Q loader
+    if (ct % (128 * kConsumers / kStorers) == 0 && b > 0) {  // the block before's O store has read its buffer
       tma_store_wait_read();
       mbarrier_arrive(qempty0 + 8 * (buf ^ 1));
     }
@@ -698,15 +705,21 @@ __global__ void __launch_bounds__(kThreads, 2)
                     pack_bf16x2(o[8 * i + 6] * factor[1], o[8 * i + 7] * factor[1]));
       fence_proxy_async_smem();  // the generic writes, seen by the TMA engine's reads
       if (!next_done) cos_sin_of(b + 1, own_next);  // a block not in the fast case: here, before the barrier
-      named_barrier_sync(1, 128 * kConsumers);
-      if (ct == 0) {
-        tma_store_3d(&o_map, smem_addr(so), 0, g * group, static_cast<int>(t0) + b * tpb);
+      if constexpr (!kWgStore)
+        named_barrier_sync(1, 128 * kConsumers);
+      else if (wg == 0)  // constant barrier ids
+        named_barrier_sync(2, 128);
+      else
+        named_barrier_sync(3, 128);
+      if (ct % (128 * kConsumers / kStorers) == 0) {
+        tma_store_3d(&o_map, smem_addr(so) + (kWgStore ? q_row_off : 0), 0, g * group,
+                     static_cast<int>(t0) + b * tpb + (kWgStore ? wg * (tpb / 2) : 0));
         tma_store_commit();
       }
     }
   }
   release_to(n_list);
-  if (ct == 0) tma_store_wait_read();  // shared memory stays until the last store has read it
+  if (ct % (128 * kConsumers / kStorers) == 0) tma_store_wait_read();  // smem stays until the last store read it
 #endif  // MX_SM90A
 }
 
@@ -756,11 +769,11 @@ Status launch_attention_prefill_wgmma_window(const AttentionKernelParams& p, con
         &q_map, p.q, {static_cast<uint64_t>(kHd), static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
         {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(q_stride) * 2},
         {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(tpb)}));
-  CUtensorMap o_map{};  // the output in the same boxes
+  CUtensorMap o_map{};  // the output in the same boxes; at g8 half boxes (each consumer warpgroup's 8 tokens)
   MX_RETURN_IF_ERROR(encode_bf16_tensor_map_3d(
       &o_map, p.out, {static_cast<uint64_t>(kHd), static_cast<uint64_t>(p.n_q), static_cast<uint64_t>(p.tokens)},
       {static_cast<uint64_t>(kHd) * 2, static_cast<uint64_t>(p.n_q) * kHd * 2},
-      {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(tpb)}));
+      {static_cast<uint32_t>(kHd), static_cast<uint32_t>(group), static_cast<uint32_t>(group == 8 ? tpb / 2 : tpb)}));
   // A programmatic dependent of qkv_rope (the kernel waits before it reads Q, K or V). It does not trigger its
   // own dependents early: o_proj after it is a plain cuBLASLt launch.
   return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), c.smem_bytes, stream, p, bpc, q_map, o_map),
