@@ -12,7 +12,8 @@
 // --moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
 // --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
 // --qkv-rope-only[=T,T,...] | --qkv-rope-epilogue-only[=B,B,...] | --attention-window-forms[=T,T,...] |
-// --linear-fp8-only | --gemma-only | --gemma-dense-only | --decode-step-only[=B,B,...] [--candidates=N] |
+// --linear-fp8-only | --lm-head-staged[=once] | --gemma-only | --gemma-dense-only |
+// --decode-step-only[=B,B,...] [--candidates=N] |
 // --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]] [out.json]`).
 // --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
 // --attention-gemma-prefill[=T,T,...] [--variants=P,P,...]: Gemma-4's prefill attention rows only, each prefill
@@ -1117,6 +1118,41 @@ void bench_gemma_dense() {
   }
 }
 
+// ---- The FP8 lm_head (201088 x 2880) at 1 to 8 tokens, the skinny kernel against the staged one
+// (CudaSkinnyLinearOptions::fp8_staged_head_rows), interleaved twice. `once`: one eager call per form at one token
+// (under Nsight Compute: the skinny kernel's launch, then the staged one).
+void bench_lm_head_staged(bool once) {
+  const int64_t n = 201088, k = 2880;
+  std::vector<uint32_t> codes(static_cast<size_t>(n * k / 4));
+  for (auto& v : codes) v = static_cast<uint32_t>(g_rng()) & 0xfefefefeu;  // no NaN (0x7f / 0xff)
+  TensorView w8 = make(DType::kF8E4M3, {n, k});
+  CHECK_OK(g_b->copy_from_host(w8, codes.data()));
+  std::vector<float> host_scale(static_cast<size_t>(n), 1.0f / 448);
+  TensorView scale = make(DType::kF32, {n});
+  CHECK_OK(g_b->copy_from_host(scale, host_scale.data()));
+  for (int64_t m : once ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8}) {
+    TensorView x = random_bf16({m, k}, 1.0f);
+    TensorView out = make(DType::kF32, {m, n});
+    auto op = [&](int) { return g_b->linear_fp8(x, w8, scale, TensorView(), out); };
+    for (int round = 0; round < (once ? 1 : 2); ++round)
+      for (const bool staged : {false, true}) {
+        CudaSkinnyLinearOptions so;
+        so.fp8_staged_head_rows = staged ? 8 : 0;
+        CHECK_OK(set_cuda_skinny_linear_options(*g_b, so));
+        CHECK_OK(op(0));
+        if (once) continue;
+        const double us = time_graph(10, op);
+        const double bytes = 1.0 * n * k + 4.0 * n + 2.0 * m * k + 4.0 * m * n;
+        char note[64];
+        std::snprintf(note, sizeof note, "%.0f GB/s", bytes / us / 1e3);
+        report("lm_head 2880->201088 M=" + std::to_string(m) + " fp8" + (staged ? " staged" : " skinny"), us, bytes,
+               2.0 * m * n * k, note);
+      }
+    CHECK_OK(g_b->synchronize());
+  }
+  CHECK_OK(set_cuda_skinny_linear_options(*g_b, {}));
+}
+
 // ---- Dense linears through cuBLASLt (the skinny kernel at M = 1).
 void bench_linear() {
   struct Shape3 {
@@ -2071,6 +2107,13 @@ int main(int argc, char** argv) {
     ++arg;
     take_variant_prefixes(argc, argv, arg);  // --variants=P,P,...: only the shapes whose names start so
     bench_gemma_dense();
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--lm-head-staged[=once]`: the FP8 lm_head, skinny against staged (bench_lm_head_staged).
+  if (argc > arg && std::string(argv[arg]).rfind("--lm-head-staged", 0) == 0) {
+    bench_lm_head_staged(/*once=*/std::string(argv[arg]) == "--lm-head-staged=once");
+    ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;
   }

@@ -111,11 +111,15 @@ const std::vector<CliOption> kCommandOptions = {
      "each on an engine of its own over the one loaded model (the kernels' comparison end to end, in one process)"},
     {"skinny-decode-form", true,
      "the dense linears' skinny kernel at decode on CUDA (qkv with its RoPE epilogue, FP8 o_proj, the lm_head): auto "
-     "(default: even-strips+inputs-first), session21 (none: the form before 2026-11-29) or features joined by '+': "
+     "(default: even-strips+inputs-first+staged-head+qkv-staged), session21 (none: the form before 2026-11-29) or "
+     "features joined by '+': "
      "even-strips (FP8 weights on skinny_linear_strip_rows' strips where 16 rows fit one wave: 20b's o_proj on 11 "
      "rows), inputs-first (the epilogue's scale, bias and RoPE inputs read before the PDL wait), persistent (strips "
-     "past one wave, the lm_head, on one wave of CTAs looping over them); several, comma-separated: compared as "
-     "--bf16-experts-decode"},
+     "past one wave, the lm_head, on one wave of CTAs looping over them), fp8-staged (FP8 weights staged in shared "
+     "memory before the PDL wait where bf16 ones are: 20b's o_proj), staged-head (the FP8 lm_head staged at 1-2 tokens, "
+     "a CTA a strip), qkv-staged (qkv's FP8 strips with the RoPE epilogue staged the same way; both in auto since "
+     "session 23: even-strips+inputs-first is the form before); "
+     "several, comma-separated: compared as --bf16-experts-decode"},
     {"skinny-strip-rows", true,
      "output channels per CTA of the dense linears' decode kernel on CUDA (skinny_linear.cu): auto (default) or 8 "
      "to 16; several, comma-separated: every batch once per value, each on an engine of its own over the one "
@@ -213,17 +217,20 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
 }
 
 // --skinny-decode-form: auto (nullopt: the defaults), session21 or '+'-joined features, as CudaSkinnyLinearOptions'
-// (fp8_even_strips, inputs_first, persistent).
-Result<std::optional<std::array<bool, 3>>> skinny_decode_form(const std::string& value) {
-  if (value == "auto") return std::optional<std::array<bool, 3>>();
-  std::array<bool, 3> form = {false, false, false};
+// (fp8_even_strips, inputs_first, persistent, fp8_staged, fp8_staged_head_rows > 0, fp8_qkv_staged).
+constexpr std::array<const char*, 6> kSkinnyDecodeFeatures = {"even-strips", "inputs-first", "persistent", "fp8-staged",
+                                                              "staged-head", "qkv-staged"};
+Result<std::optional<std::array<bool, 6>>> skinny_decode_form(const std::string& value) {
+  if (value == "auto") return std::optional<std::array<bool, 6>>();
+  std::array<bool, 6> form = {};
   if (value == "session21") return std::optional(form);
   std::stringstream parts(value);
   for (std::string part; std::getline(parts, part, '+');) {
-    const size_t i = part == "even-strips" ? 0 : part == "inputs-first" ? 1 : part == "persistent" ? 2 : 3;
-    if (i == 3 || form[i])
-      return invalid_argument("--skinny-decode-form must be auto, session21 or even-strips, inputs-first, persistent "
-                              "joined by '+', got " + value);
+    const auto it = std::find(kSkinnyDecodeFeatures.begin(), kSkinnyDecodeFeatures.end(), part);
+    const auto i = static_cast<size_t>(it - kSkinnyDecodeFeatures.begin());
+    if (it == kSkinnyDecodeFeatures.end() || form[i])
+      return invalid_argument("--skinny-decode-form must be auto, session21 or even-strips, inputs-first, persistent, "
+                              "fp8-staged, staged-head, qkv-staged joined by '+', got " + value);
     form[i] = true;
   }
   return std::optional(form);
@@ -326,9 +333,13 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     MX_ASSIGN_OR_RETURN(CudaSkinnyLinearOptions skinny, cuda_skinny_linear_options(backend));
     MX_ASSIGN_OR_RETURN(const auto form, skinny_decode_form(value));
     const CudaSkinnyLinearOptions defaults;
-    const std::array<bool, 3> f =
-        form ? *form : std::array{defaults.fp8_even_strips, defaults.inputs_first, defaults.persistent};
-    std::tie(skinny.fp8_even_strips, skinny.inputs_first, skinny.persistent) = std::tuple{f[0], f[1], f[2]};
+    const std::array<bool, 6> f = form ? *form
+                                       : std::array{defaults.fp8_even_strips, defaults.inputs_first, defaults.persistent,
+                                                    defaults.fp8_staged, defaults.fp8_staged_head_rows > 0,
+                                                    defaults.fp8_qkv_staged};
+    std::tie(skinny.fp8_even_strips, skinny.inputs_first, skinny.persistent, skinny.fp8_staged, skinny.fp8_qkv_staged) =
+        std::tuple{f[0], f[1], f[2], f[3], f[5]};
+    skinny.fp8_staged_head_rows = f[4] ? std::max(1, defaults.fp8_staged_head_rows) : 0;
     return set_cuda_skinny_linear_options(backend, skinny);
   }
   // --skinny-staged keeps the other skinny flags' fields and sets both of its own for every value: a comparison's next

@@ -236,11 +236,13 @@ TEST_F(KernelTest, SkinnyLinearStaged) {
 }
 
 // The skinny kernel's decode forms (CudaSkinnyLinearOptions::inputs_first: the epilogue's scale and bias read before
-// the PDL wait; with persistent too: strips past one wave on one wave of CTAs looping over them) give the plain
-// kernel's bits, eagerly and replayed from a graph; both against the CPU twin. bf16 and FP8 weights:
-// gpt-oss's o_proj at one token (FP8 on 16-row and on skinny_linear_strip_rows' strips: fp8_even_strips), a strip
-// count of many waves (the lm_head's form; persistent: 2-4 strips a CTA), k % 16 == 8 (FP8's 8-byte loads), two
-// token tiles, a k split (each split's own chunks; never persistent), f32 out.
+// the PDL wait; with persistent too: strips past one wave on one wave of CTAs looping over them; the staged kernel with
+// fp8_staged and fp8_staged_head_rows) give the plain kernel's bits, eagerly and replayed from a graph; both against the CPU
+// twin. bf16 and FP8 weights: gpt-oss's o_proj at one token (FP8 on 16-row and on skinny_linear_strip_rows' strips:
+// fp8_even_strips; staged), a strip count of many waves (the lm_head's form; persistent: 2-4 strips a CTA; past
+// kSkinnyLinearManyWaves waves FP8 staged at 4 CTAs an SM, fp8_staged_head_rows 8, short k so that the CPU twin is
+// quick), k % 16 == 8 (FP8's 8-byte loads; not staged), two token tiles, a k split (each split's own chunks; never
+// persistent or staged), f32 out.
 TEST_F(KernelTest, SkinnyLinearDecodeForms) {
   struct Case {
     int64_t m, n, k;
@@ -254,7 +256,8 @@ TEST_F(KernelTest, SkinnyLinearDecodeForms) {
                         Case{12, 2880, 4096, false, true, false}, Case{5, 300, 2888, false, true, true, 3},
                         Case{2, 1000, 2888, true, false, false, 4}, Case{1, 9000, 2888, false, true, true},
                         Case{12, 9000, 1000, false, false, true}, Case{9, 7000, 2888, true, true, false},
-                        Case{3, 5000, 328, true, true, true}}) {
+                        Case{3, 5000, 328, true, true, true}, Case{1, 70000, 64, true, false, true},
+                        Case{8, 68001, 208, true, true, false}}) {
     Bf16Data x = random_bf16(rng_, c.m * c.k, 1.0f), w = random_bf16(rng_, c.n * c.k, 0.05f), b = random_bf16(rng_, c.n, 1.0f);
     Pair px = upload_activation(cpu_, cuda_, x, {c.m, c.k});
     TensorView w_c, w_g, s_c, s_g, b_c, b_g;
@@ -281,8 +284,11 @@ TEST_F(KernelTest, SkinnyLinearDecodeForms) {
     Status st = run(cuda_backend(), px.cuda, w_g, s_g, b_g, want_g);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     const std::vector<float> want = cuda_.download_f32(want_g);
-    for (const bool persistent : {false, true}) {
+    for (const int form : {0, 1, 2}) {  // inputs first; + persistent; + staged (FP8 and past one wave)
+      const bool persistent = form == 1;
       o.inputs_first = true, o.persistent = persistent;
+      o.staged = o.fp8_staged = form == 2;
+      o.fp8_staged_head_rows = form == 2 ? 8 : 0;
       ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), o).is_ok());
       TensorView got_g = cuda_.make(out_dtype, {c.m, c.n}), replay_g = cuda_.make(out_dtype, {c.m, c.n});
       st = run(cuda_backend(), px.cuda, w_g, s_g, b_g, got_g);
@@ -295,7 +301,8 @@ TEST_F(KernelTest, SkinnyLinearDecodeForms) {
                                (c.f32 ? " f32-out" : " bf16-out") +
                                (c.k_splits ? " k-splits " + std::to_string(c.k_splits) : std::string()) +
                                (c.even ? " even strips" : "") +
-                               (persistent ? ", inputs first + persistent" : ", inputs first");
+                               (form == 1 ? ", inputs first + persistent"
+                                : form == 2 ? ", inputs first + staged (fp8, head)" : ", inputs first");
       check("skinny linear decode forms", what + " vs CPU", cuda_.download_f32(got_g), cpu_.download_f32(o_c),
             c.f32 ? 1e-4 : 5e-3);
       check("skinny linear decode forms", what + " vs the plain kernel, bit for bit", cuda_.download_f32(got_g), want, 0.0);
@@ -1146,12 +1153,16 @@ TEST_F(KernelTest, LinearQkvRope) {
       // then with its inputs read before the PDL wait (CudaSkinnyLinearOptions::inputs_first, the default), bit for
       // bit against the plain epilogue.
       std::vector<float> plain_q, plain_k, plain_v;
-      for (const auto& [rows, first] : std::initializer_list<std::pair<int, bool>>{
-               {0, false}, {0, true}, {16, false}, {16, true}, {10, false}, {10, true}}) {
+      // Then (FP8 at <= 8 tokens, k % 16 == 0) with the strips staged in shared memory before the wait
+      // (CudaSkinnyLinearOptions::fp8_qkv_staged), bit for bit against the plain epilogue.
+      for (const auto& [rows, first, staged] : std::initializer_list<std::tuple<int, bool, bool>>{
+               {0, false, false}, {0, true, false}, {0, true, true}, {16, false, false}, {16, true, false},
+               {16, true, true}, {10, false, false}, {10, true, false}, {10, true, true}}) {
         CudaSkinnyLinearOptions fused;
         fused.rope_epilogue = 1;
         fused.rope_strip_rows = rows;
         fused.inputs_first = first;
+        fused.fp8_qkv_staged = staged;
         ASSERT_TRUE(set_cuda_skinny_linear_options(cuda_backend(), fused).is_ok());
         TensorView k_1 = cuda_.make(DType::kBF16, cache), v_1 = cuda_.make(DType::kBF16, cache);
         TensorView q_1 = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
@@ -1163,7 +1174,7 @@ TEST_F(KernelTest, LinearQkvRope) {
         const std::string shape = what + (rows ? ", " + std::to_string(rows) + "-row strips" : ", default strips");
         const std::vector<float> q1 = cuda_.download_f32(q_1), k1 = slots(cuda_, k_1), v1 = slots(cuda_, v_1);
         if (first) {
-          const std::string named = shape + ", inputs first";
+          const std::string named = shape + (staged ? ", inputs first, staged" : ", inputs first");
           check("linear_qkv_rope q vs the plain epilogue", named, q1, plain_q, 0.0);
           check("linear_qkv_rope k cache vs the plain epilogue", named, k1, plain_k, 0.0);
           check("linear_qkv_rope v cache vs the plain epilogue", named, v1, plain_v, 0.0);

@@ -97,7 +97,8 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   needs_cuda("bench latency --preset tiny --backend cpu --qkv-rope-epilogue fp8");
   needs_cuda("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 14");
   refused("bench latency --preset tiny --backend cpu --skinny-decode-form session21,inputs-first+prefetch",
-          "--skinny-decode-form must be auto, session21 or even-strips, inputs-first, persistent joined by '+', got "
+          "--skinny-decode-form must be auto, session21 or even-strips, inputs-first, persistent, fp8-staged, "
+          "staged-head, qkv-staged joined by '+', got "
           "inputs-first+prefetch");
   refused("bench latency --preset tiny --backend cpu --skinny-decode-form even-strips+even-strips", "joined by '+'");
   needs_cuda("bench latency --preset tiny --backend cpu --skinny-decode-form even-strips+inputs-first");

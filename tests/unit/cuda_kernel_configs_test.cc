@@ -392,6 +392,16 @@ TEST(CudaKernelConfigs, SkinnyLinearFitsEveryChipAndCoversItsRows) {
   DeviceInfo ampere = sm90_h200();
   ampere.sm_major = 8;
   EXPECT_FALSE(skinny_linear_staged_fits(ampere, 1, 2816, 4096, 11));
+  // FP8 rows (a byte a weight, k % 16 == 0): gpt-oss's o_proj (262 strips of 11 x 4096 bytes) fits one wave; the
+  // lm_head's 2880-byte rows past many waves hold 4 CTAs an SM (16 x 3008 + 4 KB), bf16's 5760-byte ones 2.
+  EXPECT_EQ(skinny_linear_staged_pitch(2880, 1), 3008);
+  EXPECT_EQ(skinny_linear_staged_smem_bytes(2880, 16, 1), 16 * 3008);
+  EXPECT_TRUE(skinny_linear_staged_fits(sm90_h200(), 1, 2880, 4096, 11, 1));
+  EXPECT_FALSE(skinny_linear_staged_fits(sm90_h200(), 1, 2880, 4104, 11, 1));  // k % 16 == 8
+  EXPECT_EQ(skinny_linear_staged_head_ctas(sm90_h200(), 1, 2880, 16, 1), 4);
+  EXPECT_EQ(skinny_linear_staged_head_ctas(sm90_h200(), 1, 2880, 16, 2), 2);
+  EXPECT_EQ(skinny_linear_staged_head_ctas(sm90_h200(), 9, 2880, 16, 1), 0);
+  EXPECT_EQ(skinny_linear_staged_head_ctas(ampere, 1, 2880, 16, 1), 0);
   // gpt-oss on an H100/H200 (132 SMs, 264 slots): o (180 strips, one wave) and the lm_head (12,568, 48
   // waves) take the skinny kernel; qkv (320 strips, 1.2 waves) stays on cuBLASLt.
   EXPECT_TRUE(skinny_linear_by_default(sm90_h200(), 2880));

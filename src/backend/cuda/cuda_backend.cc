@@ -429,7 +429,7 @@ class CudaBackend final : public Backend {
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
     const int max_rows = so.max_rows;  // > 0: forced, whatever the waves
     if (aligned && use_skinny_linear(m, k, max_rows) &&
-        (max_rows > 0 || skinny_linear_by_default(dev_, n) || (so.staged_waves > 1 && takes_staged(m, n, k)))) {
+        (max_rows > 0 || skinny_linear_by_default(dev_, n) || (so.staged_waves > 1 && staged_ctas(m, n, k, /*fp8=*/false) > 0))) {
       SkinnyLinearParams s;
       s.w = ptr<const uint16_t>(weight);
       return run_skinny_linear(s, x, bias, out, n, k);
@@ -580,7 +580,8 @@ class CudaBackend final : public Backend {
     s.rope.scale = rope.rope_scale;
     s.inputs_first = so.inputs_first;
     const int rows = so.rope_strip_rows > 0 ? so.rope_strip_rows : skinny_rope_strip_rows(dev_, s.n);
-    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, s.n, k, /*k_splits=*/1, 0, rows);
+    SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, s.n, k, /*k_splits=*/1, 0, rows);
+    c.staged = fp8 && so.fp8_qkv_staged && dev_.sm_major == 9;
     return launch_skinny_linear(s, c, stream());
   }
 
@@ -1545,7 +1546,10 @@ class CudaBackend final : public Backend {
       s.partials = ptr_of<float>(scratch_.linear_partials);
       s.tickets = ptr_of<uint32_t>(scratch_.linear_tickets);
     }
-    if (s.w && takes_staged(s.m, n, k)) return launch_skinny_linear_staged(s, c.strip_rows, stream());
+    const bool fp8 = s.w_fp8 != nullptr;
+    const bool aligned = reinterpret_cast<uintptr_t>(fp8 ? static_cast<const void*>(s.w_fp8) : s.w) % 16 == 0;
+    if (const int ctas = aligned ? staged_ctas(s.m, n, k, fp8) : 0; ctas > 0)
+      return launch_skinny_linear_staged(s, c.strip_rows, stream(), ctas);
     return launch_skinny_linear(s, c, stream());
   }
 
@@ -1562,24 +1566,35 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
-  // Whether run_skinny_linear takes the staged form for m x k times bf16 weights k x n: where it fits in one wave,
-  // or in up to CudaSkinnyLinearOptions::staged_waves waves the last of which is at least a third full, on Hopper
-  // (measured there only; sm_100 would fit the same shapes).
-  bool takes_staged(int64_t m, int64_t n, int64_t k) const {
+  // Whether run_skinny_linear takes the staged form for m x k times weights k x n (bf16, or FP8 with
+  // CudaSkinnyLinearOptions::fp8_staged), and at how many CTAs an SM (0: not staged): where it fits in one wave, or in
+  // up to CudaSkinnyLinearOptions::staged_waves waves the last of which is at least a third full, on Hopper
+  // (measured there only; sm_100 would fit the same shapes); FP8 strips past kSkinnyLinearManyWaves waves (the
+  // lm_head) at up to fp8_staged_head_rows tokens too, at skinny_linear_staged_head_ctas' CTAs an SM.
+  int staged_ctas(int64_t m, int64_t n, int64_t k, bool fp8) const {
     const CudaSkinnyLinearOptions& so = options_.skinny_linear;
-    if (!so.staged || dev_.sm_major != 9) return false;
-    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight, so.strip_rows);
-    if (c.k_splits != 1 || c.n_tiles != 1) return false;
+    const bool head = fp8 && m <= so.fp8_staged_head_rows;
+    if (!so.staged || dev_.sm_major != 9 || (fp8 && !so.fp8_staged && !head)) return 0;
+    // FP8 weights keep 16-row strips unless forced or fp8_even_strips (as run_skinny_linear).
+    const int strip_rows = so.strip_rows > 0 ? so.strip_rows : fp8 && !so.fp8_even_strips ? 16 : 0;
+    const SkinnyLinearConfig c = choose_skinny_linear_config(dev_, m, n, k, so.k_splits, so.chunks_in_flight, strip_rows);
+    if (c.k_splits != 1 || c.n_tiles != 1) return 0;
+    const int elem_bytes = fp8 ? 1 : 2;
+    if (head && !skinny_linear_staged_fits(dev_, m, n, k, c.strip_rows, elem_bytes) &&
+        (n + 15) / 16 >= kSkinnyLinearManyWaves * kSkinnyLinearCtasPerSm * dev_.sm_count)
+      return skinny_linear_staged_head_ctas(dev_, m, k, c.strip_rows, elem_bytes);
+    if (fp8 && !so.fp8_staged) return 0;
     // skinny_linear_staged_fits counts one wave of resident CTAs on dev.sm_count SMs: `waves` waves, scaled.
     auto fits = [&](int64_t sms) {
       DeviceInfo d = dev_;
       d.sm_count = static_cast<int>(sms);
-      return skinny_linear_staged_fits(d, m, n, k, c.strip_rows);
+      return skinny_linear_staged_fits(d, m, n, k, c.strip_rows, elem_bytes);
     };
     for (int64_t waves = 1; waves <= std::max(1, so.staged_waves); ++waves) {
-      if (fits(waves * dev_.sm_count)) return waves == 1 || !fits((waves - 1) * dev_.sm_count + dev_.sm_count / 3);
+      if (fits(waves * dev_.sm_count))
+        return waves == 1 || !fits((waves - 1) * dev_.sm_count + dev_.sm_count / 3) ? kSkinnyLinearCtasPerSm : 0;
     }
-    return false;
+    return 0;
   }
 
   // The skinny linear's k-split partials and per-strip tickets (fixed size, kernel_configs.h).

@@ -127,6 +127,23 @@ struct CudaSkinnyLinearOptions {
   // benchmark form; 20b FP8 not faster end to end (session 22 W2: batch 1 +0.010 / +0.023 ms, batch 8 -0.018 /
   // +0.008).
   bool persistent = false;
+  // FP8 weights staged as bf16 ones are (`staged`'s rule at a byte a weight, k % 16 == 0: 20b's o_proj, 262 strips of
+  // 11 rows x 4 KB, in flight during the attention). A measured option: slower in the chain (H200, 20b FP8 with the
+  // lm_head staged, session 23 W1: batch 1 1.519 -> 1.537 / 1.553 ms, batch 8 3.197 -> 3.280 / 3.262).
+  bool fp8_staged = false;
+  // FP8 weights of strips past kSkinnyLinearManyWaves waves (the lm_head) at up to this many tokens (0: never) on the
+  // staged kernel, a CTA a strip issuing its copies as it starts (skinny_linear_staged_head_ctas: 2880-byte rows, 4
+  // CTAs an SM): ~190 KB an SM in flight where the skinny kernel's 3 CTAs keep 72 KB. H200, mx_kernel_bench
+  // --lm-head-staged (session 23 W1b), skinny -> staged: 1 token 174.2 / 174.6 -> 142.7 / 142.7 us (97% of the copy
+  // rate), 2 tokens 175.5 / 175.5 -> 144.8 / 144.7, 4 tokens 176.5 / 176.3 -> 177.4 / 177.8, 8 tokens 179.2 / 180.3 ->
+  // 188.9 / 189.6 (the activation rows then miss the L1 the strips take); bf16's 2 CTAs an SM slower at 1 and 8 (W1:
+  // 276-279 -> 298-317 us; the skinny kernel already reads it at the copy rate).
+  int fp8_staged_head_rows = 2;
+  // linear_qkv_rope's FP8 strips at one token tile (k % 16 == 0) staged whole in shared memory before the PDL wait
+  // (SkinnyLinearConfig::staged, sm_90) instead of their first round of register loads: the strip in one round trip.
+  // H200, 20b FP8 TPOT, one process, interleaved (session 23 W1b): with the lm_head staged, batch 1 1.529 / 1.512 ->
+  // 1.501 / 1.502 ms, batch 8 3.169 / 3.197 -> 3.171 / 3.202 (no change).
+  bool fp8_qkv_staged = true;
 };
 
 // Which prefill attention kernel runs: kAuto = on sm_90 at head dim 64, the sliding-window wgmma kernel

@@ -339,18 +339,36 @@ SkinnyLinearConfig choose_skinny_linear_config(const DeviceInfo& dev, int64_t m,
   return c;
 }
 
-int64_t skinny_linear_staged_pitch(int64_t k) { return ceil_div(2 * k, 128) * 128 + 64; }
+int64_t skinny_linear_staged_pitch(int64_t k, int elem_bytes) { return ceil_div(elem_bytes * k, 128) * 128 + 64; }
 
-int64_t skinny_linear_staged_smem_bytes(int64_t k, int strip_rows) { return strip_rows * skinny_linear_staged_pitch(k); }
+int64_t skinny_linear_staged_smem_bytes(int64_t k, int strip_rows, int elem_bytes) {
+  return strip_rows * skinny_linear_staged_pitch(k, elem_bytes);
+}
 
-bool skinny_linear_staged_fits(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k, int strip_rows) {
-  if (dev.sm_major < 9 || m < 1 || m > 8 || k <= 0 || k % 8 != 0 || strip_rows < 8 || strip_rows > 16) return false;
-  constexpr int64_t kStaticBytes = kSkinnyLinearWarps * 4 * 32 * 4 + 16, kReservedBytes = 1024;
-  const int64_t cta = skinny_linear_staged_smem_bytes(k, strip_rows) + kStaticBytes;
-  if (cta > dev.max_smem_per_block_optin) return false;
-  const int64_t per_sm = std::min<int64_t>(kSkinnyLinearCtasPerSm, (dev.max_smem_per_block_optin + kReservedBytes) /
-                                                                        (cta + kReservedBytes));
+namespace {
+constexpr int64_t kStagedStaticBytes = kSkinnyLinearWarps * 4 * 32 * 4 + 16, kStagedReservedBytes = 1024;
+// A staged CTA's shared memory (dynamic + static), or -1 where the form does not take the shape.
+int64_t staged_cta_bytes(const DeviceInfo& dev, int64_t m, int64_t k, int strip_rows, int elem_bytes) {
+  if (dev.sm_major < 9 || m < 1 || m > 8 || k <= 0 || k % (16 / elem_bytes) != 0 || strip_rows < 8 || strip_rows > 16)
+    return -1;
+  const int64_t cta = skinny_linear_staged_smem_bytes(k, strip_rows, elem_bytes) + kStagedStaticBytes;
+  return cta > dev.max_smem_per_block_optin ? -1 : cta;
+}
+}  // namespace
+
+bool skinny_linear_staged_fits(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k, int strip_rows, int elem_bytes) {
+  const int64_t cta = staged_cta_bytes(dev, m, k, strip_rows, elem_bytes);
+  if (cta < 0) return false;
+  const int64_t per_sm = std::min<int64_t>(kSkinnyLinearCtasPerSm, (dev.max_smem_per_block_optin + kStagedReservedBytes) /
+                                                                        (cta + kStagedReservedBytes));
   return ceil_div(n, strip_rows) <= per_sm * dev.sm_count;
+}
+
+int skinny_linear_staged_head_ctas(const DeviceInfo& dev, int64_t m, int64_t k, int strip_rows, int elem_bytes) {
+  const int64_t cta = staged_cta_bytes(dev, m, k, strip_rows, elem_bytes);
+  if (cta < 0) return 0;
+  const int64_t per_sm = (dev.max_smem_per_block_optin + kStagedReservedBytes) / (cta + kStagedReservedBytes);
+  return per_sm >= 4 ? 4 : per_sm >= 2 ? 2 : 0;
 }
 
 bool skinny_linear_by_default(const DeviceInfo& dev, int64_t n) {

@@ -276,6 +276,9 @@ struct SkinnyLinearConfig {
   // Strips past one wave of resident CTAs (no k split, no RoPE epilogue): one wave of CTAs, each looping over its
   // strips with the next strip's first chunks in flight during a strip's sums (the lm_head); false: a CTA a strip.
   bool persistent = false;
+  // The RoPE epilogue's FP8 strips (one token tile, k % 16 == 0) staged whole in shared memory by bulk copies before
+  // the PDL wait (CudaSkinnyLinearOptions::fp8_qkv_staged); false: the first round of register loads.
+  bool staged = false;
 };
 // `k_splits` > 0 forces a k split (benchmarks; default none), capped so that no split is empty;
 // `chunks_in_flight` 8 picks the 8-chunk variant for one token tile (benchmarks; 0 = default, 4);
@@ -301,10 +304,14 @@ int skinny_rope_strip_rows(const DeviceInfo& dev, int64_t n);
 // The staged form (skinny_linear_staged.cu: a CTA's whole strip in shared memory before its PDL wait): bytes per
 // staged row (64 past a multiple of 128: a quarter warp's two rows in different bank halves), a CTA's dynamic
 // shared memory, and whether it runs: sm_90+, bf16, 1 to 8 tokens, k % 8 == 0, and every strip's CTA resident
-// at once (one wave at up to 2 CTAs an SM, with the reduction's 4 KB beside the strip).
-int64_t skinny_linear_staged_pitch(int64_t k);
-int64_t skinny_linear_staged_smem_bytes(int64_t k, int strip_rows);
-bool skinny_linear_staged_fits(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k, int strip_rows);
+// at once (one wave at up to 2 CTAs an SM, with the reduction's 4 KB beside the strip). `elem_bytes`: 2 for bf16
+// weights, 1 for FP8 (CudaSkinnyLinearOptions::fp8_staged; k % 16 == 0 there, for the rows' 16-byte copies).
+int64_t skinny_linear_staged_pitch(int64_t k, int elem_bytes = 2);
+int64_t skinny_linear_staged_smem_bytes(int64_t k, int strip_rows, int elem_bytes = 2);
+bool skinny_linear_staged_fits(const DeviceInfo& dev, int64_t m, int64_t n, int64_t k, int strip_rows, int elem_bytes = 2);
+// The staged form past one wave (CudaSkinnyLinearOptions::fp8_staged_head_rows: the lm_head's strips, a CTA each): how
+// many CTAs an SM hold, by shared memory: 4 where four fit (FP8's 2880-byte rows), else 2 where two do; 0: not staged.
+int skinny_linear_staged_head_ctas(const DeviceInfo& dev, int64_t m, int64_t k, int strip_rows, int elem_bytes);
 // Whether linear() takes the skinny kernel for n output channels when not forced: the 16-row strips fit
 // one wave of resident CTAs, or fill at least kSkinnyLinearManyWaves waves (the last wave's tail is then
 // small); in between (a wave and a fraction) cuBLASLt. Measured on an H100 (docs/PERF.md,

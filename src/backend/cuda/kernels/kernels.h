@@ -96,9 +96,10 @@ struct SkinnyLinearParams {
 };
 Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream);
 // The one-tile, unsplit skinny linear with each CTA's strip staged whole in shared memory before its PDL wait
-// (skinny_linear_staged.cu, sm_90+; bf16 weights, 1 to 8 tokens; where skinny_linear_staged_fits): the skinny
-// kernel's bits.
-Status launch_skinny_linear_staged(const SkinnyLinearParams& p, int strip_rows, cudaStream_t stream);
+// (skinny_linear_staged.cu, sm_90+; bf16 weights, or FP8 with k % 16 == 0; 1 to 8 tokens; where
+// skinny_linear_staged_fits, or past one wave where skinny_linear_staged_head_ctas): the skinny kernel's bits.
+// `ctas_per_sm`: 2, or 4 for FP8 strips of which four fit an SM (the 4-CTA form's register bound).
+Status launch_skinny_linear_staged(const SkinnyLinearParams& p, int strip_rows, cudaStream_t stream, int ctas_per_sm = 2);
 // out[r, k] = bf16(scale[r] * w[r, k]) for rows [0, rows): fp8 dense weights widened for cuBLASLt (M > 16).
 Status launch_dequant_fp8_rows(const uint8_t* w, const float* scale, uint16_t* out, int64_t rows, int64_t k,
                                cudaStream_t stream);

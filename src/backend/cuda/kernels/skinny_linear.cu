@@ -30,6 +30,8 @@
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/head_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/mbarrier.cuh"
+#include "backend/cuda/kernels/skinny_fp8.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -40,19 +42,6 @@ __device__ __forceinline__ uint2 ldg_stream8(const void* p) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
-}
-
-// Two e4m3 codes (low byte first) -> a bf16x2 word with the first code in the low half.
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  const __nv_bfloat162 b = __float22bfloat162_rn(f);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
-
-__device__ __forceinline__ uint4 widen_fp8x8(uint32_t lo, uint32_t hi) {
-  return make_uint4(fp8x2_to_bf16x2(lo & 0xffffu), fp8x2_to_bf16x2(lo >> 16), fp8x2_to_bf16x2(hi & 0xffffu),
-                    fp8x2_to_bf16x2(hi >> 16));
 }
 
 // A lane's registers for one weight row and chunk: kLaneK elements from one 16-byte load, handed to the
@@ -66,6 +55,9 @@ struct Bf16Weights {
     raw = ok ? ldg_stream(p.w + offset) : make_uint4(0, 0, 0, 0);  // k % 8 == 0: always whole
   }
   __device__ __forceinline__ uint4 bf16(int /*group*/) const { return raw; }
+  __device__ __forceinline__ void load_shared(const uint8_t* at, bool ok) {
+    raw = ok ? *reinterpret_cast<const uint4*>(at) : make_uint4(0, 0, 0, 0);
+  }
 };
 struct Fp8Weights {
   static constexpr bool kFp8 = true;  // the row's scale multiplies the sum
@@ -85,6 +77,9 @@ struct Fp8Weights {
   }
   __device__ __forceinline__ uint4 bf16(int group) const {
     return group == 0 ? widen_fp8x8(raw.x, raw.y) : widen_fp8x8(raw.z, raw.w);
+  }
+  __device__ __forceinline__ void load_shared(const uint8_t* at, bool ok) {  // a staged row (k % 16 == 0)
+    raw = ok ? *reinterpret_cast<const uint4*>(at) : make_uint4(0, 0, 0, 0);
   }
 };
 
@@ -196,15 +191,22 @@ __device__ __forceinline__ void rope_epilogue(const SkinnyLinearParams& p, const
 // kPersistent (SkinnyLinearConfig::persistent, the plain linear without k splits): a CTA takes strips blockIdx.x,
 // + gridDim.x, ... below `strips`, issuing the next strip's first chunks in its last k step, so they are in flight
 // during the strip's sums; else one strip a CTA (gridDim.x = strips).
-template <int kTiles, int kChunks, typename Weights, int kCtasPerSm, bool kRope, bool kPersistent>
+// kStaged (SkinnyLinearConfig::staged, no k split, not persistent; FP8 rows with k % 16 == 0): the strip's rows are
+// copied whole into shared memory before the PDL wait (one bulk copy a row, in-strip row r at r * `pitch` bytes, on
+// one mbarrier) instead of the first round of register loads; the fragments are then read from there in the same
+// chunk order: the same bits.
+template <int kTiles, int kChunks, typename Weights, int kCtasPerSm, bool kRope, bool kPersistent, bool kStaged = false>
 __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
-    skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split, int strip_rows, int64_t strips) {
+    skinny_linear_kernel(SkinnyLinearParams p, int64_t chunks_per_split, int strip_rows, int64_t strips, int64_t pitch) {
+  static_assert(!kStaged || !kPersistent, "a staged CTA takes one strip");
   constexpr int kLaneK = Weights::kLaneK, kGroups = kLaneK / 8, kChunk = 4 * kLaneK;  // k per chunk: 4 lanes
   constexpr int kValues = kTiles * 4 * 32;
   __shared__ float red[kSkinnyLinearWarps][kTiles * 4][32];
   __shared__ float rounded[kRope ? kValues : 1];  // kRope: the strip's values as bf16, for the pair partners
   __shared__ EpilogueIn<kRope> inputs[kValues];   // inputs_first: each value's, read before the wait
   __shared__ bool last_of_strip;
+  extern __shared__ __align__(128) uint8_t staged[];  // kStaged: the strip's rows
+  __shared__ __align__(8) uint64_t staged_full;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int64_t strip = blockIdx.x;
   const int64_t first = blockIdx.y * chunks_per_split;
@@ -236,8 +238,13 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
     for (int u = 0; u < kChunks; ++u) {
       const int64_t c = c0 + static_cast<int64_t>(u) * kSkinnyLinearWarps;
       const bool in = in_range(c), all = whole(c);
-      a_lo[u].load(p, w_lo + c * kChunk, in && lo_ok, all);
-      a_hi[u].load(p, w_hi + c * kChunk, in && hi_ok, all);
+      if constexpr (kStaged) {  // a chunk is 64 bytes of a row for either dtype
+        a_lo[u].load_shared(staged + g * pitch + c * 64 + 16 * t, in && lo_ok);
+        a_hi[u].load_shared(staged + (g + 8) * pitch + c * 64 + 16 * t, in && hi_ok);
+      } else {
+        a_lo[u].load(p, w_lo + c * kChunk, in && lo_ok, all);
+        a_hi[u].load(p, w_hi + c * kChunk, in && hi_ok, all);
+      }
     }
   };
   auto load_activations = [&](int64_t c0) {
@@ -253,8 +260,28 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
     }
   };
 
-  // The weights are constant: the first loads go out before waiting on the kernel that writes x.
-  load_weights(first + warp);
+  // The weights are constant: the first loads go out before waiting on the kernel that writes x (kStaged: all of the
+  // strip's rows, by the copy engine).
+  if constexpr (kStaged) {
+    const uint32_t bar = smem_addr(&staged_full);
+    if (threadIdx.x == 0) {
+      mbarrier_init(bar, 1);
+      mbarrier_init_fence();
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const auto row_bytes = static_cast<uint32_t>(Weights::kFp8 ? p.k : 2 * p.k);
+      const int64_t row = strip_row<kRope>(p, strip, strip_rows, lane % 16);
+      const bool copies = lane < 16 && strip_has<kRope>(strip_rows, lane) && row < p.n;
+      const unsigned rows = __popc(__ballot_sync(0xffffffffu, copies));
+      if (lane == 0) mbarrier_arrive_expect_tx(bar, row_bytes * rows);
+      __syncwarp();
+      const uint8_t* w = Weights::kFp8 ? p.w_fp8 : reinterpret_cast<const uint8_t*>(p.w);
+      if (copies) bulk_copy(smem_addr(staged) + static_cast<uint32_t>(lane * pitch), w + row * row_bytes, row_bytes, bar);
+    }
+  } else {
+    load_weights(first + warp);
+  }
   if (p.inputs_first) {  // into shared memory at once (no registers held over the wait); the same thread reads it back
     const ValueAt early = value_at<kRope, kValues>(p, strip, strip_rows, threadIdx.x);
     if (early.live) inputs[threadIdx.x] = epilogue_in<Weights::kFp8, kRope>(p, early);
@@ -262,6 +289,10 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
   pdl_wait();
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   load_activations(first + warp);
+  if constexpr (kStaged) {
+    mbarrier_wait(smem_addr(&staged_full), 0);
+    load_weights(first + warp);
+  }
   const int64_t step = static_cast<int64_t>(kChunks) * kSkinnyLinearWarps;
   for (;;) {  // this CTA's strips
   const int64_t next_strip = strip + gridDim.x;
@@ -349,13 +380,21 @@ __global__ void __launch_bounds__(kSkinnyLinearWarps * 32, kCtasPerSm)
 
 // `sms`: the device's, for SkinnyLinearConfig::persistent (that many CTAs a form's kCtasPerSm times, at most).
 template <int kTiles, int kChunks, typename Weights, int kCtasPerSm = kSkinnyLinearCtasPerSm, bool kRope = false,
-          bool kPersistent = false>
+          bool kPersistent = false, bool kStaged = false>
 Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStream_t stream, int sms = 0) {
+  auto* kernel = skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm, kRope, kPersistent, kStaged>;
+  const int64_t pitch = kStaged ? skinny_linear_staged_pitch(p.k, Weights::kFp8 ? 1 : 2) : 0;
+  const auto smem = static_cast<size_t>(16 * pitch);  // a slot per in-strip row (kRope's rows 0-7 and 8-15)
+  if constexpr (kStaged)
+    MX_RETURN_IF_ERROR(cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+        "cudaFuncSetAttribute(skinny_linear staged smem)"));
   cudaLaunchConfig_t cfg = {};
   const int64_t strips = ceil_div64(p.n, c.strip_rows);
   const int64_t ctas = kPersistent ? std::min<int64_t>(strips, static_cast<int64_t>(sms) * kCtasPerSm) : strips;
   cfg.gridDim = dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(c.k_splits));
   cfg.blockDim = dim3(static_cast<unsigned>(c.threads));
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr = {};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -365,8 +404,7 @@ Status launch(const SkinnyLinearParams& p, const SkinnyLinearConfig& c, cudaStre
   // The config counts 32-element chunks per split; an FP8 chunk is 64 elements (two of them, rounded up: an
   // empty last split adds zeros).
   const int64_t chunks_per_split = Weights::kFp8 ? (c.chunks_per_split + 1) / 2 : c.chunks_per_split;
-  return cuda_status(cudaLaunchKernelEx(&cfg, skinny_linear_kernel<kTiles, kChunks, Weights, kCtasPerSm, kRope, kPersistent>, p,
-                                        chunks_per_split, c.strip_rows, strips),
+  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p, chunks_per_split, c.strip_rows, strips, pitch),
                      "skinny_linear_kernel");
 }
 
@@ -429,6 +467,9 @@ Status launch_skinny_linear(const SkinnyLinearParams& p, const SkinnyLinearConfi
       return internal_error("skinny linear: RoPE epilogue needs strips of whole pairs, no k split, bf16 out");
     MX_ASSIGN_OR_RETURN(const bool one, one_wave());
     constexpr int kNarrow = kSkinnyLinearNarrowCtasPerSm;
+    // Staged (FP8, one token tile, k % 16 == 0): the 3-CTA form whatever the waves (16 slots of ~3 KB rows at 2880).
+    if (c.staged && p.w_fp8 && c.n_tiles == 1 && p.k % 16 == 0)
+      return launch<1, 3, Fp8Weights, kNarrow, true, false, true>(p, c, stream);
     if (p.w_fp8 && c.n_tiles == 1)
       return one ? launch<1, 4, Fp8Weights, 2, true>(p, c, stream) : launch<1, 3, Fp8Weights, kNarrow, true>(p, c, stream);
     if (p.w_fp8)
