@@ -652,26 +652,30 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
           ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
         }
       }
-      // The streamed kernel (routing metadata only) on tiles of 8, 16 and 32 tokens and rings of 2 and 5 slots:
-      // the bulk kernel's fragments, k order and warp-order sums, so bit for bit its result.
-      for (const auto& [tile_tokens, ring_slots] : {std::pair{8, 4}, std::pair{16, 2}, std::pair{32, 5}}) {
-        if (self_routed || decode != CudaBf16ExpertsDecode::kBulkCopies) break;
-        CudaBf16ExpertsOptions o{CudaBf16ExpertsDecode::kStreamed};
-        o.stream_tile_tokens = tile_tokens;
-        o.stream_ring_slots = ring_slots;
-        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
-        TensorView o_s = cuda_.make(DType::kBF16, {c.t, c.h});
-        st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_s, c.k});
-        ASSERT_TRUE(st.is_ok()) << st.to_string();
-        const bool same = cuda_.download_f32(o_s) == got;
-        record("moe_geglu_experts streamed", what + ", " + std::to_string(tile_tokens) + "-token tiles, " +
-                                                 std::to_string(ring_slots) + " slots" +
-                                                 (same ? ": identical to bulk copies" : ": DIFFER"),
-               same ? 0 : 1, 0, 0, same);
-        EXPECT_TRUE(same) << tile_tokens << " " << ring_slots;
-        expect_graph_replay("moe_geglu_experts streamed", what + ", " + std::to_string(tile_tokens) + "-token tiles",
-                            got);
-        ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
+      // The streamed kernel (routing metadata only) on tiles of 8, 16 and 32 tokens and rings of 2 and 5 slots, by
+      // copies per row and as TMA tensor boxes (where k % 64 == 0; else the copies per row): the bulk kernel's
+      // fragments, k order and warp-order sums, so bit for bit its result.
+      for (const CudaBulkCopyForm form : {CudaBulkCopyForm::kRows, CudaBulkCopyForm::kBoxes}) {
+        for (const auto& [tile_tokens, ring_slots] : {std::pair{8, 4}, std::pair{16, 2}, std::pair{32, 5}}) {
+          if (self_routed || decode != CudaBf16ExpertsDecode::kBulkCopies) break;
+          CudaBf16ExpertsOptions o{CudaBf16ExpertsDecode::kStreamed};
+          o.stream_tile_tokens = tile_tokens;
+          o.stream_ring_slots = ring_slots;
+          o.bulk_copy_form = form;
+          ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
+          TensorView o_s = cuda_.make(DType::kBF16, {c.t, c.h});
+          st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_s, c.k});
+          ASSERT_TRUE(st.is_ok()) << st.to_string();
+          const bool same = cuda_.download_f32(o_s) == got;
+          const std::string how = what + (form == CudaBulkCopyForm::kBoxes ? ", tensor boxes, " : ", ") +
+                                  std::to_string(tile_tokens) + "-token tiles";
+          record("moe_geglu_experts streamed", how + ", " + std::to_string(ring_slots) + " slots" +
+                                                   (same ? ": identical to bulk copies" : ": DIFFER"),
+                 same ? 0 : 1, 0, 0, same);
+          EXPECT_TRUE(same) << tile_tokens << " " << ring_slots << " " << static_cast<int>(form);
+          expect_graph_replay("moe_geglu_experts streamed", how, got);
+          ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), {decode}).is_ok());
+        }
       }
       if (self_routed && decode == CudaBf16ExpertsDecode::kBulkCopies) {  // routed before the PDL wait
         GegluMoeParams ready{px.cuda, id_g, pwt.cuda, gu_g, dn_g, cuda_.make(DType::kBF16, {c.t, c.h}), c.k};
@@ -800,19 +804,25 @@ TEST_F(GemmaKernelTest, MoeGegluStreamedFusedRepeatable) {
       small60{16, 256, 704, 4, 60, false}, small8{16, 256, 704, 4, 8, false};
   for (const Case& k : {Case{big100, D::kStreamed, 16, 4}, Case{big100, D::kStreamed, 16, 2},
                         Case{big100, D::kStreamed, 32, 2}, Case{small60, D::kStreamed, 8, 2},
+                        Case{big100, D::kStreamed, 16, -4},
                         Case{big4, D::kFused, 0, 6}, Case{big4, D::kFused, 0, 2}, Case{small8, D::kFused, 0, 2}}) {
     const GegluCase& c = k.c;
     const GegluExpertTables& w = shared_geglu_experts(c.e, c.h, c.i);
     const GegluInputs in = geglu_inputs(cpu_, cuda_, rng_, c, w);
+    // slots < 0: the streamed kernel's copies per row (kRows) on -slots; else its default (tensor boxes at k % 64 == 0).
+    const int slots = k.slots < 0 ? -k.slots : k.slots;
     CudaBf16ExpertsOptions o{k.decode, 0};
     o.stream_tile_tokens = k.tile_tokens;
-    o.stream_ring_slots = k.decode == D::kStreamed ? k.slots : 0;
-    o.fused_ring_slots = k.decode == D::kFused ? k.slots : 0;
-    const std::string form =
-        k.decode == D::kStreamed ? ", streamed " + std::to_string(k.tile_tokens) + "-token tiles, " : std::string(", fused, ");
+    o.stream_ring_slots = k.decode == D::kStreamed ? slots : 0;
+    o.fused_ring_slots = k.decode == D::kFused ? slots : 0;
+    if (k.slots < 0) o.bulk_copy_form = CudaBulkCopyForm::kRows;
+    const std::string form = k.decode == D::kStreamed
+                                 ? ", streamed " + std::to_string(k.tile_tokens) + "-token tiles, " +
+                                       (k.slots < 0 ? "copies per row, " : "")
+                                 : std::string(", fused, ");
     check_experts_repeatable(cuda_, c, w, in, o,
                              dims({c.e, c.h, c.i}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.t) + form +
-                                 std::to_string(k.slots) + " slots");
+                                 std::to_string(slots) + " slots");
   }
 }
 

@@ -1029,7 +1029,8 @@ class CudaBackend final : public Backend {
     g.wgmma = grouped && prefill_wgmma;
     g.ring_slots = opt.stream_ring_slots != 0 ? opt.stream_ring_slots : 4;
     g.weight_experts = E;
-    const bool boxes = g.bulk_copies && opt.bulk_copy_form != CudaBulkCopyForm::kRows;
+    // Tensor boxes in the bulk-copy and streamed kernels (kAuto: both; kRows: a copy per weight row, the before).
+    const bool boxes = (g.bulk_copies || g.streamed) && opt.bulk_copy_form != CudaBulkCopyForm::kRows;
     // Decode (register loads): a k split that leaves each warp ~8 chunks of 64 (more warps in flight per strip).
     auto k_split = [&](int64_t kdim) {
       return tile_tokens == 8 ? static_cast<int>(std::clamp<int64_t>((kdim + 63) / 64 / 8, 1, 8)) : 1;

@@ -220,7 +220,8 @@ struct CudaBf16ExpertsOptions {
   // The bulk-copy kernels' stages as one TMA tensor box each (moe_bf16_bulk.cu; where k % 64 == 0, else the copies
   // per row) instead of a bulk copy per weight row and stage: kAuto = kBoxes. H200, session 18 W1, one token, us per
   // call (stages 512/256, routing ready): rows 32.36, boxes 31.22 (ncu alone: first GEMM 23.26 -> 21.18, second
-  // 20.26 -> 19.10); W2, Gemma-4 batch-1 TPOT at 1K (bench latency, one process): 3.156 -> 3.053 ms.
+  // 20.26 -> 19.10); W2, Gemma-4 batch-1 TPOT at 1K (bench latency, one process): 3.156 -> 3.053 ms. The streamed
+  // kernel (batched decode) takes the same form: kAuto = kBoxes there too (session 23).
   CudaBulkCopyForm bulk_copy_form = CudaBulkCopyForm::kAuto;
 };
 

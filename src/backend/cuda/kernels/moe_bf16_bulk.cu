@@ -35,7 +35,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/moe_bf16_decode.cuh"
-#include "backend/cuda/kernels/tma.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -66,16 +65,14 @@ __host__ __device__ constexpr int ring_slots(int64_t stages, int blocks = 1) {
   return stages < max_slots(blocks) ? static_cast<int>(stages) : max_slots(blocks);
 }
 
-// Tensor boxes: a slot is the box, 16 unpadded rows of the stage's k (a multiple of 1024 bytes, the swizzle's
-// period); the ring takes as many slots as the padded rows' (the same bytes, less the padding).
-constexpr int64_t kLineBytes = 128;  // a box row: 64 k
-__host__ __device__ constexpr int64_t box_bytes(int blocks) { return kRows * 2 * kStageK * blocks; }
-constexpr int kTensorRank = 5;
+// Tensor boxes (moe_bf16_decode.cuh): a slot is the box, 16 unpadded rows of the stage's k (box_stage_bytes, a
+// multiple of 1024 bytes, the swizzle's period); the ring takes as many slots as the padded rows' (the same bytes,
+// less the padding).
 
 template <bool kGated, int kBlocks, bool kBoxes>
 __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p, const CUtensorMap* map) {
   constexpr int64_t kStageWidth = static_cast<int64_t>(kStageK) * kBlocks;
-  constexpr int64_t kPitch = row_pitch(kBlocks), kSlot = kBoxes ? box_bytes(kBlocks) : slot_bytes(kBlocks);
+  constexpr int64_t kPitch = row_pitch(kBlocks), kSlot = kBoxes ? box_stage_bytes(kBlocks) : slot_bytes(kBlocks);
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // The swizzle repeats every 1024 bytes: boxes start on that boundary (the launch adds 1 KB).
   uint8_t* const ring = kBoxes ? smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023) : smem_raw;
@@ -177,16 +174,12 @@ __device__ __forceinline__ void bulk_gemm(const MoeBf16GemmParams& p, const CUte
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
         if (ks * kBlocks + b >= n_blocks) break;
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-        if constexpr (kBoxes) {  // chunk 4 b + w's lines r and r + 8; units 2q and 2q + 1, swizzled by r
-          const uint8_t* line = ring + slot * kSlot + ((b * kWarps + warp) * kRows + r) * kLineBytes;
-          const int u0 = (2 * q) ^ r, u1 = (2 * q + 1) ^ r;
-          const uint4 a[4] = {in0[b] ? *reinterpret_cast<const uint4*>(line + 16 * u0) : zero,
-                              in1[b] ? *reinterpret_cast<const uint4*>(line + 16 * u1) : zero,
-                              in0[b] ? *reinterpret_cast<const uint4*>(line + 8 * kLineBytes + 16 * u0) : zero,
-                              in1[b] ? *reinterpret_cast<const uint4*>(line + 8 * kLineBytes + 16 * u1) : zero};
+        if constexpr (kBoxes) {  // chunk 4 b + w
+          uint4 a[4];
+          box_fragment(ring + slot * kSlot + (b * kWarps + warp) * kRows * kBoxLineBytes, r, q, in0[b], in1[b], a);
           chunk_mma(acc, a, x0[b], x1[b]);
         } else {
+          const uint4 zero = make_uint4(0, 0, 0, 0);
           const uint8_t* base = ring + slot * kSlot + (b * kStageK + 64 * warp + 16 * q) * 2;
           const uint4 a[4] = {in0[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch) : zero,
                               in1[b] ? *reinterpret_cast<const uint4*>(base + r * kPitch + 16) : zero,
@@ -232,22 +225,22 @@ __global__ void __launch_bounds__(kThreads, kGated ? 6 : 7)
   bulk_gemm<kGated, kBlocks, true>(p, &map);
 }
 
-// The weights as bulk_gemm's boxes read them: (k inner 64, rows of a half, 2 halves gated, experts, k / 64
-// chunks), a box of (64, 8 gated or 16, 2 or 1, 1, 4 blocks) with the 128-byte swizzle.
-Status encode_box_map(const MoeBf16GemmParams& p, int blocks, CUtensorMap* map) {
+}  // namespace
+
+// The weights as the boxes read them (moe_bf16_decode.cuh): (k inner 64, rows of a half, 2 halves gated, experts,
+// k / 64 chunks), a box of (64, 8 gated or 16, 2 or 1, 1, 4 blocks) with the 128-byte swizzle.
+Status moe_bf16::encode_box_map(const MoeBf16GemmParams& p, int blocks, CUtensorMap* map) {
+  constexpr int kRank = 5;
   const int64_t half_rows = p.out_rows, halves = p.gated ? 2 : 1, row_bytes = 2 * p.k;
-  const uint64_t dims[kTensorRank] = {64, static_cast<uint64_t>(half_rows), static_cast<uint64_t>(halves),
-                                      static_cast<uint64_t>(p.weight_experts), static_cast<uint64_t>(p.k / 64)};
-  const uint64_t strides[kTensorRank - 1] = {static_cast<uint64_t>(row_bytes),
-                                             static_cast<uint64_t>(half_rows * row_bytes),
-                                             static_cast<uint64_t>(halves * half_rows * row_bytes), kLineBytes};
-  const uint32_t box[kTensorRank] = {64, static_cast<uint32_t>(p.gated ? 8 : 16), static_cast<uint32_t>(halves), 1,
-                                     static_cast<uint32_t>(4 * blocks)};
-  return encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kTensorRank, p.w, dims, strides, box,
+  const uint64_t dims[kRank] = {64, static_cast<uint64_t>(half_rows), static_cast<uint64_t>(halves),
+                                static_cast<uint64_t>(p.weight_experts), static_cast<uint64_t>(p.k / 64)};
+  const uint64_t strides[kRank - 1] = {static_cast<uint64_t>(row_bytes), static_cast<uint64_t>(half_rows * row_bytes),
+                                       static_cast<uint64_t>(halves * half_rows * row_bytes), kBoxLineBytes};
+  const uint32_t box[kRank] = {64, static_cast<uint32_t>(p.gated ? 8 : 16), static_cast<uint32_t>(halves), 1,
+                               static_cast<uint32_t>(4 * blocks)};
+  return encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kRank, p.w, dims, strides, box,
                            CU_TENSOR_MAP_SWIZZLE_128B);
 }
-
-}  // namespace
 
 bool moe_bf16_bulk_boxes_fit(const MoeBf16GemmParams& p) { return p.k % 64 == 0 && p.weight_experts > 0; }
 
@@ -269,7 +262,7 @@ Status launch_moe_bf16_bulk_gemm(const MoeBf16GemmParams& p, cudaStream_t stream
     auto kernel = blocks == 3   ? (p.gated ? moe_bf16_bulk_box_kernel<true, 3> : moe_bf16_bulk_box_kernel<false, 3>)
                   : blocks == 2 ? (p.gated ? moe_bf16_bulk_box_kernel<true, 2> : moe_bf16_bulk_box_kernel<false, 2>)
                                 : (p.gated ? moe_bf16_bulk_box_kernel<true, 1> : moe_bf16_bulk_box_kernel<false, 1>);
-    const size_t smem = static_cast<size_t>(ring_slots(stages, blocks) * box_bytes(blocks) + 1024);  // <= 33 KB
+    const size_t smem = static_cast<size_t>(ring_slots(stages, blocks) * box_stage_bytes(blocks) + 1024);  // <= 33 KB
     return cuda_status(launch_pdl(kernel, grid, dim3(kThreads), smem, stream, p, map), "moe_bf16_bulk_box_kernel");
   }
   auto kernel = blocks == 3   ? (p.gated ? moe_bf16_bulk_wide_kernel<true, 3> : moe_bf16_bulk_wide_kernel<false, 3>)

@@ -16,6 +16,7 @@
 #include "backend/cuda/kernels/gated_mul.cuh"
 #include "backend/cuda/kernels/gemma_kernels.h"
 #include "backend/cuda/kernels/moe_route_tile.cuh"
+#include "backend/cuda/kernels/tma.cuh"
 
 namespace mx::cuda::moe_bf16 {
 
@@ -40,6 +41,27 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4 (&a)[4], 
     const uint32_t frag[4] = {lo[2 * kk], hi[2 * kk], lo[2 * kk + 1], hi[2 * kk + 1]};
     mma_bf16_16816(acc, frag, xs[2 * kk], xs[2 * kk + 1]);
   }
+}
+
+// Tensor boxes (MoeBf16GemmParams::bulk_tensor_boxes; moe_bf16_bulk.cu and moe_bf16_stream.cu): a ring stage is
+// one TMA copy of the strip's 16 rows (gated: 8 gate rows, then the same channels' 8 up rows) for each 64-wide k
+// chunk of the stage, chunk-major lines of 128 bytes (line 16 c + row) with the 128-byte swizzle (16-byte unit u
+// of line n at u ^ n % 8); a slot starts on a 1024-byte boundary (the swizzle's period). The weights are seen as a
+// rank-5 tensor (64 k, rows of a half, gate|up half, expert, k / 64 chunks): a box of (64, 8 gated or 16, 2 or 1,
+// 1, 4 blocks); rows and chunks past the tensor read as zero. Needs k % 64 == 0 (moe_bf16_bulk_boxes_fit).
+constexpr int64_t kBoxLineBytes = 128;
+__host__ __device__ constexpr int64_t box_stage_bytes(int blocks) { return 16 * 2 * 256 * blocks; }
+Status encode_box_map(const MoeBf16GemmParams& p, int blocks, CUtensorMap* map);
+// Lane (r, q)'s A fragment of a box's chunk (`chunk`: its first line): lines r (lo) and r + 8 (hi), units 2q and
+// 2q + 1 swizzled by r, so that a quarter warp's reads fall in 8 bank groups; zero where the k is past the matrix.
+__device__ __forceinline__ void box_fragment(const uint8_t* chunk, int r, int q, bool in0, bool in1, uint4 (&a)[4]) {
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const uint8_t* line = chunk + r * kBoxLineBytes;
+  const int u0 = (2 * q) ^ r, u1 = (2 * q + 1) ^ r;
+  a[0] = in0 ? *reinterpret_cast<const uint4*>(line + 16 * u0) : zero;
+  a[1] = in1 ? *reinterpret_cast<const uint4*>(line + 16 * u1) : zero;
+  a[2] = in0 ? *reinterpret_cast<const uint4*>(line + 8 * kBoxLineBytes + 16 * u0) : zero;
+  a[3] = in1 ? *reinterpret_cast<const uint4*>(line + 8 * kBoxLineBytes + 16 * u1) : zero;
 }
 
 // The tile's routing: from the ids (self-routed decode) or from launch_moe_routing's metadata.

@@ -29,7 +29,12 @@
 // instructions per 8 KB stage, ncu). One H200, session 14, one process, median of 3 interleaved rounds: the
 // 32-token instance at 256 tokens 612.6 -> 557.1 us with it; the 16-token one 4-5% slower with it at 64, 100
 // and 256 tokens (413.6 -> 432.5 us at 64), so it keeps the per-lane copies.
+// Tensor boxes (MoeBf16GemmParams::bulk_tensor_boxes, k % 64 == 0; moe_bf16_decode.cuh): the producer's lane 0
+// brings a stage as one TMA copy (the strip's 16 rows of its four 64-wide chunks, 128-byte swizzle) instead of
+// 16 row copies, and the consumers read the swizzled lines; the same fragments and k order, so the same bits.
+// Session 14's ncu had the first GEMM's consumers waiting on a ring the producer could not keep full.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels/mbarrier.cuh"
@@ -97,11 +102,14 @@ __device__ __forceinline__ void token_rows(const MoeBf16GemmParams& p, const Ite
   }
 }
 
-template <bool kGated, int kMaxGroups>
+template <bool kGated, int kMaxGroups, bool kBoxes>
 __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
-    moe_bf16_stream_kernel(MoeBf16GemmParams p, int slots) {
+    moe_bf16_stream_kernel(MoeBf16GemmParams p, int slots, const __grid_constant__ CUtensorMap map) {
   constexpr bool kLeanRing = kMaxGroups > 2;  // measured faster only there (above)
-  extern __shared__ __align__(128) uint8_t ring[];
+  constexpr uint32_t kSlot = kBoxes ? box_stage_bytes(1) : kSlotBytes;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // The swizzle repeats every 1024 bytes: boxes start on that boundary (the launch adds 1 KB).
+  uint8_t* const ring = kBoxes ? smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023) : smem_raw;
   __shared__ __align__(8) uint64_t full[kMaxSlots], empty[kMaxSlots];
   __shared__ float red[kConsumerWarps][kMaxGroups][4][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, q = lane % 4;
@@ -110,6 +118,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
   const int64_t n_stages = cdiv(p.k, kStageK);
   const uint32_t ring0 = smem_addr(ring), full0 = smem_addr(full), empty0 = smem_addr(empty);
   if (threadIdx.x == 0) {
+    if constexpr (kBoxes) tma_prefetch_map(&map);
     for (int i = 0; i < slots; ++i) {
       mbarrier_init(full0 + 8 * i, 1);
       mbarrier_init(empty0 + 8 * i, kConsumerWarps);
@@ -133,7 +142,27 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
     while (tile < n_tiles) {
       const int64_t strip = i % strips, i_next = i + gridDim.x, tile_next = i_next / strips;
       const int64_t e_next = tile_next < n_tiles ? p.r.tile_expert[tile_next] : 0;  // used an item later
-      if constexpr (kLeanRing) {
+      if constexpr (kBoxes) {
+        // One box a stage: (k 0, the strip's first row, gate half, expert e, the stage's first chunk).
+        const int row0 = static_cast<int>((kGated ? 8 : 16) * strip);
+        for (int64_t ks = 0; ks < n_stages; ++ks) {
+          const uint32_t slot = kLeanRing ? ring_pos.slot : static_cast<uint32_t>(c % slots);
+          const uint32_t parity = kLeanRing ? ring_pos.parity : static_cast<uint32_t>(c / slots) & 1u;
+          mbarrier_wait(empty0 + 8 * slot, parity ^ 1u);
+          fence_ring_refill();  // the consumers' reads of the slot, before the copy refills it
+          if (lane == 0) {
+            const uint32_t bar = full0 + 8 * slot;
+            mbarrier_arrive_expect_tx(bar, kSlot);
+            tma_load_5d(ring0 + slot * kSlot, &map, 0, row0, 0, static_cast<int>(e), static_cast<int>(4 * ks), bar);
+          }
+          __syncwarp();
+          if constexpr (kLeanRing) {
+            ring_pos.advance(slots);
+          } else {
+            ++c;
+          }
+        }
+      } else if constexpr (kLeanRing) {
         // Slot rows 0-7 and 8-15: the gate rows of channels 8 strip + j and the same channels' up rows (first
         // GEMM), or rows 16 strip + j; rows past out_rows are not copied (their results are never stored).
         const int64_t left = kGated ? p.out_rows - 8 * strip : p.out_rows - 16 * strip;
@@ -205,12 +234,17 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(kMaxGroups))
       const uint32_t slot = kLeanRing ? ring_pos.slot : static_cast<uint32_t>(c % slots);
       mbarrier_wait(full0 + 8 * slot, kLeanRing ? ring_pos.parity : static_cast<uint32_t>(c / slots) & 1u);
       if constexpr (kLeanRing) ring_pos.advance(slots);
-      const uint8_t* base = ring + slot * kSlotBytes + (64 * warp + 16 * q) * 2;
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      const uint4 a[4] = {in0 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch) : zero,
-                          in1 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch + 16) : zero,
-                          in0 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch) : zero,
-                          in1 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch + 16) : zero};
+      uint4 a[4];
+      if constexpr (kBoxes) {  // chunk w's lines
+        box_fragment(ring + slot * kSlot + warp * kRows * kBoxLineBytes, r, q, in0, in1, a);
+      } else {
+        const uint8_t* base = ring + slot * kSlot + (64 * warp + 16 * q) * 2;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        a[0] = in0 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch) : zero;
+        a[1] = in1 ? *reinterpret_cast<const uint4*>(base + r * kRowPitch + 16) : zero;
+        a[2] = in0 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch) : zero;
+        a[3] = in1 ? *reinterpret_cast<const uint4*>(base + (r + 8) * kRowPitch + 16) : zero;
+      }
 #pragma unroll
       for (int g = 0; g < kMaxGroups; ++g)
         if (g < groups) chunk_mma(acc[g], a, x[g][0], x[g][1]);
@@ -271,9 +305,21 @@ Status launch_moe_bf16_stream_gemm(const MoeBf16GemmParams& p, cudaStream_t stre
   if (p.ring_slots < 2 || p.ring_slots > kMaxSlots)
     return internal_error("moe_bf16_stream: 2 to " + std::to_string(kMaxSlots) + " ring slots");
   if (p.topk_ids != nullptr) return internal_error("moe_bf16_stream: routing metadata expected, not self-routing");
-  auto kernel = p.tile_tokens <= 16 ? (p.gated ? moe_bf16_stream_kernel<true, 2> : moe_bf16_stream_kernel<false, 2>)
-                                    : (p.gated ? moe_bf16_stream_kernel<true, 4> : moe_bf16_stream_kernel<false, 4>);
-  const size_t smem = static_cast<size_t>(p.ring_slots) * kSlotBytes;
+  CUtensorMap map{};
+  if (p.bulk_tensor_boxes) {
+    if (!moe_bf16_bulk_boxes_fit(p))
+      return invalid_argument("moe_bf16_stream: tensor boxes need k % 64 == 0 and the weights' expert count");
+    MX_RETURN_IF_ERROR(encode_box_map(p, 1, &map));
+  }
+  auto pick = [&](auto boxes) {
+    constexpr bool kB = decltype(boxes)::value;
+    return p.tile_tokens <= 16
+               ? (p.gated ? moe_bf16_stream_kernel<true, 2, kB> : moe_bf16_stream_kernel<false, 2, kB>)
+               : (p.gated ? moe_bf16_stream_kernel<true, 4, kB> : moe_bf16_stream_kernel<false, 4, kB>);
+  };
+  auto kernel = p.bulk_tensor_boxes ? pick(std::true_type{}) : pick(std::false_type{});
+  const size_t smem = p.bulk_tensor_boxes ? static_cast<size_t>(p.ring_slots * box_stage_bytes(1) + 1024)
+                                          : static_cast<size_t>(p.ring_slots) * kSlotBytes;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "cudaFuncSetAttribute(moe_bf16_stream smem)"));
@@ -288,7 +334,7 @@ Status launch_moe_bf16_stream_gemm(const MoeBf16GemmParams& p, cudaStream_t stre
   const int64_t grid = std::min<int64_t>(static_cast<int64_t>(sms) * per_sm, strips * p.max_tiles);
   if (grid == 0) return Status::ok();
   return cuda_status(launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, stream, p,
-                                p.ring_slots),
+                                p.ring_slots, map),
                      "moe_bf16_stream_kernel");
 }
 
