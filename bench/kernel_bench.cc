@@ -1927,6 +1927,40 @@ void bench_gemma_ffn_overlap() {
   for (auto& e : events) cudaEventDestroy(e);
 }
 
+// Gemma-4's fused row kernels (the attention end without its router, the layer end with experts and a layer
+// scalar, as the 26B model runs them) at `sizes` rows, in each CudaGemmaRowForm: interleaved rounds, the median of 3.
+void bench_gemma_rows(const std::vector<int64_t>& sizes) {
+  const int64_t H = kGemmaH;
+  using F = CudaGemmaRowForm;
+  const std::vector<std::pair<F, std::string>> forms{{F::kFourChunks, " (4 chunks: before)"},
+                                                     {F::kTwoChunks, " (2 chunks)"},
+                                                     {F::kTwoChunksBounded, " (2 chunks, bounded)"}};
+  for (int64_t T : sizes) {
+    TensorView res = gemma_random_f32({T, H}, 1.0f), scalar = random_bf16({1}, 1.0f);
+    TensorView a = random_bf16({T, H}, 1.0f), m = random_bf16({T, H}, 1.0f), w = random_bf16({H}, 1.0f);
+    TensorView o1 = make(DType::kBF16, {T, H}), o2 = make(DType::kBF16, {T, H});
+    auto end = [&](int) { return g_b->gemma_attention_end({a, res, w, w, w, o1, o2, 1e-6f}); };
+    auto layer = [&](int) { return g_b->gemma_layer_end({a, m, w, w, w, scalar, res, w, o1, 1e-6f}); };
+    constexpr int kRounds = 3;
+    std::vector<std::vector<double>> us(2 * forms.size());
+    for (int round = 0; round < kRounds; ++round)
+      for (size_t f = 0; f < forms.size(); ++f) {
+        CHECK_OK(set_cuda_gemma_row_options(*g_b, {forms[f].first}));
+        us[2 * f].push_back(time_graph(20, end));
+        us[2 * f + 1].push_back(time_graph(20, layer));
+      }
+    for (size_t i = 0; i < us.size(); ++i) {
+      std::sort(us[i].begin(), us[i].end());
+      const bool is_end = i % 2 == 0;
+      report(std::string(is_end ? "gemma attention_end norms" : "gemma layer_end norms") + " T=" + std::to_string(T) +
+                 forms[i / 2].second,
+             us[i][kRounds / 2], T * H * (is_end ? 2.0 + 8 + 4 : 4.0 + 8 + 2), 0,
+             "rounds " + std::to_string(us[i].front()) + ".." + std::to_string(us[i].back()) + " us");
+    }
+  }
+  CHECK_OK(set_cuda_gemma_row_options(*g_b, {}));
+}
+
 void bench_gemma() {
   const int64_t H = kGemmaH;
   bench_gemma_router(kGemmaRouterSizes);
@@ -2083,6 +2117,13 @@ int main(int argc, char** argv) {
   if (const auto sizes = argc > arg ? int_list_flag(argv[arg], "--qkv-rope-epilogue-only") : std::nullopt) {
     CHECK_OK(g_b->prepare(WorkspaceSpec{512, 2880, 2880, 128, 4, 64, 8, 64, 256, 201088}));
     bench_qkv_rope_pairs(sizes->empty() ? std::vector<int64_t>{1, 8} : *sizes);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--gemma-norms-only[=T,T,...]`: the fused row kernels in each form (default 100, 1024, 8192, 16384 rows).
+  if (const auto sizes = argc > arg ? int_list_flag(argv[arg], "--gemma-norms-only") : std::nullopt) {
+    bench_gemma_rows(sizes->empty() ? std::vector<int64_t>{100, 1024, 8192, 16384} : *sizes);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

@@ -173,6 +173,10 @@ const std::vector<CliOption> kCommandOptions = {
      "q-written (auto's kernels, but qkv_rope writes the rotated Q and the attention reads it back at prefill: the "
      "form before 2026-11-29; auto rotates Q in the attention's Q load); several, comma-separated: compared as "
      "--bf16-experts-decode"},
+    {"gemma-row-form", true,
+     "Gemma-4's fused row kernels (attention end, layer end) on CUDA: auto (default: 2 chunks a thread where the row "
+     "fits), four-chunks (the form before session 23), two-chunks or bounded (2 chunks, registers bounded for 3-4 CTAs "
+     "an SM); several, comma-separated: compared as --bf16-experts-decode"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},
@@ -212,6 +216,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"qkv-rope-form", {"auto", "decode", "stream", "q-written"}},
       {"skinny-staged", {"auto", "off", "on", "one-wave", "2-waves", "3-waves"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
+      {"gemma-row-form", {"auto", "four-chunks", "two-chunks", "bounded"}},
   };
   return names;
 }
@@ -359,6 +364,13 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     rope.q_in_attention = value != "q-written";
     return set_cuda_rope_options(backend, rope);
   }
+  if (flag == "gemma-row-form") {
+    using F = CudaGemmaRowForm;
+    return set_cuda_gemma_row_options(backend, {value == "four-chunks" ? F::kFourChunks
+                                                : value == "two-chunks" ? F::kTwoChunks
+                                                : value == "bounded"    ? F::kTwoChunksBounded
+                                                                        : F::kAuto});
+  }
   CudaSideStreamOptions side;  // --decode-overlap
   CudaL2PrefetchOptions prefetch;
   if (value == "off" || value == "l2-prefetch") side.max_tokens = 0;
@@ -372,7 +384,7 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
 // --skinny-strip-rows, --moe-decode-combine, --moe-decode-form, --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order,
 // --moe-wgmma-prefill-loads, --decode-overlap,
-// --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form).
+// --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form, --gemma-row-form).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -980,7 +992,7 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-decode-form,
   // --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order, --moe-wgmma-prefill-loads, --decode-overlap, --qkv-rope-form,
-  // --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form: one
+  // --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form, --gemma-row-form: one
   // kernel choice each, or several values of one flag compared (an engine each, below): those come first in
   // kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
@@ -988,7 +1000,7 @@ Status run(const CliArgs& args) {
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-decode-form",
         "moe-wgmma-loads", "moe-wgmma-glue", "moe-wgmma-order", "moe-wgmma-prefill-loads", "decode-overlap",
-        "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged", "skinny-decode-form"}) {
+        "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged", "skinny-decode-form", "gemma-row-form"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

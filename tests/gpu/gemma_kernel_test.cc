@@ -129,14 +129,26 @@ TEST_F(GemmaKernelTest, QkvNorms) {
 // The fused norms between a layer's blocks: every output (the f32 residual, the bf16 norm outputs) against
 // the twin, with and without the experts' outputs, a bf16 / f32 / absent layer scalar, widths that leave
 // threads with 1-4 chunks or none (64, 1000, 2816, 8192).
+// The fused row kernels' forms (CudaGemmaRowForm) on CUDA: each gives the default form's bits (the same chunks, order
+// and sums), 2 chunks a thread only where the row fits 4096 values.
+std::vector<std::pair<CudaGemmaRowForm, std::string>> gemma_row_forms(int64_t hidden) {
+  std::vector<std::pair<CudaGemmaRowForm, std::string>> forms{{CudaGemmaRowForm::kFourChunks, ", 4 chunks"}};
+  if (hidden <= 4096) {
+    forms.push_back({CudaGemmaRowForm::kTwoChunks, ", 2 chunks"});
+    forms.push_back({CudaGemmaRowForm::kTwoChunksBounded, ", 2 chunks bounded"});
+  }
+  return forms;
+}
+
 TEST_F(GemmaKernelTest, FusedAttentionEndNorms) {
   for (const auto& [rows, h, moe] : {std::tuple<int64_t, int64_t, bool>{1, 2816, true}, {5, 2816, true}, {3, 1000, false},
-                                     {2, 8192, true}, {33, 64, true}}) {
+                                     {2, 8192, true}, {33, 64, true}, {300, 2816, true}}) {
     Bf16Data attn = random_bf16(rng_, rows * h, 3.0f);
     std::vector<Bf16Data> w;
     for (int i = 0; i < 3; ++i) w.push_back(random_bf16(rng_, h, 1.0f));
     Pair a = upload_activation(cpu_, cuda_, attn, {rows, h});
-    Pair res = f32_pair(random_f32(rng_, rows * h, 0.2f, 4.0f), {rows, h});
+    const std::vector<float> res0 = random_f32(rng_, rows * h, 0.2f, 4.0f);
+    Pair res = f32_pair(res0, {rows, h});
     Pair wp[3];
     for (int i = 0; i < 3; ++i)
       wp[i] = {cpu_.upload(DType::kBF16, {h}, w[i].bits.data()), cuda_.upload(DType::kBF16, {h}, w[i].bits.data())};
@@ -154,6 +166,22 @@ TEST_F(GemmaKernelTest, FusedAttentionEndNorms) {
     check("gemma_attention_end residual", what, cuda_.download_f32(res.cuda), cpu_.download_f32(res.cpu), 1e-5);
     check("gemma_attention_end mlp_in", what, cuda_.download_f32(mlp_g), cpu_.download_f32(mlp_c), 5e-3);
     if (moe) check("gemma_attention_end moe_in", what, cuda_.download_f32(moe_g), cpu_.download_f32(moe_c), 5e-3);
+    for (const auto& [form, form_name] : gemma_row_forms(h)) {
+      ASSERT_TRUE(set_cuda_gemma_row_options(cuda_backend(), {form}).is_ok());
+      TensorView r2 = cuda_.upload(DType::kF32, {rows, h}, res0.data());
+      TensorView mlp2 = cuda_.make(DType::kBF16, {rows, h}), moe2 = cuda_.make(DType::kBF16, {rows, h});
+      ASSERT_TRUE(cuda_backend()
+                      .gemma_attention_end({a.cuda, r2, wp[0].cuda, wp[1].cuda, moe ? wp[2].cuda : TensorView(), mlp2,
+                                            moe2, 1e-6f})
+                      .is_ok());
+      const bool same = cuda_.download_f32(r2) == cuda_.download_f32(res.cuda) &&
+                        cuda_.download_f32(mlp2) == cuda_.download_f32(mlp_g) &&
+                        (!moe || cuda_.download_f32(moe2) == cuda_.download_f32(moe_g));
+      record("gemma_attention_end forms", what + form_name + (same ? ": identical" : ": DIFFER"), same ? 0 : 1, 0, 0,
+             same);
+      EXPECT_TRUE(same) << what << form_name;
+    }
+    ASSERT_TRUE(set_cuda_gemma_row_options(cuda_backend(), {}).is_ok());
   }
   TensorView x = cuda_.make(DType::kBF16, {2, 12}), r = cuda_.make(DType::kF32, {2, 12}), w = cuda_.make(DType::kBF16, {12});
   EXPECT_FALSE(cuda_backend().gemma_attention_end({x, r, w, w, TensorView(), x, x, 1e-6f}).is_ok());  // 12 % 8 != 0
@@ -165,12 +193,14 @@ TEST_F(GemmaKernelTest, FusedLayerEndNorms) {
   enum class Scalar { kNone, kBf16, kF32 };
   for (const auto& [rows, h, moe, scalar] :
        {std::tuple<int64_t, int64_t, bool, Scalar>{1, 2816, true, Scalar::kBf16}, {7, 2816, true, Scalar::kF32},
-        {3, 1000, false, Scalar::kBf16}, {2, 8192, true, Scalar::kNone}, {33, 64, false, Scalar::kF32}}) {
+        {3, 1000, false, Scalar::kBf16}, {2, 8192, true, Scalar::kNone}, {33, 64, false, Scalar::kF32},
+        {300, 2816, true, Scalar::kBf16}}) {
     Bf16Data dense = random_bf16(rng_, rows * h, 2.0f), experts = random_bf16(rng_, rows * h, 0.5f);
     std::vector<Bf16Data> w;
     for (int i = 0; i < 4; ++i) w.push_back(random_bf16(rng_, h, 1.0f));
     Pair d = upload_activation(cpu_, cuda_, dense, {rows, h}), m = upload_activation(cpu_, cuda_, experts, {rows, h});
-    Pair res = f32_pair(random_f32(rng_, rows * h, -0.3f, 5.0f), {rows, h});
+    const std::vector<float> res0 = random_f32(rng_, rows * h, -0.3f, 5.0f);
+    Pair res = f32_pair(res0, {rows, h});
     Pair wp[4];
     for (int i = 0; i < 4; ++i)
       wp[i] = {cpu_.upload(DType::kBF16, {h}, w[i].bits.data()), cuda_.upload(DType::kBF16, {h}, w[i].bits.data())};
@@ -194,6 +224,19 @@ TEST_F(GemmaKernelTest, FusedLayerEndNorms) {
     const std::string what = dims({rows, h}) + (moe ? " with experts, " : " dense only, ") + scalar_name;
     check("gemma_layer_end residual", what, cuda_.download_f32(res.cuda), cpu_.download_f32(res.cpu), 1e-5);
     check("gemma_layer_end next_in", what, cuda_.download_f32(next_g), cpu_.download_f32(next_c), 5e-3);
+    for (const auto& [form, form_name] : gemma_row_forms(h)) {
+      ASSERT_TRUE(set_cuda_gemma_row_options(cuda_backend(), {form}).is_ok());
+      TensorView r2 = cuda_.upload(DType::kF32, {rows, h}, res0.data()), next2 = cuda_.make(DType::kBF16, {rows, h});
+      ASSERT_TRUE(cuda_backend()
+                      .gemma_layer_end({d.cuda, moe ? m.cuda : TensorView(), wp[0].cuda, wp[1].cuda, wp[2].cuda, sc.cuda,
+                                        r2, wp[3].cuda, next2, 1e-6f})
+                      .is_ok());
+      const bool same = cuda_.download_f32(r2) == cuda_.download_f32(res.cuda) &&
+                        cuda_.download_f32(next2) == cuda_.download_f32(next_g);
+      record("gemma_layer_end forms", what + form_name + (same ? ": identical" : ": DIFFER"), same ? 0 : 1, 0, 0, same);
+      EXPECT_TRUE(same) << what << form_name;
+    }
+    ASSERT_TRUE(set_cuda_gemma_row_options(cuda_backend(), {}).is_ok());
   }
   TensorView x = cuda_.make(DType::kBF16, {2, 16}), r = cuda_.make(DType::kF32, {2, 16}), w = cuda_.make(DType::kBF16, {16});
   TensorView two = cuda_.make(DType::kF32, {2});

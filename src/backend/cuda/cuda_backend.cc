@@ -883,6 +883,12 @@ class CudaBackend final : public Backend {
     return launch_scale_by(x.data(), x.dtype() == DType::kF32, x.numel(), factor.data(),
                            factor.dtype() == DType::kF32, stream());
   }
+  // CudaGemmaRowOptions as the row kernels' GemmaRowForm.
+  GemmaRowForm gemma_row_form() const {
+    const CudaGemmaRowForm f = options_.gemma_rows.form;
+    return {f == CudaGemmaRowForm::kFourChunks ? 4 : f == CudaGemmaRowForm::kAuto ? 0 : 2,
+            f == CudaGemmaRowForm::kTwoChunksBounded};
+  }
   Status gemma_attention_end(const GemmaAttentionEndParams& p) override {
     expect(p.residual, DType::kF32, "gemma_attention_end residual");
     const int64_t h = p.residual.dim(-1), n = p.residual.numel();
@@ -905,6 +911,7 @@ class CudaBackend final : public Backend {
     k.mlp_in = ptr<uint16_t>(p.mlp_in);
     k.moe_in = moe ? ptr<uint16_t>(p.moe_in) : nullptr;
     k.rows = n / h, k.hidden = h, k.eps = p.eps;
+    k.form = gemma_row_form();
     if (!p.route) return launch_gemma_attention_end(k, stream());
     const RouterParams& route = *p.route;
     if (route.x.data() != p.residual.data() || route.x.numel() != n)
@@ -946,6 +953,7 @@ class CudaBackend final : public Backend {
     k.next_norm = ptr<const uint16_t>(p.next_norm);
     k.next_in = ptr<uint16_t>(p.next_in);
     k.rows = n / h, k.hidden = h, k.eps = p.eps;
+    k.form = gemma_row_form();
     return launch_gemma_layer_end(k, stream());
   }
   Status qkv_norms(const QkvNormParams& p) override {
@@ -1719,6 +1727,10 @@ Status set_cuda_l2_prefetch_options(Backend& backend, const CudaL2PrefetchOption
 
 Status set_cuda_rope_options(Backend& backend, const CudaRopeOptions& rope) {
   return set_option_group(backend, &CudaBackendOptions::rope, rope);
+}
+
+Status set_cuda_gemma_row_options(Backend& backend, const CudaGemmaRowOptions& gemma_rows) {
+  return set_option_group(backend, &CudaBackendOptions::gemma_rows, gemma_rows);
 }
 
 }  // namespace mx

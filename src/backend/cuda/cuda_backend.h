@@ -289,6 +289,15 @@ struct CudaRopeOptions {
   bool q_in_attention = true;
 };
 
+// Gemma-4's fused row kernels between a layer's blocks (gemma_attention_end, gemma_layer_end; gemma_norms.cu), one
+// CTA per row: kAuto = 2 chunks a thread where the hidden size fits; kFourChunks = the form before session 23 (190 /
+// 138 registers: one 256-thread CTA an SM, at prefill's thousands of rows), kTwoChunksBounded = 2 chunks with
+// register bounds for 3 / 4 CTAs an SM. The same bits in every form.
+enum class CudaGemmaRowForm { kAuto, kFourChunks, kTwoChunks, kTwoChunksBounded };
+struct CudaGemmaRowOptions {
+  CudaGemmaRowForm form = CudaGemmaRowForm::kAuto;
+};
+
 struct CudaBackendOptions {
   CudaMoeOptions moe;
   CudaSkinnyLinearOptions skinny_linear;
@@ -298,6 +307,7 @@ struct CudaBackendOptions {
   CudaSideStreamOptions side_stream;
   CudaL2PrefetchOptions l2_prefetch;
   CudaRopeOptions rope;
+  CudaGemmaRowOptions gemma_rows;
 };
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device, const CudaBackendOptions& options = {});
@@ -313,6 +323,7 @@ Status set_cuda_gemma_router_options(Backend& backend, const CudaGemmaRouterOpti
 Status set_cuda_side_stream_options(Backend& backend, const CudaSideStreamOptions& side_stream);
 Status set_cuda_l2_prefetch_options(Backend& backend, const CudaL2PrefetchOptions& l2_prefetch);
 Status set_cuda_rope_options(Backend& backend, const CudaRopeOptions& rope);
+Status set_cuda_gemma_row_options(Backend& backend, const CudaGemmaRowOptions& gemma_rows);
 
 // A CUDA backend's device ordinal and stream (cudaStream_t), for the collectives that run on its stream.
 struct CudaPlacement {

@@ -53,6 +53,13 @@ Status launch_gemma_qkv_norm_rope(const GemmaQkvNormRopeParams& p, cudaStream_t 
 
 // The fused norms of Backend::gemma_attention_end / gemma_layer_end (gemma_norms.cu): one CTA per row; the
 // residual stream f32, everything else bf16; hidden % 8 == 0 and <= 8192.
+// The fused row kernels' instance (gemma_norms.cu; the same bits in every one): `chunks`, the 8-value chunks a thread
+// holds (0 = the fewest that fit: 2 where hidden <= 4096, else 4, the form before session 23), and `bounded`, register
+// bounds for more CTAs an SM with 2 chunks (3 layer ends, 4 attention ends; a few registers spilled).
+struct GemmaRowForm {
+  int chunks = 0;
+  bool bounded = false;
+};
 struct GemmaAttentionEndKernelParams {
   const uint16_t* attn_out = nullptr;             // [rows, hidden]
   float* residual = nullptr;                      // [rows, hidden], updated
@@ -63,6 +70,7 @@ struct GemmaAttentionEndKernelParams {
   uint16_t* moe_in = nullptr;                     // [rows, hidden]
   int64_t rows = 0, hidden = 0;
   float eps = 1e-6f;
+  GemmaRowForm form;
 };
 Status launch_gemma_attention_end(const GemmaAttentionEndKernelParams& p, cudaStream_t stream);
 
@@ -79,6 +87,7 @@ struct GemmaLayerEndKernelParams {
   int64_t rows = 0, hidden = 0;
   float eps = 1e-6f;
   bool scalar_f32 = false;
+  GemmaRowForm form;
 };
 Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t stream);
 

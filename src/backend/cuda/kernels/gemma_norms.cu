@@ -18,16 +18,24 @@ namespace {
 using namespace gemma_rows;
 
 // The row kernels' shape and 16-byte row accesses are row_norm.cuh's (hidden <= 8 * kThreads * kMaxChunks = 8192).
+// Each kernel is instanced for kChunks chunks a thread (GemmaRowForm): 2 where the hidden size fits (Gemma-4
+// 26B-A4B's 2816), else kMaxChunks; kMinCtas > 1 bounds the registers for that many CTAs an SM. The valid chunks,
+// their order and the sums are the same in every instance, so the bits are; the 2-chunk instances hold about half
+// the registers (4 chunks: 190 in the layer end, 138 in the attention end, one 256-thread CTA an SM; 2 chunks: 96
+// and 79, 2 and 3 CTAs; bounded: 80 and 64 with 44 and 28 bytes spilled, 3 and 4 CTAs), which matters where there
+// are many rows (prefill: a CTA per row).
 constexpr int kThreads = kRowThreads;
+constexpr int kFewChunks = 2;
 
-__global__ void __launch_bounds__(kThreads) gemma_attention_end_kernel(GemmaAttentionEndKernelParams p) {
+template <int kChunks, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) gemma_attention_end_kernel(GemmaAttentionEndKernelParams p) {
   __shared__ float2 scratch[kThreads / 32];
   const int64_t row = blockIdx.x, chunks = p.hidden / 8, base = row * p.hidden;
   // Read before the wait (see the top): the norm weights and the residual.
-  uint4 w_attn[kMaxChunks], w_mlp[kMaxChunks], w_moe[kMaxChunks];
-  float r[kMaxChunks][8];
+  uint4 w_attn[kChunks], w_mlp[kChunks], w_moe[kChunks];
+  float r[kChunks][8];
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     w_attn[c] = load_raw8(p.post_attention_norm, i);
@@ -37,10 +45,10 @@ __global__ void __launch_bounds__(kThreads) gemma_attention_end_kernel(GemmaAtte
   }
   pdl_wait();  // the attention output comes from the kernel before
   pdl_launch_dependents();
-  float v[kMaxChunks][8];
+  float v[kChunks][8];
   float s = 0.f;
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     load8(p.attn_out + base, i, v[c]);
@@ -49,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) gemma_attention_end_kernel(GemmaAtte
   const float inv_attn = rsqrtf(block_sum2(s, 0.f, scratch).x / static_cast<float>(p.hidden) + p.eps);
   s = 0.f;
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     float w[8];
@@ -61,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) gemma_attention_end_kernel(GemmaAtte
   }
   const float inv_res = rsqrtf(block_sum2(s, 0.f, scratch).x / static_cast<float>(p.hidden) + p.eps);
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     store_weighted_norm(w_mlp[c], p.mlp_in + base, i, v[c], inv_res);
@@ -69,7 +77,8 @@ __global__ void __launch_bounds__(kThreads) gemma_attention_end_kernel(GemmaAtte
   }
 }
 
-__global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEndKernelParams p) {
+template <int kChunks, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) gemma_layer_end_kernel(GemmaLayerEndKernelParams p) {
   __shared__ float2 scratch[kThreads / 32];
   const float scalar = !p.layer_scalar ? 1.f
                        : p.scalar_f32  ? *static_cast<const float*>(p.layer_scalar)
@@ -77,10 +86,10 @@ __global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEnd
   const int64_t row = blockIdx.x, chunks = p.hidden / 8, base = row * p.hidden;
   const float inv_h = 1.f / static_cast<float>(p.hidden);
   // Read before the wait (see the top): the norm weights, the layer scalar and the residual.
-  uint4 w_mlp[kMaxChunks], w_moe[kMaxChunks], w_ffn[kMaxChunks], w_next[kMaxChunks];
-  float r[kMaxChunks][8];
+  uint4 w_mlp[kChunks], w_moe[kChunks], w_ffn[kChunks], w_next[kChunks];
+  float r[kChunks][8];
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     w_mlp[c] = load_raw8(p.post_mlp_norm, i);
@@ -93,10 +102,10 @@ __global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEnd
   }
   pdl_wait();  // the two FFN outputs come from the kernels before
   pdl_launch_dependents();
-  float f[kMaxChunks][8], m[kMaxChunks][8];
+  float f[kChunks][8], m[kChunks][8];
   float sd = 0.f, sm = 0.f;
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     load8(p.dense + base, i, f[c]);
@@ -110,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEnd
   const float inv_dense = rsqrtf(sums.x * inv_h + p.eps), inv_moe = rsqrtf(sums.y * inv_h + p.eps);
   float s = 0.f;
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     float w[8];
@@ -127,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEnd
   if (p.moe) {  // uniform across the CTA: the barrier inside is reached by every thread
     const float inv_ffn = rsqrtf(block_sum2(s, 0.f, scratch).x * inv_h + p.eps);
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; ++c) {
+    for (int c = 0; c < kChunks; ++c) {
       const int64_t i = chunk_index(c, chunks);
       if (i < 0) break;
       float w[8];
@@ -138,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEnd
   }
   s = 0.f;
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
 #pragma unroll
@@ -148,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) gemma_layer_end_kernel(GemmaLayerEnd
   }
   const float inv_res = rsqrtf(block_sum2(s, 0.f, scratch).x * inv_h + p.eps);
 #pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = chunk_index(c, chunks);
     if (i < 0) break;
     store_weighted_norm(w_next[c], p.next_in + base, i, f[c], inv_res);
@@ -161,21 +170,36 @@ Status check_hidden(int64_t hidden, const char* op) {
   return Status::ok();
 }
 
+// The instance a form takes: 0 = the 4-chunk kernel, 1 = 2 chunks, 2 = 2 chunks bounded (or an error).
+Result<int> instance(const GemmaRowForm& form, int64_t hidden, const char* op) {
+  MX_RETURN_IF_ERROR(check_hidden(hidden, op));
+  const bool few_fit = hidden <= 8 * kThreads * kFewChunks;
+  if (form.chunks != 0 && form.chunks != kFewChunks && form.chunks != kMaxChunks)
+    return invalid_argument(std::string(op) + ": 2 or 4 chunks a thread");
+  if (form.chunks == kFewChunks && !few_fit) return invalid_argument(std::string(op) + ": 2 chunks hold 4096 values");
+  if (form.chunks == kMaxChunks || !few_fit) return 0;
+  return form.bounded ? 2 : 1;
+}
+
 }  // namespace
 
 Status launch_gemma_attention_end(const GemmaAttentionEndKernelParams& p, cudaStream_t stream) {
-  MX_RETURN_IF_ERROR(check_hidden(p.hidden, "gemma_attention_end"));
+  MX_ASSIGN_OR_RETURN(const int form, instance(p.form, p.hidden, "gemma_attention_end"));
   if (p.rows == 0) return Status::ok();
-  return cuda_status(launch_pdl(gemma_attention_end_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0,
-                                stream, p),
+  auto kernel = form == 0   ? gemma_attention_end_kernel<kMaxChunks, 1>
+                : form == 1 ? gemma_attention_end_kernel<kFewChunks, 1>
+                            : gemma_attention_end_kernel<kFewChunks, 4>;
+  return cuda_status(launch_pdl(kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p),
                      "gemma_attention_end_kernel");
 }
 
 Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t stream) {
-  MX_RETURN_IF_ERROR(check_hidden(p.hidden, "gemma_layer_end"));
+  MX_ASSIGN_OR_RETURN(const int form, instance(p.form, p.hidden, "gemma_layer_end"));
   if (p.rows == 0) return Status::ok();
-  return cuda_status(launch_pdl(gemma_layer_end_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0,
-                                stream, p),
+  auto kernel = form == 0   ? gemma_layer_end_kernel<kMaxChunks, 1>
+                : form == 1 ? gemma_layer_end_kernel<kFewChunks, 1>
+                            : gemma_layer_end_kernel<kFewChunks, 3>;
+  return cuda_status(launch_pdl(kernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p),
                      "gemma_layer_end_kernel");
 }
 
