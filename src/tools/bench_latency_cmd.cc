@@ -174,9 +174,9 @@ const std::vector<CliOption> kCommandOptions = {
      "form before 2026-11-29; auto rotates Q in the attention's Q load); several, comma-separated: compared as "
      "--bf16-experts-decode"},
     {"gemma-row-form", true,
-     "Gemma-4's fused row kernels (attention end, layer end) on CUDA: auto (default: 2 chunks a thread where the row "
-     "fits), four-chunks (the form before session 23), two-chunks or bounded (2 chunks, registers bounded for 3-4 CTAs "
-     "an SM); several, comma-separated: compared as --bf16-experts-decode"},
+     "Gemma-4's fused row kernels (attention end, layer end) on CUDA: auto (default: by rows, 2 chunks a thread from "
+     "1024 rows, bounded from 4096), four-chunks (the form before session 23), two-chunks or bounded (2 chunks, "
+     "registers bounded for 3-4 CTAs an SM); several, comma-separated: compared as --bf16-experts-decode"},
     {"compare-overlap", false,
      "every batch twice, with serial steps (--disable-overlap-schedule's) and then overlapped ones: the host work "
      "between decode steps before and after, in one process"},

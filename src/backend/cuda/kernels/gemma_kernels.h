@@ -54,8 +54,9 @@ Status launch_gemma_qkv_norm_rope(const GemmaQkvNormRopeParams& p, cudaStream_t 
 // The fused norms of Backend::gemma_attention_end / gemma_layer_end (gemma_norms.cu): one CTA per row; the
 // residual stream f32, everything else bf16; hidden % 8 == 0 and <= 8192.
 // The fused row kernels' instance (gemma_norms.cu; the same bits in every one): `chunks`, the 8-value chunks a thread
-// holds (0 = the fewest that fit: 2 where hidden <= 4096, else 4, the form before session 23), and `bounded`, register
-// bounds for more CTAs an SM with 2 chunks (3 layer ends, 4 attention ends; a few registers spilled).
+// holds (2 where hidden <= 4096, or 4, the form before session 23; 0 = by rows: 4 below 1024 rows, then 2, bounded
+// from 4096), and `bounded`, register bounds for more CTAs an SM with 2 chunks (3 layer ends, 4 attention ends; a few
+// registers spilled).
 struct GemmaRowForm {
   int chunks = 0;
   bool bounded = false;

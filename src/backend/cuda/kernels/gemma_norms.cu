@@ -18,8 +18,9 @@ namespace {
 using namespace gemma_rows;
 
 // The row kernels' shape and 16-byte row accesses are row_norm.cuh's (hidden <= 8 * kThreads * kMaxChunks = 8192).
-// Each kernel is instanced for kChunks chunks a thread (GemmaRowForm): 2 where the hidden size fits (Gemma-4
-// 26B-A4B's 2816), else kMaxChunks; kMinCtas > 1 bounds the registers for that many CTAs an SM. The valid chunks,
+// Each kernel is instanced for kChunks chunks a thread (GemmaRowForm): kMaxChunks, or 2 where the hidden size fits
+// (Gemma-4 26B-A4B's 2816); kMinCtas > 1 bounds the registers for that many CTAs an SM. By default (instance below)
+// decode keeps 4 chunks, 1024 rows and more take 2, 4096 and more 2 bounded. The valid chunks,
 // their order and the sums are the same in every instance, so the bits are; the 2-chunk instances hold about half
 // the registers (4 chunks: 190 in the layer end, 138 in the attention end, one 256-thread CTA an SM; 2 chunks: 96
 // and 79, 2 and 3 CTAs; bounded: 80 and 64 with 44 and 28 bytes spilled, 3 and 4 CTAs), which matters where there
@@ -170,13 +171,18 @@ Status check_hidden(int64_t hidden, const char* op) {
   return Status::ok();
 }
 
-// The instance a form takes: 0 = the 4-chunk kernel, 1 = 2 chunks, 2 = 2 chunks bounded (or an error).
-Result<int> instance(const GemmaRowForm& form, int64_t hidden, const char* op) {
+// The instance a form takes: 0 = the 4-chunk kernel, 1 = 2 chunks, 2 = 2 chunks bounded (or an error). chunks 0:
+// by rows where 2 chunks fit. H200, session 23 W2 (mx_kernel_bench --gemma-norms-only, 26B-A4B's 2816, us per call
+// of the attention end / layer end, 4 chunks, 2, 2 bounded): 100 rows 2.52 / 2.61, 2.57 / 2.68, 2.56 / 2.94; 1024
+// rows 15.11 / 16.86, 11.27 / 11.93, 11.35 / 12.22; 8192 rows 175.6 / 191.9, 122.9 / 131.2, 97.8 / 116.0.
+constexpr int64_t kFewChunksFromRows = 1024, kBoundedFromRows = 4096;
+Result<int> instance(const GemmaRowForm& form, int64_t hidden, int64_t rows, const char* op) {
   MX_RETURN_IF_ERROR(check_hidden(hidden, op));
   const bool few_fit = hidden <= 8 * kThreads * kFewChunks;
   if (form.chunks != 0 && form.chunks != kFewChunks && form.chunks != kMaxChunks)
     return invalid_argument(std::string(op) + ": 2 or 4 chunks a thread");
   if (form.chunks == kFewChunks && !few_fit) return invalid_argument(std::string(op) + ": 2 chunks hold 4096 values");
+  if (form.chunks == 0) return !few_fit || rows < kFewChunksFromRows ? 0 : rows < kBoundedFromRows ? 1 : 2;
   if (form.chunks == kMaxChunks || !few_fit) return 0;
   return form.bounded ? 2 : 1;
 }
@@ -184,7 +190,7 @@ Result<int> instance(const GemmaRowForm& form, int64_t hidden, const char* op) {
 }  // namespace
 
 Status launch_gemma_attention_end(const GemmaAttentionEndKernelParams& p, cudaStream_t stream) {
-  MX_ASSIGN_OR_RETURN(const int form, instance(p.form, p.hidden, "gemma_attention_end"));
+  MX_ASSIGN_OR_RETURN(const int form, instance(p.form, p.hidden, p.rows, "gemma_attention_end"));
   if (p.rows == 0) return Status::ok();
   auto kernel = form == 0   ? gemma_attention_end_kernel<kMaxChunks, 1>
                 : form == 1 ? gemma_attention_end_kernel<kFewChunks, 1>
@@ -194,7 +200,7 @@ Status launch_gemma_attention_end(const GemmaAttentionEndKernelParams& p, cudaSt
 }
 
 Status launch_gemma_layer_end(const GemmaLayerEndKernelParams& p, cudaStream_t stream) {
-  MX_ASSIGN_OR_RETURN(const int form, instance(p.form, p.hidden, "gemma_layer_end"));
+  MX_ASSIGN_OR_RETURN(const int form, instance(p.form, p.hidden, p.rows, "gemma_layer_end"));
   if (p.rows == 0) return Status::ok();
   auto kernel = form == 0   ? gemma_layer_end_kernel<kMaxChunks, 1>
                 : form == 1 ? gemma_layer_end_kernel<kFewChunks, 1>
