@@ -14,8 +14,10 @@
 // --qkv-rope-only[=T,T,...] | --qkv-rope-epilogue-only[=B,B,...] | --attention-window-forms[=T,T,...] |
 // --linear-fp8-only | --lm-head-staged[=once] | --gemma-only | --gemma-dense-only |
 // --decode-step-only[=B,B,...] [--candidates=N] |
-// --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]] [out.json]`).
-// --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel.
+// --gemma-router-only[=T,T,...] | --gemma-experts-only[=T,T,...] | --gemma-ffn-overlap | --attention-gemma-decode[=B,B,...]
+// | --attention-gemma-decode-once] [out.json]`).
+// --attention-gemma-decode: Gemma-4's decode attention rows only, each decode kernel (-once: batch 1's clustered
+// launches once each, untimed, for a profiler).
 // --attention-gemma-prefill[=T,T,...] [--variants=P,P,...]: Gemma-4's prefill attention rows only, each prefill
 // kernel (or those whose labels start with a prefix).
 // --attention-gemma times Gemma-4's attention geometry instead (bench_attention_gemma); --gemma-only its router,
@@ -899,7 +901,7 @@ void bench_attention() {
 // wide-head wgmma kernel, timed in interleaved rounds (the median of 3). Decode: batch x context, rotating over
 // KV layers worth >= 150 MB so reads come from HBM; bytes = the K and V a step must read (the window's at most
 // on sliding layers).
-void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches = {});
+void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches = {}, bool once = false);
 void bench_attention_gemma_prefill(const std::vector<int64_t>& lengths) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2816, 704, 128, 8, 16, 8, 512}));
   auto placement = cuda_placement(*g_b);
@@ -956,7 +958,9 @@ void bench_attention_gemma() {
 // Gemma-4 decode attention, each kernel (attention.cu's split-KV mma.sync kernel and the swap-AB one):
 // batch x context, rotating over KV layers worth >= 150 MB so reads come from HBM; full layers store V as
 // K (one read). Bytes = the K and V a step must read (the window's at most on sliding layers).
-void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches) {
+// `once`: the clustered rows only (keys before and after the PDL wait), one eager launch each, nothing timed: for a
+// profiler's kernel filter (sliding, then full layers).
+void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches, bool once) {
   CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2816, 704, 128, 8, 16, 8, 512}));
   struct Layer {
     const char* name;
@@ -966,9 +970,16 @@ void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches) {
   // The model stores a full layer's V beside its K (V is the k projection under a weightless norm, K the
   // normed and rotated one), as the memory plan's 225,280 bytes per token count: no layer reads V from K's bytes.
   const Layer kinds[] = {{"sliding hd256 w1024", {16, 8, 256, 1, false}, 1024}, {"full hd512", {16, 2, 512, 1, false}, 0}};
-  const std::pair<CudaAttentionDecode, const char*> paths[] = {{CudaAttentionDecode::kMmaSync, "mma.sync"},
-                                                               {CudaAttentionDecode::kSwapAb, "swap AB"},
-                                                               {CudaAttentionDecode::kSwapAbCluster, "swap AB cluster"}};
+  // The clustered kernel also with every key copy after its PDL wait (CudaAttentionOptions::keys_before_wait off).
+  struct Path {
+    CudaAttentionDecode decode;
+    bool keys_before_wait;
+    const char* label;
+  };
+  const Path paths[] = {{CudaAttentionDecode::kMmaSync, true, "mma.sync"},
+                        {CudaAttentionDecode::kSwapAb, true, "swap AB"},
+                        {CudaAttentionDecode::kSwapAbCluster, true, "swap AB cluster"},
+                        {CudaAttentionDecode::kSwapAbCluster, false, "swap AB cluster keys late"}};
   for (auto [ctx, seqs] : std::vector<std::pair<int64_t, int64_t>>{
            {1024, 1}, {1024, 2}, {1024, 4}, {1024, 8}, {1024, 16}, {1024, 64}, {1024, 80}, {1024, 100}, {2048, 80}, {8192, 1},
            {8192, 8}}) {
@@ -981,13 +992,23 @@ void bench_attention_gemma_decode(const std::vector<int64_t>& only_batches) {
       k.geo.layers = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(150e6 / layer_bytes)), 1, 16);
       AttnSetup a = make_attention(seqs, ctx, 1, k.geo);
       const double bytes = static_cast<double>(seqs) * keys * k.geo.n_kv * k.geo.head_dim * 2 * stored;
-      for (const auto& [path, label] : paths) {
-        CHECK_OK(set_cuda_attention_options(*g_b, {CudaAttentionPath::kAuto, path}));
-        const double us = time_graph(48, [&](int i) {
+      for (const Path& path : paths) {
+        CudaAttentionOptions o{CudaAttentionPath::kAuto, path.decode};
+        o.keys_before_wait = path.keys_before_wait;
+        CHECK_OK(set_cuda_attention_options(*g_b, o));
+        auto op = [&](int i) {
           AttentionParams p{a.q, a.kv.layer(i % static_cast<int>(k.geo.layers)), TensorView{}, a.out, k.geo.n_q, k.geo.n_kv,
                             k.geo.head_dim, k.window, 1.0f};
           return g_b->attention(p, a.batch);
-        });
+        };
+        if (once) {
+          if (path.decode != CudaAttentionDecode::kSwapAbCluster) continue;
+          CHECK_OK(op(0));
+          CHECK_OK(g_b->synchronize());
+          continue;
+        }
+        const std::string label = path.label;
+        const double us = time_graph(48, op);
         char note[96];
         std::snprintf(note, sizeof note, "%d MB KV, %.0f GB/s", static_cast<int>(bytes / 1e6), bytes / us / 1e3);
         report("gemma decode " + std::string(k.name) + " ctx=" + std::to_string(ctx) + " b=" + std::to_string(seqs) + " " +
@@ -2061,6 +2082,11 @@ int main(int argc, char** argv) {
   // `--attention-decode-only[=B,B,...]`: gpt-oss's decode attention rows (or only those of batches B).
   // `--attention-gemma-decode[=B,B,...]`: only the Gemma-4 decode rows, each kernel (or only batches B at 1K
   // context: one kernel launch each to profile).
+  // `--attention-gemma-decode-once`: batch 1's clustered launches once each, untimed (for ncu).
+  if (argc > arg && std::string(argv[arg]) == "--attention-gemma-decode-once") {
+    bench_attention_gemma_decode({1}, /*once=*/true);
+    return 0;
+  }
   const std::string gemma_decode_flag = "--attention-gemma-decode";
   if (const auto batches = argc > arg ? int_list_flag(argv[arg], gemma_decode_flag) : std::nullopt) {
     bench_attention_gemma_decode(*batches);

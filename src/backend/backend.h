@@ -330,6 +330,13 @@ class Backend {
     return qkv_rope(rope, batch);
   }
   virtual Status attention(const AttentionParams& p, const BatchView& batch) = 0;
+  // qkv_rope(rope, batch), then attention(attn, batch) of its queries (attn.q is rope.q_out): one op so that a backend
+  // may norm and rotate a decode step's q and its new K/V inside the attention (CUDA: Gemma-4's clustered decode
+  // attention at one query per sequence), rope.q_out then left unwritten.
+  virtual Status qkv_rope_attention(const QkvRopeParams& rope, const AttentionParams& attn, const BatchView& batch) {
+    MX_RETURN_IF_ERROR(qkv_rope(rope, batch));
+    return attention(attn, batch);
+  }
   virtual Status router_topk(const RouterParams& p) = 0;
   // add_rms_norm(residual, delta, weight, eps, out), then router_topk(route) of its out (route.x is `out`): the
   // post-attention norm and gpt-oss's router, which CUDA runs in one launch at decode (router.cu).

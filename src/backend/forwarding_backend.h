@@ -68,6 +68,9 @@ class ForwardingBackend : public Backend {
     return inner_.linear_qkv_rope(x, weight, scale, bias, rope, batch);
   }
   Status attention(const AttentionParams& p, const BatchView& batch) override { return inner_.attention(p, batch); }
+  Status qkv_rope_attention(const QkvRopeParams& rope, const AttentionParams& attn, const BatchView& batch) override {
+    return inner_.qkv_rope_attention(rope, attn, batch);
+  }
   Status router_topk(const RouterParams& p) override { return inner_.router_topk(p); }
   Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                             TensorView out, const RouterParams& route) override {

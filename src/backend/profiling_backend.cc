@@ -82,6 +82,11 @@ Status ProfilingBackend::linear_qkv_rope(const TensorView& x, const TensorView& 
 Status ProfilingBackend::attention(const AttentionParams& p, const BatchView& batch) {
   return timed("attention", 0, [&] { return inner().attention(p, batch); });
 }
+
+Status ProfilingBackend::qkv_rope_attention(const QkvRopeParams& rope, const AttentionParams& attn,
+                                            const BatchView& batch) {
+  return timed("qkv_rope_attention", 0, [&] { return inner().qkv_rope_attention(rope, attn, batch); });
+}
 Status ProfilingBackend::router_topk(const RouterParams& p) {
   MX_RETURN_IF_ERROR(timed("router_topk", 0, [&] { return inner().router_topk(p); }));
   return record_route(p);

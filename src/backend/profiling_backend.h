@@ -48,6 +48,7 @@ class ProfilingBackend final : public ForwardingBackend {
   Status linear_qkv_rope(const TensorView& x, const TensorView& weight, const TensorView& scale, const TensorView& bias,
                          const QkvRopeParams& rope, const BatchView& batch) override;
   Status attention(const AttentionParams& p, const BatchView& batch) override;
+  Status qkv_rope_attention(const QkvRopeParams& rope, const AttentionParams& attn, const BatchView& batch) override;
   Status router_topk(const RouterParams& p) override;
   Status add_rms_norm_route(TensorView residual, const TensorView& delta, const TensorView& weight, float eps,
                             TensorView out, const RouterParams& route) override;

@@ -103,7 +103,9 @@ const std::vector<CliOption> kCommandOptions = {
      "splits through the merge kernel, never as CTA clusters), swap-ab (attention_decode_swap.cu) or swap-ab-cluster "
      "(the same, a token's splits as one CTA cluster: head dims 256/512), or ring-config / ring-3 (auto with the "
      "clustered kernel's ring at one token and short splits, Gemma-4's sliding layers, as its config has it, 4 "
-     "stages, or of 3 instead of 2); several, comma-separated: compared as --bf16-experts-decode"},
+     "stages, or of 3 instead of 2), rope-in-attention (auto with Gemma-4's q/k/v norms and RoPE in the clustered "
+     "attention, not in their own launch) or keys-after-wait (auto with every key copy after the attention's PDL wait); "
+     "several, comma-separated: compared as --bf16-experts-decode"},
     {"bf16-experts-decode", true,
      "Gemma-4's bf16 experts at decode on CUDA: auto (default), rows (auto with a bulk copy per weight row and stage "
      "instead of one TMA tensor box), register-loads, bulk-copies, streamed or fused (a step of <= 32 routed slots as one persistent "
@@ -205,7 +207,8 @@ std::vector<CliOption> options() {
 const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
   static const std::map<std::string, std::vector<std::string>> names = {
       {"decode-attention",
-       {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster", "ring-config", "ring-3"}},
+       {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster", "ring-config", "ring-3", "rope-in-attention",
+        "keys-after-wait"}},
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
       {"moe-decode-combine", {"auto", "norm-wait-first", "gemm"}},
       {"moe-decode-form", {"auto", "registers", "session20", "session21"}},
@@ -289,6 +292,10 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     CudaAttentionOptions attention{CudaAttentionPath::kAuto, decode};
     if (value == "ring-config") attention.cluster_stages_one_token = 0;
     if (value == "ring-3") attention.cluster_stages_one_token = 3;
+    // rope-in-attention: Gemma-4's q/k/v norms and RoPE in the clustered attention (norm_rope_in_attention);
+    // keys-after-wait: every key copy after the attention's PDL wait (the before of keys_before_wait).
+    if (value == "rope-in-attention") attention.norm_rope_in_attention = true;
+    if (value == "keys-after-wait") attention.keys_before_wait = false;
     return set_cuda_attention_options(backend, attention);
   }
   if (flag == "bf16-experts-decode") {
@@ -419,7 +426,7 @@ double mean(const std::vector<double>& v) {
 }
 
 const char* op_category(const OpTiming& op, int64_t vocab) {
-  if (op.op == "attention") return "attention";
+  if (op.op == "attention" || op.op == "qkv_rope_attention") return "attention";  // with its qkv norms and RoPE
   if (op.op == "moe_experts" || op.op == "moe_geglu_experts" || op.op == "router_topk" ||
       op.op == "moe_experts_add_rms_norm")
     return "moe";

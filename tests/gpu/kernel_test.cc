@@ -888,6 +888,116 @@ TEST_F(KernelTest, AttentionDecodeSwapCluster) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
+// Gemma-4's decode step as the model runs it: qkv_rope with the q/k/v norms (writing each token's own K/V over stale
+// bits), then the decode attention, eager and replayed from a graph, where the attention copies the keys of earlier
+// steps before its PDL wait (CudaAttentionOptions::keys_before_wait, the default), also with the config's ring:
+// against the CPU twin's two ops, and bit-equal to every copy after the wait. Then both as one op
+// (Backend::qkv_rope_attention), the attention norming and rotating q and the new K/V itself
+// (CudaAttentionOptions::norm_rope_in_attention): against the CPU twin, and its output and cache within a bf16 step of
+// the two ops' (the same arithmetic, compiled apart: equal bits on an H200, session 23); graph replay equal to eager. The contexts put a token's own key in a split's first stage (970:
+// key 969 of the split from 960; 1), in its second (977 at head dim 512: a ring of 3) and past the ring's first
+// stages (1500, 1026: the L2 prefetch's keys), with splits past the query whose start is within a stage of it (34:
+// key 33 and the split from 48; 1026: key 1025 and the split from 1040).
+TEST_F(KernelTest, GemmaQkvNormRopeThenDecodeAttention) {
+  struct Case {
+    std::string name;
+    int64_t n_q, n_kv, hd, window, page;
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (cached tokens, 1) per sequence
+  };
+  const Case cases[] = {
+      {"sliding hd256 w1024 b1 ctx 970", 16, 8, 256, 1024, 16, {{969, 1}}},
+      {"sliding hd256 w1024 b3 ctx 970 / 1 / 1500, page 5", 16, 8, 256, 1024, 5, {{969, 1}, {0, 1}, {1499, 1}}},
+      {"full hd512 b3 ctx 977 / 34 / 1026, page 7", 16, 2, 512, 0, 7, {{976, 1}, {33, 1}, {1025, 1}}},
+  };
+  struct Variant {
+    const char* label;
+    bool keys_before_wait;
+    int stages_one_token;
+    bool one_op;  // qkv_rope_attention with the norms and RoPE in the attention
+  };
+  const Variant variants[] = {{"keys after the wait", false, 2, false},
+                              {"keys before the wait", true, 2, false},
+                              {"keys before the wait, the config's ring", true, 0, false},
+                              {"norms and RoPE in the attention", true, 2, true},
+                              {"norms and RoPE in the attention, the config's ring", true, 0, true}};
+  for (const Case& c : cases) {
+    const StagedPair sp(cpu_, cuda_, rng_, c.spans, c.page);
+    ASSERT_TRUE(sp.ok());
+    const PagedSetup& s = sp.paged;
+    const int64_t T = sp.tokens, width = (c.n_q + 2 * c.n_kv) * c.hd;
+    const Shape cache{s.num_pages, c.page, c.n_kv, c.hd};
+    const Bf16Data k = quick_random_bf16(rng_, cache.numel(), 1.0f), v = quick_random_bf16(rng_, cache.numel(), 1.0f);
+    const Bf16Data qkv = random_bf16(rng_, T * width, 1.0f);
+    const Bf16Data qn = random_bf16(rng_, c.hd, 1.0f), kn = random_bf16(rng_, c.hd, 1.0f);
+    std::vector<float> freq(static_cast<size_t>(c.hd / 2));
+    for (size_t i = 0; i < freq.size(); ++i) freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / c.hd);
+    const Pair px = upload_activation(cpu_, cuda_, qkv, {T, width});
+    const Pair pk = upload_activation(cpu_, cuda_, k, cache), pv = upload_activation(cpu_, cuda_, v, cache);
+    const TensorView f_c = cpu_.upload(DType::kF32, {c.hd / 2}, freq.data());
+    const TensorView f_g = cuda_.upload(DType::kF32, {c.hd / 2}, freq.data());
+    const TensorView qn_c = cpu_.upload(DType::kBF16, {c.hd}, qn.bits.data()), kn_c = cpu_.upload(DType::kBF16, {c.hd}, kn.bits.data());
+    const TensorView qn_g = cuda_.upload(DType::kBF16, {c.hd}, qn.bits.data()), kn_g = cuda_.upload(DType::kBF16, {c.hd}, kn.bits.data());
+    TensorView q_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), o_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd});
+    const QkvRopeParams r_c{px.cpu, q_c, {pk.cpu, pv.cpu, c.page}, f_c, 1.0f, c.n_q, c.n_kv, c.hd, qn_c, kn_c, 1e-6f, {}};
+    ASSERT_TRUE(cpu_backend().qkv_rope(r_c, *sp.cpu_batch).is_ok());
+    const AttentionParams a_c{q_c, {pk.cpu, pv.cpu, c.page}, {}, o_c, c.n_q, c.n_kv, c.hd, c.window, 1.0f};
+    ASSERT_TRUE(cpu_backend().attention(a_c, *sp.cpu_batch).is_ok());
+    const std::vector<float> want = cpu_.download_f32(o_c);
+    std::vector<uint8_t> before;
+    std::vector<float> before_f32, before_k, before_v;
+    for (const Variant& var : variants) {
+      CudaAttentionOptions o;
+      o.keys_before_wait = var.keys_before_wait;
+      o.cluster_stages_one_token = var.stages_one_token;
+      o.norm_rope_in_attention = var.one_op;
+      ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), o).is_ok());
+      // Eager, then a graph captured over fresh caches (the own keys' slots stale again) and replayed once.
+      std::vector<uint8_t> eager;
+      for (bool replay : {false, true}) {
+        const TensorView k_g = cuda_.upload(DType::kBF16, cache, k.bits.data());
+        const TensorView v_g = cuda_.upload(DType::kBF16, cache, v.bits.data());
+        const TensorView q_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd}), o_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
+        const QkvRopeParams r_g{px.cuda, q_g, {k_g, v_g, c.page}, f_g, 1.0f, c.n_q, c.n_kv, c.hd, qn_g, kn_g, 1e-6f, {}};
+        const AttentionParams a_g{q_g, {k_g, v_g, c.page}, {}, o_g, c.n_q, c.n_kv, c.hd, c.window, 1.0f};
+        auto both = [&]() -> Status {
+          if (var.one_op) return cuda_backend().qkv_rope_attention(r_g, a_g, *sp.cuda_batch);
+          MX_RETURN_IF_ERROR(cuda_backend().qkv_rope(r_g, *sp.cuda_batch));
+          return cuda_backend().attention(a_g, *sp.cuda_batch);
+        };
+        if (replay) {
+          auto graph = cuda_backend().capture(both);
+          ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+          ASSERT_TRUE((*graph)->replay().is_ok());
+        } else {
+          const Status st = both();
+          ASSERT_TRUE(st.is_ok()) << st.to_string();
+        }
+        const std::vector<uint8_t> got = cuda_.download_bytes(o_g);
+        const std::string what = c.name + " (" + var.label + (replay ? ", graph replay)" : ")");
+        if (replay) {
+          EXPECT_EQ(got, eager) << what << ": graph replay != eager";
+          continue;
+        }
+        eager = got;
+        const std::vector<float> got_f32 = cuda_.download_f32(o_g);
+        check("gemma qkv_rope + decode attention", what, got_f32, want, 1e-2);
+        if (before.empty()) {
+          before = got, before_f32 = got_f32;
+          before_k = cuda_.download_f32(k_g), before_v = cuda_.download_f32(v_g);
+        }
+        if (!var.one_op) {
+          EXPECT_EQ(got, before) << what << ": != every key after the wait";
+          continue;
+        }
+        check("gemma qkv_rope + decode attention, one op vs two", what, got_f32, before_f32, 5e-3);
+        check("gemma qkv_rope + decode attention, one op vs two: k cache", what, cuda_.download_f32(k_g), before_k, 5e-3);
+        check("gemma qkv_rope + decode attention, one op vs two: v cache", what, cuda_.download_f32(v_g), before_v, 5e-3);
+      }
+    }
+  }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
 TEST_F(KernelTest, AttentionDecode) {
   const std::vector<AttnCase> cases = {
       {"gpt-oss hd64 g8 full, 1 seq ctx 1000", 64, 8, 64, 0, 16, {{999, 1}}},

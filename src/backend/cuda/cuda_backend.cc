@@ -519,11 +519,8 @@ class CudaBackend final : public Backend {
       g.kv = paged(p.kv, batch);
       g.tokens = batch.num_tokens, g.n_q = p.n_q, g.n_kv = p.n_kv, g.head_dim = p.head_dim;
       g.rope_scale = p.rope_scale, g.eps = p.norm_eps;
-      const CudaL2PrefetchOptions& pf = options_.l2_prefetch;
-      if (!p.prefetch.empty() && batch.num_tokens <= pf.max_tokens && dev_.sm_major >= 9) {
-        g.prefetch = p.prefetch.data();
-        g.prefetch_bytes = std::min(p.prefetch.bytes(), pf.max_bytes) / 16 * 16;
-      }
+      g.prefetch_bytes = l2_prefetch_bytes(p.prefetch, batch);
+      if (g.prefetch_bytes > 0) g.prefetch = p.prefetch.data();
       return launch_gemma_qkv_norm_rope(g, stream());
     }
     RopeParams r;
@@ -544,6 +541,36 @@ class CudaBackend final : public Backend {
     const CudaRopeOptions& ro = options_.rope;
     if (batch.num_tokens >= ro.stream_min_tokens) return launch_qkv_rope_stream(r, ro.tokens_per_cta, ro.items, stream());
     return launch_qkv_rope(r, stream());
+  }
+
+  // Gemma-4's decode step (the q/k/v norms, one query per sequence, head dims 256 and 512, V apart from K) where
+  // attention() takes the clustered swap-AB kernel: the kernel norms and rotates q and the new K/V itself
+  // (AttentionKernelParams::norm_rope): no qkv_rope launch, and Q is not written and read back
+  // (CudaAttentionOptions::norm_rope_in_attention). Elsewhere qkv_rope, then attention.
+  Status qkv_rope_attention(const QkvRopeParams& r, const AttentionParams& p, const BatchView& batch) override {
+    const bool fits = options_.attention.norm_rope_in_attention && r.norm_eps > 0 && p.q_inv_freq.empty() &&
+                      batch.num_tokens == batch.num_seqs && (p.head_dim == 256 || p.head_dim == 512) &&
+                      r.head_dim == p.head_dim && r.n_q == p.n_q && r.n_kv == p.n_kv && r.q_out.data() == p.q.data() &&
+                      r.kv.k.data() == p.kv.k.data() && r.kv.v.data() == p.kv.v.data() &&
+                      p.kv.k.data() != p.kv.v.data() && r.qkv.dtype() == DType::kBF16 &&
+                      p.kv.k.dtype() == DType::kBF16 && r.q_norm.numel() == r.head_dim &&
+                      r.k_norm.numel() == r.head_dim && r.q_norm.dtype() == DType::kBF16 &&
+                      r.k_norm.dtype() == DType::kBF16 && p.out.dtype() == DType::kBF16;
+    if (!fits) return Backend::qkv_rope_attention(r, p, batch);
+    AttentionKernelParams a = attention_kernel_params(p, batch);
+    MX_ASSIGN_OR_RETURN(const auto cluster, decode_cluster_choice(p, a, batch));
+    if (!cluster.second) return Backend::qkv_rope_attention(r, p, batch);
+    a.q = nullptr;  // not read: the kernel norms and rotates Q from the projection
+    a.keys_before_wait = true;
+    AttentionNormRope& nr = a.norm_rope;
+    nr.qkv = ptr<const uint16_t>(r.qkv);
+    nr.inv_freq = ptr<const float>(r.inv_freq);
+    nr.q_norm = ptr<const uint16_t>(r.q_norm);
+    nr.k_norm = ptr<const uint16_t>(r.k_norm);
+    nr.rope_scale = r.rope_scale, nr.eps = r.norm_eps;
+    nr.prefetch_bytes = l2_prefetch_bytes(r.prefetch, batch);
+    if (nr.prefetch_bytes > 0) nr.prefetch = r.prefetch.data();
+    return launch_attention_decode_swap_cluster(a, cluster.first, stream());
   }
 
   // At <= kSkinnyLinearMaxRows tokens (gpt-oss's decode: no q/k norms) the skinny kernel rotates q and k and
@@ -585,9 +612,8 @@ class CudaBackend final : public Backend {
     return launch_skinny_linear(s, c, stream());
   }
 
-  Status attention(const AttentionParams& p, const BatchView& batch) override {
-    expect(p.q, DType::kBF16, "attention q");
-    expect(p.kv.k, DType::kBF16, "k cache");
+  // The attention kernels' parameters of `p` (Q as p.q has it).
+  AttentionKernelParams attention_kernel_params(const AttentionParams& p, const BatchView& batch) const {
     AttentionKernelParams a;
     a.q = ptr<const uint16_t>(p.q);
     a.sinks = ptr<const uint16_t>(p.sinks);
@@ -599,6 +625,47 @@ class CudaBackend final : public Backend {
     a.head_dim = p.head_dim;
     a.window = p.window;
     a.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+    return a;
+  }
+
+  // The clustered swap-AB decode attention's config for a decode call of `p` (a its kernel parameters), and whether
+  // attention() takes it under the options' decode choice (kSwapAbCluster where it is not enabled: an error).
+  Result<std::pair<AttentionDecodeSwapConfig, bool>> decode_cluster_choice(const AttentionParams& p,
+                                                                           const AttentionKernelParams& a,
+                                                                           const BatchView& batch) const {
+    const int64_t capacity = a.kv.max_pages * a.kv.page_size;
+    const int64_t max_keys = p.window > 0 ? std::min(p.window, capacity) : capacity;
+    const int64_t group = p.n_q / p.n_kv;
+    const CudaAttentionDecode decode = options_.attention.decode;
+    const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(dev_, p.head_dim, group, a.kv.k == a.kv.v,
+                                                                          batch.num_tokens, p.n_kv, max_keys);
+    // The clustered form (a token's splits merged in distributed shared memory): forced, or kAuto's where
+    // attention_decode_swap_cluster_by_default has it measured faster.
+    AttentionDecodeSwapConfig cc = attention_decode_swap_cluster_config(dev_, c, p.head_dim, a.kv.k == a.kv.v);
+    if (batch.num_tokens == 1)  // short splits: a shallower ring, room for the next linear's staged CTAs
+      cc = attention_decode_swap_one_token_ring(cc, p.head_dim, a.kv.k == a.kv.v, max_keys,
+                                                options_.attention.cluster_stages_one_token);
+    if (decode == CudaAttentionDecode::kSwapAbCluster && !cc.enabled)
+      return unimplemented("attention decode (swap AB, clusters): head dim 256 or 512, up to 8 q heads per kv head, "
+                           "sm_90+");
+    const bool takes = decode == CudaAttentionDecode::kSwapAbCluster ||
+                       (decode == CudaAttentionDecode::kAuto &&
+                        attention_decode_swap_cluster_by_default(dev_, cc, p.head_dim, a.kv.k == a.kv.v,
+                                                                 batch.num_tokens, p.n_kv));
+    return std::make_pair(cc, takes);
+  }
+
+  // Bytes of `prefetch` the Gemma-4 qkv_rope forms pull into the L2 at this batch (CudaL2PrefetchOptions), or 0.
+  int64_t l2_prefetch_bytes(const TensorView& prefetch, const BatchView& batch) const {
+    const CudaL2PrefetchOptions& pf = options_.l2_prefetch;
+    if (prefetch.empty() || batch.num_tokens > pf.max_tokens || dev_.sm_major < 9) return 0;
+    return std::min(prefetch.bytes(), pf.max_bytes) / 16 * 16;
+  }
+
+  Status attention(const AttentionParams& p, const BatchView& batch) override {
+    expect(p.q, DType::kBF16, "attention q");
+    expect(p.kv.k, DType::kBF16, "k cache");
+    AttentionKernelParams a = attention_kernel_params(p, batch);
     if (!p.q_inv_freq.empty()) {  // q is the q|k|v projection: RoPE in the Q load, or by plain_q
       if (p.q.numel() != batch.num_tokens * (p.n_q + 2 * p.n_kv) * p.head_dim)
         return invalid_argument("attention: with q_inv_freq, q must be the q|k|v projection");
@@ -621,25 +688,17 @@ class CudaBackend final : public Backend {
                            batch.max_seq_tokens <= kDecodeAttentionMaxRows);
     if (few_rows) {
       MX_RETURN_IF_ERROR(plain_q(a, p, batch));
+      // One query per sequence: the keys before it are earlier steps' (only qkv_rope, the kernel before, writes
+      // this step's).
+      a.keys_before_wait = options_.attention.keys_before_wait && batch.num_tokens == batch.num_seqs;
       const int64_t capacity = a.kv.max_pages * a.kv.page_size;
       const int64_t max_keys = p.window > 0 ? std::min(p.window, capacity) : capacity;
       const int64_t group = p.n_q / p.n_kv, head_blocks = (group + 15) / 16;
       const CudaAttentionDecode decode = options_.attention.decode;
       const AttentionDecodeSwapConfig c = choose_attention_decode_swap_config(
           dev_, p.head_dim, group, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv, max_keys);
-      // The clustered form (a token's splits merged in distributed shared memory): forced, or kAuto's where
-      // attention_decode_swap_cluster_by_default has it measured faster.
-      AttentionDecodeSwapConfig cc = attention_decode_swap_cluster_config(dev_, c, p.head_dim, a.kv.k == a.kv.v);
-      if (batch.num_tokens == 1)  // short splits: a shallower ring, room for the next linear's staged CTAs
-        cc = attention_decode_swap_one_token_ring(cc, p.head_dim, a.kv.k == a.kv.v, max_keys,
-                                                  options_.attention.cluster_stages_one_token);
-      if (decode == CudaAttentionDecode::kSwapAbCluster && !cc.enabled)
-        return unimplemented("attention decode (swap AB, clusters): head dim 256 or 512, up to 8 q heads per kv head, "
-                             "sm_90+");
-      if (decode == CudaAttentionDecode::kSwapAbCluster ||
-          (decode == CudaAttentionDecode::kAuto &&
-           attention_decode_swap_cluster_by_default(dev_, cc, p.head_dim, a.kv.k == a.kv.v, batch.num_tokens, p.n_kv)))
-        return launch_attention_decode_swap_cluster(a, cc, stream());
+      MX_ASSIGN_OR_RETURN(const auto cluster, decode_cluster_choice(p, a, batch));
+      if (cluster.second) return launch_attention_decode_swap_cluster(a, cluster.first, stream());
       if (decode == CudaAttentionDecode::kSwapAb && !c.enabled)
         return unimplemented("attention decode (swap AB): head dim 64, 256 or 512, up to 8 q heads per kv head");
       if (decode == CudaAttentionDecode::kSwapAb ||

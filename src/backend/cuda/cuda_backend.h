@@ -172,6 +172,15 @@ struct CudaAttentionOptions {
   // the staged o_proj's CTAs copy its whole weight beside the attention (H200, Gemma-4 batch 1: docs/PERF.md); 0 =
   // the cluster config's ring (4 stages), 3 for comparisons.
   int cluster_stages_one_token = 2;
+  // At one query per sequence the 4-warp swap-AB decode kernels (head dims 256 and 512, clustered or not) copy the
+  // keys of earlier steps before their PDL wait (AttentionKernelParams::keys_before_wait): only Q and the query's own
+  // key wait for qkv_rope. false: every copy after the wait (the before, for comparisons).
+  bool keys_before_wait = true;
+  // Backend::qkv_rope_attention on Gemma-4's decode steps: true = the clustered decode attention norms and rotates q
+  // and the new K/V itself (AttentionKernelParams::norm_rope), no qkv_rope launch; false (default) = qkv_rope, then
+  // the attention. Off: on an H200 (session 23 W2, Gemma-4 batch 1 at 1K, one process, 3 interleaved rounds) it
+  // measured 2.921 ms against 2.867 for the two launches, with the same bits (docs/PERF.md).
+  bool norm_rope_in_attention = false;
 };
 
 // Which decode GEMMs Gemma-4's bf16 GeGLU experts run below 32 routed tokens per expert: kBulkCopies = one CTA

@@ -247,13 +247,13 @@ Result<ForwardOutput> Gemma4Model::forward(const BatchView& batch, const KvCache
     TensorView q = ws.q.rows(0, T * nq * hd).reshaped({T, nq * hd});
     TensorView attn = ws.attn.rows(0, T * nq * hd).reshaped({T, nq * hd});
     MX_RETURN_IF_ERROR(b.linear(normed, qkv_weight_[li], TensorView(), qkv));
-    // Per-head q/k/v norms, then RoPE and the KV write, in one op.
-    // o_proj's weight goes into the L2 while the attention runs (where the backend does so).
+    // Per-head q/k/v norms, then RoPE and the KV write, in one op; then the attention (one backend op: CUDA can run
+    // the first inside the decode attention, CudaAttentionOptions::norm_rope_in_attention). o_proj's weight goes into
+    // the L2 while the attention runs (where the backend does so).
     QkvRopeParams rope{qkv, q, cache, sliding ? sliding_inv_freq_ : full_inv_freq_, 1.0f, nq, n_kv, hd, L.q_norm,
                        L.k_norm, eps, L.o_weight};
-    MX_RETURN_IF_ERROR(b.qkv_rope(rope, batch));
     AttentionParams ap{q, cache, TensorView(), attn, nq, n_kv, hd, kv_layout_.layers[li].window, 1.0f};
-    MX_RETURN_IF_ERROR(b.attention(ap, batch));
+    MX_RETURN_IF_ERROR(b.qkv_rope_attention(rope, ap, batch));
     MX_RETURN_IF_ERROR(b.linear(attn, L.o_weight, TensorView(), proj));
     MX_RETURN_IF_ERROR(all_reduce(proj));  // each rank's heads' share of o_proj
     // residual += normed attention; the dense MLP's and the experts' input norms of the new residual; then the

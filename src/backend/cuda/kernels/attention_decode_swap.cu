@@ -17,6 +17,7 @@
 #include "backend/cuda/kernels/cluster.cuh"
 #include "backend/cuda/kernels/cluster_kernels.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/head_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
 
 namespace mx::cuda {
@@ -294,10 +295,11 @@ __device__ __forceinline__ StageRows lookup_stage_cta(const AttentionKernelParam
 }
 
 // Issues this thread's share of a stage's copies (16 key rows, zero-filled where not there) into sk, and
-// sv unless V aliases K; a row's offset comes from the lane of this warp that looked it up.
+// sv unless V aliases K; a row's offset comes from the lane of this warp that looked it up. Row `skip` (the
+// query's own key, before the PDL wait) is left alone: copy_row_cta copies it after the wait.
 template <int HD>
 __device__ __forceinline__ void copy_stage_cta(const AttentionKernelParams& p, const StageRows& rows, bool shared_kv,
-                                           uint16_t* sk, uint16_t* sv) {
+                                               uint16_t* sk, uint16_t* sv, int skip = -1) {
   constexpr int kChunks = HD / 8, kPerThread = kKeys * kChunks / (32 * kWarps);
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
@@ -305,9 +307,106 @@ __device__ __forceinline__ void copy_stage_cta(const AttentionKernelParams& p, c
     const int row = idx / kChunks, c = idx % kChunks;  // row is the same across a warp
     const long long row_off = __shfl_sync(0xffffffffu, rows.off, row);
     const bool row_ok = __shfl_sync(0xffffffffu, rows.ok, row) != 0;
+    if (row == skip) continue;
     cp_async_16(chunk_at<HD>(sk, row, c), p.kv.k + row_off + c * 8, row_ok);
     if (!shared_kv) cp_async_16(chunk_at<HD>(sv, row, c), p.kv.v + row_off + c * 8, row_ok);
   }
+}
+
+// Where key `key` of kv head g lives (any thread; the page table is read by every caller): as lookup_stage_cta's
+// lanes.
+template <int HD>
+__device__ __forceinline__ StageRows lookup_key(const AttentionKernelParams& p, int g, int seq, int key) {
+  StageRows s;
+  const int page_size = static_cast<int>(p.kv.page_size);
+  const int logical = key / page_size;
+  if (logical < p.kv.max_pages) {
+    const int64_t page = p.kv.page_table[static_cast<int64_t>(seq) * p.kv.max_pages + logical];
+    s.ok = page >= 0 && page < p.kv.num_pages;
+    if (s.ok) s.off = ((page * page_size + key - logical * page_size) * p.n_kv + g) * HD;
+  }
+  return s;
+}
+
+// This thread's share of one key row's copies (row `row` of a stage; zero-filled where not there).
+template <int HD>
+__device__ __forceinline__ void copy_row_cta(const AttentionKernelParams& p, const StageRows& key, bool shared_kv,
+                                             uint16_t* sk, uint16_t* sv, int row) {
+  constexpr int kChunks = HD / 8;
+  for (int c = threadIdx.x; c < kChunks; c += 32 * kWarps) {
+    cp_async_16(chunk_at<HD>(sk, row, c), p.kv.k + key.off + c * 8, key.ok != 0);
+    if (!shared_kv) cp_async_16(chunk_at<HD>(sv, row, c), p.kv.v + key.off + c * 8, key.ok != 0);
+  }
+}
+
+// Bytes into the L2 (a bulk prefetch: fire and forget; sm_90+; 16-byte aligned, a multiple of 16 bytes).
+__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// Gemma-4's qkv_rope inside the decode attention (AttentionKernelParams::norm_rope): one warp norms a q|k|v head row
+// of token t (raw: this lane's 16-byte chunks lane + 32 c, loaded by the caller) as launch_gemma_qkv_norm_rope does
+// (load_head_row's fp32 sum of squares, rsqrt, times the weight) and, for q and k, rotates its NeoX halves with the
+// cos / sin of this lane's dims (cs, sn: dims (8 lane + j) % (HD / 2)); the bf16 result's chunk c goes to out[c]. At
+// head dim 256 a lane's partner dims sit 16 lanes away, at 512 in its own second chunk.
+// is_q / is_k: the row is a q head (weight qw) / the k head (kw); else the v head (no weight, not rotated).
+template <int HD>
+__device__ __forceinline__ void norm_rope_row(const uint4 (&raw)[HD / 256], const uint4 (&qw)[HD / 256],
+                                              const uint4 (&kw)[HD / 256], bool is_q, bool is_k, float eps,
+                                              const float (&cs)[8], const float (&sn)[8], uint4 (&out)[HD / 256]) {
+  constexpr int kC = HD / 256;
+  const int lane = threadIdx.x % 32;
+  float v[kC][8];
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int c = 0; c < kC; ++c) {
+    const uint16_t* as = reinterpret_cast<const uint16_t*>(&raw[c]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[c][j] = bf16_bits_to_f32(as[j]);
+      sum_sq += v[c][j] * v[c][j];
+    }
+  }
+  const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(HD) + eps);
+#pragma unroll
+  for (int c = 0; c < kC; ++c) {
+    const uint4 w = is_k ? kw[c] : qw[c];
+    const uint16_t* ws = reinterpret_cast<const uint16_t*>(&w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[c][j] = (is_q || is_k ? bf16_bits_to_f32(ws[j]) : 1.f) * (v[c][j] * inv);
+  }
+  const bool rotate = is_q || is_k;
+  float y[kC][8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if constexpr (kC == 1) {
+      const float partner = __shfl_xor_sync(0xffffffffu, v[0][j], 16);
+      y[0][j] = !rotate ? v[0][j] : lane < 16 ? v[0][j] * cs[j] - partner * sn[j] : v[0][j] * cs[j] + partner * sn[j];
+    } else {
+      y[0][j] = rotate ? v[0][j] * cs[j] - v[1][j] * sn[j] : v[0][j];
+      y[1][j] = rotate ? v[1][j] * cs[j] + v[0][j] * sn[j] : v[1][j];
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kC; ++c) {
+    uint16_t o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = f32_to_bf16_bits(y[c][j]);
+    out[c] = *reinterpret_cast<const uint4*>(o);
+  }
+}
+
+// This thread's share of [base, base + bytes) as bulk L2 prefetches of 16 KB, chunk i to thread i % threads (as
+// gemma_rope.cu's o_proj prefetch: fire and forget).
+__device__ __forceinline__ void prefetch_l2_share(const void* base, int64_t bytes, int64_t thread, int64_t threads) {
+  constexpr int64_t kChunk = 16 << 10;
+  const auto* b = static_cast<const char*>(base);
+  for (int64_t off = thread * kChunk; off < bytes; off += threads * kChunk)
+    prefetch_l2(b + off, static_cast<int>(bytes - off < kChunk ? bytes - off : kChunk));
 }
 
 // The clustered kernel's end (see kCluster below). Called by every thread after the key loop, with this warp's
@@ -375,7 +474,13 @@ __device__ __forceinline__ void cluster_merge(const AttentionKernelParams& p, in
 // [rank HD / C, (rank + 1) HD / C) of every head across the splits through distributed shared memory, in the
 // merge kernel's order and arithmetic (the same bits as the unclustered kernel with the same splits), and
 // writes the output: no partials through global memory and no merge kernel behind it.
-template <int HD, bool kCluster>
+// kNormRope (clustered, one query per sequence): qkv_rope in the kernel (AttentionKernelParams::norm_rope): each
+// CTA norms and rotates its group's q heads from the q|k|v projection into its Q tile after the PDL wait, and the
+// split that holds the query's own key norms and rotates that k head, norms the v head, writes both into the cache
+// and (when the key's stage is one of the ring's first, copied before the wait) into its ring slot; a later stage
+// copies it from the cache after the CTA's barrier. The cos / sin, the norm weights and the L2 prefetch come before
+// the wait.
+template <int HD, bool kCluster, bool kNormRope = false>
 __global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(AttentionKernelParams p, int stages,
                                                                             int splits, int min_split_keys) {
   constexpr int kChunks = HD / 8, kDs = HD / kWarps, kDt = kDs / 16;  // a warp's head dims, in 16-wide tiles
@@ -391,16 +496,23 @@ __global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, q = lane % 4, mi = lane / 8;
   const int d0 = warp * kDs;
 
-  pdl_wait();  // launched as a programmatic dependent: q and the new K/V come from qkv_rope
-  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
-
-  for (int idx = threadIdx.x; idx < kHeads * kChunks; idx += 32 * kWarps) {
-    const int row = idx / kChunks, c = idx % kChunks;
-    const bool ok = row < group;
-    const uint16_t* src = ok ? p.q + (t * p.n_q + g * group + row) * HD + c * 8 : p.q;
-    cp_async_16(chunk_at<HD>(sq, row, c), src, ok);
+  auto copy_q = [&] {
+    for (int idx = threadIdx.x; idx < kHeads * kChunks; idx += 32 * kWarps) {
+      const int row = idx / kChunks, c = idx % kChunks;
+      const bool ok = row < group;
+      const uint16_t* src = ok ? p.q + (t * p.n_q + g * group + row) * HD + c * 8 : p.q;
+      cp_async_16(chunk_at<HD>(sq, row, c), src, ok);
+    }
+  };
+  // The position, the page table and the keys of earlier steps come before the kernel before (the step's staging
+  // and earlier steps): with keys_before_wait they are read before the PDL wait.
+  const bool early = kNormRope || p.keys_before_wait;
+  if (!early) {
+    pdl_wait();  // launched as a programmatic dependent: q and the new K/V come from qkv_rope
+    pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+    copy_q();
+    cp_async_commit();
   }
-  cp_async_commit();
 
   const int pos = p.kv.positions[t];
   const int first = p.window > 0 ? max(0, pos - static_cast<int>(p.window) + 1) : 0;
@@ -411,18 +523,105 @@ __global__ void __launch_bounds__(32 * kWarps) attention_decode_swap_cta_kernel(
   const int n_tiles = kend >= kstart ? (kend - kstart + kKeys) / kKeys : 0;
   const int seq = p.kv.token_seq[t];
   auto lookup = [&](int i) { return lookup_stage_cta<HD>(p, g, seq, kstart + i * kKeys, kend); };
+  // Early, the query's own key (in this split's last tile when that tile is in the ring's first stages) is left
+  // out of the first copies and copied with Q after the wait. (A split past the query, kstart > pos, has kend = pos
+  // too, and no keys.)
+  const bool holds_own = n_tiles > 0 && pos == kend;
+  const int own_tile = early && holds_own && (pos - kstart) / kKeys < stages - 1 ? (pos - kstart) / kKeys : -1;
   auto issue = [&](int i, const StageRows& rows) {
     if (i < n_tiles) {
       uint16_t* sk = ring + (i % stages) * stage_elems;
-      copy_stage_cta<HD>(p, rows, shared_kv, sk, sk + kKeys * HD);
+      copy_stage_cta<HD>(p, rows, shared_kv, sk, sk + kKeys * HD, i == own_tile ? (pos - kstart) % kKeys : -1);
     }
     cp_async_commit();  // empty groups too: the waits count groups
   };
   for (int i = 0; i < stages - 1; ++i) issue(i, lookup(i));
   StageRows next = lookup(stages - 1);
+  if (early) {
+    // Then the wait, Q and the own key (as one group after the first stages': the loop's waits count the same).
+    // (Also putting the split's next 48 keys into the L2 here, by bulk prefetches, was slower: an H200, session 23:
+    // 12.1 against 10.9 us for a sliding layer alone, and no faster in the chain.)
+    if constexpr (kNormRope) {
+      // Before the wait: this lane's cos / sin (dims (8 lane + j) % (HD / 2)), the norm weights, the cache slot of
+      // the query's own key (where this split holds it) and the L2 prefetch of the weight read after the attention.
+      constexpr int kC = HD / 256;
+      const AttentionNormRope& nr = p.norm_rope;
+      float cs[8], sn[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) rope_cos_sin(pos, nr.inv_freq[(8 * lane + j) % (HD / 2)], nr.rope_scale, cs[j], sn[j]);
+      uint4 qw[kC], kw[kC];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        qw[c] = reinterpret_cast<const uint4*>(nr.q_norm)[lane + 32 * c];
+        kw[c] = reinterpret_cast<const uint4*>(nr.k_norm)[lane + 32 * c];
+      }
+      const int64_t slot = holds_own ? kv_row(p.kv, t, pos, p.n_kv) : -1;
+      if (nr.prefetch_bytes > 0) {
+        const int64_t threads = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * blockDim.x;
+        const int64_t block = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        prefetch_l2_share(nr.prefetch, nr.prefetch_bytes, block * blockDim.x + threadIdx.x, threads);
+      }
+      pdl_wait();  // the q|k|v projection comes from the kernel before
+      pdl_launch_dependents();
+      // The group's q heads into the Q tile, and the owner's k and v heads into the cache (and its ring slot when
+      // the key's stage was copied before the wait), a row a warp.
+      // Every row's loads first (at most 3 rows a warp: 8 q heads, k and v), then the math.
+      constexpr int kMaxRows = (kHeads + 2 + kWarps - 1) / kWarps;
+      const int64_t heads = p.n_q + 2 * p.n_kv;
+      const int rows = group + (holds_own ? 2 : 0);
+      auto head_of = [&](int row) { return row < group ? g * group + row : row == group ? p.n_q + g : p.n_q + p.n_kv + g; };
+      uint4 raw[kMaxRows][kC];
+#pragma unroll
+      for (int k = 0; k < kMaxRows; ++k) {
+        const int row = warp + k * kWarps;
+        if (row >= rows) break;
+#pragma unroll
+        for (int c = 0; c < kC; ++c)
+          raw[k][c] = reinterpret_cast<const uint4*>(nr.qkv + (t * heads + head_of(row)) * HD)[lane + 32 * c];
+      }
+#pragma unroll
+      for (int k = 0; k < kMaxRows; ++k) {
+        const int row = warp + k * kWarps;
+        if (row >= rows) break;
+        const bool is_q = row < group, is_k = row == group;
+        uint4 out[kC];
+        norm_rope_row<HD>(raw[k], qw, kw, is_q, is_k, nr.eps, cs, sn, out);
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          const int i = lane + 32 * c;
+          if (is_q) {
+            *reinterpret_cast<uint4*>(chunk_at<HD>(sq, row, i)) = out[c];
+            continue;
+          }
+          if (slot >= 0) *reinterpret_cast<uint4*>((is_k ? p.kv.k : p.kv.v) + (slot + g) * HD + 8 * i) = out[c];
+          if (own_tile >= 0) {  // a token without a cache slot reads zeros, as the copies' zero fill
+            uint16_t* sk = ring + own_tile * stage_elems;
+            *reinterpret_cast<uint4*>(chunk_at<HD>(is_k ? sk : sk + kKeys * HD, (pos - kstart) % kKeys, i)) =
+                slot >= 0 ? out[c] : make_uint4(0, 0, 0, 0);
+          }
+        }
+      }
+      for (int idx = threadIdx.x; idx < (kHeads - group) * kChunks; idx += 32 * kWarps)
+        *reinterpret_cast<uint4*>(chunk_at<HD>(sq, group + idx / kChunks, idx % kChunks)) = make_uint4(0, 0, 0, 0);
+    } else {
+      const StageRows own = own_tile >= 0 ? lookup_key<HD>(p, g, seq, pos) : StageRows{};
+      pdl_wait();  // q and the query's own K/V come from qkv_rope
+      pdl_launch_dependents();
+      copy_q();
+      if (own_tile >= 0) {
+        uint16_t* sk = ring + own_tile * stage_elems;
+        copy_row_cta<HD>(p, own, shared_kv, sk, sk + kKeys * HD, (pos - kstart) % kKeys);
+      }
+    }
+    cp_async_commit();  // (empty with kNormRope: the loop's waits count the same groups)
+  }
 
   // This warp's slice of Q as B fragments: kc 2j in qb[j][0..1], 2j + 1 in qb[j][2..3].
-  wait_groups(stages - 1);  // the Q group (the first stages may still fly)
+  if (early) {
+    cp_async_wait<0>();  // Q and the first stages, copied before the wait
+  } else {
+    wait_groups(stages - 1);  // the Q group (the first stages may still fly)
+  }
   __syncthreads();
   uint32_t qb[kDt / 2][4];
 #pragma unroll
@@ -536,7 +735,7 @@ Status launch_cta_cluster(const AttentionKernelParams& p, const AttentionDecodeS
   static_assert(kHeads * (HD + 2) * 4 <= 2 * 16 * HD * 2, "a split's state fits the smallest ring");
   static_assert(kAttnSwapClusterSplits * kHeads * 2 <= 2 * kWarps * 4 * 32, "the splits' (m, l) fit the score buffer");
   if (c.num_splits != kAttnSwapClusterSplits) return internal_error("attention decode swap: a cluster takes 16 splits");
-  auto kernel = attention_decode_swap_cta_kernel<HD, true>;
+  auto kernel = p.norm_rope.qkv ? attention_decode_swap_cta_kernel<HD, true, true> : attention_decode_swap_cta_kernel<HD, true>;
   MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
                                  "cudaFuncSetAttribute(attention decode swap, clusters of 16)"));
   MX_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -592,6 +791,15 @@ Status launch_attention_decode_swap_cluster(const AttentionKernelParams& p, cons
   if (c.stages < 2 || c.stages > 4) return internal_error("attention decode swap (clusters): ring of 2 to 4 stages");
   if (p.tokens == 0) return Status::ok();
   if (p.tokens > 65535) return unimplemented("attention decode swap (clusters): more than 65535 tokens in one call");
+  if (p.norm_rope.qkv) {
+    const AttentionNormRope& nr = p.norm_rope;
+    if (!nr.inv_freq || !nr.q_norm || !nr.k_norm || p.kv.v == p.kv.k)
+      return invalid_argument("attention decode swap (clusters), q/k/v norms and RoPE: inv_freq, both norm weights and V "
+                              "apart from K");
+    if (nr.prefetch_bytes < 0 || nr.prefetch_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(nr.prefetch) % 16 != 0)
+      return invalid_argument("attention decode swap (clusters): the L2 prefetch needs 16-byte alignment and a multiple "
+                              "of 16 bytes");
+  }
   return p.head_dim == 256 ? launch_cta_cluster<256>(p, c, stream) : launch_cta_cluster<512>(p, c, stream);
 }
 

@@ -120,6 +120,19 @@ Status launch_qkv_rope(const RopeParams& p, cudaStream_t stream);
 // aligned: launch_qkv_rope's form.
 Status launch_qkv_rope_stream(const RopeParams& p, int tokens_per_cta, int items, cudaStream_t stream);
 
+// Gemma-4's per-head q/k/v norms and RoPE inside the clustered decode attention (AttentionKernelParams::norm_rope;
+// GemmaQkvNormRopeParams' arithmetic): qkv non-null turns it on.
+struct AttentionNormRope {
+  const uint16_t* qkv = nullptr;     // bf16 [tokens, (n_q + 2 n_kv) head_dim]: the q|k|v projection
+  const float* inv_freq = nullptr;   // [head_dim / 2]
+  const uint16_t* q_norm = nullptr;  // bf16 [head_dim]
+  const uint16_t* k_norm = nullptr;  // bf16 [head_dim]
+  float rope_scale = 1.0f, eps = 1e-6f;
+  // Bytes into the L2 before the PDL wait (the weight read after the attention), as GemmaQkvNormRopeParams.
+  const void* prefetch = nullptr;
+  int64_t prefetch_bytes = 0;
+};
+
 struct AttentionKernelParams {
   const uint16_t* q = nullptr;      // bf16 [tokens, n_q, head_dim], rows q_stride apart
   const uint16_t* sinks = nullptr;  // bf16 [n_q], or null: no sinks
@@ -135,6 +148,14 @@ struct AttentionKernelParams {
   // q_rope_scale; NeoX halves; bf16 results).
   const float* q_inv_freq = nullptr;  // [head_dim / 2]
   float q_rope_scale = 1.0f;
+  // One query per sequence (decode): every key before a query's own position comes from an earlier step, so the
+  // 4-warp swap-AB decode kernel (head dims 256 and 512) copies the ring's first stages of those keys before its
+  // PDL wait; only the query's own key, which the kernel before (qkv_rope) writes, and Q wait for it.
+  bool keys_before_wait = false;
+  // launch_attention_decode_swap_cluster at one query per sequence (keys_before_wait's condition) with norm_rope.qkv
+  // set: q is not read; the kernel norms and rotates each token's q heads and its own K/V from the q|k|v projection
+  // and writes K/V into the cache (qkv_rope's work; V must not alias K).
+  AttentionNormRope norm_rope;
 };
 // Many queries per sequence: FlashAttention-2 on mma.sync. Tokens of a sequence must be contiguous.
 Status launch_attention_prefill(const AttentionKernelParams& p, const AttentionPrefillConfig& c, cudaStream_t stream);
