@@ -277,21 +277,25 @@ __global__ void __launch_bounds__(32) attention_decode_swap_kernel(AttentionKern
 // and broadcasts them by shuffles.
 constexpr int kWarps = 4;   // head-dim slices of a stage
 
-// As lookup_stage, for any warp of a CTA (lane = threadIdx.x % 32).
+// Where key `key` of kv head g lives (any thread; the page table is read by every caller).
 template <int HD>
-__device__ __forceinline__ StageRows lookup_stage_cta(const AttentionKernelParams& p, int g, int seq, int k0, int kend) {
+__device__ __forceinline__ StageRows lookup_key(const AttentionKernelParams& p, int g, int seq, int key) {
   StageRows s;
-  const int lane = threadIdx.x % 32, key = k0 + lane;
-  if (lane < kKeys && key <= kend) {
-    const int page_size = static_cast<int>(p.kv.page_size);
-    const int logical = key / page_size;
-    if (logical < p.kv.max_pages) {
-      const int64_t page = p.kv.page_table[static_cast<int64_t>(seq) * p.kv.max_pages + logical];
-      s.ok = page >= 0 && page < p.kv.num_pages;
-      if (s.ok) s.off = ((page * page_size + key - logical * page_size) * p.n_kv + g) * HD;
-    }
+  const int page_size = static_cast<int>(p.kv.page_size);
+  const int logical = key / page_size;
+  if (logical < p.kv.max_pages) {
+    const int64_t page = p.kv.page_table[static_cast<int64_t>(seq) * p.kv.max_pages + logical];
+    s.ok = page >= 0 && page < p.kv.num_pages;
+    if (s.ok) s.off = ((page * page_size + key - logical * page_size) * p.n_kv + g) * HD;
   }
   return s;
+}
+
+// As lookup_stage, for any warp of a CTA (lane = threadIdx.x % 32): lane i looks up the stage's key k0 + i.
+template <int HD>
+__device__ __forceinline__ StageRows lookup_stage_cta(const AttentionKernelParams& p, int g, int seq, int k0, int kend) {
+  const int lane = threadIdx.x % 32, key = k0 + lane;
+  return lane < kKeys && key <= kend ? lookup_key<HD>(p, g, seq, key) : StageRows{};
 }
 
 // Issues this thread's share of a stage's copies (16 key rows, zero-filled where not there) into sk, and
@@ -311,21 +315,6 @@ __device__ __forceinline__ void copy_stage_cta(const AttentionKernelParams& p, c
     cp_async_16(chunk_at<HD>(sk, row, c), p.kv.k + row_off + c * 8, row_ok);
     if (!shared_kv) cp_async_16(chunk_at<HD>(sv, row, c), p.kv.v + row_off + c * 8, row_ok);
   }
-}
-
-// Where key `key` of kv head g lives (any thread; the page table is read by every caller): as lookup_stage_cta's
-// lanes.
-template <int HD>
-__device__ __forceinline__ StageRows lookup_key(const AttentionKernelParams& p, int g, int seq, int key) {
-  StageRows s;
-  const int page_size = static_cast<int>(p.kv.page_size);
-  const int logical = key / page_size;
-  if (logical < p.kv.max_pages) {
-    const int64_t page = p.kv.page_table[static_cast<int64_t>(seq) * p.kv.max_pages + logical];
-    s.ok = page >= 0 && page < p.kv.num_pages;
-    if (s.ok) s.off = ((page * page_size + key - logical * page_size) * p.n_kv + g) * HD;
-  }
-  return s;
 }
 
 // This thread's share of one key row's copies (row `row` of a stage; zero-filled where not there).
