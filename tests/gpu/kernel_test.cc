@@ -1514,6 +1514,13 @@ void make_moe_inputs(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& 
   in->w_g = cuda.upload(DType::kF32, {c.T, c.k}, weights.data());
 }
 
+// The CPU twin's output for `in` (fp32), the reference every CUDA form of a MoE case is checked against.
+void moe_cpu_twin(Arena& cpu, const MoeCase& c, const MoeInputs& in, std::vector<float>* want) {
+  TensorView o_c = cpu.make(DType::kF32, {c.T, c.H});
+  ASSERT_TRUE(cpu_backend().moe_experts(MoeParams{in.x.cpu, in.id_c, in.w_c, &in.experts->host, o_c, c.k, 7.0f, 1.702f}).is_ok());
+  *want = cpu.download_f32(o_c);
+}
+
 // One routing of random experts through the CPU twin and through each CUDA path in `paths` (the decode path
 // once per k tiles per warp in `decode_k_tiles`, the grouped path once per tile size in `grouped_tiles`, 0 =
 // its own choice; `warp_specialized` as CudaMoeOptions::wgmma_warp_specialized). One CPU run for all of them.
@@ -1525,11 +1532,9 @@ void check_moe_case(Arena& cpu, Arena& cuda, std::mt19937& rng, const MoeCase& c
   make_moe_inputs(cpu, cuda, rng, c, &in);
   const Pair& px = in.x;
   const ExpertWeights* up = &in.experts->cuda;
-  const TensorView &id_c = in.id_c, &id_g = in.id_g, &w_c = in.w_c, &w_g = in.w_g;
-  TensorView o_c = cpu.make(DType::kF32, {c.T, c.H});
-  MoeParams m_c{px.cpu, id_c, w_c, &in.experts->host, o_c, c.k, 7.0f, 1.702f};
-  ASSERT_TRUE(cpu_backend().moe_experts(m_c).is_ok());
-  const std::vector<float> want = cpu.download_f32(o_c);
+  const TensorView &id_g = in.id_g, &w_g = in.w_g;
+  std::vector<float> want;
+  ASSERT_NO_FATAL_FAILURE(moe_cpu_twin(cpu, c, in, &want));
   for (CudaMoePath path : paths)
   for (int k_tiles : decode_k_tiles)
   for (int tile : grouped_tiles)
@@ -1642,9 +1647,8 @@ TEST_F(KernelTest, MoeExpertsDecodeStagedScales) {
                            MoeCase{32, 2880, 2880, 4, 4, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 16, Routing::kUniform}}) {
     MoeInputs in;
     make_moe_inputs(cpu_, cuda_, rng_, c, &in);
-    TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H});
-    ASSERT_TRUE(cpu_backend().moe_experts(MoeParams{in.x.cpu, in.id_c, in.w_c, &in.experts->host, o_c, c.k, 7.0f, 1.702f}).is_ok());
-    const std::vector<float> want = cpu_.download_f32(o_c);
+    std::vector<float> want;
+    ASSERT_NO_FATAL_FAILURE(moe_cpu_twin(cpu_, c, in, &want));
     for (const auto& [kt1, kt2] : splits) {
       std::vector<uint8_t> registers;
       for (const bool in_registers : {true, false}) {
@@ -1689,9 +1693,8 @@ TEST_F(KernelTest, MoeExpertsDecodeMaskRoute) {
                            MoeCase{8, 256, 4160, 1, 8, Routing::kUniform}, MoeCase{16, 320, 256, 2, 3, Routing::kHot}}) {
     MoeInputs in;
     make_moe_inputs(cpu_, cuda_, rng_, c, &in);
-    TensorView o_c = cpu_.make(DType::kF32, {c.T, c.H});
-    ASSERT_TRUE(cpu_backend().moe_experts(MoeParams{in.x.cpu, in.id_c, in.w_c, &in.experts->host, o_c, c.k, 7.0f, 1.702f}).is_ok());
-    const std::vector<float> want = cpu_.download_f32(o_c);
+    std::vector<float> want;
+    ASSERT_NO_FATAL_FAILURE(moe_cpu_twin(cpu_, c, in, &want));
     const std::string name = shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
                              " " + routing_name(c.routing);
     Bf16Data res = random_bf16(rng_, c.T * c.H, 2.0f), nw = random_bf16(rng_, c.H, 1.0f);
