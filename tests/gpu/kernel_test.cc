@@ -622,14 +622,84 @@ TEST_F(KernelTest, AttentionPrefillWgmmaRopeQ) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
+// One batch (`c`'s spans) through the window kernel against the CPU twin: K, V and Q ~N(0, 1), each token's Q row
+// times q_scale(token) when given; RoPE in the Q load (`rope`, gpt-oss's prefill) or Q written. The call is waited
+// for at most 10 s (a working one takes well under a millisecond): a kernel still running then is taken for a
+// hang, the batch printed and the process aborted, since a hung GPU cannot be left to the next test.
+Errors run_window_batch(Arena& cpu, Arena& cuda, std::mt19937& rng, cudaStream_t stream, const AttnCase& c, bool rope,
+                        const std::function<float(int64_t)>& q_scale = {}) {
+  const StagedPair sp(cpu, cuda, rng, c.spans, c.page_size);
+  if (!sp.ok()) return Errors{1e9, 0, 1};
+  const int64_t T = sp.tokens, width = (c.n_q + 2 * c.n_kv) * c.hd, q_width = rope ? width : c.n_q * c.hd;
+  const Shape cache_shape{sp.paged.num_pages, c.page_size, c.n_kv, c.hd};
+  const Bf16Data k = quick_random_bf16(rng, cache_shape.numel(), 1.0f);
+  const Bf16Data v = quick_random_bf16(rng, cache_shape.numel(), 1.0f);
+  Bf16Data q = random_bf16(rng, T * q_width, 1.0f);
+  const Bf16Data sinks = random_bf16(rng, c.n_q, 1.0f);
+  if (q_scale)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = t * q_width; i < t * q_width + c.n_q * c.hd; ++i) {
+        q.bits[i] = f32_to_bf16(q.values[i] * q_scale(t));
+        q.values[i] = bf16_to_f32(q.bits[i]);
+      }
+  const Pair pk = upload_activation(cpu, cuda, k, cache_shape), pv = upload_activation(cpu, cuda, v, cache_shape);
+  const Pair pq = upload_activation(cpu, cuda, q, {T, q_width});
+  std::vector<float> freq(static_cast<size_t>(c.hd / 2));
+  for (size_t f = 0; f < freq.size(); ++f) freq[f] = std::pow(150000.0f, -2.0f * static_cast<float>(f) / c.hd);
+  TensorView f_c, f_g;
+  if (rope) {
+    f_c = cpu.upload(DType::kF32, {c.hd / 2}, freq.data());
+    f_g = cuda.upload(DType::kF32, {c.hd / 2}, freq.data());
+  }
+  // With RoPE the twin reads Q rotated as the CPU's qkv_rope rotates it (cos and sin in double, times the scale) and
+  // rounded to bf16, as the GPU's rotation writes it: the fp32 rotation alone differs from it by ~1e-2 rel-L2 where
+  // logits reach ~50 (AttentionWgmmaWindowLogitJumps' rows x40), far above the kernel's own error.
+  TensorView q_c = pq.cpu;
+  if (rope) {
+    std::vector<float> qr(static_cast<size_t>(T * c.n_q * c.hd));
+    const int64_t half = c.hd / 2;
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t pos = sp.cpu_batch->positions.ptr<const int32_t>()[t];
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(static_cast<float>(pos) * freq[static_cast<size_t>(i)]);
+        const float cs = static_cast<float>(std::cos(angle)) * 1.25f, sn = static_cast<float>(std::sin(angle)) * 1.25f;
+        for (int64_t h = 0; h < c.n_q; ++h) {
+          const float a = q.values[t * q_width + h * c.hd + i], b = q.values[t * q_width + h * c.hd + i + half];
+          float* y = &qr[static_cast<size_t>((t * c.n_q + h) * c.hd + i)];
+          y[0] = bf16_to_f32(f32_to_bf16(a * cs - b * sn));
+          y[half] = bf16_to_f32(f32_to_bf16(b * cs + a * sn));
+        }
+      }
+    }
+    q_c = cpu.upload(DType::kF32, {T, c.n_q * c.hd}, qr.data());
+  }
+  const TensorView sk_c = cpu.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+  const TensorView sk_g = cuda.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+  TensorView o_c = cpu.make(DType::kF32, {T, c.n_q * c.hd}), o_g = cuda.make(DType::kBF16, {T, c.n_q * c.hd});
+  const float scale = 0.125f;
+  const AttentionParams a_c{q_c, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
+  const AttentionParams a_g{pq.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window,
+                            scale, f_g, 1.25f};
+  const Status st = cuda.backend().attention(a_g, *sp.cuda_batch);
+  if (!st.is_ok()) return Errors{1e9, 0, 1};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "window kernel: batch %s still runs after 10 s: a hang\n", c.name.c_str());
+      std::abort();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (!cpu.backend().attention(a_c, *sp.cpu_batch).is_ok()) return Errors{1e9, 0, 1};
+  return compare(cuda.download_f32(o_g), cpu.download_f32(o_c));
+}
+
 // The window kernel's K/V ring on random mixed batches (a hang fails the test): 1-8 sequences, each a prefill chunk
 // (1-400 tokens, odd counts) after 0 or up to 3,000 cached tokens, or a decode row, so that sequences start and
 // end inside blocks and tiles; gpt-oss's heads (64 q / 8 kv: many blocks a CTA from ~600 tokens) and 16 / 2,
 // with g4, g3, g16 and g1 (window 64) among them; odd pages. Mostly with RoPE in the Q load (gpt-oss's
 // prefill), a quarter with Q written. A block that holds a sequence's last tokens and the next one's first
-// hung the kernel's fast case until 98f8cc3 (a model of the ring hangs 670 of 3,000 batches drawn so). Each call
-// is waited for at most 10 s (a working one takes well under a millisecond): a kernel still running then is taken
-// for a hang, the batch printed and the process aborted, since a hung GPU cannot be left to the next test.
+// hung the kernel's fast case until 98f8cc3 (a model of the ring hangs 670 of 3,000 batches drawn so).
 TEST_F(KernelTest, AttentionWgmmaWindowRandomBatches) {
   auto placement = cuda_placement(cuda_backend());
   ASSERT_TRUE(placement.is_ok());
@@ -660,50 +730,14 @@ TEST_F(KernelTest, AttentionWgmmaWindowRandomBatches) {
       const int64_t cached = roll < 50 ? 0 : below(3001);
       const int64_t fresh = roll % 4 == 0 ? 1 : 1 + below(400);  // a quarter decode rows
       c.spans.push_back({cached, fresh});
+      tokens += fresh;
     }
     std::string spans;
     for (auto [cached, fresh] : c.spans) spans += " (" + std::to_string(cached) + ", " + std::to_string(fresh) + ")";
     const bool rope = pick(rng_) >= 25;
     c.name = std::string(geo.name) + (rope ? " rope-q" : " q written") + ", page " + std::to_string(c.page_size) +
              ", spans" + spans;
-    const StagedPair sp(cpu_, cuda_, rng_, c.spans, c.page_size);
-    ASSERT_TRUE(sp.ok());
-    const int64_t T = sp.tokens, width = (c.n_q + 2 * c.n_kv) * c.hd;
-    tokens += T;
-    const Shape cache_shape{sp.paged.num_pages, c.page_size, c.n_kv, c.hd};
-    const Bf16Data k = quick_random_bf16(rng_, cache_shape.numel(), 1.0f);
-    const Bf16Data v = quick_random_bf16(rng_, cache_shape.numel(), 1.0f);
-    const Bf16Data q = random_bf16(rng_, T * (rope ? width : c.n_q * c.hd), 1.0f), sinks = random_bf16(rng_, c.n_q, 1.0f);
-    const Pair pk = upload_activation(cpu_, cuda_, k, cache_shape), pv = upload_activation(cpu_, cuda_, v, cache_shape);
-    const Pair pq = upload_activation(cpu_, cuda_, q, {T, rope ? width : c.n_q * c.hd});
-    std::vector<float> freq(static_cast<size_t>(c.hd / 2));
-    for (size_t f = 0; f < freq.size(); ++f) freq[f] = std::pow(150000.0f, -2.0f * static_cast<float>(f) / c.hd);
-    TensorView f_c, f_g;
-    if (rope) {
-      f_c = cpu_.upload(DType::kF32, {c.hd / 2}, freq.data());
-      f_g = cuda_.upload(DType::kF32, {c.hd / 2}, freq.data());
-    }
-    const TensorView sk_c = cpu_.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
-    const TensorView sk_g = cuda_.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
-    TensorView o_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), o_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
-    const float scale = 0.125f;
-    const AttentionParams a_c{pq.cpu, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale,
-                              f_c, 1.25f};
-    const AttentionParams a_g{pq.cuda, {pk.cuda, pv.cuda, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window,
-                              scale, f_g, 1.25f};
-    const Status st = cuda_.backend().attention(a_g, *sp.cuda_batch);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (cudaStreamQuery(stream) == cudaErrorNotReady) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "AttentionWgmmaWindowRandomBatches: batch %d (%s) still runs after 10 s: a hang\n", i,
-                     c.name.c_str());
-        std::abort();
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    ASSERT_TRUE(cpu_.backend().attention(a_c, *sp.cpu_batch).is_ok());
-    const Errors e = compare(cuda_.download_f32(o_g), cpu_.download_f32(o_c));
+    const Errors e = run_window_batch(cpu_, cuda_, rng_, stream, c, rope);
     worst = std::max(worst, e.rel_l2);
     EXPECT_TRUE(e.rel_l2 <= 1e-2 && e.non_finite == 0)
         << c.name << ": rel-L2 " << e.rel_l2 << ", " << e.non_finite << " not finite";
@@ -712,6 +746,33 @@ TEST_F(KernelTest, AttentionWgmmaWindowRandomBatches) {
   record("attention wgmma-window random batches",
          std::to_string(kBatches) + " batches, " + std::to_string(tokens) + " tokens (worst rel-L2 of any)", worst, 0,
          1e-2, !HasFailure());
+}
+
+// Logits that jump from block to block: Q rows times 1 or 40 in turns of 16 tokens (a block of the default form at
+// g8), so that a row's logits reach ~50 (x1.25 by the RoPE scale) in one block and ~1 in the next; a prompt and a
+// chunk after a cached prefix, RoPE in the Q load and Q written. The twin reads the rotated Q rounded to bf16 as the
+// kernel does (run_window_batch): against the fp32 rotation the bf16 rounding alone is ~1e-2 rel-L2 at these logits
+// (a CPU model of this batch: 9.7e-3 to 1.09e-2 by seed), the kernel's own roundings (P and O in bf16) ~1e-3.
+TEST_F(KernelTest, AttentionWgmmaWindowLogitJumps) {
+  auto placement = cuda_placement(cuda_backend());
+  ASSERT_TRUE(placement.is_ok());
+  auto dev = cuda::query_device_info(placement->device);
+  ASSERT_TRUE(dev.is_ok());
+  if (!cuda::choose_attention_window_wgmma_config(*dev, 64).enabled) GTEST_SKIP() << "no window kernel (sm_90a)";
+  const auto stream = static_cast<cudaStream_t>(placement->stream);
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {CudaAttentionPath::kWgmmaWindow}).is_ok());
+  double worst = 0;
+  for (const bool rope : {true, false}) {
+    const AttnCase c{rope ? "gpt-oss g8 rope-q" : "gpt-oss g8 q written", 64, 8, 64, 128, 16, {{0, 1000}, {300, 257}}};
+    const Errors e =
+        run_window_batch(cpu_, cuda_, rng_, stream, c, rope, [](int64_t t) { return (t / 16) % 3 == 1 ? 40.f : 1.f; });
+    worst = std::max(worst, e.rel_l2);
+    EXPECT_TRUE(e.rel_l2 <= 5e-3 && e.non_finite == 0)
+        << c.name << ": rel-L2 " << e.rel_l2 << ", " << e.non_finite << " not finite";
+  }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+  record("attention wgmma-window logit jumps", "Q x1 / x40 by 16-token turns, rope-q and q written (worst rel-L2)",
+         worst, 0, 5e-3, !HasFailure());
 }
 
 // Gemma-4 geometry (issue 15): sliding layers hd 256, 16 q / 8 kv heads, window 1024; full layers hd 512,
