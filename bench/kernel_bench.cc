@@ -1634,6 +1634,8 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       int fused_ring_slots = 0;
       int bulk_up_stage_k = 0, bulk_down_stage_k = 0;  // bulk copies: k per ring stage (0: 256)
       CudaBulkCopyForm bulk_copy_form = CudaBulkCopyForm::kRows;
+      int up_rows = 0, up_stages = 0, down_rows = 0, down_stages = 0;  // wgmma, 128-token tiles (0: 128, 4)
+      int warp_specialized = -1;  // wgmma, 128-token tiles: 1 the warp-specialized kernel, -1 a CTA per item, 0 auto
     };
     auto options_of = [](const Variant& v) {
       CudaBf16ExpertsOptions o{v.path, v.tiles_per_cta};
@@ -1645,6 +1647,11 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       o.prefill = v.prefill;
       o.prefill_tile_tokens = v.prefill_tile_tokens;
       o.fused_ring_slots = v.fused_ring_slots;
+      o.prefill_up_rows = v.up_rows;
+      o.prefill_up_stages = v.up_stages;
+      o.prefill_down_rows = v.down_rows;
+      o.prefill_down_stages = v.down_stages;
+      o.prefill_warp_specialized = v.warp_specialized;
       return o;
     };
     using D = CudaBf16ExpertsDecode;
@@ -1661,6 +1668,21 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
       return Variant{D::kBulkCopies, tiles, ready, label, 0, 0, P::kAuto, 0, 0, up_k, down_k, form};
     };
     const B R = B::kRows, X = B::kBoxes;
+    // The wgmma kernel on 128-token tiles by weight rows a CTA and ring stages of each GEMM (no commas in the labels:
+    // --variants takes comma-separated prefixes).
+    auto wide = [](int up_rows, int up_stages, int down_rows, int down_stages, bool ws = false) {
+      Variant v{D::kAuto, 0, false, std::string(" (prefill wgmma 128-token tiles") + (ws ? " ws" : "") + " up " +
+                                        std::to_string(up_rows) + "x" +
+                                        std::to_string(up_stages) + " down " + std::to_string(down_rows) + "x" +
+                                        std::to_string(down_stages) + ")",
+                0, 0, P::kWgmma, 128};
+      v.up_rows = up_rows;
+      v.up_stages = up_stages;
+      v.down_rows = down_rows;
+      v.down_stages = down_stages;
+      v.warp_specialized = ws ? 1 : -1;
+      return v;
+    };
     const std::vector<Variant> variants{{D::kRegisterLoads, 0, false, " (register loads)"},
                                         bulk(R, 1, false, 256, 256), bulk(R, 2, false, 256, 256),
                                         bulk(R, 3, false, 256, 256), bulk(R, 4, false, 256, 256),
@@ -1686,6 +1708,15 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
                                         {D::kAuto, 0, false, " (prefill mma.sync)", 0, 0, P::kMmaSync},
                                         {D::kAuto, 0, false, " (prefill wgmma)", 0, 0, P::kWgmma},
                                         {D::kAuto, 0, false, " (prefill wgmma 128-token tiles)", 0, 0, P::kWgmma, 128},
+                                        wide(176, 5, 256, 4), wide(128, 6, 128, 6), wide(256, 4, 256, 4),
+                                        wide(128, 4, 128, 3), wide(176, 5, 128, 3), wide(176, 5, 256, 4, true),
+                                        wide(128, 6, 128, 6, true), wide(176, 5, 128, 6, true),
+                                        [&] {  // the default (kAuto) at 128-token tiles
+                                          Variant v{D::kAuto, 0, false, " (prefill wgmma 128-token tiles auto)", 0, 0,
+                                                    P::kWgmma, 128};
+                                          v.warp_specialized = 0;
+                                          return v;
+                                        }(),
                                         {D::kFused, 0, true, " (fused 4 slots, routing ready)", 0, 0, P::kAuto, 0, 4},
                                         {D::kFused, 0, true, " (fused 3 slots, routing ready)", 0, 0, P::kAuto, 0, 3},
                                         {D::kFused, 0, true, " (fused 6 slots, routing ready)", 0, 0, P::kAuto, 0, 6},
@@ -1729,7 +1760,7 @@ void bench_gemma_experts(const std::vector<int64_t>& sizes) {
         if (wgmma_out.empty()) wgmma_out = got_out;
         same = got_out == wgmma_out ? ", = wgmma bit for bit" : ", DIFFERS from wgmma";
         float diff = 0.f, top = 0.f;
-        for (size_t j = 0; j < got_out.size(); ++j) {
+        for (size_t j = 0; j < mma_sync_out.size(); ++j) {  // when the mma.sync row ran
           diff = std::max(diff, std::fabs(bf16_to_f32(got_out[j]) - bf16_to_f32(mma_sync_out[j])));
           top = std::max(top, std::fabs(bf16_to_f32(mma_sync_out[j])));
         }

@@ -175,6 +175,12 @@ const std::vector<CliOption> kCommandOptions = {
      "q-written (auto's kernels, but qkv_rope writes the rotated Q and the attention reads it back at prefill: the "
      "form before 2026-11-29; auto rotates Q in the attention's Q load); several, comma-separated: compared as "
      "--bf16-experts-decode"},
+    {"gemma-prefill-experts", true,
+     "Gemma-4's bf16 experts on wgmma at 128-token tiles (prefill, sm_90): auto (default: ws-128x6-128x6) or "
+     "UPxS-DOWNxS, the weight rows a CTA and ring stages of the gate|up and the down GEMM on a CTA per item: "
+     "128x4-128x4 (the form before session 24), 128x6-128x6, 176x5-256x4, 256x4-256x4, 128x4-128x3 or 176x5-128x3, "
+     "or on the warp-specialized persistent kernel: ws-176x5-256x4, ws-128x6-128x6 or ws-176x5-128x6 (with the "
+     "decode kernels' defaults); several, comma-separated: compared as --bf16-experts-decode"},
     {"gemma-row-form", true,
      "Gemma-4's fused row kernels (attention end, layer end) on CUDA: auto (default: by rows, 2 chunks a thread from "
      "1024 rows, bounded from 4096), four-chunks (the form before session 23), two-chunks or bounded (2 chunks, "
@@ -220,6 +226,9 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
       {"skinny-staged", {"auto", "off", "on", "one-wave", "2-waves", "3-waves"}},
       {"decode-overlap", {"auto", "off", "side-stream", "l2-prefetch", "both"}},
       {"gemma-row-form", {"auto", "four-chunks", "two-chunks", "bounded"}},
+      {"gemma-prefill-experts",
+       {"auto", "128x4-128x4", "128x6-128x6", "176x5-256x4", "256x4-256x4", "128x4-128x3", "176x5-128x3",
+        "ws-176x5-256x4", "ws-128x6-128x6", "ws-176x5-128x6"}},
   };
   return names;
 }
@@ -371,6 +380,16 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     rope.q_in_attention = value != "q-written";
     return set_cuda_rope_options(backend, rope);
   }
+  if (flag == "gemma-prefill-experts") {
+    CudaBf16ExpertsOptions o;
+    const bool ws = value.rfind("ws-", 0) == 0;
+    if (value != "auto") o.prefill_warp_specialized = ws ? 1 : -1;
+    const std::string form = ws ? value.substr(3) : value;
+    if (value != "auto" && std::sscanf(form.c_str(), "%dx%d-%dx%d", &o.prefill_up_rows, &o.prefill_up_stages,
+                                       &o.prefill_down_rows, &o.prefill_down_stages) != 4)
+      return invalid_argument("--gemma-prefill-experts: " + value);
+    return set_cuda_bf16_experts_options(backend, o);
+  }
   if (flag == "gemma-row-form") {
     using F = CudaGemmaRowForm;
     return set_cuda_gemma_row_options(backend, {value == "four-chunks" ? F::kFourChunks
@@ -391,7 +410,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
 // One value of a kernel flag whose values bench latency compares (--decode-attention, --bf16-experts-decode,
 // --skinny-strip-rows, --moe-decode-combine, --moe-decode-form, --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order,
 // --moe-wgmma-prefill-loads, --decode-overlap,
-// --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form, --gemma-row-form).
+// --qkv-rope-form, --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form, --gemma-row-form,
+// --gemma-prefill-experts).
 struct KernelChoice {
   std::string flag, value;
   Status apply(Backend& backend) const {
@@ -999,7 +1019,7 @@ Status run(const CliArgs& args) {
   MX_ASSIGN_OR_RETURN(auto inner, make_backend(bo));
   // --decode-attention, --bf16-experts-decode, --skinny-strip-rows, --moe-decode-combine, --moe-decode-form,
   // --moe-wgmma-loads, --moe-wgmma-glue, --moe-wgmma-order, --moe-wgmma-prefill-loads, --decode-overlap, --qkv-rope-form,
-  // --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form, --gemma-row-form: one
+  // --qkv-rope-epilogue, --skinny-staged, --skinny-decode-form, --gemma-row-form, --gemma-prefill-experts: one
   // kernel choice each, or several values of one flag compared (an engine each, below): those come first in
   // kernel_choices, `compared` of them.
   std::vector<KernelChoice> kernel_choices;
@@ -1007,7 +1027,8 @@ Status run(const CliArgs& args) {
   for (const char* flag :
        {"decode-attention", "bf16-experts-decode", "skinny-strip-rows", "moe-decode-combine", "moe-decode-form",
         "moe-wgmma-loads", "moe-wgmma-glue", "moe-wgmma-order", "moe-wgmma-prefill-loads", "decode-overlap",
-        "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged", "skinny-decode-form", "gemma-row-form"}) {
+        "qkv-rope-form", "qkv-rope-epilogue", "skinny-staged", "skinny-decode-form", "gemma-row-form",
+        "gemma-prefill-experts"}) {
     if (!args.has(flag)) continue;
     if (tp > 1)
       return invalid_argument(std::string("--") + flag + " sets one backend's kernels: not with --tensor-parallel-size");

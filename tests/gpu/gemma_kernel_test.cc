@@ -625,19 +625,35 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
     // 64-token tiles: the mma.sync kernel and (sm_90 only) the wgmma one, which also takes 128-token tiles and
     // gives the same bits on both; each wgmma run replayed from a CUDA graph gives its eager bits.
     std::vector<float> wgmma_got;
+    // 128-token tiles also by weight rows a CTA and ring stages of each GEMM (up rows x stages, down rows x stages).
     struct PrefillKernel {
       CudaBf16ExpertsPrefill kernel;
       int tile_tokens;
       const char* name;
+      int up_rows = 0, up_stages = 0, down_rows = 0, down_stages = 0;
+      int warp_specialized = -1;  // 128-token tiles: 1 the warp-specialized kernel, -1 a CTA per item, 0 the default
     };
-    for (const auto& [kernel, tile_tokens, name] :
+    for (const auto& [kernel, tile_tokens, name, up_rows, up_stages, down_rows, down_stages, warp_specialized] :
          {PrefillKernel{CudaBf16ExpertsPrefill::kMmaSync, 64, ", mma.sync"},
           PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 64, ", wgmma"},
-          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma 128-token tiles"}}) {
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma 128-token tiles"},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma 128-token tiles, up 128x6 down 128x6", 128, 6, 128, 6},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma 128-token tiles, up 176x5 down 256x4", 176, 5, 256, 4},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma 128-token tiles, up 256x4 down 128x3", 256, 4, 128, 3},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma warp-specialized, up 176x5 down 256x4", 176, 5, 256, 4,
+                        1},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma warp-specialized, up 128x6 down 128x6", 128, 6, 128, 6,
+                        1},
+          PrefillKernel{CudaBf16ExpertsPrefill::kWgmma, 128, ", wgmma 128-token tiles, the default form", 0, 0, 0, 0, 0}}) {
       if (!prefill) break;
       CudaBf16ExpertsOptions o;
       o.prefill = kernel;
       o.prefill_tile_tokens = tile_tokens;
+      o.prefill_up_rows = up_rows;
+      o.prefill_up_stages = up_stages;
+      o.prefill_down_rows = down_rows;
+      o.prefill_down_stages = down_stages;
+      o.prefill_warp_specialized = warp_specialized;
       ASSERT_TRUE(set_cuda_bf16_experts_options(cuda_backend(), o).is_ok());
       TensorView o_g = cuda_.make(DType::kBF16, {c.t, c.h});
       const Status st = cuda_backend().moe_geglu_experts({px.cuda, id_g, pwt.cuda, gu_g, dn_g, o_g, c.k});
@@ -646,7 +662,7 @@ TEST_F(GemmaKernelTest, MoeGegluExperts) {
       const std::vector<float> got = cuda_.download_f32(o_g);
       check("moe_geglu_experts", what + name, got, want, 1e-2);
       if (kernel == CudaBf16ExpertsPrefill::kMmaSync) continue;
-      // A token's row sums in the same order on either tile size: the first one's bits.
+      // A token's row sums in the same order on either tile size and every weight tile: the first one's bits.
       if (wgmma_got.empty()) wgmma_got = got;
       const bool same = got == wgmma_got;
       record("moe_geglu_experts wgmma", what + name + (same ? ": the wgmma bits" : ": DIFFERS from wgmma"), same ? 0 : 1,

@@ -1053,6 +1053,16 @@ class CudaBackend final : public Backend {
         opt.prefill_tile_tokens != 0 ? opt.prefill_tile_tokens : moe_bf16_prefill_tile_tokens(prefill_wgmma, slots, E);
     if (prefill_tile_tokens != 64 && !(prefill_tile_tokens == 128 && prefill_wgmma))
       return invalid_argument("bf16 experts: prefill tiles of 64 tokens (wgmma: also 128)");
+    // 128-token tiles on wgmma: the warp-specialized persistent kernel unless told otherwise (cuda_backend.h), 128
+    // weight rows a CTA in both GEMMs, through rings of 6 k tiles (the CTA-per-item kernel: 4).
+    const bool ws = opt.prefill_warp_specialized >= 0;
+    const int up_rows = opt.prefill_up_rows != 0 ? opt.prefill_up_rows : 128;
+    const int up_stages = opt.prefill_up_stages != 0 ? opt.prefill_up_stages : ws ? 6 : 4;
+    const int down_rows = opt.prefill_down_rows != 0 ? opt.prefill_down_rows : 128;
+    const int down_stages = opt.prefill_down_stages != 0 ? opt.prefill_down_stages : ws ? 6 : 4;
+    if (!moe_bf16_wgmma_form_ok(true, up_rows, up_stages, ws) ||
+        !moe_bf16_wgmma_form_ok(false, down_rows, down_stages, ws))
+      return invalid_argument("bf16 experts: no wgmma prefill kernel of those rows and stages");
     // 64-token tiles (grouped GEMM) once experts average 32 routed tokens; its epilogues store channel pairs.
     const bool grouped = slots >= 32 * E && I % 2 == 0;
     const bool self_routed = !grouped && use_fused_moe_routing(slots);
@@ -1109,6 +1119,12 @@ class CudaBackend final : public Backend {
     g.out_rows = I;
     g.k = H;
     g.k_split = k_split(H);
+    if (g.wgmma && tile_tokens == 128) {
+      g.wgmma_rows = up_rows;
+      g.wgmma_stages = up_stages;
+      g.wgmma_ws = ws;
+      g.sms = dev_.sm_count;
+    }
     // Bulk copies where the experts route themselves (one CTA per tile and strip): wider ring stages, fewer copies.
     g.bulk_stage_k = opt.bulk_up_stage_k != 0 ? opt.bulk_up_stage_k : self_routed ? 512 : 256;
     g.bulk_tensor_boxes = boxes && moe_bf16_bulk_boxes_fit(g);
@@ -1126,6 +1142,10 @@ class CudaBackend final : public Backend {
     g.out_rows = H;
     g.k = I;
     g.k_split = k_split(I);
+    if (g.wgmma && tile_tokens == 128) {
+      g.wgmma_rows = down_rows;
+      g.wgmma_stages = down_stages;
+    }
     g.bulk_stage_k = opt.bulk_down_stage_k != 0 ? opt.bulk_down_stage_k : 256;
     g.bulk_tensor_boxes = boxes && moe_bf16_bulk_boxes_fit(g);
     if (g.bulk_copies) {

@@ -218,6 +218,16 @@ struct CudaBf16ExpertsOptions {
   CudaBf16ExpertsPrefill prefill = CudaBf16ExpertsPrefill::kAuto;
   // Tokens per routing tile there: 64 or 128 (wgmma only); 0 = moe_bf16_prefill_tile_tokens's choice.
   int prefill_tile_tokens = 0;
+  // wgmma with 128-token tiles: weight rows a CTA and k tiles in its ring, of the first (gate|up: 128 at 4 or 6
+  // stages, 176 at 5, 256 at 4) and the second GEMM (down: 128 at 3, 4 or 6, 256 at 4); 0 = 128 rows, 4 stages.
+  int prefill_up_rows = 0, prefill_up_stages = 0, prefill_down_rows = 0, prefill_down_stages = 0;
+  // ... on the warp-specialized persistent kernel (a copying warpgroup, two multiplying; gate|up 128 rows at 6
+  // stages or 176 at 5, down 128 at 6 or 256 at 4; 0 rows and stages = 128 at 6) instead of a CTA per (tile,
+  // weight tile): 1 forces it, -1 the CTA per item; 0 = the warp-specialized kernel. H200, session 24 W1
+  // (mx_kernel_bench --gemma-experts-only=8192, us per call of routing + GEMMs + combine, median of 3 rounds): CTA
+  // per item 128x4/128x4 3209.4, 176x5/256x4 2827.4, 256x4/256x4 2632.8; warp-specialized 128x6/128x6 2405.2,
+  // 176x5/256x4 2474.9.
+  int prefill_warp_specialized = 0;
   // kFused: ring slots per CTA (2 to 8; 0 = 6). H200, 4 tokens, us per call at 3 / 4 / 6 slots: 119.84 /
   // 115.74 / 113.18 (mx_kernel_bench --gemma-experts-only, session 15 W1).
   int fused_ring_slots = 0;

@@ -158,6 +158,14 @@ struct MoeBf16GemmParams {
   // 64- or 128-token tiles on wgmma (moe_bf16_wgmma.cu, sm_90a) instead of mma.sync (moe_bf16_grouped.cu,
   // 64 only).
   bool wgmma = false;
+  // wgmma, 128-token tiles: weight rows a CTA (wgmma's N: 128, 176 or 256; the first GEMM's are half gate, half up
+  // rows) and k tiles in its cp.async ring; 0 = 128 and 4 (the only form of 64-token tiles).
+  // moe_bf16_wgmma_form_ok says which pairs are instanced.
+  int wgmma_rows = 0, wgmma_stages = 0;
+  // wgmma, 128-token tiles: the warp-specialized persistent kernel (a copying warpgroup, two multiplying; one CTA
+  // per SM over `sms` SMs) instead of one CTA per (tile, weight tile) whose warps all copy and multiply.
+  bool wgmma_ws = false;
+  int sms = 0;
   // 8-token tiles: weights by cp.async.bulk into shared memory (moe_bf16_bulk.cu, sm_90+; 4 warps per strip)
   // instead of 16-byte loads into registers (moe_bf16.cu).
   bool bulk_copies = false;
@@ -186,6 +194,10 @@ struct MoeBf16GemmParams {
   int ring_slots = 0;
 };
 Status launch_moe_bf16_gemm(const MoeBf16GemmParams& p, cudaStream_t stream);
+// The wgmma kernel's 128-token-tile forms (MoeBf16GemmParams::wgmma_rows, wgmma_stages; moe_bf16_wgmma.cu): gate|up
+// 128 rows at 4 or 6 stages, 176 at 5, 256 at 4; down 128 at 3, 4 or 6 stages, 256 at 4. Warp-specialized
+// (wgmma_ws): gate|up 128 at 6 or 176 at 5, down 128 at 6 or 256 at 4.
+bool moe_bf16_wgmma_form_ok(bool gated, int rows, int stages, bool ws = false);
 // Tokens per routing tile of the prefill experts (slots >= 32 x experts) where the caller does not choose:
 // moe_bf16.cu's measured choice for the wgmma kernel; 64 for mma.sync (its only size).
 int64_t moe_bf16_prefill_tile_tokens(bool wgmma, int64_t slots, int64_t experts);

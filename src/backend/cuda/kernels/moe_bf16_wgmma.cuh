@@ -11,17 +11,18 @@
 
 namespace mx::cuda {
 
-// A CTA's weight rows (wgmma's N; the first GEMM's are 64 channels' gate rows, then their up rows) and k tile
-// (64 bf16: one 128-byte swizzled row); each warpgroup multiplies 64 tokens of the routing tile (M).
+// A CTA's weight rows by default (wgmma's N; the first GEMM's are 64 channels' gate rows, then their up rows;
+// 128-token tiles also take 176 or 256, MoeBf16GemmParams::wgmma_rows) and k tile (64 bf16: one 128-byte swizzled
+// row); each warpgroup multiplies 64 tokens of the routing tile (M).
 constexpr int kMoeBf16WgmmaRows = 128, kMoeBf16WgmmaK = 64, kMoeBf16WgmmaWarpgroupTokens = 64;
 
-// Epilogue of warp `warp`'s 16 tokens (tile rows 16 warp ..): acc[4j + 2 half + c] is token 16 warp + r +
-// 8 half, column col0-relative 8j + 2q + c. First GEMM: columns j < 8 are gate and j + 8 up of channel
-// col0 + 8j + 2q + c, h = gelu_tanh(gate) * up; second GEMM: y = acc x the slot's routing weight. bf16 pairs.
-template <bool kGated>
-__device__ __forceinline__ void moe_bf16_wgmma_store(const MoeBf16GemmParams& p, const float (&acc)[64], int start,
-                                                     int n, int64_t col0, int warp, int r, int q) {
-  constexpr int kBN = kMoeBf16WgmmaRows;
+// Epilogue of warp `warp`'s 16 tokens (tile rows 16 warp ..) of a kBN-row weight tile: acc[4j + 2 half + c] is
+// token 16 warp + r + 8 half, column col0-relative 8j + 2q + c. First GEMM: columns j < kBN / 16 are gate and
+// j + kBN / 16 up of channel col0 + 8j + 2q + c, h = gelu_tanh(gate) * up; second GEMM: y = acc x the slot's
+// routing weight. bf16 pairs.
+template <bool kGated, int kBN = kMoeBf16WgmmaRows>
+__device__ __forceinline__ void moe_bf16_wgmma_store(const MoeBf16GemmParams& p, const float (&acc)[kBN / 2],
+                                                     int start, int n, int64_t col0, int warp, int r, int q) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int tok = warp * 16 + r + 8 * half;  // warp 4 wg + i: the warpgroup's 64 tokens
@@ -32,7 +33,7 @@ __device__ __forceinline__ void moe_bf16_wgmma_store(const MoeBf16GemmParams& p,
       for (int j = 0; j < kBN / 16; ++j) {
         const int64_t ch = col0 + 8 * j + 2 * q;
         if (ch >= p.out_rows) continue;
-        const int g = 4 * j + 2 * half, u = g + 4 * (kBN / 16);  // column 64 + 8j + 2q: up of the same channel
+        const int g = 4 * j + 2 * half, u = g + 4 * (kBN / 16);  // column kBN / 2 + 8j + 2q: up of the channel
         const float h0 = gelu_tanh(acc[g]) * acc[u];
         const float h1 = gelu_tanh(acc[g + 1]) * acc[u + 1];
         *reinterpret_cast<uint32_t*>(p.out + pos * p.out_rows + ch) = pack_bf16x2(h0, h1);
