@@ -467,6 +467,7 @@ void bench_moe_prefill() {
       int bulk_mid = 0;           // 96-token tiles at 64/96 columns: 1 by the copy engine, -1 cp.async (wgmma_bulk_mid)
       int bulk_wide = 0;          // 256-token tiles: 1 by the copy engine, -1 cp.async (wgmma_bulk_wide)
       int bulk_full = 0;          // 96-token tiles at 96/48 columns: 1 by the copy engine, -1 cp.async (wgmma_bulk_full)
+      int two_strips = 0;         // and their tiles of <= 48 tokens: 1 two strips a warp, -1 one (wgmma_bulk_two_strips)
     };
     const Variant all[] = {
         Variant{CudaMoePath::kDecode, 0, "decode"}, Variant{CudaMoePath::kDecodeV1, 0, "decode v1"},
@@ -519,7 +520,13 @@ void bench_moe_prefill() {
         Variant{CudaMoePath::kAuto, 0, "auto bulk wide", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 1},
         Variant{CudaMoePath::kAuto, 0, "auto cp.async wide", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, -1},
         Variant{CudaMoePath::kAuto, 0, "auto bulk full", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 0, 1},
-        Variant{CudaMoePath::kAuto, 0, "auto cp.async full", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 0, -1}};
+        Variant{CudaMoePath::kAuto, 0, "auto cp.async full", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 0, -1},
+        Variant{CudaMoePath::kAuto, 0, "auto bulk full expert order", 0, 0, 0, 0, 0, 0, false, 0, 0, -1, 0, 0, 1},
+        // The 96/48-column tiles on the copy engine where auto would run the 64/96-column ones (<= 96 per expert).
+        Variant{CudaMoePath::kAuto, 0, "auto full width bulk", 0, 0, 0, 0, 0, 0, false, 0, -1, 0, 0, 0, 1},
+        Variant{CudaMoePath::kAuto, 0, "auto one strip", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 0, 0, -1},
+        Variant{CudaMoePath::kAuto, 0, "auto bulk full one strip", 0, 0, 0, 0, 0, 0, false, 0, 0, 0, 0, 0, 1, -1},
+        Variant{CudaMoePath::kAuto, 0, "auto full width bulk one strip", 0, 0, 0, 0, 0, 0, false, 0, -1, 0, 0, 0, 1, -1}};
     std::vector<const Variant*> timed;
     for (const Variant& v : all)
       if (variant_selected(v.label)) timed.push_back(&v);
@@ -546,6 +553,7 @@ void bench_moe_prefill() {
         o.wgmma_bulk_mid = v.bulk_mid;
         o.wgmma_bulk_wide = v.bulk_wide;
         o.wgmma_bulk_full = v.bulk_full;
+        o.wgmma_bulk_two_strips = v.two_strips;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         CHECK_OK(g_b->prepare(WorkspaceSpec{T, H, I, E, k, 64, 8, 64}));  // the variant's scratch, before capture
         us[i].push_back(time_graph(n, [&](int j) {

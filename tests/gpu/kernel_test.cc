@@ -2231,19 +2231,27 @@ TEST_F(KernelTest, MoeWgmmaMidBulk) {
 // cp.async form: 20b's 1024 tokens (128 per expert: full tiles and 32-token ones at 48 columns), odd shapes with a hot
 // expert (partial last tiles of more and of fewer than 48 tokens; the second GEMM's last column block half past the
 // matrix), 120b's 128 experts with half of them idle, top-1 and top-8, every token on the same four experts at 65,532
-// slots; eager and replayed.
+// slots; eager and replayed. Both forms of the tiles of at most 48 tokens (CudaMoeOptions::wgmma_bulk_two_strips):
+// two strips a warp (the odd column block's CTA exits; the last even one's second strips past the matrix at 320 and
+// 192 rows) and one; 20b's 256 tokens (32 per expert: nearly every tile at 48 columns).
 TEST_F(KernelTest, MoeWgmmaFullBulk) {
   for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1024, Routing::kUniform}, MoeCase{8, 320, 192, 2, 1501, Routing::kHot},
                            MoeCase{128, 256, 192, 4, 4097, Routing::kHalf}, MoeCase{8, 320, 192, 1, 777, Routing::kUniform},
                            MoeCase{32, 320, 256, 8, 1001, Routing::kUniform},
-                           MoeCase{8, 320, 192, 4, 16383, Routing::kSame}}) {
-    CudaMoeOptions cp_async{CudaMoePath::kGrouped, 96}, bulk;
-    cp_async.wgmma_mid_width = -1;
-    bulk = cp_async;
-    cp_async.wgmma_bulk_full = -1;
-    bulk.wgmma_bulk_full = 1;
-    check_moe_forms_bitwise(cuda_, rng_, c, cp_async, bulk, moe_case_label(c), "96/48-column tiles, copy engine",
-                            "cp.async");
+                           MoeCase{8, 320, 192, 4, 16383, Routing::kSame},
+                           MoeCase{32, 2880, 2880, 4, 256, Routing::kUniform}}) {
+    for (const int two_strips : {1, -1}) {
+      CudaMoeOptions cp_async{CudaMoePath::kGrouped, 96}, bulk;
+      cp_async.wgmma_mid_width = -1;
+      bulk = cp_async;
+      cp_async.wgmma_bulk_full = -1;
+      bulk.wgmma_bulk_full = 1;
+      bulk.wgmma_bulk_two_strips = two_strips;
+      check_moe_forms_bitwise(cuda_, rng_, c, cp_async, bulk, moe_case_label(c),
+                              two_strips == 1 ? "96/48-column tiles, copy engine, two strips a warp"
+                                              : "96/48-column tiles, copy engine, one strip a warp",
+                              "cp.async");
+    }
   }
 }
 

@@ -1284,10 +1284,14 @@ class CudaBackend final : public Backend {
   bool moe_wgmma_bulk_wide() const {
     return options_.moe.wgmma_bulk_wide != 0 ? options_.moe.wgmma_bulk_wide == 1 : kMoeWgmmaBulkWide;
   }
-  // By default only above the mid width's tokens per expert (kMoeWgmmaBulkFullMinTokensPerExpert).
+  // By default from kMoeWgmmaBulkFullMinTokensPerExpert tokens per expert.
   bool moe_wgmma_bulk_full(int64_t slots, int64_t experts) const {
     if (options_.moe.wgmma_bulk_full != 0) return options_.moe.wgmma_bulk_full == 1;
-    return kMoeWgmmaBulkFull && slots > kMoeWgmmaBulkFullMinTokensPerExpert * experts;
+    return kMoeWgmmaBulkFull && slots >= kMoeWgmmaBulkFullMinTokensPerExpert * experts;
+  }
+  // And their tiles of at most 48 tokens two strips a warp (wgmma_bulk_two_strips).
+  bool moe_wgmma_bulk_two_strips() const {
+    return options_.moe.wgmma_bulk_two_strips != 0 ? options_.moe.wgmma_bulk_two_strips == 1 : kMoeWgmmaBulkTwoStrips;
   }
   // Whether moe_experts_wgmma reads its input tiled for config c at this step (`mid_width`: moe_wgmma_mid_width):
   // the warp-specialized kernel, or the copy engine's tiles (16 tokens, moe_wgmma_bulk_form; 32 only when forced; 96
@@ -1378,11 +1382,13 @@ class CudaBackend final : public Backend {
       g1.in = x_in;
       g1.max_tiles = max_tiles;
       g1.mid_width = mid_width;
+      g1.two_strips = moe_wgmma_bulk_two_strips();
       MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g1, c, warp_release, pairs, trim_rows, stream())
                               : launch_moe_wgmma_gemm(g1, c, stream()));
       MoeGemmParams g2 = expert_gemm(p, r, /*first=*/false);
       g2.max_tiles = max_tiles;
       g2.mid_width = mid_width;
+      g2.two_strips = g1.two_strips;
       MX_RETURN_IF_ERROR(bulk ? launch_moe_wgmma_bulk_gemm(g2, c, warp_release, pairs, trim_rows, stream())
                               : launch_moe_wgmma_gemm(g2, c, stream()));
     }

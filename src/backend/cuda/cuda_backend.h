@@ -63,7 +63,7 @@ struct CudaMoeOptions {
   int wgmma_glue = 0;
   // 96-token tiles: 1 = the kernel whose tiles of at most 64 tokens multiply 64 token columns, one strip a warp
   // (MoeGemmParams::mid_width), -1 = the kernel of 96 columns and of 48 (two strips a warp) for tiles of at most 48;
-  // 0 = kMoeWgmmaMidWidth's choice (the former between 48 and 96 tokens per expert on average).
+  // 0 = kMoeWgmmaMidWidth's choice (the former between 48 and 80 tokens per expert on average).
   int wgmma_mid_width = 0;
   // The 96- and 256-token tiles behind the one-launch routing (wgmma_glue >= 1): 1 = the tiles whose k loop runs at
   // the full width numbered first, the shorter ones last (launch_moe_route_permute_wide_first), -1 = every tile in
@@ -77,9 +77,13 @@ struct CudaMoeOptions {
   // tiled, h written tiled), -1 = by cp.async (the form before 2026-11-29's session 23); 0 = kMoeWgmmaBulkWide's choice
   // (the copy engine).
   int wgmma_bulk_wide = 0;
-  // The 96-token tiles at 96/48 columns (~96-512 tokens per expert): 1 = by the copy engine, as wgmma_bulk_mid's,
-  // -1 = by cp.async; 0 = kMoeWgmmaBulkFull's choice.
+  // The 96-token tiles at 96/48 columns (32-48 and 80-512 tokens per expert): 1 = by the copy engine, as
+  // wgmma_bulk_mid's, -1 = by cp.async; 0 = kMoeWgmmaBulkFull's choice.
   int wgmma_bulk_full = 0;
+  // Those tiles' of at most 48 tokens on the copy engine: 1 = two strips a warp (the CTA of the odd column block
+  // exits, as in the cp.async form), -1 = one strip a warp at 48 columns (the form before session 24); 0 =
+  // kMoeWgmmaBulkTwoStrips's choice.
+  int wgmma_bulk_two_strips = 0;
   // Benchmarks only (the wgmma path; the output is then garbage): 1 = just the routing and the tiled gather (or the
   // k permutation), 2 = those and the combine (through moe_experts_add_rms_norm: and the norm), the GEMMs skipped.
   int wgmma_glue_only = 0;

@@ -402,11 +402,14 @@ inline constexpr int kMoeWgmmaWarpgroups = 2;
 inline constexpr int64_t kMoeWgmmaLargeTileTokensPerExpert = 128;
 // Whether 96-token tiles run the kernel whose tiles of at most 64 tokens multiply 64 token columns (one strip a
 // warp) instead of 96, by default (CudaMoeOptions::wgmma_mid_width 0), where the experts average more than 48 and
-// at most 96 tokens: at ~64 (20b's 512-token step) a third of the full-width MMAs' columns hold no token. Below,
+// at most 80 tokens: at ~64 (20b's 512-token step) a third of the full-width MMAs' columns hold no token. Below,
 // most tiles hold at most 48 and run two strips a warp at 48 columns in the other kernel (one kernel with the
-// three widths made ptxas serialize every wgmma, C7511).
+// three widths made ptxas serialize every wgmma, C7511). Above, the other kernel on the copy engine (two strips a
+// warp for an expert's last tile of <= 48 tokens) measured faster at 96 per expert (H200, session 24 W2, one process,
+// 5 rounds: 20b's layer at T = 768 432.6 -> 414.3 us, 120b's at T = 3072 1652.0 -> 1608.8); at 64 per expert slower
+// (session 24 W1, one strip a warp: 20b T = 512 281.2 -> 301.4 us, 120b T = 2048 1167.3 -> 1204.7); 80 not measured.
 inline constexpr bool kMoeWgmmaMidWidth = true;
-inline constexpr int64_t kMoeWgmmaMidWidthMinTokensPerExpert = 48, kMoeWgmmaMidWidthMaxTokensPerExpert = 96;
+inline constexpr int64_t kMoeWgmmaMidWidthMinTokensPerExpert = 48, kMoeWgmmaMidWidthMaxTokensPerExpert = 80;
 // 256-token tiles from this many: the fp4 decode, the B-tile barrier and the weight loads of a k tile are
 // paid once per 256 tokens instead of 96 (one CTA per SM). An expert's last tile of <= 128 tokens runs
 // its MMAs and loads at half width, so the partly filled tile costs about what a 128-token tile does.

@@ -238,6 +238,8 @@ struct MoeGemmParams {
   float swiglu_limit = 7.0f, swiglu_alpha = 1.702f;
   // moe_wgmma.cu's 96-token tiles only: the kernel whose tiles of at most 64 tokens multiply 64 token columns.
   bool mid_width = false;
+  // And on the copy engine at 96/48 columns (not mid_width): a tile of at most 48 tokens runs two strips a warp.
+  bool two_strips = false;
 };
 Status launch_moe_gemm(const MoeGemmParams& p, const MoeConfig& c, cudaStream_t stream);
 

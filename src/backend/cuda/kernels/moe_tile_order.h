@@ -1,7 +1,7 @@
 // The order of the 96-, 128- and 256-token wgmma kernels' routing tiles (moe_wgmma.cu reads each CTA's tile by its
 // index): a grid of several waves ends as its last CTAs end, so the tiles whose k loops are the shorter ones (an
-// expert's last tile at the kernel's half or 64-column width) go last. Its own header: kernel_configs.h includes
-// moe_wgmma_ws.h, so a declaration there rebuilds every kernel.
+// expert's last tile at the kernel's half or 64-column width, where that order pays: moe_wide_tile_tokens) go last.
+// Its own header: kernel_configs.h includes moe_wgmma_ws.h, so a declaration there rebuilds every kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,16 +39,26 @@ inline constexpr bool kMoeWgmmaBulkMid = true;
 // process, 5 rounds: T = 4096 1711.6 -> 1543.0 us, T = 8192 3161.8 -> 2865.5; bench latency 20b 8K 73.5-74.1k ->
 // 79.1k tok/s, 8 x 1K 83.1-85.3k -> 94.3-94.6k.
 inline constexpr bool kMoeWgmmaBulkWide = true;
-// And the 96-token tiles at 96/48 columns (CudaMoeOptions::wgmma_bulk_full 0) above kMoeWgmmaBulkFullMinTokensPerExpert
+// And the 96-token tiles at 96/48 columns (CudaMoeOptions::wgmma_bulk_full 0) from kMoeWgmmaBulkFullMinTokensPerExpert
 // tokens per expert: session 23 W2, gpt-oss-20b's layer, one process, 5 rounds: T = 1024 556.3 -> 534.7 us, T = 2048
-// 950.7 -> 899.2; below (120b's T = 1024, 32 tokens per expert: tiles of ~32 tokens padded to 96) 847.2 -> 900.3.
+// 950.7 -> 899.2. At 32 per expert (120b's T = 1024: tiles of ~32 tokens padded to 96) one strip a warp was slower
+// (847.2 -> 900.3), two strips a warp faster (session 24 W2: 832.1 -> 819.6).
 inline constexpr bool kMoeWgmmaBulkFull = true;
-inline constexpr int64_t kMoeWgmmaBulkFullMinTokensPerExpert = 96;
+inline constexpr int64_t kMoeWgmmaBulkFullMinTokensPerExpert = 32;
+// And their tiles of at most 48 tokens two strips a warp (CudaMoeOptions::wgmma_bulk_two_strips 0; MoeGemmParams::
+// two_strips), as the cp.async form's: each k tile's stage the tile's 48 rows and 16 strips of fp4 and scales, for
+// half the CTAs. Session 24 W2, one process, 5 rounds: 20b's layer at T = 1024 (an expert's ~32-token last tile)
+// 539.9 -> 518.2 us.
+inline constexpr bool kMoeWgmmaBulkTwoStrips = true;
 
 // The wide tiles' threshold for a kernel of tile_tokens-token tiles: the tokens above which its k loop runs at the
-// full width (64 with mid_width, else half the tile at 96 and 256 tokens), or 0 where every tile runs at one width
-// (128-token tiles) or a narrow tile is not the shorter one (96-token tiles without mid_width: a tile of <= 48 tokens
-// runs two strips a warp, twice the decode of a full one's CTA).
+// full width (64 with mid_width, else half the tile at 256 tokens), or 0 where every tile runs at one width (128-token
+// tiles) or the 96-token tiles at 96/48 columns keep the expert order: by cp.async and on the copy engine (two strips
+// a warp, MoeGemmParams::two_strips) a tile of <= 48 tokens runs two strips a warp, twice the decode of a full one's
+// CTA; one strip a warp on the copy engine (the form before session 24) it is the shorter CTA, but numbered last it
+// measured slower (H200, session 24 W1, gpt-oss-20b's layer at T = 1024, one process, 5 rounds: expert order 533.2 us,
+// wide first 549.7; at T = 2048 911.2 / 891.0): an expert's short tile then runs long after its full one, its weights
+// no longer in L2.
 inline int moe_wide_tile_tokens(int64_t tile_tokens, bool mid_width) {
   if (tile_tokens == 96) return mid_width ? 64 : 0;
   return tile_tokens == 256 ? 128 : 0;

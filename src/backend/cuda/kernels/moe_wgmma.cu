@@ -489,15 +489,25 @@ struct BulkStage {
   const uint8_t* rows;
   int64_t plane;
 };
+// kBoxes 2 (moe_wgmma_bulk_tile_kernel's two strips a warp): the fp4 and the scales as two boxes each, of kBoxStrips
+// strips from strip (strip0) and kBoxStrips further, the second's bytes after the first's (weight_bytes and scale_bytes
+// are both boxes').
 #if MX_SM90A
+template <int kBoxes = 1, int kBoxStrips = 0>
 __device__ __forceinline__ void moe_bulk_load(const BulkStage& b, uint32_t ring, uint32_t full0, int warp, int t, int s) {
+  static_assert(kBoxes == 1 || (kBoxes == 2 && kBoxStrips > 0), "one box, or two of kBoxStrips strips");
   const uint32_t stage = ring + static_cast<uint32_t>(s) * b.stage_bytes, bar = full0 + 8 * s;
   if (warp == 0) {
     mbarrier_arrive_expect_tx(bar, b.weight_bytes);
     tma_load_4d(stage + b.weights_at, b.weights, 0, t, b.strip, b.e, bar);
+    if constexpr (kBoxes == 2)
+      tma_load_4d(stage + b.weights_at + b.weight_bytes / 2, b.weights, 0, t, b.strip + kBoxStrips, b.e, bar);
   } else if (warp == 1) {
     mbarrier_arrive_expect_tx(bar, b.scale_bytes);
     tma_load_4d(ring + b.scales_at + s * b.scale_bytes, b.scales, 0, t, b.strip0, b.e, bar);
+    if constexpr (kBoxes == 2)
+      tma_load_4d(ring + b.scales_at + s * b.scale_bytes + b.scale_bytes / 2, b.scales, 0, t, b.strip0 + kBoxStrips,
+                  b.e, bar);
   } else {
     mbarrier_arrive_expect_tx(bar, b.row_bytes);
     bulk_copy(stage, b.rows + t * b.plane, b.row_bytes, bar);
@@ -506,16 +516,16 @@ __device__ __forceinline__ void moe_bulk_load(const BulkStage& b, uint32_t ring,
 
 // The first kS - 2 k tiles' copies (`copier`: lane 0 of warps 0 to 2): the constant fp4 and scales before the wait
 // for the previous kernel (a programmatic dependent launch; a no-op otherwise), the rows, which it writes, after.
-template <int kS>
+template <int kS, int kBoxes = 1, int kBoxStrips = 0>
 __device__ __forceinline__ void moe_bulk_prologue(const BulkStage& b, uint32_t ring, uint32_t full0, bool copier,
                                                   int warp, int n_k) {
   const int prologue = n_k < kS - 2 ? n_k : kS - 2;
   if (copier && warp < 2)
-    for (int s = 0; s < prologue; ++s) moe_bulk_load(b, ring, full0, warp, s, s);
+    for (int s = 0; s < prologue; ++s) moe_bulk_load<kBoxes, kBoxStrips>(b, ring, full0, warp, s, s);
   pdl_wait();
   pdl_launch_dependents();
   if (copier && warp == 2)
-    for (int s = 0; s < prologue; ++s) moe_bulk_load(b, ring, full0, warp, s, s);
+    for (int s = 0; s < prologue; ++s) moe_bulk_load<kBoxes, kBoxStrips>(b, ring, full0, warp, s, s);
 }
 #endif
 
@@ -720,14 +730,15 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (BulkR
 
 // The 96-token tiles' kernels (64/96 columns: moe_wgmma_kernel's kMidCols; 48/96) and the 256-token tiles' (128 or 256
 // columns, a CTA per item) with every k tile's loads by the copy engine (launch_moe_wgmma_bulk_gemm at 96- or 256-token
-// tiles): the same CTA work (one strip a warp, 8 strips a CTA), decode, MMAs and
+// tiles): the same CTA work (one strip a warp, 8 strips a CTA; the 96/48 form's tiles of <= 48 tokens two strips a warp
+// with MoeGemmParams::two_strips, as the cp.async kernel's), decode, MMAs and
 // epilogue, bitwise, but each stage arrives as three copies counted on its mbarrier (moe_bulk_load: the CTA's 8
 // strips of fp4 and of scales as one box each, the tile's rows as one bulk copy from the tiled input: x gathered so
 // by the routing launch, h written so by the first GEMM). No cp.async group wait, no generic-to-async proxy fence
 // (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, ~1.4-2.2% of the 20b layer at T=512 in session 21) and no per-thread copy
 // arithmetic per k tile; a CTA barrier per k tile still frees the slot reloaded. The ring holds what the cp.async
-// kernel's does (96: six of its 17 KB stages, for 48-column stages of 10 KB (nine), 64-column ones of 12 KB (eight) or
-// 96-column ones of 16 KB (six);
+// kernel's does (96: six of its 17 KB stages, for 48-column stages of 10 KB (nine; 14.5 KB, six, two strips a warp),
+// 64-column ones of 12 KB (eight) or 96-column ones of 16 KB (six);
 // 256: five of its 37 KB, for 128-column stages of 20 KB (nine) or 256-column ones of 36 KB (five)), every stage's
 // scales after them.
 template <int kN>
@@ -737,11 +748,15 @@ inline constexpr uint32_t kTileBulkRingBytes = static_cast<uint32_t>(
 // 96-token tile's 48 columns otherwise (moe_wgmma_bulk_tile_kernel<96, 48>).
 template <int kN>
 inline constexpr int kTileBulkHalfCols = kN == 96 ? 64 : kN / 2;
-template <int kN, int kCols>
+// kTwoStrips (96-token tiles' 48 columns only): each warp's two strips, the CTA's 16 (its fp4 and scales twice the
+// bytes a stage).
+template <int kN, int kCols, bool kTwoStrips = false>
 struct TileBulkRing {
   static_assert(kN == 96 || kN == 256, "96- or 256-token tiles");
+  static_assert(!kTwoStrips || (kN == 96 && kCols == 48), "two strips a warp: a 96-token tile's 48 columns");
   static constexpr int kStrips = moe_wgmma_weight_rows(kMoeWgmmaWarpgroups) / 16;
-  static constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = kStrips * 512, kScaleBytes = kStrips * 32;
+  static constexpr uint32_t kRowBytes = kCols * 128, kWeightBytes = (kTwoStrips ? 2 : 1) * kStrips * 512,
+                            kScaleBytes = (kTwoStrips ? 2 : 1) * kStrips * 32;
   static constexpr uint32_t kStageBytes = kRowBytes + kWeightBytes;  // the fp4 at kRowBytes
   static constexpr int kStages = static_cast<int>(kTileBulkRingBytes<kN> / (kStageBytes + kScaleBytes));
   static constexpr uint32_t kScalesAt = kStages * kStageBytes;
@@ -789,15 +804,61 @@ __device__ __forceinline__ void moe_bulk_tile_k_loop(const MoeGemmParams& p, con
   };
   moe_wgmma_k_loop(acc, n_k, step);
 }
+
+// A 96-token tile of at most 48 tokens with two strips a warp (moe_wgmma_bulk_tile_kernel's kTwoStrips): the CTA's 8
+// strips into da, the next column block's 8 into db, each k tile's stage the tile's 48 rows and both strip groups' fp4
+// and scales (two boxes each), as the cp.async kernel's two-strip loop: strip A's decode and MMAs, then strip B's on
+// the other A registers. The slot reloaded at step t is tile t - 2's, whose MMAs every warp has finished (wait<1> in
+// step t - 1) before the barrier.
+__device__ __forceinline__ void moe_bulk_tile_two_strip_loop(const MoeGemmParams& p, const MoeWgmmaMaps& maps,
+                                                             const WorkItem& w, float (&da)[24], float (&db)[24],
+                                                             int n_k, uint32_t ring, uint32_t full0) {
+  using Ring = TileBulkRing<96, 48, true>;
+  constexpr int kS = Ring::kStages, kStrips = Ring::kStrips;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
+  const bool copier = lane == 0 && warp < 3;
+  constexpr int64_t kTileBytes = 96 * 128;  // a tile's rows in each k tile's plane of the tiled input
+  const BulkStage b{&maps.weights, &maps.scales, w.e, w.strip0, w.strip0, Ring::kWeightBytes, Ring::kRowBytes,
+                    Ring::kScalesAt, Ring::kScaleBytes, Ring::kStageBytes, moe_bulk_row_bytes<48>(maps.trim_rows, w.n),
+                    reinterpret_cast<const uint8_t*>(p.in) + static_cast<int64_t>(w.tile) * kTileBytes,
+                    p.max_tiles * kTileBytes};
+  moe_bulk_prologue<kS, 2, kStrips>(b, ring, full0, copier, warp, n_k);
+  uint32_t a[2][4][4];
+  int slot = 0, load_slot = kS - 2;
+  uint32_t parity = 0;
+  wgmma_fence_regs(da);
+  for (int t = 0; t < n_k; ++t) {
+    mbarrier_wait(full0 + 8 * slot, parity);  // the copies landed, visible to these loads and to wgmma
+    __syncthreads();
+    if (copier && t + kS - 2 < n_k) moe_bulk_load<2, kStrips>(b, ring, full0, warp, t + kS - 2, load_slot);
+    if (++load_slot == kS) load_slot = 0;
+    const uint32_t stage = ring + static_cast<uint32_t>(slot) * Ring::kStageBytes;
+    const uint32_t weights = stage + Ring::kRowBytes + tid * 16;
+    const uint32_t scales = ring + Ring::kScalesAt + slot * Ring::kScaleBytes + warp * 32 + (q >> 1) * 16;
+    moe_wgmma_k_tile<48>(da, a[0], stage, weights, scales, r);
+    moe_wgmma_k_tile<48>(db, a[1], stage, weights + kStrips * 512, scales + kStrips * 32, r);
+    if (++slot == kS) {
+      slot = 0;
+      parity ^= 1;
+    }
+  }
+  wgmma_wait<0>();
+  wgmma_fence_regs(da);
+  wgmma_fence_regs(db);
+}
 #endif
 
-// kHalf: the narrower loop's columns (a tile of at most that many tokens runs it).
-template <int kN, int kHalf = kTileBulkHalfCols<kN>>
+// kHalf: the narrower loop's columns (a tile of at most that many tokens runs it). kTwoStrips (kHalf 48 only,
+// MoeGemmParams::two_strips): that loop runs two strips a warp (moe_bulk_tile_two_strip_loop) and the odd column
+// block's CTA of such a tile exits, as the cp.async kernel's 96/48 form; else one strip a warp at 48 columns.
+template <int kN, int kHalf = kTileBulkHalfCols<kN>, bool kTwoStrips = false>
 __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (moe_wgmma_ctas_per_sm(kN, kMoeWgmmaWarpgroups)))
     moe_wgmma_bulk_tile_kernel(MoeGemmParams p, const __grid_constant__ MoeWgmmaMaps maps) {
 #if MX_SM90A
   static_assert(kHalf == kTileBulkHalfCols<kN> || (kN == 96 && kHalf == 48), "64 or 48 columns of 96, 128 of 256");
-  constexpr int kMaxStages = TileBulkRing<kN, kHalf>::kStages;  // the narrower loop's
+  static_assert(!kTwoStrips || (kN == 96 && kHalf == 48), "two strips a warp at a 96-token tile's 48 columns");
+  constexpr int kMaxStages = TileBulkRing<kN, kHalf>::kStages;  // the narrower loop's (one strip a warp: the most)
+  static_assert(TileBulkRing<96, 48, true>::kStages <= TileBulkRing<96, 48>::kStages, "the two-strip ring's barriers");
   constexpr int kStrips = TileBulkRing<kN, kN>::kStrips, kCopies = 3;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t full_bar[kMaxStages];
@@ -810,6 +871,9 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (moe_w
   const int item = blockIdx.y * n_cols + static_cast<int>(blockIdx.x);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, r = lane / 4, q = lane % 4;
   const WorkItem w = moe_work_item(p, item, n_cols, kStrips);
+  // Two strips a warp: the even column block's CTA takes the odd one's strips, which therefore has nothing to do.
+  const bool two_strips = kTwoStrips && w.n <= kHalf;
+  if (two_strips && (blockIdx.x & 1)) return;
   if (tid == 0) {
     for (int s = 0; s < kMaxStages; ++s) mbarrier_init(full0 + 8 * s, kCopies);
     mbarrier_init_fence();
@@ -821,6 +885,20 @@ __global__ void __launch_bounds__(moe_wgmma_threads(kMoeWgmmaWarpgroups), (moe_w
   // load after the loop held 1.5% of T=512's first-GEMM samples).
   const int64_t my_strip = w.strip0 + warp;
   const StripBias bias = my_strip < strips ? moe_wgmma_strip_bias(p, w.e, my_strip, r) : StripBias{0.f, 0.f};
+  if constexpr (kTwoStrips) {
+    if (two_strips) {
+      const StripBias bias2 =
+          my_strip + kStrips < strips ? moe_wgmma_strip_bias(p, w.e, my_strip + kStrips, r) : StripBias{0.f, 0.f};
+      float da[24], db[24];
+#pragma unroll
+      for (int i = 0; i < 24; ++i) da[i] = db[i] = 0.f;
+      moe_bulk_tile_two_strip_loop(p, maps, w, da, db, n_k, ring, full0);
+      const WorkItem cur = moe_work_item(p, item, n_cols, kStrips);
+      if (my_strip < strips) moe_wgmma_store<48, true, true>(p, da, cur, my_strip, r, q, kN, bias);
+      if (my_strip + kStrips < strips) moe_wgmma_store<48, true, true>(p, db, cur, my_strip + kStrips, r, q, kN, bias2);
+      return;
+    }
+  }
   float acc[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.f;
@@ -896,7 +974,9 @@ Status launch_bulk_tiles(const MoeGemmParams& p, const MoeWgmmaConfig& c, bool t
   // Boxes of the CTA's 8 strips (strips past the matrix read as zeros); no half boxes.
   MoeWgmmaMaps maps;
   MX_RETURN_IF_ERROR(encode_moe_fp4_maps(p, trim_rows, kStrips, 0, maps));
-  auto* kernel = kN == 96 && !p.mid_width ? moe_wgmma_bulk_tile_kernel<96, 48> : moe_wgmma_bulk_tile_kernel<kN>;
+  auto* kernel = kN == 96 && !p.mid_width ? (p.two_strips ? moe_wgmma_bulk_tile_kernel<96, 48, true>
+                                                            : moe_wgmma_bulk_tile_kernel<96, 48>)
+                                          : moe_wgmma_bulk_tile_kernel<kN>;
   constexpr int64_t kSmem = kTileBulkSmemBytes<kN>;
   MX_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)),
