@@ -30,11 +30,13 @@
 // (after --moe-prefill-only) routes it unevenly (make_routings).
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -313,7 +315,8 @@ double make_routings(int64_t T, int count, std::vector<TensorView>* ids, std::ve
 // 6, 12, 16, 23 are 8, 4, 3, 2 warps at k = 2880) and without PDL, and each GEMM alone (kAuto's and the ring's),
 // kAuto with the scales in the ring's registers (the form before session 20), session 20's kAuto (main20: 2 warps
 // from 5 routed slots on), session 21's kAuto (main21: the first GEMM routed by a pass over the slots at <= 8 slots
-// too) and kAuto with other k tiles per warp in each GEMM ("auto ktA ktB"), in interleaved rounds.
+// too), session 23's (main23: the fp4 decode's rotations at every size) and kAuto with other k tiles per warp in each
+// GEMM ("auto ktA ktB"), in interleaved rounds.
 void bench_moe(bool variants) {
   const int64_t E = g_moe_experts, H = kMoeH, I = kMoeI, k = kMoeK;
   const int copies = expert_copies();
@@ -330,6 +333,8 @@ void bench_moe(bool variants) {
     int k_tiles2 = 0;         // CudaMoeOptions::decode_k_tiles_gemm2
     bool main20 = false;      // session 20's kAuto: 2 warps from 5 routed slots on (decode_three_warp_slots 4)
     bool slots_route = false; // the first GEMM routed by a pass over the slots (decode_mask_route false: before s22)
+    int shift_slots = 0;      // CudaMoeOptions::decode_shift_slots (-1: session 23's form, no shifts)
+    int ring1 = 0;            // CudaMoeOptions::decode_ring_gemm1 (4 or 5 forces that ring)
   };
   std::vector<Variant> list{{CudaMoePath::kAuto, 0, true, 0, ""}};
   if (variants)
@@ -354,7 +359,13 @@ void bench_moe(bool variants) {
             {CudaMoePath::kAuto, 23, true, 0, " auto kt23 kt16", false, 16},
             {CudaMoePath::kAuto, 16, true, 0, " auto kt16 kt23", false, 23},
             {CudaMoePath::kAuto, 0, true, 0, " main21", false, 0, false, true},
-            {CudaMoePath::kAuto, 0, true, 1, " main21 gemm1 only", false, 0, false, true}};
+            {CudaMoePath::kAuto, 0, true, 1, " main21 gemm1 only", false, 0, false, true},
+            {CudaMoePath::kAuto, 0, true, 0, " main23", false, 0, false, false, -1, 4},
+            {CudaMoePath::kAuto, 0, true, 1, " main23 gemm1 only", false, 0, false, false, -1, 4},
+            {CudaMoePath::kAuto, 0, true, 2, " main23 gemm2 only", false, 0, false, false, -1, 4},
+            {CudaMoePath::kAuto, 0, true, 0, " auto ring4", false, 0, false, false, 0, 4},
+            {CudaMoePath::kAuto, 0, true, 0, " auto ring5", false, 0, false, false, 0, 5},
+            {CudaMoePath::kAuto, 0, true, 1, " auto ring5 gemm1 only", false, 0, false, false, 0, 5}};
   const std::vector<int64_t> sizes = !variants                         ? std::vector<int64_t>{1, 8, 64}
                                      : !bench_only_decode_sizes.empty() ? bench_only_decode_sizes
                                                                         : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
@@ -378,6 +389,8 @@ void bench_moe(bool variants) {
         o.decode_k_tiles_gemm2 = v.k_tiles2;
         if (v.main20) o.decode_three_warp_slots = 4;
         o.decode_mask_route = !v.slots_route;
+        o.decode_shift_slots = v.shift_slots;
+        o.decode_ring_gemm1 = v.ring1;
         CHECK_OK(set_cuda_moe_options(*g_b, o));
         us[i].push_back(time_graph(24, [&](int j) {
           MoeParams p{x, ids[j % routings], weights[j % routings], &experts[j % copies], out, k, 7.0f, 1.702f};
@@ -396,6 +409,76 @@ void bench_moe(bool variants) {
                  std::to_string(static_cast<int>(bytes / 1e6)) + " MB" + (rounds > 1 ? spread : ""));
     }
     CHECK_OK(set_cuda_moe_options(*g_b, {}));
+    // " trace" (<= 4 routed slots): the last graph replay of kAuto with each CTA's SM and global-timer events
+    // (MoeFusedParams::trace), against the first GEMM's first CTA entry; the first GEMM's SMs by their count of its
+    // CTAs, and each second-GEMM CTA's entry against its SM's last first-GEMM end.
+    if (variants && T * k <= 4 && variant_selected(" trace")) {
+      const int64_t tiles = cuda::moe_fused_max_tiles(T * k, E), ctas1 = (2 * I / 16) * tiles, ctas2 = (H / 16) * tiles;
+      const int64_t words = 8 * (ctas1 + ctas2);
+      const TensorView tr = make(DType::kI64, {words});
+      CHECK_OK(g_b->copy_from_host(tr, std::vector<int64_t>(static_cast<size_t>(words), 0).data()));
+      CudaMoeOptions o{CudaMoePath::kAuto};
+      o.decode_trace = tr.ptr<uint64_t>();
+      CHECK_OK(set_cuda_moe_options(*g_b, o));
+      time_graph(24, [&](int j) {
+        MoeParams p{x, ids[j % routings], weights[j % routings], &experts[j % copies], out, k, 7.0f, 1.702f};
+        return g_b->moe_experts(p);
+      });
+      CHECK_OK(set_cuda_moe_options(*g_b, {}));
+      std::vector<uint64_t> h(static_cast<size_t>(words));
+      CHECK_OK(g_b->copy_to_host(h.data(), tr));
+      uint64_t t0 = UINT64_MAX, g1_end = 0;
+      std::map<int, int> per_sm;       // first-GEMM CTAs an SM
+      std::map<int, uint64_t> sm_end;  // its last first-GEMM CTA's end
+      for (int64_t c = 0; c < ctas1; ++c) {
+        const uint64_t* e = &h[8 * c];
+        if (e[6] == 0) continue;  // CTAs past the busy tiles
+        t0 = std::min(t0, e[1]);
+        g1_end = std::max(g1_end, e[6]);
+        ++per_sm[static_cast<int>(e[0])];
+        sm_end[static_cast<int>(e[0])] = std::max(sm_end[static_cast<int>(e[0])], e[6]);
+      }
+      const auto at = [&](uint64_t t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1e3; };
+      const auto us_between = [](uint64_t a, uint64_t b) {
+        return (static_cast<double>(b) - static_cast<double>(a)) / 1e3;
+      };
+      const auto summary = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        char b[160];
+        std::snprintf(b, sizeof b, "min %7.2f  p10 %7.2f  median %7.2f  p90 %7.2f  max %7.2f (%zu)", v.front(),
+                      v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back(), v.size());
+        return std::string(b);
+      };
+      const std::string tag = "trace T=" + std::to_string(T);
+      std::printf("%s: first GEMM %.2f us (first entry to last end)\n", tag.c_str(), at(g1_end));
+      std::map<int, std::vector<double>> end_by_count, loop_by_count;  // by the SM's first-GEMM CTAs
+      for (const auto& [sm, n] : per_sm) end_by_count[n].push_back(at(sm_end[sm]));
+      for (int64_t c = 0; c < ctas1; ++c) {
+        const uint64_t* e = &h[8 * c];
+        if (e[6] != 0)
+          loop_by_count[per_sm[static_cast<int>(e[0])]].push_back(us_between(e[2], e[4]));
+      }
+      for (const auto& [n, v] : end_by_count)
+        std::printf("%s gemm1 SMs of %2d CTAs: their last end us: %s; a CTA's routed to k loop done us: %s\n",
+                    tag.c_str(), n, summary(v).c_str(), summary(loop_by_count[n]).c_str());
+      const char* names[] = {"entry", "routed", "wait returned", "k loop done", "reduced", "end"};
+      for (int gemm = 1; gemm <= 2; ++gemm) {
+        const int64_t begin = gemm == 1 ? 0 : ctas1, end = gemm == 1 ? ctas1 : ctas1 + ctas2;
+        std::vector<std::vector<double>> ev(7);
+        for (int64_t c = begin; c < end; ++c) {
+          const uint64_t* e = &h[8 * c];
+          if (e[6] == 0) continue;
+          for (int i = 1; i < 7; ++i)
+            if (e[i] != 0) ev[i - 1].push_back(at(e[i]));
+          if (gemm == 2) ev[6].push_back(-us_between(e[1], sm_end[static_cast<int>(e[0])]));
+        }
+        for (int i = 0; i < 7; ++i)
+          if (!ev[i].empty())
+            std::printf("%s gemm%d %-38s us: %s\n", tag.c_str(), gemm,
+                        i < 6 ? names[i] : "entry - its SM's last first-GEMM end", summary(ev[i]).c_str());
+      }
+      std::fflush(stdout);
+    }
     // " norm": the experts and the add_rms_norm after them (kAuto), as two ops and as moe_experts_add_rms_norm,
     // interleaved twice.
     if (!variants || !variant_selected(" norm")) continue;

@@ -134,8 +134,10 @@ const std::vector<CliOption> kCommandOptions = {
     {"moe-decode-form", true,
      "gpt-oss's MXFP4 decode GEMMs on CUDA (<= 64 routed slots): auto (default: each warp's scale bytes staged in "
      "shared memory; at one token 3 warps a CTA in the first GEMM, 6 in the second; at two 3 and 3), session20 (2 "
-     "warps from two tokens on), session21 (the first GEMM routed by a pass over the slots at <= 8 routed slots) or "
-     "registers (the form before session 20: the scales in the ring's registers, 4 and 4 warps); several, comma-separated: compared as --bf16-experts-decode"},
+     "warps from two tokens on), session21 (the first GEMM routed by a pass over the slots at <= 8 routed slots), "
+     "session23 (the fp4 decode's rotations at every size: no left shifts up to 16 routed slots) or registers (the "
+     "form before session 20: the scales in the ring's registers, 4 and 4 warps); each older form without the newer "
+     "ones; several, comma-separated: compared as --bf16-experts-decode"},
     {"decode-overlap", true,
      "Gemma-4's decode overlaps on CUDA: auto (default: the side stream alone), off, side-stream (the dense MLP on a "
      "second stream beside the experts, CudaSideStreamOptions), l2-prefetch (24 MiB of o_proj's weight into the L2 "
@@ -217,7 +219,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
         "keys-after-wait"}},
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
       {"moe-decode-combine", {"auto", "norm-wait-first", "gemm"}},
-      {"moe-decode-form", {"auto", "registers", "session20", "session21"}},
+      {"moe-decode-form", {"auto", "registers", "session20", "session21", "session23"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
       {"moe-wgmma-order", {"auto", "wide-first", "expert-order"}},
@@ -337,6 +339,8 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
       moe.decode_scales_in_registers = value == "registers";
       moe.decode_three_warp_slots = value == "session20" ? 4 : 0;
       moe.decode_mask_route = value != "session20" && value != "session21";
+      moe.decode_shift_slots = value == "auto" ? 0 : -1;
+      moe.decode_ring_gemm1 = value == "auto" ? 0 : 4;
     }
     else if (flag == "moe-wgmma-glue")
       moe.wgmma_glue = value == "separate" ? -1 : value == "combine-kernel" ? 1 : value == "combine-in-norm" ? 2 : 0;

@@ -1790,6 +1790,60 @@ TEST_F(KernelTest, MoeExpertsDecodeMaskRoute) {
   ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
 }
 
+// kAuto's staged decode GEMMs with the fp4 decode's two rotations as left shifts (up to kMoeFusedShiftSlots routed
+// slots; CudaMoeOptions::decode_shift_slots) against the rotations (-1), and the first GEMM's ring of 5 weight tiles
+// with one activation tile ahead at <= 4 routed slots (decode_ring_gemm1 5): bitwise the same through moe_experts and
+// moe_experts_add_rms_norm, and against the CPU twin. 20b at 1, 2, 4 and 16 tokens (shifts to 16 slots, not past),
+// 128 experts, k of 3 and 65 tiles (rings that do not fill or wrap), 4 slots at k of 4 and 5 tiles (a ring of 5 that
+// does not fill, or fills once), top-1 at 20 tokens (the routing kernel's metadata).
+TEST_F(KernelTest, MoeExpertsDecodeShifts) {
+  for (const MoeCase& c : {MoeCase{32, 2880, 2880, 4, 1, Routing::kUniform}, MoeCase{32, 2880, 2880, 4, 2, Routing::kUniform},
+                           MoeCase{32, 2880, 2880, 4, 4, Routing::kHot}, MoeCase{32, 2880, 2880, 4, 16, Routing::kUniform},
+                           MoeCase{128, 256, 192, 4, 2, Routing::kUniform}, MoeCase{8, 256, 4160, 2, 3, Routing::kUniform},
+                           MoeCase{8, 256, 192, 1, 20, Routing::kSame}, MoeCase{8, 320, 192, 4, 1, Routing::kUniform},
+                           MoeCase{8, 256, 4160, 2, 2, Routing::kUniform}}) {
+    MoeInputs in;
+    make_moe_inputs(cpu_, cuda_, rng_, c, &in);
+    std::vector<float> want;
+    ASSERT_NO_FATAL_FAILURE(moe_cpu_twin(cpu_, c, in, &want));
+    const std::string name = shape_str({c.E, c.H, c.I}) + " top" + std::to_string(c.k) + " T=" + std::to_string(c.T) +
+                             " " + routing_name(c.routing);
+    Bf16Data res = random_bf16(rng_, c.T * c.H, 2.0f), nw = random_bf16(rng_, c.H, 1.0f);
+    const TensorView nw_g = cuda_.upload(DType::kBF16, {c.H}, nw.bits.data());
+    std::vector<uint8_t> base_out, base_normed;
+    for (const auto& [shift_slots, ring] : {std::pair{-1, 4}, {0, 0}, {64, 0}, {0, 5}}) {
+      CudaMoeOptions options{CudaMoePath::kAuto};
+      options.decode_shift_slots = shift_slots;
+      options.decode_ring_gemm1 = ring;
+      ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), options).is_ok());
+      const std::string form = name + (shift_slots < 0    ? ", rotations"
+                                       : shift_slots == 0 ? ", shifts to 16 slots"
+                                                          : ", shifts to 64 slots") +
+                               (ring == 5 ? ", first GEMM ring 5" : "");
+      TensorView o = cuda_.make(DType::kBF16, {c.T, c.H});  // poisoned
+      Status st = cuda_backend().moe_experts(MoeParams{in.x.cuda, in.id_g, in.w_g, &in.experts->cuda, o, c.k, 7.0f, 1.702f});
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      check("moe_experts", form, cuda_.download_f32(o), want, 1e-2);
+      TensorView res_g = cuda_.upload(DType::kBF16, {c.T, c.H}, res.bits.data()), normed = cuda_.make(DType::kBF16, {c.T, c.H});
+      TensorView o2 = cuda_.make(DType::kBF16, {c.T, c.H});
+      st = cuda_backend().moe_experts_add_rms_norm(MoeParams{in.x.cuda, in.id_g, in.w_g, &in.experts->cuda, o2, c.k, 7.0f, 1.702f},
+                                                   res_g, nw_g, 1e-5f, normed);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      if (shift_slots < 0) {
+        base_out = cuda_.download_bytes(o);
+        base_normed = cuda_.download_bytes(normed);
+        continue;
+      }
+      const bool same = cuda_.download_bytes(o) == base_out, same_normed = cuda_.download_bytes(normed) == base_normed;
+      record("moe_experts", form + " vs rotations, bitwise", same ? 0 : 1, 0, 0, same);
+      record("moe_experts_add_rms_norm", form + " vs rotations, bitwise", same_normed ? 0 : 1, 0, 0, same_normed);
+      EXPECT_TRUE(same) << form;
+      EXPECT_TRUE(same_normed) << form;
+    }
+  }
+  ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
+}
+
 // Runs the case's c.T tokens on `path`, then each count in `alone` of its first tokens by themselves, and
 // requires those tokens' output bits to equal their bits inside the full batch.
 void check_moe_batch_independence(Arena& cuda, std::mt19937& rng, const MoeCase& c, const CudaMoeOptions& options,

@@ -88,10 +88,11 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   refused("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm",
           "--moe-decode-combine must be auto, norm-wait-first or gemm");
   refused("bench latency --preset tiny --backend cpu --moe-decode-form staged",
-          "--moe-decode-form must be auto, registers, session20 or session21");
+          "--moe-decode-form must be auto, registers, session20, session21 or session23");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form registers");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form session20");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form session21");
+  needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form session23");
   refused("bench latency --preset tiny --backend cpu --qkv-rope-epilogue 15,auto",
           "--qkv-rope-epilogue must be auto, on, fp8, off or an even 8 to 16, got 15");
   needs_cuda("bench latency --preset tiny --backend cpu --qkv-rope-epilogue fp8");

@@ -1432,22 +1432,33 @@ class CudaBackend final : public Backend {
     } else {
       MX_RETURN_IF_ERROR(ensure(scratch_.moe_tickets, H / 16 * 4, "MoE tickets", /*zero=*/true));
     }
+    // kAuto's staged GEMMs decode with shifts up to kMoeFusedShiftSlots (the same bits in any form).
+    const int shift_slots = options_.moe.decode_shift_slots;
+    const bool shifts = !in_registers && options_.moe.path == CudaMoePath::kAuto &&
+                        slots <= (shift_slots == 0 ? kMoeFusedShiftSlots : shift_slots);
+    const int forced_ring = options_.moe.decode_ring_gemm1;
+    const int ring = forced_ring == 5                                                 ? 5
+                     : forced_ring == 0 && options_.moe.path == CudaMoePath::kAuto ? moe_fused_auto_ring(slots)
+                                                                                   : 0;
     MoeFusedParams f1;
     f1.g = expert_gemm(p, r, /*first=*/true);
     f1.topk_ids = self_routed ? ptr<const int32_t>(p.topk_ids) : nullptr;
     f1.slots = slots;
     f1.experts = E;
+    f1.trace = self_routed ? options_.moe.decode_trace : nullptr;
     const int only = options_.moe.decode_only_gemm;  // benchmarks only
     if (only != 2)
-      MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, in_registers, stream(), options_.moe.decode_mask_route));
+      MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f1, c1, in_registers, stream(), options_.moe.decode_mask_route, shifts,
+                                                     ring));
     if (only == 1) return Status::ok();
     MoeFusedParams f2 = f1;
     f2.g = expert_gemm(p, r, /*first=*/false);
+    if (f2.trace != nullptr) f2.trace += 8 * (f1.g.rows / 16) * moe_fused_max_tiles(slots, E);
     if (self_routed && !leave_rows) {
       f2.tickets = ptr_of<uint32_t>(scratch_.moe_tickets);
       f2.combined = ptr<uint16_t>(p.out);
     }
-    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, in_registers, stream()));
+    MX_RETURN_IF_ERROR(launch_moe_fused_gemm(f2, c2, in_registers, stream(), /*mask_route=*/true, shifts));
     if (self_routed) return Status::ok();
     return launch_moe_combine({ptr_of<const uint16_t>(scratch_.moe_y), r.slot_pos, ptr<uint16_t>(p.out), T, H, k},
                               stream());

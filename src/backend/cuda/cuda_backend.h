@@ -39,6 +39,15 @@ struct CudaMoeOptions {
   // The staged first GEMM at <= 8 self-routed slots finds its tile's expert in a mask of the busy experts (true) or
   // by route_tile's pass over the slots (false: the form before session 22); the same tiles and bits.
   bool decode_mask_route = true;
+  // kAuto's staged GEMMs decode each fp4 word with two of its rotations as left shifts up to this many routed slots
+  // (0: kMoeFusedShiftSlots; -1: never, session 23's form). The same bits.
+  int decode_shift_slots = 0;
+  // The staged first GEMM's ring: 0 = kAuto's (moe_fused_auto_ring), 4 = 4 weight and 2 activation tiles, 5 = 5 weight
+  // tiles and one activation tile at <= 4 self-routed slots with shifts (elsewhere 4 and 2).
+  int decode_ring_gemm1 = 0;
+  // Kernel bench: the self-routed staged GEMMs' CTA events (MoeFusedParams::trace; the first GEMM's CTAs, then the
+  // second's, 8 words each), or null.
+  uint64_t* decode_trace = nullptr;
   int wgmma_persistent = 0;  // 1 forces its persistent grid (256-token tiles), -1 a CTA per item; 0 = default
   int wgmma_warp_specialized = 0;  // 1 forces the warp-specialized wgmma kernel (moe_wgmma_ws.cu), -1 the other; 0 = default
   int wgmma_pdl = 0;  // -1: the deep ring's wgmma GEMMs not as programmatic dependents; 0 or 1: as dependents

@@ -412,6 +412,15 @@ int moe_fused_auto_k_tiles_per_warp(int64_t num_slots, bool first_gemm, bool sca
   return first_gemm ? 16 : 8;
 }
 
+// The ring of 5 weight tiles and one activation tile ahead (the same 56 registers and bits) measured faster at one
+// token with the shifts (session 24 W2, 20b layer, two processes: 21.13 / 20.90 -> 20.75 / 20.71 us; the first GEMM
+// alone 12.99 -> 12.38) but ran on a GPU only at that shape (KernelTest.MoeExpertsDecodeShifts), so kAuto keeps the
+// ring of 4 until its odd shapes have (docs/PERF.md, session 24).
+int moe_fused_auto_ring(int64_t num_slots) {
+  (void)num_slots;
+  return 0;
+}
+
 bool use_fused_moe_routing(int64_t num_slots) { return num_slots >= 1 && num_slots <= kMoeFusedMaxSlots; }
 
 int64_t moe_fused_max_tiles(int64_t num_slots, int64_t num_experts) {

@@ -211,6 +211,14 @@ int64_t moe_fused_smem_bytes(int64_t k, int k_split);
 inline constexpr int64_t kMoeFusedAutoThreeWarpSlots = 8;
 int moe_fused_auto_k_tiles_per_warp(int64_t num_slots, bool first_gemm, bool scales_in_registers,
                                     int64_t three_warp_slots = kMoeFusedAutoThreeWarpSlots);
+// Up to this many routed slots kAuto's staged GEMMs decode each fp4 word with two of its rotations as left shifts
+// (swap_ab_decode_word<true>: the same bits), which issue on the FMA pipe beside the ALU pipe's masks. One H200,
+// session 24 (20b layer, us): one token 22.44 -> 21.05 (the first GEMM alone 13.86 -> 12.90), two 37.07 -> 35.68,
+// four 56.91 -> 56.15; eight and sixteen within their spread (88.9 / 90.8, 109.6 / 110.8), so above 16 the rotations.
+inline constexpr int64_t kMoeFusedShiftSlots = 16;
+// kAuto's ring for the staged first GEMM at this many routed slots (launch_moe_fused_gemm's `ring`: 5 or 0 = the ring of
+// 4 weight and 2 activation tiles); the rule and its measurements are in kernel_configs.cc.
+int moe_fused_auto_ring(int64_t num_slots);
 
 // MXFP4 experts for many tokens per expert (prefill): grouped GEMM with the expert-sorted tokens as the
 // mma M side in tiles of 64 or 128 rows, 128 weight rows per CTA, 4 warps, k in tiles of 64 through a

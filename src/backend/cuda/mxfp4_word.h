@@ -58,7 +58,8 @@ constexpr bool swap_ab_rotation_is_shift(int reg, int rot) {
 // where the masks and the other two rotations already are. The 16-token MoE wgmma kernel at batched decode is
 // bound by the ALU pipe (ncu, gpt-oss-120b at 8 tokens per expert, H200, session 14) and measured 4.7% faster
 // with them (session 15 W2); in the 96-token kernel they made ptxas serialize every wgmma (C7511: 121 -> 96
-// registers), and no other kernel was timed with them, so the rest keep the rotations they were measured with.
+// registers). The MXFP4 decode GEMMs (moe_decode.cu) take them up to kMoeFusedShiftSlots routed slots (session 24: one
+// token's layer 22.44 -> 21.05 us); the rest keep the rotations they were measured with.
 template <bool kShifts = false>
 MX_SWAP_AB_FN void swap_ab_decode_word(uint32_t v, uint32_t (&a)[4]) {
   static_assert(swap_ab_rotation_is_shift(1, 4) && swap_ab_rotation_is_shift(3, 6), "see above");

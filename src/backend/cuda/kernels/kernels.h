@@ -255,14 +255,20 @@ struct MoeFusedParams {
   int64_t slots = 0, experts = 0;
   uint32_t* tickets = nullptr;        // [rows / 16], zeroed once; the last CTA of a strip resets it
   uint16_t* combined = nullptr;       // bf16 [slots / top_k, rows]
+  uint64_t* trace = nullptr;          // kernel bench: 8 words a CTA (SM, global-timer events: moe_decode.cu), or null
 };
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, cudaStream_t stream);
 // The same in either form of the MXFP4 decode GEMMs (kernel_configs.h, moe_fused_smem_bytes): the scales staged
 // in shared memory (what the launcher above runs) or in the ring's registers (the form before). `mask_route`: the
 // staged first GEMM, self-routed at <= 8 slots (one tile an expert) and <= 128 experts, finds its tile's expert in a
-// mask of the busy experts instead of route_tile's pass over the slots (the same tiles and bits).
+// mask of the busy experts instead of route_tile's pass over the slots (the same tiles and bits). `shifts`: the
+// staged form decodes each fp4 word with two of its rotations as left shifts (swap_ab_decode_word<true>: the same
+// bits; the shifts can issue on the FMA pipe instead of the ALU pipe). `ring`: 5 runs the staged first GEMM at <= 4
+// self-routed slots (with the mask route and shifts) on a ring of 5 weight tiles and one activation tile ahead (the
+// same registers and bits); otherwise the ring of 4 and 2 (kernel_configs.h: moe_fused_auto_ring). p.trace (kernel
+// bench) takes the staged form with shifts at <= 6 warps a CTA on the ring of 4.
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool scales_in_registers,
-                             cudaStream_t stream, bool mask_route = true);
+                             cudaStream_t stream, bool mask_route = true, bool shifts = false, int ring = 0);
 
 // The same two GEMMs for many tokens per expert: tokens as the mma M side in tiles of c.tile_tokens (the
 // routing must have been built with that tile size), same inputs, outputs and epilogues.

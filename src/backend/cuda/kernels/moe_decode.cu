@@ -13,6 +13,8 @@
 //    constant offset from them, rounds whose refills all exist run without a check per tile, scale bytes
 //    arrive zero-extended; the epilogue's biases and routing weights are staged in shared memory before
 //    the loop (cp.async, no registers held across it), so its loads are off the path after the last tile;
+//  * up to kMoeFusedShiftSlots routed slots (kernel_configs.h) the fp4 decode takes two of a word's rotations as left
+//    shifts (swap_ab_decode_word<true>: the same bits), which issue on the FMA pipe beside the ALU pipe's masks;
 //  * the k split is a function of k alone, so a token's sums run in the same order in any batch;
 //  * up to 32 routed tokens, every CTA derives its tile's routing from the top-k ids in registers (the
 //    routing kernel, ~1 launch, is gone) and the second GEMM's last CTA of each 16-row strip (an atomic
@@ -47,8 +49,9 @@ __device__ __forceinline__ uint32_t ldg_u8(const uint8_t* p) {
   return v;
 }
 
-// Weight tiles in flight per warp.
+// Weight tiles in flight per warp (and activation tiles), the default ring.
 constexpr int kDepth = 4;
+constexpr int kActDepthDefault = 2;
 
 // a / b for 0 <= a < 2^20 and 1 <= b <= 64, without the ~25 instructions of a 32-bit integer division (three
 // of them sat between a warp's routing and its first weight loads): (a + 1/2) / b is at least 1/(2b) away from
@@ -64,14 +67,14 @@ __device__ __forceinline__ int small_div(int a, int b) {
 // requested (before the second GEMM's PDL wait). Unless kScalesInRegisters, the warp's n blocks of 32 scale
 // bytes (from sw) are first copied to `ss` in shared memory, and the lane reads its two bytes of tile j at
 // ss + (sq - sw) + 32 j and + 8.
-template <bool kGated, bool kScalesInRegisters, typename Stage>
+template <bool kGated, bool kScalesInRegisters, bool kShifts, int kDepth, int kActDepth, typename Stage,
+          typename Waited>
 __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint8_t* wq, const uint8_t* sq,
                                                      const uint4* xq, bool has_token, int n, Stage stage,
-                                                     const uint8_t* sw, uint8_t* ss) {
+                                                     const uint8_t* sw, uint8_t* ss, Waited waited) {
   // Activations come from L2/L1 (shorter latency than the weights' HBM): a ring of two is enough and keeps
   // registers for weight slots. Lanes without a token keep zeroed activation slots. The pointers move on by
   // kDepth tiles per round.
-  constexpr int kActDepth = 2;
   static_assert(kDepth % kActDepth == 0, "activation slots are picked at compile time");
   // The slots keep the raw scale bytes: a scale is made a bf16x2 when its tile is multiplied, not when it is
   // requested. Converted at the load (before session 14), the conversion stalled the warp for the byte's HBM
@@ -98,7 +101,8 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
       s0 = sl[slot * 32];
       s8 = sl[slot * 32 + 8];
     }
-    mxfp4_strip_mma(acc, w[slot], mxfp4_scale_x2(s0), mxfp4_scale_x2(s8), xa[slot % kActDepth], xb[slot % kActDepth]);
+    mxfp4_strip_mma<kShifts>(acc, w[slot], mxfp4_scale_x2(s0), mxfp4_scale_x2(s8), xa[slot % kActDepth],
+                             xb[slot % kActDepth]);
   };
   auto load_acts = [&](int slot, int j) {
     if (has_token) {
@@ -118,6 +122,7 @@ __device__ __forceinline__ void register_ring_k_loop(float (&acc)[4], const uint
     pdl_wait();  // h comes from the first GEMM
     // Only after the wait: the norm after the experts routes before its own wait (moe_combine_rms_norm_kernel).
     pdl_launch_dependents();
+    waited();
   }
 #pragma unroll
   for (int i = 0; i < kActDepth; ++i)
@@ -193,13 +198,33 @@ __device__ __forceinline__ TileRoute route_tile_mask(const int32_t* ids, int slo
 }
 
 // kMaskRoute (the first GEMM, self-routed at <= 8 slots and <= kMaskRouteExperts experts): route_tile_mask.
-template <bool kGated, bool kScalesInRegisters, bool kMaskRoute = false>
-__global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
+// Kernel bench (MoeFusedParams::trace): the SM and the global timer (ns) of a CTA's events.
+__device__ __forceinline__ uint64_t moe_trace_time() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint64_t moe_trace_smid() {
+  uint32_t s;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(s));
+  return s;
+}
+
+// kTrace (kernel bench): thread 0 records the CTA's SM and, against the global timer, its entry, its tile's routing
+// (after the first GEMM's PDL wait), the second GEMM's PDL wait, warp 0's k loop, the k split's reduction and the end
+// in MoeFusedParams::trace (8 words a CTA, CTA (x, y) at 8 (y gridDim.x + x); words of CTAs past the busy tiles stay).
+template <bool kGated, bool kScalesInRegisters, bool kMaskRoute, bool kShifts, int kRing, int kActRing, bool kTrace>
+__device__ __forceinline__ void moe_fused_gemm_body(const MoeFusedParams& p) {
   extern __shared__ float red[];  // [k_split - 1][4][32], then each warp's staged scales (moe_fused_smem_bytes)
   const MoeGemmParams& g = p.g;
   const int tile = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k_split = blockDim.x / 32;
   const int r = lane / 4, q = lane % 4;
+  uint64_t* tr = kTrace && threadIdx.x == 0 ? p.trace + 8 * (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
+  if (kTrace && tr != nullptr) {
+    tr[0] = moe_trace_smid();
+    tr[1] = moe_trace_time();
+  }
   if constexpr (kGated) {
     pdl_wait();  // launched as a programmatic dependent: the top-k ids come from the router
     // Only after the wait: the second GEMM reads the top-k ids before its own wait.
@@ -210,6 +235,7 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
                        : kMaskRoute ? route_tile_mask(p.topk_ids, slots, experts, tile)
                                     : route_tile(p.topk_ids, slots, experts, tile);
   if (tile >= rt.tiles) return;
+  if (kTrace && tr != nullptr) tr[2] = moe_trace_time();
 
   // Warp and token indices divide by a reciprocal (small_div: k_split <= 16, top_k <= 32).
   const int64_t strip = blockIdx.x, strips = g.rows / 16;
@@ -231,20 +257,45 @@ __global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
   // The warp's staged scales: ceil(n_k / k_split) blocks of 32 bytes a warp after the reduction's floats.
   uint8_t* ss = reinterpret_cast<uint8_t*>(red + (k_split - 1) * 128) + warp * small_div(n_k + k_split - 1, k_split) * 32;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  register_ring_k_loop<kGated, kScalesInRegisters>(acc, w0, s0 + (q >> 1) * 16 + r, xq, has_token, n, stage, s0, ss);
+  register_ring_k_loop<kGated, kScalesInRegisters, kShifts, kRing, kActRing>(
+      acc, w0, s0 + (q >> 1) * 16 + r, xq, has_token, n, stage, s0, ss, [&] {
+        if (kTrace && tr != nullptr) tr[3] = moe_trace_time();
+      });
+  if (kTrace && tr != nullptr) tr[4] = moe_trace_time();
 
   if (!reduce_k_split(acc, red, warp, lane, k_split)) return;
   staged_epilogue_ready();
+  if (kTrace && tr != nullptr) tr[5] = moe_trace_time();
   if constexpr (kGated) {
     staged_swiglu_epilogue(g, acc, staged, rt.start, rt.rows, strip, r, q);
   } else {
     const StripBias b{bf16_bits_to_f32(staged.bias[r]), bf16_bits_to_f32(staged.bias[r + 8])};
     weighted_epilogue_and_combine(p, acc, rt, b, [&](int c) { return staged.weight[2 * q + c]; }, strip, r, q);
   }
+  if (kTrace && tr != nullptr) tr[6] = moe_trace_time();
 }
 
-template <bool kGated, bool kScalesInRegisters, bool kMaskRoute = false>
+template <bool kGated, bool kScalesInRegisters, bool kMaskRoute = false, bool kShifts = false, int kRing = kDepth,
+          int kActRing = kActDepthDefault>
+__global__ void moe_fused_gemm_kernel(MoeFusedParams p) {
+  moe_fused_gemm_body<kGated, kScalesInRegisters, kMaskRoute, kShifts, kRing, kActRing, false>(p);
+}
+// The traced staged kernels (up to kMoeTraceMaxThreads a CTA), held to the untraced ones' 56 registers (one token's 12
+// CTAs of 3 warps and 6 of 6 an SM).
+constexpr int kMoeTraceMaxThreads = 192;
+template <bool kGated, bool kMaskRoute, bool kShifts>
+__global__ void __launch_bounds__(kMoeTraceMaxThreads, 6) moe_fused_gemm_trace_kernel(MoeFusedParams p) {
+  moe_fused_gemm_body<kGated, false, kMaskRoute, kShifts, kDepth, kActDepthDefault, true>(p);
+}
+
+template <bool kGated, bool kScalesInRegisters, bool kMaskRoute = false, bool kShifts = false, int kRing = kDepth,
+          int kActRing = kActDepthDefault>
 Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid, bool pdl, cudaStream_t stream) {
+  void (*kernel)(MoeFusedParams) =
+      moe_fused_gemm_kernel<kGated, kScalesInRegisters, kMaskRoute, kShifts, kRing, kActRing>;
+  if constexpr (!kScalesInRegisters && kShifts && kRing == kDepth && kActRing == kActDepthDefault) {
+    if (p.trace != nullptr) kernel = moe_fused_gemm_trace_kernel<kGated, kMaskRoute, kShifts>;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(static_cast<unsigned>(c.threads));
@@ -255,8 +306,7 @@ Status launch_fused(const MoeFusedParams& p, const MoeFusedConfig& c, dim3 grid,
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cuda_status(cudaLaunchKernelEx(&cfg, moe_fused_gemm_kernel<kGated, kScalesInRegisters, kMaskRoute>, p),
-                     "moe_fused_gemm_kernel");
+  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_fused_gemm_kernel");
 }
 
 }  // namespace
@@ -265,7 +315,7 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, c
 }
 
 Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, bool scales_in_registers,
-                             cudaStream_t stream, bool mask_route) {
+                             cudaStream_t stream, bool mask_route, bool shifts, int ring) {
   const MoeGemmParams& g = p.g;
   if (g.rows % 16 != 0 || g.k % 64 != 0) return internal_error("MoE GEMM: rows % 16 and k % 64 must be 0");
   if (c.k_split < 1 || c.k_split > kMoeFusedMaxKSplit || c.k_split > g.k / 64 || c.threads != 32 * c.k_split ||
@@ -282,14 +332,26 @@ Status launch_moe_fused_gemm(const MoeFusedParams& p, const MoeFusedConfig& c, b
     return invalid_argument("MoE fused GEMM: the biases must be 4-byte aligned (copied in bf16 pairs)");
   if (!scales_in_registers && reinterpret_cast<uintptr_t>(g.scales) % 16 != 0)
     return invalid_argument("MoE fused GEMM: the scales must be 16-byte aligned (staged in 16-byte copies)");
+  if (p.trace != nullptr && (scales_in_registers || !shifts || ring != 0 || c.threads > kMoeTraceMaxThreads))
+    return internal_error("MoE fused GEMM: the trace takes the staged form with shifts at <= 6 warps a CTA");
   if (p.slots == 0) return Status::ok();
   const int64_t tiles = moe_fused_max_tiles(p.slots, p.experts);
   if (tiles > 65535) return unimplemented("MoE fused GEMM: too many tiles for one launch");
   const dim3 grid(static_cast<unsigned>(g.rows / 16), static_cast<unsigned>(tiles));
   if (scales_in_registers)
     return g.gated ? launch_fused<true, true>(p, c, grid, c.pdl, stream) : launch_fused<false, true>(p, c, grid, c.pdl, stream);
-  if (mask_route && g.gated && p.topk_ids != nullptr && p.slots <= kMoeFusedTileTokens && p.experts <= kMaskRouteExperts)
-    return launch_fused<true, false, true>(p, c, grid, c.pdl, stream);
+  const bool mask = mask_route && g.gated && p.topk_ids != nullptr && p.slots <= kMoeFusedTileTokens &&
+                    p.experts <= kMaskRouteExperts;
+  // Measurement build: the first GEMM at <= 4 self-routed slots on a ring of 5 weight tiles with one activation tile
+  // ahead (the same registers; other cases run the default ring).
+  if (ring == 5 && mask && shifts && p.slots <= 4)
+    return launch_fused<true, false, true, true, 5, 1>(p, c, grid, c.pdl, stream);
+  if (mask)
+    return shifts ? launch_fused<true, false, true, true>(p, c, grid, c.pdl, stream)
+                  : launch_fused<true, false, true>(p, c, grid, c.pdl, stream);
+  if (shifts)
+    return g.gated ? launch_fused<true, false, false, true>(p, c, grid, c.pdl, stream)
+                   : launch_fused<false, false, false, true>(p, c, grid, c.pdl, stream);
   return g.gated ? launch_fused<true, false>(p, c, grid, c.pdl, stream) : launch_fused<false, false>(p, c, grid, c.pdl, stream);
 }
 

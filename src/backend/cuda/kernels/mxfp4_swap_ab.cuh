@@ -29,7 +29,8 @@ __device__ __forceinline__ void mxfp4_dequant_step(uint32_t v, uint32_t sc0, uin
 
 // One 64-wide k tile of a 16-row strip times 8 token columns: the lane's 16 weight bytes `wq` (4 k-steps)
 // against its 32 activation bytes xa, xb (the layout's k permutation makes them contiguous), 4 mma steps
-// accumulated in order into acc.
+// accumulated in order into acc. kShifts: swap_ab_decode_word's (the same bits).
+template <bool kShifts = false>
 __device__ __forceinline__ void mxfp4_strip_mma(float (&acc)[4], const uint4& wq, uint32_t sc0, uint32_t sc8,
                                                 const uint4& xa, const uint4& xb) {
   const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
@@ -37,7 +38,7 @@ __device__ __forceinline__ void mxfp4_strip_mma(float (&acc)[4], const uint4& wq
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     uint32_t a[4];
-    mxfp4_dequant_step(w4[kk], sc0, sc8, a);
+    mxfp4_dequant_step<kShifts>(w4[kk], sc0, sc8, a);
     mma_bf16_16816(acc, a, bx[2 * kk], bx[2 * kk + 1]);
   }
 }
