@@ -10,7 +10,8 @@
 // [--moe-rounds=N] [--variants=P,P,...] |
 // --sampling-only |
 // --moe-decode-variants[=T,T,...] [--moe-experts=E] [--variants=P,P,...] |
-// --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-gemma | --linear-only |
+// --attention-prefill-only[=T,T,...] | --attention-decode-only[=B,B,...] | --attention-decode-pair[=B,B,...] |
+// --attention-gemma | --linear-only |
 // --qkv-rope-only[=T,T,...] | --qkv-rope-epilogue-only[=B,B,...] | --attention-window-forms[=T,T,...] |
 // --linear-fp8-only | --lm-head-staged[=once] | --gemma-only | --gemma-dense-only |
 // --decode-step-only[=B,B,...] [--candidates=N] |
@@ -977,6 +978,57 @@ void bench_attention_decode(const std::vector<int64_t>& only_batches = {}) {
                  (sh.window ? " window " + std::to_string(sh.window) : std::string()) + " " + label,
              us, bytes, 0, note);
     }
+  }
+  CHECK_OK(set_cuda_attention_options(*g_b, {}));
+}
+
+// gpt-oss's decode attention behind its producer (`--attention-decode-pair[=B,B,...]`, batches 1 and 8 if none):
+// qkv_rope (one token a sequence) then attention.cu's decode kernel on a full and a window-128 layer at 1K context,
+// its keys of earlier steps copied before its PDL wait (AttentionKernelParams::keys_before_wait) or every copy after
+// it; rotating over 16 KV layers so reads come from HBM. Rows: the attention alone (48 launches in a graph) and
+// behind qkv_rope (the pair less qkv_rope alone), 3 interleaved rounds.
+void bench_attention_decode_pair(const std::vector<int64_t>& batches) {
+  CHECK_OK(g_b->prepare(WorkspaceSpec{8192, 2880, 2880, 32, 4, 64, 8, 64}));
+  const TensorView inv_freq = rope_inv_freq();
+  for (int64_t seqs : batches) {
+    AttnGeometry geo;
+    geo.layers = 16;
+    AttnSetup a = make_attention(seqs, 1024, 1, geo);
+    const QkvRopeParams rope{.qkv = random_bf16({seqs, 80 * 64}, 1.0f), .q_out = a.q, .kv = a.kv.layer(0),
+                             .inv_freq = inv_freq, .n_q = 64, .n_kv = 8, .head_dim = 64, .q_norm = {},
+                             .k_norm = {}, .prefetch = {}};
+    auto layer = [&](int i) { return a.kv.layer(i % static_cast<int>(geo.layers)); };
+    const double qkv_us = time_graph(48, [&](int i) {
+      QkvRopeParams r = rope;
+      r.kv = layer(i);
+      return g_b->qkv_rope(r, a.batch);
+    });
+    for (int round = 0; round < 3; ++round)
+      for (int64_t window : {int64_t{0}, int64_t{128}})
+        for (bool before : {false, true}) {
+          CudaAttentionOptions o;
+          o.keys_before_wait = before;
+          CHECK_OK(set_cuda_attention_options(*g_b, o));
+          auto attention = [&](int i) {
+            AttentionParams p{a.q, layer(i), a.sinks, a.out, 64, 8, 64, window, 0.125f};
+            return g_b->attention(p, a.batch);
+          };
+          const double alone = time_graph(48, attention);
+          const double pair = time_graph(48, [&](int i) -> Status {
+            QkvRopeParams r = rope;
+            r.kv = layer(i);
+            MX_RETURN_IF_ERROR(g_b->qkv_rope(r, a.batch));
+            return attention(i);
+          });
+          const std::string label = "decode attention batch=" + std::to_string(seqs) +
+                                    (window ? " window 128" : " full 1K") +
+                                    (before ? " keys before wait" : " keys after wait") + " r" + std::to_string(round);
+          const double bytes = static_cast<double>(seqs) * (window ? 128 : 1024) * 8 * 64 * 2 * 2;
+          report(label + " alone", alone, bytes, 0);
+          char note[96];
+          std::snprintf(note, sizeof note, "pair %.2f us, qkv_rope alone %.2f us", pair, qkv_us);
+          report(label + " behind qkv_rope", pair - qkv_us, bytes, 0, note);
+        }
   }
   CHECK_OK(set_cuda_attention_options(*g_b, {}));
 }
@@ -2212,6 +2264,13 @@ int main(int argc, char** argv) {
   const std::string gemma_decode_flag = "--attention-gemma-decode";
   if (const auto batches = argc > arg ? int_list_flag(argv[arg], gemma_decode_flag) : std::nullopt) {
     bench_attention_gemma_decode(*batches);
+    ++arg;
+    if (argc > arg) write_json(argv[arg]);
+    return 0;
+  }
+  // `--attention-decode-pair[=B,B,...]`: gpt-oss's decode attention behind qkv_rope, keys before / after its wait.
+  if (const auto batches = argc > arg ? int_list_flag(argv[arg], "--attention-decode-pair") : std::nullopt) {
+    bench_attention_decode_pair(batches->empty() ? std::vector<int64_t>{1, 8} : *batches);
     ++arg;
     if (argc > arg) write_json(argv[arg]);
     return 0;

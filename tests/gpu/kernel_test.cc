@@ -1080,6 +1080,92 @@ TEST_F(KernelTest, AttentionDecode) {
   ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
 }
 
+// gpt-oss's decode step: qkv_rope (writing each token's own K/V over stale bits), then the decode attention at head
+// dim 64 with sinks (attention.cu's kernel: a token's splits as a CTA cluster, or through the merge kernel), eager and
+// replayed from a graph, where the attention copies the ring's first stages of the keys of earlier steps before its PDL
+// wait (CudaAttentionOptions::keys_before_wait, the default): against the CPU twin's two ops, and bit-equal to every
+// copy after the wait. The contexts put a token's own key in a split's first tile (34, 61, 1), in its second (970:
+// key 969 of the split from 896; the windows at 1501 and 129) and past the ring's two stages (3000: the split from
+// 2816 of 256 keys), with splits past the query.
+TEST_F(KernelTest, GptOssQkvRopeThenDecodeAttention) {
+  const AttnCase cases[] = {
+      {"full b1 ctx 970", 64, 8, 64, 0, 16, {{969, 1}}},
+      {"full b3 ctx 34 / 1 / 3000, page 7", 64, 8, 64, 0, 7, {{33, 1}, {0, 1}, {2999, 1}}},
+      {"window 128 b1 ctx 1501", 64, 8, 64, 128, 16, {{1500, 1}}},
+      {"window 128 b2 ctx 61 / 129, page 5", 64, 8, 64, 128, 5, {{60, 1}, {128, 1}}},
+  };
+  struct Variant {
+    const char* label;
+    CudaAttentionDecode decode;
+    bool keys_before_wait;  // each form's keys-before variant follows its keys-after one
+  };
+  const Variant variants[] = {{"keys after the wait", CudaAttentionDecode::kAuto, false},
+                              {"keys before the wait", CudaAttentionDecode::kAuto, true},
+                              {"merge kernel, keys after the wait", CudaAttentionDecode::kMmaSyncMerge, false},
+                              {"merge kernel, keys before the wait", CudaAttentionDecode::kMmaSyncMerge, true}};
+  for (const AttnCase& c : cases) {
+    const StagedPair sp(cpu_, cuda_, rng_, c.spans, c.page_size);
+    ASSERT_TRUE(sp.ok());
+    const int64_t T = sp.tokens, width = (c.n_q + 2 * c.n_kv) * c.hd;
+    const Shape cache{sp.paged.num_pages, c.page_size, c.n_kv, c.hd};
+    const Bf16Data k = quick_random_bf16(rng_, cache.numel(), 1.0f), v = quick_random_bf16(rng_, cache.numel(), 1.0f);
+    const Bf16Data qkv = random_bf16(rng_, T * width, 1.0f), sinks = random_bf16(rng_, c.n_q, 1.0f);
+    std::vector<float> freq(static_cast<size_t>(c.hd / 2));
+    for (size_t i = 0; i < freq.size(); ++i) freq[i] = std::pow(150000.0f, -2.0f * static_cast<float>(i) / c.hd);
+    const Pair px = upload_activation(cpu_, cuda_, qkv, {T, width});
+    const Pair pk = upload_activation(cpu_, cuda_, k, cache), pv = upload_activation(cpu_, cuda_, v, cache);
+    const TensorView f_c = cpu_.upload(DType::kF32, {c.hd / 2}, freq.data());
+    const TensorView f_g = cuda_.upload(DType::kF32, {c.hd / 2}, freq.data());
+    const TensorView sk_c = cpu_.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+    const TensorView sk_g = cuda_.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), rope_scale = 1.25f;
+    TensorView q_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), o_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd});
+    const QkvRopeParams r_c{px.cpu, q_c, {pk.cpu, pv.cpu, c.page_size}, f_c, rope_scale, c.n_q, c.n_kv, c.hd, {}, {}, 0, {}};
+    ASSERT_TRUE(cpu_backend().qkv_rope(r_c, *sp.cpu_batch).is_ok());
+    const AttentionParams a_c{q_c, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
+    ASSERT_TRUE(cpu_backend().attention(a_c, *sp.cpu_batch).is_ok());
+    const std::vector<float> want = cpu_.download_f32(o_c);
+    std::vector<uint8_t> after;  // the form's every-key-after-the-wait output
+    for (const Variant& var : variants) {
+      CudaAttentionOptions o{CudaAttentionPath::kAuto, var.decode};
+      o.keys_before_wait = var.keys_before_wait;
+      ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), o).is_ok());
+      // Eager, then a graph captured over fresh caches (the own keys' slots stale again) and replayed once.
+      std::vector<uint8_t> eager;
+      for (bool replay : {false, true}) {
+        const TensorView k_g = cuda_.upload(DType::kBF16, cache, k.bits.data());
+        const TensorView v_g = cuda_.upload(DType::kBF16, cache, v.bits.data());
+        const TensorView q_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd}), o_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
+        const QkvRopeParams r_g{px.cuda, q_g, {k_g, v_g, c.page_size}, f_g, rope_scale, c.n_q, c.n_kv, c.hd, {}, {}, 0, {}};
+        const AttentionParams a_g{q_g, {k_g, v_g, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
+        auto both = [&]() -> Status {
+          MX_RETURN_IF_ERROR(cuda_backend().qkv_rope(r_g, *sp.cuda_batch));
+          return cuda_backend().attention(a_g, *sp.cuda_batch);
+        };
+        if (replay) {
+          auto graph = cuda_backend().capture(both);
+          ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+          ASSERT_TRUE((*graph)->replay().is_ok());
+        } else {
+          const Status st = both();
+          ASSERT_TRUE(st.is_ok()) << st.to_string();
+        }
+        const std::vector<uint8_t> got = cuda_.download_bytes(o_g);
+        const std::string what = c.name + " (" + var.label + (replay ? ", graph replay)" : ")");
+        if (replay) {
+          EXPECT_EQ(got, eager) << what << ": graph replay != eager";
+          continue;
+        }
+        eager = got;
+        check("gpt-oss qkv_rope + decode attention", what, cuda_.download_f32(o_g), want, 1e-2);
+        if (!var.keys_before_wait) after = got;
+        else EXPECT_EQ(got, after) << what << ": != every key after the wait";
+      }
+    }
+  }
+  ASSERT_TRUE(set_cuda_attention_options(cuda_backend(), {}).is_ok());
+}
+
 // The kernel spreads (head, run of 4 pairs) work over CTAs of 128 threads: head counts that do not fill the last
 // CTA, CTAs that mix q, k and v heads, two heads per CTA (hd 256) and several (hd 32), and a head dim whose half
 // is not a multiple of 4 (hd 12: one pair per thread) all meet the CPU twin.

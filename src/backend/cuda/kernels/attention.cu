@@ -50,14 +50,16 @@ __device__ __forceinline__ uint16_t* tile_at(uint16_t* tile, int row, int col) {
   return tile + row * HD + swizzle<HD>(row, col / 8) * 8 + (col % 8);
 }
 
-// Loads keys [k0, k0 + kKeys) of kv head g of sequence seq (zero-filled past k_last or outside the cache).
+// Loads keys [k0, k0 + kKeys) of kv head g of sequence seq (zero-filled past k_last or outside the cache). Key
+// `skip` (if in the tile) is not copied at all: the decode kernel copies a query's own key after its PDL wait.
 template <int HD>
 __device__ __forceinline__ void load_kv_tile(const PagedKv& kv, int64_t n_kv, int g, int seq, int k0, int k_last,
-                                             uint16_t* sk, uint16_t* sv) {
+                                             uint16_t* sk, uint16_t* sv, int skip = -1) {
   constexpr int kChunks = HD / 8;
   for (int idx = threadIdx.x; idx < Tile<HD>::kKeys * kChunks; idx += blockDim.x) {
     const int row = idx / kChunks, c = idx % kChunks;
     const int key = k0 + row;
+    if (key == skip) continue;
     int64_t page = -1;
     if (key >= 0 && key <= k_last) {
       const int64_t logical = key / kv.page_size;
@@ -79,21 +81,22 @@ struct KvPass {
 // Issues the copies of tile i of the pass into the stage at `stage` ({K, V}, [kKeys][HD] each).
 template <int HD>
 __device__ __forceinline__ void load_pass_tile(const AttentionKernelParams& p, int g, const KvPass& pass, int i,
-                                               uint16_t* stage) {
+                                               uint16_t* stage, int skip = -1) {
   constexpr int kKeys = Tile<HD>::kKeys;
-  load_kv_tile<HD>(p.kv, p.n_kv, g, pass.seq, pass.k_first + i * kKeys, pass.k_last, stage, stage + kKeys * HD);
+  load_kv_tile<HD>(p.kv, p.n_kv, g, pass.seq, pass.k_first + i * kKeys, pass.k_last, stage, stage + kKeys * HD, skip);
 }
 
-// The K/V ring shared by prefill and decode: `stages` (1 or 2) stages at skv, tile 0 issued into stage 0
-// before the loop. Waits until this thread's copies of tile i landed and returns its stage; the caller
-// syncs the CTA before reading it and after its last read. Two stages: tile i + 1 is issued into the other
-// stage first, so its copy overlaps the math of tile i. One stage (when two do not fit): tile i is issued
-// only now, into the stage the previous iteration has released.
+// The K/V ring shared by prefill and decode: `stages` (1 or 2) stages at skv, tiles [0, issued) issued into
+// their stages before the loop (tile 0 by prefill; up to `stages` tiles by the decode kernel's early copies).
+// Waits until this thread's copies of tile i landed and returns its stage; the caller syncs the CTA before
+// reading it and after its last read. Two stages: tile i + 1 is issued into the other stage first, so its copy
+// overlaps the math of tile i. One stage (when two do not fit): tile i is issued only now, into the stage the
+// previous iteration has released.
 template <int HD>
 __device__ __forceinline__ int wait_kv_tile(const AttentionKernelParams& p, int g, const KvPass& pass, int i,
-                                            int stages, uint16_t* skv) {
+                                            int stages, uint16_t* skv, int issued = 1) {
   if (stages == 1) {
-    if (i > 0) {
+    if (i >= issued) {
       load_pass_tile<HD>(p, g, pass, i, skv);
       cp_async_commit();
     }
@@ -101,7 +104,7 @@ __device__ __forceinline__ int wait_kv_tile(const AttentionKernelParams& p, int 
     return 0;
   }
   const int stage = i & 1;
-  if (i + 1 < pass.n_tiles) {
+  if (i + 1 < pass.n_tiles && i + 1 >= issued) {
     load_pass_tile<HD>(p, g, pass, i + 1, skv + ((i + 1) & 1) * 2 * Tile<HD>::kKeys * HD);
     cp_async_commit();
     cp_async_wait<1>();
@@ -402,16 +405,24 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
   auto row_valid = [&](int row) { return hb * 16 + row < group; };
   auto row_head = [&](int row) { return g * group + hb * 16 + row; };
 
-  pdl_wait();  // launched as a programmatic dependent: q and the new K/V come from qkv_rope
-  pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
-
-  for (int idx = threadIdx.x; idx < 16 * (HD / 8); idx += blockDim.x) {
-    const int row = idx / (HD / 8), c = idx % (HD / 8);
-    const bool ok = row_valid(row);
-    const uint16_t* src = ok ? p.q + (t * p.n_q + row_head(row)) * HD + c * 8 : p.q;
-    cp_async_16(sq + row * HD + swizzle<HD>(row, c) * 8, src, ok);
+  auto copy_q = [&] {
+    for (int idx = threadIdx.x; idx < 16 * (HD / 8); idx += blockDim.x) {
+      const int row = idx / (HD / 8), c = idx % (HD / 8);
+      const bool ok = row_valid(row);
+      const uint16_t* src = ok ? p.q + (t * p.n_q + row_head(row)) * HD + c * 8 : p.q;
+      cp_async_16(sq + row * HD + swizzle<HD>(row, c) * 8, src, ok);
+    }
+  };
+  // The position, the page table and the keys of earlier steps come before the kernel before (the step's staging
+  // and earlier steps): with keys_before_wait (one query per sequence) the ring's first stages are copied before
+  // the PDL wait, without the query's own key, which qkv_rope writes; it and Q are copied after the wait.
+  const bool early = p.keys_before_wait;
+  if (!early) {
+    pdl_wait();  // launched as a programmatic dependent: q and the new K/V come from qkv_rope
+    pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
+    copy_q();
+    cp_async_commit();
   }
-  cp_async_commit();
 
   int first, last;
   attn_key_range(p, t, &first, &last);
@@ -422,16 +433,49 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
   const int kend = min(last, kstart + chunk - 1);
   const KvPass pass{seq, kstart, kend, kend >= kstart ? (kend - kstart + T::kKeys) / T::kKeys : 0};
 
-  if (pass.n_tiles > 0) load_pass_tile<HD>(p, g, pass, 0, skv);
-  cp_async_commit();
-  cp_async_wait<1>();  // the Q group
+  int issued = min(1, pass.n_tiles);
+  if (early) {
+    // The query's own key (the last one, pos = last) is in this split's last tile when the split holds it.
+    issued = min(stages, pass.n_tiles);
+    const int own_tile = pass.n_tiles > 0 && kend == last ? (last - kstart) / T::kKeys : -1;
+    for (int i = 0; i < issued; ++i) {
+      load_pass_tile<HD>(p, g, pass, i, skv + i * 2 * T::kKeys * HD, own_tile == i ? last : -1);
+      cp_async_commit();
+    }
+    // The own key's cache offset (a thread a 16-byte chunk of its K and V row), -1 outside the cache: zeros, as the
+    // tiles' zero fill.
+    int64_t own_off = -1;
+    if (own_tile >= 0 && own_tile < issued && threadIdx.x < 2 * (HD / 8)) {
+      const int64_t logical = last / p.kv.page_size;
+      const int64_t page =
+          logical < p.kv.max_pages ? p.kv.page_table[static_cast<int64_t>(seq) * p.kv.max_pages + logical] : -1;
+      if (page >= 0 && page < p.kv.num_pages)
+        own_off = ((page * p.kv.page_size + last % p.kv.page_size) * p.n_kv + g) * HD + (threadIdx.x % (HD / 8)) * 8;
+    }
+    pdl_wait();  // q and the query's own K/V come from qkv_rope
+    pdl_launch_dependents();
+    copy_q();
+    if (own_tile >= 0 && own_tile < issued && threadIdx.x < 2 * (HD / 8)) {  // its row of the stage, K and V
+      const int row = (last - kstart) % T::kKeys, c = threadIdx.x % (HD / 8);
+      const bool is_v = threadIdx.x >= HD / 8;
+      uint16_t* dst = skv + own_tile * 2 * T::kKeys * HD + (is_v ? T::kKeys * HD : 0);
+      cp_async_16(dst + row * HD + swizzle<HD>(row, c) * 8, (is_v ? p.kv.v : p.kv.k) + (own_off >= 0 ? own_off : 0),
+                  own_off >= 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();  // Q, the own key and the early stages
+  } else {
+    if (pass.n_tiles > 0) load_pass_tile<HD>(p, g, pass, 0, skv);
+    cp_async_commit();
+    cp_async_wait<1>();  // the Q group
+  }
   __syncthreads();
   uint32_t qf[T::kKc][4];
   load_q_fragments<HD, T::kKc>(sq, 0, col0, qf);
 
   RowState<T::kDs> st;
   for (int i = 0; i < pass.n_tiles; ++i) {
-    const int stage = wait_kv_tile<HD>(p, g, pass, i, stages, skv);
+    const int stage = wait_kv_tile<HD>(p, g, pass, i, stages, skv, issued);
     __syncthreads();
     uint16_t* sk = skv + stage * 2 * T::kKeys * HD;
     uint16_t* sv = sk + T::kKeys * HD;
