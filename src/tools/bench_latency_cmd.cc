@@ -129,8 +129,10 @@ const std::vector<CliOption> kCommandOptions = {
     {"moe-decode-combine", true,
      "where gpt-oss's experts are summed at decode on CUDA (<= 32 routed slots): auto (default: in the next norm's "
      "kernel, which lets the next qkv launch before its wait), norm-wait-first (the same, the next qkv launched only "
-     "after the norm's wait: the form before 2026-11-29) or gemm (in the second expert GEMM, then the norm: the two "
-     "ops); several, comma-separated: compared as --bf16-experts-decode"},
+     "after the norm's wait: the form before 2026-11-29), gemm (in the second expert GEMM, then the norm: the two "
+     "ops), norm-inputs-after-wait (auto with the row norms' weights and the router's bias read after their PDL "
+     "wait: the form before session 24) or norm-route-apart (auto with 120b's post-attention norm and router as two "
+     "launches: the form before session 24); several, comma-separated: compared as --bf16-experts-decode"},
     {"moe-decode-form", true,
      "gpt-oss's MXFP4 decode GEMMs on CUDA (<= 64 routed slots): auto (default: each warp's scale bytes staged in "
      "shared memory; at one token 3 warps a CTA in the first GEMM, 6 in the second; at two 3 and 3), session20 (2 "
@@ -218,7 +220,7 @@ const std::map<std::string, std::vector<std::string>>& kernel_flag_names() {
        {"auto", "mma-sync", "mma-sync-merge", "swap-ab", "swap-ab-cluster", "ring-config", "ring-3", "rope-in-attention",
         "keys-after-wait"}},
       {"bf16-experts-decode", {"auto", "rows", "register-loads", "bulk-copies", "streamed", "fused"}},
-      {"moe-decode-combine", {"auto", "norm-wait-first", "gemm"}},
+      {"moe-decode-combine", {"auto", "norm-wait-first", "gemm", "norm-inputs-after-wait", "norm-route-apart"}},
       {"moe-decode-form", {"auto", "registers", "session20", "session21", "session23"}},
       {"moe-wgmma-loads", {"auto", "cp-async", "copy-engine", "copy-engine-pairs"}},
       {"moe-wgmma-glue", {"auto", "separate", "combine-kernel", "combine-in-norm"}},
@@ -334,7 +336,9 @@ Status apply_cuda_kernel_choice(Backend& backend, const std::string& flag, const
     MX_ASSIGN_OR_RETURN(CudaMoeOptions moe, cuda_moe_options(backend));
     if (flag == "moe-decode-combine") {
       moe.decode_combine_in_norm = value != "gemm";
-      moe.decode_norm_dependents_first = value == "auto";
+      moe.decode_norm_dependents_first = value != "norm-wait-first" && value != "gemm";
+      moe.norm_inputs_before_wait = value != "norm-inputs-after-wait";
+      moe.norm_route_tickets = value != "norm-route-apart";
     } else if (flag == "moe-decode-form") {
       moe.decode_scales_in_registers = value == "registers";
       moe.decode_three_warp_slots = value == "session20" ? 4 : 0;

@@ -1479,9 +1479,10 @@ TEST_F(KernelTest, RouterTopK) {
 }
 
 // The post-attention norm and gpt-oss's router in one op: bit for bit the two ops on CUDA (add_rms_norm, then
-// router_topk of its out), and the CPU twin. 32 experts: a cluster of 4 expert blocks per token (fused); 24: 3
-// blocks; 8: one; 33 tokens (past the fused router) and 128 experts (the ticket): the two ops. Hidden 328: most
-// lanes idle and one norm chunk per thread; 8192: the norm's largest row (4 chunks per thread).
+// router_topk of its out, with their weight and bias read after the PDL wait: the form before), and the CPU twin. 32
+// experts: a cluster of 4 expert blocks per token (fused); 24: 3 blocks; 8: one; 128 experts (120b's 16 blocks): fused
+// in the ticketed form; 33 tokens (past the fused router): the two ops. Hidden 328: most lanes idle and one norm chunk
+// per thread; 8192: the norm's largest row (4 chunks per thread).
 TEST_F(KernelTest, AddRmsNormRoute) {
   const int64_t k = 4;
   for (const auto& [t, h, e, f32_residual] :
@@ -1514,8 +1515,14 @@ TEST_F(KernelTest, AddRmsNormRoute) {
                        r_p = route(cuda_, out_p, w_g, b_g);
     ASSERT_TRUE(cpu_backend().add_rms_norm_route(res_c, pd.cpu, nw_c, 1e-5f, out_c, r_c).is_ok());
     ASSERT_TRUE(cuda_backend().add_rms_norm_route(res_f, pd.cuda, nw_g, 1e-5f, out_f, r_f).is_ok());
+    // The two ops with the norm's weight and the router's bias read after their PDL waits (the form before; the
+    // fused op reads them before, the default): the same bits.
+    CudaMoeOptions after_wait;
+    after_wait.norm_inputs_before_wait = false;
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), after_wait).is_ok());
     ASSERT_TRUE(cuda_backend().add_rms_norm(res_p, pd.cuda, nw_g, 1e-5f, out_p).is_ok());
     ASSERT_TRUE(cuda_backend().router_topk(r_p).is_ok());
+    ASSERT_TRUE(set_cuda_moe_options(cuda_backend(), {}).is_ok());
     const std::string what = std::to_string(t) + " tokens, hidden " + std::to_string(h) + ", " + std::to_string(e) +
                              " experts" + (f32_residual ? ", f32 residual" : ", bf16 residual");
     const std::pair<const char*, std::pair<TensorView, TensorView>> same[] = {

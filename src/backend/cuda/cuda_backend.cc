@@ -375,6 +375,7 @@ class CudaBackend final : public Backend {
     p.rows = x.numel() / h;
     p.hidden = h;
     p.eps = eps;
+    p.weight_before_wait = options_.moe.norm_inputs_before_wait;
     return launch_rms_norm(p, stream());
   }
 
@@ -398,6 +399,7 @@ class CudaBackend final : public Backend {
     p.rows = residual.numel() / h;
     p.hidden = h;
     p.eps = eps;
+    p.weight_before_wait = options_.moe.norm_inputs_before_wait;
     return p;
   }
 
@@ -408,7 +410,11 @@ class CudaBackend final : public Backend {
                                 !route.bias.empty() && route.x.data() == out.data();
     if (gpt_oss_router) {
       const RmsNormParams norm = add_rms_norm_params(residual, delta, weight, eps, out);
-      const RouterKernelParams r = gpt_oss_router_params(route);
+      RouterKernelParams r = gpt_oss_router_params(route);
+      if (options_.moe.norm_route_tickets && r.tokens <= kFusedRouterMaxTokens) {  // where a cluster does not take it
+        MX_RETURN_IF_ERROR(ensure(scratch_.tickets, kFusedRouterMaxTokens * 4, "router tickets", /*zero=*/true));
+        r.tickets = ptr_of<uint32_t>(scratch_.tickets);
+      }
       MX_ASSIGN_OR_RETURN(const bool fusable, can_fuse_add_rms_norm_route(norm, r));
       if (fusable && r.tokens <= kFusedRouterMaxTokens) return launch_add_rms_norm_route(norm, r, stream());
     }
@@ -817,6 +823,7 @@ class CudaBackend final : public Backend {
     r.hidden = h;
     r.experts = e;
     r.top_k = p.top_k;
+    r.bias_before_wait = options_.moe.norm_inputs_before_wait;
     return r;
   }
 

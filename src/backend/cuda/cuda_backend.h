@@ -62,6 +62,13 @@ struct CudaMoeOptions {
   // lm_head's gather) launch before its own wait, so the next qkv's CTAs load their weights beside the experts' second
   // GEMM (true), or only after the wait (false: the form before).
   bool decode_norm_dependents_first = true;
+  // The row norms (rms_norm, add_rms_norm, that norm, the router's fused one) read their weight, and the router its
+  // bias, before their PDL wait (constants: the same bits), not after the row's sum (false: the form before).
+  bool norm_inputs_before_wait = true;
+  // add_rms_norm_route at <= 32 tokens where the router's expert blocks are more than a cluster takes (120b's 16):
+  // one launch, the router's ticketed form with the norm in every CTA (true), or add_rms_norm, then the router
+  // (false: the two launches before session 24).
+  bool norm_route_tickets = true;
   // The tiled wgmma path (16- and 32-token tiles on the copy engine): 1 = the routing and the tiled gather in one
   // launch (launch_moe_route_gather_tiled, where moe_route_gather_fits), then the combine kernel and add_rms_norm;
   // 2 = the same with the combine in the next add_rms_norm's kernel (moe_experts_add_rms_norm); -1 = the routing

@@ -338,10 +338,11 @@ __global__ void __launch_bounds__(32 * attention_prefill_warps(HD))
 
 // The clustered decode's merge: this CTA's share of the 16 x HD (row, head dim) pairs, each combined over the
 // cluster's splits (rank s = split s) exactly as attention_merge_kernel combines the partials; `cst` holds each CTA's
-// split state ([16 rows][HD + 2]: o, then m and l). Rows from `rows` on are not heads of this block.
+// split state ([16 rows][HD + 2]: o, then m and l). Rows from `rows` on are not heads of this block; `sinks_log2`: each
+// row's sink (attention_sink_log2).
 template <int HD, int kMaxSplits>
 __device__ __forceinline__ void cluster_merge_splits(const AttentionKernelParams& p, float* cst, int splits, int64_t t,
-                                                     int head0, int rows) {
+                                                     int head0, int rows, const float* sinks_log2) {
   constexpr int kStride = HD + 2, kPairs = 16 * HD;
   cluster_arrive_release();  // every split's state written
   cluster_wait_acquire();
@@ -372,8 +373,7 @@ __device__ __forceinline__ void cluster_merge_splits(const AttentionKernelParams
       o += so[s] * c;
     }
     const int head = head0 + row;
-    p.out[(t * p.n_q + head) * HD + d] =
-        f32_to_bf16_bits(o * attention_final_factor(m, l, attention_sink_log2(p.sinks, head)));
+    p.out[(t * p.n_q + head) * HD + d] = f32_to_bf16_bits(o * attention_final_factor(m, l, sinks_log2[row]));
   }
   cluster_arrive_relaxed();  // no CTA leaves while another reads its state
   cluster_wait_acquire();
@@ -394,6 +394,7 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
   uint16_t* skv = reinterpret_cast<uint16_t*>(xbuf + kExchangeFloats);  // stages x {K, V} [kKeys][HD]
   float* merge = reinterpret_cast<float*>(skv);  // after the last tile: [kGroups][16 rows][HD + 2]
   __shared__ float cst[kCluster ? 16 * (HD + 2) : 1];  // kCluster: this split's state, [16 rows][HD + 2]
+  __shared__ float sinks_log2[16];  // the block's heads' sinks (attention_sink_log2), read with the keys
 
   const int group = static_cast<int>(p.n_q / p.n_kv);
   const int head_blocks = (group + 15) / 16;
@@ -405,6 +406,9 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
   auto row_valid = [&](int row) { return hb * 16 + row < group; };
   auto row_head = [&](int row) { return g * group + hb * 16 + row; };
 
+  auto read_sinks = [&] {
+    if (threadIdx.x < 16) sinks_log2[threadIdx.x] = row_valid(threadIdx.x) ? attention_sink_log2(p.sinks, row_head(threadIdx.x)) : 0.f;
+  };
   auto copy_q = [&] {
     for (int idx = threadIdx.x; idx < 16 * (HD / 8); idx += blockDim.x) {
       const int row = idx / (HD / 8), c = idx % (HD / 8);
@@ -423,6 +427,7 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
     copy_q();
     cp_async_commit();
   }
+  read_sinks();  // (early: before the wait too; the CTA syncs before the merge reads them)
 
   int first, last;
   attn_key_range(p, t, &first, &last);
@@ -540,8 +545,7 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
         cst[row * kStride + HD + 1] = l;
       }
     } else if (splits == 1) {
-      p.out[(t * p.n_q + head) * HD + d] =
-          f32_to_bf16_bits(o * attention_final_factor(m, l, attention_sink_log2(p.sinks, head)));
+      p.out[(t * p.n_q + head) * HD + d] = f32_to_bf16_bits(o * attention_final_factor(m, l, sinks_log2[row]));
     } else {
       float* part = p.partials + ((t * p.n_q + head) * splits + split) * kStride;
       part[d] = o;
@@ -552,7 +556,8 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
     }
   }
   if constexpr (kCluster)
-    cluster_merge_splits<HD, kAttentionDecodeMaxClusterSplits>(p, cst, splits, t, g * group + hb * 16, group - hb * 16);
+    cluster_merge_splits<HD, kAttentionDecodeMaxClusterSplits>(p, cst, splits, t, g * group + hb * 16, group - hb * 16,
+                                                               sinks_log2);
 }
 
 // Combines the splits of one (token, head) and adds the sink: blockDim.x == head_dim. (A variant where the

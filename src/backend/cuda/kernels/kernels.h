@@ -33,6 +33,9 @@ struct RmsNormParams {
   int64_t rows = 0, hidden = 0;
   float eps = 1e-5f;
   bool residual_f32 = false;
+  // The weight's chunks read before the kernel's PDL wait (a constant: its round trip overlaps the kernel before)
+  // instead of after the row's sum of squares: the same bits.
+  bool weight_before_wait = false;
 };
 Status launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 
@@ -186,6 +189,7 @@ struct RouterKernelParams {
   float* topk_weights = nullptr;     // [tokens, top_k]
   uint32_t* tickets = nullptr;       // [tokens] zeroed once; the last CTA of a token resets its ticket
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
+  bool bias_before_wait = false;     // each warp's expert's bias read before the PDL wait (a constant): the same bits
 };
 // Logits (fp32 accumulation), then top-k and softmax over the k by the last CTA of each token.
 Status launch_router_topk(const RouterKernelParams& p, cudaStream_t stream);

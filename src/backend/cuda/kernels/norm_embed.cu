@@ -28,9 +28,11 @@ __global__ void embedding_kernel(EmbeddingParams p) {
 template <typename Res>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) {
   __shared__ float scratch[kRowThreads / 32];
+  NormWeights w;
+  read_norm_weights(p, w);
   pdl_wait();  // launched as a programmatic dependent: x / residual / delta come from earlier kernels
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
-  rms_norm_row<Res>(p, blockIdx.x, scratch);
+  rms_norm_row<Res>(p, blockIdx.x, scratch, &w);
 }
 
 // Row t: the token's k rows of y summed in router order (fp32, rounded to bf16) as the delta of rms_norm_row. Every
@@ -51,6 +53,8 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_rms_norm_kernel(RmsNo
     const int lane = static_cast<int>(threadIdx.x);
     if (lane >= t * m.top_k && lane < (t + 1) * m.top_k) pos[lane - t * m.top_k] = rt.pos;
   }
+  NormWeights w;
+  read_norm_weights(p, w);
   if (m.dependents_first) pdl_launch_dependents();  // the dependent's pre-wait part reads only weights
   pdl_wait();  // launched as a programmatic dependent: y and the residual come from earlier kernels
   if (!m.dependents_first) pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
@@ -82,7 +86,7 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_rms_norm_kernel(RmsNo
 #pragma unroll
     for (int e = 0; e < 8; ++e) d[e] = delta[next][e];
     ++next;
-  });
+  }, &w);
 }
 
 __global__ void gather_rows_kernel(GatherRowsParams p) {

@@ -7,8 +7,10 @@
 namespace mx::cuda {
 
 // router.cu: add_rms_norm (`norm`: residual += delta, out = rms_norm(residual) * weight) and then the router of its
-// out (route.x == norm.out) in one launch, one CTA cluster of the token's expert blocks per token, each computing the
-// normed row (the same bits as launch_rms_norm, then launch_router_topk). Where can_fuse_add_rms_norm_route says.
+// out (route.x == norm.out) in one launch, each of the token's expert blocks computing the normed row (the same bits
+// as launch_rms_norm, then launch_router_topk): as one CTA cluster per token, or (more blocks than a cluster takes:
+// 120b's 16) with route.tickets set, the last CTA of the token storing the residual and selecting the top-k. Where
+// can_fuse_add_rms_norm_route says.
 Result<bool> can_fuse_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelParams& route);
 Status launch_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelParams& route, cudaStream_t stream);
 

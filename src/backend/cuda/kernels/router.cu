@@ -10,7 +10,8 @@
 // Large batches take their logits from cuBLASLt and run the top-k kernel alone.
 // add_rms_norm_route: the clustered form with the norm before it in the same launch (each CTA of the token's
 // cluster computes the normed row itself): on an H200 (docs/PERF.md, session 16 W1) the norm and the router back
-// to back in a graph 5.97 -> 5.61 us at one token, 6.22 -> 5.71 at 8.
+// to back in a graph 5.97 -> 5.61 us at one token, 6.22 -> 5.71 at 8. With more expert blocks (120b's 16) the same
+// in the ticketed form: the token's last CTA stores the new residual (every CTA has read the old one by its ticket).
 #include <climits>
 #include <type_traits>
 
@@ -80,15 +81,14 @@ __device__ void warp_topk(const float* row, int e_count, int top_k, int32_t* ids
   }
 }
 
-// NormRes void: the router of p.x. Else (add_rms_norm_route, clustered only) the router's x is first made by
-// add_rms_norm (`norm`: residual += delta, x = rms_norm(residual) * weight; NormRes the residual's element type):
-// every CTA of the token's cluster computes the row (rms_norm_row's arithmetic: the same bits) into its shared
-// memory, the first CTA also writes it to norm.out and, after the cluster barrier (every CTA has read the old
-// residual by then), the new residual.
+// NormRes void: the router of p.x. Else (add_rms_norm_route) the router's x is first made by add_rms_norm (`norm`:
+// residual += delta, x = rms_norm(residual) * weight; NormRes the residual's element type): every CTA of the token
+// computes the row (rms_norm_row's arithmetic: the same bits) into its shared memory, the first CTA also writes it
+// to norm.out and, once every CTA has read the old residual (clustered: after the cluster barrier; else the last
+// CTA by the ticket), the first CTA (clustered) or the last one stores the new residual.
 template <bool kClustered, typename NormRes = void>
 __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(RouterKernelParams p, RmsNormParams norm) {
   constexpr bool kNorm = !std::is_void_v<NormRes>;
-  static_assert(!kNorm || kClustered, "the fused norm runs in clusters");
   static_assert(32 * kExpertsPerCta == kRowThreads, "the norm's CTA is the router's");
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -107,6 +107,11 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
 #pragma unroll
   for (int u = 0; u < kWeightsAhead; ++u)
     if (has_expert && lane + 32 * u < n) w_ahead[u] = w[lane + 32 * u];
+  // The bias and the fused norm's weight too, where asked (constants; the same bits either way).
+  const bool bias_ahead = p.bias_before_wait && has_expert && lane == 0;
+  const uint16_t bias_bits = bias_ahead ? p.bias[e] : uint16_t{0};
+  [[maybe_unused]] NormWeights norm_w;
+  if constexpr (kNorm) read_norm_weights(norm, norm_w);
   pdl_wait();  // launched as a programmatic dependent: x comes from the norm before
   pdl_launch_dependents();  // after the wait: a dependent may rely on what our predecessors wrote
   const uint4* x = reinterpret_cast<const uint4*>(p.x + t * p.hidden);
@@ -114,7 +119,8 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
   if constexpr (kNorm) {
     __shared__ float scratch[kRowThreads / 32];
     const float inv = add_norm_row_in_registers<NormRes>(norm, t, scratch, residual_row);
-    store_normed_row(norm, residual_row, inv, normed_row, cluster_cta_rank() == 0 ? norm.out + t * norm.hidden : nullptr);
+    const bool first = kClustered ? cluster_cta_rank() == 0 : blockIdx.x == 0;
+    store_normed_row(norm, residual_row, inv, normed_row, first ? norm.out + t * norm.hidden : nullptr, &norm_w);
     __syncthreads();
     x = reinterpret_cast<const uint4*>(normed_row);
   }
@@ -157,7 +163,7 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-      const float logit = acc + bf16_bits_to_f32(p.bias[e]);
+      const float logit = acc + bf16_bits_to_f32(bias_ahead ? bias_bits : p.bias[e]);
       p.logits[t * p.experts + e] = logit;
       if constexpr (kClustered) block_logits[warp] = logit;
     }
@@ -192,7 +198,9 @@ __global__ void __launch_bounds__(32 * kExpertsPerCta) router_topk_kernel(Router
     if (last) p.tickets[t] = 0;
   }
   __syncthreads();
-  if (!last || warp != 0) return;
+  if (!last) return;
+  if constexpr (kNorm) store_residual_row<NormRes>(norm, t, residual_row);
+  if (warp != 0) return;
   __threadfence();
   // Other CTAs' logits are read through L2 (volatile) after their fences.
   for (int64_t i = lane; i < p.experts; i += 32) row[i] = *reinterpret_cast<volatile float*>(p.logits + t * p.experts + i);
@@ -263,7 +271,8 @@ Result<bool> can_fuse_add_rms_norm_route(const RmsNormParams& norm, const Router
   if (!check(route).is_ok() || norm.residual == nullptr || norm.rows != route.tokens || norm.hidden != route.hidden ||
       norm.hidden % 8 != 0 || norm.hidden > kMaxNormHidden)
     return false;
-  return router_clustered(route);
+  MX_ASSIGN_OR_RETURN(const bool clustered, router_clustered(route));
+  return clustered || route.tickets != nullptr;
 }
 
 Status launch_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelParams& route, cudaStream_t stream) {
@@ -272,6 +281,12 @@ Status launch_add_rms_norm_route(const RmsNormParams& norm, const RouterKernelPa
   if (route.tokens == 0) return Status::ok();
   const int blocks = static_cast<int>(ceil_div64(route.experts, kExpertsPerCta));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(route.tokens));
+  MX_ASSIGN_OR_RETURN(const bool clustered, router_clustered(route));
+  if (!clustered) {
+    auto kernel = norm.residual_f32 ? router_topk_kernel<false, float> : router_topk_kernel<false, uint16_t>;
+    return cuda_status(launch_pdl(kernel, grid, dim3(32 * kExpertsPerCta), 0, stream, route, norm),
+                       "router_topk_kernel (add_rms_norm_route, tickets)");
+  }
   auto kernel = norm.residual_f32 ? router_topk_kernel<true, float> : router_topk_kernel<true, uint16_t>;
   return cuda_status(launch_pdl_clusters(kernel, grid, dim3(32 * kExpertsPerCta), dim3(static_cast<unsigned>(blocks)), 0,
                                          stream, route, norm),

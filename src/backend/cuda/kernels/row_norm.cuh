@@ -3,6 +3,8 @@
 // same bits. 16-byte accesses, fp32 math; kRowThreads threads per CTA.
 #pragma once
 
+#include <concepts>
+
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/kernels.h"
 
@@ -51,17 +53,41 @@ __device__ __forceinline__ float as_stored(float v) {
   return v;
 }
 
+// The norm weight's chunks of the calling thread (store_normed_row's), read ahead: before a PDL wait where
+// p.weight_before_wait (the weight is a constant), so that their round trip overlaps the kernel before.
+struct NormWeights {
+  uint4 c[kMaxChunks];
+  bool read = false;
+};
+__device__ __forceinline__ void read_norm_weights(const RmsNormParams& p, NormWeights& w) {
+  if (!p.weight || !p.weight_before_wait) return;
+  const int64_t chunks = p.hidden / 8;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    if (i < chunks) w.c[c] = reinterpret_cast<const uint4*>(p.weight)[i];
+  }
+  w.read = true;
+}
+
 // The second pass of a row's norm: dst[i] = weight[i] * (v[i] * inv) as bf16 for the calling thread's chunks
-// of row `row` (dst: the row's start; dst2 too where not null).
+// of row `row` (dst: the row's start; dst2 too where not null). `ahead`: the weight's chunks where read ahead.
 __device__ __forceinline__ void store_normed_row(const RmsNormParams& p, const float (&v)[kMaxChunks][8], float inv,
-                                                 uint16_t* dst, uint16_t* dst2 = nullptr) {
+                                                 uint16_t* dst, uint16_t* dst2 = nullptr,
+                                                 const NormWeights* ahead = nullptr) {
   const int64_t chunks = p.hidden / 8;
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
     if (i >= chunks) break;
     float w[8] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f}, o[8];
-    if (p.weight) load8(p.weight, i, w);  // null: weightless (Gemma-4's router and v norms)
+    if (ahead && ahead->read) {
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(&ahead->c[c]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[j] = bf16_bits_to_f32(ws[j]);
+    } else if (p.weight) {
+      load8(p.weight, i, w);  // null: weightless (Gemma-4's router and v norms)
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j] = w[j] * (v[c][j] * inv);
     store8(dst, i, o);
@@ -73,7 +99,9 @@ __device__ __forceinline__ void store_normed_row(const RmsNormParams& p, const f
 // Res: the residual stream's element type (float or bf16 bits). With p.residual, delta_chunk(i, d) gives the 8
 // values of chunk i of the row's delta (the next overload: p.delta's).
 template <typename Res, typename DeltaChunk>
-__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch, DeltaChunk delta_chunk) {
+  requires std::invocable<DeltaChunk&, int64_t, float (&)[8]>
+__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch, DeltaChunk delta_chunk,
+                                             const NormWeights* ahead = nullptr) {
   const int64_t chunks = p.hidden / 8;
   float v[kMaxChunks][8];
   float sum_sq = 0;
@@ -99,11 +127,12 @@ __device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row
   }
   const float total = block_sum(sum_sq, scratch);
   const float inv = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
-  store_normed_row(p, v, inv, p.out + row * p.hidden);
+  store_normed_row(p, v, inv, p.out + row * p.hidden, nullptr, ahead);
 }
 template <typename Res>
-__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch) {
-  rms_norm_row<Res>(p, row, scratch, [&](int64_t i, float(&d)[8]) { load8(p.delta + row * p.hidden, i, d); });
+__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch,
+                                             const NormWeights* ahead = nullptr) {
+  rms_norm_row<Res>(p, row, scratch, [&](int64_t i, float(&d)[8]) { load8(p.delta + row * p.hidden, i, d); }, ahead);
 }
 
 // rms_norm_row's residual add and norm without its stores to the residual (a caller whose CTAs share the row
