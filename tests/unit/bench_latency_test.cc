@@ -86,7 +86,7 @@ TEST(BenchLatencyCli, WritesOneResultPerBatchSizeWithFloors) {
   refused("bench latency --preset tiny --backend cpu --skinny-strip-rows 7,16",
           "--skinny-strip-rows must be auto or 8 to 16");
   refused("bench latency --preset tiny --backend cpu --moe-decode-combine norm,gemm",
-          "--moe-decode-combine must be auto, norm-wait-first or gemm");
+          "--moe-decode-combine must be auto, norm-wait-first, gemm, norm-inputs-after-wait or norm-route-apart");
   refused("bench latency --preset tiny --backend cpu --moe-decode-form staged",
           "--moe-decode-form must be auto, registers, session20, session21 or session23");
   needs_cuda("bench latency --preset tiny --backend cpu --moe-decode-form registers");
