@@ -1120,7 +1120,8 @@ TEST_F(KernelTest, GptOssQkvRopeThenDecodeAttention) {
     const TensorView sk_g = cuda_.upload(DType::kBF16, {c.n_q}, sinks.bits.data());
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), rope_scale = 1.25f;
     TensorView q_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd}), o_c = cpu_.make(DType::kF32, {T, c.n_q * c.hd});
-    const QkvRopeParams r_c{px.cpu, q_c, {pk.cpu, pv.cpu, c.page_size}, f_c, rope_scale, c.n_q, c.n_kv, c.hd, {}, {}, 0, {}};
+    const QkvRopeParams r_c{px.cpu, q_c, {pk.cpu, pv.cpu, c.page_size}, f_c, rope_scale, c.n_q, c.n_kv, c.hd,
+                            {}, {}, 0, {}};
     ASSERT_TRUE(cpu_backend().qkv_rope(r_c, *sp.cpu_batch).is_ok());
     const AttentionParams a_c{q_c, {pk.cpu, pv.cpu, c.page_size}, sk_c, o_c, c.n_q, c.n_kv, c.hd, c.window, scale};
     ASSERT_TRUE(cpu_backend().attention(a_c, *sp.cpu_batch).is_ok());
@@ -1135,8 +1136,10 @@ TEST_F(KernelTest, GptOssQkvRopeThenDecodeAttention) {
       for (bool replay : {false, true}) {
         const TensorView k_g = cuda_.upload(DType::kBF16, cache, k.bits.data());
         const TensorView v_g = cuda_.upload(DType::kBF16, cache, v.bits.data());
-        const TensorView q_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd}), o_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
-        const QkvRopeParams r_g{px.cuda, q_g, {k_g, v_g, c.page_size}, f_g, rope_scale, c.n_q, c.n_kv, c.hd, {}, {}, 0, {}};
+        const TensorView q_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
+        const TensorView o_g = cuda_.make(DType::kBF16, {T, c.n_q * c.hd});
+        const QkvRopeParams r_g{px.cuda, q_g, {k_g, v_g, c.page_size}, f_g, rope_scale, c.n_q, c.n_kv, c.hd,
+                                {}, {}, 0, {}};
         const AttentionParams a_g{q_g, {k_g, v_g, c.page_size}, sk_g, o_g, c.n_q, c.n_kv, c.hd, c.window, scale};
         auto both = [&]() -> Status {
           MX_RETURN_IF_ERROR(cuda_backend().qkv_rope(r_g, *sp.cuda_batch));

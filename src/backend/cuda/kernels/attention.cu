@@ -407,7 +407,8 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
   auto row_head = [&](int row) { return g * group + hb * 16 + row; };
 
   auto read_sinks = [&] {
-    if (threadIdx.x < 16) sinks_log2[threadIdx.x] = row_valid(threadIdx.x) ? attention_sink_log2(p.sinks, row_head(threadIdx.x)) : 0.f;
+    const int row = static_cast<int>(threadIdx.x);
+    if (row < 16) sinks_log2[row] = row_valid(row) ? attention_sink_log2(p.sinks, row_head(row)) : 0.f;
   };
   auto copy_q = [&] {
     for (int idx = threadIdx.x; idx < 16 * (HD / 8); idx += blockDim.x) {
@@ -427,7 +428,7 @@ __global__ void __launch_bounds__(32 * attention_decode_warps(HD))
     copy_q();
     cp_async_commit();
   }
-  read_sinks();  // (early: before the wait too; the CTA syncs before the merge reads them)
+  read_sinks();  // early: before the wait (the CTA syncs before the merge reads them)
 
   int first, last;
   attn_key_range(p, t, &first, &last);

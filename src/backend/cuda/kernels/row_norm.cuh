@@ -100,8 +100,8 @@ __device__ __forceinline__ void store_normed_row(const RmsNormParams& p, const f
 // values of chunk i of the row's delta (the next overload: p.delta's).
 template <typename Res, typename DeltaChunk>
   requires std::invocable<DeltaChunk&, int64_t, float (&)[8]>
-__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch, DeltaChunk delta_chunk,
-                                             const NormWeights* ahead = nullptr) {
+__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t row, float* scratch,
+                                             DeltaChunk delta_chunk, const NormWeights* ahead = nullptr) {
   const int64_t chunks = p.hidden / 8;
   float v[kMaxChunks][8];
   float sum_sq = 0;
