@@ -172,6 +172,13 @@ Backend& cpu_backend() {
   return *b;
 }
 
+Status run_eager_or_replayed(Backend& b, bool replay, const std::function<Status()>& op) {
+  if (!replay) return op();
+  auto graph = b.capture(op);
+  if (!graph.is_ok()) return graph.status();
+  return (*graph)->replay();
+}
+
 namespace {
 
 // Prints the table after all tests and writes it to $MX_GPU_REPORT.

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -73,5 +74,9 @@ uint32_t test_seed();
 
 Backend& cuda_backend();
 Backend& cpu_backend();
+
+// Runs `op` on `b` eagerly, or (replay) captures it into a graph and replays that once: the status of the call, the
+// capture or the replay, whichever failed.
+Status run_eager_or_replayed(Backend& b, bool replay, const std::function<Status()>& op);
 
 }  // namespace mx::gpu_test

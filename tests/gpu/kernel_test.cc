@@ -1025,14 +1025,8 @@ TEST_F(KernelTest, GemmaQkvNormRopeThenDecodeAttention) {
           MX_RETURN_IF_ERROR(cuda_backend().qkv_rope(r_g, *sp.cuda_batch));
           return cuda_backend().attention(a_g, *sp.cuda_batch);
         };
-        if (replay) {
-          auto graph = cuda_backend().capture(both);
-          ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
-          ASSERT_TRUE((*graph)->replay().is_ok());
-        } else {
-          const Status st = both();
-          ASSERT_TRUE(st.is_ok()) << st.to_string();
-        }
+        const Status st = run_eager_or_replayed(cuda_backend(), replay, both);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
         const std::vector<uint8_t> got = cuda_.download_bytes(o_g);
         const std::string what = c.name + " (" + var.label + (replay ? ", graph replay)" : ")");
         if (replay) {
@@ -1145,14 +1139,8 @@ TEST_F(KernelTest, GptOssQkvRopeThenDecodeAttention) {
           MX_RETURN_IF_ERROR(cuda_backend().qkv_rope(r_g, *sp.cuda_batch));
           return cuda_backend().attention(a_g, *sp.cuda_batch);
         };
-        if (replay) {
-          auto graph = cuda_backend().capture(both);
-          ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
-          ASSERT_TRUE((*graph)->replay().is_ok());
-        } else {
-          const Status st = both();
-          ASSERT_TRUE(st.is_ok()) << st.to_string();
-        }
+        const Status st = run_eager_or_replayed(cuda_backend(), replay, both);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
         const std::vector<uint8_t> got = cuda_.download_bytes(o_g);
         const std::string what = c.name + " (" + var.label + (replay ? ", graph replay)" : ")");
         if (replay) {
